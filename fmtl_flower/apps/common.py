@@ -1,0 +1,121 @@
+"""Run config -> Flower objects: the MOCHA ServerApp and ClientApp over a named dataset.
+
+These factories serve ``flwr run .`` (config read from ``context.run_config``) and the
+``fmtl`` CLI (config baked in, so it reaches Ray workers too).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from logging import INFO
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import Context
+from flwr.clientapp import ClientApp
+from flwr.common.logger import log
+from flwr.serverapp import Grid, ServerApp
+
+from ..clients.mocha import default_task_id, make_mocha_client_app
+from ..config import ConfigError, RunConfig
+from ..data import FederatedDataset, load_dataset_cached
+from ..strategies.mocha import Mocha
+
+ResultsCallback = Callable[[dict[str, Any]], None]
+
+
+def config_from_context(context: Context, config: RunConfig | None) -> RunConfig:
+    """The baked-in config if any, else the run config Flower passes."""
+    if config is not None:
+        return config
+    return RunConfig.from_mapping(dict(context.run_config), ignore_unknown=True)
+
+
+def dataset_for(cfg: RunConfig) -> FederatedDataset:
+    """The dataset named by ``cfg`` (cached per process; arrays read-only)."""
+    return load_dataset_cached(
+        cfg.dataset, seed=cfg.seed, test_frac=cfg.test_frac,
+        num_tasks=cfg.num_tasks or None, dim=cfg.dim or None,
+        samples_per_task=cfg.samples_per_task or None)
+
+
+def make_client_app(config: RunConfig | None = None) -> ClientApp:
+    """MOCHA ClientApp whose node serves task ``task-id`` / ``partition-id`` of the dataset."""
+
+    def load(context: Context) -> tuple[np.ndarray, ...]:
+        cfg = config_from_context(context, config)
+        data = dataset_for(cfg)
+        task = data.task(default_task_id(context))
+        return task.X_train, task.y_train, task.X_test, task.y_test
+
+    return make_mocha_client_app(load)
+
+
+def strategy_from_config(cfg: RunConfig, num_tasks: int,
+                         on_round: Callable[[dict[str, Any]], None] | None = None) -> Mocha:
+    """A :class:`Mocha` strategy configured by ``cfg`` (lambda must be a number)."""
+    if cfg.lam == "cv":
+        raise ConfigError("lambda=cv is a cross-validation sweep run by `fmtl run` before the "
+                          "federation starts; a ServerApp needs a number (e.g. lambda=1e-3)")
+    return Mocha(num_tasks, lam=float(cfg.lam), omega=cfg.omega, omega_every=cfg.omega_every,
+                 local_frac=cfg.local_frac, sigma_mode=cfg.sigma_mode, sys_het=cfg.sys_het,
+                 sys_het_base=cfg.sys_het_base, drop_prob=cfg.drop_prob,
+                 eval_every=cfg.eval_every, seed=cfg.seed,
+                 discovery_timeout=max(cfg.round_timeout, 60.0), on_round=on_round)
+
+
+def build_results(cfg: RunConfig, strategy: Mocha) -> dict[str, Any]:
+    """The results contract: ``{"config", "rounds", "final"}``."""
+    out = strategy.results()
+    return {"config": cfg.to_dict(), "rounds": out["rounds"], "final": out["final"]}
+
+
+def write_results(path: str | os.PathLike[str], results: dict[str, Any]) -> None:
+    """Write results JSON atomically (write then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(results, indent=1, default=_json_default))
+    tmp.replace(path)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def make_server_app(config: RunConfig | None = None,
+                    on_round: Callable[[dict[str, Any]], None] | None = None,
+                    on_done: ResultsCallback | None = None) -> ServerApp:
+    """MOCHA ServerApp: waits for the tasks, runs the rounds, reports results.
+
+    The number of tasks is ``num-tasks`` when set, else the named dataset's task count.
+    With ``results-file`` set, the results JSON is written there.
+    """
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        cfg = config_from_context(context, config)
+        if cfg.strategy != "mocha":
+            raise ConfigError(f"strategy={cfg.strategy} is a centralised baseline: run it with "
+                              "`fmtl run`; a Flower federation runs strategy=mocha")
+        num_tasks = cfg.num_tasks or dataset_for(cfg).num_tasks
+        strategy = strategy_from_config(cfg, num_tasks, on_round)
+        strategy.start(grid=grid, num_rounds=cfg.num_server_rounds, timeout=cfg.round_timeout)
+        results = build_results(cfg, strategy)
+        final = results["final"]
+        log(INFO, "MOCHA finished: primal=%s gap=%s test_error=%s", final.get("primal"),
+            final.get("gap"), final.get("test_error"))
+        if cfg.results_file:
+            write_results(cfg.results_file, results)
+        if on_done is not None:
+            on_done(results)
+
+    return app

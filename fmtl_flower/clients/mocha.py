@@ -1,0 +1,293 @@
+"""ClientApp handlers of MOCHA: whoami, local SDCA training and evaluation on one device.
+
+The wire contract (keys, shapes, dtypes) is documented in :mod:`fmtl_flower.strategies.mocha`.
+A device keeps its dual variables alpha in ``context.state`` (ArrayRecord ``mocha.arrays``:
+``duals`` float64 (2, n) = [committed alpha; pending d_alpha], ConfigRecord ``mocha.meta``:
+``task-id``, ``committed-round``, ``pending-round`` (-1: none)) and never sends them; it sends
+only ``delta-b = X^T d_alpha / n`` (d floats) and a few scalars.
+
+Dual commit protocol (design decision 4). The device keeps its newest ``d_alpha`` *pending*
+with the round that produced it. Every message carries ``last-accepted-round`` L, the newest
+round whose reply from this task the server added to B. On receipt the device commits the
+pending change if its round equals L and discards it otherwise; if the committed round then
+differs from L (state lost, reverted, or from another run) the device restarts from
+alpha = 0 and says so (``state-ok = 0``), and the server resets b_t = 0. So alpha on the
+device and b_t on the server never drift apart, whatever is lost.
+
+Build a MOCHA ClientApp over your own data with :func:`make_mocha_client_app`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from ..core.hinge import classification_errors, hinge_conjugate_value, mean_hinge_loss
+from ..core.rng import coordinate_order
+from ..core.sdca import sdca_local_update
+from ..data.validation import validate_task
+from ..wire import from_array, to_array
+
+STATE_ARRAYS = "mocha.arrays"
+STATE_META = "mocha.meta"
+
+DataLoader = Callable[[Context], tuple[np.ndarray, ...]]
+TaskIdFn = Callable[[Context], int]
+
+
+@dataclass(frozen=True)
+class LocalTask:
+    """The data one device holds for its task (validated, float64, labels in {-1, +1})."""
+
+    task_id: int
+    X: np.ndarray
+    y: np.ndarray
+    X_test: np.ndarray
+    y_test: np.ndarray
+    sqnorm: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return self.X.shape[0]
+
+    @property
+    def dim(self) -> int:
+        return self.X.shape[1]
+
+
+def default_task_id(context: Context) -> int:
+    """``task-id`` from the node config (deployments), else ``partition-id`` (simulation)."""
+    for key in ("task-id", "partition-id"):
+        if key in context.node_config:
+            value = context.node_config[key]
+            try:
+                return int(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"node config {key}={value!r} is not an integer") from None
+    raise ValueError(
+        "this node has no task id: start the SuperNode with --node-config \"task-id=N\" "
+        "(or partition-id=N)"
+    )
+
+
+def _cfg(config: ConfigRecord, key: str, kind: type) -> Any:
+    if key not in config:
+        raise ValueError(f"message config lacks {key!r}")
+    value = config[key]
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ValueError(f"message config {key!r} must be an int, got {value!r}")
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"message config {key!r} must be a number, got {value!r}")
+        value = float(value)
+        if not math.isfinite(value):
+            raise ValueError(f"message config {key!r} is not finite: {value!r}")
+    if kind is bool and not isinstance(value, bool):
+        raise ValueError(f"message config {key!r} must be a bool, got {value!r}")
+    return value
+
+
+class MochaClient:
+    """MOCHA's device-side handlers over a user-supplied data loader.
+
+    Parameters
+    ----------
+    load_data : callable
+        ``load_data(context)`` returns ``(X, y)`` or ``(X, y, X_test, y_test)``: samples as
+        rows, labels in {-1, +1}. Called once per node and run, then cached.
+    task_id : callable, optional
+        ``task_id(context) -> int``; default :func:`default_task_id`.
+    """
+
+    def __init__(self, load_data: DataLoader, task_id: TaskIdFn | None = None) -> None:
+        self._load_data = load_data
+        self._task_id = task_id or default_task_id
+        self._cache: dict[tuple[int, int], LocalTask] = {}
+        # Decoded dual state by node: (the ArrayRecord written, its arrays). Used only while
+        # context.state still holds that very record object (in-process engines), so it can
+        # never serve stale values; elsewhere the record is decoded.
+        self._decoded: dict[tuple[int, int], tuple[ArrayRecord, np.ndarray]] = {}
+
+    # -- data -------------------------------------------------------------------------------
+    def local_task(self, context: Context) -> LocalTask:
+        """The node's validated task data (loaded once per node and run)."""
+        key = (int(context.run_id), int(context.node_id))
+        task = self._cache.get(key)
+        if task is None:
+            task = self._build_task(context)
+            if len(self._cache) > 4096:
+                self._cache.clear()
+            self._cache[key] = task
+        return task
+
+    def _build_task(self, context: Context) -> LocalTask:
+        tid = int(self._task_id(context))
+        loaded = self._load_data(context)
+        if len(loaded) == 2:
+            X, y = loaded
+            X_test, y_test = np.zeros((0, np.shape(X)[1])), np.zeros(0)
+        elif len(loaded) == 4:
+            X, y, X_test, y_test = loaded
+        else:
+            raise ValueError("load_data must return (X, y) or (X, y, X_test, y_test)")
+        X, y = validate_task(X, y, labels="pm1", name=f"task {tid} (train)")
+        if len(y_test):
+            X_test, y_test = validate_task(X_test, y_test, labels="pm1", name=f"task {tid} (test)")
+            if X_test.shape[1] != X.shape[1]:
+                raise ValueError(f"task {tid}: test data has {X_test.shape[1]} features, "
+                                 f"train data {X.shape[1]}")
+        else:
+            X_test, y_test = np.zeros((0, X.shape[1])), np.zeros(0)
+        sqnorm = np.einsum("ij,ij->i", X, X)
+        return LocalTask(tid, X, y, X_test, y_test, sqnorm)
+
+    # -- handlers ---------------------------------------------------------------------------
+    def whoami(self, msg: Message, context: Context) -> Message:
+        """Reply with the task id and the sizes the server needs (no data)."""
+        task = self.local_task(context)
+        info = ConfigRecord({"task-id": task.task_id, "n-train": task.n,
+                             "n-test": int(task.X_test.shape[0]), "dim": task.dim})
+        return Message(RecordDict({"info": info}), reply_to=msg)
+
+    def train(self, msg: Message, context: Context) -> Message:
+        """Commit or roll back, report the objective's sums, run local SDCA, reply d_b."""
+        task = self.local_task(context)
+        config, w = self._read_instruction(msg, task)
+        server_round = _cfg(config, "server-round", int)
+        budget = _cfg(config, "budget", int)
+        m_tt = _cfg(config, "m-tt", float)
+        sigma_p = _cfg(config, "sigma-prime", float)
+        seed = _cfg(config, "seed", int)
+        dropped = _cfg(config, "dropped", bool)
+        if budget < 0 or m_tt <= 0 or sigma_p <= 0:
+            raise ValueError(f"invalid budget/m-tt/sigma-prime: {budget}, {m_tt}, {sigma_p}")
+        alpha, committed, state_ok = self._reconcile(context, task, config)
+        metrics = self._metrics(task, w, alpha, config, state_ok)
+        if dropped or budget == 0:
+            d_alpha, d_b = np.zeros(task.n), np.zeros(task.dim)
+        else:
+            order = coordinate_order(seed, task.task_id, server_round, task.n)
+            d_alpha, d_b = sdca_local_update(
+                task.X, task.y, alpha, w, budget=budget, m_tt=m_tt, sigma_prime=sigma_p,
+                order=order, sqnorm=task.sqnorm)
+        metrics["round"] = server_round
+        reply = RecordDict({"arrays": ArrayRecord({"delta-b": to_array(d_b)}),
+                            "metrics": MetricRecord(metrics)})
+        self._write_state(context, task, alpha, committed, d_alpha, server_round)  # last
+        return Message(reply, reply_to=msg)
+
+    def evaluate(self, msg: Message, context: Context) -> Message:
+        """Commit or roll back, then report the objective's sums and test errors at w_t."""
+        task = self.local_task(context)
+        config, w = self._read_instruction(msg, task)
+        alpha, committed, state_ok = self._reconcile(context, task, config)
+        metrics = self._metrics(task, w, alpha, config, state_ok)
+        metrics["round"] = _cfg(config, "server-round", int)
+        self._write_state(context, task, alpha, committed, None, -1)
+        return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+
+    # -- helpers ----------------------------------------------------------------------------
+    @staticmethod
+    def _read_instruction(msg: Message, task: LocalTask) -> tuple[ConfigRecord, np.ndarray]:
+        content = msg.content
+        if "config" not in content or "arrays" not in content:
+            raise ValueError("MOCHA message needs 'config' and 'arrays' records")
+        config = content["config"]
+        tid = _cfg(config, "task-id", int)
+        if tid != task.task_id:
+            raise ValueError(f"message for task {tid} reached the node of task {task.task_id}")
+        arrays = content["arrays"]
+        if "w" not in arrays:
+            raise ValueError("MOCHA message lacks array 'w'")
+        w = from_array(arrays["w"])
+        if w.dtype != np.float64 or w.shape != (task.dim,) or not np.all(np.isfinite(w)):
+            raise ValueError(f"'w' must be finite float64 of shape ({task.dim},), "
+                             f"got {w.dtype} {w.shape}")
+        return config, w
+
+    def _reconcile(self, context: Context, task: LocalTask,
+                   config: ConfigRecord) -> tuple[np.ndarray, int, bool]:
+        """Apply the dual commit protocol; return (alpha, committed round, state ok)."""
+        last_accepted = _cfg(config, "last-accepted-round", int)
+        alpha, committed = np.zeros(task.n), 0
+        meta = context.state[STATE_META] if STATE_META in context.state else None
+        if meta is not None and meta.get("task-id", -1) == task.task_id:
+            duals = self._stored_duals(context)
+            if duals is not None and duals.shape == (2, task.n):
+                alpha, committed = duals[0], int(meta["committed-round"])
+                pending_round = int(meta["pending-round"])
+                if pending_round >= 0 and pending_round == last_accepted:
+                    alpha = alpha + duals[1]
+                    committed = pending_round
+        if committed != last_accepted:
+            return np.zeros(task.n), 0, False
+        return alpha, committed, True
+
+    def _stored_duals(self, context: Context) -> np.ndarray | None:
+        if STATE_ARRAYS not in context.state:
+            return None
+        record = context.state[STATE_ARRAYS]
+        cached = self._decoded.get((int(context.run_id), int(context.node_id)))
+        if cached is not None and cached[0] is record:
+            return cached[1]
+        return from_array(record["duals"]) if "duals" in record else None
+
+    @staticmethod
+    def _metrics(task: LocalTask, w: np.ndarray, alpha: np.ndarray, config: ConfigRecord,
+                 state_ok: bool) -> dict[str, int | float]:
+        out: dict[str, int | float] = {
+            "task-id": task.task_id,
+            "n-train": task.n,
+            "state-ok": int(state_ok),
+            "loss-mean": mean_hinge_loss(task.X, task.y, w),
+            "dual-mean": hinge_conjugate_value(alpha, task.y),
+        }
+        if "eval" in config and _cfg(config, "eval", bool):
+            out["test-errors"] = classification_errors(task.X_test, task.y_test, w)
+            out["test-n"] = int(task.X_test.shape[0])
+        return out
+
+    def _write_state(self, context: Context, task: LocalTask, alpha: np.ndarray,
+                     committed: int, pending: np.ndarray | None, pending_round: int) -> None:
+        duals = np.empty((2, task.n))
+        duals[0] = alpha
+        duals[1] = 0.0 if pending is None else pending
+        duals.setflags(write=False)
+        record = ArrayRecord({"duals": to_array(duals)})
+        context.state[STATE_ARRAYS] = record
+        context.state[STATE_META] = ConfigRecord({
+            "task-id": task.task_id, "committed-round": committed,
+            "pending-round": pending_round if pending is not None else -1})
+        key = (int(context.run_id), int(context.node_id))
+        if len(self._decoded) > 4096:
+            self._decoded.clear()
+        self._decoded[key] = (record, duals)
+
+
+def make_mocha_client_app(load_data: DataLoader, task_id: TaskIdFn | None = None) -> ClientApp:
+    """Build a ready MOCHA ClientApp over your own data.
+
+    Parameters
+    ----------
+    load_data : callable
+        ``load_data(context) -> (X, y)`` or ``(X, y, X_test, y_test)`` for this node.
+    task_id : callable, optional
+        ``task_id(context) -> int``; default: node config ``task-id``, else ``partition-id``.
+
+    Examples
+    --------
+    >>> app = make_mocha_client_app(lambda ctx: my_arrays(ctx.node_config["partition-id"]))
+    """
+    client = MochaClient(load_data, task_id)
+    app = ClientApp()
+    app.query("whoami")(client.whoami)
+    app.train()(client.train)
+    app.evaluate()(client.evaluate)
+    app.mocha_client = client  # type: ignore[attr-defined]  # for tests and introspection
+    return app

@@ -1,0 +1,198 @@
+"""Run configuration: the kebab-case keys of `flwr run --run-config` and `fmtl run --set`.
+
+One dataclass, :class:`RunConfig`, holds every key; :meth:`RunConfig.from_mapping` validates a
+mapping of raw values (strings from the command line, or the typed values Flower passes in
+``context.run_config``) and raises :class:`ConfigError` naming the key on any bad value or
+unknown key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+STRATEGIES = ("mocha", "local", "global")
+
+
+class ConfigError(ValueError):
+    """A run-config key is unknown or its value is invalid."""
+
+
+def _as_int(key: str, value: Any, minimum: int | None = None) -> int:
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        if isinstance(value, float):
+            if not value.is_integer():
+                raise ValueError
+            out = int(value)
+        else:
+            out = int(str(value).strip())
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
+    if minimum is not None and out < minimum:
+        raise ConfigError(f"{key}: must be >= {minimum}, got {out}")
+    return out
+
+
+def _as_float(key: str, value: Any, lo: float | None = None, hi: float | None = None,
+              lo_open: bool = False, hi_open: bool = False) -> float:
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        out = float(str(value).strip()) if not isinstance(value, int | float) else float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+    if not math.isfinite(out):
+        raise ConfigError(f"{key}: must be finite, got {value!r}")
+    if lo is not None and (out < lo or (lo_open and out == lo)):
+        raise ConfigError(f"{key}: must be {'>' if lo_open else '>='} {lo}, got {out}")
+    if hi is not None and (out > hi or (hi_open and out == hi)):
+        raise ConfigError(f"{key}: must be {'<' if hi_open else '<='} {hi}, got {out}")
+    return out
+
+
+def _as_choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
+    out = str(value).strip()
+    if out not in choices:
+        raise ConfigError(f"{key}: must be one of {', '.join(choices)}; got {value!r}")
+    return out
+
+
+def _as_lambda(key: str, value: Any) -> float | str:
+    if isinstance(value, str) and value.strip().lower() == "cv":
+        return "cv"
+    return _as_float(key, value, lo=0.0, lo_open=True)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Every run-config key (kebab-case on the wire, snake_case here).
+
+    Attributes
+    ----------
+    strategy : {"mocha", "local", "global"}
+    dataset : str
+        ``synthetic`` (generated), ``small``, ``eat-voc`` or a path to a ``.mat`` file.
+    num_server_rounds : int
+        Communication rounds (W-steps).
+    seed : int
+        The one seed of the run (split, generator, budgets, drops, local shuffles).
+    lam : float or "cv"
+        Regularisation strength lambda, or ``cv`` for 5-fold cross-validation on the
+        training split over the grid of the MOCHA reference code.
+    omega : {"identity", "probabilistic"}
+    omega_every : int
+        Rounds between Omega-steps (0: never).
+    local_frac : float
+        Local SDCA steps per round as a fraction of n_t (``sys_het == "none"``).
+    sigma_mode : {"global", "per-task"}
+    sys_het : {"none", "low", "high"}
+    sys_het_base : {"n_min", "n_t"}
+    drop_prob : float
+        Probability that a node does no work in a round (simulated drop-out).
+    test_frac : float
+        Per-task stratified test fraction (0: train on everything).
+    eval_every : int
+        Rounds between test-error evaluations (the final model is always evaluated).
+    round_timeout : float
+        Seconds to wait for replies in a round; a late reply counts as a drop.
+    num_tasks, dim, samples_per_task : int
+        Generator overrides for ``synthetic`` (0: the generator's default). ``num_tasks`` is
+        also the number of tasks the server waits for (0: the dataset's).
+    results_file : str
+        When set, the ServerApp writes the results JSON there (for ``flwr run``).
+    """
+
+    strategy: str = "mocha"
+    dataset: str = "synthetic"
+    num_server_rounds: int = 50
+    seed: int = 0
+    lam: float | str = 1e-3
+    omega: str = "probabilistic"
+    omega_every: int = 10
+    local_frac: float = 1.0
+    sigma_mode: str = "global"
+    sys_het: str = "none"
+    sys_het_base: str = "n_min"
+    drop_prob: float = 0.0
+    test_frac: float = 0.25
+    eval_every: int = 1
+    round_timeout: float = 120.0
+    num_tasks: int = 0
+    dim: int = 0
+    samples_per_task: int = 0
+    results_file: str = ""
+
+    @classmethod
+    def keys(cls) -> list[str]:
+        """The kebab-case keys, in declaration order."""
+        return [_to_key(f.name) for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], *, base: RunConfig | None = None,
+                     ignore_unknown: bool = False) -> RunConfig:
+        """Validate ``values`` (kebab-case keys) on top of ``base`` (default: the defaults)."""
+        out = dataclasses.asdict(base or cls())
+        known = {_to_key(name): name for name in out}
+        for key, raw in values.items():
+            if key not in known:
+                if ignore_unknown:
+                    continue
+                raise ConfigError(
+                    f"unknown run-config key {key!r}; known keys: {', '.join(sorted(known))}"
+                )
+            out[known[key]] = _PARSE[key](key, raw)
+        return cls(**out)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Kebab-case mapping of every key (for results JSON and ``--run-config``)."""
+        return {_to_key(k): v for k, v in dataclasses.asdict(self).items()}
+
+
+def _to_key(field_name: str) -> str:
+    return "lambda" if field_name == "lam" else field_name.replace("_", "-")
+
+
+_PARSE = {
+    "strategy": lambda k, v: _as_choice(k, v, STRATEGIES),
+    "dataset": lambda k, v: _nonempty(k, v),
+    "num-server-rounds": lambda k, v: _as_int(k, v, 1),
+    "seed": lambda k, v: _as_int(k, v, 0),
+    "lambda": _as_lambda,
+    "omega": lambda k, v: _as_choice(k, v, ("identity", "probabilistic")),
+    "omega-every": lambda k, v: _as_int(k, v, 0),
+    "local-frac": lambda k, v: _as_float(k, v, lo=0.0, lo_open=True),
+    "sigma-mode": lambda k, v: _as_choice(k, v, ("global", "per-task")),
+    "sys-het": lambda k, v: _as_choice(k, v, ("none", "low", "high")),
+    "sys-het-base": lambda k, v: _as_choice(k, v, ("n_min", "n_t")),
+    "drop-prob": lambda k, v: _as_float(k, v, lo=0.0, hi=1.0, hi_open=True),
+    "test-frac": lambda k, v: _as_float(k, v, lo=0.0, hi=1.0, hi_open=True),
+    "eval-every": lambda k, v: _as_int(k, v, 1),
+    "round-timeout": lambda k, v: _as_float(k, v, lo=0.0, lo_open=True),
+    "num-tasks": lambda k, v: _as_int(k, v, 0),
+    "dim": lambda k, v: _as_int(k, v, 0),
+    "samples-per-task": lambda k, v: _as_int(k, v, 0),
+    "results-file": lambda k, v: str(v),
+}
+
+
+def _nonempty(key: str, value: Any) -> str:
+    out = str(value).strip()
+    if not out:
+        raise ConfigError(f"{key}: must not be empty")
+    return out
+
+
+def parse_set_options(pairs: list[str]) -> dict[str, str]:
+    """Turn ``["key=value", ...]`` (``--set`` options) into a dict, with clear errors."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set expects KEY=VALUE, got {pair!r}")
+        out[key.strip()] = value.strip()
+    return out

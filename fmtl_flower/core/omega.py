@@ -1,0 +1,96 @@
+"""Task-relationship steps (Omega-steps) and the aggregation parameter sigma'.
+
+MOCHA's regulariser is R(W) = (1/2) tr(W K W^T) with K positive definite (m x m, one row and
+column per task). For the formulations implemented here K = lambda * Sigma^-1 = lambda * Omega:
+
+* ``identity``: Sigma = I / m (Omega = m I): independent tasks, the reference code's start.
+* ``probabilistic`` (MOCHA paper eq. 14): Sigma = (W^T W)^(1/2) / tr((W^T W)^(1/2)), the
+  closed-form minimiser of tr(W Omega W^T) over {Omega > 0, tr(Omega^-1) = 1}.
+
+The dual map is W(alpha) = B K^-1 = B Sigma / lambda with B = [X_t^T alpha_t / n_t]_t, so the
+inverse regulariser matrix is M = K^-1 = Sigma / lambda and its diagonal ``m_tt`` is what a
+task's local solver needs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+OMEGA_KINDS = ("identity", "probabilistic")
+SIGMA_MODES = ("global", "per-task")
+
+
+def sigma_identity(m: int) -> np.ndarray:
+    """Sigma = I / m (Omega = m I): the independent-tasks start of the reference code."""
+    if m < 1:
+        raise ValueError(f"number of tasks must be >= 1, got {m}")
+    return np.eye(m) / m
+
+
+def sigma_probabilistic(W: np.ndarray, eps_rel: float = 1e-10) -> np.ndarray:
+    """Omega-step of eq. (14): Sigma = (W^T W + eps I)^(1/2) / trace.
+
+    Computed with a symmetric eigendecomposition of the Gram matrix W^T W; eigenvalues are
+    clipped at 0 (round-off makes some slightly negative when m > d) and a floor
+    ``eps = eps_rel * lambda_max`` is added, so Sigma is positive definite with
+    cond(Sigma) <= (1 / eps_rel)^(1/2). No general ``sqrtm`` and no inverse are formed.
+
+    Parameters
+    ----------
+    W : ndarray of shape (d, m)
+        Current models, one column per task.
+    eps_rel : float
+        Relative eigenvalue floor (> 0).
+
+    Returns
+    -------
+    ndarray of shape (m, m)
+        Symmetric positive definite Sigma with unit trace. ``I / m`` when W = 0.
+    """
+    if eps_rel <= 0:
+        raise ValueError(f"eps_rel must be > 0, got {eps_rel}")
+    m = W.shape[1]
+    gram = W.T @ W
+    evals, evecs = np.linalg.eigh(gram)
+    evals = np.clip(evals, 0.0, None)
+    top = float(evals[-1]) if m else 0.0
+    if not np.isfinite(top):
+        raise FloatingPointError("W^T W has non-finite eigenvalues")
+    if top <= 0.0:
+        return sigma_identity(m)
+    roots = np.sqrt(evals + eps_rel * top)
+    sigma = (evecs * (roots / roots.sum())) @ evecs.T
+    return 0.5 * (sigma + sigma.T)
+
+
+def omega_step(kind: str, W: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+    """Return the new Sigma for Omega-step ``kind`` given the current models W (d x m)."""
+    if kind == "identity":
+        return sigma if sigma.shape[0] == W.shape[1] else sigma_identity(W.shape[1])
+    if kind == "probabilistic":
+        return sigma_probabilistic(W)
+    raise ValueError(f"unknown omega {kind!r}; expected one of {OMEGA_KINDS}")
+
+
+def sigma_prime(sigma: np.ndarray, mode: str = "global", gamma: float = 1.0) -> np.ndarray:
+    """Aggregation parameter sigma' per task (MOCHA appendix, Lemma 9 and Remark 5).
+
+    ``global``: sigma' = gamma * max_t sum_t' |M_tt'| / M_tt for every task (Lemma 9).
+    ``per-task``: sigma'_t = gamma * sum_t' |M_tt'| / M_tt (Remark 5). M = Sigma / lambda;
+    the ratios do not depend on lambda, so Sigma is passed.
+
+    Returns
+    -------
+    ndarray of shape (m,)
+    """
+    if not 0.0 < gamma <= 1.0:
+        raise ValueError(f"gamma must be in (0, 1], got {gamma}")
+    diag = np.diag(sigma)
+    if np.any(diag <= 0):
+        raise ValueError("Sigma must have a positive diagonal")
+    ratios = gamma * np.abs(sigma).sum(axis=1) / diag
+    if mode == "global":
+        return np.full(sigma.shape[0], ratios.max())
+    if mode == "per-task":
+        return ratios
+    raise ValueError(f"unknown sigma-mode {mode!r}; expected one of {SIGMA_MODES}")

@@ -1,0 +1,198 @@
+"""Containers for federated multi-task datasets: one :class:`TaskData` per task (client).
+
+The containers are frozen dataclasses holding numpy arrays. They compare by identity
+(``eq=False``): element-wise comparison of arrays has no single truth value, and identity
+hashing lets a cached dataset be used as a dictionary key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["FederatedDataset", "TaskData"]
+
+
+@dataclass(frozen=True, eq=False)
+class TaskData:
+    """Train and test data of one task.
+
+    Parameters
+    ----------
+    X_train : np.ndarray
+        Training design matrix, float64, shape ``(n_train, d)``.
+    y_train : np.ndarray
+        Training labels, float64, shape ``(n_train,)``.
+    X_test : np.ndarray
+        Test design matrix, float64, shape ``(n_test, d)``; ``n_test`` may be 0.
+    y_test : np.ndarray
+        Test labels, float64, shape ``(n_test,)``.
+
+    Raises
+    ------
+    ValueError
+        If the shapes are inconsistent (not 2-D / 1-D, length mismatch, or train and test
+        with different ``d``).
+    """
+
+    X_train: np.ndarray
+    y_train: np.ndarray
+    X_test: np.ndarray
+    y_test: np.ndarray
+
+    def __post_init__(self) -> None:
+        for part in ("train", "test"):
+            X = getattr(self, f"X_{part}")
+            y = getattr(self, f"y_{part}")
+            if np.ndim(X) != 2:
+                raise ValueError(f"X_{part} must be 2-D, got shape {np.shape(X)}")
+            if np.ndim(y) != 1:
+                raise ValueError(f"y_{part} must be 1-D, got shape {np.shape(y)}")
+            if np.shape(X)[0] != np.shape(y)[0]:
+                raise ValueError(
+                    f"X_{part} has {np.shape(X)[0]} rows but y_{part} has {np.shape(y)[0]}"
+                )
+        if np.shape(self.X_train)[1] != np.shape(self.X_test)[1]:
+            raise ValueError(
+                f"X_train has {np.shape(self.X_train)[1]} features but X_test has "
+                f"{np.shape(self.X_test)[1]}"
+            )
+
+    @property
+    def n_train(self) -> int:
+        """Number of training samples."""
+        return int(self.X_train.shape[0])
+
+    @property
+    def n_test(self) -> int:
+        """Number of test samples (may be 0)."""
+        return int(self.X_test.shape[0])
+
+    @property
+    def dim(self) -> int:
+        """Number of features ``d``."""
+        return int(self.X_train.shape[1])
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Return ``(X_train, y_train, X_test, y_test)``."""
+        return self.X_train, self.y_train, self.X_test, self.y_test
+
+
+@dataclass(frozen=True, eq=False)
+class FederatedDataset:
+    """A named collection of tasks that share the feature dimension.
+
+    Parameters
+    ----------
+    name : str
+        Dataset name (``"synthetic"``, ``"small"``, ``"eat-voc"`` or a file stem).
+    tasks : tuple of TaskData
+        One entry per task; task ids are the positions ``0 .. num_tasks - 1``. Any sequence
+        is accepted and stored as a tuple.
+
+    Raises
+    ------
+    ValueError
+        If there are no tasks or the tasks differ in ``d``.
+    TypeError
+        If an entry is not a :class:`TaskData`.
+    """
+
+    name: str
+    tasks: tuple[TaskData, ...]
+
+    def __post_init__(self) -> None:
+        tasks = tuple(self.tasks)
+        object.__setattr__(self, "tasks", tasks)
+        if not tasks:
+            raise ValueError(f"dataset {self.name!r}: no tasks")
+        for t, task in enumerate(tasks):
+            if not isinstance(task, TaskData):
+                raise TypeError(
+                    f"dataset {self.name!r}: task {t} is {type(task).__name__}, not TaskData"
+                )
+        d0 = tasks[0].dim
+        for t, task in enumerate(tasks):
+            if task.dim != d0:
+                raise ValueError(
+                    f"dataset {self.name!r}: task {t} has {task.dim} features but task 0 has {d0}"
+                )
+
+    @property
+    def num_tasks(self) -> int:
+        """Number of tasks ``m``."""
+        return len(self.tasks)
+
+    @property
+    def dim(self) -> int:
+        """Common number of features ``d``."""
+        return self.tasks[0].dim
+
+    @property
+    def n_train(self) -> np.ndarray:
+        """Per-task training sample counts, int64 array of shape ``(num_tasks,)``."""
+        return np.array([task.n_train for task in self.tasks], dtype=np.int64)
+
+    @property
+    def n_test(self) -> np.ndarray:
+        """Per-task test sample counts, int64 array of shape ``(num_tasks,)``."""
+        return np.array([task.n_test for task in self.tasks], dtype=np.int64)
+
+    def task(self, t: int) -> TaskData:
+        """Return task ``t``.
+
+        Parameters
+        ----------
+        t : int
+            Task id in ``0 .. num_tasks - 1`` (negative indices are not accepted).
+
+        Returns
+        -------
+        TaskData
+
+        Raises
+        ------
+        IndexError
+            If ``t`` is out of range.
+        TypeError
+            If ``t`` is not an integer.
+        """
+        if isinstance(t, bool) or not isinstance(t, int | np.integer):
+            raise TypeError(f"task id must be an int, got {type(t).__name__}")
+        if not 0 <= t < self.num_tasks:
+            raise IndexError(
+                f"dataset {self.name!r}: task id {t} out of range; valid ids are "
+                f"0..{self.num_tasks - 1} ({self.num_tasks} tasks)"
+            )
+        return self.tasks[int(t)]
+
+    def pooled_train(self) -> tuple[np.ndarray, np.ndarray]:
+        """Stack all tasks' training data (task 0 first).
+
+        Returns
+        -------
+        X : np.ndarray
+            Shape ``(sum n_train, d)``.
+        y : np.ndarray
+            Shape ``(sum n_train,)``.
+        """
+        return _stack([t.X_train for t in self.tasks], [t.y_train for t in self.tasks])
+
+    def pooled_test(self) -> tuple[np.ndarray, np.ndarray]:
+        """Stack all tasks' test data (task 0 first).
+
+        Returns
+        -------
+        X : np.ndarray
+            Shape ``(sum n_test, d)``.
+        y : np.ndarray
+            Shape ``(sum n_test,)``.
+        """
+        return _stack([t.X_test for t in self.tasks], [t.y_test for t in self.tasks])
+
+
+def _stack(Xs: Sequence[np.ndarray], ys: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Vertically stack design matrices and concatenate labels."""
+    return np.vstack(Xs), np.concatenate(ys)

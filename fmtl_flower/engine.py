@@ -1,0 +1,153 @@
+"""Engines that run a ServerApp/ClientApp pair: in-process (no Ray) and Flower's Ray simulation.
+
+The in-process engine calls the ClientApp synchronously from a :class:`InProcessGrid`, so the
+very same ``ServerApp``, ``Strategy`` and ``ClientApp`` objects that run on Ray or on real
+SuperNodes run here, without Ray or a SuperLink: for tests, sweeps and large simulated
+federations. It touches two semi-internal Flower classes (``TaskIdentity``, ``Run``), which is
+why the Flower dependency is pinned below the next minor release that has not been tested.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from logging import WARNING
+from typing import Any
+
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.common.logger import log
+from flwr.serverapp import Grid, ServerApp
+from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
+
+CLIENT_APP_RAISED = 2  # Flower's ErrorCode.CLIENT_APP_RAISED_EXCEPTION
+FIRST_NODE_ID = 1001
+
+ClientCallable = Callable[[Message, Context], Message]
+
+
+class InProcessGrid(Grid):
+    """A Flower ``Grid`` whose nodes are ClientApp calls in this process.
+
+    Parameters
+    ----------
+    client_app : ClientApp or callable
+        Called as ``client_app(message, context)`` for each message.
+    num_nodes : int
+        Number of simulated nodes; node i gets ``node_config = {"partition-id": i,
+        "num-partitions": num_nodes}`` (plus ``node_configs[i]`` when given).
+    run_config : mapping, optional
+        The run config every node's Context sees.
+    node_configs : list of mappings, optional
+        Extra per-node config entries (e.g. ``{"task-id": 3}``).
+    run_id : int
+        The run id of every Context.
+
+    Notes
+    -----
+    A reply whose ClientApp call took longer than the ``timeout`` of ``send_and_receive`` is
+    discarded, as Flower discards a late reply; the node's Context keeps what the call wrote
+    (as on a real SuperNode). A ClientApp that raises yields an error reply, as in Flower.
+    """
+
+    def __init__(self, client_app: ClientApp | ClientCallable, num_nodes: int,
+                 run_config: Mapping[str, Any] | None = None,
+                 node_configs: list[Mapping[str, Any]] | None = None, run_id: int = 1) -> None:
+        if num_nodes < 1:
+            raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 1, 1
+        self._app = client_app
+        self._replies: dict[str, Message] = {}
+        self._run = Run.create_empty(run_id=run_id)
+        self.contexts: dict[int, Context] = {}
+        for i in range(num_nodes):
+            node_config: dict[str, Any] = {"partition-id": i, "num-partitions": num_nodes}
+            if node_configs is not None:
+                node_config.update(node_configs[i])
+            self.contexts[FIRST_NODE_ID + i] = Context(
+                run_id=run_id, node_id=FIRST_NODE_ID + i, node_config=node_config,
+                state=RecordDict(), run_config=dict(run_config or {}))
+        self.offline: set[int] = set()
+
+    # Grid's abstract interface -----------------------------------------------------------
+    def set_run(self, run_id: int) -> None:  # noqa: D102
+        self._run = Run.create_empty(run_id=run_id)
+
+    @property
+    def run(self) -> Run:  # noqa: D102
+        return self._run
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
+                       group_id: str, ttl: float | None = None) -> Message:  # noqa: D102
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:
+        """The ids of the nodes that are online."""
+        return [n for n in self.contexts if n not in self.offline]
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Deliver messages (calling the ClientApp at once); return their message ids."""
+        return self._deliver(messages, timeout=None)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        """Replies of the given message ids that are available."""
+        return [self._replies.pop(i) for i in list(message_ids) if i in self._replies]
+
+    def send_and_receive(self, messages: Iterable[Message], *,
+                         timeout: float | None = None) -> Iterable[Message]:
+        """Deliver messages and return the replies that arrived within ``timeout``."""
+        return self.pull_messages(self._deliver(messages, timeout))
+
+    def _deliver(self, messages: Iterable[Message], timeout: float | None) -> list[str]:
+        ids = []
+        for message in messages:
+            node = message.metadata.dst_node_id
+            if node not in self.contexts or node in self.offline:
+                log(WARNING, "in-process grid: no node %s; message dropped", node)
+                continue
+            mid = uuid.uuid4().hex
+            message.metadata.__dict__["_message_id"] = mid
+            started = time.perf_counter()
+            try:
+                reply = self._app(message, self.contexts[node])
+            except Exception as ex:  # noqa: BLE001 - a node's failure becomes an error reply
+                reply = Message(Error(code=CLIENT_APP_RAISED, reason=f"{type(ex).__name__}: {ex}"),
+                                reply_to=message)
+            if timeout is not None and time.perf_counter() - started > timeout:
+                continue  # the reply missed the deadline: Flower would not deliver it
+            self._replies[mid] = reply
+            ids.append(mid)
+        return ids
+
+
+def run_inprocess(server_app: ServerApp, client_app: ClientApp | ClientCallable, num_nodes: int,
+                  run_config: Mapping[str, Any] | None = None,
+                  node_configs: list[Mapping[str, Any]] | None = None) -> InProcessGrid:
+    """Run ``server_app`` against ``num_nodes`` in-process nodes; return the grid used."""
+    grid = InProcessGrid(client_app, num_nodes, run_config, node_configs)
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                      run_config=dict(run_config or {}))
+    server_app(grid, context)
+    return grid
+
+
+def run_ray(server_app: ServerApp, client_app: ClientApp, num_nodes: int,
+            num_cpus: int = 2, cpus_per_node: int = 1) -> None:
+    """Run the pair on Flower's Ray simulation engine (``flwr.simulation.run_simulation``).
+
+    The objects are shipped to Ray workers as they are, so configuration baked into them
+    (rather than read from ``context.run_config``) reaches every node.
+    """
+    import warnings
+
+    from flwr.simulation import run_simulation
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run_simulation(
+            server_app=server_app, client_app=client_app, num_supernodes=num_nodes,
+            backend_config={"client_resources": {"num_cpus": cpus_per_node, "num_gpus": 0.0},
+                            "init_args": {"num_cpus": num_cpus, "log_to_driver": False}},
+        )

@@ -1,0 +1,451 @@
+"""MOCHA (Smith et al., NeurIPS 2017) as a Flower ``Strategy``.
+
+Wire contract
+-------------
+Every message to a task's node carries a ``config`` ConfigRecord and an ``arrays`` ArrayRecord.
+
+query ``whoami`` (server -> node): empty ``config``. Reply: ConfigRecord ``info`` with
+    ``task-id`` (int, 0 <= id < num_tasks), ``n-train`` (int >= 1), ``n-test`` (int >= 0),
+    ``dim`` (int, the same on every node).
+
+``train`` (server -> node):
+    arrays ``w``: float64 (d,), the task's model w_t = W(alpha)[:, t];
+    config ``task-id`` int, ``server-round`` int, ``last-accepted-round`` int (the newest round
+    whose reply from this task the server added to B; 0 = none), ``m-tt`` float > 0 (the
+    diagonal entry (K^-1)_tt), ``sigma-prime`` float > 0, ``budget`` int >= 0 (coordinate
+    steps), ``seed`` int, ``dropped`` bool (simulated drop-out: do no work), ``eval`` bool
+    (also report test errors of w_t).
+    Reply: arrays ``delta-b`` float64 (d,) = X_t^T d_alpha / n_t; metrics ``task-id``,
+    ``round`` (= server-round), ``n-train``, ``state-ok`` (0/1: 0 = the device restarted from
+    alpha = 0), ``loss-mean`` (mean hinge loss at the w_t received), ``dual-mean``
+    (mean of y * alpha after the commit), and with ``eval`` ``test-errors``,
+    ``test-n`` (ints).
+
+``evaluate`` (server -> node, once, after the last round): the same ``w`` and ``config``
+    (``eval`` true); reply: the same metrics, no arrays.
+
+Every reply is validated (keys, dtypes, shapes, finite values, matching task and round); a
+reply that fails counts as a dropped node with a logged reason and leaves the state untouched.
+
+Round bookkeeping
+-----------------
+The metrics a node reports in round r describe the state *after* round r - 1 (the w_t it
+received and its alpha after the commit), so record k (state after k rounds, k = 0 .. R) is
+completed by round k + 1's replies, and record R by the final ``evaluate`` round. Primal, dual
+and gap are reported only when every task reported for a consistent (W, alpha) pair; otherwise
+they are None (``tasks_missing`` says which tasks were missing).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from ..core.mocha import MochaServerState
+from ..core.omega import OMEGA_KINDS, SIGMA_MODES
+from ..metrics import error_summary
+from ..systems.heterogeneity import drop_mask, local_budgets
+from ..wire import from_array, to_array
+
+RoundCallback = Callable[[dict[str, Any]], None]
+
+
+class ReplyError(ValueError):
+    """A node's reply broke the wire contract."""
+
+
+class Mocha(Strategy):
+    """MOCHA: federated multi-task learning with a learned task-relationship matrix.
+
+    Each task t (one device, or one node) learns a linear model w_t; the models are tied by the
+    regulariser (lambda/2) tr(W Omega W^T). Rounds are primal-dual W-steps: every node runs
+    SDCA on its local subproblem for a budget of coordinate steps and returns
+    ``delta b_t = X_t^T d_alpha_t / n_t``; the server adds them to B and keeps
+    W = B Sigma / lambda. Every ``omega_every`` rounds an Omega-step updates Sigma.
+
+    The objective minimised is
+    P(W) = sum_t mean_i hinge(y_ti x_ti^T w_t) + (lambda/2) tr(W Omega W^T)
+    (per-task mean losses, summed over tasks, as in the authors' code).
+
+    Parameters
+    ----------
+    num_tasks : int
+        Number of tasks (nodes) to wait for; task ids are 0 .. num_tasks - 1.
+    lam : float
+        Regularisation strength lambda > 0.
+    omega : {"identity", "probabilistic"}
+        Omega-step: keep Sigma = I/m, or Sigma = (W^T W)^(1/2) / trace (eq. 14).
+    omega_every : int
+        Rounds between Omega-steps (0: never).
+    local_frac : float
+        Local coordinate steps per round as a fraction of n_t (when ``sys_het="none"``).
+    sigma_mode : {"global", "per-task"}
+        sigma' of Lemma 9 (one value) or of Remark 5 (one per task).
+    sys_het, sys_het_base : str
+        Systems heterogeneity of the local budgets, see :mod:`fmtl_flower.systems`.
+    drop_prob : float
+        Probability that a node does no work in a round (simulated, seeded).
+    eval_every : int
+        Rounds between test-error evaluations (the final model is always evaluated).
+    seed : int
+        Seed of budgets, drops and the devices' coordinate orders.
+    discovery_timeout : float
+        Seconds to wait, at the first round, for ``num_tasks`` nodes to appear.
+    on_round : callable, optional
+        Called with each completed round record (a dict), e.g. to print progress.
+    """
+
+    def __init__(
+        self,
+        num_tasks: int,
+        *,
+        lam: float = 1e-3,
+        omega: str = "probabilistic",
+        omega_every: int = 10,
+        local_frac: float = 1.0,
+        sigma_mode: str = "global",
+        sys_het: str = "none",
+        sys_het_base: str = "n_min",
+        drop_prob: float = 0.0,
+        eval_every: int = 1,
+        seed: int = 0,
+        discovery_timeout: float = 120.0,
+        on_round: RoundCallback | None = None,
+    ) -> None:
+        if int(num_tasks) < 1:
+            raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
+        if not (isinstance(lam, int | float) and math.isfinite(lam) and lam > 0):
+            raise ValueError(f"lam must be a finite number > 0, got {lam!r}")
+        if omega not in OMEGA_KINDS:
+            raise ValueError(f"omega must be one of {OMEGA_KINDS}, got {omega!r}")
+        if sigma_mode not in SIGMA_MODES:
+            raise ValueError(f"sigma_mode must be one of {SIGMA_MODES}, got {sigma_mode!r}")
+        if int(omega_every) < 0 or int(eval_every) < 1:
+            raise ValueError("omega_every must be >= 0 and eval_every >= 1")
+        local_budgets(np.ones(1), local_frac=local_frac, sys_het=sys_het, base=sys_het_base)
+        drop_mask(1, drop_prob, seed=0, server_round=1)
+        self.num_tasks = int(num_tasks)
+        self.lam = float(lam)
+        self.omega = omega
+        self.omega_every = int(omega_every)
+        self.local_frac = float(local_frac)
+        self.sigma_mode = sigma_mode
+        self.sys_het = sys_het
+        self.sys_het_base = sys_het_base
+        self.drop_prob = float(drop_prob)
+        self.eval_every = int(eval_every)
+        self.seed = int(seed)
+        self.discovery_timeout = float(discovery_timeout)
+        self.on_round = on_round
+        self.round_timeout = 120.0
+        self.num_rounds: int | None = None
+        self.state: MochaServerState | None = None
+        self.node_to_task: dict[int, int] = {}
+        self.task_to_node: dict[int, int] = {}
+        self.n_train = np.zeros(self.num_tasks, dtype=np.int64)
+        self.last_accepted = np.zeros(self.num_tasks, dtype=np.int64)
+        self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
+        self.records: list[dict[str, Any]] = []
+        self._sent: dict[int, int] = {}
+        self._round_start = 0.0
+        self._dropped_now = np.zeros(self.num_tasks, dtype=bool)
+
+    # ------------------------------------------------------------------ Strategy interface
+    def summary(self) -> None:
+        """Log the configuration."""
+        log(INFO, "\t├── MOCHA: %d tasks, lambda=%g, omega=%s every %d rounds, sigma'=%s",
+            self.num_tasks, self.lam, self.omega, self.omega_every, self.sigma_mode)
+        log(INFO, "\t└── local-frac=%g, sys-het=%s (%s), drop-prob=%g, seed=%d",
+            self.local_frac, self.sys_het, self.sys_het_base, self.drop_prob, self.seed)
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int = 3,
+              timeout: float = 3600, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None
+              ) -> Result:
+        """Run ``num_rounds`` MOCHA rounds plus a final metrics round (see Strategy.start)."""
+        self.num_rounds = int(num_rounds)
+        self.round_timeout = float(timeout)
+        if initial_arrays is None:
+            initial_arrays = ArrayRecord()
+        return super().start(grid, initial_arrays, num_rounds, timeout, train_config,
+                             evaluate_config, evaluate_fn)
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """One ``train`` message per reachable task, with its w_t, m_tt, sigma' and budget."""
+        self._round_start = time.perf_counter()
+        self.discover(grid, wait=server_round == 1)
+        if self.state is None:
+            raise RuntimeError(
+                "MOCHA found no usable node: check that the ClientApp is MOCHA's and that "
+                "nodes report a task id (--node-config \"task-id=N\")")
+        if len(self.records) < server_round:  # state before this round, completed by replies
+            self._new_record(server_round - 1)
+        known = np.flatnonzero(self.n_train > 0)
+        budgets = np.zeros(self.num_tasks, dtype=np.int64)
+        budgets[known] = local_budgets(self.n_train[known], local_frac=self.local_frac,
+                                       sys_het=self.sys_het, base=self.sys_het_base,
+                                       seed=self.seed, server_round=server_round)
+        self._dropped_now = drop_mask(self.num_tasks, self.drop_prob, seed=self.seed,
+                                      server_round=server_round)
+        evaluate = (server_round - 1) % self.eval_every == 0
+        return self._instructions(server_round, MessageType.TRAIN, evaluate, budgets)
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord]:
+        """Validate replies, complete the previous state's record, add delta b to B."""
+        assert self.state is not None
+        accepted = self._read_replies(server_round, replies, with_delta=True)
+        self._complete_record(server_round - 1, accepted)
+        tasks = np.array(sorted(accepted), dtype=np.int64)
+        resets = np.array([t for t in tasks if not accepted[t]["state-ok"]], dtype=np.int64)
+        self.state.reset_tasks(resets)
+        if len(tasks):
+            self.state.add_updates(tasks, np.stack([accepted[t]["delta-b"] for t in tasks], 1))
+            self.last_accepted[tasks] = server_round
+        omega_step = self.omega_every > 0 and server_round % self.omega_every == 0
+        if omega_step:
+            self.state.omega_step(self.omega)
+        record = self._new_record(server_round)
+        updated = tasks[~self._dropped_now[tasks]] if len(tasks) else tasks
+        record.update(num_replies=len(tasks), num_dropped=self.num_tasks - len(updated),
+                      num_resets=len(resets), omega_step=omega_step,
+                      wall_time_s=time.perf_counter() - self._round_start)
+        metrics = MetricRecord({"num-replies": len(tasks), "num-dropped": record["num_dropped"]})
+        return ArrayRecord({"W": to_array(self.state.W)}), metrics
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        """Nothing, except after the last round: the final metrics round over every task."""
+        if self.num_rounds is None or server_round != self.num_rounds:
+            return []
+        return self._instructions(server_round, MessageType.EVALUATE, True, None)
+
+    def aggregate_evaluate(self, server_round: int,
+                           replies: Iterable[Message]) -> MetricRecord | None:
+        """Complete the final record from the metrics round."""
+        if self.num_rounds is None or server_round != self.num_rounds:
+            return None
+        accepted = self._read_replies(server_round, replies, with_delta=False)
+        record = self._complete_record(server_round, accepted)
+        return MetricRecord({k: float(v) for k, v in record.items()
+                             if isinstance(v, int | float) and not isinstance(v, bool)})
+
+    # ------------------------------------------------------------------ discovery
+    def discover(self, grid: Grid, wait: bool = False) -> None:
+        """Map new node ids to tasks with a ``whoami`` query (waiting for all tasks if asked)."""
+        deadline = time.monotonic() + (self.discovery_timeout if wait else 0.0)
+        while True:
+            online = set(grid.get_node_ids())
+            for node in [n for n in self.node_to_task if n not in online]:
+                task = self.node_to_task.pop(node)
+                if self.task_to_node.get(task) == node:
+                    del self.task_to_node[task]
+            unknown = sorted(online - set(self.node_to_task))
+            if unknown:
+                self._query_whoami(grid, unknown)
+            if len(self.task_to_node) >= self.num_tasks or time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+        if wait and len(self.task_to_node) < self.num_tasks:
+            missing = sorted(set(range(self.num_tasks)) - set(self.task_to_node))
+            log(WARNING, "MOCHA: %d of %d tasks found after %.0f s; missing task ids %s",
+                len(self.task_to_node), self.num_tasks, self.discovery_timeout, missing[:20])
+
+    def _query_whoami(self, grid: Grid, nodes: list[int]) -> None:
+        msgs = [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n,
+                        message_type=f"{MessageType.QUERY}.whoami") for n in nodes]
+        timeout = max(self.round_timeout, 60.0)
+        for reply in grid.send_and_receive(msgs, timeout=timeout):
+            node = reply.metadata.src_node_id
+            if reply.has_error():
+                log(WARNING, "MOCHA: whoami failed on node %s: %s", node, reply.error.reason)
+                continue
+            try:
+                task, n_train, dim = self._read_whoami(reply)
+            except ReplyError as err:
+                log(WARNING, "MOCHA: node %s: bad whoami reply: %s", node, err)
+                continue
+            if self.state is None:
+                self.state = MochaServerState.zeros(dim, self.num_tasks, self.lam)
+            elif dim != self.state.dim:
+                log(WARNING, "MOCHA: node %s (task %d) has %d features, the federation %d; "
+                    "ignored", node, task, dim, self.state.dim)
+                continue
+            old = self.task_to_node.get(task)
+            if old is not None and old != node:
+                log(INFO, "MOCHA: task %d moved from node %s to node %s", task, old, node)
+                self.node_to_task.pop(old, None)
+            self.task_to_node[task] = node
+            self.node_to_task[node] = task
+            self.n_train[task] = n_train
+
+    def _read_whoami(self, reply: Message) -> tuple[int, int, int]:
+        if "info" not in reply.content:
+            raise ReplyError("no 'info' record")
+        info = reply.content["info"]
+        values = {}
+        for key in ("task-id", "n-train", "dim"):
+            value = info.get(key) if key in info else None
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ReplyError(f"{key!r} must be an int, got {value!r}")
+            values[key] = value
+        if not 0 <= values["task-id"] < self.num_tasks:
+            raise ReplyError(f"task-id {values['task-id']} outside 0..{self.num_tasks - 1}")
+        if values["n-train"] < 1 or values["dim"] < 1:
+            raise ReplyError("n-train and dim must be >= 1")
+        return values["task-id"], values["n-train"], values["dim"]
+
+    # ------------------------------------------------------------------ messages
+    def _instructions(self, server_round: int, message_type: str, evaluate: bool,
+                      budgets: np.ndarray | None) -> list[Message]:
+        assert self.state is not None
+        m_diag = self.state.m_diag()
+        sigma_p = self.state.sigma_prime(self.sigma_mode)
+        W = self.state.W
+        self._sent = {}
+        messages = []
+        for task, node in sorted(self.task_to_node.items()):
+            config = {
+                "task-id": task, "server-round": server_round,
+                "last-accepted-round": int(self.last_accepted[task]),
+                "m-tt": float(m_diag[task]), "sigma-prime": float(sigma_p[task]),
+                "seed": self.seed, "eval": bool(evaluate),
+            }
+            if budgets is not None:
+                config["budget"] = int(budgets[task])
+                config["dropped"] = bool(self._dropped_now[task])
+            content = RecordDict({"arrays": ArrayRecord({"w": to_array(W[:, task])}),
+                                  "config": ConfigRecord(config)})
+            messages.append(Message(content, dst_node_id=node, message_type=message_type,
+                                    group_id=str(server_round)))
+            self._sent[node] = task
+        return messages
+
+    def _read_replies(self, server_round: int, replies: Iterable[Message],
+                      with_delta: bool) -> dict[int, dict[str, Any]]:
+        """Validated replies keyed by task; anything invalid is logged and left out."""
+        accepted: dict[int, dict[str, Any]] = {}
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            if reply.has_error():
+                log(WARNING, "MOCHA round %d: node %s failed: %s", server_round, node,
+                    reply.error.reason)
+                continue
+            task = self._sent.get(node)
+            if task is None:
+                log(WARNING, "MOCHA round %d: reply from unexpected node %s ignored",
+                    server_round, node)
+                continue
+            try:
+                parsed = self._parse_reply(reply, task, server_round, with_delta)
+            except ReplyError as err:
+                log(WARNING, "MOCHA round %d: reply of task %d (node %s) rejected: %s",
+                    server_round, task, node, err)
+                continue
+            accepted[task] = parsed
+            self.ever_replied[task] = True
+        return accepted
+
+    def _parse_reply(self, reply: Message, task: int, server_round: int,
+                     with_delta: bool) -> dict[str, Any]:
+        assert self.state is not None
+        content = reply.content
+        if "metrics" not in content:
+            raise ReplyError("no 'metrics' record")
+        metrics = content["metrics"]
+        out: dict[str, Any] = {}
+        ints = ["task-id", "round", "n-train", "state-ok"]
+        floats = ["loss-mean", "dual-mean"]
+        for key in ints + floats + ["test-errors", "test-n"]:
+            if key not in metrics:
+                if key in ("test-errors", "test-n"):
+                    continue
+                raise ReplyError(f"metric {key!r} missing")
+            value = metrics[key]
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ReplyError(f"metric {key!r} is not a number: {value!r}")
+            if not math.isfinite(value):
+                raise ReplyError(f"metric {key!r} is not finite: {value!r}")
+            out[key] = value
+        if out["task-id"] != task or out["round"] != server_round:
+            raise ReplyError(f"reply for task {out['task-id']} round {out['round']}, expected "
+                             f"task {task} round {server_round}")
+        if out["n-train"] != self.n_train[task]:
+            raise ReplyError(f"n-train {out['n-train']} differs from {self.n_train[task]}")
+        if out["loss-mean"] < 0 or not 0 <= out["dual-mean"] <= 1 + 1e-9:
+            raise ReplyError("loss-mean must be >= 0 and dual-mean in [0, 1]")
+        if ("test-errors" in out) != ("test-n" in out) or (
+                "test-n" in out and not 0 <= out["test-errors"] <= out["test-n"]):
+            raise ReplyError("test-errors/test-n inconsistent")
+        if with_delta:
+            arrays = content["arrays"] if "arrays" in content else None
+            if arrays is None or "delta-b" not in arrays:
+                raise ReplyError("array 'delta-b' missing")
+            delta = from_array(arrays["delta-b"])
+            if delta.dtype != np.float64 or delta.shape != (self.state.dim,):
+                raise ReplyError(f"'delta-b' must be float64 of shape ({self.state.dim},), "
+                                 f"got {delta.dtype} {delta.shape}")
+            if not np.all(np.isfinite(delta)):
+                raise ReplyError("'delta-b' has non-finite values")
+            out["delta-b"] = delta
+        return out
+
+    # ------------------------------------------------------------------ records
+    def _new_record(self, k: int) -> dict[str, Any]:
+        """Create the record of the state after k rounds (W, B, Sigma as they are now)."""
+        assert self.state is not None and len(self.records) == k
+        record: dict[str, Any] = {
+            "round": k, "primal": None, "dual": None, "gap": None, "test_error": None,
+            "test_error_pooled": None, "accuracy_mean": None, "accuracy_mean_unweighted": None,
+            "accuracy_bottom_decile": None, "num_replies": None, "num_dropped": None,
+            "wall_time_s": None, "tasks_missing": None,
+            "_reg": self.state.regulariser(),
+        }
+        self.records.append(record)
+        return record
+
+    def _complete_record(self, k: int, accepted: dict[int, dict[str, Any]]) -> dict[str, Any]:
+        record = self.records[k]
+        ok = [t for t, r in accepted.items() if r["state-ok"]]
+        missing = sorted(set(range(self.num_tasks)) - set(ok))
+        record["tasks_missing"] = missing
+        reg = record.pop("_reg")
+        if not missing:
+            loss = np.array([accepted[t]["loss-mean"] for t in range(self.num_tasks)])
+            dual = np.array([accepted[t]["dual-mean"] for t in range(self.num_tasks)])
+            record["primal"] = float(loss.sum()) + reg
+            record["dual"] = float(dual.sum()) - reg
+            record["gap"] = record["primal"] - record["dual"]
+        evaluated = [t for t in ok if "test-n" in accepted[t]]
+        if evaluated and not missing:
+            errors = np.array([accepted[t]["test-errors"] for t in evaluated])
+            counts = np.array([accepted[t]["test-n"] for t in evaluated])
+            record.update(error_summary(errors, counts))
+        if self.on_round is not None:
+            self.on_round(self.public_record(record))
+        return record
+
+    @staticmethod
+    def public_record(record: dict[str, Any]) -> dict[str, Any]:
+        """A record without internal fields."""
+        return {k: v for k, v in record.items() if not k.startswith("_")}
+
+    def results(self) -> dict[str, Any]:
+        """``{"rounds": [...], "final": {...}}`` of the results contract (completed records)."""
+        rounds = [self.public_record(r) for r in self.records if "_reg" not in r]
+        final = dict(rounds[-1]) if rounds else {}
+        never = sorted(int(t) for t in np.flatnonzero(~self.ever_replied))
+        final["tasks_never_replied"] = never
+        final["complete"] = bool(rounds) and not final.get("tasks_missing")
+        return {"rounds": rounds, "final": final}
