@@ -109,9 +109,9 @@ class RunConfig:
 
     strategy: str = "mocha"
     dataset: str = "synthetic"
-    num_server_rounds: int = 50
+    num_server_rounds: int = 100
     seed: int = 0
-    lam: float | str = 1e-3
+    lam: float | str = 0.1
     omega: str = "probabilistic"
     omega_every: int = 10
     local_frac: float = 1.0

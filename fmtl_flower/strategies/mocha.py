@@ -108,7 +108,7 @@ class Mocha(Strategy):
         self,
         num_tasks: int,
         *,
-        lam: float = 1e-3,
+        lam: float = 0.1,
         omega: str = "probabilistic",
         omega_every: int = 10,
         local_frac: float = 1.0,
