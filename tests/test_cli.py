@@ -1,0 +1,62 @@
+"""The fmtl command line: results contract, progress lines, clear errors."""
+
+import json
+
+import pytest
+
+from fmtl_flower.cli import main
+
+ROUND_KEYS = {"round", "primal", "dual", "gap", "test_error", "test_error_pooled",
+              "accuracy_mean", "accuracy_bottom_decile", "num_replies", "num_dropped",
+              "wall_time_s"}
+
+
+def test_run_mocha_writes_the_results_contract(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    code = main(["run", "mocha", "--rounds", "4", "--seed", "2", "--out", str(out),
+                 "--set", "num-tasks=5", "--set", "dim=4", "--set", "samples-per-task=20",
+                 "--set", "omega-every=2", "--print-every", "1"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert printed.count("round ") >= 5 and "relative_gap" in printed
+    results = json.loads(out.read_text())
+    assert set(results) >= {"config", "rounds", "final"}
+    assert results["config"]["num-server-rounds"] == 4 and results["config"]["seed"] == 2
+    assert [r["round"] for r in results["rounds"]] == [0, 1, 2, 3, 4]
+    for record in results["rounds"]:
+        assert ROUND_KEYS <= set(record)
+        assert record["gap"] >= 0
+    assert results["final"]["round"] == 4 and results["final"]["complete"] is True
+    assert results["final"]["tasks_never_replied"] == []
+
+
+@pytest.mark.parametrize("strategy", ["local", "global"])
+def test_baselines(tmp_path, strategy):
+    out = tmp_path / "b.json"
+    assert main(["run", strategy, "--out", str(out), "--set", "num-tasks=4", "--set", "dim=3",
+                 "--quiet"]) == 0
+    final = json.loads(out.read_text())["final"]
+    assert 0 <= final["test_error"] <= 1
+
+
+def test_clear_errors(capsys, tmp_path):
+    assert main(["run", "mocha", "--set", "lamda=1"]) == 2
+    assert "unknown run-config key 'lamda'" in capsys.readouterr().err
+    assert main(["run", "mocha", "--set", "omega=nope"]) == 2
+    assert "omega: must be one of" in capsys.readouterr().err
+    assert main(["run", "mocha", "--dataset", str(tmp_path / "missing.mat")]) == 2
+    assert "missing.mat" in capsys.readouterr().err
+    bad = tmp_path / "bad.mat"
+    import numpy as np
+    import scipy.io
+
+    cells = np.empty((1, 1), dtype=object)
+    cells[0, 0] = np.ones((4, 2))
+    labels = np.empty((1, 1), dtype=object)
+    labels[0, 0] = np.array([[0], [2], [0], [2]], dtype=np.int16)
+    scipy.io.savemat(bad, {"X": cells, "Y": labels})
+    assert main(["run", "mocha", "--dataset", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.mat" in err and "labels" in err.lower()
+    with pytest.raises(SystemExit):
+        main(["run", "fedavg"])
