@@ -9,6 +9,7 @@ why the Flower dependency is pinned below the next minor release that has not be
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -24,6 +25,12 @@ from flwr.supercore.task_identity import TaskIdentity
 
 CLIENT_APP_RAISED = 2  # Flower's ErrorCode.CLIENT_APP_RAISED_EXCEPTION
 FIRST_NODE_ID = 1001
+_RUN_IDS = itertools.count(1)
+
+
+def new_run_id() -> int:
+    """A run id not used before in this process (Contexts and client caches key on it)."""
+    return next(_RUN_IDS)
 
 ClientCallable = Callable[[Message, Context], Message]
 
@@ -42,8 +49,8 @@ class InProcessGrid(Grid):
         The run config every node's Context sees.
     node_configs : list of mappings, optional
         Extra per-node config entries (e.g. ``{"task-id": 3}``).
-    run_id : int
-        The run id of every Context.
+    run_id : int, optional
+        The run id of every Context (default: a new one, see :func:`new_run_id`).
 
     Notes
     -----
@@ -54,9 +61,11 @@ class InProcessGrid(Grid):
 
     def __init__(self, client_app: ClientApp | ClientCallable, num_nodes: int,
                  run_config: Mapping[str, Any] | None = None,
-                 node_configs: list[Mapping[str, Any]] | None = None, run_id: int = 1) -> None:
+                 node_configs: list[Mapping[str, Any]] | None = None,
+                 run_id: int | None = None) -> None:
         if num_nodes < 1:
             raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
+        run_id = new_run_id() if run_id is None else run_id
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 1, 1
         self._app = client_app
         self._replies: dict[str, Message] = {}
@@ -127,7 +136,7 @@ def run_inprocess(server_app: ServerApp, client_app: ClientApp | ClientCallable,
                   node_configs: list[Mapping[str, Any]] | None = None) -> InProcessGrid:
     """Run ``server_app`` against ``num_nodes`` in-process nodes; return the grid used."""
     grid = InProcessGrid(client_app, num_nodes, run_config, node_configs)
-    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+    context = Context(run_id=grid.run.run_id, node_id=0, node_config={}, state=RecordDict(),
                       run_config=dict(run_config or {}))
     server_app(grid, context)
     return grid

@@ -34,15 +34,18 @@ def stratified_folds(y: np.ndarray, k: int, rng: np.random.Generator) -> np.ndar
     return folds
 
 
-def make_fitter(method: str, **mocha_kwargs: Any) -> Callable[[Sequence[TaskArrays], float],
-                                                             np.ndarray]:
-    """``fit(tasks, lam) -> W`` (d x m) for ``method`` in {"mtl", "local", "global"}."""
+def make_fitter(method: str, seed: int = 0,
+                **mocha_kwargs: Any) -> Callable[[Sequence[TaskArrays], float], np.ndarray]:
+    """``fit(tasks, lam) -> W`` (d x m) for ``method`` in {"mtl", "local", "global"}.
+
+    ``mocha_kwargs`` (``rounds``, ``omega``, ...) go to :func:`fit_mocha` for ``mtl``.
+    """
     if method == "mtl":
-        return lambda tasks, lam: fit_mocha(tasks, lam=lam, **mocha_kwargs).W
+        return lambda tasks, lam: fit_mocha(tasks, lam=lam, seed=seed, **mocha_kwargs).W
     if method == "local":
-        return lambda tasks, lam: fit_local_svms(list(tasks), lam)
+        return lambda tasks, lam: fit_local_svms(list(tasks), lam, seed=seed)
     if method == "global":
-        return lambda tasks, lam: fit_global_svm(list(tasks), lam)
+        return lambda tasks, lam: fit_global_svm(list(tasks), lam, seed=seed)
     raise ValueError(f"method must be one of {METHODS}, got {method!r}")
 
 
@@ -57,6 +60,8 @@ def cross_validate_lambda(
 ) -> tuple[float, dict[float, float]]:
     """Pick lambda for ``method`` by ``folds``-fold CV on ``tasks`` (training data only).
 
+    ``seed`` draws the folds and seeds the fits; ``mocha_kwargs`` configure MOCHA (``mtl``).
+
     Returns
     -------
     best : float
@@ -66,7 +71,7 @@ def cross_validate_lambda(
     """
     if folds < 2:
         raise ValueError(f"folds must be >= 2, got {folds}")
-    fit = make_fitter(method, **mocha_kwargs)
+    fit = make_fitter(method, seed=seed, **mocha_kwargs)
     fold_of = [stratified_folds(y, folds, np.random.default_rng([seed, t, TAG_CV]))
                for t, (_, y) in enumerate(tasks)]
     scores: dict[float, float] = {}

@@ -109,10 +109,10 @@ class MochaClient:
         self._load_data = load_data
         self._task_id = task_id or default_task_id
         self._cache: dict[tuple[int, int], LocalTask] = {}
-        # Decoded dual state by node: (the ArrayRecord written, its arrays). Used only while
-        # context.state still holds that very record object (in-process engines), so it can
-        # never serve stale values; elsewhere the record is decoded.
-        self._decoded: dict[tuple[int, int], tuple[ArrayRecord, np.ndarray]] = {}
+        # Decoded dual state by node: (record written, its Array, that Array's bytes, decoded).
+        # Used only while context.state still holds those very objects (in-process engines);
+        # any replacement of the record, the Array or its bytes falls back to decoding.
+        self._decoded: dict[tuple[int, int], tuple[ArrayRecord, Any, bytes, np.ndarray]] = {}
 
     # -- data -------------------------------------------------------------------------------
     def local_task(self, context: Context) -> LocalTask:
@@ -167,6 +167,8 @@ class MochaClient:
         dropped = _cfg(config, "dropped", bool)
         if budget < 0 or m_tt <= 0 or sigma_p <= 0:
             raise ValueError(f"invalid budget/m-tt/sigma-prime: {budget}, {m_tt}, {sigma_p}")
+        if _cfg(config, "last-accepted-round", int) >= server_round:
+            raise ValueError("last-accepted-round must precede server-round in a train message")
         alpha, committed, state_ok = self._reconcile(context, task, config)
         metrics = self._metrics(task, w, alpha, config, state_ok)
         if dropped or budget == 0:
@@ -215,6 +217,10 @@ class MochaClient:
                    config: ConfigRecord) -> tuple[np.ndarray, int, bool]:
         """Apply the dual commit protocol; return (alpha, committed round, state ok)."""
         last_accepted = _cfg(config, "last-accepted-round", int)
+        server_round = _cfg(config, "server-round", int)
+        if not 0 <= last_accepted <= server_round:
+            raise ValueError(f"last-accepted-round {last_accepted} outside 0..server-round "
+                             f"({server_round})")
         alpha, committed = np.zeros(task.n), 0
         meta = context.state[STATE_META] if STATE_META in context.state else None
         if meta is not None and meta.get("task-id", -1) == task.task_id:
@@ -233,10 +239,14 @@ class MochaClient:
         if STATE_ARRAYS not in context.state:
             return None
         record = context.state[STATE_ARRAYS]
+        if "duals" not in record:
+            return None
+        array = record["duals"]
         cached = self._decoded.get((int(context.run_id), int(context.node_id)))
-        if cached is not None and cached[0] is record:
-            return cached[1]
-        return from_array(record["duals"]) if "duals" in record else None
+        if (cached is not None and cached[0] is record and cached[1] is array
+                and cached[2] is array.data):
+            return cached[3]
+        return from_array(array)
 
     @staticmethod
     def _metrics(task: LocalTask, w: np.ndarray, alpha: np.ndarray, config: ConfigRecord,
@@ -259,7 +269,8 @@ class MochaClient:
         duals[0] = alpha
         duals[1] = 0.0 if pending is None else pending
         duals.setflags(write=False)
-        record = ArrayRecord({"duals": to_array(duals)})
+        array = to_array(duals)
+        record = ArrayRecord({"duals": array})
         context.state[STATE_ARRAYS] = record
         context.state[STATE_META] = ConfigRecord({
             "task-id": task.task_id, "committed-round": committed,
@@ -267,7 +278,7 @@ class MochaClient:
         key = (int(context.run_id), int(context.node_id))
         if len(self._decoded) > 4096:
             self._decoded.clear()
-        self._decoded[key] = (record, duals)
+        self._decoded[key] = (record, array, array.data, duals)
 
 
 def make_mocha_client_app(load_data: DataLoader, task_id: TaskIdFn | None = None) -> ClientApp:

@@ -158,6 +158,7 @@ class Mocha(Strategy):
         self._sent: dict[int, int] = {}
         self._round_start = 0.0
         self._dropped_now = np.zeros(self.num_tasks, dtype=bool)
+        self._duplicates: dict[int, int] = {}  # node -> task it claims while another holds it
 
     # ------------------------------------------------------------------ Strategy interface
     def summary(self) -> None:
@@ -251,9 +252,12 @@ class Mocha(Strategy):
                 task = self.node_to_task.pop(node)
                 if self.task_to_node.get(task) == node:
                     del self.task_to_node[task]
-            unknown = sorted(online - set(self.node_to_task))
+            for node in [n for n in self._duplicates if n not in online
+                         or self.task_to_node.get(self._duplicates[n]) not in online]:
+                del self._duplicates[node]  # gone, or its task is free again: ask anew
+            unknown = sorted(online - set(self.node_to_task) - set(self._duplicates))
             if unknown:
-                self._query_whoami(grid, unknown)
+                self._query_whoami(grid, unknown, online)
             if len(self.task_to_node) >= self.num_tasks or time.monotonic() >= deadline:
                 break
             time.sleep(0.2)
@@ -262,7 +266,7 @@ class Mocha(Strategy):
             log(WARNING, "MOCHA: %d of %d tasks found after %.0f s; missing task ids %s",
                 len(self.task_to_node), self.num_tasks, self.discovery_timeout, missing[:20])
 
-    def _query_whoami(self, grid: Grid, nodes: list[int]) -> None:
+    def _query_whoami(self, grid: Grid, nodes: list[int], online: set[int]) -> None:
         msgs = [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n,
                         message_type=f"{MessageType.QUERY}.whoami") for n in nodes]
         timeout = max(self.round_timeout, 60.0)
@@ -284,6 +288,11 @@ class Mocha(Strategy):
                 continue
             old = self.task_to_node.get(task)
             if old is not None and old != node:
+                if old in online:
+                    log(WARNING, "MOCHA: node %s claims task %d, which node %s (online) holds; "
+                        "ignored while that node is online", node, task, old)
+                    self._duplicates[node] = task
+                    continue
                 log(INFO, "MOCHA: task %d moved from node %s to node %s", task, old, node)
                 self.node_to_task.pop(old, None)
             self.task_to_node[task] = node
@@ -336,11 +345,14 @@ class Mocha(Strategy):
                       with_delta: bool) -> dict[int, dict[str, Any]]:
         """Validated replies keyed by task; anything invalid is logged and left out."""
         accepted: dict[int, dict[str, Any]] = {}
+        failed: set[int] = set()  # tasks whose failure was already logged
         for reply in replies:
             node = reply.metadata.src_node_id
             if reply.has_error():
                 log(WARNING, "MOCHA round %d: node %s failed: %s", server_round, node,
                     reply.error.reason)
+                if node in self._sent:
+                    failed.add(self._sent[node])
                 continue
             task = self._sent.get(node)
             if task is None:
@@ -352,9 +364,15 @@ class Mocha(Strategy):
             except ReplyError as err:
                 log(WARNING, "MOCHA round %d: reply of task %d (node %s) rejected: %s",
                     server_round, task, node, err)
+                failed.add(task)
                 continue
             accepted[task] = parsed
             self.ever_replied[task] = True
+        silent = sorted(set(self._sent.values()) - set(accepted) - failed)
+        if silent:
+            names = ", ".join(str(t) for t in silent[:20]) + (", ..." if len(silent) > 20 else "")
+            log(WARNING, "MOCHA round %d: no reply from task%s %s within the timeout; counted "
+                "as dropped", server_round, "s" if len(silent) > 1 else "", names)
         return accepted
 
     def _parse_reply(self, reply: Message, task: int, server_round: int,
@@ -373,11 +391,16 @@ class Mocha(Strategy):
                     continue
                 raise ReplyError(f"metric {key!r} missing")
             value = metrics[key]
-            if isinstance(value, bool) or not isinstance(value, int | float):
+            if key in ints or key in ("test-errors", "test-n"):
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise ReplyError(f"metric {key!r} must be an int, got {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, int | float):
                 raise ReplyError(f"metric {key!r} is not a number: {value!r}")
             if not math.isfinite(value):
                 raise ReplyError(f"metric {key!r} is not finite: {value!r}")
             out[key] = value
+        if out["state-ok"] not in (0, 1):
+            raise ReplyError(f"state-ok must be 0 or 1, got {out['state-ok']}")
         if out["task-id"] != task or out["round"] != server_round:
             raise ReplyError(f"reply for task {out['task-id']} round {out['round']}, expected "
                              f"task {task} round {server_round}")

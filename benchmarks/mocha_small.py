@@ -1,0 +1,150 @@
+"""MOCHA, 500 rounds on small.mat in-process: where the time of `fmtl run` goes.
+
+Configuration (the issue's): omega=identity, local-frac=1.0, lambda=1e-4, 75/25 split,
+eval-every=1, 29 tasks = 29 simulated nodes. Reported, in seconds:
+
+* ``whole_process``: wall time of the command `fmtl run mocha ... --quiet` in a subprocess;
+* ``interpreter``: `python -c pass`; ``imports``: importing the CLI, Flower and the package;
+* ``jit``: the first calls of the compiled kernels in a fresh process (numba cache load, or
+  compilation when the cache is cold);
+* ``rounds``: the federation itself in this process (engine + compute), after warm-up;
+* ``compute``: the same rounds as a bare loop calling core directly
+  (:func:`fmtl_flower.centralized.fit_mocha` with per-round objectives and test errors: the
+  same arithmetic, bit-identical results), so ``engine = rounds - compute``;
+* ``flower_floor_per_node_round_ms``: building a Flower Message and calling a trivial ClientApp
+  in-process (the cost any Flower strategy pays per node and round on this machine).
+
+Ratios against the authors' MATLAB code (28.1 s for these 500 rounds under Octave on this
+machine kind, per the issue) are printed; the last line is JSON.
+
+Usage: python benchmarks/mocha_small.py [--rounds 500] [--data PATH_TO_small.mat]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+MATLAB_SECONDS_500 = 28.1
+
+
+def timed_subprocess(args: list[str]) -> float:
+    t = time.perf_counter()
+    subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t
+
+
+def flower_floor(num_nodes: int, rounds: int, dim: int) -> float:
+    """Seconds per node-round of a trivial Flower round trip through the in-process grid."""
+    from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+    from flwr.clientapp import ClientApp
+
+    from fmtl_flower.engine import InProcessGrid
+    from fmtl_flower.wire import from_array, to_array
+
+    app = ClientApp()
+
+    @app.train()
+    def train(msg, context):
+        w = from_array(msg.content["arrays"]["w"])
+        return Message(RecordDict({"arrays": ArrayRecord({"dv": to_array(w + 1)}),
+                                   "metrics": MetricRecord({"num-examples": 1})}), reply_to=msg)
+
+    grid = InProcessGrid(app, num_nodes)
+    nodes = list(grid.get_node_ids())
+    W = np.zeros((num_nodes, dim))
+    t = time.perf_counter()
+    for r in range(rounds):
+        msgs = [Message(RecordDict({"arrays": ArrayRecord({"w": to_array(W[i])}),
+                                    "config": ConfigRecord({"server-round": r})}),
+                        dst_node_id=n, message_type=MessageType.TRAIN)
+                for i, n in enumerate(nodes)]
+        for reply in grid.send_and_receive(msgs):
+            from_array(reply.content["arrays"]["dv"])
+    return (time.perf_counter() - t) / (rounds * num_nodes)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=500)
+    parser.add_argument("--data", default="small")
+    args = parser.parse_args()
+    sets = ["--set", "omega=identity", "--set", "local-frac=1.0", "--set", "lambda=1e-4",
+            "--set", "test-frac=0.25", "--set", "eval-every=1"]
+    py = sys.executable
+    whole = timed_subprocess([py, "-m", "fmtl_flower.cli", "run", "mocha", "--dataset",
+                              args.data, "--rounds", str(args.rounds), "--quiet", *sets])
+    interpreter = timed_subprocess([py, "-c", "pass"])
+    imports = timed_subprocess([py, "-c", "import fmtl_flower.cli, fmtl_flower.apps.common, "
+                                "flwr.serverapp, flwr.clientapp"]) - interpreter
+    jit = float(subprocess.run([py, "-c", (
+        "import time, numpy as np\n"
+        "from fmtl_flower.core.sdca import sdca_local_update\n"
+        "from fmtl_flower.core.rng import coordinate_order\n"
+        "t = time.perf_counter()\n"
+        "o = coordinate_order(0, 0, 1, 3)\n"
+        "sdca_local_update(np.ones((3, 2)), np.ones(3), np.zeros(3), np.zeros(2), budget=3,"
+        " m_tt=1.0, sigma_prime=1.0, order=o)\n"
+        "print(time.perf_counter() - t)")], check=True, capture_output=True, text=True).stdout)
+
+    from fmtl_flower.apps.common import dataset_for, make_client_app, make_server_app
+    from fmtl_flower.centralized import fit_mocha
+    from fmtl_flower.cli import config_from_args
+
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    cfg = config_from_args(argparse.Namespace(strategy="mocha", dataset=args.data,
+                                              rounds=args.rounds, seed=0,
+                                              set=[s for s in sets if s != "--set"]))
+    data = dataset_for(cfg)
+    m = data.num_tasks
+    from fmtl_flower.engine import run_inprocess
+
+    run_inprocess(make_server_app(cfg), make_client_app(cfg), m)  # warm-up (caches, JIT)
+    box: dict = {}
+    t = time.perf_counter()
+    run_inprocess(make_server_app(cfg, on_done=box.update), make_client_app(cfg), m)
+    rounds = time.perf_counter() - t
+    tasks = [(d.X_train, d.y_train) for d in data.tasks]
+    test = [(d.X_test, d.y_test) for d in data.tasks]
+    t = time.perf_counter()
+    fit = fit_mocha(tasks, lam=1e-4, rounds=args.rounds, omega="identity", omega_every=0,
+                    local_frac=1.0, seed=0, record_every=1, test=test)
+    compute = time.perf_counter() - t
+    same = fit.history[-1]["primal"] == box["final"]["primal"]
+    floor = flower_floor(m, 100, data.dim)
+    node_rounds = args.rounds * m
+    engine = rounds - compute
+    scale = args.rounds / 500
+    out = {
+        "rounds_run": args.rounds, "tasks": m, "whole_process_s": whole,
+        "interpreter_s": interpreter, "imports_s": imports, "jit_first_call_s": jit,
+        "rounds_s": rounds, "compute_s": compute, "engine_s": engine,
+        "engine_overhead_per_node_round_ms": engine / node_rounds * 1e3,
+        "flower_floor_per_node_round_ms": floor * 1e3,
+        "engine_overhead_vs_floor": engine / node_rounds / floor,
+        "speedup_rounds_vs_matlab": MATLAB_SECONDS_500 * scale / rounds,
+        "speedup_whole_vs_matlab": MATLAB_SECONDS_500 * scale / whole,
+        "bare_loop_speedup_vs_matlab": MATLAB_SECONDS_500 * scale / compute,
+        "final_primal_identical_to_bare_loop": bool(same),
+        "final_relative_gap": box["final"]["gap"] / box["final"]["primal"],
+    }
+    print(f"whole `fmtl run` process: {whole:.2f} s = interpreter {interpreter:.2f} + imports "
+          f"{imports:.2f} + JIT {jit:.2f} + rounds {rounds:.2f} (+ data, CLI)")
+    print(f"rounds {rounds:.2f} s = compute {compute:.2f} s (bare loop) + engine {engine:.2f} s "
+          f"= {out['engine_overhead_per_node_round_ms']:.3f} ms per node-round "
+          f"(Flower message + trivial ClientApp here: {floor * 1e3:.3f} ms)")
+    print(f"vs MATLAB/Octave {MATLAB_SECONDS_500 * scale:.1f} s: rounds "
+          f"{out['speedup_rounds_vs_matlab']:.1f}x, whole process "
+          f"{out['speedup_whole_vs_matlab']:.1f}x, bare loop "
+          f"{out['bare_loop_speedup_vs_matlab']:.1f}x")
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
