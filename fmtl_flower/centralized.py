@@ -16,6 +16,7 @@ import numpy as np
 
 from .core.hinge import classification_errors, hinge_conjugate_value, mean_hinge_loss
 from .core.mocha import MochaServerState
+from .core.omega import DEFAULT_OMEGA_EPS
 from .core.rng import coordinate_order
 from .core.sdca import sdca_local_update
 from .metrics import error_summary
@@ -52,6 +53,7 @@ def fit_mocha(
     rounds: int,
     omega: str = "probabilistic",
     omega_every: int = 10,
+    omega_eps: float = DEFAULT_OMEGA_EPS,
     local_frac: float = 1.0,
     sigma_mode: str = "global",
     sys_het: str = "none",
@@ -67,8 +69,8 @@ def fit_mocha(
     ----------
     tasks : sequence of (X, y)
         Training data per task (validated float64 arrays, labels in {-1, +1}).
-    lam, rounds, omega, omega_every, local_frac, sigma_mode, sys_het, sys_het_base,
-    drop_prob, seed
+    lam, rounds, omega, omega_every, omega_eps, local_frac, sigma_mode, sys_het,
+    sys_het_base, drop_prob, seed
         As for :class:`fmtl_flower.strategies.mocha.Mocha`.
     record_every : int
         Record primal, dual, gap (and test errors when ``test`` is given) of the state after
@@ -103,10 +105,21 @@ def fit_mocha(
                 sqnorm=sqnorms[t])
             alphas[t] = alphas[t] + d_alpha
         state.add_updates(all_tasks, delta_B)
-        if omega_every > 0 and r % omega_every == 0:
-            state.omega_step(omega)
+        if omega_step_due(r, omega_every, rounds):
+            state.omega_step(omega, omega_eps)
     _record(fit, rounds, tasks, test)
     return fit
+
+
+def omega_step_due(server_round: int, omega_every: int, num_rounds: int | None) -> bool:
+    """Whether an Omega-step follows the W-step of ``server_round``.
+
+    Every ``omega_every`` rounds, but never after the last round: the final models are those
+    the last W-steps optimised, not W(alpha) for a Sigma the dual variables never saw.
+    """
+    if omega_every <= 0 or server_round % omega_every != 0:
+        return False
+    return num_rounds is None or server_round < num_rounds
 
 
 def _record(fit: MochaFit, k: int, tasks: Sequence[TaskArrays],

@@ -87,6 +87,8 @@ class RunConfig:
     omega : {"identity", "probabilistic"}
     omega_every : int
         Rounds between Omega-steps (0: never).
+    omega_eps : float
+        Relative eigenvalue perturbation of the probabilistic Omega-step, in (0, 1).
     local_frac : float
         Local SDCA steps per round as a fraction of n_t (``sys_het == "none"``).
     sigma_mode : {"global", "per-task"}
@@ -114,6 +116,7 @@ class RunConfig:
     lam: float | str = 0.1
     omega: str = "probabilistic"
     omega_every: int = 10
+    omega_eps: float = 1e-3
     local_frac: float = 1.0
     sigma_mode: str = "global"
     sys_het: str = "none"
@@ -165,6 +168,7 @@ _PARSE = {
     "lambda": _as_lambda,
     "omega": lambda k, v: _as_choice(k, v, ("identity", "probabilistic")),
     "omega-every": lambda k, v: _as_int(k, v, 0),
+    "omega-eps": lambda k, v: _as_float(k, v, lo=0.0, hi=1.0, lo_open=True, hi_open=True),
     "local-frac": lambda k, v: _as_float(k, v, lo=0.0, lo_open=True),
     "sigma-mode": lambda k, v: _as_choice(k, v, ("global", "per-task")),
     "sys-het": lambda k, v: _as_choice(k, v, ("none", "low", "high")),

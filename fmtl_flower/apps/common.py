@@ -61,6 +61,7 @@ def strategy_from_config(cfg: RunConfig, num_tasks: int,
         raise ConfigError("lambda=cv is a cross-validation sweep run by `fmtl run` before the "
                           "federation starts; a ServerApp needs a number (e.g. lambda=1e-3)")
     return Mocha(num_tasks, lam=float(cfg.lam), omega=cfg.omega, omega_every=cfg.omega_every,
+                 omega_eps=cfg.omega_eps,
                  local_frac=cfg.local_frac, sigma_mode=cfg.sigma_mode, sys_het=cfg.sys_het,
                  sys_het_base=cfg.sys_het_base, drop_prob=cfg.drop_prob,
                  eval_every=cfg.eval_every, seed=cfg.seed,

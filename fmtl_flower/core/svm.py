@@ -1,11 +1,16 @@
 """Single-task linear SVMs (the ``local`` and ``global`` baselines), solved to a certified gap.
 
-Objective (the MOCHA reference code's baselines, same lambda scaling as MOCHA's tasks):
+One SVM solves (no intercept, as in the MOCHA reference code)
 
-    min_w  (1/n) sum_i max(0, 1 - y_i x_i^T w) + (lambda/2) |w|^2      (no intercept).
+    min_w  (1/n) sum_i max(0, 1 - y_i x_i^T w) + (c/2) |w|^2.
 
-Solved by SDCA (the same compiled kernel as MOCHA's local solver, with K = lambda, so
-m_tt = 1/lambda and sigma' = 1; whole epochs run compiled) until the duality gap is below
+The baselines use MOCHA's lambda scaling: with m tasks, c = lambda * m, which is exactly the
+per-task regularisation of MOCHA's ``identity`` formulation (K = lambda m I, where MOCHA also
+starts). So a lambda means the same for all three methods, ``local`` equals MOCHA with Omega
+fixed at m I, and one grid of lambdas covers the same range for each.
+
+Solved by SDCA (the same compiled kernel as MOCHA's local solver, with K = c, so
+m_tt = 1/c and sigma' = 1; whole epochs run compiled) until the duality gap is below
 ``tol`` relative to the primal. Unlike scikit-learn's LinearSVC this also handles a task
 whose labels are all one class (two tasks of small.mat have no positive sample).
 """
@@ -52,7 +57,7 @@ def _svm_sdca(X, y, lam, tol, max_epochs, check_every, seed):  # pragma: no cove
     return w, rel_gap
 
 
-def fit_linear_svm(X: np.ndarray, y: np.ndarray, lam: float, *, tol: float = 1e-5,
+def fit_linear_svm(X: np.ndarray, y: np.ndarray, c: float, *, tol: float = 1e-5,
                    max_epochs: int = 1000, seed: int = 0,
                    check_every: int = 5) -> tuple[np.ndarray, float]:
     """Fit the hinge-loss SVM above; return ``(w, relative duality gap)``.
@@ -61,8 +66,8 @@ def fit_linear_svm(X: np.ndarray, y: np.ndarray, lam: float, *, tol: float = 1e-
     ----------
     X : ndarray of shape (n, d)
     y : ndarray of shape (n,), labels in {-1, +1}
-    lam : float
-        lambda > 0.
+    c : float
+        Regularisation strength c > 0.
     tol : float
         Stop when (P - D) <= tol * P (a certificate: P is then within tol of the optimum).
     max_epochs : int
@@ -72,27 +77,31 @@ def fit_linear_svm(X: np.ndarray, y: np.ndarray, lam: float, *, tol: float = 1e-
     check_every : int
         Epochs between duality-gap checks.
     """
-    if not lam > 0:
-        raise ValueError(f"lambda must be > 0, got {lam}")
+    if not c > 0:
+        raise ValueError(f"c must be > 0, got {c}")
     if max_epochs < 1 or check_every < 1:
         raise ValueError("max_epochs and check_every must be >= 1")
     X = np.ascontiguousarray(X, dtype=np.float64)
     y = np.ascontiguousarray(y, dtype=np.float64)
-    w, rel_gap = _svm_sdca(X, y, float(lam), float(tol), int(max_epochs), int(check_every),
+    w, rel_gap = _svm_sdca(X, y, float(c), float(tol), int(max_epochs), int(check_every),
                            int(seed) & ((1 << 63) - 1))
     return w, float(rel_gap)
 
 
 def fit_local_svms(tasks: list[tuple[np.ndarray, np.ndarray]], lam: float,
                    **kwargs) -> np.ndarray:
-    """One SVM per task; returns W of shape (d, m)."""
-    return np.stack([fit_linear_svm(X, y, lam, **kwargs)[0] for X, y in tasks], axis=1)
+    """One SVM per task with c = lambda * m; returns W of shape (d, m)."""
+    c = lam * len(tasks)
+    return np.stack([fit_linear_svm(X, y, c, **kwargs)[0] for X, y in tasks], axis=1)
 
 
 def fit_global_svm(tasks: list[tuple[np.ndarray, np.ndarray]], lam: float,
                    **kwargs) -> np.ndarray:
-    """One SVM on the pooled data (mean loss over all samples); returns W = [w .. w] (d, m)."""
+    """One SVM on the pooled data (mean loss over all samples), c = lambda * m.
+
+    Returns W = [w .. w] of shape (d, m).
+    """
     X = np.vstack([X for X, _ in tasks])
     y = np.concatenate([y for _, y in tasks])
-    w, _ = fit_linear_svm(X, y, lam, **kwargs)
+    w, _ = fit_linear_svm(X, y, lam * len(tasks), **kwargs)
     return np.repeat(w[:, None], len(tasks), axis=1)

@@ -50,8 +50,9 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from ..centralized import omega_step_due
 from ..core.mocha import MochaServerState
-from ..core.omega import OMEGA_KINDS, SIGMA_MODES
+from ..core.omega import DEFAULT_OMEGA_EPS, OMEGA_KINDS, SIGMA_MODES
 from ..metrics import error_summary
 from ..systems.heterogeneity import drop_mask, local_budgets
 from ..wire import from_array, to_array
@@ -85,7 +86,10 @@ class Mocha(Strategy):
     omega : {"identity", "probabilistic"}
         Omega-step: keep Sigma = I/m, or Sigma = (W^T W)^(1/2) / trace (eq. 14).
     omega_every : int
-        Rounds between Omega-steps (0: never).
+        Rounds between Omega-steps (0: never; never after the last round).
+    omega_eps : float
+        Relative eigenvalue perturbation of the ``probabilistic`` Omega-step (> 0), see
+        :func:`fmtl_flower.core.omega.sigma_probabilistic`.
     local_frac : float
         Local coordinate steps per round as a fraction of n_t (when ``sys_het="none"``).
     sigma_mode : {"global", "per-task"}
@@ -111,6 +115,7 @@ class Mocha(Strategy):
         lam: float = 0.1,
         omega: str = "probabilistic",
         omega_every: int = 10,
+        omega_eps: float = DEFAULT_OMEGA_EPS,
         local_frac: float = 1.0,
         sigma_mode: str = "global",
         sys_het: str = "none",
@@ -129,6 +134,8 @@ class Mocha(Strategy):
             raise ValueError(f"omega must be one of {OMEGA_KINDS}, got {omega!r}")
         if sigma_mode not in SIGMA_MODES:
             raise ValueError(f"sigma_mode must be one of {SIGMA_MODES}, got {sigma_mode!r}")
+        if not (isinstance(omega_eps, int | float) and 0 < omega_eps < 1):
+            raise ValueError(f"omega_eps must be in (0, 1), got {omega_eps!r}")
         if int(omega_every) < 0 or int(eval_every) < 1:
             raise ValueError("omega_every must be >= 0 and eval_every >= 1")
         local_budgets(np.ones(1), local_frac=local_frac, sys_het=sys_het, base=sys_het_base)
@@ -137,6 +144,7 @@ class Mocha(Strategy):
         self.lam = float(lam)
         self.omega = omega
         self.omega_every = int(omega_every)
+        self.omega_eps = float(omega_eps)
         self.local_frac = float(local_frac)
         self.sigma_mode = sigma_mode
         self.sys_het = sys_het
@@ -214,9 +222,9 @@ class Mocha(Strategy):
         if len(tasks):
             self.state.add_updates(tasks, np.stack([accepted[t]["delta-b"] for t in tasks], 1))
             self.last_accepted[tasks] = server_round
-        omega_step = self.omega_every > 0 and server_round % self.omega_every == 0
+        omega_step = omega_step_due(server_round, self.omega_every, self.num_rounds)
         if omega_step:
-            self.state.omega_step(self.omega)
+            self.state.omega_step(self.omega, self.omega_eps)
         record = self._new_record(server_round)
         updated = tasks[~self._dropped_now[tasks]] if len(tasks) else tasks
         record.update(num_replies=len(tasks), num_dropped=self.num_tasks - len(updated),

@@ -19,7 +19,7 @@ def test_matches_liblinear_optimum():
     X = rng.normal(size=(80, 6))
     y = np.sign(X @ rng.normal(size=6) + 0.5 * rng.normal(size=80))
     for lam in (1e-3, 1e-2, 1e-1, 1.0):
-        w, gap = fit_linear_svm(X, y, lam, tol=1e-9, max_epochs=100000)
+        w, gap = fit_linear_svm(X, y, lam, tol=1e-9, max_epochs=100000)  # c = lam
         assert gap <= 1e-9
         svc = LinearSVC(loss="hinge", fit_intercept=False, C=1.0 / (lam * len(y)), tol=1e-12,
                         max_iter=10**5)
