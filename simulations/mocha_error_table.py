@@ -12,7 +12,7 @@ Prints a table of mean and standard error of the per-task-averaged test error pe
 dataset, and writes ``mocha_error_table.json`` / ``.csv`` to ``--out``.
 
 Usage: python simulations/mocha_error_table.py [--datasets small eat-voc] [--seeds 5]
-       [--rounds 200] [--omega-every 20] [--out results/]
+       [--rounds 1000] [--omega-every 100] [--out results/]
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--datasets", nargs="+", default=["small", "eat-voc"])
     parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=200)
-    parser.add_argument("--omega-every", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=1000)
+    parser.add_argument("--omega-every", type=int, default=100)
     parser.add_argument("--out", default="results")
     args = parser.parse_args()
     rows, per_seed = [], []

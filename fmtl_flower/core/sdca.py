@@ -38,7 +38,10 @@ def _sdca_kernel(X, y, alpha, sqnorm, w, order, budget, scale, d_alpha, v):  # p
             dot += X[i, j] * v[j]
         yi = y[i]
         a_old = yi * (alpha[i] + d_alpha[i])
-        a_new = a_old + (1.0 - yi * dot) / (scale * xx * inv_n)
+        # 1/q does not depend on the model: computed apart from the dot product, it keeps the
+        # division off the step-to-step dependency chain (v -> dot -> a_new -> v).
+        inv_q = 1.0 / (scale * xx * inv_n)
+        a_new = a_old + (1.0 - yi * dot) * inv_q
         if a_new < 0.0:
             a_new = 0.0
         elif a_new > 1.0:
