@@ -20,11 +20,6 @@ def round_rng(seed: int, server_round: int, tag: int) -> np.random.Generator:
     return np.random.default_rng([int(seed), int(server_round), int(tag)])
 
 
-def task_round_rng(seed: int, task_id: int, server_round: int, tag: int) -> np.random.Generator:
-    """A device's Generator for one purpose in one round."""
-    return np.random.default_rng([int(seed), int(task_id), int(server_round), int(tag)])
-
-
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MUL1 = np.uint64(0xBF58476D1CE4E5B9)
 _MUL2 = np.uint64(0x94D049BB133111EB)
