@@ -5,12 +5,14 @@ Examples
 fmtl run mocha                                  # MOCHA on the embedded synthetic dataset
 fmtl run mocha --dataset small --rounds 500 --set omega=identity --set lambda=1e-4
 fmtl run local --dataset eat-voc --set lambda=cv
+fmtl reproduce mocha-table1 --out results/
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import logging
 import math
 import sys
@@ -41,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="print every N-th round (default: about 50 lines per run)")
     run.add_argument("--quiet", action="store_true", help="print only the final table")
     run.add_argument("--verbose", action="store_true", help="show Flower's INFO logs")
+    rep = sub.add_parser("reproduce", help="reproduce a table or figure of the papers")
+    rep.add_argument("name", help="e.g. mocha-table1")
+    rep.add_argument("--out", default="results", help="output directory (default: results)")
+    rep.add_argument("--quick", action="store_true", help="a reduced run (under a minute)")
+    rep.add_argument("--datasets", nargs="+", default=None, help="override the datasets")
+    rep.add_argument("--shuffles", type=int, default=None, help="override the shuffles/seeds")
     return parser
 
 
@@ -182,13 +190,39 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    """``fmtl reproduce``."""
+    from .experiments import REPRODUCTIONS, reproduce
+
+    if args.name not in REPRODUCTIONS:
+        raise ConfigError(f"unknown reproduction {args.name!r}; available: "
+                          f"{', '.join(REPRODUCTIONS)}")
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    pkg_logger = logging.getLogger("fmtl_flower")
+    pkg_logger.addHandler(handler)
+    pkg_logger.setLevel(logging.INFO)
+    options = {k: v for k, v in (("datasets", args.datasets), ("shuffles", args.shuffles))
+               if v is not None}
+    started = time.perf_counter()
+    payload = reproduce(args.name, args.out, quick=args.quick, **options)
+    module = importlib.import_module(REPRODUCTIONS[args.name])
+    if hasattr(module, "format_table"):
+        print(module.format_table(payload))
+    print(f"{args.name}: written to {args.out}/ in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``fmtl`` console script."""
     args = build_parser().parse_args(argv)
     import flwr.common.logger  # noqa: F401  - configures the "flwr" logger; then set its level
 
-    logging.getLogger("flwr").setLevel(logging.INFO if args.verbose else logging.WARNING)
+    logging.getLogger("flwr").setLevel(
+        logging.INFO if getattr(args, "verbose", False) else logging.WARNING)
     try:
+        if args.command == "reproduce":
+            return cmd_reproduce(args)
         return cmd_run(args)
     except (ConfigError, FileNotFoundError, ValueError) as err:
         print(f"fmtl: error: {err}", file=sys.stderr)

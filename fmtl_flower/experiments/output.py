@@ -1,0 +1,46 @@
+"""Writing a reproduction's JSON, CSV and plot."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger("fmtl_flower")
+
+
+def write_outputs(out_dir: Path, name: str, payload: dict[str, Any],
+                  plot: Callable[[Any, dict[str, Any]], None] | None = None) -> dict[str, Path]:
+    """Write ``NAME.json`` (the payload), ``NAME.csv`` (its rows) and ``NAME.png`` (``plot``).
+
+    The PNG is skipped, with a log line, when matplotlib is not installed (``pip install
+    fmtl-flower[plot]``).
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / f"{name}.json", "csv": out_dir / f"{name}.csv"}
+    paths["json"].write_text(json.dumps(payload, indent=1))
+    rows = payload["rows"]
+    with open(paths["csv"], "w", newline="") as f:
+        fields = list(dict.fromkeys(k for row in rows for k in row))
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    if plot is not None:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            logger.warning("matplotlib is not installed: %s.png not written", name)
+            return paths
+        fig = plt.figure(figsize=(7, 4.5))
+        plot(fig, payload)
+        fig.tight_layout()
+        paths["png"] = out_dir / f"{name}.png"
+        fig.savefig(paths["png"], dpi=120)
+        plt.close(fig)
+    return paths
