@@ -21,6 +21,7 @@ from .core.rng import coordinate_order
 from .core.sdca import sdca_local_update
 from .metrics import error_summary
 from .systems.heterogeneity import drop_mask, local_budgets
+from .systems.timing import deadline_budgets
 
 TaskArrays = tuple[np.ndarray, np.ndarray]
 
@@ -59,6 +60,9 @@ def fit_mocha(
     sys_het: str = "none",
     sys_het_base: str = "n_min",
     drop_prob: float = 0.0,
+    clock_cycle: float | None = None,
+    network: str = "lte",
+    time_model: str = "physical",
     seed: int = 0,
     record_every: int = 0,
     test: Sequence[TaskArrays] | None = None,
@@ -70,7 +74,7 @@ def fit_mocha(
     tasks : sequence of (X, y)
         Training data per task (validated float64 arrays, labels in {-1, +1}).
     lam, rounds, omega, omega_every, omega_eps, local_frac, sigma_mode, sys_het,
-    sys_het_base, drop_prob, seed
+    sys_het_base, drop_prob, clock_cycle, network, time_model, seed
         As for :class:`fmtl_flower.strategies.mocha.Mocha`.
     record_every : int
         Record primal, dual, gap (and test errors when ``test`` is given) of the state after
@@ -91,12 +95,13 @@ def fit_mocha(
             _record(fit, r - 1, tasks, test)
         budgets = local_budgets(n, local_frac=local_frac, sys_het=sys_het, base=sys_het_base,
                                 seed=seed, server_round=r)
+        budgets = deadline_budgets(budgets, clock_cycle, dim, "mocha", network, model=time_model)
         dropped = drop_mask(m, drop_prob, seed=seed, server_round=r)
         m_diag = state.m_diag()
         sigma_p = state.sigma_prime(sigma_mode)
         delta_B = np.zeros((dim, m))
         for t, (X, y) in enumerate(tasks):
-            if dropped[t]:
+            if dropped[t] or budgets[t] == 0:
                 continue
             w_t = state.W[:, t].copy()
             d_alpha, delta_B[:, t] = sdca_local_update(

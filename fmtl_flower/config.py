@@ -100,6 +100,12 @@ class RunConfig:
         Per-task stratified test fraction (0: train on everything).
     eval_every : int
         Rounds between test-error evaluations (the final model is always evaluated).
+    network : {"wifi", "lte", "3g"}
+        Link of the estimated-time model (``estimated_time_s`` per round).
+    time_model : {"physical", "reference"}
+        Measured link figures, or the MOCHA reference code's communication cost units.
+    clock_cycle : float
+        Per-round deadline in seconds (0: none); budgets are cut to meet it.
     round_timeout : float
         Seconds to wait for replies in a round; a late reply counts as a drop.
     num_tasks, dim, samples_per_task : int
@@ -124,6 +130,9 @@ class RunConfig:
     drop_prob: float = 0.0
     test_frac: float = 0.25
     eval_every: int = 1
+    network: str = "lte"
+    time_model: str = "physical"
+    clock_cycle: float = 0.0
     round_timeout: float = 120.0
     num_tasks: int = 0
     dim: int = 0
@@ -176,6 +185,9 @@ _PARSE = {
     "drop-prob": lambda k, v: _as_float(k, v, lo=0.0, hi=1.0, hi_open=True),
     "test-frac": lambda k, v: _as_float(k, v, lo=0.0, hi=1.0, hi_open=True),
     "eval-every": lambda k, v: _as_int(k, v, 1),
+    "network": lambda k, v: _as_choice(k, v, ("wifi", "lte", "3g")),
+    "time-model": lambda k, v: _as_choice(k, v, ("physical", "reference")),
+    "clock-cycle": lambda k, v: _as_float(k, v, lo=0.0),
     "round-timeout": lambda k, v: _as_float(k, v, lo=0.0, lo_open=True),
     "num-tasks": lambda k, v: _as_int(k, v, 0),
     "dim": lambda k, v: _as_int(k, v, 0),

@@ -64,7 +64,8 @@ def strategy_from_config(cfg: RunConfig, num_tasks: int,
                  omega_eps=cfg.omega_eps,
                  local_frac=cfg.local_frac, sigma_mode=cfg.sigma_mode, sys_het=cfg.sys_het,
                  sys_het_base=cfg.sys_het_base, drop_prob=cfg.drop_prob,
-                 eval_every=cfg.eval_every, seed=cfg.seed,
+                 eval_every=cfg.eval_every, network=cfg.network, time_model=cfg.time_model,
+                 clock_cycle=cfg.clock_cycle or None, seed=cfg.seed,
                  discovery_timeout=max(cfg.round_timeout, 60.0), on_round=on_round)
 
 

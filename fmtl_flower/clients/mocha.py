@@ -171,7 +171,8 @@ class MochaClient:
             raise ValueError("last-accepted-round must precede server-round in a train message")
         alpha, committed, state_ok = self._reconcile(context, task, config)
         metrics = self._metrics(task, w, alpha, config, state_ok)
-        if dropped or budget == 0:
+        steps = 0 if dropped else budget
+        if steps == 0:
             d_alpha, d_b = np.zeros(task.n), np.zeros(task.dim)
         else:
             order = coordinate_order(seed, task.task_id, server_round, task.n)
@@ -179,6 +180,7 @@ class MochaClient:
                 task.X, task.y, alpha, w, budget=budget, m_tt=m_tt, sigma_prime=sigma_p,
                 order=order, sqnorm=task.sqnorm)
         metrics["round"] = server_round
+        metrics["steps"] = steps
         reply = RecordDict({"arrays": ArrayRecord({"delta-b": to_array(d_b)}),
                             "metrics": MetricRecord(metrics)})
         self._write_state(context, task, alpha, committed, d_alpha, server_round)  # last

@@ -18,8 +18,8 @@ query ``whoami`` (server -> node): empty ``config``. Reply: ConfigRecord ``info`
     Reply: arrays ``delta-b`` float64 (d,) = X_t^T d_alpha / n_t; metrics ``task-id``,
     ``round`` (= server-round), ``n-train``, ``state-ok`` (0/1: 0 = the device restarted from
     alpha = 0), ``loss-mean`` (mean hinge loss at the w_t received), ``dual-mean``
-    (mean of y * alpha after the commit), and with ``eval`` ``test-errors``,
-    ``test-n`` (ints).
+    (mean of y * alpha after the commit), ``steps`` (int, coordinate steps done), and with
+    ``eval`` ``test-errors``, ``test-n`` (ints).
 
 ``evaluate`` (server -> node, once, after the last round): the same ``w`` and ``config``
     (``eval`` true); reply: the same metrics, no arrays.
@@ -55,6 +55,7 @@ from ..core.mocha import MochaServerState
 from ..core.omega import DEFAULT_OMEGA_EPS, OMEGA_KINDS, SIGMA_MODES
 from ..metrics import error_summary
 from ..systems.heterogeneity import drop_mask, local_budgets
+from ..systems.timing import deadline_budgets, get_network, round_time
 from ..wire import from_array, to_array
 
 RoundCallback = Callable[[dict[str, Any]], None]
@@ -100,6 +101,15 @@ class Mocha(Strategy):
         Probability that a node does no work in a round (simulated, seeded).
     eval_every : int
         Rounds between test-error evaluations (the final model is always evaluated).
+    network : {"wifi", "lte", "3g"}
+        Link of the estimated-time model (:mod:`fmtl_flower.systems.timing`, eq. 30), which
+        reports ``estimated_time_s`` per round: the slowest participating node's FLOPs / clock
+        rate + communication.
+    time_model : {"physical", "reference"}
+        Network constants: measured link figures, or the reference code's cost units.
+    clock_cycle : float, optional
+        A per-round deadline in seconds: each node's budget is cut to what it can compute
+        and send in time (stragglers do less instead of delaying the round).
     seed : int
         Seed of budgets, drops and the devices' coordinate orders.
     discovery_timeout : float
@@ -122,6 +132,9 @@ class Mocha(Strategy):
         sys_het_base: str = "n_min",
         drop_prob: float = 0.0,
         eval_every: int = 1,
+        network: str = "lte",
+        time_model: str = "physical",
+        clock_cycle: float | None = None,
         seed: int = 0,
         discovery_timeout: float = 120.0,
         on_round: RoundCallback | None = None,
@@ -139,6 +152,9 @@ class Mocha(Strategy):
         if int(omega_every) < 0 or int(eval_every) < 1:
             raise ValueError("omega_every must be >= 0 and eval_every >= 1")
         local_budgets(np.ones(1), local_frac=local_frac, sys_het=sys_het, base=sys_het_base)
+        get_network(network, model=time_model)
+        if clock_cycle is not None and not clock_cycle > 0:
+            raise ValueError(f"clock_cycle must be > 0 seconds, got {clock_cycle!r}")
         drop_mask(1, drop_prob, seed=0, server_round=1)
         self.num_tasks = int(num_tasks)
         self.lam = float(lam)
@@ -151,6 +167,9 @@ class Mocha(Strategy):
         self.sys_het_base = sys_het_base
         self.drop_prob = float(drop_prob)
         self.eval_every = int(eval_every)
+        self.network = network
+        self.time_model = time_model
+        self.clock_cycle = None if clock_cycle is None else float(clock_cycle)
         self.seed = int(seed)
         self.discovery_timeout = float(discovery_timeout)
         self.on_round = on_round
@@ -205,6 +224,8 @@ class Mocha(Strategy):
         budgets[known] = local_budgets(self.n_train[known], local_frac=self.local_frac,
                                        sys_het=self.sys_het, base=self.sys_het_base,
                                        seed=self.seed, server_round=server_round)
+        budgets[known] = deadline_budgets(budgets[known], self.clock_cycle, self.state.dim,
+                                          "mocha", self.network, model=self.time_model)
         self._dropped_now = drop_mask(self.num_tasks, self.drop_prob, seed=self.seed,
                                       server_round=server_round)
         evaluate = (server_round - 1) % self.eval_every == 0
@@ -229,9 +250,24 @@ class Mocha(Strategy):
         updated = tasks[~self._dropped_now[tasks]] if len(tasks) else tasks
         record.update(num_replies=len(tasks), num_dropped=self.num_tasks - len(updated),
                       num_resets=len(resets), omega_step=omega_step,
+                      estimated_time_s=self._estimated_time(accepted),
                       wall_time_s=time.perf_counter() - self._round_start)
         metrics = MetricRecord({"num-replies": len(tasks), "num-dropped": record["num_dropped"]})
         return ArrayRecord({"W": to_array(self.state.W)}), metrics
+
+    def _estimated_time(self, accepted: dict[int, dict[str, Any]]) -> float:
+        """Eq. (30): the round lasts as long as its slowest replying node (or the deadline).
+
+        A node whose reply never came kept the server waiting: the round then lasts the
+        deadline (``clock_cycle``) if one is set, else the round timeout.
+        """
+        assert self.state is not None
+        steps = np.array([accepted[t].get("steps", 0) for t in sorted(accepted)], dtype=np.int64)
+        t_round = round_time(steps, self.state.dim, "mocha", self.network,
+                             clock_cycle=self.clock_cycle, model=self.time_model)
+        if len(accepted) < len(self._sent):
+            t_round = self.clock_cycle if self.clock_cycle is not None else self.round_timeout
+        return float(t_round)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
@@ -393,13 +429,14 @@ class Mocha(Strategy):
         out: dict[str, Any] = {}
         ints = ["task-id", "round", "n-train", "state-ok"]
         floats = ["loss-mean", "dual-mean"]
-        for key in ints + floats + ["test-errors", "test-n"]:
+        optional = ("test-errors", "test-n", "steps")
+        for key in ints + floats + list(optional):
             if key not in metrics:
-                if key in ("test-errors", "test-n"):
+                if key in optional:
                     continue
                 raise ReplyError(f"metric {key!r} missing")
             value = metrics[key]
-            if key in ints or key in ("test-errors", "test-n"):
+            if key in ints or key in optional:
                 if isinstance(value, bool) or not isinstance(value, int):
                     raise ReplyError(f"metric {key!r} must be an int, got {value!r}")
             elif isinstance(value, bool) or not isinstance(value, int | float):
@@ -407,6 +444,8 @@ class Mocha(Strategy):
             if not math.isfinite(value):
                 raise ReplyError(f"metric {key!r} is not finite: {value!r}")
             out[key] = value
+        if out.get("steps", 0) < 0:
+            raise ReplyError(f"steps must be >= 0, got {out['steps']}")
         if out["state-ok"] not in (0, 1):
             raise ReplyError(f"state-ok must be 0 or 1, got {out['state-ok']}")
         if out["task-id"] != task or out["round"] != server_round:

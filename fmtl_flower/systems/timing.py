@@ -370,3 +370,12 @@ def steps_within_deadline(
             raise ValueError(f"budgets must be {k} numbers >= 0, got {budgets!r}")
         caps = np.minimum(caps, budgets)
     return caps.astype(np.int64)
+
+
+def deadline_budgets(budgets: np.ndarray, clock_cycle: float | None, dim: int, method: str,
+                     network: NetworkLike, *, model: str = "physical") -> np.ndarray:
+    """``budgets`` capped by what each node can do within ``clock_cycle`` (None: unchanged)."""
+    budgets = np.asarray(budgets, dtype=np.int64)
+    if clock_cycle is None or len(budgets) == 0:
+        return budgets
+    return steps_within_deadline(clock_cycle, dim, method, network, budgets=budgets, model=model)

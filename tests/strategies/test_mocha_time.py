@@ -1,0 +1,46 @@
+"""Estimated time per round (eq. 30) and straggler deadlines in the federation."""
+
+import logging
+
+import numpy as np
+import pytest
+
+from fmtl_flower.apps.common import dataset_for, make_client_app, make_server_app
+from fmtl_flower.centralized import fit_mocha
+from fmtl_flower.config import RunConfig
+from fmtl_flower.engine import run_inprocess
+from fmtl_flower.systems.timing import node_times
+
+
+def run(**keys):
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    cfg = RunConfig.from_mapping({"num-tasks": 5, "dim": 40, "num-server-rounds": 4,
+                                  "omega-every": 2, **keys})
+    box: dict = {}
+    run_inprocess(make_server_app(cfg, on_done=box.update), make_client_app(cfg), 5)
+    return cfg, box
+
+
+def test_estimated_time_is_the_slowest_node_and_grows_with_the_network():
+    times = {}
+    for network in ("wifi", "lte", "3g"):
+        cfg, box = run(network=network)
+        per_round = [r["estimated_time_s"] for r in box["rounds"][1:]]
+        data = dataset_for(cfg)
+        expected = node_times(data.n_train, data.dim, "mocha", network).max()
+        assert per_round == pytest.approx([expected] * 4, rel=1e-12)
+        times[network] = per_round[0]
+    assert times["wifi"] < times["lte"] < times["3g"]
+
+
+def test_deadline_cuts_local_work_and_matches_the_bare_loop():
+    cfg, free = run(network="wifi")
+    deadline = 0.0203  # wifi latency 20 ms + a little: only part of the budget fits
+    cfg, capped = run(network="wifi", **{"clock-cycle": deadline})
+    assert all(r["estimated_time_s"] <= deadline + 1e-15 for r in capped["rounds"][1:])
+    data = dataset_for(cfg)
+    fit = fit_mocha([(t.X_train, t.y_train) for t in data.tasks], lam=0.1, rounds=4,
+                    omega_every=2, network="wifi", clock_cycle=deadline, record_every=1)
+    assert capped["final"]["primal"] == fit.history[-1]["primal"]
+    assert capped["final"]["primal"] != free["final"]["primal"]  # work was cut
+    assert np.isfinite(capped["final"]["gap"]) and capped["final"]["gap"] >= 0
