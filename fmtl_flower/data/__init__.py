@@ -3,6 +3,12 @@
 * :func:`load_dataset` / :func:`load_dataset_cached`: the entry point, by name
   (:func:`available_datasets`) or ``.mat`` path, returning a :class:`FederatedDataset`.
 * :func:`load_mat_tasks`: the reference ``.mat`` files (``X``/``Y`` or ``X_ori``/``Y_ori``).
+* :func:`load_har_tasks`, :func:`load_vehicle_tasks`, :func:`load_gleam_tasks`: the MOCHA
+  paper's datasets from a local copy in their published layout (``"har"``, ``"vehicle"``,
+  ``"gleam"`` in :func:`load_dataset`); :func:`download_dataset` fetches one into a cache, only
+  when called.
+* :func:`skew_tasks` / :func:`skew_sizes`: task sizes spread over two orders of magnitude
+  (MOCHA appendix E.2; ``load_dataset(..., skew=100)``).
 * :func:`make_synthetic_tasks`: clustered linear classification tasks.
 * :func:`split_tasks` / :func:`train_test_split_task`: per-task stratified splits.
 * :func:`validate_task` / :func:`check_same_dim`: validation of X and y.
@@ -12,11 +18,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fmtl_flower.data.dataset import FederatedDataset, TaskData
+from fmtl_flower.data.dataset import FederatedDataset, LoadedTasks, TaskData
+from fmtl_flower.data.download import (
+    SOURCES,
+    DatasetSource,
+    Mirror,
+    download_dataset,
+    locate_dataset,
+)
+from fmtl_flower.data.gleam import GLEAM_FEATURE_NAMES, load_gleam_tasks
+from fmtl_flower.data.har import load_har_tasks
 from fmtl_flower.data.mat import MAT_KEY_PAIRS, load_mat_tasks
+from fmtl_flower.data.paths import CACHE_DIR_ENV, default_cache_dir
 from fmtl_flower.data.registry import (
     DATA_DIR_ENV,
     NAMED_FILES,
+    PAPER_DATASETS,
     SYNTHETIC,
     available_datasets,
     clear_dataset_cache,
@@ -25,6 +42,7 @@ from fmtl_flower.data.registry import (
     load_dataset_cached,
     resolve_data_file,
 )
+from fmtl_flower.data.skew import skew_dataset, skew_sizes, skew_tasks
 from fmtl_flower.data.split import (
     SPLIT_TAG,
     num_test_samples,
@@ -33,6 +51,7 @@ from fmtl_flower.data.split import (
 )
 from fmtl_flower.data.synthetic import make_synthetic_tasks
 from fmtl_flower.data.validation import LABEL_SETS, check_same_dim, validate_task
+from fmtl_flower.data.vehicle import load_vehicle_tasks
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -40,25 +59,41 @@ if TYPE_CHECKING:
     DEFAULT_DATA_DIRS: tuple[Path, ...]
 
 __all__ = [
+    "CACHE_DIR_ENV",
     "DATA_DIR_ENV",
     "DEFAULT_DATA_DIRS",
+    "GLEAM_FEATURE_NAMES",
     "LABEL_SETS",
     "MAT_KEY_PAIRS",
     "NAMED_FILES",
+    "PAPER_DATASETS",
+    "SOURCES",
     "SPLIT_TAG",
     "SYNTHETIC",
+    "DatasetSource",
     "FederatedDataset",
+    "LoadedTasks",
+    "Mirror",
     "TaskData",
     "available_datasets",
     "check_same_dim",
     "clear_dataset_cache",
+    "default_cache_dir",
     "default_data_dirs",
+    "download_dataset",
     "load_dataset",
     "load_dataset_cached",
+    "load_gleam_tasks",
+    "load_har_tasks",
     "load_mat_tasks",
+    "load_vehicle_tasks",
+    "locate_dataset",
     "make_synthetic_tasks",
     "num_test_samples",
     "resolve_data_file",
+    "skew_dataset",
+    "skew_sizes",
+    "skew_tasks",
     "split_tasks",
     "train_test_split_task",
     "validate_task",

@@ -9,10 +9,30 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["FederatedDataset", "TaskData"]
+__all__ = ["FederatedDataset", "LoadedTasks", "TaskData"]
+
+
+class LoadedTasks(NamedTuple):
+    """Per-task arrays read from a dataset, before any split (what the paper loaders return).
+
+    Attributes
+    ----------
+    Xs : list of np.ndarray
+        Per-task C-contiguous float64 design matrices, each ``(n_t, d)``.
+    ys : list of np.ndarray
+        Per-task float64 labels in ``{-1, +1}``, each ``(n_t,)``.
+    task_names : list of str
+        What each task is in the source (``"subject 7"``, ``"n41"``, a participant folder),
+        in task order.
+    """
+
+    Xs: list[np.ndarray]
+    ys: list[np.ndarray]
+    task_names: list[str]
 
 
 @dataclass(frozen=True, eq=False)

@@ -11,6 +11,11 @@ with duplicates removed. The list is recomputed on every look-up, so changing
 ``FMTL_DATA_DIR`` or the working directory takes effect immediately; the module attribute
 ``DEFAULT_DATA_DIRS`` is computed on access as well.
 
+The MOCHA paper's datasets (``"har"``, ``"vehicle"``, ``"gleam"``, :data:`PAPER_DATASETS`)
+are read from a local copy in their published layout, looked for in the same directories and
+then in the download cache (:func:`~fmtl_flower.data.download.locate_dataset`); they are
+downloaded only with ``download=True``.
+
 The data files are never copied: they are read where they are.
 """
 
@@ -18,18 +23,26 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fmtl_flower.data.dataset import FederatedDataset
+from fmtl_flower.data.dataset import FederatedDataset, LoadedTasks
+from fmtl_flower.data.download import locate_dataset
+from fmtl_flower.data.gleam import load_gleam_tasks
+from fmtl_flower.data.har import load_har_tasks
 from fmtl_flower.data.mat import load_mat_tasks
+from fmtl_flower.data.paths import DATA_DIR_ENV, default_data_dirs
+from fmtl_flower.data.skew import check_skew_ratio, skew_dataset
 from fmtl_flower.data.split import _check_seed, _check_test_frac, split_tasks
 from fmtl_flower.data.synthetic import make_synthetic_tasks
+from fmtl_flower.data.vehicle import load_vehicle_tasks
 
 __all__ = [
     "DATA_DIR_ENV",
     "DEFAULT_DATA_DIRS",
     "NAMED_FILES",
+    "PAPER_DATASETS",
     "SYNTHETIC",
     "available_datasets",
     "clear_dataset_cache",
@@ -39,14 +52,20 @@ __all__ = [
     "resolve_data_file",
 ]
 
-#: Environment variable naming a directory that holds the named data files.
-DATA_DIR_ENV = "FMTL_DATA_DIR"
-
 #: Name of the generated dataset (:func:`~fmtl_flower.data.synthetic.make_synthetic_tasks`).
 SYNTHETIC = "synthetic"
 
 #: Named data files and their file names inside a data directory.
 NAMED_FILES: dict[str, str] = {"small": "small.mat", "eat-voc": "EAT_VOC.mat"}
+
+#: The MOCHA paper's datasets and their loaders (each returns
+#: :class:`~fmtl_flower.data.dataset.LoadedTasks`; see :mod:`fmtl_flower.data.har`,
+#: :mod:`fmtl_flower.data.vehicle`, :mod:`fmtl_flower.data.gleam`).
+PAPER_DATASETS: dict[str, Callable[..., LoadedTasks]] = {
+    "har": load_har_tasks,
+    "vehicle": load_vehicle_tasks,
+    "gleam": load_gleam_tasks,
+}
 
 #: Arguments of :func:`load_dataset` that only apply to generated datasets.
 _GENERATOR_KEYS = ("num_tasks", "dim", "samples_per_task")
@@ -55,34 +74,6 @@ _CACHE_SIZE = 8
 
 if TYPE_CHECKING:
     DEFAULT_DATA_DIRS: tuple[Path, ...]
-
-
-def default_data_dirs() -> tuple[Path, ...]:
-    """Directories searched for named data files, in resolution order.
-
-    Returns
-    -------
-    tuple of Path
-        ``$FMTL_DATA_DIR`` (if set and non-empty), ``<cwd>/../shared/data`` and
-        ``<repository root>/../shared/data``, as absolute paths without duplicates. The
-        directories need not exist.
-    """
-    candidates: list[Path] = []
-    env = os.environ.get(DATA_DIR_ENV, "")
-    if env:
-        candidates.append(Path(env).expanduser())
-    try:
-        candidates.append(Path.cwd() / ".." / "shared" / "data")
-    except OSError:  # the working directory was deleted
-        pass
-    # parents: [0] data/, [1] fmtl_flower/, [2] repository root, [3] its parent.
-    candidates.append(Path(__file__).resolve().parents[3] / "shared" / "data")
-    unique: list[Path] = []
-    for c in candidates:
-        c = c.resolve()
-        if c not in unique:
-            unique.append(c)
-    return tuple(unique)
 
 
 def __getattr__(name: str) -> Any:
@@ -95,12 +86,15 @@ def __getattr__(name: str) -> Any:
 def available_datasets() -> list[str]:
     """Names accepted by :func:`load_dataset` (besides paths to ``.mat`` files).
 
+    Whether a named dataset can actually be loaded depends on its files being present (or,
+    for the paper datasets, on ``download=True`` and a network).
+
     Returns
     -------
     list of str
-        ``["synthetic", "small", "eat-voc"]``.
+        ``["synthetic", "small", "eat-voc", "har", "vehicle", "gleam"]``.
     """
-    return [SYNTHETIC, *NAMED_FILES]
+    return [SYNTHETIC, *NAMED_FILES, *PAPER_DATASETS]
 
 
 def _is_path_like(name_or_path: str | os.PathLike[str]) -> bool:
@@ -118,20 +112,26 @@ def _unknown(name: Any) -> ValueError:
     )
 
 
+def _is_paper(name_or_path: Any) -> bool:
+    return isinstance(name_or_path, str) and name_or_path in PAPER_DATASETS
+
+
 def resolve_data_file(name_or_path: str | os.PathLike[str]) -> Path:
     """Find the file of a named dataset, or check a given path.
 
     Parameters
     ----------
     name_or_path : str or os.PathLike
-        A key of :data:`NAMED_FILES` (``"small"``, ``"eat-voc"``), or a path: anything ending
-        in ``.mat`` or containing a path separator.
+        A key of :data:`NAMED_FILES` (``"small"``, ``"eat-voc"``) or of
+        :data:`PAPER_DATASETS` (``"har"``, ``"vehicle"``, ``"gleam"``), or a path: anything
+        ending in ``.mat`` or containing a path separator.
 
     Returns
     -------
     Path
-        The first existing candidate for a named dataset (see :func:`default_data_dirs`), or
-        the given path (``~`` expanded).
+        The first existing candidate for a named dataset (see :func:`default_data_dirs`; for
+        a paper dataset, :func:`~fmtl_flower.data.download.locate_dataset`, which never
+        downloads here), or the given path (``~`` expanded).
 
     Raises
     ------
@@ -139,8 +139,10 @@ def resolve_data_file(name_or_path: str | os.PathLike[str]) -> Path:
         If a named file is in none of the data directories (the message lists every path
         looked at and how to fix it), or a given path does not exist.
     ValueError
-        If ``name_or_path`` is neither a named file nor path-like.
+        If ``name_or_path`` is neither a named dataset nor path-like.
     """
+    if _is_paper(name_or_path):
+        return locate_dataset(str(name_or_path))
     if isinstance(name_or_path, str) and name_or_path in NAMED_FILES:
         filename = NAMED_FILES[name_or_path]
         tried = [d / filename for d in default_data_dirs()]
@@ -169,6 +171,9 @@ def load_dataset(
     num_tasks: int | None = None,
     dim: int | None = None,
     samples_per_task: int | None = None,
+    skew: float | None = None,
+    data_path: str | os.PathLike[str] | None = None,
+    download: bool = False,
 ) -> FederatedDataset:
     """Load or generate a federated multi-task dataset and split every task.
 
@@ -176,17 +181,31 @@ def load_dataset(
     ----------
     name_or_path : str or os.PathLike, default "synthetic"
         ``"synthetic"`` (generated), ``"small"``, ``"eat-voc"`` (files resolved with
-        :func:`resolve_data_file`), or a path to a ``.mat`` file in one of the layouts of
+        :func:`resolve_data_file`), ``"har"``, ``"vehicle"``, ``"gleam"`` (the MOCHA paper's
+        datasets, read from a local copy in their published layout, see
+        :data:`PAPER_DATASETS`), or a path to a ``.mat`` file in one of the layouts of
         :func:`~fmtl_flower.data.mat.load_mat_tasks`.
     seed : int, default 0
-        Non-negative run seed: it drives the generator (synthetic) and the per-task splits
-        (task ``t`` uses ``np.random.default_rng([seed, t, 7])``).
+        Non-negative run seed: it drives the generator (synthetic), the per-task splits
+        (task ``t`` uses ``np.random.default_rng([seed, t, 7])``) and the skew.
     test_frac : float, default 0.25
         Per-class test fraction in [0, 1), see
         :func:`~fmtl_flower.data.split.train_test_split_task`.
     num_tasks, dim, samples_per_task : int, optional
         Generator overrides; only for ``"synthetic"`` (unset ones keep the generator's
         defaults).
+    skew : float, optional
+        If given (a ratio >= 1, the paper's is 100), subsample each task's training part
+        after the split so that training-set sizes differ by about this ratio (MOCHA appendix
+        E.2, Table 3), with :func:`~fmtl_flower.data.skew.skew_dataset` and this ``seed``;
+        test parts are unchanged. None (default): no skew.
+    data_path : str or os.PathLike, optional
+        Where the named dataset's local copy is (a ``.mat`` file for ``"small"`` /
+        ``"eat-voc"``; a directory or archive for the paper datasets), instead of looking in
+        the data directories.
+    download : bool, default False
+        For the paper datasets only: if no local copy is found, download it into the cache
+        first (:func:`~fmtl_flower.data.download.download_dataset`). Never implicit.
 
     Returns
     -------
@@ -198,36 +217,61 @@ def load_dataset(
     ------
     ValueError
         Unknown name (the message lists :func:`available_datasets`), generator overrides for
-        a file dataset, invalid ``seed`` / ``test_frac`` / generator arguments, or an invalid
-        file.
+        a file dataset, ``data_path`` for the generated dataset or a path, ``download`` for a
+        dataset that is not a paper dataset, invalid ``seed`` / ``test_frac`` / ``skew`` /
+        generator arguments, or an invalid file.
     FileNotFoundError
-        If the data file cannot be found.
+        If the data cannot be found (the message says where it looked and how to get it).
     """
     seed = _check_seed(seed)
     test_frac = _check_test_frac(test_frac)
+    ratio = None if skew is None else check_skew_ratio(skew)
     overrides = {
         k: v
         for k, v in zip(_GENERATOR_KEYS, (num_tasks, dim, samples_per_task), strict=True)
         if v is not None
     }
-    if isinstance(name_or_path, str) and name_or_path == SYNTHETIC:
-        Xs, ys = make_synthetic_tasks(**overrides, seed=seed)
-        return split_tasks(Xs, ys, test_frac, seed, SYNTHETIC)
-    if not (
-        (isinstance(name_or_path, str) and name_or_path in NAMED_FILES)
-        or _is_path_like(name_or_path)
-    ):
-        raise _unknown(name_or_path)
-    if overrides:
-        raise ValueError(
-            f"{', '.join(overrides)} only apply to generated datasets ({SYNTHETIC!r}), "
-            f"not to the file dataset {str(name_or_path)!r}"
-        )
-    path = resolve_data_file(name_or_path)
+    is_synthetic = isinstance(name_or_path, str) and name_or_path == SYNTHETIC
     is_named = isinstance(name_or_path, str) and name_or_path in NAMED_FILES
-    name = str(name_or_path) if is_named else path.stem
-    Xs, ys = load_mat_tasks(path)
-    return split_tasks(Xs, ys, test_frac, seed, name)
+    is_paper = _is_paper(name_or_path)
+    if not (is_synthetic or is_named or is_paper or _is_path_like(name_or_path)):
+        raise _unknown(name_or_path)
+    if download and not is_paper:
+        raise ValueError(
+            f"download=True only applies to the paper datasets {list(PAPER_DATASETS)}, "
+            f"not to {str(name_or_path)!r}"
+        )
+    if data_path is not None and not (is_named or is_paper):
+        raise ValueError(
+            f"data_path only applies to named datasets ({[*NAMED_FILES, *PAPER_DATASETS]}), "
+            f"not to {str(name_or_path)!r}"
+        )
+    if is_synthetic:
+        Xs, ys = make_synthetic_tasks(**overrides, seed=seed)
+        dataset = split_tasks(Xs, ys, test_frac, seed, SYNTHETIC)
+    else:
+        if overrides:
+            raise ValueError(
+                f"{', '.join(overrides)} only apply to generated datasets ({SYNTHETIC!r}), "
+                f"not to the file dataset {str(name_or_path)!r}"
+            )
+        if is_paper:
+            name = str(name_or_path)
+            loaded = PAPER_DATASETS[name](data_path, download=download)
+            Xs, ys = loaded.Xs, loaded.ys
+        else:
+            if data_path is not None:
+                path = Path(data_path).expanduser()
+                if not path.exists():
+                    raise FileNotFoundError(f"data file not found: {path}")
+            else:
+                path = resolve_data_file(name_or_path)
+            name = str(name_or_path) if is_named else path.stem
+            Xs, ys = load_mat_tasks(path)
+        dataset = split_tasks(Xs, ys, test_frac, seed, name)
+    if ratio is not None:
+        dataset = skew_dataset(dataset, ratio=ratio, seed=seed)
+    return dataset
 
 
 def _freeze(dataset: FederatedDataset) -> FederatedDataset:
@@ -246,6 +290,9 @@ def _load_cached(
     num_tasks: int | None,
     dim: int | None,
     samples_per_task: int | None,
+    skew: float | None,
+    data_path: str | os.PathLike[str] | None,
+    download: bool,
 ) -> FederatedDataset:
     return _freeze(
         load_dataset(
@@ -255,6 +302,9 @@ def _load_cached(
             num_tasks=num_tasks,
             dim=dim,
             samples_per_task=samples_per_task,
+            skew=skew,
+            data_path=data_path,
+            download=download,
         )
     )
 
@@ -267,6 +317,9 @@ def load_dataset_cached(
     num_tasks: int | None = None,
     dim: int | None = None,
     samples_per_task: int | None = None,
+    skew: float | None = None,
+    data_path: str | os.PathLike[str] | None = None,
+    download: bool = False,
 ) -> FederatedDataset:
     """Like :func:`load_dataset`, but memoised in-process, with read-only arrays.
 
@@ -278,7 +331,7 @@ def load_dataset_cached(
 
     Parameters
     ----------
-    name_or_path, seed, test_frac, num_tasks, dim, samples_per_task
+    name_or_path, seed, test_frac, num_tasks, dim, samples_per_task, skew, data_path, download
         As for :func:`load_dataset`.
 
     Returns
@@ -290,8 +343,8 @@ def load_dataset_cached(
     ValueError, FileNotFoundError
         As for :func:`load_dataset` (errors are not cached).
     """
-    # Normalise the key (positional, validated seed/fraction) so that equivalent calls hit
-    # the same entry; the generator overrides are validated by load_dataset.
+    # Normalise the key (positional, validated seed/fraction/skew) so that equivalent calls
+    # hit the same entry; the generator overrides are validated by load_dataset.
     return _load_cached(
         name_or_path,
         _check_seed(seed),
@@ -299,6 +352,9 @@ def load_dataset_cached(
         num_tasks,
         dim,
         samples_per_task,
+        None if skew is None else check_skew_ratio(skew),
+        data_path,
+        bool(download),
     )
 
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import scipy.io
 
-from fmtl_flower.data import clear_dataset_cache
+from fmtl_flower.data import clear_dataset_cache, download, paths
 
 from .helpers import SHARED_DATA_DIR, MatWriter, cell
 
@@ -45,3 +47,43 @@ def _fresh_dataset_cache() -> Iterator[None]:
     clear_dataset_cache()
     yield
     clear_dataset_cache()
+
+
+@pytest.fixture(autouse=True)
+def _no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test may reach the network: ``urllib.request.urlopen`` fails loudly."""
+
+    def refuse(url: object, *args: object, **kwargs: object) -> None:
+        raise AssertionError(f"network access attempted in a test: {url!r}")
+
+    monkeypatch.setattr(urllib.request, "urlopen", refuse)
+
+
+@dataclass(frozen=True)
+class DataEnv:
+    """Isolated data and cache directories (``$FMTL_DATA_DIR``, ``$FMTL_CACHE_DIR``)."""
+
+    data: Path
+    cache: Path
+
+
+@pytest.fixture
+def data_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> DataEnv:
+    """Point ``FMTL_DATA_DIR`` / ``FMTL_CACHE_DIR`` into ``tmp_path`` and ignore other dirs.
+
+    The data directories are still computed by the real ``default_data_dirs`` (so the
+    environment variable is what is tested), but those outside ``tmp_path`` (the shared data
+    next to the checkout) are dropped, so that a real copy there cannot change the outcome.
+    """
+    env = DataEnv(data=tmp_path / "data", cache=tmp_path / "cache")
+    env.data.mkdir()
+    monkeypatch.setenv("FMTL_DATA_DIR", str(env.data))
+    monkeypatch.setenv("FMTL_CACHE_DIR", str(env.cache))
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path.resolve()
+    monkeypatch.setattr(
+        download,
+        "default_data_dirs",
+        lambda: tuple(d for d in paths.default_data_dirs() if root in d.parents),
+    )
+    return env

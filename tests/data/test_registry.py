@@ -11,6 +11,7 @@ import pytest
 import fmtl_flower.data as data_pkg
 from fmtl_flower.data import (
     NAMED_FILES,
+    PAPER_DATASETS,
     FederatedDataset,
     available_datasets,
     clear_dataset_cache,
@@ -35,8 +36,9 @@ def _same_arrays(a: FederatedDataset, b: FederatedDataset) -> bool:
 
 
 def test_available_datasets() -> None:
-    assert available_datasets() == ["synthetic", "small", "eat-voc"]
+    assert available_datasets() == ["synthetic", "small", "eat-voc", "har", "vehicle", "gleam"]
     assert NAMED_FILES == {"small": "small.mat", "eat-voc": "EAT_VOC.mat"}
+    assert list(PAPER_DATASETS) == ["har", "vehicle", "gleam"]
 
 
 def test_repo_candidate_is_next_to_the_checkout() -> None:
@@ -111,7 +113,7 @@ def test_resolve_paths(tmp_path: Path, write_mat: MatWriter) -> None:
 
 @pytest.mark.parametrize("name", ["nope", "SMALL", "eat_voc", ""])
 def test_unknown_names(name: str) -> None:
-    pattern = r"unknown dataset .*\['synthetic', 'small', 'eat-voc'\]"
+    pattern = r"unknown dataset .*\['synthetic', 'small', 'eat-voc', 'har', 'vehicle', 'gleam'\]"
     with pytest.raises(ValueError, match=pattern):
         load_dataset(name)
     with pytest.raises(ValueError, match=pattern):
