@@ -108,6 +108,9 @@ class RunConfig:
         Per-round deadline in seconds (0: none); budgets are cut to meet it.
     round_timeout : float
         Seconds to wait for replies in a round; a late reply counts as a drop.
+    skew : float
+        Subsample the tasks' training sets so their sizes span this ratio (appendix E.2,
+        :func:`fmtl_flower.data.skew_tasks`; 0: no skew).
     num_tasks, dim, samples_per_task : int
         Generator overrides for ``synthetic`` (0: the generator's default). ``num_tasks`` is
         also the number of tasks the server waits for (0: the dataset's).
@@ -134,6 +137,7 @@ class RunConfig:
     time_model: str = "physical"
     clock_cycle: float = 0.0
     round_timeout: float = 120.0
+    skew: float = 0.0
     num_tasks: int = 0
     dim: int = 0
     samples_per_task: int = 0
@@ -189,11 +193,19 @@ _PARSE = {
     "time-model": lambda k, v: _as_choice(k, v, ("physical", "reference")),
     "clock-cycle": lambda k, v: _as_float(k, v, lo=0.0),
     "round-timeout": lambda k, v: _as_float(k, v, lo=0.0, lo_open=True),
+    "skew": lambda k, v: _skew(k, v),
     "num-tasks": lambda k, v: _as_int(k, v, 0),
     "dim": lambda k, v: _as_int(k, v, 0),
     "samples-per-task": lambda k, v: _as_int(k, v, 0),
     "results-file": lambda k, v: str(v),
 }
+
+
+def _skew(key: str, value: Any) -> float:
+    out = _as_float(key, value, lo=0.0)
+    if 0.0 < out <= 1.0:
+        raise ConfigError(f"{key}: a size ratio > 1 (or 0 for none), got {out}")
+    return out
 
 
 def _nonempty(key: str, value: Any) -> str:

@@ -39,7 +39,7 @@ def dataset_for(cfg: RunConfig) -> FederatedDataset:
     return load_dataset_cached(
         cfg.dataset, seed=cfg.seed, test_frac=cfg.test_frac,
         num_tasks=cfg.num_tasks or None, dim=cfg.dim or None,
-        samples_per_task=cfg.samples_per_task or None)
+        samples_per_task=cfg.samples_per_task or None, skew=cfg.skew or None)
 
 
 def make_client_app(config: RunConfig | None = None) -> ClientApp:
