@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .core.hinge import classification_errors, hinge_conjugate_value, mean_hinge_loss
+from .core.formulations import make_formulation
 from .core.mocha import MochaServerState
 from .core.omega import DEFAULT_OMEGA_EPS
 from .core.rng import coordinate_order
@@ -55,6 +56,11 @@ def fit_mocha(
     omega: str = "probabilistic",
     omega_every: int = 10,
     omega_eps: float = DEFAULT_OMEGA_EPS,
+    lam2: float | None = None,
+    s2: float | None = None,
+    eta: float | None = None,
+    clusters: int | None = None,
+    gamma: float = 1.0,
     local_frac: float = 1.0,
     sigma_mode: str = "global",
     sys_het: str = "none",
@@ -73,8 +79,8 @@ def fit_mocha(
     ----------
     tasks : sequence of (X, y)
         Training data per task (validated float64 arrays, labels in {-1, +1}).
-    lam, rounds, omega, omega_every, omega_eps, local_frac, sigma_mode, sys_het,
-    sys_het_base, drop_prob, clock_cycle, network, time_model, seed
+    lam, rounds, omega, omega_every, omega_eps, lam2, s2, eta, clusters, gamma, local_frac,
+    sigma_mode, sys_het, sys_het_base, drop_prob, clock_cycle, network, time_model, seed
         As for :class:`fmtl_flower.strategies.mocha.Mocha`.
     record_every : int
         Record primal, dual, gap (and test errors when ``test`` is given) of the state after
@@ -86,7 +92,9 @@ def fit_mocha(
     dim = tasks[0][0].shape[1]
     n = np.array([X.shape[0] for X, _ in tasks], dtype=np.int64)
     sqnorms = [np.einsum("ij,ij->i", X, X) for X, _ in tasks]
-    state = MochaServerState.zeros(dim, m, lam)
+    state = MochaServerState.zeros(dim, make_formulation(
+        omega, m, lam=lam, lam2=lam2, s2=s2, eta=eta, k=clusters, eps_rel=omega_eps,
+        gamma=gamma))
     alphas = [np.zeros(k) for k in n]
     fit = MochaFit(state, alphas)
     all_tasks = np.arange(m)
@@ -104,14 +112,17 @@ def fit_mocha(
             if dropped[t] or budgets[t] == 0:
                 continue
             w_t = state.W[:, t].copy()
-            d_alpha, delta_B[:, t] = sdca_local_update(
+            d_alpha, d_b = sdca_local_update(
                 X, y, alphas[t], w_t, budget=int(budgets[t]), m_tt=float(m_diag[t]),
                 sigma_prime=float(sigma_p[t]), order=coordinate_order(seed, t, r, int(n[t])),
                 sqnorm=sqnorms[t])
+            if gamma != 1.0:
+                d_alpha, d_b = gamma * d_alpha, gamma * d_b
+            delta_B[:, t] = d_b
             alphas[t] = alphas[t] + d_alpha
         state.add_updates(all_tasks, delta_B)
         if omega_step_due(r, omega_every, rounds):
-            state.omega_step(omega, omega_eps)
+            state.omega_step()
     _record(fit, rounds, tasks, test)
     return fit
 

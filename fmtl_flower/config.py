@@ -84,14 +84,20 @@ class RunConfig:
     lam : float or "cv"
         Regularisation strength lambda, or ``cv`` for 5-fold cross-validation on the
         training split over the grid of the MOCHA reference code.
-    omega : {"identity", "probabilistic"}
+    omega : {"identity", "mean", "probabilistic", "clustered", "graphical"}
+        The formulation of the MOCHA paper's appendix B.
     omega_every : int
         Rounds between Omega-steps (0: never).
     omega_eps : float
         Relative eigenvalue perturbation of the probabilistic Omega-step, in (0, 1).
+    lambda2, s2, eta, clusters : float, float, float, int
+        Formulation parameters (0: unset; s2 unset = infinity): ``mean``'s lambda2,
+        ``graphical``'s s2 and off-diagonal penalty lambda2, ``clustered``'s eta and k.
+    gamma : float
+        Aggregation parameter in (0, 1] (appendix D.1).
     local_frac : float
         Local SDCA steps per round as a fraction of n_t (``sys_het == "none"``).
-    sigma_mode : {"global", "per-task"}
+    sigma_mode : {"global", "per-task", "spectral"}
     sys_het : {"none", "low", "high"}
     sys_het_base : {"n_min", "n_t"}
     drop_prob : float
@@ -126,6 +132,11 @@ class RunConfig:
     omega: str = "probabilistic"
     omega_every: int = 10
     omega_eps: float = 1e-3
+    lambda2: float = 0.0
+    s2: float = 0.0
+    eta: float = 0.0
+    clusters: int = 0
+    gamma: float = 1.0
     local_frac: float = 1.0
     sigma_mode: str = "global"
     sys_het: str = "none"
@@ -179,11 +190,17 @@ _PARSE = {
     "num-server-rounds": lambda k, v: _as_int(k, v, 1),
     "seed": lambda k, v: _as_int(k, v, 0),
     "lambda": _as_lambda,
-    "omega": lambda k, v: _as_choice(k, v, ("identity", "probabilistic")),
+    "omega": lambda k, v: _as_choice(
+        k, v, ("identity", "mean", "probabilistic", "clustered", "graphical")),
+    "lambda2": lambda k, v: _as_float(k, v, lo=0.0),
+    "s2": lambda k, v: _as_float(k, v, lo=0.0),
+    "eta": lambda k, v: _as_float(k, v, lo=0.0),
+    "clusters": lambda k, v: _as_int(k, v, 0),
+    "gamma": lambda k, v: _as_float(k, v, lo=0.0, hi=1.0, lo_open=True),
     "omega-every": lambda k, v: _as_int(k, v, 0),
     "omega-eps": lambda k, v: _as_float(k, v, lo=0.0, hi=1.0, lo_open=True, hi_open=True),
     "local-frac": lambda k, v: _as_float(k, v, lo=0.0, lo_open=True),
-    "sigma-mode": lambda k, v: _as_choice(k, v, ("global", "per-task")),
+    "sigma-mode": lambda k, v: _as_choice(k, v, ("global", "per-task", "spectral")),
     "sys-het": lambda k, v: _as_choice(k, v, ("none", "low", "high")),
     "sys-het-base": lambda k, v: _as_choice(k, v, ("n_min", "n_t")),
     "drop-prob": lambda k, v: _as_float(k, v, lo=0.0, hi=1.0, hi_open=True),

@@ -61,12 +61,18 @@ def strategy_from_config(cfg: RunConfig, num_tasks: int,
         raise ConfigError("lambda=cv is a cross-validation sweep run by `fmtl run` before the "
                           "federation starts; a ServerApp needs a number (e.g. lambda=1e-3)")
     return Mocha(num_tasks, lam=float(cfg.lam), omega=cfg.omega, omega_every=cfg.omega_every,
-                 omega_eps=cfg.omega_eps,
+                 omega_eps=cfg.omega_eps, **formulation_options(cfg),
                  local_frac=cfg.local_frac, sigma_mode=cfg.sigma_mode, sys_het=cfg.sys_het,
                  sys_het_base=cfg.sys_het_base, drop_prob=cfg.drop_prob,
                  eval_every=cfg.eval_every, network=cfg.network, time_model=cfg.time_model,
                  clock_cycle=cfg.clock_cycle or None, seed=cfg.seed,
                  discovery_timeout=max(cfg.round_timeout, 60.0), on_round=on_round)
+
+
+def formulation_options(cfg: RunConfig) -> dict[str, Any]:
+    """The formulation keys of ``cfg`` as keyword arguments (0 means unset)."""
+    return {"lam2": cfg.lambda2 or None, "s2": cfg.s2 or None, "eta": cfg.eta or None,
+            "clusters": cfg.clusters or None, "gamma": cfg.gamma}
 
 
 def build_results(cfg: RunConfig, strategy: Mocha) -> dict[str, Any]:

@@ -179,6 +179,11 @@ class MochaClient:
             d_alpha, d_b = sdca_local_update(
                 task.X, task.y, alpha, w, budget=budget, m_tt=m_tt, sigma_prime=sigma_p,
                 order=order, sqnorm=task.sqnorm)
+            gamma = _cfg(config, "gamma", float) if "gamma" in config else 1.0
+            if not 0.0 < gamma <= 1.0:
+                raise ValueError(f"gamma must be in (0, 1], got {gamma}")
+            if gamma != 1.0:  # aggregation parameter (appendix D.1): apply a gamma-step
+                d_alpha, d_b = gamma * d_alpha, gamma * d_b
         metrics["round"] = server_round
         metrics["steps"] = steps
         reply = RecordDict({"arrays": ArrayRecord({"delta-b": to_array(d_b)}),

@@ -1,8 +1,9 @@
 """MOCHA's server-side state and math, free of any Flower dependency.
 
-The server keeps B = [b_1 .. b_m] (b_t = X_t^T alpha_t / n_t), Sigma and lambda, and the models
-W = W(alpha) = B Sigma / lambda (design decision 2: W is always the image of the dual
-variables, recomputed after every Omega-step, so duality gaps are meaningful).
+The server keeps B = [b_1 .. b_m] (b_t = X_t^T alpha_t / n_t) and a task-relationship
+formulation (:mod:`fmtl_flower.core.formulations`) with its inverse regulariser matrix
+M = K^-1, and the models W = W(alpha) = B M (design decision 2: W is always the image of the
+dual variables, recomputed after every Omega-step, so duality gaps are meaningful).
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .formulations import Formulation, make_formulation
 from .objective import regulariser_value
-from .omega import DEFAULT_OMEGA_EPS, omega_step, sigma_identity, sigma_prime
 
 
 @dataclass
@@ -21,33 +22,41 @@ class MochaServerState:
 
     Attributes
     ----------
-    lam : float
-        Regularisation strength lambda (> 0).
     B : ndarray of shape (d, m)
         Accumulated dual images of the committed dual variables.
-    sigma : ndarray of shape (m, m)
-        Task covariance Sigma (K = lambda * Sigma^-1).
+    formulation : Formulation
+        The regulariser R(W) = (1/2) tr(W K W^T) (+ terms without W) and its Omega-step.
+    M : ndarray of shape (m, m)
+        K^-1 for the current Omega.
     W : ndarray of shape (d, m)
-        Models W(alpha) = B Sigma / lambda, kept in step with B and Sigma.
+        Models W(alpha) = B M, kept in step with B and M.
     """
 
-    lam: float
     B: np.ndarray
-    sigma: np.ndarray
+    formulation: Formulation
+    M: np.ndarray = field(init=False)
     W: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
-        if not (np.isfinite(self.lam) and self.lam > 0):
-            raise ValueError(f"lambda must be a finite number > 0, got {self.lam}")
-        d, m = self.B.shape
-        if self.sigma.shape != (m, m):
-            raise ValueError(f"sigma must be ({m}, {m}), got {self.sigma.shape}")
+        if self.B.ndim != 2 or self.B.shape[1] != self.formulation.num_tasks:
+            raise ValueError(f"B must be (d, {self.formulation.num_tasks}), got {self.B.shape}")
+        self.M = self.formulation.inverse_matrix()
         self.recompute_models()
 
     @classmethod
-    def zeros(cls, dim: int, num_tasks: int, lam: float) -> MochaServerState:
-        """alpha = 0 everywhere (B = 0, W = 0) and Sigma = I / m."""
-        return cls(lam=lam, B=np.zeros((dim, num_tasks)), sigma=sigma_identity(num_tasks))
+    def zeros(cls, dim: int, formulation: Formulation) -> MochaServerState:
+        """alpha = 0 everywhere (B = 0, W = 0), Omega at the formulation's start."""
+        return cls(B=np.zeros((dim, formulation.num_tasks)), formulation=formulation)
+
+    @classmethod
+    def zeros_for(cls, dim: int, num_tasks: int, omega: str = "identity", *, lam: float,
+                  **options) -> MochaServerState:
+        """Shorthand: :meth:`zeros` with ``make_formulation(omega, num_tasks, lam=lam, ...)``."""
+        return cls.zeros(dim, make_formulation(omega, num_tasks, lam=lam, **options))
+
+    @property
+    def lam(self) -> float:
+        return self.formulation.lam
 
     @property
     def num_tasks(self) -> int:
@@ -58,16 +67,16 @@ class MochaServerState:
         return self.B.shape[0]
 
     def m_diag(self) -> np.ndarray:
-        """Diagonal of M = K^-1 = Sigma / lambda, one ``m_tt`` per task."""
-        return np.diag(self.sigma) / self.lam
+        """Diagonal of M = K^-1, one ``m_tt`` per task."""
+        return np.diag(self.M).copy()
 
-    def sigma_prime(self, mode: str = "global", gamma: float = 1.0) -> np.ndarray:
-        """Per-task sigma' for the current Sigma (see :func:`omega.sigma_prime`)."""
-        return sigma_prime(self.sigma, mode, gamma)
+    def sigma_prime(self, mode: str = "global") -> np.ndarray:
+        """Per-task sigma' for the current M (Lemma 9, Remark 5 or spectral)."""
+        return self.formulation.sigma_prime(mode)
 
     def recompute_models(self) -> None:
-        """W <- B Sigma / lambda."""
-        self.W = (self.B @ self.sigma) / self.lam
+        """W <- B M."""
+        self.W = self.B @ self.M
 
     def add_updates(self, tasks: np.ndarray, delta_B: np.ndarray) -> None:
         """Add the dual-image changes of some tasks: b_t += delta_b_t, and W accordingly.
@@ -82,7 +91,7 @@ class MochaServerState:
         if len(tasks) == 0:
             return
         self.B[:, tasks] += delta_B
-        self.W += (delta_B @ self.sigma[tasks, :]) / self.lam
+        self.W += delta_B @ self.M[tasks, :]
 
     def reset_tasks(self, tasks: np.ndarray) -> None:
         """Set b_t = 0 (alpha_t = 0) for the given tasks and update W."""
@@ -91,9 +100,12 @@ class MochaServerState:
             self.add_updates(tasks, -self.B[:, tasks].copy())
             self.B[:, tasks] = 0.0
 
-    def omega_step(self, kind: str, eps_rel: float = DEFAULT_OMEGA_EPS) -> None:
-        """Update Sigma by Omega-step ``kind`` for the current W, then W <- B Sigma / lambda."""
-        self.sigma = omega_step(kind, self.W, self.sigma, eps_rel)
+    def omega_step(self) -> None:
+        """Omega-step of the formulation for the current W, then W <- B M."""
+        if self.formulation.fixed:
+            return
+        self.formulation.omega_step(self.W)
+        self.M = self.formulation.inverse_matrix()
         self.recompute_models()
 
     def regulariser(self) -> float:

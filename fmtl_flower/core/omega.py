@@ -1,23 +1,14 @@
-"""Task-relationship steps (Omega-steps) and the aggregation parameter sigma'.
+"""Task covariance matrices Sigma used by the formulations (:mod:`.formulations`).
 
-MOCHA's regulariser is R(W) = (1/2) tr(W K W^T) with K positive definite (m x m, one row and
-column per task). For the formulations implemented here K = lambda * Sigma^-1 = lambda * Omega:
-
-* ``identity``: Sigma = I / m (Omega = m I): independent tasks, the reference code's start.
-* ``probabilistic`` (MOCHA paper eq. 14): Sigma = (W^T W)^(1/2) / tr((W^T W)^(1/2)), the
-  closed-form minimiser of tr(W Omega W^T) over {Omega > 0, tr(Omega^-1) = 1}.
-
-The dual map is W(alpha) = B K^-1 = B Sigma / lambda with B = [X_t^T alpha_t / n_t]_t, so the
-inverse regulariser matrix is M = K^-1 = Sigma / lambda and its diagonal ``m_tt`` is what a
-task's local solver needs.
+* Sigma = I / m (Omega = m I): independent tasks, the reference code's start.
+* MOCHA paper eq. (14): Sigma = (W^T W)^(1/2) / tr((W^T W)^(1/2)), the closed-form minimiser
+  of tr(W Omega W^T) over {Omega > 0, tr(Omega^-1) = 1}, computed with a perturbation eps.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-OMEGA_KINDS = ("identity", "probabilistic")
-SIGMA_MODES = ("global", "per-task")
 
 
 def sigma_identity(m: int) -> np.ndarray:
@@ -73,37 +64,3 @@ def sigma_probabilistic(W: np.ndarray, eps_rel: float = DEFAULT_OMEGA_EPS) -> np
     roots = np.sqrt(evals + eps_rel * top)
     sigma = (evecs * (roots / roots.sum())) @ evecs.T
     return 0.5 * (sigma + sigma.T)
-
-
-def omega_step(kind: str, W: np.ndarray, sigma: np.ndarray,
-               eps_rel: float = DEFAULT_OMEGA_EPS) -> np.ndarray:
-    """Return the new Sigma for Omega-step ``kind`` given the current models W (d x m)."""
-    if kind == "identity":
-        return sigma if sigma.shape[0] == W.shape[1] else sigma_identity(W.shape[1])
-    if kind == "probabilistic":
-        return sigma_probabilistic(W, eps_rel)
-    raise ValueError(f"unknown omega {kind!r}; expected one of {OMEGA_KINDS}")
-
-
-def sigma_prime(sigma: np.ndarray, mode: str = "global", gamma: float = 1.0) -> np.ndarray:
-    """Aggregation parameter sigma' per task (MOCHA appendix, Lemma 9 and Remark 5).
-
-    ``global``: sigma' = gamma * max_t sum_t' |M_tt'| / M_tt for every task (Lemma 9).
-    ``per-task``: sigma'_t = gamma * sum_t' |M_tt'| / M_tt (Remark 5). M = Sigma / lambda;
-    the ratios do not depend on lambda, so Sigma is passed.
-
-    Returns
-    -------
-    ndarray of shape (m,)
-    """
-    if not 0.0 < gamma <= 1.0:
-        raise ValueError(f"gamma must be in (0, 1], got {gamma}")
-    diag = np.diag(sigma)
-    if np.any(diag <= 0):
-        raise ValueError("Sigma must have a positive diagonal")
-    ratios = gamma * np.abs(sigma).sum(axis=1) / diag
-    if mode == "global":
-        return np.full(sigma.shape[0], ratios.max())
-    if mode == "per-task":
-        return ratios
-    raise ValueError(f"unknown sigma-mode {mode!r}; expected one of {SIGMA_MODES}")

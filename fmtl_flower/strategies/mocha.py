@@ -14,7 +14,8 @@ query ``whoami`` (server -> node): empty ``config``. Reply: ConfigRecord ``info`
     whose reply from this task the server added to B; 0 = none), ``m-tt`` float > 0 (the
     diagonal entry (K^-1)_tt), ``sigma-prime`` float > 0, ``budget`` int >= 0 (coordinate
     steps), ``seed`` int, ``dropped`` bool (simulated drop-out: do no work), ``eval`` bool
-    (also report test errors of w_t).
+    (also report test errors of w_t), optional ``gamma`` float in (0, 1] (default 1: the
+    device applies and sends gamma * d_alpha, gamma * d_b).
     Reply: arrays ``delta-b`` float64 (d,) = X_t^T d_alpha / n_t; metrics ``task-id``,
     ``round`` (= server-round), ``n-train``, ``state-ok`` (0/1: 0 = the device restarted from
     alpha = 0), ``loss-mean`` (mean hinge loss at the w_t received), ``dual-mean``
@@ -52,7 +53,8 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from ..centralized import omega_step_due
 from ..core.mocha import MochaServerState
-from ..core.omega import DEFAULT_OMEGA_EPS, OMEGA_KINDS, SIGMA_MODES
+from ..core.formulations import FORMULATIONS, SIGMA_MODES, make_formulation
+from ..core.omega import DEFAULT_OMEGA_EPS
 from ..metrics import error_summary
 from ..systems.heterogeneity import drop_mask, local_budgets
 from ..systems.timing import deadline_budgets, get_network, round_time
@@ -84,17 +86,29 @@ class Mocha(Strategy):
         Number of tasks (nodes) to wait for; task ids are 0 .. num_tasks - 1.
     lam : float
         Regularisation strength lambda > 0.
-    omega : {"identity", "probabilistic"}
-        Omega-step: keep Sigma = I/m, or Sigma = (W^T W)^(1/2) / trace (eq. 14).
+    omega : {"identity", "mean", "probabilistic", "clustered", "graphical"}
+        The task-relationship formulation of the MOCHA paper's appendix B
+        (:mod:`fmtl_flower.core.formulations`): fixed independent tasks, tasks pulled to their
+        mean (eq. 11), the probabilistic Sigma = (W^T W + eps I)^(1/2) / trace (eq. 14),
+        clustered tasks (eq. 12) or a sparse task graph by the graphical lasso (eq. 15).
     omega_every : int
         Rounds between Omega-steps (0: never; never after the last round).
     omega_eps : float
-        Relative eigenvalue perturbation of the ``probabilistic`` Omega-step (> 0), see
-        :func:`fmtl_flower.core.omega.sigma_probabilistic`.
+        Relative eigenvalue perturbation of the ``probabilistic`` and ``graphical``
+        Omega-steps (> 0), see :func:`fmtl_flower.core.omega.sigma_probabilistic`.
+    lam2, s2, eta, clusters : optional
+        Formulation parameters: ``mean``'s lambda2 (> 0), ``probabilistic``'s and
+        ``graphical``'s s2 (the variance term I/s2; inf by default for ``probabilistic``,
+        required for ``graphical``, whose off-diagonal penalty is also ``lam2``),
+        ``clustered``'s eta and number of clusters k.
+    gamma : float
+        Aggregation parameter in (0, 1] (appendix D.1): devices apply gamma * d_alpha and the
+        server gamma * d_b; sigma' scales with gamma.
     local_frac : float
         Local coordinate steps per round as a fraction of n_t (when ``sys_het="none"``).
-    sigma_mode : {"global", "per-task"}
-        sigma' of Lemma 9 (one value) or of Remark 5 (one per task).
+    sigma_mode : {"global", "per-task", "spectral"}
+        sigma' of Lemma 9 (one value), of Remark 5 (one per task), or the largest eigenvalue
+        of D^-1/2 M D^-1/2 (one value, never above Lemma 9's).
     sys_het, sys_het_base : str
         Systems heterogeneity of the local budgets, see :mod:`fmtl_flower.systems`.
     drop_prob : float
@@ -126,6 +140,11 @@ class Mocha(Strategy):
         omega: str = "probabilistic",
         omega_every: int = 10,
         omega_eps: float = DEFAULT_OMEGA_EPS,
+        lam2: float | None = None,
+        s2: float | None = None,
+        eta: float | None = None,
+        clusters: int | None = None,
+        gamma: float = 1.0,
         local_frac: float = 1.0,
         sigma_mode: str = "global",
         sys_het: str = "none",
@@ -143,8 +162,11 @@ class Mocha(Strategy):
             raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
         if not (isinstance(lam, int | float) and math.isfinite(lam) and lam > 0):
             raise ValueError(f"lam must be a finite number > 0, got {lam!r}")
-        if omega not in OMEGA_KINDS:
-            raise ValueError(f"omega must be one of {OMEGA_KINDS}, got {omega!r}")
+        self.formulation_options = {"lam2": lam2, "s2": s2, "eta": eta, "k": clusters,
+                                    "eps_rel": omega_eps, "gamma": gamma}
+        if omega not in FORMULATIONS:
+            raise ValueError(f"omega must be one of {tuple(FORMULATIONS)}, got {omega!r}")
+        make_formulation(omega, int(num_tasks), lam=lam, **self.formulation_options)
         if sigma_mode not in SIGMA_MODES:
             raise ValueError(f"sigma_mode must be one of {SIGMA_MODES}, got {sigma_mode!r}")
         if not (isinstance(omega_eps, int | float) and 0 < omega_eps < 1):
@@ -161,6 +183,7 @@ class Mocha(Strategy):
         self.omega = omega
         self.omega_every = int(omega_every)
         self.omega_eps = float(omega_eps)
+        self.gamma = float(gamma)
         self.local_frac = float(local_frac)
         self.sigma_mode = sigma_mode
         self.sys_het = sys_het
@@ -245,7 +268,7 @@ class Mocha(Strategy):
             self.last_accepted[tasks] = server_round
         omega_step = omega_step_due(server_round, self.omega_every, self.num_rounds)
         if omega_step:
-            self.state.omega_step(self.omega, self.omega_eps)
+            self.state.omega_step()
         record = self._new_record(server_round)
         updated = tasks[~self._dropped_now[tasks]] if len(tasks) else tasks
         record.update(num_replies=len(tasks), num_dropped=self.num_tasks - len(updated),
@@ -325,7 +348,8 @@ class Mocha(Strategy):
                 log(WARNING, "MOCHA: node %s: bad whoami reply: %s", node, err)
                 continue
             if self.state is None:
-                self.state = MochaServerState.zeros(dim, self.num_tasks, self.lam)
+                self.state = MochaServerState.zeros(dim, make_formulation(
+                    self.omega, self.num_tasks, lam=self.lam, **self.formulation_options))
             elif dim != self.state.dim:
                 log(WARNING, "MOCHA: node %s (task %d) has %d features, the federation %d; "
                     "ignored", node, task, dim, self.state.dim)
@@ -375,6 +399,8 @@ class Mocha(Strategy):
                 "m-tt": float(m_diag[task]), "sigma-prime": float(sigma_p[task]),
                 "seed": self.seed, "eval": bool(evaluate),
             }
+            if self.gamma != 1.0:
+                config["gamma"] = self.gamma
             if budgets is not None:
                 config["budget"] = int(budgets[task])
                 config["dropped"] = bool(self._dropped_now[task])

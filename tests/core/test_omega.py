@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from fmtl_flower.core.mocha import MochaServerState
 from fmtl_flower.core.objective import primal_dual_gap
-from fmtl_flower.core.omega import omega_step, sigma_identity, sigma_prime, sigma_probabilistic
+from fmtl_flower.core.formulations import make_formulation, sigma_prime
+from fmtl_flower.core.omega import sigma_identity, sigma_probabilistic
 
 
 def test_probabilistic_matches_sqrtm_full_rank():
@@ -39,10 +40,8 @@ def test_probabilistic_is_spd_unit_trace_and_minimises(d, m, seed):
 
 def test_zero_models_give_identity():
     np.testing.assert_allclose(sigma_probabilistic(np.zeros((3, 4))), np.eye(4) / 4)
-    np.testing.assert_allclose(omega_step("identity", np.ones((3, 4)), sigma_identity(4)),
-                               np.eye(4) / 4)
-    with pytest.raises(ValueError, match="omega"):
-        omega_step("nope", np.ones((3, 4)), sigma_identity(4))
+    with pytest.raises(ValueError, match="omega|formulation|nope"):
+        make_formulation("nope", 4, lam=1.0)
 
 
 @settings(max_examples=60, deadline=None)
@@ -72,19 +71,20 @@ def test_sigma_prime_identity_is_one_and_validates():
 
 def test_server_state_keeps_w_equal_to_b_sigma_over_lambda():
     rng = np.random.default_rng(1)
-    state = MochaServerState.zeros(4, 6, lam=0.5)
+    state = MochaServerState.zeros_for(4, 6, "probabilistic", lam=0.5)
     state.add_updates(np.array([0, 3]), rng.normal(size=(4, 2)))
     state.add_updates(np.array([1, 2, 3, 4, 5]), rng.normal(size=(4, 5)))
-    np.testing.assert_allclose(state.W, state.B @ state.sigma / 0.5, atol=1e-14)
-    state.omega_step("probabilistic")
-    np.testing.assert_allclose(state.W, state.B @ state.sigma / 0.5, atol=1e-14)
+    np.testing.assert_allclose(state.W, state.B @ (np.eye(6) / 6) / 0.5, atol=1e-14)
+    state.omega_step()
+    sigma = state.formulation.omega  # the probabilistic formulation's Sigma
+    np.testing.assert_allclose(state.W, state.B @ sigma / 0.5, atol=1e-14)
     state.add_updates(np.array([2]), rng.normal(size=(4, 1)))
     state.reset_tasks(np.array([2, 4]))
     assert not state.B[:, [2, 4]].any()
-    np.testing.assert_allclose(state.W, state.B @ state.sigma / 0.5, atol=1e-13)
-    np.testing.assert_allclose(state.m_diag(), np.diag(state.sigma) / 0.5)
-    with pytest.raises(ValueError, match="lambda"):
-        MochaServerState.zeros(2, 2, lam=0.0)
+    np.testing.assert_allclose(state.W, state.B @ sigma / 0.5, atol=1e-13)
+    np.testing.assert_allclose(state.m_diag(), np.diag(sigma) / 0.5)
+    with pytest.raises(ValueError, match="lam"):
+        MochaServerState.zeros_for(2, 2, lam=0.0)
 
 
 @settings(max_examples=40, deadline=None)
@@ -102,13 +102,15 @@ def test_weak_duality_for_consistent_pairs(d, m, seed):
         tasks.append((X, y))
         alphas.append(alpha)
         B[:, t] = X.T @ alpha / n
-    state = MochaServerState(lam=lam, B=B, sigma=sigma_probabilistic(rng.normal(size=(d, m))))
+    formulation = make_formulation("probabilistic", m, lam=lam)
+    formulation.set_omega(sigma_probabilistic(rng.normal(size=(d, m))))
+    state = MochaServerState(B=B, formulation=formulation)
     loss = np.array([np.maximum(0, 1 - y * (X @ state.W[:, t])).mean()
                      for t, (X, y) in enumerate(tasks)])
     dual = np.array([y @ a / len(y) for (_, y), a in zip(tasks, alphas, strict=True)])
     primal, dual_value, gap = primal_dual_gap(loss, dual, state.W, state.B)
     assert gap >= -1e-12 * max(1.0, abs(primal))
     # the quadratic term equals (1/2) tr(W K W^T) with K = lam * Sigma^-1
-    K = lam * np.linalg.inv(state.sigma)
+    K = lam * np.linalg.inv(formulation.omega)
     assert np.isclose(0.5 * np.trace(state.W @ K @ state.W.T), state.regulariser(),
                       rtol=1e-6, atol=1e-12)

@@ -168,7 +168,7 @@ def assert_b_consistent(run: Run, atol: float = 1e-12) -> None:
         expected = X.T @ device_alpha(run, t) / X.shape[0]
         np.testing.assert_allclose(state.B[:, t], expected, rtol=0, atol=atol,
                                    err_msg=f"task {t}: B and the device's alpha drifted apart")
-    np.testing.assert_allclose(state.W, state.B @ state.sigma / state.lam, rtol=1e-12,
+    np.testing.assert_allclose(state.W, state.B @ state.M, rtol=1e-12,
                                atol=1e-12)
 
 

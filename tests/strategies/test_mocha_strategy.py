@@ -130,7 +130,7 @@ def test_federation_is_bit_identical_to_centralized(problem, case):
     state = run.strategy.state
     assert np.array_equal(state.W, fit.W)
     assert np.array_equal(state.B, fit.state.B)
-    assert np.array_equal(state.sigma, fit.state.sigma)
+    assert np.array_equal(state.M, fit.state.M)
     assert len(run.rounds) == len(fit.history) == rounds + 1
     for record, expected in zip(run.rounds, fit.history, strict=True):
         assert record["round"] == expected["round"]
@@ -143,7 +143,7 @@ def test_federation_is_bit_identical_to_centralized(problem, case):
     if kwargs.get("drop_prob"):
         assert sum(r["num_dropped"] for r in run.rounds[1:]) > 0
     if kwargs.get("omega") == "probabilistic":
-        assert not np.allclose(state.sigma, np.eye(problem.num_tasks) / problem.num_tasks)
+        assert not np.allclose(state.M * state.lam, np.eye(problem.num_tasks) / problem.num_tasks)
 
 
 # ------------------------------------------------------------------------------ invariants
