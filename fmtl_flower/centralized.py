@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .core.hinge import classification_errors, hinge_conjugate_value, mean_hinge_loss
 from .core.formulations import make_formulation
+from .core.hinge import classification_errors, hinge_conjugate_value, mean_hinge_loss
 from .core.mocha import MochaServerState
 from .core.omega import DEFAULT_OMEGA_EPS
 from .core.rng import coordinate_order

@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 
 
-
 def sigma_identity(m: int) -> np.ndarray:
     """Sigma = I / m (Omega = m I): the independent-tasks start of the reference code."""
     if m < 1:

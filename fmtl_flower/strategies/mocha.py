@@ -52,8 +52,8 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from ..centralized import omega_step_due
-from ..core.mocha import MochaServerState
 from ..core.formulations import FORMULATIONS, SIGMA_MODES, make_formulation
+from ..core.mocha import MochaServerState
 from ..core.omega import DEFAULT_OMEGA_EPS
 from ..metrics import error_summary
 from ..systems.heterogeneity import drop_mask, local_budgets

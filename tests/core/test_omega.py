@@ -6,9 +6,9 @@ import scipy.linalg
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fmtl_flower.core.formulations import make_formulation, sigma_prime
 from fmtl_flower.core.mocha import MochaServerState
 from fmtl_flower.core.objective import primal_dual_gap
-from fmtl_flower.core.formulations import make_formulation, sigma_prime
 from fmtl_flower.core.omega import sigma_identity, sigma_probabilistic
 
 
