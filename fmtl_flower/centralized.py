@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .core.baselines import cocoa_local_update, mbsdca_local_update, mbsdca_scale
 from .core.formulations import make_formulation
 from .core.hinge import classification_errors, hinge_conjugate_value, mean_hinge_loss
 from .core.mocha import MochaServerState
@@ -61,6 +62,9 @@ def fit_mocha(
     eta: float | None = None,
     clusters: int | None = None,
     gamma: float = 1.0,
+    method: str = "mocha",
+    theta: float = 0.5,
+    beta: float = 1.0,
     local_frac: float = 1.0,
     sigma_mode: str = "global",
     sys_het: str = "none",
@@ -79,8 +83,9 @@ def fit_mocha(
     ----------
     tasks : sequence of (X, y)
         Training data per task (validated float64 arrays, labels in {-1, +1}).
-    lam, rounds, omega, omega_every, omega_eps, lam2, s2, eta, clusters, gamma, local_frac,
-    sigma_mode, sys_het, sys_het_base, drop_prob, clock_cycle, network, time_model, seed
+    lam, rounds, omega, omega_every, omega_eps, lam2, s2, eta, clusters, gamma, method, theta,
+    beta, local_frac, sigma_mode, sys_het, sys_het_base, drop_prob, clock_cycle, network,
+    time_model, seed
         As for :class:`fmtl_flower.strategies.mocha.Mocha`.
     record_every : int
         Record primal, dual, gap (and test errors when ``test`` is given) of the state after
@@ -103,8 +108,12 @@ def fit_mocha(
             _record(fit, r - 1, tasks, test)
         budgets = local_budgets(n, local_frac=local_frac, sys_het=sys_het, base=sys_het_base,
                                 seed=seed, server_round=r)
-        budgets = deadline_budgets(budgets, clock_cycle, dim, "mocha", network, model=time_model)
+        budgets = deadline_budgets(budgets, clock_cycle, dim, method, network, model=time_model,
+                                   n=n if method == "cocoa" else None)
         dropped = drop_mask(m, drop_prob, seed=seed, server_round=r)
+        if method == "mb-sdca":
+            budgets = np.minimum(budgets, n)
+            scale = mbsdca_scale(beta, int(budgets[~dropped].sum()))
         m_diag = state.m_diag()
         sigma_p = state.sigma_prime(sigma_mode)
         delta_B = np.zeros((dim, m))
@@ -112,10 +121,20 @@ def fit_mocha(
             if dropped[t] or budgets[t] == 0:
                 continue
             w_t = state.W[:, t].copy()
-            d_alpha, d_b = sdca_local_update(
-                X, y, alphas[t], w_t, budget=int(budgets[t]), m_tt=float(m_diag[t]),
-                sigma_prime=float(sigma_p[t]), order=coordinate_order(seed, t, r, int(n[t])),
-                sqnorm=sqnorms[t])
+            order = coordinate_order(seed, t, r, int(n[t]))
+            if method == "mocha":
+                d_alpha, d_b = sdca_local_update(
+                    X, y, alphas[t], w_t, budget=int(budgets[t]), m_tt=float(m_diag[t]),
+                    sigma_prime=float(sigma_p[t]), order=order, sqnorm=sqnorms[t])
+            elif method == "cocoa":
+                d_alpha, d_b, _, _ = cocoa_local_update(
+                    X, y, alphas[t], w_t, m_tt=float(m_diag[t]), sigma_prime=float(sigma_p[t]),
+                    theta=theta, max_steps=int(budgets[t]), order=order, sqnorm=sqnorms[t])
+            else:
+                d_alpha, d_b = mbsdca_local_update(X, y, alphas[t], w_t, m_tt=float(m_diag[t]),
+                                                   budget=int(budgets[t]), order=order,
+                                                   sqnorm=sqnorms[t])
+                d_alpha, d_b = scale * d_alpha, scale * d_b
             if gamma != 1.0:
                 d_alpha, d_b = gamma * d_alpha, gamma * d_b
             delta_B[:, t] = d_b

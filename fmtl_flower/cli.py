@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Any
 
-from .config import STRATEGIES, ConfigError, RunConfig, parse_set_options
+from .config import FEDERATED, STRATEGIES, ConfigError, RunConfig, parse_set_options
 
 FINAL_KEYS = ("primal", "dual", "gap", "test_error", "test_error_pooled", "accuracy_mean",
               "accuracy_bottom_decile", "num_replies", "num_dropped")
@@ -111,10 +111,11 @@ def _resolve_lambda(cfg: RunConfig, data) -> tuple[RunConfig, dict[float, float]
     from .apps.common import formulation_options
     from .model_selection import cross_validate_lambda
 
-    method = {"mocha": "mtl", "local": "local", "global": "global"}[cfg.strategy]
+    method = {"local": "local", "global": "global"}.get(cfg.strategy, "mtl")
     tasks = [(t.X_train, t.y_train) for t in data.tasks]
     mocha = {"rounds": cfg.num_server_rounds, "omega": cfg.omega, "omega_every": cfg.omega_every,
-             "omega_eps": cfg.omega_eps, **formulation_options(cfg),
+             "omega_eps": cfg.omega_eps, **formulation_options(cfg), "method": cfg.strategy,
+             "theta": cfg.theta, "beta": cfg.beta,
              "local_frac": cfg.local_frac, "sigma_mode": cfg.sigma_mode}
     best, scores = cross_validate_lambda(method, tasks, seed=cfg.seed,
                                          **(mocha if method == "mtl" else {}))
@@ -166,8 +167,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     cfg = config_from_args(args)
-    if args.engine == "ray" and cfg.strategy != "mocha":
-        raise ConfigError("--engine applies to federated strategies (mocha)")
+    if args.engine == "ray" and cfg.strategy not in FEDERATED:
+        raise ConfigError(f"--engine applies to federated strategies {FEDERATED}")
     data = dataset_for(cfg)
     if not args.quiet:
         print(f"dataset {cfg.dataset}: {data.num_tasks} tasks, {data.dim} features, "
@@ -176,7 +177,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if scores is not None and not args.quiet:
         print("lambda by 5-fold CV: " + ", ".join(f"{k:g}: {v:.4f}" for k, v in scores.items())
               + f" -> {cfg.lam:g}", flush=True)
-    if cfg.strategy == "mocha":
+    if cfg.strategy in FEDERATED:
         results = run_mocha(cfg, data, args.engine, args.print_every, args.quiet)
     else:
         results = run_baseline(cfg, data)

@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-STRATEGIES = ("mocha", "local", "global")
+STRATEGIES = ("mocha", "cocoa", "mb-sdca", "local", "global")
+FEDERATED = ("mocha", "cocoa", "mb-sdca")
 
 
 class ConfigError(ValueError):
@@ -74,7 +75,9 @@ class RunConfig:
 
     Attributes
     ----------
-    strategy : {"mocha", "local", "global"}
+    strategy : {"mocha", "cocoa", "mb-sdca", "local", "global"}
+        The federated strategies share MOCHA's primal-dual machinery with another local
+        solver; ``local`` and ``global`` are centralised SVM baselines.
     dataset : str
         ``synthetic`` (generated), ``small``, ``eat-voc`` or a path to a ``.mat`` file.
     num_server_rounds : int
@@ -95,6 +98,10 @@ class RunConfig:
         ``graphical``'s s2 and off-diagonal penalty lambda2, ``clustered``'s eta and k.
     gamma : float
         Aggregation parameter in (0, 1] (appendix D.1).
+    theta : float
+        CoCoA's relative local accuracy in (0, 1) (``cocoa``).
+    beta : float
+        Mb-SDCA's aggregation parameter (> 0, ``mb-sdca``).
     local_frac : float
         Local SDCA steps per round as a fraction of n_t (``sys_het == "none"``).
     sigma_mode : {"global", "per-task", "spectral"}
@@ -137,6 +144,8 @@ class RunConfig:
     eta: float = 0.0
     clusters: int = 0
     gamma: float = 1.0
+    theta: float = 0.5
+    beta: float = 1.0
     local_frac: float = 1.0
     sigma_mode: str = "global"
     sys_het: str = "none"
@@ -197,6 +206,8 @@ _PARSE = {
     "eta": lambda k, v: _as_float(k, v, lo=0.0),
     "clusters": lambda k, v: _as_int(k, v, 0),
     "gamma": lambda k, v: _as_float(k, v, lo=0.0, hi=1.0, lo_open=True),
+    "theta": lambda k, v: _as_float(k, v, lo=0.0, hi=1.0, lo_open=True, hi_open=True),
+    "beta": lambda k, v: _as_float(k, v, lo=0.0, lo_open=True),
     "omega-every": lambda k, v: _as_int(k, v, 0),
     "omega-eps": lambda k, v: _as_float(k, v, lo=0.0, hi=1.0, lo_open=True, hi_open=True),
     "local-frac": lambda k, v: _as_float(k, v, lo=0.0, lo_open=True),

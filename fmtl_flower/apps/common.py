@@ -20,7 +20,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from ..clients.mocha import default_task_id, make_mocha_client_app
-from ..config import ConfigError, RunConfig
+from ..config import FEDERATED, ConfigError, RunConfig
 from ..data import FederatedDataset, load_dataset_cached
 from ..strategies.mocha import Mocha
 
@@ -56,12 +56,14 @@ def make_client_app(config: RunConfig | None = None) -> ClientApp:
 
 def strategy_from_config(cfg: RunConfig, num_tasks: int,
                          on_round: Callable[[dict[str, Any]], None] | None = None) -> Mocha:
-    """A :class:`Mocha` strategy configured by ``cfg`` (lambda must be a number)."""
+    """The :class:`Mocha` strategy configured by ``cfg`` (lambda must be a number); its local
+    solver is ``cfg.strategy`` (mocha, cocoa or mb-sdca)."""
     if cfg.lam == "cv":
         raise ConfigError("lambda=cv is a cross-validation sweep run by `fmtl run` before the "
                           "federation starts; a ServerApp needs a number (e.g. lambda=1e-3)")
     return Mocha(num_tasks, lam=float(cfg.lam), omega=cfg.omega, omega_every=cfg.omega_every,
-                 omega_eps=cfg.omega_eps, **formulation_options(cfg),
+                 omega_eps=cfg.omega_eps, **formulation_options(cfg), method=cfg.strategy,
+                 theta=cfg.theta, beta=cfg.beta,
                  local_frac=cfg.local_frac, sigma_mode=cfg.sigma_mode, sys_het=cfg.sys_het,
                  sys_het_base=cfg.sys_het_base, drop_prob=cfg.drop_prob,
                  eval_every=cfg.eval_every, network=cfg.network, time_model=cfg.time_model,
@@ -111,9 +113,9 @@ def make_server_app(config: RunConfig | None = None,
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         cfg = config_from_context(context, config)
-        if cfg.strategy != "mocha":
+        if cfg.strategy not in FEDERATED:
             raise ConfigError(f"strategy={cfg.strategy} is a centralised baseline: run it with "
-                              "`fmtl run`; a Flower federation runs strategy=mocha")
+                              f"`fmtl run`; a Flower federation runs one of {FEDERATED}")
         num_tasks = cfg.num_tasks or dataset_for(cfg).num_tasks
         strategy = strategy_from_config(cfg, num_tasks, on_round)
         strategy.start(grid=grid, num_rounds=cfg.num_server_rounds, timeout=cfg.round_timeout)

@@ -28,6 +28,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from ..core.baselines import cocoa_local_update, mbsdca_local_update
 from ..core.hinge import classification_errors, hinge_conjugate_value, mean_hinge_loss
 from ..core.rng import coordinate_order
 from ..core.sdca import sdca_local_update
@@ -88,6 +89,8 @@ def _cfg(config: ConfigRecord, key: str, kind: type) -> Any:
         value = float(value)
         if not math.isfinite(value):
             raise ValueError(f"message config {key!r} is not finite: {value!r}")
+    if kind is str and not isinstance(value, str):
+        raise ValueError(f"message config {key!r} must be a string, got {value!r}")
     if kind is bool and not isinstance(value, bool):
         raise ValueError(f"message config {key!r} must be a bool, got {value!r}")
     return value
@@ -171,19 +174,13 @@ class MochaClient:
             raise ValueError("last-accepted-round must precede server-round in a train message")
         alpha, committed, state_ok = self._reconcile(context, task, config)
         metrics = self._metrics(task, w, alpha, config, state_ok)
+        method = _cfg(config, "method", str) if "method" in config else "mocha"
         steps = 0 if dropped else budget
         if steps == 0:
             d_alpha, d_b = np.zeros(task.n), np.zeros(task.dim)
         else:
-            order = coordinate_order(seed, task.task_id, server_round, task.n)
-            d_alpha, d_b = sdca_local_update(
-                task.X, task.y, alpha, w, budget=budget, m_tt=m_tt, sigma_prime=sigma_p,
-                order=order, sqnorm=task.sqnorm)
-            gamma = _cfg(config, "gamma", float) if "gamma" in config else 1.0
-            if not 0.0 < gamma <= 1.0:
-                raise ValueError(f"gamma must be in (0, 1], got {gamma}")
-            if gamma != 1.0:  # aggregation parameter (appendix D.1): apply a gamma-step
-                d_alpha, d_b = gamma * d_alpha, gamma * d_b
+            d_alpha, d_b, steps = self._local_update(method, task, alpha, w, config, budget,
+                                                     m_tt, sigma_p, seed, server_round)
         metrics["round"] = server_round
         metrics["steps"] = steps
         reply = RecordDict({"arrays": ArrayRecord({"delta-b": to_array(d_b)}),
@@ -200,6 +197,39 @@ class MochaClient:
         metrics["round"] = _cfg(config, "server-round", int)
         self._write_state(context, task, alpha, committed, None, -1)
         return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+
+    @staticmethod
+    def _local_update(method: str, task: LocalTask, alpha: np.ndarray, w: np.ndarray,
+                      config: ConfigRecord, budget: int, m_tt: float, sigma_p: float, seed: int,
+                      server_round: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """The local solver of ``method``; returns (d_alpha, d_b, steps done), scaled."""
+        order = coordinate_order(seed, task.task_id, server_round, task.n)
+        if method == "mocha":
+            d_alpha, d_b = sdca_local_update(
+                task.X, task.y, alpha, w, budget=budget, m_tt=m_tt, sigma_prime=sigma_p,
+                order=order, sqnorm=task.sqnorm)
+            steps = budget
+        elif method == "cocoa":
+            theta = _cfg(config, "theta", float)
+            d_alpha, d_b, steps, _ = cocoa_local_update(
+                task.X, task.y, alpha, w, m_tt=m_tt, sigma_prime=sigma_p, theta=theta,
+                max_steps=budget, order=order, sqnorm=task.sqnorm)
+        elif method == "mb-sdca":
+            scale = _cfg(config, "scale", float)
+            if not 0.0 <= scale <= 1.0:
+                raise ValueError(f"scale must be in [0, 1], got {scale}")
+            steps = min(budget, task.n)
+            d_alpha, d_b = mbsdca_local_update(task.X, task.y, alpha, w, m_tt=m_tt,
+                                               budget=steps, order=order, sqnorm=task.sqnorm)
+            d_alpha, d_b = scale * d_alpha, scale * d_b
+        else:
+            raise ValueError(f"unknown method {method!r}")
+        gamma = _cfg(config, "gamma", float) if "gamma" in config else 1.0
+        if not 0.0 < gamma <= 1.0:
+            raise ValueError(f"gamma must be in (0, 1], got {gamma}")
+        if gamma != 1.0:  # aggregation parameter (appendix D.1): apply a gamma-step
+            d_alpha, d_b = gamma * d_alpha, gamma * d_b
+        return d_alpha, d_b, int(steps)
 
     # -- helpers ----------------------------------------------------------------------------
     @staticmethod

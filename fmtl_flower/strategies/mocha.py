@@ -15,7 +15,10 @@ query ``whoami`` (server -> node): empty ``config``. Reply: ConfigRecord ``info`
     diagonal entry (K^-1)_tt), ``sigma-prime`` float > 0, ``budget`` int >= 0 (coordinate
     steps), ``seed`` int, ``dropped`` bool (simulated drop-out: do no work), ``eval`` bool
     (also report test errors of w_t), optional ``gamma`` float in (0, 1] (default 1: the
-    device applies and sends gamma * d_alpha, gamma * d_b).
+    device applies and sends gamma * d_alpha, gamma * d_b), optional ``method`` str
+    (``mocha`` by default; ``cocoa`` with ``theta`` float: SDCA until the local gap falls by
+    theta, ``budget`` is the cap; ``mb-sdca`` with ``scale`` float: stale-model steps on
+    ``budget`` distinct samples, update scaled by ``scale``).
     Reply: arrays ``delta-b`` float64 (d,) = X_t^T d_alpha / n_t; metrics ``task-id``,
     ``round`` (= server-round), ``n-train``, ``state-ok`` (0/1: 0 = the device restarted from
     alpha = 0), ``loss-mean`` (mean hinge loss at the w_t received), ``dual-mean``
@@ -52,6 +55,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from ..centralized import omega_step_due
+from ..core.baselines import mbsdca_scale
 from ..core.formulations import FORMULATIONS, SIGMA_MODES, make_formulation
 from ..core.mocha import MochaServerState
 from ..core.omega import DEFAULT_OMEGA_EPS
@@ -61,6 +65,7 @@ from ..systems.timing import deadline_budgets, get_network, round_time
 from ..wire import from_array, to_array
 
 RoundCallback = Callable[[dict[str, Any]], None]
+DUAL_METHODS = ("mocha", "cocoa", "mb-sdca")
 
 
 class ReplyError(ValueError):
@@ -104,6 +109,16 @@ class Mocha(Strategy):
     gamma : float
         Aggregation parameter in (0, 1] (appendix D.1): devices apply gamma * d_alpha and the
         server gamma * d_b; sigma' scales with gamma.
+    method : {"mocha", "cocoa", "mb-sdca"}
+        The local solver on the same primal-dual machinery: MOCHA's SDCA for a budget of
+        steps; CoCoA's SDCA until the true local subproblem gap is <= ``theta`` times its
+        value at the start (the budget is then a cap); or mini-batch SDCA at the stale model
+        (at most n_t distinct samples), every update scaled by min(1, ``beta`` / b) with b the
+        round's total number of steps (:mod:`fmtl_flower.core.baselines`).
+    theta : float
+        CoCoA's relative local accuracy, in (0, 1).
+    beta : float
+        Mb-SDCA's aggregation parameter (> 0).
     local_frac : float
         Local coordinate steps per round as a fraction of n_t (when ``sys_het="none"``).
     sigma_mode : {"global", "per-task", "spectral"}
@@ -145,6 +160,9 @@ class Mocha(Strategy):
         eta: float | None = None,
         clusters: int | None = None,
         gamma: float = 1.0,
+        method: str = "mocha",
+        theta: float = 0.5,
+        beta: float = 1.0,
         local_frac: float = 1.0,
         sigma_mode: str = "global",
         sys_het: str = "none",
@@ -167,6 +185,12 @@ class Mocha(Strategy):
         if omega not in FORMULATIONS:
             raise ValueError(f"omega must be one of {tuple(FORMULATIONS)}, got {omega!r}")
         make_formulation(omega, int(num_tasks), lam=lam, **self.formulation_options)
+        if method not in DUAL_METHODS:
+            raise ValueError(f"method must be one of {DUAL_METHODS}, got {method!r}")
+        if not 0.0 < theta < 1.0:
+            raise ValueError(f"theta must be in (0, 1), got {theta!r}")
+        if not beta > 0.0:
+            raise ValueError(f"beta must be > 0, got {beta!r}")
         if sigma_mode not in SIGMA_MODES:
             raise ValueError(f"sigma_mode must be one of {SIGMA_MODES}, got {sigma_mode!r}")
         if not (isinstance(omega_eps, int | float) and 0 < omega_eps < 1):
@@ -184,6 +208,9 @@ class Mocha(Strategy):
         self.omega_every = int(omega_every)
         self.omega_eps = float(omega_eps)
         self.gamma = float(gamma)
+        self.method = method
+        self.theta = float(theta)
+        self.beta = float(beta)
         self.local_frac = float(local_frac)
         self.sigma_mode = sigma_mode
         self.sys_het = sys_het
@@ -208,6 +235,7 @@ class Mocha(Strategy):
         self._sent: dict[int, int] = {}
         self._round_start = 0.0
         self._dropped_now = np.zeros(self.num_tasks, dtype=bool)
+        self._scale = 1.0
         self._duplicates: dict[int, int] = {}  # node -> task it claims while another holds it
 
     # ------------------------------------------------------------------ Strategy interface
@@ -248,9 +276,14 @@ class Mocha(Strategy):
                                        sys_het=self.sys_het, base=self.sys_het_base,
                                        seed=self.seed, server_round=server_round)
         budgets[known] = deadline_budgets(budgets[known], self.clock_cycle, self.state.dim,
-                                          "mocha", self.network, model=self.time_model)
+                                          self.method, self.network, model=self.time_model,
+                                          n=self.n_train[known] if self.method == "cocoa"
+                                          else None)
         self._dropped_now = drop_mask(self.num_tasks, self.drop_prob, seed=self.seed,
                                       server_round=server_round)
+        if self.method == "mb-sdca":  # distinct samples; s = min(1, beta / total steps)
+            budgets = np.minimum(budgets, self.n_train)
+            self._scale = mbsdca_scale(self.beta, int(budgets[~self._dropped_now].sum()))
         evaluate = (server_round - 1) % self.eval_every == 0
         return self._instructions(server_round, MessageType.TRAIN, evaluate, budgets)
 
@@ -286,8 +319,9 @@ class Mocha(Strategy):
         """
         assert self.state is not None
         steps = np.array([accepted[t].get("steps", 0) for t in sorted(accepted)], dtype=np.int64)
-        t_round = round_time(steps, self.state.dim, "mocha", self.network,
-                             clock_cycle=self.clock_cycle, model=self.time_model)
+        n = self.n_train[sorted(accepted)] if self.method == "cocoa" else None
+        t_round = round_time(steps, self.state.dim, self.method, self.network,
+                             clock_cycle=self.clock_cycle, model=self.time_model, n=n)
         if len(accepted) < len(self._sent):
             t_round = self.clock_cycle if self.clock_cycle is not None else self.round_timeout
         return float(t_round)
@@ -401,6 +435,12 @@ class Mocha(Strategy):
             }
             if self.gamma != 1.0:
                 config["gamma"] = self.gamma
+            if self.method != "mocha" and budgets is not None:
+                config["method"] = self.method
+                if self.method == "cocoa":
+                    config["theta"] = self.theta
+                else:
+                    config["scale"] = self._scale
             if budgets is not None:
                 config["budget"] = int(budgets[task])
                 config["dropped"] = bool(self._dropped_now[task])

@@ -373,9 +373,14 @@ def steps_within_deadline(
 
 
 def deadline_budgets(budgets: np.ndarray, clock_cycle: float | None, dim: int, method: str,
-                     network: NetworkLike, *, model: str = "physical") -> np.ndarray:
-    """``budgets`` capped by what each node can do within ``clock_cycle`` (None: unchanged)."""
+                     network: NetworkLike, *, model: str = "physical",
+                     n: np.ndarray | None = None) -> np.ndarray:
+    """``budgets`` capped by what each node can do within ``clock_cycle`` (None: unchanged).
+
+    ``n`` (the nodes' sample counts) is needed for CoCoA, whose gap checks cost a pass each.
+    """
     budgets = np.asarray(budgets, dtype=np.int64)
     if clock_cycle is None or len(budgets) == 0:
         return budgets
-    return steps_within_deadline(clock_cycle, dim, method, network, budgets=budgets, model=model)
+    return steps_within_deadline(clock_cycle, dim, method, network, budgets=budgets, model=model,
+                                 n=n)

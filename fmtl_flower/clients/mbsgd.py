@@ -1,0 +1,165 @@
+"""ClientApp handlers of mini-batch SGD (the MOCHA paper's Mb-SGD baseline) on one device.
+
+The wire contract (keys, shapes, dtypes) is documented in :mod:`fmtl_flower.strategies.mbsgd`.
+Mb-SGD is a primal method: the device keeps no state between rounds (nothing in
+``context.state``). In every round it receives its model w_t, reports the mean hinge loss at
+w_t and sends the *sum* of the hinge subgradients at w_t over a mini-batch of ``budget``
+distinct samples, visited in the order ``coordinate_order(seed, task_id, server_round, n)``
+(:func:`fmtl_flower.core.baselines.mbsgd_local_gradient`); the server divides by the count
+and adds the regulariser's gradient.
+
+Data loading, validation and the ``whoami`` reply are MOCHA's
+(:class:`fmtl_flower.clients.mocha.MochaClient`): the same loaders and node configs serve
+both strategies.
+
+Build an Mb-SGD ClientApp over your own data with :func:`make_mbsgd_client_app`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from ..core.baselines import mbsgd_local_gradient
+from ..core.hinge import classification_errors, mean_hinge_loss
+from ..core.rng import coordinate_order
+from ..wire import from_array, to_array
+from .mocha import DataLoader, LocalTask, MochaClient, TaskIdFn, default_task_id
+
+__all__ = ["MbSgdClient", "default_task_id", "make_mbsgd_client_app"]
+
+
+def _config_value(config: ConfigRecord, key: str, kind: type) -> Any:
+    """``config[key]`` checked to be of ``kind`` (int, float or bool; no bool for numbers)."""
+    if key not in config:
+        raise ValueError(f"message config lacks {key!r}")
+    value = config[key]
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ValueError(f"message config {key!r} must be an int, got {value!r}")
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"message config {key!r} must be a number, got {value!r}")
+        value = float(value)
+        if not math.isfinite(value):
+            raise ValueError(f"message config {key!r} is not finite: {value!r}")
+    if kind is bool and not isinstance(value, bool):
+        raise ValueError(f"message config {key!r} must be a bool, got {value!r}")
+    return value
+
+
+class MbSgdClient:
+    """Mb-SGD's device-side handlers over a user-supplied data loader.
+
+    Parameters
+    ----------
+    load_data : callable
+        ``load_data(context)`` returns ``(X, y)`` or ``(X, y, X_test, y_test)``: samples as
+        rows, labels in {-1, +1}. Called once per node and run, then cached (the loader
+        contract of :func:`fmtl_flower.clients.mocha.make_mocha_client_app`).
+    task_id : callable, optional
+        ``task_id(context) -> int``; default :func:`default_task_id`.
+    """
+
+    def __init__(self, load_data: DataLoader, task_id: TaskIdFn | None = None) -> None:
+        self._data = MochaClient(load_data, task_id)
+
+    # -- data -------------------------------------------------------------------------------
+    def local_task(self, context: Context) -> LocalTask:
+        """The node's validated task data (loaded once per node and run)."""
+        return self._data.local_task(context)
+
+    # -- handlers ---------------------------------------------------------------------------
+    def whoami(self, msg: Message, context: Context) -> Message:
+        """Reply with the task id and the sizes the server needs (MOCHA's reply, no data)."""
+        return self._data.whoami(msg, context)
+
+    def train(self, msg: Message, context: Context) -> Message:
+        """Report the loss at w_t and send the summed hinge subgradient over a mini-batch."""
+        task = self.local_task(context)
+        config, w = self._read_instruction(msg, task)
+        server_round = _config_value(config, "server-round", int)
+        budget = _config_value(config, "budget", int)
+        seed = _config_value(config, "seed", int)
+        dropped = _config_value(config, "dropped", bool)
+        if server_round < 1:
+            raise ValueError(f"server-round must be >= 1, got {server_round}")
+        if not 0 <= budget <= task.n:
+            raise ValueError(f"budget must be in 0..n-train ({task.n}): a mini-batch is a set "
+                             f"of distinct samples; got {budget}")
+        metrics = self._metrics(task, w, config)
+        if dropped or budget == 0:
+            grad, count = np.zeros(task.dim), 0
+        else:
+            order = coordinate_order(seed, task.task_id, server_round, task.n)
+            grad, count = mbsgd_local_gradient(task.X, task.y, w, budget=budget, order=order)
+        metrics["round"] = server_round
+        metrics["count"] = int(count)
+        reply = RecordDict({"arrays": ArrayRecord({"grad": to_array(grad)}),
+                            "metrics": MetricRecord(metrics)})
+        return Message(reply, reply_to=msg)
+
+    def evaluate(self, msg: Message, context: Context) -> Message:
+        """Report the mean hinge loss (and with ``eval``, the test errors) at w_t."""
+        task = self.local_task(context)
+        config, w = self._read_instruction(msg, task)
+        metrics = self._metrics(task, w, config)
+        metrics["round"] = _config_value(config, "server-round", int)
+        return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+
+    # -- helpers ----------------------------------------------------------------------------
+    @staticmethod
+    def _read_instruction(msg: Message, task: LocalTask) -> tuple[ConfigRecord, np.ndarray]:
+        content = msg.content
+        if "config" not in content or "arrays" not in content:
+            raise ValueError("Mb-SGD message needs 'config' and 'arrays' records")
+        config = content["config"]
+        tid = _config_value(config, "task-id", int)
+        if tid != task.task_id:
+            raise ValueError(f"message for task {tid} reached the node of task {task.task_id}")
+        arrays = content["arrays"]
+        if "w" not in arrays:
+            raise ValueError("Mb-SGD message lacks array 'w'")
+        w = from_array(arrays["w"])
+        if w.dtype != np.float64 or w.shape != (task.dim,) or not np.all(np.isfinite(w)):
+            raise ValueError(f"'w' must be finite float64 of shape ({task.dim},), "
+                             f"got {w.dtype} {w.shape}")
+        return config, w
+
+    @staticmethod
+    def _metrics(task: LocalTask, w: np.ndarray, config: ConfigRecord) -> dict[str, int | float]:
+        out: dict[str, int | float] = {
+            "task-id": task.task_id,
+            "n-train": task.n,
+            "loss-mean": mean_hinge_loss(task.X, task.y, w),
+        }
+        if "eval" in config and _config_value(config, "eval", bool):
+            out["test-errors"] = classification_errors(task.X_test, task.y_test, w)
+            out["test-n"] = int(task.X_test.shape[0])
+        return out
+
+
+def make_mbsgd_client_app(load_data: DataLoader, task_id: TaskIdFn | None = None) -> ClientApp:
+    """Build a ready Mb-SGD ClientApp over your own data.
+
+    Parameters
+    ----------
+    load_data : callable
+        ``load_data(context) -> (X, y)`` or ``(X, y, X_test, y_test)`` for this node.
+    task_id : callable, optional
+        ``task_id(context) -> int``; default: node config ``task-id``, else ``partition-id``.
+
+    Examples
+    --------
+    >>> app = make_mbsgd_client_app(lambda ctx: my_arrays(ctx.node_config["partition-id"]))
+    """
+    client = MbSgdClient(load_data, task_id)
+    app = ClientApp()
+    app.query("whoami")(client.whoami)
+    app.train()(client.train)
+    app.evaluate()(client.evaluate)
+    app.mbsgd_client = client  # type: ignore[attr-defined]  # for tests and introspection
+    return app
