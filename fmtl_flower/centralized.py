@@ -35,6 +35,7 @@ class MochaFit:
     state: MochaServerState
     alphas: list[np.ndarray]
     history: list[dict] = field(default_factory=list)
+    steps: list[np.ndarray] = field(default_factory=list)  # per round: steps of every task
 
     @property
     def W(self) -> np.ndarray:
@@ -117,6 +118,7 @@ def fit_mocha(
         m_diag = state.m_diag()
         sigma_p = state.sigma_prime(sigma_mode)
         delta_B = np.zeros((dim, m))
+        steps = np.zeros(m, dtype=np.int64)
         for t, (X, y) in enumerate(tasks):
             if dropped[t] or budgets[t] == 0:
                 continue
@@ -127,7 +129,7 @@ def fit_mocha(
                     X, y, alphas[t], w_t, budget=int(budgets[t]), m_tt=float(m_diag[t]),
                     sigma_prime=float(sigma_p[t]), order=order, sqnorm=sqnorms[t])
             elif method == "cocoa":
-                d_alpha, d_b, _, _ = cocoa_local_update(
+                d_alpha, d_b, steps[t], _ = cocoa_local_update(
                     X, y, alphas[t], w_t, m_tt=float(m_diag[t]), sigma_prime=float(sigma_p[t]),
                     theta=theta, max_steps=int(budgets[t]), order=order, sqnorm=sqnorms[t])
             else:
@@ -135,10 +137,13 @@ def fit_mocha(
                                                    budget=int(budgets[t]), order=order,
                                                    sqnorm=sqnorms[t])
                 d_alpha, d_b = scale * d_alpha, scale * d_b
+            if method != "cocoa":
+                steps[t] = budgets[t]
             if gamma != 1.0:
                 d_alpha, d_b = gamma * d_alpha, gamma * d_b
             delta_B[:, t] = d_b
             alphas[t] = alphas[t] + d_alpha
+        fit.steps.append(steps)
         state.add_updates(all_tasks, delta_B)
         if omega_step_due(r, omega_every, rounds):
             state.omega_step()

@@ -13,6 +13,7 @@ from typing import Any
 
 REPRODUCTIONS = {
     "mocha-table1": "fmtl_flower.experiments.mocha_table1",
+    "mocha-fig1": "fmtl_flower.experiments.mocha_fig1",
 }
 
 

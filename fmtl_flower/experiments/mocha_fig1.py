@@ -1,0 +1,181 @@
+"""MOCHA paper, Figure 1: primal sub-optimality of the W-update vs estimated time.
+
+As in the paper, Omega is fixed (``identity``: K = lambda m I) and every method minimises the
+same P(W) = sum_t mean hinge_t(w_t) + (lambda/2) m |W|_F^2 from W = 0 (lambda = 1e-4):
+
+* MOCHA: SDCA on each device for ``local-frac`` x n_t coordinate steps per round;
+* CoCoA: SDCA until each device's true local gap falls by ``theta`` (capped);
+* Mb-SDCA: stale-model SDCA on a mini-batch of half of each device's data, scaled by beta / b;
+* Mb-SGD: stale-model hinge subgradients on half of each device's data, projected step
+  1 / (lambda_min(K) h) (Pegasos).
+
+The trajectories come from :func:`fmtl_flower.centralized.fit_mocha` (bit-identical to the
+federation) and a direct Mb-SGD loop over :mod:`fmtl_flower.core.baselines`; the time axis is
+the estimated-time model of :mod:`fmtl_flower.systems.timing` (eq. 30) for each network, with
+the per-device steps each round actually took. The optimum P* decouples into per-task SVMs
+(c = lambda m), solved to a relative duality gap of 1e-12.
+
+Writes ``mocha-fig1.json`` with ``{"rows": [{"dataset", "method", "network", "round",
+"estimated_time_s", "primal_suboptimality"}], "optimum": {dataset: P*}, "summary": [...]}``
+(``summary``: estimated time each method needs to reach sub-optimality 1e-2 and 1e-3 of P*),
+a CSV of the rows and a plot (one panel per network).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..centralized import fit_mocha
+from ..core.baselines import (
+    mbsgd_local_gradient,
+    mbsgd_radius,
+    mbsgd_server_step,
+    mbsgd_step_size,
+)
+from ..core.hinge import mean_hinge_loss
+from ..core.rng import coordinate_order
+from ..core.svm import fit_linear_svm
+from ..data import load_dataset
+from ..systems.heterogeneity import local_budgets
+from ..systems.timing import round_time
+from .output import write_outputs
+
+NAME = "mocha-fig1"
+METHODS = ("mocha", "cocoa", "mb-sdca", "mb-sgd")
+NETWORKS = ("wifi", "lte", "3g")
+LAM = 1e-4
+logger = logging.getLogger("fmtl_flower")
+
+
+def optimum(tasks: list[tuple[np.ndarray, np.ndarray]], lam: float) -> float:
+    """P* of the decoupled problem (Omega = m I): sum of per-task SVM optima, c = lam m."""
+    c = lam * len(tasks)
+    total = 0.0
+    for X, y in tasks:
+        w, _ = fit_linear_svm(X, y, c, tol=1e-12, max_epochs=200000, check_every=20)
+        total += mean_hinge_loss(X, y, w) + 0.5 * c * float(w @ w)
+    return total
+
+
+def run_mbsgd(tasks, lam: float, rounds: int, frac: float,
+              seed: int) -> tuple[list[float], list[np.ndarray]]:
+    """Mb-SGD from W = 0: primal after each round and the per-task sample counts."""
+    m, d = len(tasks), tasks[0][0].shape[1]
+    n = np.array([X.shape[0] for X, _ in tasks])
+    K = lam * m * np.eye(m)
+    radius = mbsgd_radius(K)
+    beta = 1.0 / (lam * m)
+    W = np.zeros((d, m))
+    primal, counts_per_round = [primal_value(W, tasks, lam)], []
+    for r in range(1, rounds + 1):
+        budgets = local_budgets(n, local_frac=frac, seed=seed, server_round=r)
+        G, counts = np.zeros((d, m)), np.zeros(m, dtype=np.int64)
+        for t, (X, y) in enumerate(tasks):
+            G[:, t], counts[t] = mbsgd_local_gradient(
+                X, y, W[:, t].copy(), budget=int(min(budgets[t], n[t])),
+                order=coordinate_order(seed, t, r, int(n[t])))
+        W = mbsgd_server_step(W, G, K, counts=counts,
+                              step=mbsgd_step_size(r, beta=beta), radius=radius)
+        primal.append(primal_value(W, tasks, lam))
+        counts_per_round.append(counts)
+    return primal, counts_per_round
+
+
+def primal_value(W: np.ndarray, tasks, lam: float) -> float:
+    """P(W) with Omega = m I."""
+    m = len(tasks)
+    loss = sum(mean_hinge_loss(X, y, W[:, t]) for t, (X, y) in enumerate(tasks))
+    return float(loss + 0.5 * lam * m * np.sum(W * W))
+
+
+def trajectories(tasks, rounds: dict[str, int], seed: int) -> dict[str, dict[str, Any]]:
+    """Primal per round and per-round steps of every method."""
+    out = {}
+    for method in ("mocha", "cocoa", "mb-sdca"):
+        kwargs = {"mocha": {"local_frac": 1.0},
+                  "cocoa": {"local_frac": 20.0, "theta": 0.5},
+                  "mb-sdca": {"local_frac": 0.5, "beta": 10.0}}[method]
+        fit = fit_mocha(tasks, lam=LAM, rounds=rounds[method], omega="identity", omega_every=0,
+                        method=method, seed=seed, record_every=1, **kwargs)
+        out[method] = {"primal": [h["primal"] for h in fit.history], "steps": fit.steps}
+    primal, counts = run_mbsgd(tasks, LAM, rounds["mb-sgd"], 0.5, seed)
+    out["mb-sgd"] = {"primal": primal, "steps": counts}
+    return out
+
+
+def run(out_dir: Path, quick: bool = False, datasets: list[str] | None = None,
+        shuffles: int | None = None) -> dict[str, Any]:
+    """Run the experiment and write the outputs (see the module docstring)."""
+    datasets = list(datasets or (["small"] if quick else ["small", "synthetic"]))
+    rounds = ({"mocha": 60, "cocoa": 30, "mb-sdca": 100, "mb-sgd": 100} if quick else
+              {"mocha": 2000, "cocoa": 500, "mb-sdca": 5000, "mb-sgd": 5000})
+    rows, optima, summary = [], {}, []
+    for dataset in datasets:
+        data = load_dataset(dataset, seed=0, test_frac=0.0)
+        tasks = [(t.X_train, t.y_train) for t in data.tasks]
+        p_star = optimum(tasks, LAM)
+        optima[dataset] = p_star
+        traj = trajectories(tasks, rounds, seed=0)
+        for method, tr in traj.items():
+            for network in NETWORKS:
+                times = np.concatenate([[0.0], np.cumsum([
+                    round_time(steps, data.dim, method, network, model="reference",
+                               n=data.n_train if method == "cocoa" else None)
+                    for steps in tr["steps"]])])
+                sub = (np.array(tr["primal"]) - p_star) / p_star
+                keep = np.unique(np.linspace(0, len(sub) - 1, 200).astype(int))
+                rows.extend({"dataset": dataset, "method": method, "network": network,
+                             "round": int(k), "estimated_time_s": float(times[k]),
+                             "primal_suboptimality": float(sub[k])} for k in keep)
+                for target in (1e-2, 1e-3):
+                    hit = np.flatnonzero(sub <= target)
+                    summary.append({"dataset": dataset, "method": method, "network": network,
+                                    "target": target,
+                                    "time_s": float(times[hit[0]]) if len(hit) else None,
+                                    "rounds": int(hit[0]) if len(hit) else None})
+        logger.info("%s: P* = %.6f; %s", dataset, p_star, ", ".join(
+            f"{m} {(tr['primal'][-1] - p_star) / p_star:.1e} after {len(tr['primal']) - 1} "
+            "rounds" for m, tr in traj.items()))
+    payload = {"rows": rows, "optimum": optima, "summary": summary,
+               "config": {"datasets": datasets, "lambda": LAM, "rounds": rounds,
+                          "time_model": "reference", "quick": quick}}
+    write_outputs(Path(out_dir), NAME, payload, plot)
+    return payload
+
+
+def plot(fig: Any, payload: dict[str, Any]) -> None:
+    """One panel per network: relative primal sub-optimality vs estimated time, log scale."""
+    dataset = payload["config"]["datasets"][0]
+    for i, network in enumerate(NETWORKS):
+        ax = fig.add_subplot(1, len(NETWORKS), i + 1)
+        for method in METHODS:
+            pts = [r for r in payload["rows"] if r["dataset"] == dataset
+                   and r["method"] == method and r["network"] == network
+                   and r["primal_suboptimality"] > 0]
+            ax.semilogy([r["estimated_time_s"] for r in pts],
+                        [r["primal_suboptimality"] for r in pts], label=method)
+        ax.set_title(f"{dataset}: {network}")
+        ax.set_xlabel("estimated time (s)")
+        if i == 0:
+            ax.set_ylabel("(P - P*) / P*")
+            ax.legend(fontsize=7)
+
+
+def format_table(payload: dict[str, Any]) -> str:
+    """Estimated time to reach relative sub-optimality 1e-2 / 1e-3, per method and network."""
+    lines = [f"{'dataset':10s} {'network':7s} {'target':>7s} "
+             + " ".join(f"{m:>10s}" for m in METHODS)]
+    keys = dict.fromkeys((s["dataset"], s["network"], s["target"]) for s in payload["summary"])
+    for dataset, network, target in keys:
+        cells = []
+        for method in METHODS:
+            s = next(s for s in payload["summary"] if (s["dataset"], s["network"], s["target"],
+                                                        s["method"]) == (dataset, network,
+                                                                         target, method))
+            cells.append(f"{s['time_s']:10.4g}" if s["time_s"] is not None else f"{'-':>10s}")
+        lines.append(f"{dataset:10s} {network:7s} {target:7.0e} " + " ".join(cells))
+    return "\n".join(lines)
