@@ -14,6 +14,8 @@ from typing import Any
 REPRODUCTIONS = {
     "mocha-table1": "fmtl_flower.experiments.mocha_table1",
     "mocha-fig1": "fmtl_flower.experiments.mocha_fig1",
+    "mocha-fig2": "fmtl_flower.experiments.mocha_fig2",
+    "mocha-fig3": "fmtl_flower.experiments.mocha_fig3",
 }
 
 

@@ -27,69 +27,15 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ..centralized import fit_mocha
-from ..core.baselines import (
-    mbsgd_local_gradient,
-    mbsgd_radius,
-    mbsgd_server_step,
-    mbsgd_step_size,
-)
-from ..core.hinge import mean_hinge_loss
-from ..core.rng import coordinate_order
-from ..core.svm import fit_linear_svm
 from ..data import load_dataset
-from ..systems.heterogeneity import local_budgets
-from ..systems.timing import round_time
+from .optimization import NETWORKS, cumulative_time, curve_rows, optimum, run_mbsgd
 from .output import write_outputs
 
 NAME = "mocha-fig1"
 METHODS = ("mocha", "cocoa", "mb-sdca", "mb-sgd")
-NETWORKS = ("wifi", "lte", "3g")
 LAM = 1e-4
 logger = logging.getLogger("fmtl_flower")
-
-
-def optimum(tasks: list[tuple[np.ndarray, np.ndarray]], lam: float) -> float:
-    """P* of the decoupled problem (Omega = m I): sum of per-task SVM optima, c = lam m."""
-    c = lam * len(tasks)
-    total = 0.0
-    for X, y in tasks:
-        w, _ = fit_linear_svm(X, y, c, tol=1e-12, max_epochs=200000, check_every=20)
-        total += mean_hinge_loss(X, y, w) + 0.5 * c * float(w @ w)
-    return total
-
-
-def run_mbsgd(tasks, lam: float, rounds: int, frac: float,
-              seed: int) -> tuple[list[float], list[np.ndarray]]:
-    """Mb-SGD from W = 0: primal after each round and the per-task sample counts."""
-    m, d = len(tasks), tasks[0][0].shape[1]
-    n = np.array([X.shape[0] for X, _ in tasks])
-    K = lam * m * np.eye(m)
-    radius = mbsgd_radius(K)
-    beta = 1.0 / (lam * m)
-    W = np.zeros((d, m))
-    primal, counts_per_round = [primal_value(W, tasks, lam)], []
-    for r in range(1, rounds + 1):
-        budgets = local_budgets(n, local_frac=frac, seed=seed, server_round=r)
-        G, counts = np.zeros((d, m)), np.zeros(m, dtype=np.int64)
-        for t, (X, y) in enumerate(tasks):
-            G[:, t], counts[t] = mbsgd_local_gradient(
-                X, y, W[:, t].copy(), budget=int(min(budgets[t], n[t])),
-                order=coordinate_order(seed, t, r, int(n[t])))
-        W = mbsgd_server_step(W, G, K, counts=counts,
-                              step=mbsgd_step_size(r, beta=beta), radius=radius)
-        primal.append(primal_value(W, tasks, lam))
-        counts_per_round.append(counts)
-    return primal, counts_per_round
-
-
-def primal_value(W: np.ndarray, tasks, lam: float) -> float:
-    """P(W) with Omega = m I."""
-    m = len(tasks)
-    loss = sum(mean_hinge_loss(X, y, W[:, t]) for t, (X, y) in enumerate(tasks))
-    return float(loss + 0.5 * lam * m * np.sum(W * W))
 
 
 def trajectories(tasks, rounds: dict[str, int], seed: int) -> dict[str, dict[str, Any]]:
@@ -122,21 +68,12 @@ def run(out_dir: Path, quick: bool = False, datasets: list[str] | None = None,
         traj = trajectories(tasks, rounds, seed=0)
         for method, tr in traj.items():
             for network in NETWORKS:
-                times = np.concatenate([[0.0], np.cumsum([
-                    round_time(steps, data.dim, method, network, model="reference",
-                               n=data.n_train if method == "cocoa" else None)
-                    for steps in tr["steps"]])])
-                sub = (np.array(tr["primal"]) - p_star) / p_star
-                keep = np.unique(np.linspace(0, len(sub) - 1, 200).astype(int))
-                rows.extend({"dataset": dataset, "method": method, "network": network,
-                             "round": int(k), "estimated_time_s": float(times[k]),
-                             "primal_suboptimality": float(sub[k])} for k in keep)
-                for target in (1e-2, 1e-3):
-                    hit = np.flatnonzero(sub <= target)
-                    summary.append({"dataset": dataset, "method": method, "network": network,
-                                    "target": target,
-                                    "time_s": float(times[hit[0]]) if len(hit) else None,
-                                    "rounds": int(hit[0]) if len(hit) else None})
+                times = cumulative_time(tr["steps"], data.dim, method, network,
+                                        n=data.n_train if method == "cocoa" else None)
+                base = {"dataset": dataset, "method": method, "network": network}
+                new_rows, new_summary = curve_rows(base, tr["primal"], times, p_star)
+                rows.extend(new_rows)
+                summary.extend(new_summary)
         logger.info("%s: P* = %.6f; %s", dataset, p_star, ", ".join(
             f"{m} {(tr['primal'][-1] - p_star) / p_star:.1e} after {len(tr['primal']) - 1} "
             "rounds" for m, tr in traj.items()))

@@ -1,0 +1,108 @@
+"""MOCHA paper, Figure 2: optimisation under low and high systems heterogeneity.
+
+Devices differ in speed. In each round, device t can run ``f_t n_min`` coordinate steps in
+the time a full-speed device runs ``n_min``, with f_t drawn from U(0.9, 1) (``low``) or
+U(0.1, 1) (``high``) every round (MOCHA's appendix E.3). MOCHA adapts: device t does exactly
+its budget ``f_t n_min`` (``sys-het``), so no device holds the round up. CoCoA, Mb-SDCA and
+Mb-SGD do the same work as without heterogeneity, and a slow device takes 1 / f_t times as
+long for it: here every device's clock rate is ``f_t`` times the nominal one, and a round
+lasts as long as its slowest device (eq. 30, reference communication costs).
+
+Otherwise as :mod:`.mocha_fig1` (Omega fixed, lambda = 1e-4, P* from per-task SVMs). Writes
+``mocha-fig2.json`` with rows ``{"dataset", "method", "network", "sys_het", "round",
+"estimated_time_s", "primal_suboptimality"}``, ``optimum``, ``summary`` (time to 1e-2 and
+1e-3), a CSV and a plot (lte, one panel per level).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..centralized import fit_mocha
+from ..data import load_dataset
+from ..systems.heterogeneity import local_budgets
+from ..systems.timing import DEFAULT_CLOCK_RATE
+from .mocha_fig1 import LAM, METHODS, trajectories
+from .mocha_fig1 import format_table as _format_table
+from .optimization import NETWORKS, cumulative_time, curve_rows, optimum
+from .output import write_outputs
+
+NAME = "mocha-fig2"
+LEVELS = ("low", "high")
+logger = logging.getLogger("fmtl_flower")
+
+
+def speed_factors(n: np.ndarray, level: str, rounds: int, seed: int) -> list[np.ndarray]:
+    """f_t per round: the sys-het budget as a fraction of n_min (the same draw MOCHA uses)."""
+    n_min = float(n.min())
+    return [local_budgets(n, sys_het=level, seed=seed, server_round=r) / n_min
+            for r in range(1, rounds + 1)]
+
+
+def run(out_dir: Path, quick: bool = False, datasets: list[str] | None = None,
+        shuffles: int | None = None) -> dict[str, Any]:
+    """Run the experiment and write the outputs (see the module docstring)."""
+    datasets = list(datasets or (["small"] if quick else ["small", "synthetic"]))
+    rounds = ({"mocha": 60, "cocoa": 30, "mb-sdca": 100, "mb-sgd": 100} if quick else
+              {"mocha": 2000, "cocoa": 500, "mb-sdca": 5000, "mb-sgd": 5000})
+    rows, optima, summary = [], {}, []
+    for dataset in datasets:
+        data = load_dataset(dataset, seed=0, test_frac=0.0)
+        tasks = [(t.X_train, t.y_train) for t in data.tasks]
+        p_star = optimum(tasks, LAM)
+        optima[dataset] = p_star
+        others = trajectories(tasks, rounds, seed=0)
+        for level in LEVELS:
+            mocha = fit_mocha(tasks, lam=LAM, rounds=rounds["mocha"], omega="identity",
+                              omega_every=0, sys_het=level, seed=0, record_every=1)
+            traj = {**others, "mocha": {"primal": [h["primal"] for h in mocha.history],
+                                        "steps": mocha.steps}}
+            for method, tr in traj.items():
+                factors = speed_factors(data.n_train, level, len(tr["steps"]), seed=0)
+                rates = [DEFAULT_CLOCK_RATE * f for f in factors]
+                for network in NETWORKS:
+                    times = cumulative_time(tr["steps"], data.dim, method, network,
+                                            n=data.n_train if method == "cocoa" else None,
+                                            clock_rate=rates)
+                    base = {"dataset": dataset, "method": method, "network": network,
+                            "sys_het": level}
+                    new_rows, new_summary = curve_rows(base, tr["primal"], times, p_star)
+                    rows.extend(new_rows)
+                    summary.extend(new_summary)
+        logger.info("%s: P* = %.6f", dataset, p_star)
+    payload = {"rows": rows, "optimum": optima, "summary": summary,
+               "config": {"datasets": datasets, "lambda": LAM, "rounds": rounds,
+                          "time_model": "reference", "quick": quick}}
+    write_outputs(Path(out_dir), NAME, payload, plot)
+    return payload
+
+
+def plot(fig: Any, payload: dict[str, Any]) -> None:
+    """lte: one panel per heterogeneity level."""
+    dataset = payload["config"]["datasets"][0]
+    for i, level in enumerate(LEVELS):
+        ax = fig.add_subplot(1, len(LEVELS), i + 1)
+        for method in METHODS:
+            pts = [r for r in payload["rows"] if r["dataset"] == dataset
+                   and r["method"] == method and r["network"] == "lte"
+                   and r["sys_het"] == level and r["primal_suboptimality"] > 0]
+            ax.semilogy([r["estimated_time_s"] for r in pts],
+                        [r["primal_suboptimality"] for r in pts], label=method)
+        ax.set_title(f"{dataset}, lte: {level} heterogeneity")
+        ax.set_xlabel("estimated time (s)")
+        if i == 0:
+            ax.set_ylabel("(P - P*) / P*")
+            ax.legend(fontsize=7)
+
+
+def format_table(payload: dict[str, Any]) -> str:
+    """Time to the targets per level (as :func:`.mocha_fig1.format_table`)."""
+    parts = []
+    for level in LEVELS:
+        sub = {"summary": [s for s in payload["summary"] if s["sys_het"] == level]}
+        parts.append(f"sys-het={level}\n" + _format_table(sub))
+    return "\n".join(parts)

@@ -1,0 +1,104 @@
+"""Shared pieces of the optimisation figures (``mocha-fig1``, ``-fig2``, ``-fig3``).
+
+Every figure follows one W-update (or the full method) from W = 0 and plots the relative
+primal sub-optimality (P - P*) / P* against the estimated time of eq. (30)
+(:mod:`fmtl_flower.systems.timing`): each round lasts as long as its slowest device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..core.baselines import (
+    mbsgd_local_gradient,
+    mbsgd_radius,
+    mbsgd_server_step,
+    mbsgd_step_size,
+)
+from ..core.hinge import mean_hinge_loss
+from ..core.rng import coordinate_order
+from ..core.svm import fit_linear_svm
+from ..systems.heterogeneity import local_budgets
+from ..systems.timing import round_time
+
+NETWORKS = ("wifi", "lte", "3g")
+TARGETS = (1e-2, 1e-3)
+
+
+def optimum(tasks: list[tuple[np.ndarray, np.ndarray]], lam: float) -> float:
+    """P* of the decoupled problem (Omega = m I): sum of per-task SVM optima, c = lam m."""
+    c = lam * len(tasks)
+    total = 0.0
+    for X, y in tasks:
+        w, _ = fit_linear_svm(X, y, c, tol=1e-12, max_epochs=200000, check_every=20)
+        total += mean_hinge_loss(X, y, w) + 0.5 * c * float(w @ w)
+    return total
+
+
+def run_mbsgd(tasks, lam: float, rounds: int, frac: float,
+              seed: int) -> tuple[list[float], list[np.ndarray]]:
+    """Mb-SGD from W = 0: primal after each round and the per-task sample counts."""
+    m, d = len(tasks), tasks[0][0].shape[1]
+    n = np.array([X.shape[0] for X, _ in tasks])
+    K = lam * m * np.eye(m)
+    radius = mbsgd_radius(K)
+    beta = 1.0 / (lam * m)
+    W = np.zeros((d, m))
+    primal, counts_per_round = [primal_value(W, tasks, lam)], []
+    for r in range(1, rounds + 1):
+        budgets = local_budgets(n, local_frac=frac, seed=seed, server_round=r)
+        G, counts = np.zeros((d, m)), np.zeros(m, dtype=np.int64)
+        for t, (X, y) in enumerate(tasks):
+            G[:, t], counts[t] = mbsgd_local_gradient(
+                X, y, W[:, t].copy(), budget=int(min(budgets[t], n[t])),
+                order=coordinate_order(seed, t, r, int(n[t])))
+        W = mbsgd_server_step(W, G, K, counts=counts,
+                              step=mbsgd_step_size(r, beta=beta), radius=radius)
+        primal.append(primal_value(W, tasks, lam))
+        counts_per_round.append(counts)
+    return primal, counts_per_round
+
+
+def primal_value(W: np.ndarray, tasks, lam: float) -> float:
+    """P(W) with Omega = m I."""
+    m = len(tasks)
+    loss = sum(mean_hinge_loss(X, y, W[:, t]) for t, (X, y) in enumerate(tasks))
+    return float(loss + 0.5 * lam * m * np.sum(W * W))
+
+
+def curve_rows(base: dict[str, Any], primal: Sequence[float], times: np.ndarray, p_star: float,
+               points: int = 200) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Rows of one curve (about ``points`` of them) and the time to reach each target."""
+    sub = (np.asarray(primal) - p_star) / p_star
+    keep = np.unique(np.linspace(0, len(sub) - 1, points).astype(int))
+    rows = [{**base, "round": int(k), "estimated_time_s": float(times[k]),
+             "primal_suboptimality": float(sub[k])} for k in keep]
+    summary = []
+    for target in TARGETS:
+        hit = np.flatnonzero(sub <= target)
+        summary.append({**base, "target": target,
+                        "time_s": float(times[hit[0]]) if len(hit) else None,
+                        "rounds": int(hit[0]) if len(hit) else None})
+    return rows, summary
+
+
+def cumulative_time(steps_per_round: Sequence[np.ndarray], dim: int, method: str,
+                    network: str, *, n: np.ndarray | None = None,
+                    clock_rate: np.ndarray | Sequence[np.ndarray] | float = 1.0e9,
+                    participating: Sequence[np.ndarray] | None = None) -> np.ndarray:
+    """Estimated time after each round (0 before the first), reference cost units.
+
+    ``clock_rate`` may give one array of per-device rates per round (systems
+    heterogeneity); ``participating`` one boolean mask per round (drop-outs: a device that
+    sends nothing does not hold the round up).
+    """
+    times = [0.0]
+    for r, steps in enumerate(steps_per_round):
+        rate = clock_rate[r] if isinstance(clock_rate, list | tuple) else clock_rate
+        mask = None if participating is None else participating[r]
+        times.append(round_time(steps, dim, method, network, model="reference", n=n,
+                                clock_rate=rate, participating=mask))
+    return np.cumsum(times)

@@ -1,0 +1,603 @@
+"""Mini-batch SGD (the MOCHA paper's Mb-SGD baseline) as a Flower ``Strategy``.
+
+The objective is MOCHA's W-step (:mod:`fmtl_flower.core.baselines`)
+
+    P(W) = sum_t L_t(w_t) + (1/2) tr(W K W^T),   L_t(w) = (1/n_t) sum_i max(0, 1 - y_ti x_ti^T w),
+
+with K the regulariser matrix of the chosen formulation (:mod:`fmtl_flower.core.formulations`).
+Round h: every task's node sums the hinge subgradients at its w_t over a mini-batch of
+``budget`` distinct samples; the server takes the projected stochastic subgradient step
+(:func:`fmtl_flower.core.baselines.mbsgd_server_step`)
+
+    W <- Proj( W - step_h * ([g_1 / c_1, ..., g_m / c_m] + W K) ),  step_h = mbsgd_step_size(h),
+
+c_t the task's sample count (0 for a task that dropped or did not reply: no loss term), Proj
+onto the Frobenius ball of radius ``mbsgd_radius(K)``, which contains W*. Unlike the
+reference, the regulariser's gradient W K is included and every task's loss gradient is its
+own mean. It is a primal method: devices keep no state, and no dual or duality gap exists.
+
+Wire contract
+-------------
+Every message to a task's node carries a ``config`` ConfigRecord and an ``arrays`` ArrayRecord.
+
+query ``whoami`` (server -> node): empty ``config``. Reply (MOCHA's,
+    :meth:`fmtl_flower.clients.mocha.MochaClient.whoami`): ConfigRecord ``info`` with
+    ``task-id`` (int, 0 <= id < num_tasks), ``n-train`` (int >= 1), ``n-test`` (int >= 0),
+    ``dim`` (int, the same on every node).
+
+``train`` (server -> node):
+    arrays ``w``: float64 (d,), the task's current model w_t = W[:, t];
+    config ``task-id`` int, ``server-round`` int >= 1, ``budget`` int, 0 <= budget <= n-train
+    (mini-batch size: the samples ``order[:budget]``, order =
+    ``coordinate_order(seed, task-id, server-round, n-train)``), ``seed`` int, ``dropped``
+    bool (simulated drop-out: do no work, count 0), ``eval`` bool (also report the test
+    errors of w_t).
+    Reply: arrays ``grad`` float64 (d,), the summed hinge subgradient
+    ``sum_{i in batch} -y_i x_i [y_i x_i^T w_t < 1]`` (all zeros when count is 0); metrics
+    ``task-id`` int, ``round`` int (= server-round), ``n-train`` int, ``count`` int (samples
+    used: 0 if dropped, else ``budget``), ``loss-mean`` float >= 0 (mean hinge loss at the w_t
+    received, over all n-train samples), and with ``eval`` ``test-errors``, ``test-n`` (ints,
+    0 <= test-errors <= test-n).
+
+``evaluate`` (server -> node, once, after the last round): ``w`` and config ``task-id``,
+    ``server-round``, ``seed``, ``eval`` (true); reply: the same metrics without ``count``,
+    no arrays.
+
+Every reply is validated (record and key presence, int metrics typed as ints, finite values,
+``grad`` float64 of shape (d,) and finite, matching task, round and n-train,
+``count <= budget``, ``count == 0`` when dropped, ``grad == 0`` when ``count == 0``); a reply
+that fails counts as a dropped node with a logged reason and leaves W untouched by its term.
+
+Round bookkeeping
+-----------------
+As in :class:`fmtl_flower.strategies.mocha.Mocha`: the losses a node reports in round r are
+at the model after round r - 1, so record k (state after k rounds, k = 0 .. R) is completed
+by round k + 1's replies, and record R by the final ``evaluate`` round. ``primal`` is
+``sum_t loss-mean_t + (1/2) tr(W K W^T)`` of that state (K as it is after any Omega-step of
+round k), and only when every task reported; otherwise None (``tasks_missing`` says which
+tasks were missing). ``dual`` and ``gap`` are always None.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from ..centralized import omega_step_due
+from ..core.baselines import mbsgd_radius, mbsgd_server_step, mbsgd_step_size
+from ..core.formulations import FORMULATIONS, Formulation, make_formulation
+from ..core.omega import DEFAULT_OMEGA_EPS
+from ..metrics import error_summary
+from ..systems.heterogeneity import drop_mask, local_budgets
+from ..systems.timing import get_network, round_time
+from ..wire import from_array, to_array
+from .mocha import ReplyError
+
+__all__ = ["SCHEDULES", "MbSgd", "ReplyError"]
+
+RoundCallback = Callable[[dict[str, Any]], None]
+SCHEDULES = ("inv", "inv_sqrt")
+_NAME = "Mb-SGD"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class MbSgd(Strategy):
+    """Mini-batch stochastic subgradient descent on MOCHA's primal (the Mb-SGD baseline).
+
+    Minimises ``P(W) = sum_t mean_i hinge(y_ti x_ti^T w_t) + (1/2) tr(W K W^T)`` (per-task
+    mean losses, summed over tasks, as MOCHA) for the regulariser matrix K of a formulation of
+    the MOCHA paper's appendix B. Each round, every node sends the summed hinge subgradient of
+    a mini-batch at its w_t; the server takes a projected step with the regulariser's gradient
+    ``W K`` included (:func:`fmtl_flower.core.baselines.mbsgd_server_step`).
+
+    Parameters
+    ----------
+    num_tasks : int
+        Number of tasks (nodes) to wait for; task ids are 0 .. num_tasks - 1.
+    lam : float
+        Regularisation strength lambda > 0.
+    omega : {"identity", "mean", "probabilistic", "clustered", "graphical"}
+        The formulation whose K is used (:func:`fmtl_flower.core.formulations.make_formulation`).
+    omega_every : int
+        Rounds between Omega-steps ``formulation.omega_step(W)`` (0, the default: K stays
+        fixed, the paper's W-update comparison; never after the last round).
+    omega_eps, lam2, s2, eta, clusters : optional
+        Formulation options, as for :class:`fmtl_flower.strategies.mocha.Mocha`.
+    beta : float, optional
+        Step-size scale (> 0). Default ``1 / lambda_min(K)`` (Pegasos's rule with
+        ``schedule="inv"``), recomputed from the current K after every Omega-step.
+    schedule : {"inv", "inv_sqrt"}
+        ``beta / h`` or ``beta / sqrt(h)`` in round h (:func:`mbsgd_step_size`).
+    project : bool
+        Project W onto the Frobenius ball of radius ``mbsgd_radius(K)`` (contains W*) after
+        every step (recomputed with K).
+    local_frac : float
+        Mini-batch size per round as a fraction of n_t (when ``sys_het="none"``); every budget
+        is capped at n_t (a mini-batch is a set of distinct samples).
+    sys_het, sys_het_base : str
+        Systems heterogeneity of the budgets, see :mod:`fmtl_flower.systems.heterogeneity`.
+    drop_prob : float
+        Probability that a node does no work in a round (simulated, seeded).
+    eval_every : int
+        Rounds between test-error evaluations (the final model is always evaluated).
+    network : {"wifi", "lte", "3g"}
+        Link of the estimated-time model (:mod:`fmtl_flower.systems.timing`, method "mb-sgd").
+    time_model : {"physical", "reference"}
+        Network constants: measured link figures, or the reference code's cost units.
+    seed : int
+        Seed of budgets, drops and the devices' sample orders.
+    discovery_timeout : float
+        Seconds to wait, at the first round, for ``num_tasks`` nodes to appear.
+    on_round : callable, optional
+        Called with each completed round record (a dict).
+
+    Attributes
+    ----------
+    W : ndarray of shape (d, m) or None
+        The current models (None before discovery).
+    formulation : Formulation
+        The formulation; ``formulation.regulariser_matrix()`` is K.
+    records : list of dict
+        One record per state k = 0 .. R (see the module docstring); read them with
+        :meth:`results`.
+    """
+
+    def __init__(
+        self,
+        num_tasks: int,
+        *,
+        lam: float = 0.1,
+        omega: str = "identity",
+        omega_every: int = 0,
+        omega_eps: float = DEFAULT_OMEGA_EPS,
+        lam2: float | None = None,
+        s2: float | None = None,
+        eta: float | None = None,
+        clusters: int | None = None,
+        beta: float | None = None,
+        schedule: str = "inv",
+        project: bool = True,
+        local_frac: float = 1.0,
+        sys_het: str = "none",
+        sys_het_base: str = "n_min",
+        drop_prob: float = 0.0,
+        eval_every: int = 1,
+        network: str = "lte",
+        time_model: str = "physical",
+        seed: int = 0,
+        discovery_timeout: float = 120.0,
+        on_round: RoundCallback | None = None,
+    ) -> None:
+        if isinstance(num_tasks, bool) or int(num_tasks) != num_tasks or num_tasks < 1:
+            raise ValueError(f"num_tasks must be an integer >= 1, got {num_tasks!r}")
+        if not (isinstance(lam, int | float) and not isinstance(lam, bool)
+                and math.isfinite(lam) and lam > 0):
+            raise ValueError(f"lam must be a finite number > 0, got {lam!r}")
+        if omega not in FORMULATIONS:
+            raise ValueError(f"omega must be one of {tuple(FORMULATIONS)}, got {omega!r}")
+        if not (isinstance(omega_eps, int | float) and 0 < omega_eps < 1):
+            raise ValueError(f"omega_eps must be in (0, 1), got {omega_eps!r}")
+        self.formulation_options = {"lam2": lam2, "s2": s2, "eta": eta, "k": clusters,
+                                    "eps_rel": omega_eps}
+        self.formulation: Formulation = make_formulation(omega, int(num_tasks), lam=lam,
+                                                         **self.formulation_options)
+        if beta is not None and not (isinstance(beta, int | float) and not isinstance(beta, bool)
+                                     and math.isfinite(beta) and beta > 0):
+            raise ValueError(f"beta must be a finite number > 0 or None, got {beta!r}")
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+        if not isinstance(project, bool):
+            raise ValueError(f"project must be a bool, got {project!r}")
+        for name, value, low in (("omega_every", omega_every, 0), ("eval_every", eval_every, 1)):
+            if isinstance(value, bool) or int(value) != value or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        if not (isinstance(local_frac, int | float) and 0 < local_frac <= 1):
+            raise ValueError(f"local_frac must be in (0, 1] (a mini-batch of distinct samples), "
+                             f"got {local_frac!r}")
+        local_budgets(np.ones(1), local_frac=local_frac, sys_het=sys_het, base=sys_het_base)
+        get_network(network, model=time_model)
+        drop_mask(1, drop_prob, seed=0, server_round=1)
+        if not discovery_timeout >= 0:
+            raise ValueError(f"discovery_timeout must be >= 0, got {discovery_timeout!r}")
+        self.num_tasks = int(num_tasks)
+        self.lam = float(lam)
+        self.omega = omega
+        self.omega_every = int(omega_every)
+        self.omega_eps = float(omega_eps)
+        self.beta = None if beta is None else float(beta)
+        self.schedule = schedule
+        self.project = project
+        self.local_frac = float(local_frac)
+        self.sys_het = sys_het
+        self.sys_het_base = sys_het_base
+        self.drop_prob = float(drop_prob)
+        self.eval_every = int(eval_every)
+        self.network = network
+        self.time_model = time_model
+        self.seed = int(seed)
+        self.discovery_timeout = float(discovery_timeout)
+        self.on_round = on_round
+        self.round_timeout = 120.0
+        self.num_rounds: int | None = None
+        self.W: np.ndarray | None = None
+        self.dim: int | None = None
+        self.node_to_task: dict[int, int] = {}
+        self.task_to_node: dict[int, int] = {}
+        self.n_train = np.zeros(self.num_tasks, dtype=np.int64)
+        self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
+        self.records: list[dict[str, Any]] = []
+        self._sent: dict[int, int] = {}
+        self._budgets = np.zeros(self.num_tasks, dtype=np.int64)
+        self._dropped_now = np.zeros(self.num_tasks, dtype=bool)
+        self._round_start = 0.0
+        self._duplicates: dict[int, int] = {}  # node -> task it claims while another holds it
+        self._refresh_matrices()
+
+    # ------------------------------------------------------------------ K and its constants
+    def _refresh_matrices(self) -> None:
+        """Cache K, the step scale and the projection radius for the current formulation."""
+        K = self.formulation.regulariser_matrix()
+        self.K = 0.5 * (K + K.T)
+        lam_min = float(np.linalg.eigvalsh(self.K)[0])
+        if not lam_min > 0:
+            raise ValueError(f"K must be positive definite, smallest eigenvalue {lam_min}")
+        self.step_scale = self.beta if self.beta is not None else 1.0 / lam_min
+        self.radius = mbsgd_radius(self.K) if self.project else None
+
+    def regulariser(self, W: np.ndarray) -> float:
+        """(1/2) tr(W K W^T) for the current K."""
+        return 0.5 * float(np.einsum("ij,ij->", W @ self.K, W))
+
+    # ------------------------------------------------------------------ Strategy interface
+    def summary(self) -> None:
+        """Log the configuration."""
+        log(INFO, "\t├── %s: %d tasks, lambda=%g, omega=%s every %d rounds", _NAME,
+            self.num_tasks, self.lam, self.omega, self.omega_every)
+        log(INFO, "\t├── step %s / %s, projection %s", "1/lambda_min(K)" if self.beta is None
+            else f"{self.beta:g}", "h" if self.schedule == "inv" else "sqrt(h)",
+            "on" if self.project else "off")
+        log(INFO, "\t└── local-frac=%g, sys-het=%s (%s), drop-prob=%g, seed=%d",
+            self.local_frac, self.sys_het, self.sys_het_base, self.drop_prob, self.seed)
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int = 3,
+              timeout: float = 3600, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None
+              ) -> Result:
+        """Run ``num_rounds`` Mb-SGD rounds plus a final metrics round (see Strategy.start)."""
+        self.num_rounds = int(num_rounds)
+        self.round_timeout = float(timeout)
+        if initial_arrays is None:
+            initial_arrays = ArrayRecord()
+        return super().start(grid, initial_arrays, num_rounds, timeout, train_config,
+                             evaluate_config, evaluate_fn)
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """One ``train`` message per reachable task, with its w_t and mini-batch size."""
+        self._round_start = time.perf_counter()
+        self.discover(grid, wait=server_round == 1)
+        if self.W is None:
+            raise RuntimeError(
+                f"{_NAME} found no usable node: check that the ClientApp is Mb-SGD's and that "
+                "nodes report a task id (--node-config \"task-id=N\")")
+        if len(self.records) < server_round:  # state before this round, completed by replies
+            self._new_record(server_round - 1)
+        known = np.flatnonzero(self.n_train > 0)
+        self._budgets = np.zeros(self.num_tasks, dtype=np.int64)
+        self._budgets[known] = np.minimum(
+            local_budgets(self.n_train[known], local_frac=self.local_frac, sys_het=self.sys_het,
+                          base=self.sys_het_base, seed=self.seed, server_round=server_round),
+            self.n_train[known])
+        self._dropped_now = drop_mask(self.num_tasks, self.drop_prob, seed=self.seed,
+                                      server_round=server_round)
+        evaluate = (server_round - 1) % self.eval_every == 0
+        return self._instructions(server_round, MessageType.TRAIN, evaluate, with_budget=True)
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord]:
+        """Validate replies, complete the previous state's record, take the W-step."""
+        assert self.W is not None and self.dim is not None
+        accepted, arrived = self._read_replies(server_round, replies, with_grad=True)
+        self._complete_record(server_round - 1, accepted)
+        G = np.zeros((self.dim, self.num_tasks))
+        counts = np.zeros(self.num_tasks, dtype=np.int64)
+        for task, reply in accepted.items():
+            G[:, task] = reply["grad"]
+            counts[task] = reply["count"]
+        step = mbsgd_step_size(server_round, beta=self.step_scale, schedule=self.schedule)
+        self.W = mbsgd_server_step(self.W, G, self.K, counts=counts, step=step,
+                                   radius=self.radius)
+        omega_step = omega_step_due(server_round, self.omega_every, self.num_rounds)
+        if omega_step:
+            self.formulation.omega_step(self.W)
+            self._refresh_matrices()
+        record = self._new_record(server_round)
+        used = int(np.count_nonzero(counts))
+        record.update(num_replies=len(accepted), num_dropped=self.num_tasks - used,
+                      samples=int(counts.sum()), step_size=step, omega_step=omega_step,
+                      estimated_time_s=self._estimated_time(accepted, arrived),
+                      wall_time_s=time.perf_counter() - self._round_start)
+        metrics = MetricRecord({"num-replies": len(accepted), "num-dropped": record["num_dropped"]})
+        return ArrayRecord({"W": to_array(self.W)}), metrics
+
+    def _estimated_time(self, accepted: dict[int, dict[str, Any]], arrived: int) -> float:
+        """Eq. (30) with method "mb-sgd": the slowest replying node sets the round's time.
+
+        A reply that arrived but was rejected (or an error reply) still cost its node the
+        communication; a node that never replied kept the server waiting for the round
+        timeout.
+        """
+        assert self.dim is not None
+        counts = [accepted[t]["count"] for t in sorted(accepted)]
+        counts += [0] * (arrived - len(accepted))
+        t_round = round_time(np.array(counts, dtype=np.int64), self.dim, "mb-sgd", self.network,
+                             model=self.time_model)
+        if arrived < len(self._sent):
+            t_round = self.round_timeout
+        return float(t_round)
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        """Nothing, except after the last round: the final metrics round over every task."""
+        if self.num_rounds is None or server_round != self.num_rounds:
+            return []
+        return self._instructions(server_round, MessageType.EVALUATE, True, with_budget=False)
+
+    def aggregate_evaluate(self, server_round: int,
+                           replies: Iterable[Message]) -> MetricRecord | None:
+        """Complete the final record from the metrics round."""
+        if self.num_rounds is None or server_round != self.num_rounds:
+            return None
+        accepted, _ = self._read_replies(server_round, replies, with_grad=False)
+        record = self._complete_record(server_round, accepted)
+        return MetricRecord({k: float(v) for k, v in record.items()
+                             if isinstance(v, int | float) and not isinstance(v, bool)})
+
+    # ------------------------------------------------------------------ discovery
+    def discover(self, grid: Grid, wait: bool = False) -> None:
+        """Map new node ids to tasks with a ``whoami`` query (waiting for all tasks if asked)."""
+        deadline = time.monotonic() + (self.discovery_timeout if wait else 0.0)
+        while True:
+            online = set(grid.get_node_ids())
+            for node in [n for n in self.node_to_task if n not in online]:
+                task = self.node_to_task.pop(node)
+                if self.task_to_node.get(task) == node:
+                    del self.task_to_node[task]
+            for node in [n for n in self._duplicates if n not in online
+                         or self.task_to_node.get(self._duplicates[n]) not in online]:
+                del self._duplicates[node]  # gone, or its task is free again: ask anew
+            unknown = sorted(online - set(self.node_to_task) - set(self._duplicates))
+            if unknown:
+                self._query_whoami(grid, unknown, online)
+            if len(self.task_to_node) >= self.num_tasks or time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+        if wait and len(self.task_to_node) < self.num_tasks:
+            missing = sorted(set(range(self.num_tasks)) - set(self.task_to_node))
+            log(WARNING, "%s: %d of %d tasks found after %.0f s; missing task ids %s", _NAME,
+                len(self.task_to_node), self.num_tasks, self.discovery_timeout, missing[:20])
+
+    def _query_whoami(self, grid: Grid, nodes: list[int], online: set[int]) -> None:
+        msgs = [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n,
+                        message_type=f"{MessageType.QUERY}.whoami") for n in nodes]
+        timeout = max(self.round_timeout, 60.0)
+        for reply in grid.send_and_receive(msgs, timeout=timeout):
+            node = reply.metadata.src_node_id
+            if reply.has_error():
+                log(WARNING, "%s: whoami failed on node %s: %s", _NAME, node,
+                    reply.error.reason)
+                continue
+            try:
+                task, n_train, dim = self._read_whoami(reply)
+            except ReplyError as err:
+                log(WARNING, "%s: node %s: bad whoami reply: %s", _NAME, node, err)
+                continue
+            if self.W is None:
+                self.dim = dim
+                self.W = np.zeros((dim, self.num_tasks))
+            elif dim != self.dim:
+                log(WARNING, "%s: node %s (task %d) has %d features, the federation %d; "
+                    "ignored", _NAME, node, task, dim, self.dim)
+                continue
+            old = self.task_to_node.get(task)
+            if old is not None and old != node:
+                if old in online:
+                    log(WARNING, "%s: node %s claims task %d, which node %s (online) holds; "
+                        "ignored while that node is online", _NAME, node, task, old)
+                    self._duplicates[node] = task
+                    continue
+                log(INFO, "%s: task %d moved from node %s to node %s", _NAME, task, old, node)
+                self.node_to_task.pop(old, None)
+            self.task_to_node[task] = node
+            self.node_to_task[node] = task
+            self.n_train[task] = n_train
+
+    def _read_whoami(self, reply: Message) -> tuple[int, int, int]:
+        if "info" not in reply.content:
+            raise ReplyError("no 'info' record")
+        info = reply.content["info"]
+        values = {}
+        for key in ("task-id", "n-train", "dim"):
+            value = info[key] if key in info else None
+            if not _is_int(value):
+                raise ReplyError(f"{key!r} must be an int, got {value!r}")
+            values[key] = value
+        if not 0 <= values["task-id"] < self.num_tasks:
+            raise ReplyError(f"task-id {values['task-id']} outside 0..{self.num_tasks - 1}")
+        if values["n-train"] < 1 or values["dim"] < 1:
+            raise ReplyError("n-train and dim must be >= 1")
+        return values["task-id"], values["n-train"], values["dim"]
+
+    # ------------------------------------------------------------------ messages
+    def _instructions(self, server_round: int, message_type: str, evaluate: bool,
+                      with_budget: bool) -> list[Message]:
+        assert self.W is not None
+        self._sent = {}
+        messages = []
+        for task, node in sorted(self.task_to_node.items()):
+            config: dict[str, Any] = {"task-id": task, "server-round": server_round,
+                                      "seed": self.seed, "eval": bool(evaluate)}
+            if with_budget:
+                config["budget"] = int(self._budgets[task])
+                config["dropped"] = bool(self._dropped_now[task])
+            content = RecordDict({"arrays": ArrayRecord({"w": to_array(self.W[:, task])}),
+                                  "config": ConfigRecord(config)})
+            messages.append(Message(content, dst_node_id=node, message_type=message_type,
+                                    group_id=str(server_round)))
+            self._sent[node] = task
+        return messages
+
+    def _read_replies(self, server_round: int, replies: Iterable[Message],
+                      with_grad: bool) -> tuple[dict[int, dict[str, Any]], int]:
+        """Validated replies keyed by task (invalid ones logged and left out), and the number
+        of replies that arrived from nodes the round was sent to."""
+        accepted: dict[int, dict[str, Any]] = {}
+        failed: set[int] = set()  # tasks whose failure was already logged
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            task = self._sent.get(node)
+            if reply.has_error():
+                log(WARNING, "%s round %d: node %s failed: %s", _NAME, server_round, node,
+                    reply.error.reason)
+                if task is not None:
+                    failed.add(task)
+                continue
+            if task is None:
+                log(WARNING, "%s round %d: reply from unexpected node %s ignored", _NAME,
+                    server_round, node)
+                continue
+            if task in accepted or task in failed:
+                log(WARNING, "%s round %d: duplicate reply of task %d (node %s) ignored",
+                    _NAME, server_round, task, node)
+                continue
+            try:
+                parsed = self._parse_reply(reply, task, server_round, with_grad)
+            except ReplyError as err:
+                log(WARNING, "%s round %d: reply of task %d (node %s) rejected: %s", _NAME,
+                    server_round, task, node, err)
+                failed.add(task)
+                continue
+            accepted[task] = parsed
+            self.ever_replied[task] = True
+        silent = sorted(set(self._sent.values()) - set(accepted) - failed)
+        if silent:
+            names = ", ".join(str(t) for t in silent[:20]) + (", ..." if len(silent) > 20 else "")
+            log(WARNING, "%s round %d: no reply from task%s %s within the timeout; counted "
+                "as dropped", _NAME, server_round, "s" if len(silent) > 1 else "", names)
+        return accepted, len(accepted) + len(failed)
+
+    def _parse_reply(self, reply: Message, task: int, server_round: int,
+                     with_grad: bool) -> dict[str, Any]:
+        assert self.dim is not None
+        content = reply.content
+        if "metrics" not in content:
+            raise ReplyError("no 'metrics' record")
+        metrics = content["metrics"]
+        out: dict[str, Any] = {}
+        ints = ["task-id", "round", "n-train"] + (["count"] if with_grad else [])
+        optional = ("test-errors", "test-n")
+        for key in [*ints, "loss-mean", *optional]:
+            if key not in metrics:
+                if key in optional:
+                    continue
+                raise ReplyError(f"metric {key!r} missing")
+            value = metrics[key]
+            if key in ints or key in optional:
+                if not _is_int(value):
+                    raise ReplyError(f"metric {key!r} must be an int, got {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, int | float):
+                raise ReplyError(f"metric {key!r} is not a number: {value!r}")
+            if not math.isfinite(value):
+                raise ReplyError(f"metric {key!r} is not finite: {value!r}")
+            out[key] = value
+        if out["task-id"] != task or out["round"] != server_round:
+            raise ReplyError(f"reply for task {out['task-id']} round {out['round']}, expected "
+                             f"task {task} round {server_round}")
+        if out["n-train"] != self.n_train[task]:
+            raise ReplyError(f"n-train {out['n-train']} differs from {self.n_train[task]}")
+        if out["loss-mean"] < 0:
+            raise ReplyError(f"loss-mean must be >= 0, got {out['loss-mean']}")
+        if ("test-errors" in out) != ("test-n" in out) or (
+                "test-n" in out and not 0 <= out["test-errors"] <= out["test-n"]):
+            raise ReplyError("test-errors/test-n inconsistent")
+        if with_grad:
+            limit = 0 if self._dropped_now[task] else int(self._budgets[task])
+            if not 0 <= out["count"] <= limit:
+                raise ReplyError(f"count {out['count']} outside 0..{limit} (budget "
+                                 f"{int(self._budgets[task])}"
+                                 f"{', dropped' if self._dropped_now[task] else ''})")
+            arrays = content["arrays"] if "arrays" in content else None
+            if arrays is None or "grad" not in arrays:
+                raise ReplyError("array 'grad' missing")
+            try:
+                grad = from_array(arrays["grad"])
+            except (TypeError, ValueError) as err:
+                raise ReplyError(f"'grad' cannot be decoded: {err}") from None
+            if grad.dtype != np.float64 or grad.shape != (self.dim,):
+                raise ReplyError(f"'grad' must be float64 of shape ({self.dim},), "
+                                 f"got {grad.dtype} {grad.shape}")
+            if not np.all(np.isfinite(grad)):
+                raise ReplyError("'grad' has non-finite values")
+            if out["count"] == 0 and np.any(grad != 0.0):
+                raise ReplyError("'grad' must be zero when count is 0")
+            out["grad"] = grad
+        return out
+
+    # ------------------------------------------------------------------ records
+    def _new_record(self, k: int) -> dict[str, Any]:
+        """Create the record of the state after k rounds (W and K as they are now)."""
+        assert self.W is not None and len(self.records) == k
+        record: dict[str, Any] = {
+            "round": k, "primal": None, "dual": None, "gap": None, "test_error": None,
+            "test_error_pooled": None, "accuracy_mean": None, "accuracy_mean_unweighted": None,
+            "accuracy_bottom_decile": None, "num_replies": None, "num_dropped": None,
+            "samples": None, "step_size": None, "omega_step": None, "estimated_time_s": None,
+            "wall_time_s": None, "tasks_missing": None,
+            "_reg": self.regulariser(self.W),
+        }
+        self.records.append(record)
+        return record
+
+    def _complete_record(self, k: int, accepted: dict[int, dict[str, Any]]) -> dict[str, Any]:
+        record = self.records[k]
+        missing = sorted(set(range(self.num_tasks)) - set(accepted))
+        record["tasks_missing"] = missing
+        reg = record.pop("_reg")
+        if not missing:
+            loss = np.array([accepted[t]["loss-mean"] for t in range(self.num_tasks)])
+            record["primal"] = float(loss.sum()) + reg
+        evaluated = [t for t in accepted if "test-n" in accepted[t]]
+        if evaluated and not missing:
+            errors = np.array([accepted[t]["test-errors"] for t in evaluated])
+            counts = np.array([accepted[t]["test-n"] for t in evaluated])
+            record.update(error_summary(errors, counts))
+        if self.on_round is not None:
+            self.on_round(self.public_record(record))
+        return record
+
+    @staticmethod
+    def public_record(record: dict[str, Any]) -> dict[str, Any]:
+        """A record without internal fields."""
+        return {k: v for k, v in record.items() if not k.startswith("_")}
+
+    def results(self) -> dict[str, Any]:
+        """``{"rounds": [...], "final": {...}}`` of the results contract (completed records)."""
+        rounds = [self.public_record(r) for r in self.records if "_reg" not in r]
+        final = dict(rounds[-1]) if rounds else {}
+        never = sorted(int(t) for t in np.flatnonzero(~self.ever_replied))
+        final["tasks_never_replied"] = never
+        final["complete"] = bool(rounds) and not final.get("tasks_missing")
+        return {"rounds": rounds, "final": final}
