@@ -108,6 +108,8 @@ def final_table(results: dict[str, Any]) -> str:
 def _resolve_lambda(cfg: RunConfig, data) -> tuple[RunConfig, dict[float, float] | None]:
     if cfg.lam != "cv":
         return cfg, None
+    if cfg.strategy == "mb-sgd":
+        raise ConfigError("lambda=cv is not available for mb-sgd; give a number")
     from .apps.common import formulation_options
     from .model_selection import cross_validate_lambda
 
@@ -115,7 +117,7 @@ def _resolve_lambda(cfg: RunConfig, data) -> tuple[RunConfig, dict[float, float]
     tasks = [(t.X_train, t.y_train) for t in data.tasks]
     mocha = {"rounds": cfg.num_server_rounds, "omega": cfg.omega, "omega_every": cfg.omega_every,
              "omega_eps": cfg.omega_eps, **formulation_options(cfg), "method": cfg.strategy,
-             "theta": cfg.theta, "beta": cfg.beta,
+             "theta": cfg.theta, "beta": cfg.beta or 1.0,
              "local_frac": cfg.local_frac, "sigma_mode": cfg.sigma_mode}
     best, scores = cross_validate_lambda(method, tasks, seed=cfg.seed,
                                          **(mocha if method == "mtl" else {}))

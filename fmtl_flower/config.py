@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-STRATEGIES = ("mocha", "cocoa", "mb-sdca", "local", "global")
-FEDERATED = ("mocha", "cocoa", "mb-sdca")
+STRATEGIES = ("mocha", "cocoa", "mb-sdca", "mb-sgd", "local", "global")
+FEDERATED = ("mocha", "cocoa", "mb-sdca", "mb-sgd")
 
 
 class ConfigError(ValueError):
@@ -75,9 +75,10 @@ class RunConfig:
 
     Attributes
     ----------
-    strategy : {"mocha", "cocoa", "mb-sdca", "local", "global"}
-        The federated strategies share MOCHA's primal-dual machinery with another local
-        solver; ``local`` and ``global`` are centralised SVM baselines.
+    strategy : {"mocha", "cocoa", "mb-sdca", "mb-sgd", "local", "global"}
+        ``cocoa`` and ``mb-sdca`` share MOCHA's primal-dual machinery with another local
+        solver; ``mb-sgd`` is the primal mini-batch subgradient baseline; ``local`` and
+        ``global`` are centralised SVM baselines.
     dataset : str
         ``synthetic`` (generated), ``small``, ``eat-voc`` or a path to a ``.mat`` file.
     num_server_rounds : int
@@ -101,7 +102,8 @@ class RunConfig:
     theta : float
         CoCoA's relative local accuracy in (0, 1) (``cocoa``).
     beta : float
-        Mb-SDCA's aggregation parameter (> 0, ``mb-sdca``).
+        Mb-SDCA's aggregation parameter (> 0, ``mb-sdca``); Mb-SGD's step scale (step
+        beta / h in round h; 0: 1 / lambda_min(K), the Pegasos choice).
     local_frac : float
         Local SDCA steps per round as a fraction of n_t (``sys_het == "none"``).
     sigma_mode : {"global", "per-task", "spectral"}
@@ -207,7 +209,7 @@ _PARSE = {
     "clusters": lambda k, v: _as_int(k, v, 0),
     "gamma": lambda k, v: _as_float(k, v, lo=0.0, hi=1.0, lo_open=True),
     "theta": lambda k, v: _as_float(k, v, lo=0.0, hi=1.0, lo_open=True, hi_open=True),
-    "beta": lambda k, v: _as_float(k, v, lo=0.0, lo_open=True),
+    "beta": lambda k, v: _as_float(k, v, lo=0.0),
     "omega-every": lambda k, v: _as_int(k, v, 0),
     "omega-eps": lambda k, v: _as_float(k, v, lo=0.0, hi=1.0, lo_open=True, hi_open=True),
     "local-frac": lambda k, v: _as_float(k, v, lo=0.0, lo_open=True),

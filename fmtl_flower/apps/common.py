@@ -19,9 +19,11 @@ from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from ..clients.mocha import default_task_id, make_mocha_client_app
+from ..clients.mbsgd import MbSgdClient, make_mbsgd_client_app
+from ..clients.mocha import MochaClient, default_task_id, make_mocha_client_app
 from ..config import FEDERATED, ConfigError, RunConfig
 from ..data import FederatedDataset, load_dataset_cached
+from ..strategies.mbsgd import MbSgd
 from ..strategies.mocha import Mocha
 
 ResultsCallback = Callable[[dict[str, Any]], None]
@@ -43,7 +45,11 @@ def dataset_for(cfg: RunConfig) -> FederatedDataset:
 
 
 def make_client_app(config: RunConfig | None = None) -> ClientApp:
-    """MOCHA ClientApp whose node serves task ``task-id`` / ``partition-id`` of the dataset."""
+    """ClientApp whose node serves task ``task-id`` / ``partition-id`` of the dataset.
+
+    With ``config`` given, the app of that strategy (Mb-SGD's or the primal-dual one);
+    without (``flwr run``), an app that picks the handlers from ``context.run_config``.
+    """
 
     def load(context: Context) -> tuple[np.ndarray, ...]:
         cfg = config_from_context(context, config)
@@ -51,19 +57,42 @@ def make_client_app(config: RunConfig | None = None) -> ClientApp:
         task = data.task(default_task_id(context))
         return task.X_train, task.y_train, task.X_test, task.y_test
 
-    return make_mocha_client_app(load)
+    if config is not None:
+        factory = make_mbsgd_client_app if config.strategy == "mb-sgd" else make_mocha_client_app
+        return factory(load)
+    dual, primal = MochaClient(load), MbSgdClient(load)
+    app = ClientApp()
+
+    def handlers(context: Context) -> MochaClient | MbSgdClient:
+        return primal if config_from_context(context, None).strategy == "mb-sgd" else dual
+
+    app.query("whoami")(lambda msg, ctx: handlers(ctx).whoami(msg, ctx))
+    app.train()(lambda msg, ctx: handlers(ctx).train(msg, ctx))
+    app.evaluate()(lambda msg, ctx: handlers(ctx).evaluate(msg, ctx))
+    return app
 
 
 def strategy_from_config(cfg: RunConfig, num_tasks: int,
-                         on_round: Callable[[dict[str, Any]], None] | None = None) -> Mocha:
+                         on_round: Callable[[dict[str, Any]], None] | None = None
+                         ) -> Mocha | MbSgd:
     """The :class:`Mocha` strategy configured by ``cfg`` (lambda must be a number); its local
     solver is ``cfg.strategy`` (mocha, cocoa or mb-sdca)."""
     if cfg.lam == "cv":
         raise ConfigError("lambda=cv is a cross-validation sweep run by `fmtl run` before the "
                           "federation starts; a ServerApp needs a number (e.g. lambda=1e-3)")
+    if cfg.strategy == "mb-sgd":
+        options = formulation_options(cfg)
+        options.pop("gamma")
+        return MbSgd(num_tasks, lam=float(cfg.lam), omega=cfg.omega, omega_every=cfg.omega_every,
+                     omega_eps=cfg.omega_eps, **options, beta=cfg.beta or None,
+                     local_frac=min(cfg.local_frac, 1.0), sys_het=cfg.sys_het,
+                     sys_het_base=cfg.sys_het_base, drop_prob=cfg.drop_prob,
+                     eval_every=cfg.eval_every, network=cfg.network, time_model=cfg.time_model,
+                     seed=cfg.seed, discovery_timeout=max(cfg.round_timeout, 60.0),
+                     on_round=on_round)
     return Mocha(num_tasks, lam=float(cfg.lam), omega=cfg.omega, omega_every=cfg.omega_every,
                  omega_eps=cfg.omega_eps, **formulation_options(cfg), method=cfg.strategy,
-                 theta=cfg.theta, beta=cfg.beta,
+                 theta=cfg.theta, beta=cfg.beta or 1.0,
                  local_frac=cfg.local_frac, sigma_mode=cfg.sigma_mode, sys_het=cfg.sys_het,
                  sys_het_base=cfg.sys_het_base, drop_prob=cfg.drop_prob,
                  eval_every=cfg.eval_every, network=cfg.network, time_model=cfg.time_model,
@@ -77,7 +106,7 @@ def formulation_options(cfg: RunConfig) -> dict[str, Any]:
             "clusters": cfg.clusters or None, "gamma": cfg.gamma}
 
 
-def build_results(cfg: RunConfig, strategy: Mocha) -> dict[str, Any]:
+def build_results(cfg: RunConfig, strategy: Mocha | MbSgd) -> dict[str, Any]:
     """The results contract: ``{"config", "rounds", "final"}``."""
     out = strategy.results()
     return {"config": cfg.to_dict(), "rounds": out["rounds"], "final": out["final"]}
