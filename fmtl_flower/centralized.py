@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .core.baselines import cocoa_local_update, mbsdca_local_update, mbsdca_scale
-from .core.formulations import make_formulation
+from .core.formulations import Formulation, make_formulation
 from .core.hinge import classification_errors, hinge_conjugate_value, mean_hinge_loss
 from .core.mocha import MochaServerState
 from .core.omega import DEFAULT_OMEGA_EPS
@@ -78,6 +78,7 @@ def fit_mocha(
     seed: int = 0,
     record_every: int = 0,
     test: Sequence[TaskArrays] | None = None,
+    formulation: Formulation | None = None,
 ) -> MochaFit:
     """Run ``rounds`` MOCHA rounds over in-memory tasks.
 
@@ -96,14 +97,18 @@ def fit_mocha(
         every ``record_every`` rounds, and of the final state (0: final state only).
     test : sequence of (X, y), optional
         Test data per task for the recorded test errors.
+    formulation : Formulation, optional
+        A ready formulation (e.g. with a learned Omega) instead of building one from
+        ``omega``, ``lam`` and the formulation options; it is used, and stepped, in place.
     """
     m = len(tasks)
     dim = tasks[0][0].shape[1]
     n = np.array([X.shape[0] for X, _ in tasks], dtype=np.int64)
     sqnorms = [np.einsum("ij,ij->i", X, X) for X, _ in tasks]
-    state = MochaServerState.zeros(dim, make_formulation(
-        omega, m, lam=lam, lam2=lam2, s2=s2, eta=eta, k=clusters, eps_rel=omega_eps,
-        gamma=gamma))
+    if formulation is None:
+        formulation = make_formulation(omega, m, lam=lam, lam2=lam2, s2=s2, eta=eta,
+                                       k=clusters, eps_rel=omega_eps, gamma=gamma)
+    state = MochaServerState.zeros(dim, formulation)
     alphas = [np.zeros(k) for k in n]
     fit = MochaFit(state, alphas)
     all_tasks = np.arange(m)
