@@ -70,8 +70,7 @@ def fit_mocha(
     sigma_mode: str = "global",
     sys_het: str = "none",
     sys_het_base: str = "n_min",
-    drop_prob: float = 0.0,
-    never_reply: Sequence[int] = (),
+    drop_prob: float | Sequence[float] = 0.0,
     clock_cycle: float | None = None,
     network: str = "lte",
     time_model: str = "physical",
@@ -90,8 +89,6 @@ def fit_mocha(
     beta, local_frac, sigma_mode, sys_het, sys_het_base, drop_prob, clock_cycle, network,
     time_model, seed
         As for :class:`fmtl_flower.strategies.mocha.Mocha`.
-    never_reply : sequence of int
-        Tasks that never send an update (a device that is always down): their b_t stays 0.
     record_every : int
         Record primal, dual, gap (and test errors when ``test`` is given) of the state after
         every ``record_every`` rounds, and of the final state (0: final state only).
@@ -120,7 +117,6 @@ def fit_mocha(
         budgets = deadline_budgets(budgets, clock_cycle, dim, method, network, model=time_model,
                                    n=n if method == "cocoa" else None)
         dropped = drop_mask(m, drop_prob, seed=seed, server_round=r)
-        dropped[list(never_reply)] = True
         if method == "mb-sdca":
             budgets = np.minimum(budgets, n)
             scale = mbsdca_scale(beta, int(budgets[~dropped].sum()))

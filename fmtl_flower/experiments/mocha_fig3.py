@@ -19,6 +19,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..centralized import fit_mocha
 from ..data import load_dataset
 from ..systems.heterogeneity import drop_mask
@@ -29,6 +31,13 @@ from .output import write_outputs
 NAME = "mocha-fig3"
 DROPS = (0.0, 0.1, 0.3, 0.5, "never")
 logger = logging.getLogger("fmtl_flower")
+
+
+def per_task(p: float | str, m: int) -> np.ndarray:
+    """Per-device drop probabilities: p for every device, or device 0 never sending."""
+    if p == "never":
+        return np.eye(1, m)[0]
+    return np.full(m, float(p))
 
 
 def run(out_dir: Path, quick: bool = False, datasets: list[str] | None = None,
@@ -48,17 +57,13 @@ def run(out_dir: Path, quick: bool = False, datasets: list[str] | None = None,
             for p in DROPS:
                 fits[p] = fit_mocha(tasks, lam=LAM, rounds=rounds, omega=omega,
                                     omega_every=omega_every, seed=0, record_every=1,
-                                    drop_prob=0.0 if p == "never" else p,
-                                    never_reply=[0] if p == "never" else ())
+                                    drop_prob=per_task(p, m))
             if method == "mocha-full":
                 optima[dataset][method] = fits[0.0].history[-1]["primal"]
             p_star = optima[dataset][method]
             for p, fit in fits.items():
-                masks = [~drop_mask(m, 0.0 if p == "never" else p, seed=0, server_round=r)
+                masks = [~drop_mask(m, per_task(p, m), seed=0, server_round=r)
                          for r in range(1, rounds + 1)]
-                if p == "never":
-                    for mask in masks:
-                        mask[0] = False
                 primal = [h["primal"] for h in fit.history]
                 for network in NETWORKS:
                     times = cumulative_time(fit.steps, data.dim, "mocha", network,

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from logging import INFO, WARNING
 from typing import Any
 
@@ -60,7 +60,7 @@ from ..core.formulations import FORMULATIONS, SIGMA_MODES, make_formulation
 from ..core.mocha import MochaServerState
 from ..core.omega import DEFAULT_OMEGA_EPS
 from ..metrics import error_summary
-from ..systems.heterogeneity import drop_mask, local_budgets
+from ..systems.heterogeneity import check_drop_prob, drop_mask, local_budgets
 from ..systems.timing import deadline_budgets, get_network, round_time
 from ..wire import from_array, to_array
 
@@ -126,8 +126,9 @@ class Mocha(Strategy):
         of D^-1/2 M D^-1/2 (one value, never above Lemma 9's).
     sys_het, sys_het_base : str
         Systems heterogeneity of the local budgets, see :mod:`fmtl_flower.systems`.
-    drop_prob : float
-        Probability that a node does no work in a round (simulated, seeded).
+    drop_prob : float or sequence of float
+        Probability that a node does no work in a round (simulated, seeded); one for every
+        task, or one per task (p_t; 1.0 = a device that never sends).
     eval_every : int
         Rounds between test-error evaluations (the final model is always evaluated).
     network : {"wifi", "lte", "3g"}
@@ -167,7 +168,7 @@ class Mocha(Strategy):
         sigma_mode: str = "global",
         sys_het: str = "none",
         sys_het_base: str = "n_min",
-        drop_prob: float = 0.0,
+        drop_prob: float | Sequence[float] = 0.0,
         eval_every: int = 1,
         network: str = "lte",
         time_model: str = "physical",
@@ -201,7 +202,7 @@ class Mocha(Strategy):
         get_network(network, model=time_model)
         if clock_cycle is not None and not clock_cycle > 0:
             raise ValueError(f"clock_cycle must be > 0 seconds, got {clock_cycle!r}")
-        drop_mask(1, drop_prob, seed=0, server_round=1)
+        check_drop_prob(drop_prob, int(num_tasks))
         self.num_tasks = int(num_tasks)
         self.lam = float(lam)
         self.omega = omega
@@ -215,7 +216,7 @@ class Mocha(Strategy):
         self.sigma_mode = sigma_mode
         self.sys_het = sys_het
         self.sys_het_base = sys_het_base
-        self.drop_prob = float(drop_prob)
+        self.drop_prob = check_drop_prob(drop_prob, int(num_tasks))
         self.eval_every = int(eval_every)
         self.network = network
         self.time_model = time_model
@@ -243,7 +244,7 @@ class Mocha(Strategy):
         """Log the configuration."""
         log(INFO, "\t├── MOCHA: %d tasks, lambda=%g, omega=%s every %d rounds, sigma'=%s",
             self.num_tasks, self.lam, self.omega, self.omega_every, self.sigma_mode)
-        log(INFO, "\t└── local-frac=%g, sys-het=%s (%s), drop-prob=%g, seed=%d",
+        log(INFO, "\t└── local-frac=%g, sys-het=%s (%s), drop-prob=%s, seed=%d",
             self.local_frac, self.sys_het, self.sys_het_base, self.drop_prob, self.seed)
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int = 3,

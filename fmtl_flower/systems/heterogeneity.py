@@ -67,10 +67,32 @@ def local_budgets(
     return np.maximum(budgets, 1).astype(np.int64)
 
 
-def drop_mask(num_tasks: int, drop_prob: float, *, seed: int, server_round: int) -> np.ndarray:
-    """Boolean mask of the tasks that drop out (do no local work) in this round."""
-    if not 0.0 <= drop_prob < 1.0:
-        raise ValueError(f"drop-prob must be in [0, 1), got {drop_prob}")
-    if drop_prob == 0.0:
+def check_drop_prob(drop_prob: float | np.ndarray, num_tasks: int | None = None) -> np.ndarray:
+    """Validate one drop-out probability, or one per task (p_t, MOCHA's p_t^h), in [0, 1].
+
+    A per-task 1.0 is a device that never sends; a single probability must be below 1.
+    Returns an array (shape () or (num_tasks,)).
+    """
+    p = np.asarray(drop_prob, dtype=np.float64)
+    if p.ndim == 0:
+        if not 0.0 <= float(p) < 1.0:
+            raise ValueError(f"drop-prob must be in [0, 1), got {drop_prob}")
+        return p
+    if p.ndim != 1 or (num_tasks is not None and p.shape[0] != num_tasks):
+        raise ValueError(f"per-task drop probabilities must have shape ({num_tasks},), "
+                         f"got {p.shape}")
+    if not np.all((p >= 0.0) & (p <= 1.0)):
+        raise ValueError("per-task drop probabilities must lie in [0, 1]")
+    return p
+
+
+def drop_mask(num_tasks: int, drop_prob: float | np.ndarray, *, seed: int,
+              server_round: int) -> np.ndarray:
+    """Boolean mask of the tasks that drop out (do no local work) in this round.
+
+    ``drop_prob`` is one probability for every task or one per task (p_t).
+    """
+    p = check_drop_prob(drop_prob, num_tasks)
+    if not np.any(p):
         return np.zeros(num_tasks, dtype=bool)
-    return round_rng(seed, server_round, TAG_DROP).random(num_tasks) < drop_prob
+    return round_rng(seed, server_round, TAG_DROP).random(num_tasks) < p

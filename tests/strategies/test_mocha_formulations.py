@@ -56,3 +56,31 @@ def test_bad_formulation_parameters_are_clear_errors():
         Mocha(4, omega="clustered")
     with pytest.raises(ValueError, match="gamma"):
         Mocha(4, gamma=1.5)
+
+
+def test_per_task_drop_probabilities_match_the_bare_loop():
+    from flwr.serverapp import ServerApp
+
+    from fmtl_flower.clients.mocha import make_mocha_client_app
+    from fmtl_flower.data import make_synthetic_tasks
+    from fmtl_flower.strategies.mocha import Mocha
+
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    Xs, ys = make_synthetic_tasks(num_tasks=5, dim=4, samples_per_task=20, seed=1)
+    p = [1.0, 0.3, 0.0, 0.6, 0.0]  # task 0 never does any work
+    strategy = Mocha(5, lam=0.05, omega="identity", omega_every=0, drop_prob=p)
+    app = ServerApp()
+
+    @app.main()
+    def main(grid, context):
+        strategy.start(grid=grid, num_rounds=8, timeout=60.0)
+
+    run_inprocess(app, make_mocha_client_app(
+        lambda c: (Xs[c.node_config["partition-id"]], ys[c.node_config["partition-id"]])), 5)
+    fit = fit_mocha(list(zip(Xs, ys, strict=True)), lam=0.05, rounds=8, omega="identity",
+                    omega_every=0, drop_prob=p, record_every=1)
+    assert strategy.results()["final"]["primal"] == fit.history[-1]["primal"]
+    assert not strategy.state.B[:, 0].any()  # the device that never works contributes nothing
+    assert all(r["num_dropped"] >= 1 for r in strategy.results()["rounds"][1:])
+    with pytest.raises(ValueError, match="drop"):
+        Mocha(5, drop_prob=[0.1, 0.2])
