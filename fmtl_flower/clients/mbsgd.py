@@ -17,9 +17,6 @@ Build an Mb-SGD ClientApp over your own data with :func:`make_mbsgd_client_app`.
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -28,27 +25,10 @@ from ..core.baselines import mbsgd_local_gradient
 from ..core.hinge import classification_errors, mean_hinge_loss
 from ..core.rng import coordinate_order
 from ..wire import from_array, to_array
+from .common import config_value
 from .mocha import DataLoader, LocalTask, MochaClient, TaskIdFn, default_task_id
 
 __all__ = ["MbSgdClient", "default_task_id", "make_mbsgd_client_app"]
-
-
-def _config_value(config: ConfigRecord, key: str, kind: type) -> Any:
-    """``config[key]`` checked to be of ``kind`` (int, float or bool; no bool for numbers)."""
-    if key not in config:
-        raise ValueError(f"message config lacks {key!r}")
-    value = config[key]
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ValueError(f"message config {key!r} must be an int, got {value!r}")
-    if kind is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"message config {key!r} must be a number, got {value!r}")
-        value = float(value)
-        if not math.isfinite(value):
-            raise ValueError(f"message config {key!r} is not finite: {value!r}")
-    if kind is bool and not isinstance(value, bool):
-        raise ValueError(f"message config {key!r} must be a bool, got {value!r}")
-    return value
 
 
 class MbSgdClient:
@@ -81,10 +61,10 @@ class MbSgdClient:
         """Report the loss at w_t and send the summed hinge subgradient over a mini-batch."""
         task = self.local_task(context)
         config, w = self._read_instruction(msg, task)
-        server_round = _config_value(config, "server-round", int)
-        budget = _config_value(config, "budget", int)
-        seed = _config_value(config, "seed", int)
-        dropped = _config_value(config, "dropped", bool)
+        server_round = config_value(config, "server-round", int)
+        budget = config_value(config, "budget", int)
+        seed = config_value(config, "seed", int)
+        dropped = config_value(config, "dropped", bool)
         if server_round < 1:
             raise ValueError(f"server-round must be >= 1, got {server_round}")
         if not 0 <= budget <= task.n:
@@ -107,7 +87,7 @@ class MbSgdClient:
         task = self.local_task(context)
         config, w = self._read_instruction(msg, task)
         metrics = self._metrics(task, w, config)
-        metrics["round"] = _config_value(config, "server-round", int)
+        metrics["round"] = config_value(config, "server-round", int)
         return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
 
     # -- helpers ----------------------------------------------------------------------------
@@ -117,7 +97,7 @@ class MbSgdClient:
         if "config" not in content or "arrays" not in content:
             raise ValueError("Mb-SGD message needs 'config' and 'arrays' records")
         config = content["config"]
-        tid = _config_value(config, "task-id", int)
+        tid = config_value(config, "task-id", int)
         if tid != task.task_id:
             raise ValueError(f"message for task {tid} reached the node of task {task.task_id}")
         arrays = content["arrays"]
@@ -136,7 +116,7 @@ class MbSgdClient:
             "n-train": task.n,
             "loss-mean": mean_hinge_loss(task.X, task.y, w),
         }
-        if "eval" in config and _config_value(config, "eval", bool):
+        if "eval" in config and config_value(config, "eval", bool):
             out["test-errors"] = classification_errors(task.X_test, task.y_test, w)
             out["test-n"] = int(task.X_test.shape[0])
         return out

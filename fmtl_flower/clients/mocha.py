@@ -19,7 +19,6 @@ Build a MOCHA ClientApp over your own data with :func:`make_mocha_client_app`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +33,7 @@ from ..core.rng import coordinate_order
 from ..core.sdca import sdca_local_update
 from ..data.validation import validate_task
 from ..wire import from_array, to_array
+from .common import config_value
 
 STATE_ARRAYS = "mocha.arrays"
 STATE_META = "mocha.meta"
@@ -75,25 +75,6 @@ def default_task_id(context: Context) -> int:
         "this node has no task id: start the SuperNode with --node-config \"task-id=N\" "
         "(or partition-id=N)"
     )
-
-
-def _cfg(config: ConfigRecord, key: str, kind: type) -> Any:
-    if key not in config:
-        raise ValueError(f"message config lacks {key!r}")
-    value = config[key]
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ValueError(f"message config {key!r} must be an int, got {value!r}")
-    if kind is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"message config {key!r} must be a number, got {value!r}")
-        value = float(value)
-        if not math.isfinite(value):
-            raise ValueError(f"message config {key!r} is not finite: {value!r}")
-    if kind is str and not isinstance(value, str):
-        raise ValueError(f"message config {key!r} must be a string, got {value!r}")
-    if kind is bool and not isinstance(value, bool):
-        raise ValueError(f"message config {key!r} must be a bool, got {value!r}")
-    return value
 
 
 class MochaClient:
@@ -162,19 +143,19 @@ class MochaClient:
         """Commit or roll back, report the objective's sums, run local SDCA, reply d_b."""
         task = self.local_task(context)
         config, w = self._read_instruction(msg, task)
-        server_round = _cfg(config, "server-round", int)
-        budget = _cfg(config, "budget", int)
-        m_tt = _cfg(config, "m-tt", float)
-        sigma_p = _cfg(config, "sigma-prime", float)
-        seed = _cfg(config, "seed", int)
-        dropped = _cfg(config, "dropped", bool)
+        server_round = config_value(config, "server-round", int)
+        budget = config_value(config, "budget", int)
+        m_tt = config_value(config, "m-tt", float)
+        sigma_p = config_value(config, "sigma-prime", float)
+        seed = config_value(config, "seed", int)
+        dropped = config_value(config, "dropped", bool)
         if budget < 0 or m_tt <= 0 or sigma_p <= 0:
             raise ValueError(f"invalid budget/m-tt/sigma-prime: {budget}, {m_tt}, {sigma_p}")
-        if _cfg(config, "last-accepted-round", int) >= server_round:
+        if config_value(config, "last-accepted-round", int) >= server_round:
             raise ValueError("last-accepted-round must precede server-round in a train message")
         alpha, committed, state_ok = self._reconcile(context, task, config)
         metrics = self._metrics(task, w, alpha, config, state_ok)
-        method = _cfg(config, "method", str) if "method" in config else "mocha"
+        method = config_value(config, "method", str) if "method" in config else "mocha"
         steps = 0 if dropped else budget
         if steps == 0:
             d_alpha, d_b = np.zeros(task.n), np.zeros(task.dim)
@@ -194,7 +175,7 @@ class MochaClient:
         config, w = self._read_instruction(msg, task)
         alpha, committed, state_ok = self._reconcile(context, task, config)
         metrics = self._metrics(task, w, alpha, config, state_ok)
-        metrics["round"] = _cfg(config, "server-round", int)
+        metrics["round"] = config_value(config, "server-round", int)
         self._write_state(context, task, alpha, committed, None, -1)
         return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
 
@@ -210,12 +191,12 @@ class MochaClient:
                 order=order, sqnorm=task.sqnorm)
             steps = budget
         elif method == "cocoa":
-            theta = _cfg(config, "theta", float)
+            theta = config_value(config, "theta", float)
             d_alpha, d_b, steps, _ = cocoa_local_update(
                 task.X, task.y, alpha, w, m_tt=m_tt, sigma_prime=sigma_p, theta=theta,
                 max_steps=budget, order=order, sqnorm=task.sqnorm)
         elif method == "mb-sdca":
-            scale = _cfg(config, "scale", float)
+            scale = config_value(config, "scale", float)
             if not 0.0 <= scale <= 1.0:
                 raise ValueError(f"scale must be in [0, 1], got {scale}")
             steps = min(budget, task.n)
@@ -224,7 +205,7 @@ class MochaClient:
             d_alpha, d_b = scale * d_alpha, scale * d_b
         else:
             raise ValueError(f"unknown method {method!r}")
-        gamma = _cfg(config, "gamma", float) if "gamma" in config else 1.0
+        gamma = config_value(config, "gamma", float) if "gamma" in config else 1.0
         if not 0.0 < gamma <= 1.0:
             raise ValueError(f"gamma must be in (0, 1], got {gamma}")
         if gamma != 1.0:  # aggregation parameter (appendix D.1): apply a gamma-step
@@ -238,7 +219,7 @@ class MochaClient:
         if "config" not in content or "arrays" not in content:
             raise ValueError("MOCHA message needs 'config' and 'arrays' records")
         config = content["config"]
-        tid = _cfg(config, "task-id", int)
+        tid = config_value(config, "task-id", int)
         if tid != task.task_id:
             raise ValueError(f"message for task {tid} reached the node of task {task.task_id}")
         arrays = content["arrays"]
@@ -253,8 +234,8 @@ class MochaClient:
     def _reconcile(self, context: Context, task: LocalTask,
                    config: ConfigRecord) -> tuple[np.ndarray, int, bool]:
         """Apply the dual commit protocol; return (alpha, committed round, state ok)."""
-        last_accepted = _cfg(config, "last-accepted-round", int)
-        server_round = _cfg(config, "server-round", int)
+        last_accepted = config_value(config, "last-accepted-round", int)
+        server_round = config_value(config, "server-round", int)
         if not 0 <= last_accepted <= server_round:
             raise ValueError(f"last-accepted-round {last_accepted} outside 0..server-round "
                              f"({server_round})")
@@ -295,7 +276,7 @@ class MochaClient:
             "loss-mean": mean_hinge_loss(task.X, task.y, w),
             "dual-mean": hinge_conjugate_value(alpha, task.y),
         }
-        if "eval" in config and _cfg(config, "eval", bool):
+        if "eval" in config and config_value(config, "eval", bool):
             out["test-errors"] = classification_errors(task.X_test, task.y_test, w)
             out["test-n"] = int(task.X_test.shape[0])
         return out

@@ -80,7 +80,7 @@ from ..metrics import error_summary
 from ..systems.heterogeneity import drop_mask, local_budgets
 from ..systems.timing import get_network, round_time
 from ..wire import from_array, to_array
-from .mocha import ReplyError
+from .discovery import ReplyError, TaskDirectory
 
 __all__ = ["SCHEDULES", "MbSgd", "ReplyError"]
 
@@ -232,17 +232,13 @@ class MbSgd(Strategy):
         self.round_timeout = 120.0
         self.num_rounds: int | None = None
         self.W: np.ndarray | None = None
-        self.dim: int | None = None
-        self.node_to_task: dict[int, int] = {}
-        self.task_to_node: dict[int, int] = {}
-        self.n_train = np.zeros(self.num_tasks, dtype=np.int64)
+        self.directory = TaskDirectory(self.num_tasks, _NAME)
         self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
         self.records: list[dict[str, Any]] = []
         self._sent: dict[int, int] = {}
         self._budgets = np.zeros(self.num_tasks, dtype=np.int64)
         self._dropped_now = np.zeros(self.num_tasks, dtype=bool)
         self._round_start = 0.0
-        self._duplicates: dict[int, int] = {}  # node -> task it claims while another holds it
         self._refresh_matrices()
 
     # ------------------------------------------------------------------ K and its constants
@@ -368,78 +364,27 @@ class MbSgd(Strategy):
 
     # ------------------------------------------------------------------ discovery
     def discover(self, grid: Grid, wait: bool = False) -> None:
-        """Map new node ids to tasks with a ``whoami`` query (waiting for all tasks if asked)."""
-        deadline = time.monotonic() + (self.discovery_timeout if wait else 0.0)
-        while True:
-            online = set(grid.get_node_ids())
-            for node in [n for n in self.node_to_task if n not in online]:
-                task = self.node_to_task.pop(node)
-                if self.task_to_node.get(task) == node:
-                    del self.task_to_node[task]
-            for node in [n for n in self._duplicates if n not in online
-                         or self.task_to_node.get(self._duplicates[n]) not in online]:
-                del self._duplicates[node]  # gone, or its task is free again: ask anew
-            unknown = sorted(online - set(self.node_to_task) - set(self._duplicates))
-            if unknown:
-                self._query_whoami(grid, unknown, online)
-            if len(self.task_to_node) >= self.num_tasks or time.monotonic() >= deadline:
-                break
-            time.sleep(0.2)
-        if wait and len(self.task_to_node) < self.num_tasks:
-            missing = sorted(set(range(self.num_tasks)) - set(self.task_to_node))
-            log(WARNING, "%s: %d of %d tasks found after %.0f s; missing task ids %s", _NAME,
-                len(self.task_to_node), self.num_tasks, self.discovery_timeout, missing[:20])
+        """Map new node ids to tasks (``whoami``); create W = 0 once ``dim`` is known."""
+        self.directory.discover(grid, wait=self.discovery_timeout if wait else 0.0,
+                                query_timeout=max(self.round_timeout, 60.0))
+        if self.W is None and self.directory.dim is not None:
+            self.W = np.zeros((self.directory.dim, self.num_tasks))
 
-    def _query_whoami(self, grid: Grid, nodes: list[int], online: set[int]) -> None:
-        msgs = [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n,
-                        message_type=f"{MessageType.QUERY}.whoami") for n in nodes]
-        timeout = max(self.round_timeout, 60.0)
-        for reply in grid.send_and_receive(msgs, timeout=timeout):
-            node = reply.metadata.src_node_id
-            if reply.has_error():
-                log(WARNING, "%s: whoami failed on node %s: %s", _NAME, node,
-                    reply.error.reason)
-                continue
-            try:
-                task, n_train, dim = self._read_whoami(reply)
-            except ReplyError as err:
-                log(WARNING, "%s: node %s: bad whoami reply: %s", _NAME, node, err)
-                continue
-            if self.W is None:
-                self.dim = dim
-                self.W = np.zeros((dim, self.num_tasks))
-            elif dim != self.dim:
-                log(WARNING, "%s: node %s (task %d) has %d features, the federation %d; "
-                    "ignored", _NAME, node, task, dim, self.dim)
-                continue
-            old = self.task_to_node.get(task)
-            if old is not None and old != node:
-                if old in online:
-                    log(WARNING, "%s: node %s claims task %d, which node %s (online) holds; "
-                        "ignored while that node is online", _NAME, node, task, old)
-                    self._duplicates[node] = task
-                    continue
-                log(INFO, "%s: task %d moved from node %s to node %s", _NAME, task, old, node)
-                self.node_to_task.pop(old, None)
-            self.task_to_node[task] = node
-            self.node_to_task[node] = task
-            self.n_train[task] = n_train
+    @property
+    def dim(self) -> int | None:
+        return self.directory.dim
 
-    def _read_whoami(self, reply: Message) -> tuple[int, int, int]:
-        if "info" not in reply.content:
-            raise ReplyError("no 'info' record")
-        info = reply.content["info"]
-        values = {}
-        for key in ("task-id", "n-train", "dim"):
-            value = info[key] if key in info else None
-            if not _is_int(value):
-                raise ReplyError(f"{key!r} must be an int, got {value!r}")
-            values[key] = value
-        if not 0 <= values["task-id"] < self.num_tasks:
-            raise ReplyError(f"task-id {values['task-id']} outside 0..{self.num_tasks - 1}")
-        if values["n-train"] < 1 or values["dim"] < 1:
-            raise ReplyError("n-train and dim must be >= 1")
-        return values["task-id"], values["n-train"], values["dim"]
+    @property
+    def node_to_task(self) -> dict[int, int]:
+        return self.directory.node_to_task
+
+    @property
+    def task_to_node(self) -> dict[int, int]:
+        return self.directory.task_to_node
+
+    @property
+    def n_train(self) -> np.ndarray:
+        return self.directory.n_train
 
     # ------------------------------------------------------------------ messages
     def _instructions(self, server_round: int, message_type: str, evaluate: bool,

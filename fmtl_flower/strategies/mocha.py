@@ -63,13 +63,10 @@ from ..metrics import error_summary
 from ..systems.heterogeneity import check_drop_prob, drop_mask, local_budgets
 from ..systems.timing import deadline_budgets, get_network, round_time
 from ..wire import from_array, to_array
+from .discovery import ReplyError, TaskDirectory
 
 RoundCallback = Callable[[dict[str, Any]], None]
 DUAL_METHODS = ("mocha", "cocoa", "mb-sdca")
-
-
-class ReplyError(ValueError):
-    """A node's reply broke the wire contract."""
 
 
 class Mocha(Strategy):
@@ -227,9 +224,7 @@ class Mocha(Strategy):
         self.round_timeout = 120.0
         self.num_rounds: int | None = None
         self.state: MochaServerState | None = None
-        self.node_to_task: dict[int, int] = {}
-        self.task_to_node: dict[int, int] = {}
-        self.n_train = np.zeros(self.num_tasks, dtype=np.int64)
+        self.directory = TaskDirectory(self.num_tasks, "MOCHA")
         self.last_accepted = np.zeros(self.num_tasks, dtype=np.int64)
         self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
         self.records: list[dict[str, Any]] = []
@@ -237,7 +232,6 @@ class Mocha(Strategy):
         self._round_start = 0.0
         self._dropped_now = np.zeros(self.num_tasks, dtype=bool)
         self._scale = 1.0
-        self._duplicates: dict[int, int] = {}  # node -> task it claims while another holds it
 
     # ------------------------------------------------------------------ Strategy interface
     def summary(self) -> None:
@@ -346,77 +340,24 @@ class Mocha(Strategy):
 
     # ------------------------------------------------------------------ discovery
     def discover(self, grid: Grid, wait: bool = False) -> None:
-        """Map new node ids to tasks with a ``whoami`` query (waiting for all tasks if asked)."""
-        deadline = time.monotonic() + (self.discovery_timeout if wait else 0.0)
-        while True:
-            online = set(grid.get_node_ids())
-            for node in [n for n in self.node_to_task if n not in online]:
-                task = self.node_to_task.pop(node)
-                if self.task_to_node.get(task) == node:
-                    del self.task_to_node[task]
-            for node in [n for n in self._duplicates if n not in online
-                         or self.task_to_node.get(self._duplicates[n]) not in online]:
-                del self._duplicates[node]  # gone, or its task is free again: ask anew
-            unknown = sorted(online - set(self.node_to_task) - set(self._duplicates))
-            if unknown:
-                self._query_whoami(grid, unknown, online)
-            if len(self.task_to_node) >= self.num_tasks or time.monotonic() >= deadline:
-                break
-            time.sleep(0.2)
-        if wait and len(self.task_to_node) < self.num_tasks:
-            missing = sorted(set(range(self.num_tasks)) - set(self.task_to_node))
-            log(WARNING, "MOCHA: %d of %d tasks found after %.0f s; missing task ids %s",
-                len(self.task_to_node), self.num_tasks, self.discovery_timeout, missing[:20])
+        """Map new node ids to tasks (``whoami``); create the state once ``dim`` is known."""
+        self.directory.discover(grid, wait=self.discovery_timeout if wait else 0.0,
+                                query_timeout=max(self.round_timeout, 60.0))
+        if self.state is None and self.directory.dim is not None:
+            self.state = MochaServerState.zeros(self.directory.dim, make_formulation(
+                self.omega, self.num_tasks, lam=self.lam, **self.formulation_options))
 
-    def _query_whoami(self, grid: Grid, nodes: list[int], online: set[int]) -> None:
-        msgs = [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n,
-                        message_type=f"{MessageType.QUERY}.whoami") for n in nodes]
-        timeout = max(self.round_timeout, 60.0)
-        for reply in grid.send_and_receive(msgs, timeout=timeout):
-            node = reply.metadata.src_node_id
-            if reply.has_error():
-                log(WARNING, "MOCHA: whoami failed on node %s: %s", node, reply.error.reason)
-                continue
-            try:
-                task, n_train, dim = self._read_whoami(reply)
-            except ReplyError as err:
-                log(WARNING, "MOCHA: node %s: bad whoami reply: %s", node, err)
-                continue
-            if self.state is None:
-                self.state = MochaServerState.zeros(dim, make_formulation(
-                    self.omega, self.num_tasks, lam=self.lam, **self.formulation_options))
-            elif dim != self.state.dim:
-                log(WARNING, "MOCHA: node %s (task %d) has %d features, the federation %d; "
-                    "ignored", node, task, dim, self.state.dim)
-                continue
-            old = self.task_to_node.get(task)
-            if old is not None and old != node:
-                if old in online:
-                    log(WARNING, "MOCHA: node %s claims task %d, which node %s (online) holds; "
-                        "ignored while that node is online", node, task, old)
-                    self._duplicates[node] = task
-                    continue
-                log(INFO, "MOCHA: task %d moved from node %s to node %s", task, old, node)
-                self.node_to_task.pop(old, None)
-            self.task_to_node[task] = node
-            self.node_to_task[node] = task
-            self.n_train[task] = n_train
+    @property
+    def node_to_task(self) -> dict[int, int]:
+        return self.directory.node_to_task
 
-    def _read_whoami(self, reply: Message) -> tuple[int, int, int]:
-        if "info" not in reply.content:
-            raise ReplyError("no 'info' record")
-        info = reply.content["info"]
-        values = {}
-        for key in ("task-id", "n-train", "dim"):
-            value = info.get(key) if key in info else None
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ReplyError(f"{key!r} must be an int, got {value!r}")
-            values[key] = value
-        if not 0 <= values["task-id"] < self.num_tasks:
-            raise ReplyError(f"task-id {values['task-id']} outside 0..{self.num_tasks - 1}")
-        if values["n-train"] < 1 or values["dim"] < 1:
-            raise ReplyError("n-train and dim must be >= 1")
-        return values["task-id"], values["n-train"], values["dim"]
+    @property
+    def task_to_node(self) -> dict[int, int]:
+        return self.directory.task_to_node
+
+    @property
+    def n_train(self) -> np.ndarray:
+        return self.directory.n_train
 
     # ------------------------------------------------------------------ messages
     def _instructions(self, server_round: int, message_type: str, evaluate: bool,

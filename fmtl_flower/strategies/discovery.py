@@ -1,0 +1,126 @@
+"""Which node serves which task: the ``whoami`` query shared by every strategy.
+
+Flower node ids are random and change when a device restarts; strategies key everything by the
+task id a node reports (design decision 6). :class:`TaskDirectory` keeps the two-way map,
+asks new nodes ``whoami`` (reply: ConfigRecord ``info`` with int ``task-id`` in
+0..num_tasks-1, ``n-train`` >= 1, ``dim`` >= 1, the same on every node), forgets nodes that go
+offline, lets a restarted device (new node id) take its task over, and refuses a second live
+node claiming a task (logged; asked again once the holder is gone).
+"""
+
+from __future__ import annotations
+
+import time
+from logging import INFO, WARNING
+
+import numpy as np
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+
+class ReplyError(ValueError):
+    """A node's reply broke the wire contract."""
+
+
+class TaskDirectory:
+    """Two-way node id <-> task id map, kept up to date by ``whoami`` queries.
+
+    Parameters
+    ----------
+    num_tasks : int
+        Task ids are 0 .. num_tasks - 1.
+    name : str
+        Prefix of log lines (the strategy's name).
+
+    Attributes
+    ----------
+    node_to_task, task_to_node : dict[int, int]
+    n_train : ndarray of shape (num_tasks,), int64
+        Training-set size each task reported (0: not seen yet).
+    dim : int or None
+        The feature dimension, fixed by the first valid reply.
+    """
+
+    def __init__(self, num_tasks: int, name: str) -> None:
+        self.num_tasks = int(num_tasks)
+        self.name = name
+        self.node_to_task: dict[int, int] = {}
+        self.task_to_node: dict[int, int] = {}
+        self.n_train = np.zeros(self.num_tasks, dtype=np.int64)
+        self.dim: int | None = None
+        self._duplicates: dict[int, int] = {}  # node -> task it claims while another holds it
+
+    def discover(self, grid: Grid, *, wait: float = 0.0, query_timeout: float = 60.0) -> None:
+        """Map new node ids to tasks, waiting up to ``wait`` seconds for every task."""
+        deadline = time.monotonic() + wait
+        while True:
+            online = set(grid.get_node_ids())
+            for node in [n for n in self.node_to_task if n not in online]:
+                task = self.node_to_task.pop(node)
+                if self.task_to_node.get(task) == node:
+                    del self.task_to_node[task]
+            for node in [n for n in self._duplicates if n not in online
+                         or self.task_to_node.get(self._duplicates[n]) not in online]:
+                del self._duplicates[node]  # gone, or its task is free again: ask anew
+            unknown = sorted(online - set(self.node_to_task) - set(self._duplicates))
+            if unknown:
+                self._query(grid, unknown, online, query_timeout)
+            if len(self.task_to_node) >= self.num_tasks or time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+        if wait and len(self.task_to_node) < self.num_tasks:
+            missing = sorted(set(range(self.num_tasks)) - set(self.task_to_node))
+            log(WARNING, "%s: %d of %d tasks found after %.0f s; missing task ids %s", self.name,
+                len(self.task_to_node), self.num_tasks, wait, missing[:20])
+
+    def _query(self, grid: Grid, nodes: list[int], online: set[int], timeout: float) -> None:
+        msgs = [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n,
+                        message_type=f"{MessageType.QUERY}.whoami") for n in nodes]
+        for reply in grid.send_and_receive(msgs, timeout=timeout):
+            node = reply.metadata.src_node_id
+            if reply.has_error():
+                log(WARNING, "%s: whoami failed on node %s: %s", self.name, node,
+                    reply.error.reason)
+                continue
+            try:
+                task, n_train, dim = self.read_whoami(reply)
+            except ReplyError as err:
+                log(WARNING, "%s: node %s: bad whoami reply: %s", self.name, node, err)
+                continue
+            if self.dim is None:
+                self.dim = dim
+            elif dim != self.dim:
+                log(WARNING, "%s: node %s (task %d) has %d features, the federation %d; "
+                    "ignored", self.name, node, task, dim, self.dim)
+                continue
+            old = self.task_to_node.get(task)
+            if old is not None and old != node:
+                if old in online:
+                    log(WARNING, "%s: node %s claims task %d, which node %s (online) holds; "
+                        "ignored while that node is online", self.name, node, task, old)
+                    self._duplicates[node] = task
+                    continue
+                log(INFO, "%s: task %d moved from node %s to node %s", self.name, task, old,
+                    node)
+                self.node_to_task.pop(old, None)
+            self.task_to_node[task] = node
+            self.node_to_task[node] = task
+            self.n_train[task] = n_train
+
+    def read_whoami(self, reply: Message) -> tuple[int, int, int]:
+        """(task id, n-train, dim) of a whoami reply; :class:`ReplyError` if malformed."""
+        if "info" not in reply.content:
+            raise ReplyError("no 'info' record")
+        info = reply.content["info"]
+        values = {}
+        for key in ("task-id", "n-train", "dim"):
+            value = info[key] if key in info else None
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ReplyError(f"{key!r} must be an int, got {value!r}")
+            values[key] = value
+        if not 0 <= values["task-id"] < self.num_tasks:
+            raise ReplyError(f"task-id {values['task-id']} outside 0..{self.num_tasks - 1}")
+        if values["n-train"] < 1 or values["dim"] < 1:
+            raise ReplyError("n-train and dim must be >= 1")
+        return values["task-id"], values["n-train"], values["dim"]
