@@ -70,7 +70,6 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
 
 from ..centralized import omega_step_due
 from ..core.baselines import mbsgd_radius, mbsgd_server_step, mbsgd_step_size
@@ -80,6 +79,7 @@ from ..metrics import error_summary
 from ..systems.heterogeneity import drop_mask, local_budgets
 from ..systems.timing import get_network, round_time
 from ..wire import from_array, to_array
+from .base import TaskStrategy
 from .discovery import ReplyError, TaskDirectory
 
 __all__ = ["SCHEDULES", "MbSgd", "ReplyError"]
@@ -93,7 +93,7 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-class MbSgd(Strategy):
+class MbSgd(TaskStrategy):
     """Mini-batch stochastic subgradient descent on MOCHA's primal (the Mb-SGD baseline).
 
     Minimises ``P(W) = sum_t mean_i hinge(y_ti x_ti^T w_t) + (1/2) tr(W K W^T)`` (per-task
@@ -267,19 +267,6 @@ class MbSgd(Strategy):
         log(INFO, "\t└── local-frac=%g, sys-het=%s (%s), drop-prob=%g, seed=%d",
             self.local_frac, self.sys_het, self.sys_het_base, self.drop_prob, self.seed)
 
-    def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int = 3,
-              timeout: float = 3600, train_config: ConfigRecord | None = None,
-              evaluate_config: ConfigRecord | None = None,
-              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None
-              ) -> Result:
-        """Run ``num_rounds`` Mb-SGD rounds plus a final metrics round (see Strategy.start)."""
-        self.num_rounds = int(num_rounds)
-        self.round_timeout = float(timeout)
-        if initial_arrays is None:
-            initial_arrays = ArrayRecord()
-        return super().start(grid, initial_arrays, num_rounds, timeout, train_config,
-                             evaluate_config, evaluate_fn)
-
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         """One ``train`` message per reachable task, with its w_t and mini-batch size."""
@@ -373,18 +360,6 @@ class MbSgd(Strategy):
     @property
     def dim(self) -> int | None:
         return self.directory.dim
-
-    @property
-    def node_to_task(self) -> dict[int, int]:
-        return self.directory.node_to_task
-
-    @property
-    def task_to_node(self) -> dict[int, int]:
-        return self.directory.task_to_node
-
-    @property
-    def n_train(self) -> np.ndarray:
-        return self.directory.n_train
 
     # ------------------------------------------------------------------ messages
     def _instructions(self, server_round: int, message_type: str, evaluate: bool,
@@ -532,17 +507,3 @@ class MbSgd(Strategy):
         if self.on_round is not None:
             self.on_round(self.public_record(record))
         return record
-
-    @staticmethod
-    def public_record(record: dict[str, Any]) -> dict[str, Any]:
-        """A record without internal fields."""
-        return {k: v for k, v in record.items() if not k.startswith("_")}
-
-    def results(self) -> dict[str, Any]:
-        """``{"rounds": [...], "final": {...}}`` of the results contract (completed records)."""
-        rounds = [self.public_record(r) for r in self.records if "_reg" not in r]
-        final = dict(rounds[-1]) if rounds else {}
-        never = sorted(int(t) for t in np.flatnonzero(~self.ever_replied))
-        final["tasks_never_replied"] = never
-        final["complete"] = bool(rounds) and not final.get("tasks_missing")
-        return {"rounds": rounds, "final": final}

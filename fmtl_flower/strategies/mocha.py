@@ -52,7 +52,6 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
 
 from ..centralized import omega_step_due
 from ..core.baselines import mbsdca_scale
@@ -63,13 +62,14 @@ from ..metrics import error_summary
 from ..systems.heterogeneity import check_drop_prob, drop_mask, local_budgets
 from ..systems.timing import deadline_budgets, get_network, round_time
 from ..wire import from_array, to_array
+from .base import TaskStrategy
 from .discovery import ReplyError, TaskDirectory
 
 RoundCallback = Callable[[dict[str, Any]], None]
 DUAL_METHODS = ("mocha", "cocoa", "mb-sdca")
 
 
-class Mocha(Strategy):
+class Mocha(TaskStrategy):
     """MOCHA: federated multi-task learning with a learned task-relationship matrix.
 
     Each task t (one device, or one node) learns a linear model w_t; the models are tied by the
@@ -241,19 +241,6 @@ class Mocha(Strategy):
         log(INFO, "\t└── local-frac=%g, sys-het=%s (%s), drop-prob=%s, seed=%d",
             self.local_frac, self.sys_het, self.sys_het_base, self.drop_prob, self.seed)
 
-    def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int = 3,
-              timeout: float = 3600, train_config: ConfigRecord | None = None,
-              evaluate_config: ConfigRecord | None = None,
-              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None
-              ) -> Result:
-        """Run ``num_rounds`` MOCHA rounds plus a final metrics round (see Strategy.start)."""
-        self.num_rounds = int(num_rounds)
-        self.round_timeout = float(timeout)
-        if initial_arrays is None:
-            initial_arrays = ArrayRecord()
-        return super().start(grid, initial_arrays, num_rounds, timeout, train_config,
-                             evaluate_config, evaluate_fn)
-
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         """One ``train`` message per reachable task, with its w_t, m_tt, sigma' and budget."""
@@ -346,18 +333,6 @@ class Mocha(Strategy):
         if self.state is None and self.directory.dim is not None:
             self.state = MochaServerState.zeros(self.directory.dim, make_formulation(
                 self.omega, self.num_tasks, lam=self.lam, **self.formulation_options))
-
-    @property
-    def node_to_task(self) -> dict[int, int]:
-        return self.directory.node_to_task
-
-    @property
-    def task_to_node(self) -> dict[int, int]:
-        return self.directory.task_to_node
-
-    @property
-    def n_train(self) -> np.ndarray:
-        return self.directory.n_train
 
     # ------------------------------------------------------------------ messages
     def _instructions(self, server_round: int, message_type: str, evaluate: bool,
@@ -513,17 +488,3 @@ class Mocha(Strategy):
         if self.on_round is not None:
             self.on_round(self.public_record(record))
         return record
-
-    @staticmethod
-    def public_record(record: dict[str, Any]) -> dict[str, Any]:
-        """A record without internal fields."""
-        return {k: v for k, v in record.items() if not k.startswith("_")}
-
-    def results(self) -> dict[str, Any]:
-        """``{"rounds": [...], "final": {...}}`` of the results contract (completed records)."""
-        rounds = [self.public_record(r) for r in self.records if "_reg" not in r]
-        final = dict(rounds[-1]) if rounds else {}
-        never = sorted(int(t) for t in np.flatnonzero(~self.ever_replied))
-        final["tasks_never_replied"] = never
-        final["complete"] = bool(rounds) and not final.get("tasks_missing")
-        return {"rounds": rounds, "final": final}
