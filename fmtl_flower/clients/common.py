@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from flwr.app import ConfigRecord
+from flwr.clientapp import ClientApp
 
 
 def config_value(config: ConfigRecord, key: str, kind: type) -> Any:
@@ -26,3 +27,13 @@ def config_value(config: ConfigRecord, key: str, kind: type) -> Any:
     if kind is bool and not isinstance(value, bool):
         raise ValueError(f"message config {key!r} must be a bool, got {value!r}")
     return value
+
+
+def client_app_for(client: Any) -> ClientApp:
+    """A ClientApp routing ``query.whoami``, ``train`` and ``evaluate`` to ``client``'s
+    handlers of the same names."""
+    app = ClientApp()
+    app.query("whoami")(client.whoami)
+    app.train()(client.train)
+    app.evaluate()(client.evaluate)
+    return app

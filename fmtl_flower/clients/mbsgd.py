@@ -25,7 +25,7 @@ from ..core.baselines import mbsgd_local_gradient
 from ..core.hinge import classification_errors, mean_hinge_loss
 from ..core.rng import coordinate_order
 from ..wire import from_array, to_array
-from .common import config_value
+from .common import client_app_for, config_value
 from .mocha import DataLoader, LocalTask, MochaClient, TaskIdFn, default_task_id
 
 __all__ = ["MbSgdClient", "default_task_id", "make_mbsgd_client_app"]
@@ -137,9 +137,6 @@ def make_mbsgd_client_app(load_data: DataLoader, task_id: TaskIdFn | None = None
     >>> app = make_mbsgd_client_app(lambda ctx: my_arrays(ctx.node_config["partition-id"]))
     """
     client = MbSgdClient(load_data, task_id)
-    app = ClientApp()
-    app.query("whoami")(client.whoami)
-    app.train()(client.train)
-    app.evaluate()(client.evaluate)
+    app = client_app_for(client)
     app.mbsgd_client = client  # type: ignore[attr-defined]  # for tests and introspection
     return app

@@ -33,7 +33,7 @@ from ..core.rng import coordinate_order
 from ..core.sdca import sdca_local_update
 from ..data.validation import validate_task
 from ..wire import from_array, to_array
-from .common import config_value
+from .common import client_app_for, config_value
 
 STATE_ARRAYS = "mocha.arrays"
 STATE_META = "mocha.meta"
@@ -314,9 +314,6 @@ def make_mocha_client_app(load_data: DataLoader, task_id: TaskIdFn | None = None
     >>> app = make_mocha_client_app(lambda ctx: my_arrays(ctx.node_config["partition-id"]))
     """
     client = MochaClient(load_data, task_id)
-    app = ClientApp()
-    app.query("whoami")(client.whoami)
-    app.train()(client.train)
-    app.evaluate()(client.evaluate)
+    app = client_app_for(client)
     app.mocha_client = client  # type: ignore[attr-defined]  # for tests and introspection
     return app
