@@ -29,7 +29,7 @@ from typing import Any
 
 from ..centralized import fit_mocha
 from ..data import load_dataset
-from .optimization import NETWORKS, cumulative_time, curve_rows, optimum, run_mbsgd
+from .optimization import NETWORKS, network_curves, optimum, run_mbsgd
 from .output import write_outputs
 
 NAME = "mocha-fig1"
@@ -67,13 +67,11 @@ def run(out_dir: Path, quick: bool = False, datasets: list[str] | None = None,
         optima[dataset] = p_star
         traj = trajectories(tasks, rounds, seed=0)
         for method, tr in traj.items():
-            for network in NETWORKS:
-                times = cumulative_time(tr["steps"], data.dim, method, network,
-                                        n=data.n_train if method == "cocoa" else None)
-                base = {"dataset": dataset, "method": method, "network": network}
-                new_rows, new_summary = curve_rows(base, tr["primal"], times, p_star)
-                rows.extend(new_rows)
-                summary.extend(new_summary)
+            new_rows, new_summary = network_curves(
+                {"dataset": dataset, "method": method}, tr["primal"], tr["steps"], data.dim,
+                method, p_star, n=data.n_train if method == "cocoa" else None)
+            rows.extend(new_rows)
+            summary.extend(new_summary)
         logger.info("%s: P* = %.6f; %s", dataset, p_star, ", ".join(
             f"{m} {(tr['primal'][-1] - p_star) / p_star:.1e} after {len(tr['primal']) - 1} "
             "rounds" for m, tr in traj.items()))

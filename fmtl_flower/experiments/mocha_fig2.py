@@ -28,7 +28,7 @@ from ..systems.heterogeneity import local_budgets
 from ..systems.timing import DEFAULT_CLOCK_RATE
 from .mocha_fig1 import LAM, METHODS, trajectories
 from .mocha_fig1 import format_table as _format_table
-from .optimization import NETWORKS, cumulative_time, curve_rows, optimum
+from .optimization import network_curves, optimum
 from .output import write_outputs
 
 NAME = "mocha-fig2"
@@ -63,16 +63,13 @@ def run(out_dir: Path, quick: bool = False, datasets: list[str] | None = None,
                                         "steps": mocha.steps}}
             for method, tr in traj.items():
                 factors = speed_factors(data.n_train, level, len(tr["steps"]), seed=0)
-                rates = [DEFAULT_CLOCK_RATE * f for f in factors]
-                for network in NETWORKS:
-                    times = cumulative_time(tr["steps"], data.dim, method, network,
-                                            n=data.n_train if method == "cocoa" else None,
-                                            clock_rate=rates)
-                    base = {"dataset": dataset, "method": method, "network": network,
-                            "sys_het": level}
-                    new_rows, new_summary = curve_rows(base, tr["primal"], times, p_star)
-                    rows.extend(new_rows)
-                    summary.extend(new_summary)
+                new_rows, new_summary = network_curves(
+                    {"dataset": dataset, "method": method, "sys_het": level}, tr["primal"],
+                    tr["steps"], data.dim, method, p_star,
+                    n=data.n_train if method == "cocoa" else None,
+                    clock_rate=[DEFAULT_CLOCK_RATE * f for f in factors])
+                rows.extend(new_rows)
+                summary.extend(new_summary)
         logger.info("%s: P* = %.6f", dataset, p_star)
     payload = {"rows": rows, "optimum": optima, "summary": summary,
                "config": {"datasets": datasets, "lambda": LAM, "rounds": rounds,

@@ -25,7 +25,7 @@ from ..centralized import fit_mocha
 from ..data import load_dataset
 from ..systems.heterogeneity import drop_mask
 from .mocha_fig1 import LAM
-from .optimization import NETWORKS, cumulative_time, curve_rows, optimum
+from .optimization import network_curves, optimum
 from .output import write_outputs
 
 NAME = "mocha-fig3"
@@ -65,14 +65,11 @@ def run(out_dir: Path, quick: bool = False, datasets: list[str] | None = None,
                 masks = [~drop_mask(m, per_task(p, m), seed=0, server_round=r)
                          for r in range(1, rounds + 1)]
                 primal = [h["primal"] for h in fit.history]
-                for network in NETWORKS:
-                    times = cumulative_time(fit.steps, data.dim, "mocha", network,
-                                            participating=masks)
-                    base = {"dataset": dataset, "method": method, "network": network,
-                            "drop_prob": p}
-                    new_rows, new_summary = curve_rows(base, primal, times, p_star)
-                    rows.extend(new_rows)
-                    summary.extend(new_summary)
+                new_rows, new_summary = network_curves(
+                    {"dataset": dataset, "method": method, "drop_prob": p}, primal, fit.steps,
+                    data.dim, "mocha", p_star, participating=masks)
+                rows.extend(new_rows)
+                summary.extend(new_summary)
                 logger.info("%s %s drop %s: final (P - P*)/P* = %.2e", dataset, method, p,
                             (primal[-1] - p_star) / p_star)
     payload = {"rows": rows, "optimum": optima, "summary": summary,

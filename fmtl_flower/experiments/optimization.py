@@ -102,3 +102,19 @@ def cumulative_time(steps_per_round: Sequence[np.ndarray], dim: int, method: str
         times.append(round_time(steps, dim, method, network, model="reference", n=n,
                                 clock_rate=rate, participating=mask))
     return np.cumsum(times)
+
+
+def network_curves(base: dict[str, Any], primal: Sequence[float],
+                   steps_per_round: Sequence[np.ndarray], dim: int, method: str, p_star: float,
+                   **time_options: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """:func:`curve_rows` of one trajectory on every network of :data:`NETWORKS`.
+
+    ``time_options`` go to :func:`cumulative_time` (``n``, ``clock_rate``, ``participating``).
+    """
+    rows, summary = [], []
+    for network in NETWORKS:
+        times = cumulative_time(steps_per_round, dim, method, network, **time_options)
+        new_rows, new_summary = curve_rows({**base, "network": network}, primal, times, p_star)
+        rows.extend(new_rows)
+        summary.extend(new_summary)
+    return rows, summary
