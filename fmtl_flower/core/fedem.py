@@ -1,0 +1,285 @@
+"""FedEM's numerics (Marfoq et al. 2021): E-step, mixture weights, local update, aggregation.
+
+Every client's data is a mixture of M shared components. With component models theta_m and
+the client's mixture weights pi (a point of the simplex),
+
+* **E-step** (eq. 8): responsibilities q[m, i] = pi_m p_m(y_i | x_i) / sum_m' (...), computed
+  in log space, ``softmax_m(log pi_m - loss[m, i])``, in float64, so that no loss, however
+  large, gives NaN or a 0/0;
+* **pi update** (eq. 9): pi_m = mean_i q[m, i], then floored at ``PI_FLOOR`` and renormalised,
+  so that a component never dies at exactly 0 (log 0 would make it unrecoverable);
+* **local solver** (eq. 10, approximately): per component, epochs of mini-batch SGD on
+  (1/|batch|) sum_i q[m, i] loss_m(i) (:func:`fmtl_flower.core.local_sgd.sgd_epochs`), each
+  component with its own momentum buffer;
+* **aggregation**: theta_m <- theta_m + sum_k w[k, m] (theta_{m,k} - theta_m) / Z_m, with
+  Z_m the total weight of all training clients (the authors' rule: a client that was not
+  sampled counts as holding theta_m) or of the replying clients only (unbiased under partial
+  participation);
+* **prediction**: the pi-weighted mixture of the components' class probabilities (eq. 6).
+
+The same machinery runs the baselines: FedAvg / FedProx / FedAvg+ are M = 1 (q = 1), and
+clustered FL (IFCA) trains, per client, only the component of lowest training loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import logsumexp
+
+from .local_sgd import SGDConfig, sgd_epochs
+from .models import Model
+
+__all__ = [
+    "AGGREGATIONS", "LR_SCHEDULES", "PI_FLOOR", "LocalUpdate", "aggregate_components",
+    "check_simplex", "component_losses", "e_step", "fit_mixture_weights", "learning_rate",
+    "local_update", "mixture_log_likelihood", "mixture_proba", "sample_clients", "update_pi",
+]
+
+#: Smallest mixture weight a component keeps after a pi update.
+PI_FLOOR = 1e-6
+AGGREGATIONS = ("all", "sampled")
+LR_SCHEDULES = ("constant", "multi-step")
+
+
+def check_simplex(pi: np.ndarray, num_components: int | None = None,
+                  atol: float = 1e-6) -> np.ndarray:
+    """``pi`` as float64 after checking it is a point of the simplex (ValueError if not)."""
+    pi = np.asarray(pi, dtype=np.float64)
+    if pi.ndim != 1 or pi.size < 1:
+        raise ValueError(f"pi must be a non-empty 1-D array, got shape {pi.shape}")
+    if num_components is not None and pi.size != num_components:
+        raise ValueError(f"pi has {pi.size} entries, expected {num_components}")
+    if not np.all(np.isfinite(pi)):
+        raise ValueError("pi has non-finite entries")
+    if np.any(pi < 0) or abs(float(pi.sum()) - 1.0) > atol:
+        raise ValueError(f"pi is not on the simplex (min {pi.min():.3g}, sum {pi.sum():.9g})")
+    return pi
+
+
+def e_step(pi: np.ndarray, losses: np.ndarray) -> np.ndarray:
+    """Responsibilities ``q`` (M, n): q[m, i] proportional to pi_m exp(-losses[m, i]).
+
+    Parameters
+    ----------
+    pi : ndarray of shape (M,)
+        Mixture weights (a point of the simplex; zeros allowed).
+    losses : ndarray of shape (M, n)
+        Per-sample negative log-likelihoods of each component (finite or +inf).
+
+    Returns
+    -------
+    ndarray of shape (M, n), float64
+        Columns on the simplex. A sample that every component with pi_m > 0 gives infinite
+        loss gets the prior pi as its column (no NaN).
+    """
+    pi = np.asarray(pi, dtype=np.float64)
+    losses = np.asarray(losses, dtype=np.float64)
+    if losses.ndim != 2 or losses.shape[0] != pi.size:
+        raise ValueError(f"losses must have shape ({pi.size}, n), got {losses.shape}")
+    if np.any(np.isnan(losses)):
+        raise ValueError("losses contain NaN")
+    with np.errstate(divide="ignore"):
+        log_pi = np.log(pi)[:, None]
+    scores = log_pi - losses
+    top = scores.max(axis=0, keepdims=True)
+    dead = ~np.isfinite(top[0])
+    if np.any(dead):  # every component impossible for these samples: fall back on the prior
+        scores[:, dead] = np.broadcast_to(log_pi, (pi.size, int(dead.sum())))
+        top[:, dead] = scores[:, dead].max(axis=0)
+    q = np.exp(scores - top)
+    q /= q.sum(axis=0, keepdims=True)
+    return q
+
+
+def update_pi(q: np.ndarray, floor: float = PI_FLOOR) -> np.ndarray:
+    """pi_m = mean_i q[m, i] (eq. 9), floored at ``floor`` and renormalised."""
+    q = np.asarray(q, dtype=np.float64)
+    if q.ndim != 2 or q.shape[1] < 1:
+        raise ValueError(f"q must have shape (M, n) with n >= 1, got {q.shape}")
+    if not 0 <= floor < 1.0 / q.shape[0]:
+        raise ValueError(f"floor must be in [0, 1/M), got {floor}")
+    pi = np.maximum(q.mean(axis=1), floor)
+    return pi / pi.sum()
+
+
+def component_losses(model: Model, components: np.ndarray, X: np.ndarray,
+                     y: np.ndarray) -> np.ndarray:
+    """Per-sample losses (M, n) of every component on (X, y)."""
+    return np.stack([model.per_sample_loss(theta, X, y) for theta in components])
+
+
+def mixture_log_likelihood(pi: np.ndarray, losses: np.ndarray) -> np.ndarray:
+    """log p(y_i | x_i) = logsumexp_m(log pi_m - losses[m, i]), shape (n,)."""
+    with np.errstate(divide="ignore"):
+        return logsumexp(np.log(np.asarray(pi, dtype=np.float64))[:, None] - losses, axis=0)
+
+
+def mixture_proba(model: Model, components: np.ndarray, pi: np.ndarray,
+                  X: np.ndarray) -> np.ndarray:
+    """Class probabilities (n, C) of the pi-weighted mixture of the components (eq. 6)."""
+    out = np.zeros((X.shape[0], model.num_classes))
+    for theta, weight in zip(components, pi, strict=True):
+        if weight > 0:
+            out += weight * model.predict_proba(theta, X)
+    return out
+
+
+def fit_mixture_weights(losses: np.ndarray, pi0: np.ndarray | None = None, *,
+                        max_iter: int = 1000, tol: float = 1e-10,
+                        floor: float = PI_FLOOR) -> tuple[np.ndarray, int]:
+    """EM over pi alone, the components fixed, to convergence (unseen clients).
+
+    The log-likelihood is concave in pi and each EM step increases it; iteration stops when
+    pi moves less than ``tol`` (max-norm) or after ``max_iter`` steps.
+
+    Returns
+    -------
+    pi : ndarray of shape (M,)
+    iterations : int
+    """
+    M = losses.shape[0]
+    pi = np.full(M, 1.0 / M) if pi0 is None else check_simplex(pi0, M).copy()
+    for it in range(1, max_iter + 1):
+        new = update_pi(e_step(pi, losses), floor)
+        if np.max(np.abs(new - pi)) < tol:
+            return new, it
+        pi = new
+    return pi, max_iter
+
+
+@dataclass(frozen=True)
+class LocalUpdate:
+    """What one client's round produces.
+
+    Attributes
+    ----------
+    components : ndarray (M, P)
+        The locally updated components (untouched ones equal to those received).
+    momentum : ndarray (M, P)
+        The optimiser state after the round.
+    pi : ndarray (M,)
+        The mixture weights after the E-step and pi update (one-hot for clustered FL).
+    weights : ndarray (M,)
+        Aggregation weight of each component: n_k for every trained component, 0 otherwise.
+    train_loss : float
+        Mean negative log-likelihood of the mixture (received components, new pi) over the
+        client's training set: the client's term of FedEM's objective f(Theta, Pi).
+    """
+
+    components: np.ndarray
+    momentum: np.ndarray
+    pi: np.ndarray
+    weights: np.ndarray
+    train_loss: float
+
+
+def local_update(model: Model, components: np.ndarray, pi: np.ndarray, momentum: np.ndarray,
+                 X: np.ndarray, y: np.ndarray, config: SGDConfig, rng: np.random.Generator,
+                 *, mode: str = "mixture", pi_floor: float = PI_FLOOR) -> LocalUpdate:
+    """One client's round: E-step, pi update, then weighted local SGD on every component.
+
+    Parameters
+    ----------
+    model : Model
+    components : ndarray of shape (M, P)
+        The components received from the server.
+    pi : ndarray of shape (M,)
+        The client's mixture weights before the round.
+    momentum : ndarray of shape (M, P)
+        The client's momentum buffers (zeros: fresh).
+    X, y : ndarrays
+        The client's training set.
+    config : SGDConfig
+        Local solver settings (``prox_mu`` > 0 adds FedProx's proximal term around the
+        received components).
+    rng : numpy Generator
+        Mini-batch order (drawn per component, in component order).
+    mode : {"mixture", "cluster"}
+        ``mixture``: FedEM (M = 1 gives FedAvg); ``cluster``: clustered FL (IFCA), the client
+        picks the component of lowest mean training loss and trains only that one.
+    """
+    M = components.shape[0]
+    losses = component_losses(model, components, X, y)
+    n = X.shape[0]
+    if mode == "mixture":
+        q = e_step(pi, losses)
+        new_pi = update_pi(q, pi_floor) if M > 1 else np.ones(1)
+        chosen = range(M)
+    elif mode == "cluster":
+        best = int(np.argmin(losses.mean(axis=1)))
+        q = np.zeros((M, n))
+        q[best] = 1.0
+        new_pi = np.zeros(M)
+        new_pi[best] = 1.0
+        chosen = [best]
+    else:
+        raise ValueError(f"mode must be 'mixture' or 'cluster', got {mode!r}")
+    train_loss = float(-mixture_log_likelihood(new_pi, losses).mean())
+    out = np.array(components, dtype=np.float64, copy=True)
+    buffers = np.array(momentum, dtype=np.float64, copy=True)
+    weights = np.zeros(M)
+    for m in chosen:
+        out[m], buffers[m], _ = sgd_epochs(model, components[m], momentum[m], X, y, q[m],
+                                           config, rng)
+        weights[m] = n
+    return LocalUpdate(out, buffers, new_pi, weights, train_loss)
+
+
+def aggregate_components(current: np.ndarray, updates: list[tuple[np.ndarray, np.ndarray]],
+                         total_weight: float | np.ndarray | None = None) -> np.ndarray:
+    """theta_m + sum_k w[k, m] (theta_{m,k} - theta_m) / Z_m for every component m.
+
+    Parameters
+    ----------
+    current : ndarray of shape (M, P)
+        The server's components before the round.
+    updates : list of (components (M, P), weights (M,))
+        The accepted replies.
+    total_weight : float or ndarray (M,), optional
+        Z_m. The authors' rule passes the total training size N of all training clients (a
+        client not heard from counts as holding theta_m); None uses the replies' own total
+        per component (an average over the replying clients). A component with Z_m = 0 keeps
+        its value.
+    """
+    current = np.asarray(current, dtype=np.float64)
+    delta = np.zeros_like(current)
+    mass = np.zeros(current.shape[0])
+    for theta, weights in updates:
+        delta += weights[:, None] * (theta - current)
+        mass += weights
+    Z = mass if total_weight is None else np.broadcast_to(
+        np.asarray(total_weight, dtype=np.float64), mass.shape)
+    out = current.copy()
+    live = Z > 0
+    out[live] += delta[live] / Z[live, None]
+    return out
+
+
+def sample_clients(eligible: np.ndarray, fraction: float,
+                   rng: np.random.Generator) -> np.ndarray:
+    """max(1, floor(fraction * K)) of the K eligible ids, uniformly without replacement, sorted."""
+    eligible = np.asarray(eligible)
+    if eligible.size == 0:
+        return eligible
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    if fraction == 1:
+        return np.sort(eligible)
+    count = max(1, int(np.floor(fraction * eligible.size)))
+    return np.sort(rng.choice(eligible, size=count, replace=False))
+
+
+def learning_rate(base: float, server_round: int, num_rounds: int, schedule: str) -> float:
+    """The round's learning rate: constant, or the authors' multi-step (x0.1 at rounds
+    floor(R/2) and 3 floor(R/4))."""
+    if schedule == "constant":
+        return float(base)
+    if schedule != "multi-step":
+        raise ValueError(f"lr schedule must be one of {LR_SCHEDULES}, got {schedule!r}")
+    factor = 1.0
+    for milestone in (num_rounds // 2, 3 * (num_rounds // 4)):
+        if milestone > 0 and server_round > milestone:
+            factor *= 0.1
+    return float(base) * factor

@@ -1,0 +1,202 @@
+"""FedEM's numerics: E-step, pi update, EM on pi alone, aggregation, sampling, lr schedule."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from fmtl_flower.core.fedem import (
+    PI_FLOOR,
+    aggregate_components,
+    check_simplex,
+    e_step,
+    fit_mixture_weights,
+    learning_rate,
+    local_update,
+    mixture_log_likelihood,
+    mixture_proba,
+    sample_clients,
+    update_pi,
+)
+from fmtl_flower.core.local_sgd import SGDConfig
+from fmtl_flower.core.models import make_model
+
+
+def direct_e_step(pi: np.ndarray, losses: np.ndarray) -> np.ndarray:
+    """q[m, i] = pi_m exp(-l[m, i]) / sum_m' pi_m' exp(-l[m', i]), computed naively."""
+    joint = pi[:, None] * np.exp(-losses)
+    return joint / joint.sum(axis=0, keepdims=True)
+
+
+def test_e_step_matches_direct_computation_on_small_cases():
+    rng = np.random.default_rng(0)
+    for M in (1, 2, 3, 5):
+        pi = rng.dirichlet(np.ones(M))
+        losses = rng.exponential(2.0, size=(M, 40))
+        np.testing.assert_allclose(e_step(pi, losses), direct_e_step(pi, losses), rtol=1e-12)
+
+
+def test_pi_update_matches_direct_mean_and_sums_to_one():
+    rng = np.random.default_rng(1)
+    pi = rng.dirichlet(np.ones(3))
+    losses = rng.exponential(1.0, size=(3, 25))
+    q = direct_e_step(pi, losses)
+    new = update_pi(e_step(pi, losses))
+    np.testing.assert_allclose(new, q.mean(axis=1), rtol=1e-9)
+    assert new.sum() == pytest.approx(1.0, abs=1e-15)
+
+
+@settings(max_examples=60, deadline=None)
+@given(arrays(np.float64, (3, 7), elements=st.floats(0, 1e300)),
+       st.lists(st.floats(0, 1), min_size=3, max_size=3).filter(lambda v: sum(v) > 0))
+def test_e_step_columns_on_simplex_and_finite_for_extreme_losses(losses, weights):
+    pi = np.array(weights) / sum(weights)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        q = e_step(pi, losses)
+        new = update_pi(q)
+    assert np.all(np.isfinite(q)) and np.all(q >= 0)
+    np.testing.assert_allclose(q.sum(axis=0), 1.0, atol=1e-12)
+    assert np.all(q[pi == 0] == 0)
+    assert np.all(new >= PI_FLOOR * 0.99) and new.sum() == pytest.approx(1.0)
+
+
+def test_e_step_infinite_losses_fall_back_on_the_prior():
+    pi = np.array([0.2, 0.8])
+    losses = np.array([[np.inf, 1.0, 1e4], [np.inf, np.inf, 1e4]])
+    q = e_step(pi, losses)
+    np.testing.assert_allclose(q[:, 0], pi)
+    np.testing.assert_allclose(q[:, 1], [1.0, 0.0])
+    np.testing.assert_allclose(q[:, 2], pi)  # equal large losses: the prior decides
+    with pytest.raises(ValueError, match="NaN"):
+        e_step(pi, np.array([[np.nan], [1.0]]))
+    with pytest.raises(ValueError, match="shape"):
+        e_step(pi, np.ones((3, 2)))
+
+
+def test_pi_floor_keeps_components_alive():
+    q = np.array([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    pi = update_pi(q)
+    assert pi[1] >= PI_FLOOR * 0.99 and pi.sum() == pytest.approx(1.0)
+    # a component at the floor can come back: its responsibilities are not 0
+    assert e_step(pi, np.array([[50.0], [0.0]]))[1, 0] > 0.5
+    with pytest.raises(ValueError, match="floor"):
+        update_pi(q, floor=0.6)
+
+
+def test_fit_mixture_weights_reaches_the_maximum_likelihood():
+    rng = np.random.default_rng(2)
+    losses = rng.exponential(1.0, size=(3, 200))
+    pi, iters = fit_mixture_weights(losses, tol=1e-13, max_iter=20000)
+    assert iters < 20000
+    # stationarity on the simplex: d/dpi_m sum_i log p_i = sum_i exp(-l_mi) / p_i = n for
+    # every component with pi_m above the floor
+    p = pi @ np.exp(-losses)
+    grad = np.exp(-losses) @ (1.0 / p)
+    live = pi > 10 * PI_FLOOR
+    np.testing.assert_allclose(grad[live], losses.shape[1], rtol=1e-6)
+    assert np.all(grad[~live] <= losses.shape[1] * (1 + 1e-6))
+    # and EM never decreases the log-likelihood
+    values, current = [], np.full(3, 1 / 3)
+    for _ in range(20):
+        values.append(mixture_log_likelihood(current, losses).sum())
+        current = update_pi(e_step(current, losses))
+    assert np.all(np.diff(values) >= -1e-9)
+
+
+def test_check_simplex_rejects_bad_pi():
+    check_simplex(np.array([0.5, 0.5]), 2)
+    for bad, match in ((np.array([0.5, 0.6]), "simplex"), (np.array([1.5, -0.5]), "simplex"),
+                       (np.array([np.nan, 1.0]), "non-finite"), (np.ones(3) / 3, "expected 2")):
+        with pytest.raises(ValueError, match=match):
+            check_simplex(bad, 2)
+
+
+def test_aggregation_authors_rule_and_unbiased_rule():
+    current = np.array([[0.0, 0.0], [1.0, 1.0]])
+    a = (np.array([[1.0, 2.0], [3.0, 3.0]]), np.array([10.0, 10.0]))
+    b = (np.array([[3.0, 2.0], [1.0, 1.0]]), np.array([30.0, 30.0]))
+    # authors: N = 100 with 60 samples on clients that did not reply (they hold current)
+    out = aggregate_components(current, [a, b], total_weight=100.0)
+    expected = (10 * a[0] + 30 * b[0] + 60 * current) / 100
+    np.testing.assert_allclose(out, expected)
+    # unbiased: average over the replies only
+    out = aggregate_components(current, [a, b])
+    np.testing.assert_allclose(out, (10 * a[0] + 30 * b[0]) / 40)
+    # a component nobody trained keeps its value
+    c = (np.array([[5.0, 5.0], [9.0, 9.0]]), np.array([10.0, 0.0]))
+    out = aggregate_components(current, [c])
+    np.testing.assert_allclose(out, [[5.0, 5.0], [1.0, 1.0]])
+
+
+def test_sample_clients_count_and_determinism():
+    ids = np.arange(300)
+    rng = np.random.default_rng(3)
+    s = sample_clients(ids, 0.1, rng)
+    assert s.size == 30 and np.unique(s).size == 30 and np.all(np.diff(s) > 0)
+    assert sample_clients(ids, 0.001, rng).size == 1
+    np.testing.assert_array_equal(sample_clients(ids, 1.0, rng), ids)
+    np.testing.assert_array_equal(sample_clients(ids, 0.5, np.random.default_rng(4)),
+                                  sample_clients(ids, 0.5, np.random.default_rng(4)))
+    with pytest.raises(ValueError, match="fraction"):
+        sample_clients(ids, 0.0, rng)
+
+
+def test_learning_rate_schedules():
+    assert learning_rate(0.1, 77, 200, "constant") == 0.1
+    assert learning_rate(0.1, 100, 200, "multi-step") == pytest.approx(0.1)
+    assert learning_rate(0.1, 101, 200, "multi-step") == pytest.approx(0.01)
+    assert learning_rate(0.1, 151, 200, "multi-step") == pytest.approx(0.001)
+    with pytest.raises(ValueError, match="schedule"):
+        learning_rate(0.1, 1, 10, "cosine")
+
+
+def _mixture_data(seed: int = 0, n: int = 400, d: int = 5):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-1, 1, size=(n, d))
+    thetas = rng.normal(size=(2, d)) * 3
+    z = rng.random(n) < 0.7
+    y = np.where(z, X @ thetas[0] > 0, X @ thetas[1] > 0).astype(np.int64)
+    return X, y
+
+
+def test_local_update_mixture_mode_trains_every_component_and_updates_pi():
+    X, y = _mixture_data()
+    model = make_model("logistic", X.shape[1])
+    rng = np.random.default_rng(0)
+    comps = np.stack([model.init_params(np.random.default_rng(m)) for m in range(2)])
+    out = local_update(model, comps, np.full(2, 0.5), np.zeros_like(comps), X, y,
+                       SGDConfig(lr=0.1, batch_size=32), rng)
+    assert np.all(out.weights == X.shape[0])
+    assert not np.allclose(out.components, comps)
+    assert out.pi.sum() == pytest.approx(1.0)
+    losses = np.stack([model.per_sample_loss(t, X, y) for t in comps])
+    np.testing.assert_allclose(out.pi, update_pi(e_step(np.full(2, 0.5), losses)))
+    assert out.train_loss == pytest.approx(-mixture_log_likelihood(out.pi, losses).mean())
+
+
+def test_local_update_cluster_mode_trains_only_the_best_component():
+    X, y = _mixture_data(1)
+    model = make_model("logistic", X.shape[1])
+    good = np.zeros(model.num_params)
+    good[:-1] = np.linalg.lstsq(X, 2.0 * y - 1, rcond=None)[0] * 5
+    comps = np.stack([-good, good])
+    out = local_update(model, comps, np.full(2, 0.5), np.zeros_like(comps), X, y,
+                       SGDConfig(lr=0.05), np.random.default_rng(0), mode="cluster")
+    np.testing.assert_array_equal(out.weights, [0.0, X.shape[0]])
+    np.testing.assert_array_equal(out.components[0], comps[0])
+    np.testing.assert_array_equal(out.pi, [0.0, 1.0])
+
+
+def test_mixture_proba_is_the_weighted_mixture():
+    X, _ = _mixture_data(2, n=30)
+    model = make_model("logistic", X.shape[1])
+    comps = np.stack([model.init_params(np.random.default_rng(m)) for m in range(3)])
+    pi = np.array([0.2, 0.3, 0.5])
+    expected = sum(w * model.predict_proba(t, X) for w, t in zip(pi, comps, strict=True))
+    np.testing.assert_allclose(mixture_proba(model, comps, pi, X), expected)
