@@ -5,6 +5,8 @@ Examples
 fmtl run mocha                                  # MOCHA on the embedded synthetic dataset
 fmtl run mocha --dataset small --rounds 500 --set omega=identity --set lambda=1e-4
 fmtl run local --dataset eat-voc --set lambda=cv
+fmtl run fedem --dataset fedem-synthetic        # FedEM on the FedEM paper's synthetic data
+fmtl run fedavg --dataset fedem-synthetic --set train-tasks-frac=0.8
 fmtl reproduce mocha-table1 --out results/
 """
 
@@ -22,7 +24,11 @@ from typing import Any
 from .config import FEDERATED, STRATEGIES, ConfigError, RunConfig, parse_set_options
 
 FINAL_KEYS = ("primal", "dual", "gap", "test_error", "test_error_pooled", "accuracy_mean",
-              "accuracy_bottom_decile", "num_replies", "num_dropped")
+              "accuracy_mean_unweighted", "accuracy_bottom_decile", "unseen_accuracy_mean",
+              "unseen_accuracy_bottom_decile", "train_loss", "num_replies", "num_dropped")
+#: Keys of the final table that only mean something for one family; left out when None.
+_OPTIONAL_KEYS = ("primal", "dual", "gap", "accuracy_mean_unweighted", "unseen_accuracy_mean",
+                  "unseen_accuracy_bottom_decile", "train_loss")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,7 +78,17 @@ def _fmt(value: Any, spec: str) -> str:
 
 
 def progress_line(record: dict[str, Any], num_tasks: int) -> str:
-    """One line of per-round progress."""
+    """One line of per-round progress (MOCHA's family: objective and gap; FedEM's: loss and
+    accuracies)."""
+    if "train_loss" in record:
+        unseen = record.get("unseen_accuracy_mean")
+        return (f"round {record['round']:5d} | train loss {_fmt(record.get('train_loss'), '.5f')}"
+                f" | acc {_fmt(record.get('accuracy_mean'), '.4f')} | bottom-10% "
+                f"{_fmt(record.get('accuracy_bottom_decile'), '.4f')}"
+                + (f" | unseen acc {unseen:.4f}" if unseen is not None else "")
+                + f" | replies {_fmt(record.get('num_replies'), 'd')}/"
+                f"{_fmt(record.get('num_sampled'), 'd')} | "
+                f"{_fmt(record.get('wall_time_s') and record['wall_time_s'] * 1e3, '.1f')} ms")
     primal, gap = record.get("primal"), record.get("gap")
     rel = gap / primal if gap is not None and primal else None
     replies = record.get("num_replies")
@@ -87,10 +103,16 @@ def final_table(results: dict[str, Any]) -> str:
     """The final table printed at the end of a run."""
     final = results["final"]
     cfg = results["config"]
-    rows = [("strategy", cfg["strategy"]), ("dataset", cfg["dataset"]),
-            ("lambda", cfg["lambda"]), ("rounds", final.get("round", "-"))]
+    rows = [("strategy", cfg["strategy"]), ("dataset", cfg["dataset"])]
+    if "train_loss" in final or cfg.get("model", "auto") not in ("auto", "svm"):
+        rows += [("model", cfg.get("model")), ("M", cfg.get("M"))]
+    else:
+        rows.append(("lambda", cfg["lambda"]))
+    rows.append(("rounds", final.get("round", "-")))
     for key in FINAL_KEYS:
         value = final.get(key)
+        if value is None and key in _OPTIONAL_KEYS and key in final and "train_loss" in final:
+            continue
         rows.append((key, "-" if value is None else
                      (f"{value:.6g}" if isinstance(value, float) else str(value))))
     if final.get("primal") and final.get("gap") is not None:
@@ -106,7 +128,7 @@ def final_table(results: dict[str, Any]) -> str:
 
 
 def _resolve_lambda(cfg: RunConfig, data) -> tuple[RunConfig, dict[float, float] | None]:
-    if cfg.lam != "cv":
+    if cfg.lam != "cv" or cfg.is_fedem_family or cfg.model_family != "svm":
         return cfg, None
     if cfg.strategy == "mb-sgd":
         raise ConfigError("lambda=cv is not available for mb-sgd; give a number")
@@ -125,9 +147,17 @@ def _resolve_lambda(cfg: RunConfig, data) -> tuple[RunConfig, dict[float, float]
 
 
 def run_baseline(cfg: RunConfig, data) -> dict[str, Any]:
-    """``local`` or ``global``: SVMs fitted centrally, evaluated with the same metrics."""
+    """``local`` or ``global``: SVMs fitted centrally, evaluated with the same metrics; or
+    ``global`` with another model family: one model trained centrally on the pooled data."""
     from .centralized import evaluate_models
     from .core.svm import fit_global_svm, fit_local_svms
+
+    if cfg.model_family != "svm":
+        from .centralized import fit_pooled_model
+
+        final = {"round": cfg.num_server_rounds,
+                 **fit_pooled_model(cfg, data, unseen=_unseen(cfg, data.num_tasks))}
+        return {"config": cfg.to_dict(), "rounds": [], "final": final}
 
     tasks = [(t.X_train, t.y_train) for t in data.tasks]
     fit = fit_local_svms if cfg.strategy == "local" else fit_global_svm
@@ -137,9 +167,15 @@ def run_baseline(cfg: RunConfig, data) -> dict[str, Any]:
     return {"config": cfg.to_dict(), "rounds": [], "final": final}
 
 
-def run_mocha(cfg: RunConfig, data, engine: str, print_every: int,
-              quiet: bool) -> dict[str, Any]:
-    """Run the MOCHA federation on ``engine``; return the results dict."""
+def _unseen(cfg: RunConfig, num_tasks: int) -> list[int]:
+    from .apps.common import unseen_tasks
+
+    return unseen_tasks(cfg, num_tasks)
+
+
+def run_federation(cfg: RunConfig, data, engine: str, print_every: int,
+                   quiet: bool) -> dict[str, Any]:
+    """Run the federation of ``cfg.strategy`` on ``engine``; return the results dict."""
     from .apps.common import make_client_app, make_server_app
     from .engine import run_inprocess, run_ray
 
@@ -169,7 +205,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     cfg = config_from_args(args)
-    if args.engine == "ray" and cfg.strategy not in FEDERATED:
+    from .apps.common import is_federated
+
+    if args.engine == "ray" and not is_federated(cfg):
         raise ConfigError(f"--engine applies to federated strategies {FEDERATED}")
     data = dataset_for(cfg)
     if not args.quiet:
@@ -179,8 +217,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if scores is not None and not args.quiet:
         print("lambda by 5-fold CV: " + ", ".join(f"{k:g}: {v:.4f}" for k, v in scores.items())
               + f" -> {cfg.lam:g}", flush=True)
-    if cfg.strategy in FEDERATED:
-        results = run_mocha(cfg, data, args.engine, args.print_every, args.quiet)
+    if is_federated(cfg):
+        results = run_federation(cfg, data, args.engine, args.print_every, args.quiet)
     else:
         results = run_baseline(cfg, data)
     if scores is not None:

@@ -14,8 +14,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-STRATEGIES = ("mocha", "cocoa", "mb-sdca", "mb-sgd", "local", "global")
-FEDERATED = ("mocha", "cocoa", "mb-sdca", "mb-sgd")
+STRATEGIES = ("mocha", "cocoa", "mb-sdca", "mb-sgd", "local", "global", "fedem", "fedavg",
+              "fedprox", "fedavg-ft", "clustered")
+#: Strategies of MOCHA's primal-dual / primal family (one linear SVM per task).
+MOCHA_FAMILY = ("mocha", "cocoa", "mb-sdca", "mb-sgd")
+#: Strategies of FedEM's family (``local`` joins it with a model other than ``svm``).
+FEDEM_FAMILY = ("fedem", "fedavg", "fedprox", "fedavg-ft", "clustered")
+FEDERATED = MOCHA_FAMILY + FEDEM_FAMILY
+MODELS = ("auto", "svm", "logistic", "softmax", "mlp")
 
 
 class ConfigError(ValueError):
@@ -75,10 +81,12 @@ class RunConfig:
 
     Attributes
     ----------
-    strategy : {"mocha", "cocoa", "mb-sdca", "mb-sgd", "local", "global"}
-        ``cocoa`` and ``mb-sdca`` share MOCHA's primal-dual machinery with another local
-        solver; ``mb-sgd`` is the primal mini-batch subgradient baseline; ``local`` and
-        ``global`` are centralised SVM baselines.
+    strategy : str
+        One of :data:`STRATEGIES`. ``cocoa`` and ``mb-sdca`` share MOCHA's primal-dual
+        machinery with another local solver; ``mb-sgd`` is the primal mini-batch subgradient
+        baseline; ``local`` and ``global`` are the baselines without sharing / with one
+        pooled model (SVMs by default, see ``model``); ``fedem``, ``fedavg``, ``fedprox``,
+        ``fedavg-ft`` and ``clustered`` are FedEM and its baselines.
     dataset : str
         ``synthetic`` (generated), ``small``, ``eat-voc`` or a path to a ``.mat`` file.
     num_server_rounds : int
@@ -131,6 +139,31 @@ class RunConfig:
         also the number of tasks the server waits for (0: the dataset's).
     results_file : str
         When set, the ServerApp writes the results JSON there (for ``flwr run``).
+    model : {"auto", "svm", "logistic", "softmax", "mlp"}
+        Model family: ``auto`` is ``svm`` for ``local`` / ``global`` and ``logistic`` for the
+        FedEM family; ``local`` / ``global`` with another family train that model.
+    hidden : int
+        Hidden units of ``mlp``.
+    num_components : int
+        FedEM's M (key ``M``): mixture components (``fedem``) or cluster models
+        (``clustered``).
+    lr, batch_size, local_epochs, momentum, weight_decay : float / int
+        The FedEM family's local solver (mini-batch SGD with momentum and weight decay).
+    lr_schedule : {"constant", "multi-step"}
+    fraction : float
+        Client sampling rate in (0, 1].
+    aggregation : {"all", "sampled"}
+        The authors' aggregation over all clients, or the average over the sampled ones.
+    prox_mu : float
+        FedProx's mu.
+    finetune_epochs : int
+        FedAvg+'s local fine-tuning epochs before evaluation.
+    generator : {"released", "fixed"}
+        ``fedem-synthetic``: keep the released generator's row-offset bug or fix it.
+    train_tasks_frac : float
+        Fraction of tasks that train; tasks t >= floor(frac * T) are unseen clients.
+    n_test : int
+        ``fedem-synthetic``'s test samples per task (0: the paper's 5000).
     """
 
     strategy: str = "mocha"
@@ -164,6 +197,35 @@ class RunConfig:
     dim: int = 0
     samples_per_task: int = 0
     results_file: str = ""
+    model: str = "auto"
+    hidden: int = 32
+    num_components: int = 3
+    lr: float = 0.05
+    batch_size: int = 128
+    local_epochs: int = 1
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    lr_schedule: str = "constant"
+    fraction: float = 1.0
+    aggregation: str = "all"
+    prox_mu: float = 0.1
+    finetune_epochs: int = 1
+    generator: str = "released"
+    train_tasks_frac: float = 1.0
+    n_test: int = 0
+
+    @property
+    def model_family(self) -> str:
+        """The model family ``model`` resolves to for this strategy."""
+        if self.model != "auto":
+            return self.model
+        return "svm" if self.strategy in ("local", "global") else "logistic"
+
+    @property
+    def is_fedem_family(self) -> bool:
+        """Whether the run uses FedEM's strategy and clients."""
+        return self.strategy in FEDEM_FAMILY or (
+            self.strategy == "local" and self.model_family != "svm")
 
     @classmethod
     def keys(cls) -> list[str]:
@@ -191,8 +253,11 @@ class RunConfig:
         return {_to_key(k): v for k, v in dataclasses.asdict(self).items()}
 
 
+_KEY_NAMES = {"lam": "lambda", "num_components": "M"}
+
+
 def _to_key(field_name: str) -> str:
-    return "lambda" if field_name == "lam" else field_name.replace("_", "-")
+    return _KEY_NAMES.get(field_name, field_name.replace("_", "-"))
 
 
 _PARSE = {
@@ -228,6 +293,22 @@ _PARSE = {
     "dim": lambda k, v: _as_int(k, v, 0),
     "samples-per-task": lambda k, v: _as_int(k, v, 0),
     "results-file": lambda k, v: str(v),
+    "model": lambda k, v: _as_choice(k, v, MODELS),
+    "hidden": lambda k, v: _as_int(k, v, 1),
+    "M": lambda k, v: _as_int(k, v, 1),
+    "lr": lambda k, v: _as_float(k, v, lo=0.0, lo_open=True),
+    "batch-size": lambda k, v: _as_int(k, v, 1),
+    "local-epochs": lambda k, v: _as_int(k, v, 1),
+    "momentum": lambda k, v: _as_float(k, v, lo=0.0, hi=1.0, hi_open=True),
+    "weight-decay": lambda k, v: _as_float(k, v, lo=0.0),
+    "lr-schedule": lambda k, v: _as_choice(k, v, ("constant", "multi-step")),
+    "fraction": lambda k, v: _as_float(k, v, lo=0.0, hi=1.0, lo_open=True),
+    "aggregation": lambda k, v: _as_choice(k, v, ("all", "sampled")),
+    "prox-mu": lambda k, v: _as_float(k, v, lo=0.0),
+    "finetune-epochs": lambda k, v: _as_int(k, v, 0),
+    "generator": lambda k, v: _as_choice(k, v, ("released", "fixed")),
+    "train-tasks-frac": lambda k, v: _as_float(k, v, lo=0.0, hi=1.0, lo_open=True),
+    "n-test": lambda k, v: _as_int(k, v, 0),
 }
 
 

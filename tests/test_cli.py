@@ -59,4 +59,4 @@ def test_clear_errors(capsys, tmp_path):
     err = capsys.readouterr().err
     assert "bad.mat" in err and "labels" in err.lower()
     with pytest.raises(SystemExit):
-        main(["run", "fedavg"])
+        main(["run", "fedsgd"])

@@ -36,7 +36,7 @@ def test_pyproject_run_config_matches_the_defaults():
     ("test-frac", "-0.1", "test-frac: must be >= 0"),
     ("local-frac", "nan", "local-frac: must be finite"),
     ("sys-het", "extreme", "sys-het: must be one of"),
-    ("strategy", "fedavg", "strategy: must be one of"),
+    ("strategy", "fedsgd", "strategy: must be one of"),
     ("seed", True, "seed: expected an integer"),
     ("dataset", " ", "dataset: must not be empty"),
 ])

@@ -1,4 +1,4 @@
-"""Run config -> Flower objects: the MOCHA ServerApp and ClientApp over a named dataset.
+"""Run config -> Flower objects: the ServerApp and ClientApp of every strategy over a named dataset.
 
 These factories serve ``flwr run .`` (config read from ``context.run_config``) and the
 ``fmtl`` CLI (config baked in, so it reaches Ray workers too).
@@ -19,10 +19,13 @@ from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
+from ..clients.fedem import FedEMClient, make_fedem_client_app
 from ..clients.mbsgd import MbSgdClient, make_mbsgd_client_app
 from ..clients.mocha import MochaClient, default_task_id, make_mocha_client_app
 from ..config import FEDERATED, ConfigError, RunConfig
 from ..data import FederatedDataset, load_dataset_cached
+from ..data.registry import FEDEM_SYNTHETIC
+from ..strategies.fedem import FedEM
 from ..strategies.mbsgd import MbSgd
 from ..strategies.mocha import Mocha
 
@@ -38,10 +41,27 @@ def config_from_context(context: Context, config: RunConfig | None) -> RunConfig
 
 def dataset_for(cfg: RunConfig) -> FederatedDataset:
     """The dataset named by ``cfg`` (cached per process; arrays read-only)."""
+    extra: dict[str, Any] = {}
+    if cfg.dataset == FEDEM_SYNTHETIC:
+        extra = {"generator": cfg.generator, "n_test": cfg.n_test or None}
     return load_dataset_cached(
         cfg.dataset, seed=cfg.seed, test_frac=cfg.test_frac,
         num_tasks=cfg.num_tasks or None, dim=cfg.dim or None,
-        samples_per_task=cfg.samples_per_task or None, skew=cfg.skew or None)
+        samples_per_task=cfg.samples_per_task or None, skew=cfg.skew or None, **extra)
+
+
+def is_federated(cfg: RunConfig) -> bool:
+    """Whether ``cfg`` runs as a Flower federation (else a centralised baseline)."""
+    return cfg.strategy in FEDERATED or cfg.is_fedem_family
+
+
+def unseen_tasks(cfg: RunConfig, num_tasks: int) -> list[int]:
+    """The held-out tasks: t >= floor(train-tasks-frac * T) (the FedEM generator's rule)."""
+    first = int(cfg.train_tasks_frac * num_tasks)
+    if first < 1:
+        raise ConfigError(f"train-tasks-frac={cfg.train_tasks_frac} leaves no training task "
+                          f"among {num_tasks}")
+    return list(range(first, num_tasks))
 
 
 def make_client_app(config: RunConfig | None = None) -> ClientApp:
@@ -58,13 +78,18 @@ def make_client_app(config: RunConfig | None = None) -> ClientApp:
         return task.X_train, task.y_train, task.X_test, task.y_test
 
     if config is not None:
+        if config.is_fedem_family:
+            return make_fedem_client_app(load)
         factory = make_mbsgd_client_app if config.strategy == "mb-sgd" else make_mocha_client_app
         return factory(load)
-    dual, primal = MochaClient(load), MbSgdClient(load)
+    dual, primal, mixture = MochaClient(load), MbSgdClient(load), FedEMClient(load)
     app = ClientApp()
 
-    def handlers(context: Context) -> MochaClient | MbSgdClient:
-        return primal if config_from_context(context, None).strategy == "mb-sgd" else dual
+    def handlers(context: Context) -> MochaClient | MbSgdClient | FedEMClient:
+        cfg = config_from_context(context, None)
+        if cfg.is_fedem_family:
+            return mixture
+        return primal if cfg.strategy == "mb-sgd" else dual
 
     app.query("whoami")(lambda msg, ctx: handlers(ctx).whoami(msg, ctx))
     app.train()(lambda msg, ctx: handlers(ctx).train(msg, ctx))
@@ -74,9 +99,12 @@ def make_client_app(config: RunConfig | None = None) -> ClientApp:
 
 def strategy_from_config(cfg: RunConfig, num_tasks: int,
                          on_round: Callable[[dict[str, Any]], None] | None = None
-                         ) -> Mocha | MbSgd:
-    """The :class:`Mocha` strategy configured by ``cfg`` (lambda must be a number); its local
-    solver is ``cfg.strategy`` (mocha, cocoa or mb-sdca)."""
+                         ) -> Mocha | MbSgd | FedEM:
+    """The strategy configured by ``cfg``: :class:`FedEM` for its family, :class:`MbSgd`, or
+    :class:`Mocha` with local solver ``cfg.strategy`` (mocha, cocoa or mb-sdca; lambda must
+    then be a number)."""
+    if cfg.is_fedem_family:
+        return fedem_from_config(cfg, num_tasks, on_round)
     if cfg.lam == "cv":
         raise ConfigError("lambda=cv is a cross-validation sweep run by `fmtl run` before the "
                           "federation starts; a ServerApp needs a number (e.g. lambda=1e-3)")
@@ -100,13 +128,33 @@ def strategy_from_config(cfg: RunConfig, num_tasks: int,
                  discovery_timeout=max(cfg.round_timeout, 60.0), on_round=on_round)
 
 
+def fedem_from_config(cfg: RunConfig, num_tasks: int,
+                      on_round: Callable[[dict[str, Any]], None] | None = None,
+                      num_classes: int = 2) -> FedEM:
+    """The :class:`FedEM` strategy (method ``cfg.strategy``) configured by ``cfg``."""
+    model = cfg.model_family
+    if model == "svm":
+        raise ConfigError(f"strategy={cfg.strategy} trains logistic, softmax or mlp models, "
+                          "not svm (model=auto picks logistic)")
+    return FedEM(num_tasks, method=cfg.strategy, num_components=cfg.num_components,
+                 model=model, num_classes=num_classes, hidden=cfg.hidden, lr=cfg.lr,
+                 batch_size=cfg.batch_size, local_epochs=cfg.local_epochs,
+                 momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                 lr_schedule=cfg.lr_schedule, fraction=cfg.fraction,
+                 aggregation=cfg.aggregation, prox_mu=cfg.prox_mu,
+                 finetune_epochs=cfg.finetune_epochs,
+                 unseen_tasks=unseen_tasks(cfg, num_tasks), eval_every=cfg.eval_every,
+                 seed=cfg.seed, discovery_timeout=max(cfg.round_timeout, 60.0),
+                 on_round=on_round)
+
+
 def formulation_options(cfg: RunConfig) -> dict[str, Any]:
     """The formulation keys of ``cfg`` as keyword arguments (0 means unset)."""
     return {"lam2": cfg.lambda2 or None, "s2": cfg.s2 or None, "eta": cfg.eta or None,
             "clusters": cfg.clusters or None, "gamma": cfg.gamma}
 
 
-def build_results(cfg: RunConfig, strategy: Mocha | MbSgd) -> dict[str, Any]:
+def build_results(cfg: RunConfig, strategy: Mocha | MbSgd | FedEM) -> dict[str, Any]:
     """The results contract: ``{"config", "rounds", "final"}``."""
     out = strategy.results()
     return {"config": cfg.to_dict(), "rounds": out["rounds"], "final": out["final"]}
@@ -132,7 +180,7 @@ def _json_default(value: Any) -> Any:
 def make_server_app(config: RunConfig | None = None,
                     on_round: Callable[[dict[str, Any]], None] | None = None,
                     on_done: ResultsCallback | None = None) -> ServerApp:
-    """MOCHA ServerApp: waits for the tasks, runs the rounds, reports results.
+    """The ServerApp of ``cfg.strategy``: waits for the tasks, runs the rounds, reports results.
 
     The number of tasks is ``num-tasks`` when set, else the named dataset's task count.
     With ``results-file`` set, the results JSON is written there.
@@ -142,16 +190,18 @@ def make_server_app(config: RunConfig | None = None,
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         cfg = config_from_context(context, config)
-        if cfg.strategy not in FEDERATED:
-            raise ConfigError(f"strategy={cfg.strategy} is a centralised baseline: run it with "
-                              f"`fmtl run`; a Flower federation runs one of {FEDERATED}")
+        if not is_federated(cfg):
+            raise ConfigError(f"strategy={cfg.strategy} with model={cfg.model_family} is a "
+                              "centralised baseline: run it with `fmtl run`; a Flower "
+                              f"federation runs one of {FEDERATED} (or local with a model "
+                              "other than svm)")
         num_tasks = cfg.num_tasks or dataset_for(cfg).num_tasks
         strategy = strategy_from_config(cfg, num_tasks, on_round)
         strategy.start(grid=grid, num_rounds=cfg.num_server_rounds, timeout=cfg.round_timeout)
         results = build_results(cfg, strategy)
         final = results["final"]
-        log(INFO, "MOCHA finished: primal=%s gap=%s test_error=%s", final.get("primal"),
-            final.get("gap"), final.get("test_error"))
+        log(INFO, "%s finished: primal=%s test_error=%s accuracy_mean=%s", cfg.strategy,
+            final.get("primal"), final.get("test_error"), final.get("accuracy_mean"))
         if cfg.results_file:
             write_results(cfg.results_file, results)
         if on_done is not None:

@@ -10,6 +10,8 @@
 * :func:`skew_tasks` / :func:`skew_sizes`: task sizes spread over two orders of magnitude
   (MOCHA appendix E.2; ``load_dataset(..., skew=100)``).
 * :func:`make_synthetic_tasks`: clustered linear classification tasks.
+* :func:`make_fedem_synthetic` / :func:`iter_fedem_synthetic`: FedEM's synthetic mixture
+  dataset, reproduced draw for draw (``"fedem-synthetic"`` in :func:`load_dataset`).
 * :func:`split_tasks` / :func:`train_test_split_task`: per-task stratified splits.
 * :func:`validate_task` / :func:`check_same_dim`: validation of X and y.
 """
@@ -26,12 +28,23 @@ from fmtl_flower.data.download import (
     download_dataset,
     locate_dataset,
 )
+from fmtl_flower.data.fedem_synthetic import (
+    FEDEM_GENERATORS,
+    FedEMSynthetic,
+    FedEMSyntheticSample,
+    FedEMSyntheticStream,
+    FedEMSyntheticTask,
+    iter_fedem_synthetic,
+    make_fedem_synthetic,
+)
 from fmtl_flower.data.gleam import GLEAM_FEATURE_NAMES, load_gleam_tasks
 from fmtl_flower.data.har import load_har_tasks
 from fmtl_flower.data.mat import MAT_KEY_PAIRS, load_mat_tasks
 from fmtl_flower.data.paths import CACHE_DIR_ENV, default_cache_dir
 from fmtl_flower.data.registry import (
     DATA_DIR_ENV,
+    FEDEM_SYNTHETIC,
+    FEDEM_SYNTHETIC_SEED,
     NAMED_FILES,
     PAPER_DATASETS,
     SYNTHETIC,
@@ -62,6 +75,9 @@ __all__ = [
     "CACHE_DIR_ENV",
     "DATA_DIR_ENV",
     "DEFAULT_DATA_DIRS",
+    "FEDEM_GENERATORS",
+    "FEDEM_SYNTHETIC",
+    "FEDEM_SYNTHETIC_SEED",
     "GLEAM_FEATURE_NAMES",
     "LABEL_SETS",
     "MAT_KEY_PAIRS",
@@ -71,6 +87,10 @@ __all__ = [
     "SPLIT_TAG",
     "SYNTHETIC",
     "DatasetSource",
+    "FedEMSynthetic",
+    "FedEMSyntheticSample",
+    "FedEMSyntheticStream",
+    "FedEMSyntheticTask",
     "FederatedDataset",
     "LoadedTasks",
     "Mirror",
@@ -81,6 +101,7 @@ __all__ = [
     "default_cache_dir",
     "default_data_dirs",
     "download_dataset",
+    "iter_fedem_synthetic",
     "load_dataset",
     "load_dataset_cached",
     "load_gleam_tasks",
@@ -88,6 +109,7 @@ __all__ = [
     "load_mat_tasks",
     "load_vehicle_tasks",
     "locate_dataset",
+    "make_fedem_synthetic",
     "make_synthetic_tasks",
     "num_test_samples",
     "resolve_data_file",

@@ -16,6 +16,11 @@ are read from a local copy in their published layout, looked for in the same dir
 then in the download cache (:func:`~fmtl_flower.data.download.locate_dataset`); they are
 downloaded only with ``download=True``.
 
+The generated datasets are ``"synthetic"`` (MOCHA-style clustered tasks,
+:func:`~fmtl_flower.data.synthetic.make_synthetic_tasks`) and ``"fedem-synthetic"`` (FedEM's
+mixture dataset, :func:`~fmtl_flower.data.fedem_synthetic.make_fedem_synthetic`, with its own
+train/test sets, a fixed generator seed and labels in ``{0, 1}``).
+
 The data files are never copied: they are read where they are.
 """
 
@@ -27,8 +32,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fmtl_flower.data.dataset import FederatedDataset, LoadedTasks
+from fmtl_flower.data.dataset import FederatedDataset, LoadedTasks, TaskData
 from fmtl_flower.data.download import locate_dataset
+from fmtl_flower.data.fedem_synthetic import _check_generator, make_fedem_synthetic
 from fmtl_flower.data.gleam import load_gleam_tasks
 from fmtl_flower.data.har import load_har_tasks
 from fmtl_flower.data.mat import load_mat_tasks
@@ -36,11 +42,14 @@ from fmtl_flower.data.paths import DATA_DIR_ENV, default_data_dirs
 from fmtl_flower.data.skew import check_skew_ratio, skew_dataset
 from fmtl_flower.data.split import _check_seed, _check_test_frac, split_tasks
 from fmtl_flower.data.synthetic import make_synthetic_tasks
+from fmtl_flower.data.validation import validate_task
 from fmtl_flower.data.vehicle import load_vehicle_tasks
 
 __all__ = [
     "DATA_DIR_ENV",
     "DEFAULT_DATA_DIRS",
+    "FEDEM_SYNTHETIC",
+    "FEDEM_SYNTHETIC_SEED",
     "NAMED_FILES",
     "PAPER_DATASETS",
     "SYNTHETIC",
@@ -54,6 +63,13 @@ __all__ = [
 
 #: Name of the generated dataset (:func:`~fmtl_flower.data.synthetic.make_synthetic_tasks`).
 SYNTHETIC = "synthetic"
+
+#: Name of FedEM's synthetic dataset
+#: (:func:`~fmtl_flower.data.fedem_synthetic.make_fedem_synthetic`).
+FEDEM_SYNTHETIC = "fedem-synthetic"
+
+#: Seed of the FedEM synthetic generator (the paper's data, whatever the run seed).
+FEDEM_SYNTHETIC_SEED = 12345
 
 #: Named data files and their file names inside a data directory.
 NAMED_FILES: dict[str, str] = {"small": "small.mat", "eat-voc": "EAT_VOC.mat"}
@@ -69,6 +85,22 @@ PAPER_DATASETS: dict[str, Callable[..., LoadedTasks]] = {
 
 #: Arguments of :func:`load_dataset` that only apply to generated datasets.
 _GENERATOR_KEYS = ("num_tasks", "dim", "samples_per_task")
+
+#: Arguments of :func:`load_dataset` that only apply to ``"fedem-synthetic"``.
+_FEDEM_KEYS = ("generator", "n_test")
+
+#: Arguments of :func:`load_dataset` that ``"fedem-synthetic"`` does not accept.
+_FEDEM_REJECTED = ("samples_per_task", "skew")
+
+#: What unset ``"fedem-synthetic"`` arguments mean (the defaults of
+#: :func:`~fmtl_flower.data.fedem_synthetic.make_fedem_synthetic`); used to normalise cache
+#: keys.
+_FEDEM_DEFAULTS: dict[str, Any] = {
+    "num_tasks": 300,
+    "dim": 150,
+    "n_test": 5000,
+    "generator": "released",
+}
 
 _CACHE_SIZE = 8
 
@@ -92,9 +124,9 @@ def available_datasets() -> list[str]:
     Returns
     -------
     list of str
-        ``["synthetic", "small", "eat-voc", "har", "vehicle", "gleam"]``.
+        ``["synthetic", "fedem-synthetic", "small", "eat-voc", "har", "vehicle", "gleam"]``.
     """
-    return [SYNTHETIC, *NAMED_FILES, *PAPER_DATASETS]
+    return [SYNTHETIC, FEDEM_SYNTHETIC, *NAMED_FILES, *PAPER_DATASETS]
 
 
 def _is_path_like(name_or_path: str | os.PathLike[str]) -> bool:
@@ -163,6 +195,47 @@ def resolve_data_file(name_or_path: str | os.PathLike[str]) -> Path:
     raise _unknown(name_or_path)
 
 
+def _is_fedem(name_or_path: Any) -> bool:
+    return isinstance(name_or_path, str) and name_or_path == FEDEM_SYNTHETIC
+
+
+def _load_fedem(
+    num_tasks: int | None,
+    dim: int | None,
+    samples_per_task: int | None,
+    skew: float | None,
+    generator: str | None,
+    n_test: int | None,
+) -> FederatedDataset:
+    """Generate ``"fedem-synthetic"`` (see :func:`load_dataset`)."""
+    rejected = [
+        k for k, v in zip(_FEDEM_REJECTED, (samples_per_task, skew), strict=True) if v is not None
+    ]
+    if rejected:
+        raise ValueError(
+            f"{', '.join(rejected)} cannot be used with {FEDEM_SYNTHETIC!r}: its training-set "
+            "sizes and its train/test sets are drawn by FedEM's generator (accepted overrides: "
+            "num_tasks, dim, n_test, generator)"
+        )
+    overrides = {
+        k: v
+        for k, v in (("num_tasks", num_tasks), ("dim", dim), ("n_test", n_test))
+        if v is not None
+    }
+    data = make_fedem_synthetic(
+        **overrides,
+        seed=FEDEM_SYNTHETIC_SEED,
+        generator=_FEDEM_DEFAULTS["generator"] if generator is None else generator,
+    )
+    tasks = []
+    for t, (X_train, y_train, X_test, y_test) in enumerate(data.tasks):
+        name = f"{FEDEM_SYNTHETIC}: task {t}"
+        X_train, y_train = validate_task(X_train, y_train, labels="01", name=f"{name} (train)")
+        X_test, y_test = validate_task(X_test, y_test, labels="01", name=f"{name} (test)")
+        tasks.append(TaskData(X_train, y_train, X_test, y_test))
+    return FederatedDataset(FEDEM_SYNTHETIC, tasks)
+
+
 def load_dataset(
     name_or_path: str | os.PathLike[str] = SYNTHETIC,
     *,
@@ -174,31 +247,43 @@ def load_dataset(
     skew: float | None = None,
     data_path: str | os.PathLike[str] | None = None,
     download: bool = False,
+    generator: str | None = None,
+    n_test: int | None = None,
 ) -> FederatedDataset:
     """Load or generate a federated multi-task dataset and split every task.
 
     Parameters
     ----------
     name_or_path : str or os.PathLike, default "synthetic"
-        ``"synthetic"`` (generated), ``"small"``, ``"eat-voc"`` (files resolved with
+        ``"synthetic"`` (generated), ``"fedem-synthetic"`` (FedEM's generated mixture dataset,
+        see below), ``"small"``, ``"eat-voc"`` (files resolved with
         :func:`resolve_data_file`), ``"har"``, ``"vehicle"``, ``"gleam"`` (the MOCHA paper's
         datasets, read from a local copy in their published layout, see
         :data:`PAPER_DATASETS`), or a path to a ``.mat`` file in one of the layouts of
         :func:`~fmtl_flower.data.mat.load_mat_tasks`.
     seed : int, default 0
         Non-negative run seed: it drives the generator (synthetic), the per-task splits
-        (task ``t`` uses ``np.random.default_rng([seed, t, 7])``) and the skew.
+        (task ``t`` uses ``np.random.default_rng([seed, t, 7])``) and the skew. It does not
+        change ``"fedem-synthetic"``, whose generator always uses the paper's seed
+        :data:`FEDEM_SYNTHETIC_SEED` (12345): the run seed drives training only, the data are
+        the paper's.
     test_frac : float, default 0.25
         Per-class test fraction in [0, 1), see
-        :func:`~fmtl_flower.data.split.train_test_split_task`.
-    num_tasks, dim, samples_per_task : int, optional
-        Generator overrides; only for ``"synthetic"`` (unset ones keep the generator's
-        defaults).
+        :func:`~fmtl_flower.data.split.train_test_split_task`. Ignored (but still validated)
+        for ``"fedem-synthetic"``, whose generator draws its own training (``n_t`` samples)
+        and test (``n_test`` samples) sets.
+    num_tasks, dim : int, optional
+        Generator overrides for ``"synthetic"`` and ``"fedem-synthetic"`` (unset ones keep
+        the generator's defaults: 30 tasks and ``d = 20`` for ``"synthetic"``, 300 tasks and
+        ``d = 150`` for ``"fedem-synthetic"``).
+    samples_per_task : int, optional
+        Generator override for ``"synthetic"`` only.
     skew : float, optional
         If given (a ratio >= 1, the paper's is 100), subsample each task's training part
         after the split so that training-set sizes differ by about this ratio (MOCHA appendix
         E.2, Table 3), with :func:`~fmtl_flower.data.skew.skew_dataset` and this ``seed``;
-        test parts are unchanged. None (default): no skew.
+        test parts are unchanged. None (default): no skew. Not accepted for
+        ``"fedem-synthetic"``.
     data_path : str or os.PathLike, optional
         Where the named dataset's local copy is (a ``.mat`` file for ``"small"`` /
         ``"eat-voc"``; a directory or archive for the paper datasets), instead of looking in
@@ -206,20 +291,30 @@ def load_dataset(
     download : bool, default False
         For the paper datasets only: if no local copy is found, download it into the cache
         first (:func:`~fmtl_flower.data.download.download_dataset`). Never implicit.
+    generator : {"released", "fixed"}, optional
+        For ``"fedem-synthetic"`` only: ``"released"`` (default) reproduces the authors'
+        generator including its labelling bug, ``"fixed"`` the described mixture (see
+        :mod:`fmtl_flower.data.fedem_synthetic`).
+    n_test : int, optional
+        For ``"fedem-synthetic"`` only: test samples per task (default 5000, the paper's;
+        the full dataset then holds 1.8 GB of test data, use a small value in tests).
 
     Returns
     -------
     FederatedDataset
         Named ``name_or_path`` for a named dataset, the file stem for a path. The same
-        arguments always give identical arrays.
+        arguments always give identical arrays. Labels are in ``{-1, +1}``, except for
+        ``"fedem-synthetic"`` (``{0, 1}``, FedEM's convention).
 
     Raises
     ------
     ValueError
         Unknown name (the message lists :func:`available_datasets`), generator overrides for
-        a file dataset, ``data_path`` for the generated dataset or a path, ``download`` for a
-        dataset that is not a paper dataset, invalid ``seed`` / ``test_frac`` / ``skew`` /
-        generator arguments, or an invalid file.
+        a file dataset, ``generator`` / ``n_test`` for a dataset other than
+        ``"fedem-synthetic"``, ``samples_per_task`` / ``skew`` for ``"fedem-synthetic"``,
+        ``data_path`` for a generated dataset or a path, ``download`` for a dataset that is
+        not a paper dataset, invalid ``seed`` / ``test_frac`` / ``skew`` / generator
+        arguments, or an invalid file.
     FileNotFoundError
         If the data cannot be found (the message says where it looked and how to get it).
     """
@@ -231,11 +326,20 @@ def load_dataset(
         for k, v in zip(_GENERATOR_KEYS, (num_tasks, dim, samples_per_task), strict=True)
         if v is not None
     }
+    fedem_args = [k for k, v in zip(_FEDEM_KEYS, (generator, n_test), strict=True) if v is not None]
     is_synthetic = isinstance(name_or_path, str) and name_or_path == SYNTHETIC
+    is_fedem = _is_fedem(name_or_path)
     is_named = isinstance(name_or_path, str) and name_or_path in NAMED_FILES
     is_paper = _is_paper(name_or_path)
-    if not (is_synthetic or is_named or is_paper or _is_path_like(name_or_path)):
+    if not (is_synthetic or is_fedem or is_named or is_paper or _is_path_like(name_or_path)):
         raise _unknown(name_or_path)
+    if fedem_args and not is_fedem:
+        raise ValueError(
+            f"{', '.join(fedem_args)} only apply to {FEDEM_SYNTHETIC!r}, "
+            f"not to {str(name_or_path)!r}"
+        )
+    if generator is not None:
+        _check_generator(generator)
     if download and not is_paper:
         raise ValueError(
             f"download=True only applies to the paper datasets {list(PAPER_DATASETS)}, "
@@ -246,13 +350,16 @@ def load_dataset(
             f"data_path only applies to named datasets ({[*NAMED_FILES, *PAPER_DATASETS]}), "
             f"not to {str(name_or_path)!r}"
         )
+    if is_fedem:
+        return _load_fedem(num_tasks, dim, samples_per_task, skew, generator, n_test)
     if is_synthetic:
         Xs, ys = make_synthetic_tasks(**overrides, seed=seed)
         dataset = split_tasks(Xs, ys, test_frac, seed, SYNTHETIC)
     else:
         if overrides:
             raise ValueError(
-                f"{', '.join(overrides)} only apply to generated datasets ({SYNTHETIC!r}), "
+                f"{', '.join(overrides)} only apply to generated datasets "
+                f"({SYNTHETIC!r}, {FEDEM_SYNTHETIC!r}), "
                 f"not to the file dataset {str(name_or_path)!r}"
             )
         if is_paper:
@@ -293,6 +400,8 @@ def _load_cached(
     skew: float | None,
     data_path: str | os.PathLike[str] | None,
     download: bool,
+    generator: str | None,
+    n_test: int | None,
 ) -> FederatedDataset:
     return _freeze(
         load_dataset(
@@ -305,6 +414,8 @@ def _load_cached(
             skew=skew,
             data_path=data_path,
             download=download,
+            generator=generator,
+            n_test=n_test,
         )
     )
 
@@ -320,6 +431,8 @@ def load_dataset_cached(
     skew: float | None = None,
     data_path: str | os.PathLike[str] | None = None,
     download: bool = False,
+    generator: str | None = None,
+    n_test: int | None = None,
 ) -> FederatedDataset:
     """Like :func:`load_dataset`, but memoised in-process, with read-only arrays.
 
@@ -327,11 +440,16 @@ def load_dataset_cached(
     same :class:`FederatedDataset` object. All its arrays have ``writeable=False`` so that
     sharing is safe: copy an array before modifying it. A path is keyed as given (a ``str``
     and a ``Path`` to the same file are two entries); a file changed on disk is not re-read
-    until :func:`clear_dataset_cache`.
+    until :func:`clear_dataset_cache`. For ``"fedem-synthetic"``, whose data depend on
+    neither ``seed`` nor ``test_frac``, calls that differ only in those (or in spelling a
+    default out, e.g. ``generator="released"``) share one entry, so runs with different
+    seeds hold the paper-sized dataset (about 1.9 GB) once.
 
     Parameters
     ----------
-    name_or_path, seed, test_frac, num_tasks, dim, samples_per_task, skew, data_path, download
+    name_or_path, seed, test_frac, num_tasks, dim, samples_per_task, skew
+        As for :func:`load_dataset`.
+    data_path, download, generator, n_test
         As for :func:`load_dataset`.
 
     Returns
@@ -345,16 +463,28 @@ def load_dataset_cached(
     """
     # Normalise the key (positional, validated seed/fraction/skew) so that equivalent calls
     # hit the same entry; the generator overrides are validated by load_dataset.
+    seed = _check_seed(seed)
+    test_frac = _check_test_frac(test_frac)
+    if _is_fedem(name_or_path):
+        # the data are the same for every run seed and test fraction; explicit defaults
+        # are the same data as unset ones
+        seed, test_frac = 0, 0.0
+        num_tasks = _FEDEM_DEFAULTS["num_tasks"] if num_tasks is None else num_tasks
+        dim = _FEDEM_DEFAULTS["dim"] if dim is None else dim
+        n_test = _FEDEM_DEFAULTS["n_test"] if n_test is None else n_test
+        generator = _FEDEM_DEFAULTS["generator"] if generator is None else generator
     return _load_cached(
         name_or_path,
-        _check_seed(seed),
-        _check_test_frac(test_frac),
+        seed,
+        test_frac,
         num_tasks,
         dim,
         samples_per_task,
         None if skew is None else check_skew_ratio(skew),
         data_path,
         bool(download),
+        generator,
+        n_test,
     )
 
 

@@ -36,7 +36,15 @@ def _same_arrays(a: FederatedDataset, b: FederatedDataset) -> bool:
 
 
 def test_available_datasets() -> None:
-    assert available_datasets() == ["synthetic", "small", "eat-voc", "har", "vehicle", "gleam"]
+    assert available_datasets() == [
+        "synthetic",
+        "fedem-synthetic",
+        "small",
+        "eat-voc",
+        "har",
+        "vehicle",
+        "gleam",
+    ]
     assert NAMED_FILES == {"small": "small.mat", "eat-voc": "EAT_VOC.mat"}
     assert list(PAPER_DATASETS) == ["har", "vehicle", "gleam"]
 
@@ -113,7 +121,10 @@ def test_resolve_paths(tmp_path: Path, write_mat: MatWriter) -> None:
 
 @pytest.mark.parametrize("name", ["nope", "SMALL", "eat_voc", ""])
 def test_unknown_names(name: str) -> None:
-    pattern = r"unknown dataset .*\['synthetic', 'small', 'eat-voc', 'har', 'vehicle', 'gleam'\]"
+    pattern = (
+        r"unknown dataset .*\['synthetic', 'fedem-synthetic', 'small', 'eat-voc', 'har', "
+        r"'vehicle', 'gleam'\]"
+    )
     with pytest.raises(ValueError, match=pattern):
         load_dataset(name)
     with pytest.raises(ValueError, match=pattern):

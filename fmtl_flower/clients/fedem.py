@@ -1,0 +1,318 @@
+"""ClientApp handlers of FedEM and its baselines (FedAvg, FedProx, FedAvg+, clustered FL, local).
+
+The wire contract is documented in :mod:`fmtl_flower.strategies.fedem`. A device keeps in
+``context.state`` (ArrayRecord ``fedem.arrays``; ConfigRecord ``fedem.meta``) its mixture
+weights ``pi`` (M,), its per-component momentum buffers (M, P) and, for ``local``, its own
+models (M, P); none of them ever leaves the device. ``fedem.meta`` holds a signature of the
+setting (method, model, M, P): state written under another setting is discarded, never mixed.
+
+Labels: {0, 1} or 0..C-1 as given; {-1, +1} (the MOCHA datasets) are mapped to {0, 1}.
+
+Build a FedEM ClientApp over your own data with :func:`make_fedem_client_app`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from logging import WARNING
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.common.logger import log
+
+from ..core.fedem import (
+    PI_FLOOR,
+    check_simplex,
+    component_losses,
+    fit_mixture_weights,
+    local_update,
+    mixture_proba,
+)
+from ..core.local_sgd import SGDConfig, sgd_epochs
+from ..core.models import Model, make_model
+from ..wire import from_array, to_array
+from .common import client_app_for, config_value
+from .mocha import default_task_id
+
+STATE_ARRAYS = "fedem.arrays"
+STATE_META = "fedem.meta"
+TAG_TRAIN = 23
+TAG_FINETUNE = 29
+METHODS = ("fedem", "fedavg", "fedprox", "fedavg-ft", "clustered", "local")
+
+DataLoader = Callable[[Context], tuple[np.ndarray, ...]]
+TaskIdFn = Callable[[Context], int]
+
+
+def labels_as_classes(y: np.ndarray, name: str) -> np.ndarray:
+    """Labels as int64 classes: {-1, +1} -> {0, 1}; {0, 1} or 0..C-1 kept; else ValueError."""
+    y = np.asarray(y)
+    if y.ndim != 1:
+        raise ValueError(f"{name}: labels must be 1-D, got shape {y.shape}")
+    values = np.unique(y)
+    if values.size and not np.all(np.isfinite(values.astype(np.float64))):
+        raise ValueError(f"{name}: labels must be finite")
+    if values.size and np.all(np.isin(values, (-1.0, 1.0))) and np.any(values == -1):
+        return (y > 0).astype(np.int64)
+    if values.size and (np.any(values < 0) or np.any(values != np.round(values))):
+        raise ValueError(f"{name}: labels must be {{-1, +1}} or classes 0..C-1, got "
+                         f"{values[:5].tolist()}")
+    return y.astype(np.int64)
+
+
+@dataclass(frozen=True)
+class ClientData:
+    """One device's data for the FedEM family (float64 features, int64 classes)."""
+
+    task_id: int
+    X: np.ndarray
+    y: np.ndarray
+    X_test: np.ndarray
+    y_test: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return self.X.shape[0]
+
+    @property
+    def num_classes(self) -> int:
+        """Classes seen on this device (at least 2)."""
+        top = max(int(self.y.max(initial=0)), int(self.y_test.max(initial=0)))
+        return max(2, top + 1)
+
+
+class FedEMClient:
+    """Device-side handlers of the FedEM family over a user-supplied data loader.
+
+    Parameters
+    ----------
+    load_data : callable
+        ``load_data(context)`` returns ``(X, y, X_test, y_test)`` (or ``(X, y)``): samples as
+        rows. Called once per node and run, then cached.
+    task_id : callable, optional
+        ``task_id(context) -> int``; default: ``task-id`` or ``partition-id`` of the node
+        config.
+    """
+
+    def __init__(self, load_data: DataLoader, task_id: TaskIdFn | None = None) -> None:
+        self._load_data = load_data
+        self._task_id = task_id or default_task_id
+        self._cache: dict[tuple[int, int], ClientData] = {}
+        self._models: dict[tuple[str, int, int, int], Model] = {}
+
+    # -- data and model ----------------------------------------------------------------------
+    def client_data(self, context: Context) -> ClientData:
+        """The node's validated data (loaded once per node and run)."""
+        key = (int(context.run_id), int(context.node_id))
+        data = self._cache.get(key)
+        if data is None:
+            tid = int(self._task_id(context))
+            loaded = self._load_data(context)
+            if len(loaded) == 2:
+                X, y = loaded
+                X_test, y_test = np.zeros((0, np.shape(X)[1])), np.zeros(0)
+            else:
+                X, y, X_test, y_test = loaded
+            name = f"task {tid}"
+            X = np.ascontiguousarray(X, dtype=np.float64)
+            X_test = np.ascontiguousarray(X_test, dtype=np.float64)
+            if X.ndim != 2 or X.shape[0] < 1 or X_test.ndim != 2 or X_test.shape[1] != X.shape[1]:
+                raise ValueError(f"{name}: X must be (n >= 1, d) and X_test (n_test, d); got "
+                                 f"{X.shape} and {X_test.shape}")
+            if not (np.all(np.isfinite(X)) and np.all(np.isfinite(X_test))):
+                raise ValueError(f"{name}: features must be finite")
+            y = labels_as_classes(y, name)
+            y_test = labels_as_classes(y_test, name + " (test)")
+            if y.shape[0] != X.shape[0] or y_test.shape[0] != X_test.shape[0]:
+                raise ValueError(f"{name}: X and y lengths differ")
+            data = ClientData(tid, X, y, X_test, y_test)
+            if len(self._cache) > 4096:
+                self._cache.clear()
+            self._cache[key] = data
+        return data
+
+    def model(self, config: ConfigRecord, dim: int) -> Model:
+        """The model family the message names (cached)."""
+        name = config_value(config, "model", str)
+        classes = config_value(config, "num-classes", int)
+        hidden = config_value(config, "hidden", int)
+        key = (name, dim, classes, hidden)
+        if key not in self._models:
+            self._models[key] = make_model(name, dim, num_classes=classes, hidden=hidden)
+        return self._models[key]
+
+    # -- handlers ----------------------------------------------------------------------------
+    def whoami(self, msg: Message, context: Context) -> Message:
+        """Reply ``info``: ``task-id``, ``n-train``, ``n-test``, ``dim``, ``num-classes``."""
+        data = self.client_data(context)
+        info = ConfigRecord({"task-id": data.task_id, "n-train": data.n,
+                             "n-test": int(data.X_test.shape[0]), "dim": int(data.X.shape[1]),
+                             "num-classes": data.num_classes})
+        return Message(RecordDict({"info": info}), reply_to=msg)
+
+    def train(self, msg: Message, context: Context) -> Message:
+        """E-step, pi update and local SGD on the components (one component for clustered
+        FL; the device's own model for ``local``); reply the updated components."""
+        data = self.client_data(context)
+        config, components, method, model = self._read_instruction(msg, data)
+        rnd = config_value(config, "server-round", int)
+        sgd = self._sgd_config(config)
+        pi, momentum, own = self._state(context, method, components)
+        if method == "local":
+            components = own if own is not None else components
+        rng = np.random.default_rng([config_value(config, "seed", int), data.task_id, rnd,
+                                     TAG_TRAIN])
+        update = local_update(model, components, pi, momentum, data.X, data.y, sgd, rng,
+                              mode="cluster" if method == "clustered" else "mixture",
+                              pi_floor=config_value(config, "pi-floor", float))
+        self._write_state(context, method, update.pi, update.momentum,
+                          update.components if method == "local" else None, rnd)
+        metrics = MetricRecord({"task-id": data.task_id, "round": rnd, "n-train": data.n,
+                                "train-loss": update.train_loss})
+        arrays = ArrayRecord({"components": to_array(update.components),
+                              "weights": to_array(update.weights)})
+        return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+
+    def evaluate(self, msg: Message, context: Context) -> Message:
+        """Test accuracy of the device's personalised predictor.
+
+        fedem: the pi-weighted mixture (an ``unseen`` device first fits pi by EM on its own
+        training split, to convergence); fedavg / fedprox: the global model; fedavg-ft: the
+        global model fine-tuned locally; clustered: the component of lowest training loss;
+        local: the device's own model.
+        """
+        data = self.client_data(context)
+        config, components, method, model = self._read_instruction(msg, data)
+        rnd = config_value(config, "server-round", int)
+        unseen = config_value(config, "unseen", bool)
+        pi, _, own = self._state(context, method, components)
+        iterations = 0
+        losses = None
+        if method == "local" and own is not None:
+            components = own
+        if method == "fedavg-ft":
+            rng = np.random.default_rng([config_value(config, "seed", int), data.task_id, rnd,
+                                         TAG_FINETUNE])
+            epochs = config_value(config, "finetune-epochs", int)
+            if epochs > 0:
+                tune = SGDConfig(lr=config_value(config, "lr", float),
+                                 momentum=config_value(config, "momentum", float),
+                                 weight_decay=config_value(config, "weight-decay", float),
+                                 batch_size=config_value(config, "batch-size", int),
+                                 epochs=epochs)
+                tuned, _, _ = sgd_epochs(model, components[0], np.zeros_like(components[0]),
+                                         data.X, data.y, np.ones(data.n), tune, rng)
+                components = tuned[None, :]
+        losses = component_losses(model, components, data.X, data.y)
+        if method == "clustered":
+            pi = np.zeros(components.shape[0])
+            pi[int(np.argmin(losses.mean(axis=1)))] = 1.0
+        elif method == "fedem" and unseen:
+            pi, iterations = fit_mixture_weights(losses, floor=config_value(config, "pi-floor",
+                                                                            float))
+        elif components.shape[0] == 1:
+            pi = np.ones(1)
+        train_loss = float(-np.log(np.maximum(
+            (mixture_proba(model, components, pi, data.X))[np.arange(data.n), data.y],
+            1e-300)).mean())
+        correct = 0
+        if data.X_test.shape[0]:
+            proba = mixture_proba(model, components, pi, data.X_test)
+            correct = int(np.count_nonzero(np.argmax(proba, axis=1) == data.y_test))
+        metrics = MetricRecord({"task-id": data.task_id, "round": rnd, "n-train": data.n,
+                                "train-loss": train_loss, "test-correct": correct,
+                                "test-n": int(data.X_test.shape[0]), "em-iterations": iterations})
+        return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _read_instruction(self, msg: Message, data: ClientData
+                          ) -> tuple[ConfigRecord, np.ndarray, str, Model]:
+        if "config" not in msg.content or "arrays" not in msg.content:
+            raise ValueError("message lacks the 'config' or 'arrays' record")
+        config = msg.content["config"]
+        if config_value(config, "task-id", int) != data.task_id:
+            raise ValueError(f"message for task {config['task-id']} reached task {data.task_id}")
+        method = config_value(config, "method", str)
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
+        model = self.model(config, data.X.shape[1])
+        arrays = msg.content["arrays"]
+        if "components" not in arrays:
+            raise ValueError("array 'components' missing")
+        components = from_array(arrays["components"])
+        if components.ndim != 2 or components.shape[0] < 1:
+            raise ValueError(f"'components' must be (M, P), got shape {components.shape}")
+        for theta in components:
+            model.check_params(theta)
+        return config, np.asarray(components, dtype=np.float64), method, model
+
+    @staticmethod
+    def _sgd_config(config: ConfigRecord) -> SGDConfig:
+        return SGDConfig(lr=config_value(config, "lr", float),
+                         momentum=config_value(config, "momentum", float),
+                         weight_decay=config_value(config, "weight-decay", float),
+                         batch_size=config_value(config, "batch-size", int),
+                         epochs=config_value(config, "local-epochs", int),
+                         prox_mu=config_value(config, "prox-mu", float))
+
+    @staticmethod
+    def _signature(method: str, components: np.ndarray) -> str:
+        return f"{method}|{components.shape[0]}|{components.shape[1]}"
+
+    def _state(self, context: Context, method: str, components: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(pi, momentum, own models or None) from ``context.state``; fresh when absent or
+        written under another setting."""
+        M, P = components.shape
+        fresh = (np.full(M, 1.0 / M), np.zeros((M, P)), None)
+        if STATE_META not in context.state or STATE_ARRAYS not in context.state:
+            return fresh
+        meta = context.state[STATE_META]
+        if meta.get("signature") != self._signature(method, components):
+            return fresh
+        arrays = context.state[STATE_ARRAYS]
+        try:
+            pi = np.array(from_array(arrays["pi"]), dtype=np.float64)
+            momentum = np.array(from_array(arrays["momentum"]), dtype=np.float64)
+            own = np.array(from_array(arrays["own"]), dtype=np.float64) if "own" in arrays \
+                else None
+        except (KeyError, TypeError, ValueError):
+            return fresh
+        try:
+            check_simplex(pi, M)
+            if momentum.shape != (M, P) or (own is not None and own.shape != (M, P)):
+                raise ValueError(f"stored optimiser state has shape {momentum.shape}, "
+                                 f"expected {(M, P)}")
+            if not (np.all(np.isfinite(momentum)) and (own is None or np.all(np.isfinite(own)))):
+                raise ValueError("stored optimiser state or model is not finite")
+        except ValueError as err:
+            log(WARNING, "FedEM client: stored state rejected (%s); starting afresh", err)
+            return fresh
+        return pi, momentum, own
+
+    def _write_state(self, context: Context, method: str, pi: np.ndarray,
+                     momentum: np.ndarray, own: np.ndarray | None, rnd: int) -> None:
+        arrays = {"pi": to_array(pi), "momentum": to_array(momentum)}
+        if own is not None:
+            arrays["own"] = to_array(own)
+        context.state[STATE_ARRAYS] = ArrayRecord(arrays)
+        context.state[STATE_META] = ConfigRecord(
+            {"signature": self._signature(method, momentum), "round": rnd})
+
+
+def make_fedem_client_app(load_data: DataLoader, task_id: TaskIdFn | None = None) -> ClientApp:
+    """A ClientApp serving the FedEM family over ``load_data(context)``.
+
+    Examples
+    --------
+    >>> def load(context):  # doctest: +SKIP
+    ...     return my_X, my_y, my_X_test, my_y_test
+    >>> app = make_fedem_client_app(load)  # doctest: +SKIP
+    """
+    return client_app_for(FedEMClient(load_data, task_id))
+
+
+__all__ = ["METHODS", "PI_FLOOR", "ClientData", "FedEMClient", "labels_as_classes",
+           "make_fedem_client_app"]

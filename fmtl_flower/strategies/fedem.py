@@ -1,0 +1,436 @@
+"""FedEM (Marfoq et al. 2021) and its baselines as one Flower ``Strategy``.
+
+Every client's data is a mixture of M shared components (:mod:`fmtl_flower.core.fedem`).
+Each round the server samples clients, sends them the M component models, and each sampled
+client runs the E-step, updates its mixture weights pi and trains every component on its
+responsibility-weighted loss; the server aggregates each component weighted by n_k. The same
+strategy runs the baselines of the paper's Table 1:
+
+========== ============================================================================
+method     what it is
+========== ============================================================================
+fedem      M components, E-step and pi on the device, components aggregated
+fedavg     one global model (M = 1)
+fedprox    FedAvg with the proximal term (mu / 2) ||theta - theta_global||^2 locally
+fedavg-ft  FedAvg+, FedAvg then local fine-tuning before evaluation
+clustered  clustered FL (IFCA): M models, each device trains and uses the one of lowest loss
+local      each device trains its own model alone (the server only relays the start model)
+========== ============================================================================
+
+Held-out (unseen) clients never train; at each evaluation they receive the components and
+(FedEM) fit only pi on their own training split by EM to convergence, then are evaluated.
+Their metrics are reported separately (``unseen_accuracy_*``).
+
+Wire contract
+-------------
+query ``whoami`` (server -> node): empty ``config``. Reply ConfigRecord ``info`` with ints
+``task-id`` (0 <= id < num_tasks), ``n-train`` >= 1, ``n-test`` >= 0, ``dim`` >= 1,
+``num-classes`` >= 2.
+
+``train`` (server -> node), to the round's sampled training clients:
+    arrays ``components``: float64 (M, P), the server's component models;
+    config ``task-id``, ``server-round``, ``seed`` (ints), ``method`` (str), ``model`` (str),
+    ``num-classes``, ``hidden``, ``batch-size``, ``local-epochs`` (ints), ``lr``, ``momentum``,
+    ``weight-decay``, ``prox-mu``, ``pi-floor`` (floats), ``unseen`` (bool, false),
+    ``finetune-epochs`` (int).
+    Reply: arrays ``components`` float64 (M, P), finite, the locally trained components, and
+    ``weights`` float64 (M,): n-train for each trained component, 0 for an untouched one
+    (every component for fedem / fedavg / fedprox / fedavg-ft / local, exactly one for
+    clustered); metrics ``task-id``, ``round``, ``n-train`` (ints, matching the message) and
+    ``train-loss`` (float >= 0, the mixture's mean negative log-likelihood on the training
+    set at the received components).
+
+``evaluate`` (server -> node), to every known client every ``eval_every`` rounds and after
+the last: the same arrays and config, ``unseen`` true for held-out clients. Reply: metrics
+``task-id``, ``round``, ``n-train``, ``test-correct``, ``test-n`` (0 <= correct <= n),
+``em-iterations`` (ints), ``train-loss`` (float). No arrays.
+
+Every reply is validated (presence, types, shapes, finiteness, weights in {0, n-train},
+matching task and round, the largest absolute parameter below ``max_abs_param``); a reply
+that fails is logged with its reason and counts as a dropped client; the components are
+untouched by it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from ..core.fedem import (
+    AGGREGATIONS,
+    LR_SCHEDULES,
+    PI_FLOOR,
+    aggregate_components,
+    learning_rate,
+    sample_clients,
+)
+from ..core.local_sgd import SGDConfig
+from ..core.models import MODELS, make_model
+from ..core.rng import round_rng
+from ..metrics import error_summary
+from ..wire import from_array, to_array
+from .base import TaskStrategy
+from .discovery import ReplyError, TaskDirectory
+
+__all__ = ["METHODS", "FedEM", "ReplyError"]
+
+RoundCallback = Callable[[dict[str, Any]], None]
+METHODS = ("fedem", "fedavg", "fedprox", "fedavg-ft", "clustered", "local")
+SINGLE_MODEL = ("fedavg", "fedprox", "fedavg-ft", "local")
+TAG_SAMPLE = 31
+TAG_INIT = 37
+_NAMES = {"fedem": "FedEM", "fedavg": "FedAvg", "fedprox": "FedProx", "fedavg-ft": "FedAvg+",
+          "clustered": "Clustered FL", "local": "Local"}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class FedEM(TaskStrategy):
+    """Federated EM over M shared components, and its baselines (see the module docstring).
+
+    Parameters
+    ----------
+    num_tasks : int
+        Number of clients (tasks) to wait for; task ids are 0 .. num_tasks - 1.
+    method : {"fedem", "fedavg", "fedprox", "fedavg-ft", "clustered", "local"}
+    num_components : int
+        M, the number of components (fedem) or cluster models (clustered); the single-model
+        methods use 1 whatever is given.
+    model : {"logistic", "softmax", "mlp"}
+        Component model family (:func:`fmtl_flower.core.models.make_model`).
+    num_classes, hidden : int
+        Classes (2 for logistic) and hidden units (mlp).
+    lr, batch_size, local_epochs, momentum, weight_decay : float / int
+        The local solver: epochs of mini-batch SGD with momentum and weight decay (torch's
+        rule), one optimiser state per component kept on the device across rounds.
+    lr_schedule : {"constant", "multi-step"}
+        multi-step: x0.1 after rounds floor(R/2) and 3 floor(R/4) (the authors' scripts).
+    fraction : float
+        Client sampling rate in (0, 1]: max(1, floor(fraction K)) training clients per round,
+        uniformly without replacement.
+    aggregation : {"all", "sampled"}
+        ``all``: the authors' rule, theta_m <- sum over all K training clients of
+        (n_k / N) theta_{m,k}, a client not heard from counting as holding theta_m (the step
+        shrinks with the sampling rate); ``sampled``: the n_k-weighted average over the
+        replying clients (unbiased under partial participation). Clustered FL always averages
+        each model over the clients that chose it.
+    prox_mu : float
+        FedProx's mu (``fedprox``; must be > 0 there, ignored elsewhere).
+    finetune_epochs : int
+        Local epochs of fine-tuning before evaluation (``fedavg-ft``).
+    unseen_tasks : sequence of int
+        Held-out clients: never sampled for training, evaluated after fitting pi (fedem).
+    pi_floor : float
+        Smallest mixture weight after a pi update.
+    max_abs_param : float
+        Replies with a parameter of larger magnitude are rejected (divergence or hostility).
+    eval_every : int
+        Rounds between evaluations (the final model is always evaluated).
+    seed : int
+        Seed of the initial components, client sampling and the devices' mini-batch orders.
+    discovery_timeout : float
+        Seconds to wait, at the first round, for ``num_tasks`` nodes to appear.
+    on_round : callable, optional
+        Called with each completed round record (a dict).
+    """
+
+    def __init__(self, num_tasks: int, *, method: str = "fedem", num_components: int = 3,
+                 model: str = "logistic", num_classes: int = 2, hidden: int = 32,
+                 lr: float = 0.05, batch_size: int = 128, local_epochs: int = 1,
+                 momentum: float = 0.9, weight_decay: float = 5e-4,
+                 lr_schedule: str = "constant", fraction: float = 1.0,
+                 aggregation: str = "all", prox_mu: float = 0.0, finetune_epochs: int = 1,
+                 unseen_tasks: Sequence[int] = (), pi_floor: float = PI_FLOOR,
+                 max_abs_param: float = 1e6, eval_every: int = 1, seed: int = 0,
+                 discovery_timeout: float = 120.0,
+                 on_round: RoundCallback | None = None) -> None:
+        if isinstance(num_tasks, bool) or int(num_tasks) != num_tasks or num_tasks < 1:
+            raise ValueError(f"num_tasks must be an integer >= 1, got {num_tasks!r}")
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        if model not in MODELS:
+            raise ValueError(f"model must be one of {MODELS}, got {model!r}")
+        for name, value, low in (("num_components", num_components, 1),
+                                 ("num_classes", num_classes, 2), ("hidden", hidden, 1),
+                                 ("eval_every", eval_every, 1),
+                                 ("finetune_epochs", finetune_epochs, 0)):
+            if isinstance(value, bool) or int(value) != value or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        self.sgd = SGDConfig(lr=lr, momentum=momentum, weight_decay=weight_decay,
+                             batch_size=batch_size, epochs=local_epochs, prox_mu=prox_mu)
+        if method == "fedprox" and not prox_mu > 0:
+            raise ValueError("fedprox needs prox_mu > 0")
+        if lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {lr_schedule!r}")
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+        if not (isinstance(fraction, int | float) and 0 < fraction <= 1):
+            raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
+        unseen = sorted({int(t) for t in unseen_tasks})
+        if unseen and not (0 <= unseen[0] and unseen[-1] < num_tasks):
+            raise ValueError(f"unseen_tasks must be task ids in 0..{num_tasks - 1}")
+        if len(unseen) >= num_tasks:
+            raise ValueError("at least one task must train (every task is held out)")
+        self.num_tasks = int(num_tasks)
+        self.method = method
+        self.name = _NAMES[method]
+        self.num_components = 1 if method in SINGLE_MODEL else int(num_components)
+        self.model = make_model(model, 1, num_classes=int(num_classes), hidden=int(hidden))
+        self.model_name, self.num_classes, self.hidden = model, int(num_classes), int(hidden)
+        self.lr_schedule = lr_schedule
+        self.fraction = float(fraction)
+        self.aggregation = aggregation
+        self.finetune_epochs = int(finetune_epochs)
+        self.pi_floor = float(pi_floor)
+        self.max_abs_param = float(max_abs_param)
+        self.eval_every = int(eval_every)
+        self.seed = int(seed)
+        self.discovery_timeout = float(discovery_timeout)
+        self.on_round = on_round
+        self.unseen = np.zeros(self.num_tasks, dtype=bool)
+        self.unseen[unseen] = True
+        if method == "local":
+            self.unseen[:] = False  # no sharing: every device trains its own model
+        self.directory = TaskDirectory(self.num_tasks, self.name)
+        self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
+        self.records: list[dict[str, Any]] = []
+        self.components: np.ndarray | None = None
+        self._sent: dict[int, int] = {}
+        self._round_start = 0.0
+        self.timings: dict[str, float] = {"aggregate_s": 0.0}
+
+    # ------------------------------------------------------------------ Strategy interface
+    def summary(self) -> None:
+        """Log the configuration."""
+        log(INFO, "\t├── %s: %d clients (%d held out), M=%d, model=%s", self.name,
+            self.num_tasks, int(self.unseen.sum()), self.num_components, self.model_name)
+        log(INFO, "\t└── lr=%g (%s), batch=%d, epochs=%d, momentum=%g, wd=%g, fraction=%g, "
+            "aggregation=%s", self.sgd.lr, self.lr_schedule, self.sgd.batch_size,
+            self.sgd.epochs, self.sgd.momentum, self.sgd.weight_decay, self.fraction,
+            self.aggregation)
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """``train`` messages to the round's sampled training clients."""
+        self._round_start = time.perf_counter()
+        self.discover(grid, wait=server_round == 1)
+        if self.components is None:
+            raise RuntimeError(f"{self.name} found no usable node: check that the ClientApp "
+                               "is FedEM's and that nodes report a task id")
+        known = np.array(sorted(t for t in self.task_to_node if not self.unseen[t]), dtype=int)
+        rng = round_rng(self.seed, server_round, TAG_SAMPLE)
+        sampled = sample_clients(known, self.fraction, rng)
+        self._sampled = [int(t) for t in sampled]
+        return self._messages(server_round, MessageType.TRAIN, self._sampled)
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord]:
+        """Validate replies and aggregate each component."""
+        assert self.components is not None
+        accepted = self._read_replies(server_round, replies, train=True)
+        started = time.perf_counter()
+        if self.method != "local" and accepted:
+            updates = [(r["components"], r["weights"]) for r in accepted.values()]
+            total = None
+            if self.aggregation == "all" and self.method != "clustered":
+                total = float(self.n_train[~self.unseen].sum())
+            self.components = aggregate_components(self.components, updates, total)
+        self.timings["aggregate_s"] += time.perf_counter() - started
+        n = np.array([accepted[t]["n-train"] for t in accepted], dtype=float)
+        loss = np.array([accepted[t]["train-loss"] for t in accepted])
+        record = {
+            "round": server_round, "primal": None, "dual": None, "gap": None,
+            "train_loss": float(loss @ n / n.sum()) if n.size else None,
+            "test_error": None, "test_error_pooled": None, "accuracy_mean": None,
+            "accuracy_mean_unweighted": None, "accuracy_bottom_decile": None,
+            "unseen_accuracy_mean": None, "unseen_accuracy_bottom_decile": None,
+            "num_sampled": len(self._sampled), "num_replies": len(accepted),
+            "num_dropped": len(self._sampled) - len(accepted), "lr": self._lr(server_round),
+            "wall_time_s": None, "tasks_missing": None, "_reg": None,
+        }
+        self.records.append(record)
+        metrics = MetricRecord({"num-replies": len(accepted),
+                                "num-dropped": record["num_dropped"]})
+        return ArrayRecord({"components": to_array(self.components)}), metrics
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        """``evaluate`` messages to every known client, on evaluation rounds."""
+        if not self._evaluation_due(server_round):
+            return []
+        return self._messages(server_round, MessageType.EVALUATE, sorted(self.task_to_node))
+
+    def aggregate_evaluate(self, server_round: int,
+                           replies: Iterable[Message]) -> MetricRecord | None:
+        """Complete the round's record (accuracies of training and held-out clients)."""
+        record = self.records[-1]
+        record.pop("_reg", None)
+        if self._evaluation_due(server_round):
+            accepted = self._read_replies(server_round, replies, train=False)
+            for key, mask in (("", ~self.unseen), ("unseen_", self.unseen)):
+                tasks = [t for t in accepted if mask[t]]
+                if not tasks:
+                    continue
+                correct = np.array([accepted[t]["test-correct"] for t in tasks])
+                counts = np.array([accepted[t]["test-n"] for t in tasks])
+                summary = error_summary(counts - correct, counts)
+                if key:
+                    record["unseen_accuracy_mean"] = summary["accuracy_mean"]
+                    record["unseen_accuracy_bottom_decile"] = summary["accuracy_bottom_decile"]
+                else:
+                    record.update(summary)
+                    n = np.array([accepted[t]["n-train"] for t in tasks], dtype=float)
+                    loss = np.array([accepted[t]["train-loss"] for t in tasks])
+                    record["train_loss_eval"] = float(loss @ n / n.sum())
+            record["tasks_missing"] = sorted(set(range(self.num_tasks)) - set(accepted))
+        record["wall_time_s"] = time.perf_counter() - self._round_start
+        if self.on_round is not None:
+            self.on_round(self.public_record(record))
+        return MetricRecord({k: float(v) for k, v in record.items()
+                             if isinstance(v, int | float) and not isinstance(v, bool)})
+
+    # ------------------------------------------------------------------ discovery
+    def discover(self, grid: Grid, wait: bool = False) -> None:
+        """Map new node ids to tasks (``whoami``); initialise the components once ``dim`` is
+        known (component m from its own seeded stream, so components differ)."""
+        self.directory.discover(grid, wait=self.discovery_timeout if wait else 0.0,
+                                query_timeout=max(self.round_timeout, 60.0))
+        if self.components is None and self.directory.dim is not None:
+            self.model = make_model(self.model_name, self.directory.dim,
+                                    num_classes=self.num_classes, hidden=self.hidden)
+            self.components = np.stack([
+                self.model.init_params(np.random.default_rng([self.seed, m, TAG_INIT]))
+                for m in range(self.num_components)])
+
+    # ------------------------------------------------------------------ helpers
+    def _evaluation_due(self, server_round: int) -> bool:
+        return server_round % self.eval_every == 0 or server_round == self.num_rounds
+
+    def _lr(self, server_round: int) -> float:
+        return learning_rate(self.sgd.lr, server_round, self.num_rounds or server_round,
+                             self.lr_schedule)
+
+    def _messages(self, server_round: int, message_type: str, tasks: list[int]) -> list[Message]:
+        assert self.components is not None
+        components = to_array(self.components)
+        base = {"server-round": server_round, "seed": self.seed, "method": self.method,
+                "model": self.model_name, "num-classes": self.num_classes,
+                "hidden": self.hidden, "batch-size": self.sgd.batch_size,
+                "local-epochs": self.sgd.epochs, "lr": self._lr(server_round),
+                "momentum": self.sgd.momentum, "weight-decay": self.sgd.weight_decay,
+                "prox-mu": self.sgd.prox_mu if self.method == "fedprox" else 0.0,
+                "pi-floor": self.pi_floor, "finetune-epochs": self.finetune_epochs}
+        self._sent = {}
+        out = []
+        for task in tasks:
+            node = self.task_to_node[task]
+            config = ConfigRecord({**base, "task-id": int(task),
+                                   "unseen": bool(self.unseen[task])})
+            content = RecordDict({"arrays": ArrayRecord({"components": components}),
+                                  "config": config})
+            out.append(Message(content, dst_node_id=node, message_type=message_type,
+                               group_id=str(server_round)))
+            self._sent[node] = int(task)
+        return out
+
+    def _read_replies(self, server_round: int, replies: Iterable[Message],
+                      train: bool) -> dict[int, dict[str, Any]]:
+        """Validated replies keyed by task; invalid ones logged and left out."""
+        accepted: dict[int, dict[str, Any]] = {}
+        failed: set[int] = set()
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            task = self._sent.get(node)
+            if reply.has_error():
+                log(WARNING, "%s round %d: node %s failed: %s", self.name, server_round, node,
+                    reply.error.reason)
+                if task is not None:
+                    failed.add(task)
+                continue
+            if task is None or task in accepted or task in failed:
+                log(WARNING, "%s round %d: unexpected or duplicate reply from node %s ignored",
+                    self.name, server_round, node)
+                continue
+            try:
+                accepted[task] = self._parse_reply(reply, task, server_round, train)
+                self.ever_replied[task] = True
+            except ReplyError as err:
+                log(WARNING, "%s round %d: reply of task %d (node %s) rejected: %s", self.name,
+                    server_round, task, node, err)
+                failed.add(task)
+        silent = sorted(set(self._sent.values()) - set(accepted) - failed)
+        if silent:
+            log(WARNING, "%s round %d: no reply from %d client(s) within the timeout (%s)",
+                self.name, server_round, len(silent), ", ".join(map(str, silent[:20])))
+        return accepted
+
+    def _parse_reply(self, reply: Message, task: int, server_round: int,
+                     train: bool) -> dict[str, Any]:
+        assert self.components is not None
+        content = reply.content
+        if "metrics" not in content:
+            raise ReplyError("no 'metrics' record")
+        metrics = content["metrics"]
+        ints = ["task-id", "round", "n-train"]
+        if not train:
+            ints += ["test-correct", "test-n", "em-iterations"]
+        out: dict[str, Any] = {}
+        for key in [*ints, "train-loss"]:
+            if key not in metrics:
+                raise ReplyError(f"metric {key!r} missing")
+            value = metrics[key]
+            if key in ints and not _is_int(value):
+                raise ReplyError(f"metric {key!r} must be an int, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int | float) \
+                    or not math.isfinite(value):
+                raise ReplyError(f"metric {key!r} is not a finite number: {value!r}")
+            out[key] = value
+        if out["task-id"] != task or out["round"] != server_round:
+            raise ReplyError(f"reply for task {out['task-id']} round {out['round']}, expected "
+                             f"task {task} round {server_round}")
+        if out["n-train"] != self.n_train[task]:
+            raise ReplyError(f"n-train {out['n-train']} differs from {self.n_train[task]}")
+        if out["train-loss"] < 0:
+            raise ReplyError(f"train-loss must be >= 0, got {out['train-loss']}")
+        if not train:
+            if not 0 <= out["test-correct"] <= out["test-n"]:
+                raise ReplyError("test-correct outside 0..test-n")
+            return out
+        arrays = content["arrays"] if "arrays" in content else None
+        if arrays is None or "components" not in arrays or "weights" not in arrays:
+            raise ReplyError("arrays 'components' and 'weights' required")
+        try:
+            theta = from_array(arrays["components"])
+            weights = from_array(arrays["weights"])
+        except (TypeError, ValueError) as err:
+            raise ReplyError(f"arrays cannot be decoded: {err}") from None
+        M, P = self.components.shape
+        if theta.dtype != np.float64 or theta.shape != (M, P):
+            raise ReplyError(f"'components' must be float64 of shape ({M}, {P}), got "
+                             f"{theta.dtype} {theta.shape}")
+        if weights.dtype != np.float64 or weights.shape != (M,):
+            raise ReplyError(f"'weights' must be float64 of shape ({M},), got "
+                             f"{weights.dtype} {weights.shape}")
+        if not np.all(np.isfinite(theta)):
+            raise ReplyError("'components' has non-finite values")
+        if np.max(np.abs(theta)) > self.max_abs_param:
+            raise ReplyError(f"'components' has |values| above {self.max_abs_param:g}")
+        n = float(out["n-train"])
+        if not np.all((weights == 0) | (weights == n)):
+            raise ReplyError("'weights' entries must be 0 or n-train")
+        expected = 1 if self.method == "clustered" else M
+        if int(np.count_nonzero(weights)) != expected:
+            raise ReplyError(f"{int(np.count_nonzero(weights))} trained components, expected "
+                             f"{expected}")
+        out["components"], out["weights"] = theta, weights
+        return out
