@@ -1,0 +1,478 @@
+"""OFMTL's numerics (Li et al. 2019): a newcomer task's subproblem, the Sigma extension, Omega.
+
+Setting. m tasks have trained models W_old = [w_1 .. w_m] (d x m) that stay **frozen**; a new
+task (column index m, 0-based, i.e. task m+1) with data X (n x d) and labels y in {-1, +1}
+joins. The package's objective (``core/objective.py``, ``core/formulations.py``) is
+
+    P(W) = sum_t (1/n_t) sum_i max(0, 1 - y_ti x_ti^T w_t) + (1/2) tr(W K W^T),
+
+with K the formulation's regulariser matrix; for the ``probabilistic`` formulation (OFMTL's,
+eq. (14) of MOCHA with s2 = inf) K = lam Omega, Omega = Sigma^-1, tr Sigma = 1, so the
+regulariser is the reference code's (lam/2) tr(W Omega W^T). Over the (m+1)-column
+W = [W_old, w] the part of P that depends on w is
+
+    (1/2) tr(W K W^T) = (1/2) K_mm |w|^2 + w^T sum_{t<m} K_tm w_t + (terms without w),
+
+so, with K = lam Omega, the newcomer's problem -- MOCHA's W-subproblem in column m with the
+other columns fixed -- is exactly
+
+    P_new(w) = (1/n) sum_i max(0, 1 - y_i x_i^T w) + (lam/2) omega |w|^2 + lam c^T w,
+    omega = Omega[m, m],   c = sum_{t<m} Omega[t, m] w_t = W_old Omega[:m, m]          (*)
+
+(P minus P_new does not depend on w). For a general formulation pass omega = K_mm / lam and
+c = W_old K[:m, m] / lam; e.g. ``probabilistic`` with finite s2 (K = lam (Omega + I/s2))
+gives omega = Omega_mm + 1/s2 and the same c.
+
+Dual. With dual variables alpha (one per sample, 0 <= y_i alpha_i <= 1 as in MOCHA),
+b = X^T alpha / n and r(w) = (lam/2) omega |w|^2 + lam c^T w, whose conjugate is
+r*(b) = |b - lam c|^2 / (2 lam omega),
+
+    D_new(alpha) = (1/n) sum_i y_i alpha_i - |b - lam c|^2 / (2 lam omega),
+    w(alpha)     = grad r*(b) = (b - lam c) / (lam omega)                              (**)
+
+(the paper's eq. (3) and the reference code's closed-form refresh). At w = w(alpha) the two
+quadratic terms coincide: D_new = (1/n) sum y alpha - (lam/2) omega |w|^2, and the duality
+gap P_new(w(alpha)) - D_new(alpha) = (1/n) sum hinge_i - (1/n) sum y_i alpha_i + w^T b >= 0.
+
+SDCA. One exact coordinate step on sample i (a = y_i alpha_i, w = w(alpha)) is
+
+    a_new = clip(a + lam omega n (1 - y_i x_i^T w) / |x_i|^2, 0, 1),
+    w    += (alpha_new - alpha_old) x_i / (lam omega n),
+
+which is MOCHA's local step (``core/sdca.py``) with m_tt sigma' = 1 / (lam omega): the
+compiled ``_sdca_kernel`` is reused as is. No sigma' is involved, since only one task moves:
+these are exact SDCA steps of the single-task problem. Because (**) is affine in b, the
+kernel's running model is w(alpha) throughout; :func:`newcomer_model` recomputes it exactly.
+
+Zero-norm rows (x_i = 0) do not move w; the exact coordinate maximiser of D_new there is
+a = 1 (the dual gains (1 - a)/n). The kernel skips such rows, so :func:`newcomer_sdca` sets
+y_i alpha_i = 1 for those it visits; the duality gap therefore still goes to 0.
+
+Extension. A new task extends Sigma (m x m, symmetric PSD, trace 1) to
+blockdiag(m/(m+1) Sigma, 1/(m+1)): trace 1 is kept and the newcomer starts uncorrelated, so
+c = 0 and w(0) = 0 at the start, as in the reference code. (The paper's eq. (6) writes the
+same scaling on Omega, which would not keep tr(Omega^-1) = 1; the authors' code scales Sigma,
+as here.) Omega = Sigma^-1 by a symmetric eigendecomposition, never a general inverse. The
+server's message to the newcomer is (omega, c): d + 1 floats.
+
+Omega-step. Over all m+1 columns, the same closed form as MOCHA
+(:func:`fmtl_flower.core.omega.sigma_probabilistic`: Sigma = (W^T W + eps I)^(1/2) / trace).
+After it the newcomer keeps alpha and refreshes w with the new (omega, c) by (**), so the
+pair (alpha, w) is always primal-dual consistent.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .hinge import hinge_loss
+from .omega import DEFAULT_OMEGA_EPS, sigma_probabilistic
+from .rng import coordinate_order
+from .sdca import _sdca_kernel
+
+__all__ = [
+    "NewcomerFit",
+    "extend_sigma",
+    "newcomer_dual",
+    "newcomer_duality_gap",
+    "newcomer_fit",
+    "newcomer_model",
+    "newcomer_primal",
+    "newcomer_sdca",
+    "newcomer_server_quantities",
+    "ofmtl_omega_step",
+    "omega_from_sigma",
+]
+
+_TRACE_TOL = 1e-8  # as ProbabilisticFormulation.set_omega
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _positive(value: float, arg: str) -> float:
+    value = float(value)
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{arg} must be a finite number > 0, got {value}")
+    return value
+
+
+def _data(X: np.ndarray, y: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    if X.ndim != 2:
+        raise ValueError(f"X must be a 2-D array (n, d), got shape {X.shape}")
+    if y is not None:
+        y = np.ascontiguousarray(y, dtype=np.float64)
+        if y.shape != (X.shape[0],):
+            raise ValueError(f"y must have shape ({X.shape[0]},), got {y.shape}")
+        if not np.all((y == 1.0) | (y == -1.0)):
+            raise ValueError("y must contain labels in {-1, +1}")
+    return X, y
+
+
+def _vector(v: np.ndarray, size: int, arg: str) -> np.ndarray:
+    v = np.ascontiguousarray(v, dtype=np.float64)
+    if v.shape != (size,):
+        raise ValueError(f"{arg} must have shape ({size},), got {v.shape}")
+    if not np.all(np.isfinite(v)):
+        raise ValueError(f"{arg} has non-finite entries")
+    return v
+
+
+def _dual_feasible(alpha: np.ndarray, y: np.ndarray, tol: float = 1e-12) -> None:
+    a = y * alpha
+    if np.any(a < -tol) or np.any(a > 1.0 + tol):
+        raise ValueError("alpha must satisfy 0 <= y_i * alpha_i <= 1")
+
+
+def _square_symmetric(A: np.ndarray, arg: str) -> np.ndarray:
+    A = np.array(A, dtype=np.float64)
+    if A.ndim != 2 or A.shape[0] != A.shape[1]:
+        raise ValueError(f"{arg} must be a square matrix, got shape {A.shape}")
+    if not np.all(np.isfinite(A)):
+        raise ValueError(f"{arg} has non-finite entries")
+    scale = max(1.0, float(np.abs(A).max())) if A.size else 1.0
+    if A.size and np.abs(A - A.T).max() > 1e-10 * scale:
+        raise ValueError(f"{arg} must be symmetric")
+    return 0.5 * (A + A.T)
+
+
+# ----------------------------------------------------------------------------- newcomer
+
+
+def newcomer_model(X: np.ndarray, alpha: np.ndarray, *, omega: float, c: np.ndarray,
+                   lam: float) -> np.ndarray:
+    """The newcomer's model w(alpha) = (X^T alpha / n - lam c) / (lam omega), eq. (**).
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d)
+        The newcomer's training samples (rows).
+    alpha : ndarray of shape (n,)
+        Dual variables (0 <= y_i alpha_i <= 1; not checked here).
+    omega : float
+        Omega[m, m] of the extended Omega (> 0); see the module docstring for other K.
+    c : ndarray of shape (d,)
+        sum_{t<m} Omega[t, m] w_t.
+    lam : float
+        lambda (> 0), the formulation's (K = lam Omega).
+
+    Returns
+    -------
+    ndarray of shape (d,)
+        The unique minimiser of the Lagrangian in w; ``-c / omega`` when n = 0.
+    """
+    X, _ = _data(X)
+    n, d = X.shape
+    omega = _positive(omega, "omega")
+    lam = _positive(lam, "lam")
+    alpha = _vector(alpha, n, "alpha")
+    c = _vector(c, d, "c")
+    b = X.T @ alpha / n if n else np.zeros(d)
+    return (b - lam * c) / (lam * omega)
+
+
+def newcomer_sdca(X: np.ndarray, y: np.ndarray, alpha: np.ndarray, w: np.ndarray, *,
+                  omega: float, lam: float, budget: int, order: np.ndarray,
+                  sqnorm: np.ndarray | None = None) -> np.ndarray:
+    """Run ``budget`` exact SDCA coordinate steps on the newcomer's dual D_new.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d)
+        The newcomer's training samples.
+    y : ndarray of shape (n,)
+        Labels in {-1, +1}.
+    alpha : ndarray of shape (n,)
+        Current dual variables, 0 <= y_i alpha_i <= 1. Not modified.
+    w : ndarray of shape (d,)
+        ``newcomer_model(X, alpha, omega=omega, c=c, lam=lam)``: the model consistent with
+        ``alpha``. The steps only need w and omega (c enters through w); an inconsistent w
+        makes them steps of a different problem.
+    omega : float
+        Omega[m, m] (> 0).
+    lam : float
+        lambda (> 0).
+    budget : int
+        Number of coordinate steps (>= 0); step s visits ``order[s % n]``.
+    order : ndarray of shape (n,), int64
+        A permutation of 0..n-1 (e.g. :func:`fmtl_flower.core.rng.coordinate_order`).
+    sqnorm : ndarray of shape (n,), optional
+        Precomputed squared row norms of X.
+
+    Returns
+    -------
+    ndarray of shape (n,)
+        The updated dual variables; 0 <= y_i alpha_i <= 1 holds exactly. Zero-norm rows that
+        are visited get y_i alpha_i = 1 (their exact coordinate maximiser).
+    """
+    X, y = _data(X, y)
+    n, d = X.shape
+    omega = _positive(omega, "omega")
+    lam = _positive(lam, "lam")
+    alpha = _vector(alpha, n, "alpha")
+    w = _vector(w, d, "w")
+    _dual_feasible(alpha, y)
+    if budget < 0:
+        raise ValueError(f"budget must be >= 0, got {budget}")
+    order = np.ascontiguousarray(order, dtype=np.int64)
+    if order.shape != (n,):
+        raise ValueError(f"order must have shape ({n},), got {order.shape}")
+    if sqnorm is None:
+        sqnorm = np.einsum("ij,ij->i", X, X)
+    new_alpha = alpha.copy()
+    if n == 0 or budget == 0:
+        return new_alpha
+    v = w.copy()
+    # MOCHA's kernel with m_tt sigma' = 1 / (lam omega), run directly on alpha (its d_alpha
+    # accumulator) from a zero base, with v = w(alpha) kept up to date by the kernel.
+    _sdca_kernel(X, y, np.zeros(n), sqnorm, w, order, int(budget), 1.0 / (lam * omega),
+                 new_alpha, v)
+    visited = order[: min(int(budget), n)]
+    zero_rows = visited[sqnorm[visited] <= 0.0]
+    new_alpha[zero_rows] = y[zero_rows]
+    # alpha_old + (alpha_new - alpha_old) can miss a box bound by one ulp: clip it exactly.
+    return y * np.clip(y * new_alpha, 0.0, 1.0)
+
+
+def newcomer_primal(X: np.ndarray, y: np.ndarray, w: np.ndarray, *, omega: float,
+                    c: np.ndarray, lam: float) -> float:
+    """P_new(w) = mean hinge + (lam/2) omega |w|^2 + lam c^T w (0 hinge term when n = 0)."""
+    X, y = _data(X, y)
+    d = X.shape[1]
+    omega, lam = _positive(omega, "omega"), _positive(lam, "lam")
+    w, c = _vector(w, d, "w"), _vector(c, d, "c")
+    loss = float(hinge_loss(y * (X @ w)).mean()) if X.shape[0] else 0.0
+    return loss + 0.5 * lam * omega * float(w @ w) + lam * float(c @ w)
+
+
+def newcomer_dual(X: np.ndarray, y: np.ndarray, alpha: np.ndarray, *, omega: float,
+                  c: np.ndarray, lam: float) -> float:
+    """D_new(alpha) = (1/n) sum y_i alpha_i - |X^T alpha / n - lam c|^2 / (2 lam omega).
+
+    Raises ``ValueError`` if alpha is outside the dual box (where D_new is -inf).
+    """
+    X, y = _data(X, y)
+    n = X.shape[0]
+    alpha = _vector(alpha, n, "alpha")
+    _dual_feasible(alpha, y)
+    w = newcomer_model(X, alpha, omega=omega, c=c, lam=lam)
+    data = float(y @ alpha) / n if n else 0.0
+    return data - 0.5 * float(lam) * float(omega) * float(w @ w)
+
+
+def newcomer_duality_gap(X: np.ndarray, y: np.ndarray, alpha: np.ndarray, *, omega: float,
+                         c: np.ndarray, lam: float) -> float:
+    """P_new(w(alpha)) - D_new(alpha) >= 0 for the consistent pair (w(alpha), alpha).
+
+    Computed as mean hinge - mean(y alpha) + w^T b (b = X^T alpha / n), which equals the
+    difference of :func:`newcomer_primal` and :func:`newcomer_dual` without their
+    cancelling quadratic terms.
+    """
+    X, y = _data(X, y)
+    n = X.shape[0]
+    alpha = _vector(alpha, n, "alpha")
+    _dual_feasible(alpha, y)
+    w = newcomer_model(X, alpha, omega=omega, c=c, lam=lam)
+    if n == 0:
+        return 0.0
+    b = X.T @ alpha / n
+    loss = float(hinge_loss(y * (X @ w)).mean())
+    return loss - float(y @ alpha) / n + float(w @ b)
+
+
+@dataclass
+class NewcomerFit:
+    """Result of :func:`newcomer_fit`.
+
+    Attributes
+    ----------
+    alpha : ndarray of shape (n,)
+        Dual variables (keep them: the next fit after an Omega-step starts from them).
+    w : ndarray of shape (d,)
+        ``newcomer_model(X, alpha, ...)``, the consistent model.
+    gaps : ndarray of shape (rounds + 1,)
+        Duality gap before the first round and after each round (empty if not tracked).
+    duals : ndarray of shape (rounds + 1,)
+        D_new at the same points (non-decreasing; empty if not tracked).
+    """
+
+    alpha: np.ndarray
+    w: np.ndarray
+    gaps: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    duals: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+
+def newcomer_fit(X: np.ndarray, y: np.ndarray, *, omega: float, c: np.ndarray, lam: float,
+                 rounds: int, local_frac: float, seed: int, task_id: int,
+                 alpha: np.ndarray | None = None, first_round: int = 1,
+                 track_gap: bool = True) -> NewcomerFit:
+    """Solve the newcomer's subproblem by rounds of SDCA, each followed by the refresh (**).
+
+    Round r (r = first_round, ..., first_round + rounds - 1) runs
+    H = floor(local_frac * n) steps in the order ``coordinate_order(seed, task_id, r, n)``,
+    then sets w = newcomer_model(X, alpha, ...). OFMTL's inner loop (reference: 100 rounds,
+    local_frac 0.5) between two Omega-steps is one call; pass the previous ``alpha`` to
+    continue after an Omega-step with the new (omega, c).
+
+    Parameters
+    ----------
+    X, y : the newcomer's data, shapes (n, d) and (n,), labels in {-1, +1}.
+    omega, c, lam : the subproblem's constants (module docstring, (*)).
+    rounds : int
+        Number of rounds (>= 0).
+    local_frac : float
+        Steps per round as a fraction of n (> 0; > 1 revisits coordinates).
+    seed, task_id : int
+        Keys of the coordinate orders (design decision 5).
+    alpha : ndarray of shape (n,), optional
+        Starting dual variables (default 0).
+    first_round : int
+        Round number of the first round (keys its coordinate order).
+    track_gap : bool
+        Record the duality gap and the dual value after every round (O(n d) each).
+
+    Returns
+    -------
+    NewcomerFit
+    """
+    X, y = _data(X, y)
+    n, d = X.shape
+    if rounds < 0:
+        raise ValueError(f"rounds must be >= 0, got {rounds}")
+    if not local_frac > 0:
+        raise ValueError(f"local_frac must be > 0, got {local_frac}")
+    alpha = np.zeros(n) if alpha is None else _vector(alpha, n, "alpha").copy()
+    _dual_feasible(alpha, y)
+    kw = {"omega": omega, "c": c, "lam": lam}
+    w = newcomer_model(X, alpha, **kw)
+    sqnorm = np.einsum("ij,ij->i", X, X)
+    budget = int(np.floor(local_frac * n))
+    gaps, duals = [], []
+
+    def record() -> None:
+        if track_gap:
+            gaps.append(newcomer_duality_gap(X, y, alpha, **kw))
+            duals.append(newcomer_dual(X, y, alpha, **kw))
+
+    record()
+    for r in range(first_round, first_round + rounds):
+        order = coordinate_order(seed, task_id, r, n)
+        alpha = newcomer_sdca(X, y, alpha, w, omega=omega, lam=lam, budget=budget,
+                              order=order, sqnorm=sqnorm)
+        w = newcomer_model(X, alpha, **kw)
+        record()
+    return NewcomerFit(alpha=alpha, w=w, gaps=np.array(gaps), duals=np.array(duals))
+
+
+# ----------------------------------------------------------------------------- server side
+
+
+def extend_sigma(Sigma: np.ndarray) -> np.ndarray:
+    """blockdiag(m/(m+1) Sigma, 1/(m+1)) for a new task (the authors' code, section 7.2).
+
+    Parameters
+    ----------
+    Sigma : ndarray of shape (m, m)
+        Symmetric positive semidefinite with unit trace (tolerance 1e-8). m = 0 (no task
+        yet) gives [[1]].
+
+    Returns
+    -------
+    ndarray of shape (m + 1, m + 1)
+        Symmetric PSD with unit trace (positive definite if Sigma is); the new task is
+        uncorrelated with the old ones.
+
+    Raises
+    ------
+    ValueError
+        If Sigma is not square, finite, symmetric, PSD, or has a trace other than 1.
+    """
+    Sigma = _square_symmetric(Sigma, "Sigma")
+    m = Sigma.shape[0]
+    if m:
+        trace = float(np.trace(Sigma))
+        if abs(trace - 1.0) > _TRACE_TOL:
+            raise ValueError(f"Sigma must have unit trace, got {trace}")
+        low = float(np.linalg.eigvalsh(Sigma)[0])
+        if low < -1e-12 * max(1.0, float(np.abs(Sigma).max())):
+            raise ValueError(f"Sigma must be positive semidefinite, smallest eigenvalue {low}")
+    out = np.zeros((m + 1, m + 1))
+    out[:m, :m] = Sigma * (m / (m + 1))
+    out[m, m] = 1.0 / (m + 1)
+    return out
+
+
+def omega_from_sigma(Sigma: np.ndarray) -> np.ndarray:
+    """Omega = Sigma^-1 through a symmetric eigendecomposition (exactly symmetric result).
+
+    Raises ``ValueError`` if Sigma is not symmetric positive definite.
+    """
+    Sigma = _square_symmetric(Sigma, "Sigma")
+    evals, evecs = np.linalg.eigh(Sigma)
+    if Sigma.shape[0] and not evals[0] > 0:
+        raise ValueError(f"Sigma must be positive definite, smallest eigenvalue {evals[0]}")
+    omega = (evecs / evals) @ evecs.T
+    return 0.5 * (omega + omega.T)
+
+
+def newcomer_server_quantities(W_old: np.ndarray, Omega_ext: np.ndarray) -> tuple[float,
+                                                                                np.ndarray]:
+    """The server's message to the newcomer: omega = Omega[m, m], c = W_old Omega[:m, m].
+
+    Parameters
+    ----------
+    W_old : ndarray of shape (d, m)
+        The frozen models of the m old tasks.
+    Omega_ext : ndarray of shape (m + 1, m + 1)
+        The extended (or Omega-stepped) precision matrix, symmetric with Omega[m, m] > 0;
+        the newcomer is its last index. For K other than lam Omega pass K / lam.
+
+    Returns
+    -------
+    omega : float
+    c : ndarray of shape (d,)
+        sum_{t<m} Omega[t, m] w_t. Together d + 1 floats.
+    """
+    W_old = np.asarray(W_old, dtype=np.float64)
+    if W_old.ndim != 2:
+        raise ValueError(f"W_old must be a 2-D array (d, m), got shape {W_old.shape}")
+    if not np.all(np.isfinite(W_old)):
+        raise ValueError("W_old has non-finite entries")
+    m = W_old.shape[1]
+    Omega_ext = _square_symmetric(Omega_ext, "Omega_ext")
+    if Omega_ext.shape != (m + 1, m + 1):
+        raise ValueError(f"Omega_ext must have shape ({m + 1}, {m + 1}), got {Omega_ext.shape}")
+    omega = _positive(Omega_ext[m, m], "Omega_ext[m, m]")
+    c = W_old @ Omega_ext[:m, m]
+    return omega, c
+
+
+def ofmtl_omega_step(W: np.ndarray, eps_rel: float = DEFAULT_OMEGA_EPS
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """OFMTL's Omega-step over all m+1 columns: MOCHA's closed form, then Omega = Sigma^-1.
+
+    Parameters
+    ----------
+    W : ndarray of shape (d, m + 1)
+        [W_old, w_new].
+    eps_rel : float
+        Relative eigenvalue floor of W^T W (see :func:`sigma_probabilistic`).
+
+    Returns
+    -------
+    Sigma : ndarray of shape (m + 1, m + 1)
+        :func:`fmtl_flower.core.omega.sigma_probabilistic` of W (unit trace, SPD).
+    Omega : ndarray of shape (m + 1, m + 1)
+        Sigma^-1 (:func:`omega_from_sigma`).
+    """
+    W = np.asarray(W, dtype=np.float64)
+    if W.ndim != 2 or W.shape[1] < 1:
+        raise ValueError(f"W must be a 2-D array (d, m + 1), got shape {W.shape}")
+    if not np.all(np.isfinite(W)):
+        raise ValueError("W has non-finite entries")
+    sigma = sigma_probabilistic(W, eps_rel)
+    return sigma, omega_from_sigma(sigma)
