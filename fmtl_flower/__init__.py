@@ -6,7 +6,10 @@ The main entry points, importable from the package root (loaded on first use, so
 * :class:`Mocha` -- the MOCHA ``flwr.serverapp.strategy.Strategy``;
 * :func:`make_mocha_client_app` -- a MOCHA ``ClientApp`` over your own data loader;
 * :func:`fit_mocha` -- the same computation without Flower (sweeps, benchmarks);
-* :func:`load_dataset` -- the built-in datasets (``synthetic``, ``small``, ``eat-voc``, .mat).
+* :class:`FedEM` -- FedEM and its baselines (FedAvg, FedProx, FedAvg+, clustered FL, local);
+* :func:`make_fedem_client_app` -- their ``ClientApp`` over your own data loader;
+* :func:`load_dataset` -- the built-in datasets (``synthetic``, ``small``, ``eat-voc``,
+  ``fedem-synthetic``, .mat).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ _EXPORTS = {
     "Mocha": "fmtl_flower.strategies.mocha",
     "make_mocha_client_app": "fmtl_flower.clients.mocha",
     "fit_mocha": "fmtl_flower.centralized",
+    "FedEM": "fmtl_flower.strategies.fedem",
+    "make_fedem_client_app": "fmtl_flower.clients.fedem",
     "load_dataset": "fmtl_flower.data",
     "RunConfig": "fmtl_flower.config",
 }

@@ -140,8 +140,9 @@ class RunConfig:
     results_file : str
         When set, the ServerApp writes the results JSON there (for ``flwr run``).
     model : {"auto", "svm", "logistic", "softmax", "mlp"}
-        Model family: ``auto`` is ``svm`` for ``local`` / ``global`` and ``logistic`` for the
-        FedEM family; ``local`` / ``global`` with another family train that model.
+        Model family: ``auto`` is ``logistic`` for the FedEM family and on
+        ``fedem-synthetic``, else ``svm`` (``local`` / ``global`` on the MOCHA datasets);
+        ``local`` / ``global`` with another family train that model.
     hidden : int
         Hidden units of ``mlp``.
     num_components : int
@@ -163,7 +164,9 @@ class RunConfig:
     train_tasks_frac : float
         Fraction of tasks that train; tasks t >= floor(frac * T) are unseen clients.
     n_test : int
-        ``fedem-synthetic``'s test samples per task (0: the paper's 5000).
+        ``fedem-synthetic``'s test samples per task (0: the paper's 5000). The generator draws
+        every task from one stream, so another value also changes the training sets of all
+        tasks after the first (for quick tests only).
     """
 
     strategy: str = "mocha"
@@ -200,7 +203,7 @@ class RunConfig:
     model: str = "auto"
     hidden: int = 32
     num_components: int = 3
-    lr: float = 0.05
+    lr: float = 0.3
     batch_size: int = 128
     local_epochs: int = 1
     momentum: float = 0.9
@@ -219,7 +222,9 @@ class RunConfig:
         """The model family ``model`` resolves to for this strategy."""
         if self.model != "auto":
             return self.model
-        return "svm" if self.strategy in ("local", "global") else "logistic"
+        if self.strategy in ("local", "global") and self.dataset != "fedem-synthetic":
+            return "svm"  # the MOCHA paper's baselines
+        return "logistic"
 
     @property
     def is_fedem_family(self) -> bool:

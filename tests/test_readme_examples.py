@@ -15,7 +15,7 @@ def python_blocks() -> list[str]:
 
 
 def test_server_and_client_snippets_run_together(tmp_path, capsys):
-    server_src, client_src = python_blocks()
+    server_src, client_src = python_blocks()[:2]
     rng = np.random.default_rng(0)
     for task in range(10):
         X = rng.normal(size=(30, 4))
@@ -28,6 +28,26 @@ def test_server_and_client_snippets_run_together(tmp_path, capsys):
                   node_configs=[{"task-id": t} for t in range(10)])
     gap, test_error = capsys.readouterr().out.split()
     assert float(gap) >= 0 and test_error == "None"  # the loader gives no test split
+
+
+def test_fedem_snippets_run_together(tmp_path, capsys):
+    _, mocha_client_src, server_src, client_src = python_blocks()
+    rng = np.random.default_rng(1)
+    for task in range(10):
+        X = rng.normal(size=(40, 4))
+        np.savez(tmp_path / f"task{task}.npz", X=X, y=np.where(X[:, 0] > 0, 1.0, -1.0))
+    client_ns: dict = {}
+    exec(mocha_client_src.replace("/data/", f"{tmp_path}/"), client_ns)  # noqa: S102 (load_data)
+    exec(client_src, client_ns)  # noqa: S102
+    server_src = (server_src.replace("num_rounds=100", "num_rounds=3")
+                  .replace("num_tasks=100", "num_tasks=10")
+                  .replace("range(80, 100)", "range(8, 10)"))
+    server_ns: dict = {}
+    exec(server_src, server_ns)  # noqa: S102
+    run_inprocess(server_ns["app"], client_ns["app"], 10,
+                  node_configs=[{"task-id": t} for t in range(10)])
+    accuracy, unseen = capsys.readouterr().out.split()
+    assert accuracy == "None" and unseen == "None"  # the loader gives no test split
 
 
 def test_main_job_command_is_the_documented_one():

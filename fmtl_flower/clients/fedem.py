@@ -170,7 +170,8 @@ class FedEMClient:
         self._write_state(context, method, update.pi, update.momentum,
                           update.components if method == "local" else None, rnd)
         metrics = MetricRecord({"task-id": data.task_id, "round": rnd, "n-train": data.n,
-                                "train-loss": update.train_loss})
+                                "train-loss": update.train_loss, "e-step-s": update.estep_s,
+                                "train-s": update.train_s})
         arrays = ArrayRecord({"components": to_array(update.components),
                               "weights": to_array(update.weights)})
         return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)

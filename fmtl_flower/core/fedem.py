@@ -23,6 +23,7 @@ clustered FL (IFCA) trains, per client, only the component of lowest training lo
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -166,6 +167,8 @@ class LocalUpdate:
     train_loss : float
         Mean negative log-likelihood of the mixture (received components, new pi) over the
         client's training set: the client's term of FedEM's objective f(Theta, Pi).
+    estep_s, train_s : float
+        Seconds spent in the E-step (losses, responsibilities, pi) and in local SGD.
     """
 
     components: np.ndarray
@@ -173,6 +176,8 @@ class LocalUpdate:
     pi: np.ndarray
     weights: np.ndarray
     train_loss: float
+    estep_s: float = 0.0
+    train_s: float = 0.0
 
 
 def local_update(model: Model, components: np.ndarray, pi: np.ndarray, momentum: np.ndarray,
@@ -200,6 +205,7 @@ def local_update(model: Model, components: np.ndarray, pi: np.ndarray, momentum:
         ``mixture``: FedEM (M = 1 gives FedAvg); ``cluster``: clustered FL (IFCA), the client
         picks the component of lowest mean training loss and trains only that one.
     """
+    started = time.perf_counter()
     M = components.shape[0]
     losses = component_losses(model, components, X, y)
     n = X.shape[0]
@@ -217,6 +223,7 @@ def local_update(model: Model, components: np.ndarray, pi: np.ndarray, momentum:
     else:
         raise ValueError(f"mode must be 'mixture' or 'cluster', got {mode!r}")
     train_loss = float(-mixture_log_likelihood(new_pi, losses).mean())
+    estep_s = time.perf_counter() - started
     out = np.array(components, dtype=np.float64, copy=True)
     buffers = np.array(momentum, dtype=np.float64, copy=True)
     weights = np.zeros(M)
@@ -224,7 +231,8 @@ def local_update(model: Model, components: np.ndarray, pi: np.ndarray, momentum:
         out[m], buffers[m], _ = sgd_epochs(model, components[m], momentum[m], X, y, q[m],
                                            config, rng)
         weights[m] = n
-    return LocalUpdate(out, buffers, new_pi, weights, train_loss)
+    return LocalUpdate(out, buffers, new_pi, weights, train_loss, estep_s,
+                       time.perf_counter() - started - estep_s)
 
 
 def aggregate_components(current: np.ndarray, updates: list[tuple[np.ndarray, np.ndarray]],

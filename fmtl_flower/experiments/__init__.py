@@ -16,6 +16,7 @@ REPRODUCTIONS = {
     "mocha-fig1": "fmtl_flower.experiments.mocha_fig1",
     "mocha-fig2": "fmtl_flower.experiments.mocha_fig2",
     "mocha-fig3": "fmtl_flower.experiments.mocha_fig3",
+    "fedem-table1": "fmtl_flower.experiments.fedem_table1",
 }
 
 

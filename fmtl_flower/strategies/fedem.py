@@ -38,7 +38,8 @@ query ``whoami`` (server -> node): empty ``config``. Reply ConfigRecord ``info``
     (every component for fedem / fedavg / fedprox / fedavg-ft / local, exactly one for
     clustered); metrics ``task-id``, ``round``, ``n-train`` (ints, matching the message) and
     ``train-loss`` (float >= 0, the mixture's mean negative log-likelihood on the training
-    set at the received components).
+    set at the received components); optional ``e-step-s`` and ``train-s`` (floats >= 0, the
+    device's seconds in the E-step and in local SGD, summed into the round's record).
 
 ``evaluate`` (server -> node), to every known client every ``eval_every`` rounds and after
 the last: the same arrays and config, ``unseen`` true for held-out clients. Reply: metrics
@@ -207,7 +208,6 @@ class FedEM(TaskStrategy):
         self.components: np.ndarray | None = None
         self._sent: dict[int, int] = {}
         self._round_start = 0.0
-        self.timings: dict[str, float] = {"aggregate_s": 0.0}
 
     # ------------------------------------------------------------------ Strategy interface
     def summary(self) -> None:
@@ -245,9 +245,11 @@ class FedEM(TaskStrategy):
             if self.aggregation == "all" and self.method != "clustered":
                 total = float(self.n_train[~self.unseen].sum())
             self.components = aggregate_components(self.components, updates, total)
-        self.timings["aggregate_s"] += time.perf_counter() - started
+        aggregate_s = time.perf_counter() - started
         n = np.array([accepted[t]["n-train"] for t in accepted], dtype=float)
         loss = np.array([accepted[t]["train-loss"] for t in accepted])
+        timing = {key: float(sum(r.get(key, 0.0) for r in accepted.values()))
+                  for key in ("e-step-s", "train-s")}
         record = {
             "round": server_round, "primal": None, "dual": None, "gap": None,
             "train_loss": float(loss @ n / n.sum()) if n.size else None,
@@ -256,7 +258,9 @@ class FedEM(TaskStrategy):
             "unseen_accuracy_mean": None, "unseen_accuracy_bottom_decile": None,
             "num_sampled": len(self._sampled), "num_replies": len(accepted),
             "num_dropped": len(self._sampled) - len(accepted), "lr": self._lr(server_round),
-            "wall_time_s": None, "tasks_missing": None, "_reg": None,
+            "client_estep_s": timing["e-step-s"], "client_train_s": timing["train-s"],
+            "aggregate_s": aggregate_s, "wall_time_s": None, "tasks_missing": None,
+            "_reg": None,
         }
         self.records.append(record)
         metrics = MetricRecord({"num-replies": len(accepted),
@@ -406,6 +410,13 @@ class FedEM(TaskStrategy):
             if not 0 <= out["test-correct"] <= out["test-n"]:
                 raise ReplyError("test-correct outside 0..test-n")
             return out
+        for key in ("e-step-s", "train-s"):
+            if key in metrics:
+                value = metrics[key]
+                if isinstance(value, bool) or not isinstance(value, int | float) \
+                        or not math.isfinite(value) or value < 0:
+                    raise ReplyError(f"metric {key!r} must be a finite number >= 0")
+                out[key] = float(value)
         arrays = content["arrays"] if "arrays" in content else None
         if arrays is None or "components" not in arrays or "weights" not in arrays:
             raise ReplyError("arrays 'components' and 'weights' required")

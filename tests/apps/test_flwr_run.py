@@ -112,22 +112,19 @@ def flwr_sandbox(tmp_path: Path) -> Iterator[dict[str, str]]:
             f"{[p.pid for p in leftover]}")
 
 
-def test_flwr_run_mocha_four_nodes(flwr_sandbox: dict[str, str], tmp_path: Path) -> None:
-    results = tmp_path / "res.json"
-    run_config = (f"num-server-rounds={NUM_ROUNDS} num-tasks={NUM_NODES} dim=5 "
-                  f"samples-per-task=30 seed=3 omega-every=2 round-timeout=120.0 "
-                  f"results-file='{results}'")
+def _flwr_run(sandbox: dict[str, str], run_config: str, results: Path) -> tuple[dict, str]:
+    """``flwr run . --stream`` with ``run_config``; the results JSON and a context string."""
     command = [str(Path(sys.executable).parent / "flwr"), "run", ".", "--stream",
                "--run-config", run_config,
                "--federation-config", f"num-supernodes={NUM_NODES} client-resources-num-cpus=1"]
     pyproject = (APP_DIR / "pyproject.toml").read_bytes()
 
     started = time.perf_counter()
-    proc = subprocess.run(command, cwd=APP_DIR, env=flwr_sandbox, capture_output=True,
+    proc = subprocess.run(command, cwd=APP_DIR, env=sandbox, capture_output=True,
                           text=True, timeout=RUN_TIMEOUT_S, check=False)
     elapsed = time.perf_counter() - started
     output = proc.stdout[-4000:] + proc.stderr[-4000:]
-    log_file = Path(flwr_sandbox["FLWR_HOME"]) / "local-superlink" / "superlink.log"
+    log_file = Path(sandbox["FLWR_HOME"]) / "local-superlink" / "superlink.log"
     log_tail = log_file.read_text()[-3000:] if log_file.is_file() else "(no SuperLink log)"
     context = (f"$ {shlex.join(command)}\n(exit {proc.returncode}, {elapsed:.1f} s)\n"
                f"{output}\n--- superlink.log ---\n{log_tail}")
@@ -137,8 +134,16 @@ def test_flwr_run_mocha_four_nodes(flwr_sandbox: dict[str, str], tmp_path: Path)
     # `flwr run` must not rewrite the app's pyproject.toml (it does if it finds federations)
     assert hashlib.sha256((APP_DIR / "pyproject.toml").read_bytes()).digest() == \
         hashlib.sha256(pyproject).digest()
+    print(f"flwr run: {elapsed:.1f} s")
+    return json.loads(results.read_text()), context
 
-    out = json.loads(results.read_text())
+
+def test_flwr_run_mocha_four_nodes(flwr_sandbox: dict[str, str], tmp_path: Path) -> None:
+    results = tmp_path / "res.json"
+    run_config = (f"num-server-rounds={NUM_ROUNDS} num-tasks={NUM_NODES} dim=5 "
+                  f"samples-per-task=30 seed=3 omega-every=2 round-timeout=120.0 "
+                  f"results-file='{results}'")
+    out, context = _flwr_run(flwr_sandbox, run_config, results)
     rounds = out["rounds"]
     assert [r["round"] for r in rounds] == list(range(NUM_ROUNDS + 1)), context
     assert all(r["num_replies"] == NUM_NODES for r in rounds[1:]), rounds
@@ -148,4 +153,17 @@ def test_flwr_run_mocha_four_nodes(flwr_sandbox: dict[str, str], tmp_path: Path)
         assert record["gap"] is not None and record["gap"] >= 0.0
     assert final["complete"] is True
     assert out["config"]["num-tasks"] == NUM_NODES
-    print(f"flwr run: {elapsed:.1f} s")
+
+
+def test_flwr_run_fedem_four_nodes(flwr_sandbox: dict[str, str], tmp_path: Path) -> None:
+    results = tmp_path / "res.json"
+    run_config = (f"strategy='fedem' dataset='fedem-synthetic' num-server-rounds={NUM_ROUNDS} "
+                  f"num-tasks={NUM_NODES} n-test=50 train-tasks-frac=0.75 seed=3 "
+                  f"round-timeout=120.0 results-file='{results}'")
+    out, context = _flwr_run(flwr_sandbox, run_config, results)
+    rounds = out["rounds"]
+    assert [r["round"] for r in rounds] == list(range(1, NUM_ROUNDS + 1)), context
+    assert all(r["num_replies"] == NUM_NODES - 1 for r in rounds), rounds  # one held out
+    final = out["final"]
+    assert final["complete"] is True
+    assert 0.0 < final["accuracy_mean"] <= 1.0 and final["unseen_accuracy_mean"] is not None
