@@ -80,6 +80,11 @@ def _fmt(value: Any, spec: str) -> str:
 def progress_line(record: dict[str, Any], num_tasks: int) -> str:
     """One line of per-round progress (MOCHA's family: objective and gap; FedEM's: loss and
     accuracies)."""
+    if "event" in record:  # OFMTL: one record per training or newcomer
+        return (f"event {record['round']:3d} {record['event']:9s} | devices "
+                f"{record['devices']:4d} | test err {_fmt(record.get('test_error'), '.4f')} | "
+                f"floats {record['floats_communicated']:10d} (total "
+                f"{record['cumulative_floats']}) | {record['event_time_s'] * 1e3:.0f} ms")
     if "train_loss" in record:
         unseen = record.get("unseen_accuracy_mean")
         return (f"round {record['round']:5d} | train loss {_fmt(record.get('train_loss'), '.5f')}"
@@ -111,10 +116,14 @@ def final_table(results: dict[str, Any]) -> str:
     rows.append(("rounds", final.get("round", "-")))
     for key in FINAL_KEYS:
         value = final.get(key)
-        if value is None and key in _OPTIONAL_KEYS and key in final and "train_loss" in final:
+        mocha_family = "train_loss" not in final and "event" not in final
+        if value is None and (key in _OPTIONAL_KEYS or "event" in final) and not mocha_family:
             continue
         rows.append((key, "-" if value is None else
                      (f"{value:.6g}" if isinstance(value, float) else str(value))))
+    for key in ("devices", "retrainings", "cumulative_floats"):
+        if key in final:
+            rows.append((key, str(final[key])))
     if final.get("primal") and final.get("gap") is not None:
         rows.append(("relative_gap", f"{final['gap'] / final['primal']:.3e}"))
     for key in ("tasks_never_replied", "tasks_missing"):
@@ -184,7 +193,7 @@ def run_federation(cfg: RunConfig, data, engine: str, print_every: int,
 
     def on_round(record: dict[str, Any]) -> None:
         k = record["round"]
-        if not quiet and (k % every == 0 or k == cfg.num_server_rounds):
+        if not quiet and ("event" in record or k % every == 0 or k == cfg.num_server_rounds):
             print(progress_line(record, m), flush=True)
 
     box: dict[str, Any] = {}

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 STRATEGIES = ("mocha", "cocoa", "mb-sdca", "mb-sgd", "local", "global", "fedem", "fedavg",
-              "fedprox", "fedavg-ft", "clustered")
+              "fedprox", "fedavg-ft", "clustered", "ofmtl")
 #: Strategies of MOCHA's primal-dual / primal family (one linear SVM per task).
 MOCHA_FAMILY = ("mocha", "cocoa", "mb-sdca", "mb-sgd")
 #: Strategies of FedEM's family (``local`` joins it with a model other than ``svm``).
 FEDEM_FAMILY = ("fedem", "fedavg", "fedprox", "fedavg-ft", "clustered")
-FEDERATED = MOCHA_FAMILY + FEDEM_FAMILY
+FEDERATED = MOCHA_FAMILY + FEDEM_FAMILY + ("ofmtl",)
 MODELS = ("auto", "svm", "logistic", "softmax", "mlp")
 
 
@@ -167,6 +167,14 @@ class RunConfig:
         ``fedem-synthetic``'s test samples per task (0: the paper's 5000). The generator draws
         every task from one stream, so another value also changes the training sets of all
         tasks after the first (for quick tests only).
+    initial_tasks : int
+        OFMTL: tasks that train MOCHA first (0: 1).
+    arrivals : str
+        OFMTL: the order in which the dataset's tasks join: "" (task order), "shuffle" (a
+        permutation drawn from the seed) or comma-separated task indices (a permutation).
+    retrain_ratio : float
+        OFMTL: retrain MOCHA when newcomers since the last training reach this multiple of
+        that training's tasks.
     """
 
     strategy: str = "mocha"
@@ -216,6 +224,9 @@ class RunConfig:
     generator: str = "released"
     train_tasks_frac: float = 1.0
     n_test: int = 0
+    initial_tasks: int = 0
+    arrivals: str = ""
+    retrain_ratio: float = 1.5
 
     @property
     def model_family(self) -> str:
@@ -314,7 +325,24 @@ _PARSE = {
     "generator": lambda k, v: _as_choice(k, v, ("released", "fixed")),
     "train-tasks-frac": lambda k, v: _as_float(k, v, lo=0.0, hi=1.0, lo_open=True),
     "n-test": lambda k, v: _as_int(k, v, 0),
+    "initial-tasks": lambda k, v: _as_int(k, v, 0),
+    "arrivals": lambda k, v: _arrivals(k, v),
+    "retrain-ratio": lambda k, v: _as_float(k, v, lo=0.0, lo_open=True),
 }
+
+
+def _arrivals(key: str, value: Any) -> str:
+    out = str(value).strip()
+    if out in ("", "shuffle"):
+        return out
+    try:
+        order = [int(p) for p in out.split(",")]
+    except ValueError:
+        raise ConfigError(f"{key}: '', 'shuffle' or comma-separated task indices, got "
+                          f"{value!r}") from None
+    if sorted(order) != list(range(len(order))):
+        raise ConfigError(f"{key}: must be a permutation of 0..{len(order) - 1}, got {out!r}")
+    return ",".join(map(str, order))
 
 
 def _skew(key: str, value: Any) -> float:

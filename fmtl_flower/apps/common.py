@@ -21,13 +21,15 @@ from flwr.serverapp import Grid, ServerApp
 
 from ..clients.fedem import FedEMClient, make_fedem_client_app
 from ..clients.mbsgd import MbSgdClient, make_mbsgd_client_app
-from ..clients.mocha import MochaClient, default_task_id, make_mocha_client_app
+from ..clients.mocha import default_task_id, make_mocha_client_app
+from ..clients.ofmtl import OFMTLClient, make_ofmtl_client_app
 from ..config import FEDERATED, ConfigError, RunConfig
 from ..data import FederatedDataset, load_dataset_cached
 from ..data.registry import FEDEM_SYNTHETIC
 from ..strategies.fedem import FedEM
 from ..strategies.mbsgd import MbSgd
 from ..strategies.mocha import Mocha
+from ..strategies.ofmtl import OFMTL
 
 ResultsCallback = Callable[[dict[str, Any]], None]
 
@@ -48,6 +50,23 @@ def dataset_for(cfg: RunConfig) -> FederatedDataset:
         cfg.dataset, seed=cfg.seed, test_frac=cfg.test_frac,
         num_tasks=cfg.num_tasks or None, dim=cfg.dim or None,
         samples_per_task=cfg.samples_per_task or None, skew=cfg.skew or None, **extra)
+
+
+def arrival_order(cfg: RunConfig, num_tasks: int) -> list[int]:
+    """Which dataset task each task id serves (OFMTL's order of arrival; identity otherwise).
+
+    ``arrivals=""``: task order; ``"shuffle"``: a permutation drawn from the seed; a list:
+    that permutation (it must cover every task).
+    """
+    if cfg.strategy != "ofmtl" or not cfg.arrivals:
+        return list(range(num_tasks))
+    if cfg.arrivals == "shuffle":
+        return [int(t) for t in np.random.default_rng([cfg.seed, 43]).permutation(num_tasks)]
+    order = [int(t) for t in cfg.arrivals.split(",")]
+    if len(order) != num_tasks:
+        raise ConfigError(f"arrivals: a permutation of the {num_tasks} tasks, got "
+                          f"{len(order)} entries")
+    return order
 
 
 def is_federated(cfg: RunConfig) -> bool:
@@ -74,18 +93,20 @@ def make_client_app(config: RunConfig | None = None) -> ClientApp:
     def load(context: Context) -> tuple[np.ndarray, ...]:
         cfg = config_from_context(context, config)
         data = dataset_for(cfg)
-        task = data.task(default_task_id(context))
+        task = data.task(arrival_order(cfg, data.num_tasks)[default_task_id(context)])
         return task.X_train, task.y_train, task.X_test, task.y_test
 
     if config is not None:
         if config.is_fedem_family:
             return make_fedem_client_app(load)
+        if config.strategy == "ofmtl":
+            return make_ofmtl_client_app(load)
         factory = make_mbsgd_client_app if config.strategy == "mb-sgd" else make_mocha_client_app
         return factory(load)
-    dual, primal, mixture = MochaClient(load), MbSgdClient(load), FedEMClient(load)
+    dual, primal, mixture = OFMTLClient(load), MbSgdClient(load), FedEMClient(load)
     app = ClientApp()
 
-    def handlers(context: Context) -> MochaClient | MbSgdClient | FedEMClient:
+    def handlers(context: Context) -> OFMTLClient | MbSgdClient | FedEMClient:
         cfg = config_from_context(context, None)
         if cfg.is_fedem_family:
             return mixture
@@ -94,17 +115,21 @@ def make_client_app(config: RunConfig | None = None) -> ClientApp:
     app.query("whoami")(lambda msg, ctx: handlers(ctx).whoami(msg, ctx))
     app.train()(lambda msg, ctx: handlers(ctx).train(msg, ctx))
     app.evaluate()(lambda msg, ctx: handlers(ctx).evaluate(msg, ctx))
+    app.train("ofmtl")(lambda msg, ctx: dual.newcomer(msg, ctx))
+    app.evaluate("ofmtl")(lambda msg, ctx: dual.evaluate_model(msg, ctx))
     return app
 
 
 def strategy_from_config(cfg: RunConfig, num_tasks: int,
                          on_round: Callable[[dict[str, Any]], None] | None = None
-                         ) -> Mocha | MbSgd | FedEM:
+                         ) -> Mocha | MbSgd | FedEM | OFMTL:
     """The strategy configured by ``cfg``: :class:`FedEM` for its family, :class:`MbSgd`, or
     :class:`Mocha` with local solver ``cfg.strategy`` (mocha, cocoa or mb-sdca; lambda must
     then be a number)."""
     if cfg.is_fedem_family:
         return fedem_from_config(cfg, num_tasks, on_round)
+    if cfg.strategy == "ofmtl":
+        return ofmtl_from_config(cfg, num_tasks, on_round)
     if cfg.lam == "cv":
         raise ConfigError("lambda=cv is a cross-validation sweep run by `fmtl run` before the "
                           "federation starts; a ServerApp needs a number (e.g. lambda=1e-3)")
@@ -148,13 +173,28 @@ def fedem_from_config(cfg: RunConfig, num_tasks: int,
                  on_round=on_round)
 
 
+def ofmtl_from_config(cfg: RunConfig, num_tasks: int,
+                      on_record: Callable[[dict[str, Any]], None] | None = None) -> OFMTL:
+    """The :class:`OFMTL` strategy: MOCHA (``num-server-rounds`` rounds per training, the
+    probabilistic formulation) over ``initial-tasks`` tasks, then newcomers."""
+    if cfg.lam == "cv":
+        raise ConfigError("lambda=cv is not available for ofmtl; give a number")
+    return OFMTL(num_tasks, initial_tasks=cfg.initial_tasks or 1, lam=float(cfg.lam),
+                 mocha_rounds=cfg.num_server_rounds, omega_every=cfg.omega_every,
+                 local_frac=cfg.local_frac, omega_eps=cfg.omega_eps,
+                 retrain_ratio=cfg.retrain_ratio, seed=cfg.seed,
+                 arrival_timeout=cfg.round_timeout,
+                 discovery_timeout=max(cfg.round_timeout, 60.0),
+                 round_timeout=cfg.round_timeout, on_record=on_record)
+
+
 def formulation_options(cfg: RunConfig) -> dict[str, Any]:
     """The formulation keys of ``cfg`` as keyword arguments (0 means unset)."""
     return {"lam2": cfg.lambda2 or None, "s2": cfg.s2 or None, "eta": cfg.eta or None,
             "clusters": cfg.clusters or None, "gamma": cfg.gamma}
 
 
-def build_results(cfg: RunConfig, strategy: Mocha | MbSgd | FedEM) -> dict[str, Any]:
+def build_results(cfg: RunConfig, strategy: Mocha | MbSgd | FedEM | OFMTL) -> dict[str, Any]:
     """The results contract: ``{"config", "rounds", "final"}``."""
     out = strategy.results()
     return {"config": cfg.to_dict(), "rounds": out["rounds"], "final": out["final"]}
@@ -197,7 +237,8 @@ def make_server_app(config: RunConfig | None = None,
                               "other than svm)")
         num_tasks = cfg.num_tasks or dataset_for(cfg).num_tasks
         strategy = strategy_from_config(cfg, num_tasks, on_round)
-        strategy.start(grid=grid, num_rounds=cfg.num_server_rounds, timeout=cfg.round_timeout)
+        rounds = 0 if cfg.strategy == "ofmtl" else cfg.num_server_rounds  # OFMTL: until all join
+        strategy.start(grid=grid, num_rounds=rounds, timeout=cfg.round_timeout)
         results = build_results(cfg, strategy)
         final = results["final"]
         log(INFO, "%s finished: primal=%s test_error=%s accuracy_mean=%s", cfg.strategy,

@@ -5,7 +5,10 @@ task id a node reports (design decision 6). :class:`TaskDirectory` keeps the two
 asks new nodes ``whoami`` (reply: ConfigRecord ``info`` with int ``task-id`` in
 0..num_tasks-1, ``n-train`` >= 1, ``dim`` >= 1, the same on every node), forgets nodes that go
 offline, lets a restarted device (new node id) take its task over, and refuses a second live
-node claiming a task (logged; asked again once the holder is gone).
+node claiming a task (logged; asked again once the holder is gone). A node whose task id lies
+outside 0..num_tasks-1 (a misconfigured device, or one of a larger federation such as an
+OFMTL newcomer not yet admitted) is logged once (``outside_level``, WARNING by default) and
+not asked again while it stays online.
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ from flwr.serverapp import Grid
 
 class ReplyError(ValueError):
     """A node's reply broke the wire contract."""
+
+
+class OutsideTaskRange(ReplyError):
+    """A node serves a task id outside this federation's 0..num_tasks-1."""
 
 
 class TaskDirectory:
@@ -50,6 +57,8 @@ class TaskDirectory:
         self.n_train = np.zeros(self.num_tasks, dtype=np.int64)
         self.dim: int | None = None
         self._duplicates: dict[int, int] = {}  # node -> task it claims while another holds it
+        self._outside: set[int] = set()  # nodes whose task id is outside 0..num_tasks-1
+        self.outside_level = WARNING
 
     def discover(self, grid: Grid, *, wait: float = 0.0, query_timeout: float = 60.0) -> None:
         """Map new node ids to tasks, waiting up to ``wait`` seconds for every task."""
@@ -63,7 +72,9 @@ class TaskDirectory:
             for node in [n for n in self._duplicates if n not in online
                          or self.task_to_node.get(self._duplicates[n]) not in online]:
                 del self._duplicates[node]  # gone, or its task is free again: ask anew
-            unknown = sorted(online - set(self.node_to_task) - set(self._duplicates))
+            self._outside &= online
+            unknown = sorted(online - set(self.node_to_task) - set(self._duplicates)
+                             - self._outside)
             if unknown:
                 self._query(grid, unknown, online, query_timeout)
             if len(self.task_to_node) >= self.num_tasks or time.monotonic() >= deadline:
@@ -85,6 +96,11 @@ class TaskDirectory:
                 continue
             try:
                 task, n_train, dim = self.read_whoami(reply)
+            except OutsideTaskRange as err:
+                log(self.outside_level, "%s: node %s: bad whoami reply: %s; not part of this "
+                    "federation, not asked again while online", self.name, node, err)
+                self._outside.add(node)
+                continue
             except ReplyError as err:
                 log(WARNING, "%s: node %s: bad whoami reply: %s", self.name, node, err)
                 continue
@@ -120,7 +136,8 @@ class TaskDirectory:
                 raise ReplyError(f"{key!r} must be an int, got {value!r}")
             values[key] = value
         if not 0 <= values["task-id"] < self.num_tasks:
-            raise ReplyError(f"task-id {values['task-id']} outside 0..{self.num_tasks - 1}")
+            raise OutsideTaskRange(f"task-id {values['task-id']} outside "
+                                   f"0..{self.num_tasks - 1}")
         if values["n-train"] < 1 or values["dim"] < 1:
             raise ReplyError("n-train and dim must be >= 1")
         return values["task-id"], values["n-train"], values["dim"]

@@ -1,0 +1,369 @@
+"""OFMTL (Li et al. 2019): devices that join a running MOCHA federation, served with O(1)
+communication, and a full MOCHA retraining when enough have joined.
+
+The federation starts as MOCHA (probabilistic formulation) over the first ``initial_tasks``
+tasks. A newcomer (task m, the next task id) is then served alone: the server extends
+Sigma to blockdiag(m/(m+1) Sigma, 1/(m+1)) (trace 1), and for ``outer`` steps sends the
+newcomer omega = Omega[m, m] and c = sum_t Omega[t, m] w_t (d + 1 floats); the newcomer
+continues SDCA on its single-task subproblem for ``inner`` rounds and returns w (d floats);
+the server puts w in W's new column and, between steps, takes the Omega-step over all m + 1
+columns (:mod:`fmtl_flower.core.ofmtl`). The other devices are never contacted and their
+columns stay frozen. When the newcomers since the last (re)training reach ``retrain_ratio``
+times the tasks of that training, MOCHA is retrained from scratch over every present task.
+
+Arrivals: task ids are admitted in order ``initial_tasks, initial_tasks + 1, ...``. In
+deployment a newcomer is a SuperNode started with ``--node-config "task-id=m"`` while the run
+is going: the server polls the grid for it (``arrival_timeout`` seconds). In simulation every
+node exists from the start and the tasks beyond the present ones are held back (their nodes
+are not contacted); the run-config key ``arrivals`` permutes which dataset task each task id
+serves (:func:`fmtl_flower.apps.common.arrival_order`), i.e. the order of arrival.
+
+A newcomer that fails or drops out mid-protocol leaves W and Sigma exactly as they were (the
+protocol works on a copy, committed only when every step succeeded); the task is asked again
+right away, up to ``max_attempts`` times.
+
+Wire contract (besides MOCHA's, :mod:`fmtl_flower.strategies.mocha`)
+--------------------------------------------------------------------
+``train.ofmtl`` (server -> newcomer): arrays ``c`` float64 (d,); config ``task-id``,
+``step`` (0 .. outer - 1), ``inner-rounds``, ``seed`` (ints), ``omega``, ``lambda``,
+``local-frac`` (floats). Reply: arrays ``w`` float64 (d,), finite; metrics ``task-id``,
+``step``, ``n-train``, ``state-ok`` (ints; state-ok 0: the device restarted from alpha = 0),
+``gap`` (float >= 0, the subproblem's duality gap).
+
+``evaluate.ofmtl`` (server -> every present device, after each event, for the metrics only):
+arrays ``w`` float64 (d,): the device's column of W; config ``task-id``, ``server-round``.
+Reply: metrics ``task-id``, ``round``, ``test-errors``, ``test-n`` (ints).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from ..core.ofmtl import (
+    extend_sigma,
+    newcomer_server_quantities,
+    ofmtl_omega_step,
+    omega_from_sigma,
+)
+from ..core.omega import DEFAULT_OMEGA_EPS
+from ..metrics import error_summary
+from ..wire import from_array, to_array
+from .discovery import ReplyError, TaskDirectory
+from .mocha import Mocha
+
+__all__ = ["OFMTL"]
+
+RecordCallback = Callable[[dict[str, Any]], None]
+_NAME = "OFMTL"
+NEWCOMER = f"{MessageType.TRAIN}.ofmtl"
+EVALUATE = f"{MessageType.EVALUATE}.ofmtl"
+
+
+class NewcomerFailed(RuntimeError):
+    """The newcomer did not complete the protocol (no reply, error, or a bad reply)."""
+
+
+class OFMTL(Strategy):
+    """MOCHA over the initial tasks, then O(1)-communication newcomers (module docstring).
+
+    Parameters
+    ----------
+    num_tasks : int
+        Tasks of the whole run (the initial ones plus the newcomers to admit).
+    initial_tasks : int
+        Tasks 0 .. initial_tasks - 1 train MOCHA first.
+    lam : float
+        Regularisation strength lambda (MOCHA's and the newcomers').
+    mocha_rounds, omega_every, local_frac, omega_eps : MOCHA's settings for every (re)training.
+    outer, inner, newcomer_frac : int, int, float
+        Newcomer protocol: ``outer`` round trips; ``inner`` SDCA rounds of
+        ``newcomer_frac * n`` steps on the device per round trip (reference: 10, 100, 0.5).
+    retrain_ratio : float
+        Retrain MOCHA from scratch when newcomers since the last training reach this multiple
+        of the tasks of that training (reference: 1.5; ``inf`` never).
+    arrival_timeout : float
+        Seconds to wait for the next newcomer's node to appear before ending the run.
+    max_attempts : int
+        Protocol attempts per newcomer before the run gives up on it.
+    seed : int
+    discovery_timeout, round_timeout : float
+    on_record : callable, optional
+        Called with each record (one per event: initial training, newcomer, retraining).
+    """
+
+    def __init__(self, num_tasks: int, *, initial_tasks: int, lam: float = 0.1,
+                 mocha_rounds: int = 100, omega_every: int = 10, local_frac: float = 1.0,
+                 omega_eps: float = DEFAULT_OMEGA_EPS, outer: int = 10, inner: int = 100,
+                 newcomer_frac: float = 0.5, retrain_ratio: float = 1.5,
+                 arrival_timeout: float = 120.0, max_attempts: int = 3, seed: int = 0,
+                 discovery_timeout: float = 120.0, round_timeout: float = 120.0,
+                 on_record: RecordCallback | None = None) -> None:
+        for name, value, low in (("num_tasks", num_tasks, 2), ("initial_tasks", initial_tasks, 1),
+                                 ("mocha_rounds", mocha_rounds, 1), ("outer", outer, 1),
+                                 ("inner", inner, 1),
+                                 ("max_attempts", max_attempts, 1)):
+            if isinstance(value, bool) or int(value) != value or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        if initial_tasks >= num_tasks:
+            raise ValueError(f"initial_tasks ({initial_tasks}) must be below num_tasks "
+                             f"({num_tasks}): no newcomer would join")
+        if not (math.isfinite(lam) and lam > 0):
+            raise ValueError(f"lam must be a finite number > 0, got {lam!r}")
+        if not newcomer_frac > 0:
+            raise ValueError(f"newcomer_frac must be > 0, got {newcomer_frac!r}")
+        if not retrain_ratio > 0:
+            raise ValueError(f"retrain_ratio must be > 0 (inf: never), got {retrain_ratio!r}")
+        self.num_tasks, self.initial_tasks = int(num_tasks), int(initial_tasks)
+        self.lam = float(lam)
+        self.mocha_options = {"lam": self.lam, "omega": "probabilistic",
+                              "omega_every": int(omega_every), "omega_eps": float(omega_eps),
+                              "local_frac": float(local_frac), "seed": int(seed),
+                              "discovery_timeout": float(discovery_timeout)}
+        self.mocha_rounds = int(mocha_rounds)
+        self.omega_eps = float(omega_eps)
+        self.outer, self.inner, self.newcomer_frac = int(outer), int(inner), float(newcomer_frac)
+        self.retrain_ratio = float(retrain_ratio)
+        self.arrival_timeout = float(arrival_timeout)
+        self.max_attempts = int(max_attempts)
+        self.seed = int(seed)
+        self.round_timeout = float(round_timeout)
+        self.on_record = on_record
+        self.directory = TaskDirectory(self.num_tasks, _NAME)
+        self.W: np.ndarray | None = None
+        self.Sigma: np.ndarray | None = None
+        self.records: list[dict[str, Any]] = []
+        self.retrainings = 0
+        self.tasks_at_training = 0
+        self.newcomer_floats: list[int] = []
+        self.floats_total = 0
+        self._started = 0.0
+
+    @property
+    def m(self) -> int:
+        """Tasks in the federation now."""
+        return 0 if self.W is None else self.W.shape[1]
+
+    # ------------------------------------------------------------------ the run
+    def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int = 0,
+              timeout: float | None = None, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None
+              ) -> Result:
+        """MOCHA over the initial tasks, then admit newcomers until ``num_tasks`` are in (or
+        none arrives within ``arrival_timeout``); ``num_rounds`` > 0 caps the newcomers."""
+        if timeout is not None:
+            self.round_timeout = float(timeout)
+        self._started = time.perf_counter()
+        self._retrain(grid, self.initial_tasks, "initial")
+        attempts = admitted = 0
+        while self.m < self.num_tasks and (not num_rounds or admitted < num_rounds):
+            task = self.m
+            node = self._wait_for(grid, task)
+            if node is None:
+                log(WARNING, "%s: task %d did not appear within %.0f s; ending with %d tasks",
+                    _NAME, task, self.arrival_timeout, self.m)
+                break
+            try:
+                self._admit(grid, task, node)
+                attempts, admitted = 0, admitted + 1
+            except NewcomerFailed as err:
+                attempts += 1
+                log(WARNING, "%s: newcomer task %d failed (%s); W and Sigma unchanged "
+                    "(attempt %d of %d)", _NAME, task, err, attempts, self.max_attempts)
+                if attempts >= self.max_attempts:
+                    break
+                continue
+            if self.m - self.tasks_at_training >= self.retrain_ratio * self.tasks_at_training:
+                self._retrain(grid, self.m, "retrain")
+        return Result()
+
+    def _wait_for(self, grid: Grid, task: int) -> int | None:
+        deadline = time.monotonic() + self.arrival_timeout
+        while True:
+            self.directory.discover(grid, query_timeout=max(self.round_timeout, 10.0))
+            node = self.directory.task_to_node.get(task)
+            if node is not None or time.monotonic() >= deadline:
+                return node
+            time.sleep(0.5)
+
+    # ------------------------------------------------------------------ MOCHA (re)training
+    def _retrain(self, grid: Grid, m: int, event: str) -> None:
+        """Train MOCHA from scratch over tasks 0 .. m - 1; take its W and Sigma."""
+        started = time.perf_counter()
+        mocha = Mocha(m, **self.mocha_options)
+        mocha.directory.outside_level = INFO  # held-back newcomers are expected
+        mocha.start(grid=grid, num_rounds=self.mocha_rounds, timeout=self.round_timeout)
+        if mocha.state is None or not mocha.results()["final"].get("complete"):
+            raise RuntimeError(f"{_NAME}: MOCHA over {m} tasks did not complete; see the log")
+        self.W = np.array(mocha.state.W, copy=True)
+        self.Sigma = np.array(mocha.state.formulation.sigma, copy=True)
+        d = self.W.shape[0]
+        # per round and task: w_t down, delta-b up (d floats each); the final evaluate: w_t
+        floats = self.mocha_rounds * m * 2 * d + m * d
+        self.floats_total += floats
+        self.tasks_at_training = m
+        if event == "retrain":
+            self.retrainings += 1
+        self._record(grid, event, floats, time.perf_counter() - started)
+
+    # ------------------------------------------------------------------ the newcomer protocol
+    def _admit(self, grid: Grid, task: int, node: int) -> None:
+        """Run the protocol with the newcomer on a copy of (W, Sigma); commit on success."""
+        assert self.W is not None and self.Sigma is not None
+        started = time.perf_counter()
+        d, m = self.W.shape
+        W_old = self.W
+        sigma = extend_sigma(self.Sigma)
+        omega_mat = omega_from_sigma(sigma)
+        W_ext = np.hstack([W_old, np.zeros((d, 1))])
+        floats = 0
+        gap = None
+        for step in range(self.outer):
+            omega, c = newcomer_server_quantities(W_old, omega_mat)
+            w, gap = self._newcomer_step(grid, task, node, step, omega, c)
+            floats += 2 * d + 1
+            W_ext[:, m] = w
+            if step < self.outer - 1:  # never end on an Omega-step: w is optimal for Sigma
+                sigma, omega_mat = ofmtl_omega_step(W_ext, self.omega_eps)
+        self.W, self.Sigma = W_ext, sigma
+        self.newcomer_floats.append(floats)
+        self.floats_total += floats
+        self._record(grid, "newcomer", floats, time.perf_counter() - started, gap=gap)
+
+    def _newcomer_step(self, grid: Grid, task: int, node: int, step: int, omega: float,
+                       c: np.ndarray) -> tuple[np.ndarray, float]:
+        config = ConfigRecord({"task-id": task, "step": step, "inner-rounds": self.inner,
+                               "seed": self.seed, "omega": float(omega), "lambda": self.lam,
+                               "local-frac": self.newcomer_frac})
+        msg = Message(RecordDict({"arrays": ArrayRecord({"c": to_array(c)}), "config": config}),
+                      dst_node_id=node, message_type=NEWCOMER, group_id=f"ofmtl-{task}")
+        replies = list(grid.send_and_receive([msg], timeout=self.round_timeout))
+        if not replies:
+            raise NewcomerFailed(f"no reply to step {step} within {self.round_timeout:.0f} s")
+        reply = replies[0]
+        if reply.has_error():
+            raise NewcomerFailed(f"step {step}: {reply.error.reason}")
+        try:
+            return self._read_newcomer(reply, task, step)
+        except ReplyError as err:
+            raise NewcomerFailed(f"step {step}: bad reply: {err}") from None
+
+    def _read_newcomer(self, reply: Message, task: int, step: int) -> tuple[np.ndarray, float]:
+        assert self.W is not None
+        content = reply.content
+        if "metrics" not in content or "arrays" not in content or "w" not in content["arrays"]:
+            raise ReplyError("records 'metrics' and array 'w' required")
+        metrics = content["metrics"]
+        for key in ("task-id", "step", "state-ok"):
+            value = metrics[key] if key in metrics else None
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ReplyError(f"metric {key!r} must be an int, got {value!r}")
+        if metrics["task-id"] != task or metrics["step"] != step:
+            raise ReplyError(f"reply for task {metrics['task-id']} step {metrics['step']}, "
+                             f"expected task {task} step {step}")
+        gap = metrics["gap"] if "gap" in metrics else None
+        if isinstance(gap, bool) or not isinstance(gap, int | float) or not math.isfinite(gap):
+            raise ReplyError(f"metric 'gap' must be a finite number, got {gap!r}")
+        if step > 0 and metrics["state-ok"] != 1:
+            raise ReplyError("the device lost its dual state mid-protocol")
+        try:
+            w = from_array(content["arrays"]["w"])
+        except (TypeError, ValueError) as err:
+            raise ReplyError(f"'w' cannot be decoded: {err}") from None
+        d = self.W.shape[0]
+        if w.dtype != np.float64 or w.shape != (d,) or not np.all(np.isfinite(w)):
+            raise ReplyError(f"'w' must be finite float64 of shape ({d},), got {w.dtype} "
+                             f"{w.shape}")
+        return np.array(w), float(gap)
+
+    # ------------------------------------------------------------------ records
+    def _record(self, grid: Grid, event: str, floats: int, seconds: float,
+                gap: float | None = None) -> None:
+        """Evaluate every present task with its column of W and append the record."""
+        assert self.W is not None
+        errors, counts = self._evaluate(grid)
+        record: dict[str, Any] = {
+            "round": len(self.records), "event": event, "devices": self.m,
+            "floats_communicated": int(floats), "cumulative_floats": int(self.floats_total),
+            "event_time_s": seconds, "wall_time_s": time.perf_counter() - self._started,
+            "retrainings": self.retrainings, "newcomer_gap": gap,
+            "tasks_missing": sorted(set(range(self.m)) - set(errors)),
+        }
+        if errors and not record["tasks_missing"]:
+            tasks = sorted(errors)
+            record.update(error_summary(np.array([errors[t] for t in tasks]),
+                                        np.array([counts[t] for t in tasks])))
+        self.records.append(record)
+        log(INFO, "%s: %s -> %d tasks, test error %s, %d floats", _NAME, event, self.m,
+            record.get("test_error"), floats)
+        if self.on_record is not None:
+            self.on_record(dict(record))
+
+    def _evaluate(self, grid: Grid) -> tuple[dict[int, int], dict[int, int]]:
+        assert self.W is not None
+        self.directory.discover(grid, query_timeout=max(self.round_timeout, 10.0))
+        messages, sent = [], {}
+        for task in range(self.m):
+            node = self.directory.task_to_node.get(task)
+            if node is None:
+                continue
+            config = ConfigRecord({"task-id": task, "server-round": len(self.records)})
+            content = RecordDict({"arrays": ArrayRecord({"w": to_array(self.W[:, task])}),
+                                  "config": config})
+            messages.append(Message(content, dst_node_id=node, message_type=EVALUATE,
+                                    group_id=f"ofmtl-eval-{len(self.records)}"))
+            sent[node] = task
+        errors, counts = {}, {}
+        for reply in grid.send_and_receive(messages, timeout=self.round_timeout):
+            task = sent.get(reply.metadata.src_node_id)
+            if task is None or reply.has_error() or "metrics" not in reply.content:
+                continue
+            metrics = reply.content["metrics"]
+            try:
+                e, n = metrics["test-errors"], metrics["test-n"]
+            except KeyError:
+                continue
+            if metrics.get("task-id") == task and isinstance(e, int) and isinstance(n, int) \
+                    and 0 <= e <= n:
+                errors[task], counts[task] = e, n
+        return errors, counts
+
+    def results(self) -> dict[str, Any]:
+        """``{"rounds": records, "final": last record + totals}``."""
+        final = dict(self.records[-1]) if self.records else {}
+        final.update(retrainings=self.retrainings, newcomer_floats=list(self.newcomer_floats),
+                     complete=self.m == self.num_tasks)
+        return {"rounds": [dict(r) for r in self.records], "final": final}
+
+    # ------------------------------------------------------------------ Strategy's abstract API
+    # The run is driven by start(); the per-round hooks of the base class are not used.
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:  # noqa: D102
+        return []
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:  # noqa: D102
+        return None, None
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:  # noqa: D102
+        return []
+
+    def aggregate_evaluate(self, server_round: int,
+                           replies: Iterable[Message]) -> MetricRecord | None:  # noqa: D102
+        return None
+
+    def summary(self) -> None:  # noqa: D102
+        log(INFO, "\t└── %s: %d initial tasks of %d, lambda=%g, outer=%d x inner=%d, "
+            "retrain-ratio=%g", _NAME, self.initial_tasks, self.num_tasks, self.lam,
+            self.outer, self.inner, self.retrain_ratio)
