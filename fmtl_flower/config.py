@@ -210,7 +210,7 @@ class RunConfig:
     results_file: str = ""
     model: str = "auto"
     hidden: int = 32
-    num_components: int = 3
+    num_components: int = 4
     lr: float = 0.3
     batch_size: int = 128
     local_epochs: int = 1

@@ -4,6 +4,7 @@ import csv
 import json
 
 from fmtl_flower.cli import main
+from fmtl_flower.config import RunConfig
 from fmtl_flower.experiments.fedem_table1 import METHODS, POSTER
 
 
@@ -18,7 +19,7 @@ def test_quick_fedem_table1_writes_the_contract(tmp_path, capsys):
         assert {"method", "seed", "accuracy_mean", "accuracy_bottom_decile"} <= set(r)
         assert 0.0 < r["accuracy_bottom_decile"] <= r["accuracy_mean"] + 1e-12 <= 1.0 + 1e-12
     assert {s["method"] for s in payload["summary"]} == set(POSTER)
-    assert sorted(r["M"] for r in payload["m_sweep"]) == [1, 2, 3]
+    assert sorted(r["M"] for r in payload["m_sweep"]) == [1, 2, RunConfig().num_components]
     assert {(r["fraction"], r["aggregation"]) for r in payload["sampling_sweep"]} == {
         (0.5, "all"), (0.5, "sampled"), (1.0, "all"), (1.0, "sampled")}
     unseen = payload["unseen"][0]
