@@ -13,8 +13,11 @@ not asked again while it stays online.
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Iterable
 from logging import INFO, WARNING
+from typing import Any
 
 import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
@@ -28,6 +31,43 @@ class ReplyError(ValueError):
 
 class OutsideTaskRange(ReplyError):
     """A node serves a task id outside this federation's 0..num_tasks-1."""
+
+
+def read_metrics(reply: Message, *, ints: Iterable[str] = (), numbers: Iterable[str] = (),
+                 optional_ints: Iterable[str] = (),
+                 optional_numbers: Iterable[str] = ()) -> dict[str, Any]:
+    """The reply's ``metrics`` values, typed and finite; :class:`ReplyError` naming the first
+    missing or bad key. ``ints`` must be Python ints (not bools), ``numbers`` ints or floats;
+    the optional ones are checked when present."""
+    if "metrics" not in reply.content:
+        raise ReplyError("no 'metrics' record")
+    metrics = reply.content["metrics"]
+    out: dict[str, Any] = {}
+    int_keys = [*ints, *optional_ints]
+    required = {*ints, *numbers}
+    for key in [*int_keys, *numbers, *optional_numbers]:
+        if key not in metrics:
+            if key in required:
+                raise ReplyError(f"metric {key!r} missing")
+            continue
+        value = metrics[key]
+        if key in int_keys:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ReplyError(f"metric {key!r} must be an int, got {value!r}")
+        elif isinstance(value, bool) or not isinstance(value, int | float):
+            raise ReplyError(f"metric {key!r} is not a number: {value!r}")
+        if not math.isfinite(value):
+            raise ReplyError(f"metric {key!r} is not finite: {value!r}")
+        out[key] = value
+    return out
+
+
+def check_task_and_round(values: dict[str, Any], task: int, server_round: int,
+                         round_key: str = "round") -> None:
+    """:class:`ReplyError` unless the reply is for ``task`` and ``server_round``."""
+    if values["task-id"] != task or values[round_key] != server_round:
+        raise ReplyError(f"reply for task {values['task-id']} {round_key} {values[round_key]}, "
+                         f"expected task {task} {round_key} {server_round}")
 
 
 class TaskDirectory:

@@ -54,7 +54,6 @@ untouched by it.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from logging import INFO, WARNING
@@ -79,7 +78,7 @@ from ..core.rng import round_rng
 from ..metrics import error_summary
 from ..wire import from_array, to_array
 from .base import TaskStrategy
-from .discovery import ReplyError, TaskDirectory
+from .discovery import ReplyError, TaskDirectory, check_task_and_round, read_metrics
 
 __all__ = ["METHODS", "FedEM", "ReplyError"]
 
@@ -382,26 +381,12 @@ class FedEM(TaskStrategy):
                      train: bool) -> dict[str, Any]:
         assert self.components is not None
         content = reply.content
-        if "metrics" not in content:
-            raise ReplyError("no 'metrics' record")
-        metrics = content["metrics"]
-        ints = ["task-id", "round", "n-train"]
+        ints = ("task-id", "round", "n-train")
         if not train:
-            ints += ["test-correct", "test-n", "em-iterations"]
-        out: dict[str, Any] = {}
-        for key in [*ints, "train-loss"]:
-            if key not in metrics:
-                raise ReplyError(f"metric {key!r} missing")
-            value = metrics[key]
-            if key in ints and not _is_int(value):
-                raise ReplyError(f"metric {key!r} must be an int, got {value!r}")
-            if isinstance(value, bool) or not isinstance(value, int | float) \
-                    or not math.isfinite(value):
-                raise ReplyError(f"metric {key!r} is not a finite number: {value!r}")
-            out[key] = value
-        if out["task-id"] != task or out["round"] != server_round:
-            raise ReplyError(f"reply for task {out['task-id']} round {out['round']}, expected "
-                             f"task {task} round {server_round}")
+            ints += ("test-correct", "test-n", "em-iterations")
+        out = read_metrics(reply, ints=ints, numbers=("train-loss",),
+                           optional_numbers=() if not train else ("e-step-s", "train-s"))
+        check_task_and_round(out, task, server_round)
         if out["n-train"] != self.n_train[task]:
             raise ReplyError(f"n-train {out['n-train']} differs from {self.n_train[task]}")
         if out["train-loss"] < 0:
@@ -411,12 +396,8 @@ class FedEM(TaskStrategy):
                 raise ReplyError("test-correct outside 0..test-n")
             return out
         for key in ("e-step-s", "train-s"):
-            if key in metrics:
-                value = metrics[key]
-                if isinstance(value, bool) or not isinstance(value, int | float) \
-                        or not math.isfinite(value) or value < 0:
-                    raise ReplyError(f"metric {key!r} must be a finite number >= 0")
-                out[key] = float(value)
+            if out.get(key, 0.0) < 0:
+                raise ReplyError(f"metric {key!r} must be >= 0")
         arrays = content["arrays"] if "arrays" in content else None
         if arrays is None or "components" not in arrays or "weights" not in arrays:
             raise ReplyError("arrays 'components' and 'weights' required")

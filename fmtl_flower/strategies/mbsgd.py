@@ -80,7 +80,7 @@ from ..systems.heterogeneity import drop_mask, local_budgets
 from ..systems.timing import get_network, round_time
 from ..wire import from_array, to_array
 from .base import TaskStrategy
-from .discovery import ReplyError, TaskDirectory
+from .discovery import ReplyError, TaskDirectory, check_task_and_round, read_metrics
 
 __all__ = ["SCHEDULES", "MbSgd", "ReplyError"]
 
@@ -423,29 +423,10 @@ class MbSgd(TaskStrategy):
                      with_grad: bool) -> dict[str, Any]:
         assert self.dim is not None
         content = reply.content
-        if "metrics" not in content:
-            raise ReplyError("no 'metrics' record")
-        metrics = content["metrics"]
-        out: dict[str, Any] = {}
-        ints = ["task-id", "round", "n-train"] + (["count"] if with_grad else [])
-        optional = ("test-errors", "test-n")
-        for key in [*ints, "loss-mean", *optional]:
-            if key not in metrics:
-                if key in optional:
-                    continue
-                raise ReplyError(f"metric {key!r} missing")
-            value = metrics[key]
-            if key in ints or key in optional:
-                if not _is_int(value):
-                    raise ReplyError(f"metric {key!r} must be an int, got {value!r}")
-            elif isinstance(value, bool) or not isinstance(value, int | float):
-                raise ReplyError(f"metric {key!r} is not a number: {value!r}")
-            if not math.isfinite(value):
-                raise ReplyError(f"metric {key!r} is not finite: {value!r}")
-            out[key] = value
-        if out["task-id"] != task or out["round"] != server_round:
-            raise ReplyError(f"reply for task {out['task-id']} round {out['round']}, expected "
-                             f"task {task} round {server_round}")
+        ints = ("task-id", "round", "n-train") + (("count",) if with_grad else ())
+        out = read_metrics(reply, ints=ints, numbers=("loss-mean",),
+                           optional_ints=("test-errors", "test-n"))
+        check_task_and_round(out, task, server_round)
         if out["n-train"] != self.n_train[task]:
             raise ReplyError(f"n-train {out['n-train']} differs from {self.n_train[task]}")
         if out["loss-mean"] < 0:

@@ -63,7 +63,7 @@ from ..systems.heterogeneity import check_drop_prob, drop_mask, local_budgets
 from ..systems.timing import deadline_budgets, get_network, round_time
 from ..wire import from_array, to_array
 from .base import TaskStrategy
-from .discovery import ReplyError, TaskDirectory
+from .discovery import ReplyError, TaskDirectory, check_task_and_round, read_metrics
 
 RoundCallback = Callable[[dict[str, Any]], None]
 DUAL_METHODS = ("mocha", "cocoa", "mb-sdca")
@@ -406,34 +406,14 @@ class Mocha(TaskStrategy):
                      with_delta: bool) -> dict[str, Any]:
         assert self.state is not None
         content = reply.content
-        if "metrics" not in content:
-            raise ReplyError("no 'metrics' record")
-        metrics = content["metrics"]
-        out: dict[str, Any] = {}
-        ints = ["task-id", "round", "n-train", "state-ok"]
-        floats = ["loss-mean", "dual-mean"]
-        optional = ("test-errors", "test-n", "steps")
-        for key in ints + floats + list(optional):
-            if key not in metrics:
-                if key in optional:
-                    continue
-                raise ReplyError(f"metric {key!r} missing")
-            value = metrics[key]
-            if key in ints or key in optional:
-                if isinstance(value, bool) or not isinstance(value, int):
-                    raise ReplyError(f"metric {key!r} must be an int, got {value!r}")
-            elif isinstance(value, bool) or not isinstance(value, int | float):
-                raise ReplyError(f"metric {key!r} is not a number: {value!r}")
-            if not math.isfinite(value):
-                raise ReplyError(f"metric {key!r} is not finite: {value!r}")
-            out[key] = value
+        out = read_metrics(reply, ints=("task-id", "round", "n-train", "state-ok"),
+                           numbers=("loss-mean", "dual-mean"),
+                           optional_ints=("test-errors", "test-n", "steps"))
         if out.get("steps", 0) < 0:
             raise ReplyError(f"steps must be >= 0, got {out['steps']}")
         if out["state-ok"] not in (0, 1):
             raise ReplyError(f"state-ok must be 0 or 1, got {out['state-ok']}")
-        if out["task-id"] != task or out["round"] != server_round:
-            raise ReplyError(f"reply for task {out['task-id']} round {out['round']}, expected "
-                             f"task {task} round {server_round}")
+        check_task_and_round(out, task, server_round)
         if out["n-train"] != self.n_train[task]:
             raise ReplyError(f"n-train {out['n-train']} differs from {self.n_train[task]}")
         if out["loss-mean"] < 0 or not 0 <= out["dual-mean"] <= 1 + 1e-9:

@@ -58,7 +58,7 @@ from ..core.ofmtl import (
 from ..core.omega import DEFAULT_OMEGA_EPS
 from ..metrics import error_summary
 from ..wire import from_array, to_array
-from .discovery import ReplyError, TaskDirectory
+from .discovery import ReplyError, TaskDirectory, check_task_and_round, read_metrics
 from .mocha import Mocha
 
 __all__ = ["OFMTL"]
@@ -261,19 +261,11 @@ class OFMTL(Strategy):
     def _read_newcomer(self, reply: Message, task: int, step: int) -> tuple[np.ndarray, float]:
         assert self.W is not None
         content = reply.content
-        if "metrics" not in content or "arrays" not in content or "w" not in content["arrays"]:
-            raise ReplyError("records 'metrics' and array 'w' required")
-        metrics = content["metrics"]
-        for key in ("task-id", "step", "state-ok"):
-            value = metrics[key] if key in metrics else None
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ReplyError(f"metric {key!r} must be an int, got {value!r}")
-        if metrics["task-id"] != task or metrics["step"] != step:
-            raise ReplyError(f"reply for task {metrics['task-id']} step {metrics['step']}, "
-                             f"expected task {task} step {step}")
-        gap = metrics["gap"] if "gap" in metrics else None
-        if isinstance(gap, bool) or not isinstance(gap, int | float) or not math.isfinite(gap):
-            raise ReplyError(f"metric 'gap' must be a finite number, got {gap!r}")
+        metrics = read_metrics(reply, ints=("task-id", "step", "state-ok"), numbers=("gap",))
+        check_task_and_round(metrics, task, step, round_key="step")
+        if "arrays" not in content or "w" not in content["arrays"]:
+            raise ReplyError("array 'w' missing")
+        gap = metrics["gap"]
         if step > 0 and metrics["state-ok"] != 1:
             raise ReplyError("the device lost its dual state mid-protocol")
         try:
