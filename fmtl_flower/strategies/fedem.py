@@ -236,7 +236,8 @@ class FedEM(TaskStrategy):
                         ) -> tuple[ArrayRecord | None, MetricRecord]:
         """Validate replies and aggregate each component."""
         assert self.components is not None
-        accepted = self._read_replies(server_round, replies, train=True)
+        # keyed by task in task order: sums must not depend on the order replies arrive in
+        accepted = dict(sorted(self._read_replies(server_round, replies, train=True).items()))
         started = time.perf_counter()
         if self.method != "local" and accepted:
             updates = [(r["components"], r["weights"]) for r in accepted.values()]
@@ -279,7 +280,7 @@ class FedEM(TaskStrategy):
         record = self.records[-1]
         record.pop("_reg", None)
         if self._evaluation_due(server_round):
-            accepted = self._read_replies(server_round, replies, train=False)
+            accepted = dict(sorted(self._read_replies(server_round, replies, train=False).items()))
             for key, mask in (("", ~self.unseen), ("unseen_", self.unseen)):
                 tasks = [t for t in accepted if mask[t]]
                 if not tasks:
