@@ -476,3 +476,212 @@ def ofmtl_omega_step(W: np.ndarray, eps_rel: float = DEFAULT_OMEGA_EPS
         raise ValueError("W has non-finite entries")
     sigma = sigma_probabilistic(W, eps_rel)
     return sigma, omega_from_sigma(sigma)
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+@dataclass
+class NewTaskResult:
+    """Result of :func:`add_task`: the federation's state after one newcomer joined.
+
+    Attributes
+    ----------
+    W : ndarray of shape (d, m + 1)
+        ``[W_old, w]``: the old columns bit for bit, the newcomer's model last.
+    Sigma : ndarray of shape (m + 1, m + 1)
+        The Sigma the newcomer's final SDCA rounds used (unit trace): the extension when
+        ``outer == 1``, else the Omega-step of ``[W_old, w]`` after outer iteration
+        ``outer - 1``. ``w`` is (up to the final duality gap) the minimiser of the newcomer's
+        subproblem for this Sigma; no Omega-step follows the last iteration.
+    Omega : ndarray of shape (m + 1, m + 1)
+        ``omega_from_sigma(Sigma)``.
+    alpha : ndarray of shape (n,)
+        The newcomer's dual variables (they never leave the device).
+    gaps : ndarray of shape (outer,)
+        Duality gap of the newcomer's subproblem at the end of each outer iteration (for
+        that iteration's omega and c).
+    primals : ndarray of shape (outer,)
+        The reference code's objective ``compute_primal_ofmtl`` at the end of each outer
+        iteration: the newcomer's mean hinge loss + (lam/2) tr(W Omega W^T) over all m + 1
+        columns, with that iteration's Omega (so it is P_new plus terms of the frozen
+        columns).
+    ws : ndarray of shape (outer, d)
+        The newcomer's model after each outer iteration (what it sent to the server).
+    omega : float
+    c : ndarray of shape (d,)
+        The last server message, the subproblem of the returned ``w``.
+    floats_sent : int
+        Server -> device: (d + 1) floats (omega and c) per outer iteration.
+    floats_received : int
+        Device -> server: d floats (w) per outer iteration.
+    messages : int
+        Round trips (= ``outer``); none involves an old device.
+    """
+
+    W: np.ndarray
+    Sigma: np.ndarray
+    Omega: np.ndarray
+    alpha: np.ndarray
+    gaps: np.ndarray
+    primals: np.ndarray
+    ws: np.ndarray
+    omega: float
+    c: np.ndarray
+    floats_sent: int
+    floats_received: int
+    messages: int
+
+    @property
+    def w(self) -> np.ndarray:
+        """The newcomer's model, ``W[:, -1]``."""
+        return self.W[:, -1]
+
+    @property
+    def floats_communicated(self) -> int:
+        """``floats_sent + floats_received`` = outer (2 d + 1), whatever m."""
+        return self.floats_sent + self.floats_received
+
+
+def _newcomer_rounds(X: np.ndarray, y: np.ndarray, sqnorm: np.ndarray, alpha: np.ndarray, *,
+                     omega: float, c: np.ndarray, lam: float, rounds: int, budget: int,
+                     seed: int, task_id: int, first_round: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`newcomer_fit` (``track_gap=False``) for validated inputs, bit for bit.
+
+    The same coordinate orders, kernel calls, zero-row rule, clipping and model refresh
+    (:func:`newcomer_sdca`, :func:`newcomer_model`), without re-validating the arrays every
+    round (O(n) checks that would cost more than the round's steps on small tasks), so that
+    timing the driver measures the protocol rather than the checks. Returns (alpha, w).
+    """
+    n = X.shape[0]
+    omega, lam = float(omega), float(lam)
+    zero = sqnorm <= 0.0
+    has_zero = bool(zero.any())
+    scale = 1.0 / (lam * omega)
+    alpha = np.array(alpha, dtype=np.float64, copy=True)
+    w = (X.T @ alpha / n - lam * c) / (lam * omega)
+    zeros = np.zeros(n)
+    for r in range(first_round, first_round + rounds):
+        order = coordinate_order(seed, task_id, r, n)
+        new_alpha = alpha.copy()
+        if budget > 0:
+            _sdca_kernel(X, y, zeros, sqnorm, w, order, budget, scale, new_alpha, w.copy())
+            if has_zero:
+                visited = order[: min(budget, n)]
+                zero_rows = visited[zero[visited]]
+                new_alpha[zero_rows] = y[zero_rows]
+            new_alpha = y * np.clip(y * new_alpha, 0.0, 1.0)
+        alpha = new_alpha
+        w = (X.T @ alpha / n - lam * c) / (lam * omega)
+    return alpha, w
+
+
+def add_task(W_old: np.ndarray, Sigma_old: np.ndarray, X: np.ndarray, y: np.ndarray, *,
+             lam: float, outer: int = 10, inner: int = 100, local_frac: float = 0.5,
+             omega_eps: float = DEFAULT_OMEGA_EPS, seed: int = 0,
+             task_id: int = 0) -> NewTaskResult:
+    """One newcomer joins m trained tasks: OFMTL's protocol, centrally and without Flower.
+
+    1. Sigma = :func:`extend_sigma` (Sigma_old), Omega = Sigma^-1, alpha = 0, w = 0.
+    2. For k = 0 .. outer - 1: the server sends (omega, c) =
+       :func:`newcomer_server_quantities` (W_old, Omega); the newcomer continues its SDCA
+       from alpha for ``inner`` rounds of ``floor(local_frac * n)`` steps
+       (:func:`newcomer_fit` with ``first_round = k * inner + 1``, the coordinate orders of
+       rounds k inner + 1 .. (k + 1) inner) and sends w = w(alpha) back; the server puts it
+       in column m and, **except after the last iteration**, takes the Omega-step
+       (:func:`ofmtl_omega_step`) over all m + 1 columns, the old ones frozen.
+
+    Why no final Omega-step (the reference code takes one after every outer iteration):
+    as in :func:`fmtl_flower.centralized.fit_mocha` (``omega_step_due``), the returned pair
+    is consistent -- w solves the newcomer's subproblem for the returned Sigma -- rather
+    than leaving a Sigma that the dual variables never saw; the next newcomer's extension
+    starts from exactly the Sigma the models were trained with. It also saves the server's
+    last message: outer round trips of (d + 1) floats down and d up.
+
+    The computation is the one the Flower strategy and client perform (same rounds, orders
+    and arithmetic), so it serves as their parity reference.
+
+    Parameters
+    ----------
+    W_old : ndarray of shape (d, m)
+        The frozen models of the m present tasks (m = 0 allowed: a first task).
+    Sigma_old : ndarray of shape (m, m)
+        Their task covariance, symmetric positive semidefinite with unit trace.
+    X : ndarray of shape (n, d)
+    y : ndarray of shape (n,), labels in {-1, +1}
+        The newcomer's training data (n >= 1).
+    lam : float
+        lambda (> 0) of the probabilistic formulation (K = lam Omega).
+    outer : int
+        Round trips (>= 1; reference 10).
+    inner : int
+        SDCA rounds on the device per round trip (>= 0; reference 100).
+    local_frac : float
+        Coordinate steps per round as a fraction of n (> 0; reference 0.5).
+    omega_eps : float
+        Relative eigenvalue floor of the Omega-step.
+    seed, task_id : int
+        Keys of the coordinate orders; ``task_id`` is the newcomer's task index (m when
+        tasks are numbered by arrival).
+
+    Returns
+    -------
+    NewTaskResult
+
+    Raises
+    ------
+    ValueError
+        On shapes that do not fit, non-finite values, labels outside {-1, +1}, an invalid
+        Sigma_old (see :func:`extend_sigma`) or invalid counts.
+    """
+    W_old = np.array(W_old, dtype=np.float64)  # a copy: the caller's array is never touched
+    if W_old.ndim != 2:
+        raise ValueError(f"W_old must be a 2-D array (d, m), got shape {W_old.shape}")
+    if not np.all(np.isfinite(W_old)):
+        raise ValueError("W_old has non-finite entries")
+    d, m = W_old.shape
+    X, y = _data(X, y)
+    if X.shape[1] != d:
+        raise ValueError(f"X has {X.shape[1]} features, W_old has d = {d}")
+    if X.shape[0] < 1:
+        raise ValueError("the newcomer needs at least one training sample")
+    if not np.all(np.isfinite(X)):
+        raise ValueError("X has non-finite entries")
+    if np.shape(Sigma_old) != (m, m):
+        raise ValueError(f"Sigma_old must have shape ({m}, {m}), got {np.shape(Sigma_old)}")
+    lam = _positive(lam, "lam")
+    for name, value, low in (("outer", outer, 1), ("inner", inner, 0)):
+        if isinstance(value, bool) or int(value) != value or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    outer, inner = int(outer), int(inner)
+    if not local_frac > 0:
+        raise ValueError(f"local_frac must be > 0, got {local_frac}")
+
+    sigma = extend_sigma(Sigma_old)
+    omega_mat = omega_from_sigma(sigma)
+    W = np.zeros((d, m + 1))
+    W[:, :m] = W_old
+    alpha = np.zeros(X.shape[0])
+    gaps, primals, ws = np.zeros(outer), np.zeros(outer), np.zeros((outer, d))
+    omega, c = 0.0, np.zeros(d)
+    sqnorm = np.einsum("ij,ij->i", X, X)
+    budget = int(np.floor(local_frac * X.shape[0]))
+    for k in range(outer):
+        omega, c = newcomer_server_quantities(W_old, omega_mat)
+        alpha, w = _newcomer_rounds(X, y, sqnorm, alpha, omega=omega, c=c, lam=lam,
+                                    rounds=inner, budget=budget, seed=seed, task_id=task_id,
+                                    first_round=k * inner + 1)
+        W[:, m] = w
+        ws[k] = w
+        gaps[k] = newcomer_duality_gap(X, y, alpha, omega=omega, c=c, lam=lam)
+        loss = float(hinge_loss(y * (X @ w)).mean())
+        primals[k] = loss + 0.5 * lam * float(np.einsum("ij,ij->", W @ omega_mat, W))
+        if k < outer - 1:
+            sigma, omega_mat = ofmtl_omega_step(W, omega_eps)
+    return NewTaskResult(W=W, Sigma=sigma, Omega=omega_mat, alpha=alpha, gaps=gaps,
+                         primals=primals, ws=ws, omega=float(omega), c=c,
+                         floats_sent=outer * (d + 1), floats_received=outer * d,
+                         messages=outer)
+
+
+__all__ += ["NewTaskResult", "add_task"]

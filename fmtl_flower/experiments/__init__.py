@@ -17,6 +17,7 @@ REPRODUCTIONS = {
     "mocha-fig2": "fmtl_flower.experiments.mocha_fig2",
     "mocha-fig3": "fmtl_flower.experiments.mocha_fig3",
     "fedem-table1": "fmtl_flower.experiments.fedem_table1",
+    "ofmtl-arrivals": "fmtl_flower.experiments.ofmtl_arrivals",
 }
 
 

@@ -406,3 +406,165 @@ def test_sdca_validates_input():
         newcomer_sdca(X, y, np.zeros(3), np.zeros(3), **ok)
     np.testing.assert_array_equal(
         newcomer_sdca(X, y, np.zeros(3), np.zeros(2), **{**ok, "budget": 0}), np.zeros(3))
+
+
+# ----------------------------------------------------------------------------- (g) add_task
+
+
+def unit_trace_sigma(rng, m):
+    A = rng.normal(size=(m, m))
+    sigma = A @ A.T + 0.2 * np.eye(m)
+    return sigma / np.trace(sigma)
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_add_task_newcomer_solves_its_subproblem_for_the_final_omega(case):
+    """The final w is the QP optimum for the Omega of the final SDCA, rebuilt independently."""
+    from fmtl_flower.core.ofmtl import add_task
+
+    rng = np.random.default_rng(300 + case)
+    n, d, m, lam, outer = [(25, 3, 2, 0.1, 1), (40, 5, 4, 0.01, 3), (15, 6, 3, 1.0, 2),
+                           (30, 2, 6, 0.05, 4)][case]
+    X, y = make_task(rng, n, d)
+    W_old = rng.normal(size=(d, m))
+    Sigma_old = unit_trace_sigma(rng, m)
+    W_in, S_in = W_old.copy(), Sigma_old.copy()
+    res = add_task(W_old, Sigma_old, X, y, lam=lam, outer=outer, inner=2000, local_frac=1.0,
+                   seed=3, task_id=m)
+    np.testing.assert_array_equal(W_old, W_in)  # inputs untouched
+    np.testing.assert_array_equal(Sigma_old, S_in)
+    assert res.W.shape == (d, m + 1) and res.Sigma.shape == (m + 1, m + 1)
+    np.testing.assert_array_equal(res.W[:, :m], W_old)  # old columns bit for bit
+    # the Sigma of the final SDCA: the extension (outer = 1), else the Omega-step of the
+    # previous iteration's [W_old, w], built here from the formulas, not from ofmtl.py
+    if outer == 1:
+        sigma = np.zeros((m + 1, m + 1))
+        sigma[:m, :m] = Sigma_old * m / (m + 1)
+        sigma[m, m] = 1.0 / (m + 1)
+    else:
+        W_prev = np.column_stack([W_old, res.ws[-2]])
+        evals, evecs = np.linalg.eigh(W_prev.T @ W_prev)
+        evals = np.clip(evals, 0, None)
+        roots = np.sqrt(evals + 1e-3 * evals[-1])
+        sigma = evecs @ np.diag(roots) @ evecs.T / roots.sum()
+    np.testing.assert_allclose(res.Sigma, sigma, rtol=1e-9, atol=1e-12)
+    omega_mat = np.linalg.inv(sigma)
+    omega = omega_mat[m, m]
+    c = sum(omega_mat[t, m] * W_old[:, t] for t in range(m))
+    np.testing.assert_allclose([res.omega, *res.c], [omega, *c], rtol=1e-8, atol=1e-10)
+    w_qp, p_qp = qp_primal(X, y, omega, c, lam)
+    np.testing.assert_allclose(res.w, w_qp, rtol=1e-6, atol=1e-6 * np.linalg.norm(w_qp))
+    assert res.gaps[-1] < 1e-10
+    # the recorded primal is P_new plus the frozen columns' part of the regulariser
+    frozen = 0.5 * lam * float(np.einsum("ij,ij->", W_old @ omega_mat[:m, :m], W_old))
+    np.testing.assert_allclose(res.primals[-1], p_qp + frozen, rtol=1e-8)
+
+
+def test_add_task_defaults_sigma_trace_and_communication_independent_of_m():
+    from fmtl_flower.core.ofmtl import add_task
+
+    rng = np.random.default_rng(17)
+    d, n = 6, 50
+    X, y = make_task(rng, n, d)
+    counts = []
+    for m in (1, 3, 12):  # m > d included: a rank-deficient Gram matrix
+        W_old = rng.normal(size=(d, m))
+        res = add_task(W_old, sigma_probabilistic(W_old), X, y, lam=0.05, seed=1, task_id=m)
+        assert res.messages == 10  # the reference's outer = 10 round trips
+        assert res.floats_sent == 10 * (d + 1) and res.floats_received == 10 * d
+        assert res.floats_communicated == 10 * (2 * d + 1)
+        counts.append((res.floats_sent, res.floats_received, res.messages))
+        np.testing.assert_allclose(np.trace(res.Sigma), 1.0, atol=1e-12)
+        np.testing.assert_array_equal(res.Sigma, res.Sigma.T)
+        assert np.linalg.eigvalsh(res.Sigma).min() > 0
+        np.testing.assert_allclose(res.Omega @ res.Sigma, np.eye(m + 1), atol=1e-8)
+        np.testing.assert_array_equal(res.W[:, :m], W_old)
+        assert res.gaps.shape == res.primals.shape == (10,) and res.ws.shape == (10, d)
+        assert np.all(res.gaps >= -1e-14) and res.gaps[-1] < 1e-3
+        np.testing.assert_array_equal(res.ws[-1], res.w)
+        np.testing.assert_allclose(res.w, newcomer_model(X, res.alpha, omega=res.omega,
+                                                         c=res.c, lam=0.05))
+    assert len(set(counts)) == 1  # O(1) per newcomer: nothing depends on m
+
+
+@pytest.mark.parametrize("variant", ["plain", "zero-rows", "no-steps", "m>d"])
+def test_add_task_is_the_manual_protocol_bit_for_bit(variant):
+    """The parity reference: extension, then fit / Omega-step with the existing functions."""
+    from fmtl_flower.core.ofmtl import add_task
+
+    rng = np.random.default_rng(23)
+    d, m, lam, outer, inner = 4, 5, 0.02, 3, 7
+    frac = 0.01 if variant == "no-steps" else 0.5  # floor(0.01 * 33) = 0 steps per round
+    if variant == "m>d":
+        d, m, frac = 3, 8, 1.7  # coordinates revisited within a round
+    X, y = make_task(rng, 33, d)
+    if variant == "zero-rows":
+        X[[0, 5, 17]] = 0.0
+    W_old = rng.normal(size=(d, m))
+    Sigma_old = sigma_probabilistic(W_old)
+    res = add_task(W_old, Sigma_old, X, y, lam=lam, outer=outer, inner=inner,
+                   local_frac=frac, seed=9, task_id=m)
+    sigma = extend_sigma(Sigma_old)
+    omega_mat = omega_from_sigma(sigma)
+    W = np.column_stack([W_old, np.zeros(d)])
+    alpha = None
+    for k in range(outer):
+        omega, c = newcomer_server_quantities(W_old, omega_mat)
+        fit = newcomer_fit(X, y, omega=omega, c=c, lam=lam, rounds=inner, local_frac=frac,
+                           seed=9, task_id=m, alpha=alpha, first_round=k * inner + 1)
+        alpha, W[:, m] = fit.alpha, fit.w
+        np.testing.assert_array_equal(res.ws[k], fit.w)
+        np.testing.assert_allclose(res.gaps[k], fit.gaps[-1], rtol=1e-12, atol=1e-15)
+        if k < outer - 1:
+            sigma, omega_mat = ofmtl_omega_step(W)
+    np.testing.assert_array_equal(res.W, W)
+    np.testing.assert_array_equal(res.Sigma, sigma)  # no Omega-step after the last iteration
+    np.testing.assert_array_equal(res.alpha, alpha)
+    again = add_task(W_old, Sigma_old, X, y, lam=lam, outer=outer, inner=inner,
+                     local_frac=frac, seed=9, task_id=m)
+    np.testing.assert_array_equal(again.W, res.W)  # reproducible
+    if variant == "zero-rows":
+        np.testing.assert_array_equal(y[[0, 5, 17]] * res.alpha[[0, 5, 17]], 1.0)
+    if variant == "no-steps":
+        np.testing.assert_array_equal(res.alpha, 0.0)
+
+
+def test_add_task_first_task_is_a_plain_svm():
+    """m = 0: Sigma = [[1]], c = 0, so the newcomer solves an SVM with strength lam."""
+    from fmtl_flower.core.ofmtl import add_task
+    from fmtl_flower.core.svm import fit_linear_svm
+
+    rng = np.random.default_rng(29)
+    X, y = make_task(rng, 30, 4)
+    res = add_task(np.zeros((4, 0)), np.zeros((0, 0)), X, y, lam=0.05, outer=2, inner=1500,
+                   local_frac=1.0)
+    np.testing.assert_array_equal(res.Sigma, [[1.0]])  # the Omega-step of one column
+    w_svm, _ = fit_linear_svm(X, y, 0.05, tol=1e-13, max_epochs=20000, check_every=1)
+    np.testing.assert_allclose(res.w, w_svm, rtol=1e-6, atol=1e-8)
+    assert res.floats_sent == 2 * 5 and res.floats_received == 2 * 4 and res.messages == 2
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"W_old": np.ones(3)}, "2-D"),
+        ({"W_old": np.full((3, 2), np.nan)}, "non-finite"),
+        ({"X": np.ones((5, 4))}, "features"),
+        ({"Sigma_old": np.eye(3) / 3}, "shape"),
+        ({"Sigma_old": np.eye(2)}, "unit trace"),
+        ({"y": np.zeros(5)}, "labels"),
+        ({"lam": 0.0}, "lam"),
+        ({"outer": 0}, "outer"),
+        ({"inner": -1}, "inner"),
+        ({"local_frac": 0.0}, "local_frac"),
+    ],
+)
+def test_add_task_validates_input(change, match):
+    from fmtl_flower.core.ofmtl import add_task
+
+    args = {"W_old": np.ones((3, 2)), "Sigma_old": np.eye(2) / 2, "X": np.ones((5, 3)),
+            "y": np.ones(5), "lam": 0.1, "outer": 2, "inner": 1, "local_frac": 0.5}
+    args.update(change)
+    W_old, Sigma_old, X, y = (args.pop(k) for k in ("W_old", "Sigma_old", "X", "y"))
+    with pytest.raises(ValueError, match=match):
+        add_task(W_old, Sigma_old, X, y, **args)
