@@ -124,3 +124,34 @@ def test_constructor_validation():
                           ({"initial_tasks": 1, "retrain_ratio": 0.0}, "retrain_ratio")):
         with pytest.raises(ValueError, match=match):
             OFMTL(5, **{"initial_tasks": 1, **kwargs})
+
+
+def test_federated_newcomer_equals_the_centralised_driver(problem):
+    from fmtl_flower.core.ofmtl import add_task
+
+    states: list[tuple[np.ndarray, np.ndarray]] = []
+    holder: dict[str, OFMTL] = {}
+
+    def snapshot(record: dict) -> None:
+        s = holder["strategy"]
+        states.append((s.W.copy(), s.Sigma.copy()))
+
+    app = make_ofmtl_client_app(problem.load)
+    strategy = OFMTL(problem.num_tasks, initial_tasks=2, lam=0.05, mocha_rounds=30, inner=20,
+                     seed=4, retrain_ratio=float("inf"), discovery_timeout=5.0,
+                     arrival_timeout=2.0, on_record=snapshot)
+    holder["strategy"] = strategy
+    server = ServerApp()
+
+    @server.main()
+    def main(grid: Grid, context: Context) -> None:
+        strategy.start(grid=grid, timeout=60.0)
+
+    run_inprocess(server, app, problem.num_tasks)
+    for m in range(2, problem.num_tasks):  # event m - 1 admitted task m from state m - 2
+        W_prev, S_prev = states[m - 2]
+        ref = add_task(W_prev, S_prev, problem.Xs[m], problem.ys[m], lam=0.05,
+                       outer=strategy.outer, inner=strategy.inner,
+                       local_frac=strategy.newcomer_frac, seed=4, task_id=m)
+        np.testing.assert_array_equal(states[m - 1][0], ref.W)
+        np.testing.assert_array_equal(states[m - 1][1], ref.Sigma)
