@@ -208,8 +208,9 @@ class OFMTL(Strategy):
         self.W = np.array(mocha.state.W, copy=True)
         self.Sigma = np.array(mocha.state.formulation.sigma, copy=True)
         d = self.W.shape[0]
-        # per round and task: w_t down, delta-b up (d floats each); the final evaluate: w_t
-        floats = self.mocha_rounds * m * 2 * d + m * d
+        # per round and task: w_t, m_tt and sigma' down (d + 2), delta-b up (d); the final
+        # evaluate: w_t (as the ofmtl-arrivals reproduction counts)
+        floats = self.mocha_rounds * m * (2 * d + 2) + m * d
         self.floats_total += floats
         self.tasks_at_training = m
         if event == "retrain":
