@@ -12,6 +12,11 @@
 * :func:`make_synthetic_tasks`: clustered linear classification tasks.
 * :func:`make_fedem_synthetic` / :func:`iter_fedem_synthetic`: FedEM's synthetic mixture
   dataset, reproduced draw for draw (``"fedem-synthetic"`` in :func:`load_dataset`).
+* :func:`make_sparse_federated` / :func:`make_sparse_task`: sparse, unbalanced, non-IID nodes
+  in the style of the FSVRG paper (``"sparse-federated"`` in :func:`load_dataset`, with
+  ``num_tasks``, ``dim``, ``iid``), held in :class:`SparseFederatedDataset` /
+  :class:`SparseTaskData` (CSR design matrices); the paper's naive predictors
+  :func:`constant_error`, :func:`majority_vote_error`, :func:`linear_model_error`.
 * :func:`split_tasks` / :func:`train_test_split_task`: per-task stratified splits.
 * :func:`validate_task` / :func:`check_same_dim`: validation of X and y.
 """
@@ -47,6 +52,8 @@ from fmtl_flower.data.registry import (
     FEDEM_SYNTHETIC_SEED,
     NAMED_FILES,
     PAPER_DATASETS,
+    SPARSE_FEDERATED,
+    SPARSE_FEDERATED_DEFAULTS,
     SYNTHETIC,
     available_datasets,
     clear_dataset_cache,
@@ -56,6 +63,16 @@ from fmtl_flower.data.registry import (
     resolve_data_file,
 )
 from fmtl_flower.data.skew import skew_dataset, skew_sizes, skew_tasks
+from fmtl_flower.data.sparse_federated import (
+    SPARSE_DEFAULTS,
+    SparseFederatedDataset,
+    SparseTaskData,
+    constant_error,
+    linear_model_error,
+    majority_vote_error,
+    make_sparse_federated,
+    make_sparse_task,
+)
 from fmtl_flower.data.split import (
     SPLIT_TAG,
     num_test_samples,
@@ -84,6 +101,9 @@ __all__ = [
     "NAMED_FILES",
     "PAPER_DATASETS",
     "SOURCES",
+    "SPARSE_DEFAULTS",
+    "SPARSE_FEDERATED",
+    "SPARSE_FEDERATED_DEFAULTS",
     "SPLIT_TAG",
     "SYNTHETIC",
     "DatasetSource",
@@ -94,14 +114,18 @@ __all__ = [
     "FederatedDataset",
     "LoadedTasks",
     "Mirror",
+    "SparseFederatedDataset",
+    "SparseTaskData",
     "TaskData",
     "available_datasets",
     "check_same_dim",
     "clear_dataset_cache",
+    "constant_error",
     "default_cache_dir",
     "default_data_dirs",
     "download_dataset",
     "iter_fedem_synthetic",
+    "linear_model_error",
     "load_dataset",
     "load_dataset_cached",
     "load_gleam_tasks",
@@ -109,7 +133,10 @@ __all__ = [
     "load_mat_tasks",
     "load_vehicle_tasks",
     "locate_dataset",
+    "majority_vote_error",
     "make_fedem_synthetic",
+    "make_sparse_federated",
+    "make_sparse_task",
     "make_synthetic_tasks",
     "num_test_samples",
     "resolve_data_file",

@@ -19,7 +19,12 @@ downloaded only with ``download=True``.
 The generated datasets are ``"synthetic"`` (MOCHA-style clustered tasks,
 :func:`~fmtl_flower.data.synthetic.make_synthetic_tasks`) and ``"fedem-synthetic"`` (FedEM's
 mixture dataset, :func:`~fmtl_flower.data.fedem_synthetic.make_fedem_synthetic`, with its own
-train/test sets, a fixed generator seed and labels in ``{0, 1}``).
+train/test sets, a fixed generator seed and labels in ``{0, 1}``) and ``"sparse-federated"``
+(the FSVRG paper's setting: sparse, unbalanced, non-IID nodes,
+:func:`~fmtl_flower.data.sparse_federated.make_sparse_federated`; returned as a
+:class:`~fmtl_flower.data.sparse_federated.SparseFederatedDataset` with CSR design matrices;
+``num_tasks`` (K, default 1000), ``dim`` (default 20,000) and ``iid`` (default False: the
+paper's FSVRGR reshuffle when True) apply).
 
 The data files are never copied: they are read where they are.
 """
@@ -32,6 +37,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from fmtl_flower.data.dataset import FederatedDataset, LoadedTasks, TaskData
 from fmtl_flower.data.download import locate_dataset
 from fmtl_flower.data.fedem_synthetic import _check_generator, make_fedem_synthetic
@@ -40,6 +47,7 @@ from fmtl_flower.data.har import load_har_tasks
 from fmtl_flower.data.mat import load_mat_tasks
 from fmtl_flower.data.paths import DATA_DIR_ENV, default_data_dirs
 from fmtl_flower.data.skew import check_skew_ratio, skew_dataset
+from fmtl_flower.data.sparse_federated import SparseFederatedDataset, make_sparse_federated
 from fmtl_flower.data.split import _check_seed, _check_test_frac, split_tasks
 from fmtl_flower.data.synthetic import make_synthetic_tasks
 from fmtl_flower.data.validation import validate_task
@@ -52,6 +60,8 @@ __all__ = [
     "FEDEM_SYNTHETIC_SEED",
     "NAMED_FILES",
     "PAPER_DATASETS",
+    "SPARSE_FEDERATED",
+    "SPARSE_FEDERATED_DEFAULTS",
     "SYNTHETIC",
     "available_datasets",
     "clear_dataset_cache",
@@ -67,6 +77,16 @@ SYNTHETIC = "synthetic"
 #: Name of FedEM's synthetic dataset
 #: (:func:`~fmtl_flower.data.fedem_synthetic.make_fedem_synthetic`).
 FEDEM_SYNTHETIC = "fedem-synthetic"
+
+#: Name of the FSVRG-style sparse federated dataset
+#: (:func:`~fmtl_flower.data.sparse_federated.make_sparse_federated`).
+SPARSE_FEDERATED = "sparse-federated"
+
+#: What unset ``"sparse-federated"`` arguments mean (used to normalise cache keys).
+SPARSE_FEDERATED_DEFAULTS: dict[str, Any] = {"num_tasks": 1000, "dim": 20_000, "iid": False}
+
+#: Arguments of :func:`load_dataset` that ``"sparse-federated"`` does not accept.
+_SPARSE_REJECTED = ("samples_per_task", "skew")
 
 #: Seed of the FedEM synthetic generator (the paper's data, whatever the run seed).
 FEDEM_SYNTHETIC_SEED = 12345
@@ -124,9 +144,12 @@ def available_datasets() -> list[str]:
     Returns
     -------
     list of str
-        ``["synthetic", "fedem-synthetic", "small", "eat-voc", "har", "vehicle", "gleam"]``.
+        ``["synthetic", "fedem-synthetic", "sparse-federated", "small", "eat-voc", "har",
+        "vehicle", "gleam"]``. ``"sparse-federated"`` (the FSVRG generator) gives a
+        :class:`~fmtl_flower.data.sparse_federated.SparseFederatedDataset` (CSR features)
+        rather than a :class:`FederatedDataset`.
     """
-    return [SYNTHETIC, FEDEM_SYNTHETIC, *NAMED_FILES, *PAPER_DATASETS]
+    return [SYNTHETIC, FEDEM_SYNTHETIC, SPARSE_FEDERATED, *NAMED_FILES, *PAPER_DATASETS]
 
 
 def _is_path_like(name_or_path: str | os.PathLike[str]) -> bool:
@@ -236,6 +259,40 @@ def _load_fedem(
     return FederatedDataset(FEDEM_SYNTHETIC, tasks)
 
 
+def _is_sparse(name_or_path: Any) -> bool:
+    return isinstance(name_or_path, str) and name_or_path == SPARSE_FEDERATED
+
+
+def _load_sparse(
+    seed: int,
+    test_frac: float,
+    num_tasks: int | None,
+    dim: int | None,
+    samples_per_task: int | None,
+    skew: float | None,
+    iid: bool | None,
+) -> SparseFederatedDataset:
+    """Generate ``"sparse-federated"`` (see :func:`load_dataset`)."""
+    rejected = [
+        k for k, v in zip(_SPARSE_REJECTED, (samples_per_task, skew), strict=True) if v is not None
+    ]
+    if rejected:
+        raise ValueError(
+            f"{', '.join(rejected)} cannot be used with {SPARSE_FEDERATED!r}: its node sizes "
+            "are drawn by its generator (accepted overrides: num_tasks, dim, iid)"
+        )
+    if iid is not None and not isinstance(iid, bool | np.bool_):
+        raise ValueError(f"iid must be a bool, got {iid!r}")
+    return make_sparse_federated(
+        SPARSE_FEDERATED_DEFAULTS["num_tasks"] if num_tasks is None else num_tasks,
+        dim=SPARSE_FEDERATED_DEFAULTS["dim"] if dim is None else dim,
+        seed=seed,
+        test_frac=test_frac,
+        iid=SPARSE_FEDERATED_DEFAULTS["iid"] if iid is None else bool(iid),
+        name=SPARSE_FEDERATED,
+    )
+
+
 def load_dataset(
     name_or_path: str | os.PathLike[str] = SYNTHETIC,
     *,
@@ -249,7 +306,8 @@ def load_dataset(
     download: bool = False,
     generator: str | None = None,
     n_test: int | None = None,
-) -> FederatedDataset:
+    iid: bool | None = None,
+) -> FederatedDataset | SparseFederatedDataset:
     """Load or generate a federated multi-task dataset and split every task.
 
     Parameters
@@ -298,13 +356,21 @@ def load_dataset(
     n_test : int, optional
         For ``"fedem-synthetic"`` only: test samples per task (default 5000, the paper's;
         the full dataset then holds 1.8 GB of test data, use a small value in tests).
+    iid : bool, optional
+        For ``"sparse-federated"`` only: ``True`` reshuffles the same rows IID across the same
+        node sizes (the paper's FSVRGR); default ``False`` (the non-IID nodes). For
+        ``"sparse-federated"``, ``num_tasks`` is the number of nodes K (default 1000) and
+        ``dim`` the number of features (default 20,000); ``seed`` drives the generator and
+        ``test_frac`` the per-node split.
 
     Returns
     -------
-    FederatedDataset
+    FederatedDataset or SparseFederatedDataset
         Named ``name_or_path`` for a named dataset, the file stem for a path. The same
         arguments always give identical arrays. Labels are in ``{-1, +1}``, except for
-        ``"fedem-synthetic"`` (``{0, 1}``, FedEM's convention).
+        ``"fedem-synthetic"`` (``{0, 1}``, FedEM's convention). ``"sparse-federated"``
+        gives a :class:`~fmtl_flower.data.sparse_federated.SparseFederatedDataset` (CSR
+        design matrices, same attribute names).
 
     Raises
     ------
@@ -331,8 +397,13 @@ def load_dataset(
     is_fedem = _is_fedem(name_or_path)
     is_named = isinstance(name_or_path, str) and name_or_path in NAMED_FILES
     is_paper = _is_paper(name_or_path)
-    if not (is_synthetic or is_fedem or is_named or is_paper or _is_path_like(name_or_path)):
+    is_sparse = _is_sparse(name_or_path)
+    if not (
+        is_synthetic or is_fedem or is_named or is_paper or is_sparse or _is_path_like(name_or_path)
+    ):
         raise _unknown(name_or_path)
+    if iid is not None and not is_sparse:
+        raise ValueError(f"iid only applies to {SPARSE_FEDERATED!r}, not to {str(name_or_path)!r}")
     if fedem_args and not is_fedem:
         raise ValueError(
             f"{', '.join(fedem_args)} only apply to {FEDEM_SYNTHETIC!r}, "
@@ -352,6 +423,8 @@ def load_dataset(
         )
     if is_fedem:
         return _load_fedem(num_tasks, dim, samples_per_task, skew, generator, n_test)
+    if is_sparse:
+        return _load_sparse(seed, test_frac, num_tasks, dim, samples_per_task, skew, iid)
     if is_synthetic:
         Xs, ys = make_synthetic_tasks(**overrides, seed=seed)
         dataset = split_tasks(Xs, ys, test_frac, seed, SYNTHETIC)
@@ -381,11 +454,17 @@ def load_dataset(
     return dataset
 
 
-def _freeze(dataset: FederatedDataset) -> FederatedDataset:
+def _freeze(
+    dataset: FederatedDataset | SparseFederatedDataset,
+) -> FederatedDataset | SparseFederatedDataset:
     """Make every array of ``dataset`` read-only (in place) and return it."""
     for task in dataset.tasks:
         for arr in task.arrays():
-            arr.setflags(write=False)
+            if isinstance(arr, np.ndarray):
+                arr.setflags(write=False)
+            else:  # a CSR matrix: its three arrays
+                for part in (arr.data, arr.indices, arr.indptr):
+                    part.setflags(write=False)
     return dataset
 
 
@@ -402,7 +481,8 @@ def _load_cached(
     download: bool,
     generator: str | None,
     n_test: int | None,
-) -> FederatedDataset:
+    iid: bool | None = None,
+) -> FederatedDataset | SparseFederatedDataset:
     return _freeze(
         load_dataset(
             name_or_path,
@@ -416,6 +496,7 @@ def _load_cached(
             download=download,
             generator=generator,
             n_test=n_test,
+            iid=iid,
         )
     )
 
@@ -433,7 +514,8 @@ def load_dataset_cached(
     download: bool = False,
     generator: str | None = None,
     n_test: int | None = None,
-) -> FederatedDataset:
+    iid: bool | None = None,
+) -> FederatedDataset | SparseFederatedDataset:
     """Like :func:`load_dataset`, but memoised in-process, with read-only arrays.
 
     The last 8 distinct argument combinations are kept (LRU); a repeated call returns the
@@ -449,12 +531,14 @@ def load_dataset_cached(
     ----------
     name_or_path, seed, test_frac, num_tasks, dim, samples_per_task, skew
         As for :func:`load_dataset`.
-    data_path, download, generator, n_test
-        As for :func:`load_dataset`.
+    data_path, download, generator, n_test, iid
+        As for :func:`load_dataset`. For ``"sparse-federated"``, unset ``num_tasks`` /
+        ``dim`` / ``iid`` and their spelled-out defaults share one entry (the CSR arrays
+        are read-only too).
 
     Returns
     -------
-    FederatedDataset
+    FederatedDataset or SparseFederatedDataset
 
     Raises
     ------
@@ -473,6 +557,10 @@ def load_dataset_cached(
         dim = _FEDEM_DEFAULTS["dim"] if dim is None else dim
         n_test = _FEDEM_DEFAULTS["n_test"] if n_test is None else n_test
         generator = _FEDEM_DEFAULTS["generator"] if generator is None else generator
+    if _is_sparse(name_or_path):
+        num_tasks = SPARSE_FEDERATED_DEFAULTS["num_tasks"] if num_tasks is None else num_tasks
+        dim = SPARSE_FEDERATED_DEFAULTS["dim"] if dim is None else dim
+        iid = SPARSE_FEDERATED_DEFAULTS["iid"] if iid is None else iid
     return _load_cached(
         name_or_path,
         seed,
@@ -485,6 +573,7 @@ def load_dataset_cached(
         bool(download),
         generator,
         n_test,
+        iid,
     )
 
 
