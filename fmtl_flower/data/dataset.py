@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["FederatedDataset", "LoadedTasks", "TaskData"]
+__all__ = ["FederatedDataset", "LoadedTasks", "TaskCollection", "TaskData"]
 
 
 class LoadedTasks(NamedTuple):
@@ -100,8 +100,66 @@ class TaskData:
         return self.X_train, self.y_train, self.X_test, self.y_test
 
 
+class TaskCollection:
+    """Views shared by the dataset containers (dense :class:`FederatedDataset` and the sparse
+    one of :mod:`fmtl_flower.data.sparse_federated`): a subclass has ``name`` and ``tasks``,
+    each task ``n_train``, ``n_test`` and ``dim``."""
+
+    name: str
+    tasks: tuple
+
+    @property
+    def num_tasks(self) -> int:
+        """Number of tasks ``m``."""
+        return len(self.tasks)
+
+    @property
+    def dim(self) -> int:
+        """Common number of features ``d``."""
+        return self.tasks[0].dim
+
+    @property
+    def n_train(self) -> np.ndarray:
+        """Per-task training sample counts, int64 array of shape ``(num_tasks,)``."""
+        return np.array([task.n_train for task in self.tasks], dtype=np.int64)
+
+    @property
+    def n_test(self) -> np.ndarray:
+        """Per-task test sample counts, int64 array of shape ``(num_tasks,)``."""
+        return np.array([task.n_test for task in self.tasks], dtype=np.int64)
+
+    def task(self, t: int) -> Any:
+        """Return task ``t``.
+
+        Parameters
+        ----------
+        t : int
+            Task id in ``0 .. num_tasks - 1`` (negative indices are not accepted).
+
+        Returns
+        -------
+        TaskData
+
+        Raises
+        ------
+        IndexError
+            If ``t`` is out of range.
+        TypeError
+            If ``t`` is not an integer.
+        """
+        if isinstance(t, bool) or not isinstance(t, int | np.integer):
+            raise TypeError(f"task id must be an int, got {type(t).__name__}")
+        if not 0 <= t < self.num_tasks:
+            raise IndexError(
+                f"dataset {self.name!r}: task id {t} out of range; valid ids are "
+                f"0..{self.num_tasks - 1} ({self.num_tasks} tasks)"
+            )
+        return self.tasks[int(t)]
+
+
+
 @dataclass(frozen=True, eq=False)
-class FederatedDataset:
+class FederatedDataset(TaskCollection):
     """A named collection of tasks that share the feature dimension.
 
     Parameters
@@ -139,54 +197,6 @@ class FederatedDataset:
                 raise ValueError(
                     f"dataset {self.name!r}: task {t} has {task.dim} features but task 0 has {d0}"
                 )
-
-    @property
-    def num_tasks(self) -> int:
-        """Number of tasks ``m``."""
-        return len(self.tasks)
-
-    @property
-    def dim(self) -> int:
-        """Common number of features ``d``."""
-        return self.tasks[0].dim
-
-    @property
-    def n_train(self) -> np.ndarray:
-        """Per-task training sample counts, int64 array of shape ``(num_tasks,)``."""
-        return np.array([task.n_train for task in self.tasks], dtype=np.int64)
-
-    @property
-    def n_test(self) -> np.ndarray:
-        """Per-task test sample counts, int64 array of shape ``(num_tasks,)``."""
-        return np.array([task.n_test for task in self.tasks], dtype=np.int64)
-
-    def task(self, t: int) -> TaskData:
-        """Return task ``t``.
-
-        Parameters
-        ----------
-        t : int
-            Task id in ``0 .. num_tasks - 1`` (negative indices are not accepted).
-
-        Returns
-        -------
-        TaskData
-
-        Raises
-        ------
-        IndexError
-            If ``t`` is out of range.
-        TypeError
-            If ``t`` is not an integer.
-        """
-        if isinstance(t, bool) or not isinstance(t, int | np.integer):
-            raise TypeError(f"task id must be an int, got {type(t).__name__}")
-        if not 0 <= t < self.num_tasks:
-            raise IndexError(
-                f"dataset {self.name!r}: task id {t} out of range; valid ids are "
-                f"0..{self.num_tasks - 1} ({self.num_tasks} tasks)"
-            )
-        return self.tasks[int(t)]
 
     def pooled_train(self) -> tuple[np.ndarray, np.ndarray]:
         """Stack all tasks' training data (task 0 first).

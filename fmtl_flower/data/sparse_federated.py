@@ -65,6 +65,8 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from .dataset import TaskCollection
+
 __all__ = [
     "SPARSE_DEFAULTS",
     "SparseFederatedDataset",
@@ -184,7 +186,7 @@ def _csr_nbytes(X: sp.csr_matrix) -> int:
 
 
 @dataclass(frozen=True, eq=False)
-class SparseFederatedDataset:
+class SparseFederatedDataset(TaskCollection):
     """A named collection of sparse nodes (tasks) sharing ``d``; the sparse counterpart of
     :class:`~fmtl_flower.data.dataset.FederatedDataset`.
 
@@ -219,38 +221,9 @@ class SparseFederatedDataset:
                                  f"but task 0 has {tasks[0].dim}")
 
     @property
-    def num_tasks(self) -> int:
-        """Number of nodes ``K``."""
-        return len(self.tasks)
-
-    @property
-    def dim(self) -> int:
-        """Common number of features ``d``."""
-        return self.tasks[0].dim
-
-    @property
-    def n_train(self) -> np.ndarray:
-        """Per-node training sizes ``n_k``, int64 ``(K,)``."""
-        return np.array([t.n_train for t in self.tasks], dtype=np.int64)
-
-    @property
-    def n_test(self) -> np.ndarray:
-        """Per-node test sizes, int64 ``(K,)``."""
-        return np.array([t.n_test for t in self.tasks], dtype=np.int64)
-
-    @property
     def nbytes(self) -> int:
         """Bytes held by all arrays."""
         return sum(t.nbytes for t in self.tasks)
-
-    def task(self, t: int) -> SparseTaskData:
-        """Return node ``t`` (``0 <= t < K``; IndexError / TypeError otherwise)."""
-        if isinstance(t, bool) or not isinstance(t, int | np.integer):
-            raise TypeError(f"task id must be an int, got {type(t).__name__}")
-        if not 0 <= t < self.num_tasks:
-            raise IndexError(f"dataset {self.name!r}: task id {t} out of range; valid ids are "
-                             f"0..{self.num_tasks - 1} ({self.num_tasks} tasks)")
-        return self.tasks[int(t)]
 
     def pooled_train(self) -> tuple[sp.csr_matrix, np.ndarray]:
         """All training rows, node 0 first: ``(X (n, d) CSR, y (n,))``."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
 import socket
 import subprocess
 import sys
@@ -27,6 +26,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from .processes import free_port, stop_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -38,12 +39,6 @@ RUN_TIMEOUT_S = 600.0  # third SuperNode started -> `flwr run` returns
 STARTUP_TIMEOUT_S = 60.0
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait_listening(port: int, proc: subprocess.Popen, timeout: float) -> None:
@@ -86,23 +81,6 @@ def _processes_of(flwr_home: str, started: list[subprocess.Popen]) -> list[psuti
     return alive
 
 
-def _stop(procs: list[psutil.Process], grace: float = 15.0) -> list[int]:
-    """SIGTERM ``procs`` (in order), wait, SIGKILL what is left; return surviving PIDs."""
-    for proc in procs:
-        try:
-            proc.send_signal(signal.SIGTERM)
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(alive, timeout=5.0)
-    return [p.pid for p in alive]
-
-
 def _tail(path: Path, chars: int = 3000) -> str:
     return path.read_text(errors="replace")[-chars:] if path.is_file() else "(missing)"
 
@@ -112,8 +90,8 @@ def test_late_supernode_is_served_as_newcomer(tmp_path: Path) -> None:
     home.mkdir()
     logs = tmp_path / "logs"
     logs.mkdir()
-    link_port = _free_port()
-    node_ports = [_free_port() for _ in range(3)]
+    link_port = free_port()
+    node_ports = [free_port() for _ in range(3)]
     (home / "config.toml").write_text(
         '[superlink]\ndefault = "loopback"\n\n'
         f'[superlink.loopback]\naddress = "127.0.0.1:{link_port}"\ninsecure = true\n')
@@ -217,7 +195,7 @@ def test_late_supernode_is_served_as_newcomer(tmp_path: Path) -> None:
     finally:
         # flwr run first, then SuperNodes and SuperLink, then whatever carries FLWR_HOME
         procs = _processes_of(str(home), list(reversed(started)))
-        survivors = _stop(procs)
+        survivors = stop_processes(procs)
         leftover = _processes_of(str(home), started)
         for handle in handles:
             handle.close()

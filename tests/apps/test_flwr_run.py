@@ -15,8 +15,6 @@ import json
 import math
 import os
 import shlex
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +25,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from .processes import free_port, stop_processes
+
 ROOT = Path(__file__).resolve().parents[2]
 APP_DIR = ROOT  # `flwr run .` from the repository root: the repo is the Flower App
 NUM_NODES = 4
@@ -36,12 +36,6 @@ RUN_TIMEOUT_S = 420.0
 _APP_CONFIG = tomllib.loads((APP_DIR / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _processes_of(psutil, flwr_home: str) -> list:
@@ -67,23 +61,6 @@ def _processes_of(psutil, flwr_home: str) -> list:
     return superlinks + others
 
 
-def _stop(psutil, procs: list, grace: float = 10.0) -> list[str]:
-    """SIGTERM ``procs`` (SuperLinks first), wait, SIGKILL what is left; return survivors."""
-    for proc in procs:
-        try:
-            proc.send_signal(signal.SIGTERM)
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(alive, timeout=5.0)
-    return [f"{p.pid}" for p in alive]
-
-
 @pytest.fixture
 def flwr_sandbox(tmp_path: Path) -> Iterator[dict[str, str]]:
     """Environment of a sandboxed ``flwr`` CLI; stops every process it caused, by PID."""
@@ -96,8 +73,8 @@ def flwr_sandbox(tmp_path: Path) -> Iterator[dict[str, str]]:
         "FLWR_TELEMETRY_ENABLED": "0",
         "FLWR_DISABLE_UPDATE_CHECK": "1",
         "RAY_USAGE_STATS_ENABLED": "0",
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
-        "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port()),
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
         # flwr spawns flower-superlink / flower-superexec by name from PATH
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
     })
@@ -105,7 +82,7 @@ def flwr_sandbox(tmp_path: Path) -> Iterator[dict[str, str]]:
         yield env
     finally:
         procs = _processes_of(psutil, str(home))
-        survivors = _stop(psutil, procs)
+        survivors = stop_processes(procs)
         leftover = _processes_of(psutil, str(home))
         assert not survivors and not leftover, (
             f"processes of the flwr run still alive: {survivors} "
