@@ -80,6 +80,12 @@ def _fmt(value: Any, spec: str) -> str:
 def progress_line(record: dict[str, Any], num_tasks: int) -> str:
     """One line of per-round progress (MOCHA's family: objective and gap; FedEM's: loss and
     accuracies)."""
+    if "exchanges" in record:  # FSVRG's family: one global model
+        return (f"round {record['round']:5d} | round trips {record['exchanges']:5d} | "
+                f"objective {_fmt(record.get('objective'), '.8f')} | test err "
+                f"{_fmt(record.get('test_error'), '.4f')} | replies "
+                f"{_fmt(record.get('num_replies'), 'd')}/{num_tasks} | "
+                f"{_fmt(record.get('wall_time_s') and record['wall_time_s'] * 1e3, '.1f')} ms")
     if "event" in record:  # OFMTL: one record per training or newcomer
         return (f"event {record['round']:3d} {record['event']:9s} | devices "
                 f"{record['devices']:4d} | test err {_fmt(record.get('test_error'), '.4f')} | "
@@ -111,17 +117,19 @@ def final_table(results: dict[str, Any]) -> str:
     rows = [("strategy", cfg["strategy"]), ("dataset", cfg["dataset"])]
     if "train_loss" in final or cfg.get("model", "auto") not in ("auto", "svm"):
         rows += [("model", cfg.get("model")), ("M", cfg.get("M"))]
+    elif "exchanges" in final:
+        rows.append(("lambda", "1/n (the paper's)"))
     else:
         rows.append(("lambda", cfg["lambda"]))
     rows.append(("rounds", final.get("round", "-")))
     for key in FINAL_KEYS:
         value = final.get(key)
-        mocha_family = "train_loss" not in final and "event" not in final
+        mocha_family = not ({"train_loss", "event", "exchanges"} & set(final))
         if value is None and (key in _OPTIONAL_KEYS or "event" in final) and not mocha_family:
             continue
         rows.append((key, "-" if value is None else
                      (f"{value:.6g}" if isinstance(value, float) else str(value))))
-    for key in ("devices", "retrainings", "cumulative_floats"):
+    for key in ("devices", "retrainings", "cumulative_floats", "objective", "exchanges"):
         if key in final:
             rows.append((key, str(final[key])))
     if final.get("primal") and final.get("gap") is not None:

@@ -15,12 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 STRATEGIES = ("mocha", "cocoa", "mb-sdca", "mb-sgd", "local", "global", "fedem", "fedavg",
-              "fedprox", "fedavg-ft", "clustered", "ofmtl")
+              "fedprox", "fedavg-ft", "clustered", "ofmtl", "fsvrg", "fsvrg-naive", "gd")
 #: Strategies of MOCHA's primal-dual / primal family (one linear SVM per task).
 MOCHA_FAMILY = ("mocha", "cocoa", "mb-sdca", "mb-sgd")
 #: Strategies of FedEM's family (``local`` joins it with a model other than ``svm``).
 FEDEM_FAMILY = ("fedem", "fedavg", "fedprox", "fedavg-ft", "clustered")
-FEDERATED = MOCHA_FAMILY + FEDEM_FAMILY + ("ofmtl",)
+#: Strategies of FSVRG's family (one global sparse logistic-regression model).
+FSVRG_FAMILY = ("fsvrg", "fsvrg-naive", "gd")
+FEDERATED = MOCHA_FAMILY + FEDEM_FAMILY + ("ofmtl",) + FSVRG_FAMILY
 MODELS = ("auto", "svm", "logistic", "softmax", "mlp")
 
 
@@ -175,6 +177,12 @@ class RunConfig:
     retrain_ratio : float
         OFMTL: retrain MOCHA when newcomers since the last training reach this multiple of
         that training's tasks.
+    iid : bool
+        ``sparse-federated``: reshuffle the rows IID across the same node sizes (FSVRGR).
+    step_size : float
+        FSVRG family: FSVRG's / naive FSVRG's stepsize h, GD's step (0: the method's default:
+        h = 16 for fsvrg, 1/L for gd; fsvrg-naive needs one). The family uses the paper's
+        lambda = 1/n (the ``lambda`` key is MOCHA's).
     """
 
     strategy: str = "mocha"
@@ -227,6 +235,8 @@ class RunConfig:
     initial_tasks: int = 0
     arrivals: str = ""
     retrain_ratio: float = 1.5
+    iid: bool = False
+    step_size: float = 0.0
 
     @property
     def model_family(self) -> str:
@@ -328,7 +338,20 @@ _PARSE = {
     "initial-tasks": lambda k, v: _as_int(k, v, 0),
     "arrivals": lambda k, v: _arrivals(k, v),
     "retrain-ratio": lambda k, v: _as_float(k, v, lo=0.0, lo_open=True),
+    "iid": lambda k, v: _as_bool(k, v),
+    "step-size": lambda k, v: _as_float(k, v, lo=0.0),
 }
+
+
+def _as_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise ConfigError(f"{key}: expected true or false, got {value!r}")
 
 
 def _arrivals(key: str, value: Any) -> str:

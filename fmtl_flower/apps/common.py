@@ -20,13 +20,15 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from ..clients.fedem import FedEMClient, make_fedem_client_app
+from ..clients.fsvrg import FsvrgClient, make_fsvrg_client_app
 from ..clients.mbsgd import MbSgdClient, make_mbsgd_client_app
 from ..clients.mocha import default_task_id, make_mocha_client_app
 from ..clients.ofmtl import OFMTLClient, make_ofmtl_client_app
-from ..config import FEDERATED, ConfigError, RunConfig
+from ..config import FEDERATED, FSVRG_FAMILY, ConfigError, RunConfig
 from ..data import FederatedDataset, load_dataset_cached
-from ..data.registry import FEDEM_SYNTHETIC
+from ..data.registry import FEDEM_SYNTHETIC, SPARSE_FEDERATED
 from ..strategies.fedem import FedEM
+from ..strategies.fsvrg import Fsvrg
 from ..strategies.mbsgd import MbSgd
 from ..strategies.mocha import Mocha
 from ..strategies.ofmtl import OFMTL
@@ -46,6 +48,8 @@ def dataset_for(cfg: RunConfig) -> FederatedDataset:
     extra: dict[str, Any] = {}
     if cfg.dataset == FEDEM_SYNTHETIC:
         extra = {"generator": cfg.generator, "n_test": cfg.n_test or None}
+    if cfg.dataset == SPARSE_FEDERATED:
+        extra = {"iid": cfg.iid}
     return load_dataset_cached(
         cfg.dataset, seed=cfg.seed, test_frac=cfg.test_frac,
         num_tasks=cfg.num_tasks or None, dim=cfg.dim or None,
@@ -99,17 +103,22 @@ def make_client_app(config: RunConfig | None = None) -> ClientApp:
     if config is not None:
         if config.is_fedem_family:
             return make_fedem_client_app(load)
+        if config.strategy in FSVRG_FAMILY:
+            return make_fsvrg_client_app(load)
         if config.strategy == "ofmtl":
             return make_ofmtl_client_app(load)
         factory = make_mbsgd_client_app if config.strategy == "mb-sgd" else make_mocha_client_app
         return factory(load)
     dual, primal, mixture = OFMTLClient(load), MbSgdClient(load), FedEMClient(load)
+    sparse = FsvrgClient(load)
     app = ClientApp()
 
-    def handlers(context: Context) -> OFMTLClient | MbSgdClient | FedEMClient:
+    def handlers(context: Context) -> OFMTLClient | MbSgdClient | FedEMClient | FsvrgClient:
         cfg = config_from_context(context, None)
         if cfg.is_fedem_family:
             return mixture
+        if cfg.strategy in FSVRG_FAMILY:
+            return sparse
         return primal if cfg.strategy == "mb-sgd" else dual
 
     app.query("whoami")(lambda msg, ctx: handlers(ctx).whoami(msg, ctx))
@@ -117,12 +126,14 @@ def make_client_app(config: RunConfig | None = None) -> ClientApp:
     app.evaluate()(lambda msg, ctx: handlers(ctx).evaluate(msg, ctx))
     app.train("ofmtl")(lambda msg, ctx: dual.newcomer(msg, ctx))
     app.evaluate("ofmtl")(lambda msg, ctx: dual.evaluate_model(msg, ctx))
+    app.query("fsvrg_stats")(lambda msg, ctx: sparse.stats(msg, ctx))
+    app.query("fsvrg_gradient")(lambda msg, ctx: sparse.gradient(msg, ctx))
     return app
 
 
 def strategy_from_config(cfg: RunConfig, num_tasks: int,
                          on_round: Callable[[dict[str, Any]], None] | None = None
-                         ) -> Mocha | MbSgd | FedEM | OFMTL:
+                         ) -> Mocha | MbSgd | FedEM | OFMTL | Fsvrg:
     """The strategy configured by ``cfg``: :class:`FedEM` for its family, :class:`MbSgd`, or
     :class:`Mocha` with local solver ``cfg.strategy`` (mocha, cocoa or mb-sdca; lambda must
     then be a number)."""
@@ -130,6 +141,12 @@ def strategy_from_config(cfg: RunConfig, num_tasks: int,
         return fedem_from_config(cfg, num_tasks, on_round)
     if cfg.strategy == "ofmtl":
         return ofmtl_from_config(cfg, num_tasks, on_round)
+    if cfg.strategy in FSVRG_FAMILY:
+        step = cfg.step_size or None
+        return Fsvrg(num_tasks, method=cfg.strategy, h=None if cfg.strategy == "gd" else step,
+                     step=step if cfg.strategy == "gd" else None, eval_every=cfg.eval_every,
+                     seed=cfg.seed, discovery_timeout=max(cfg.round_timeout, 60.0),
+                     on_round=on_round)
     if cfg.lam == "cv":
         raise ConfigError("lambda=cv is a cross-validation sweep run by `fmtl run` before the "
                           "federation starts; a ServerApp needs a number (e.g. lambda=1e-3)")
@@ -194,7 +211,8 @@ def formulation_options(cfg: RunConfig) -> dict[str, Any]:
             "clusters": cfg.clusters or None, "gamma": cfg.gamma}
 
 
-def build_results(cfg: RunConfig, strategy: Mocha | MbSgd | FedEM | OFMTL) -> dict[str, Any]:
+def build_results(cfg: RunConfig, strategy: Mocha | MbSgd | FedEM | OFMTL | Fsvrg
+                  ) -> dict[str, Any]:
     """The results contract: ``{"config", "rounds", "final"}``."""
     out = strategy.results()
     return {"config": cfg.to_dict(), "rounds": out["rounds"], "final": out["final"]}

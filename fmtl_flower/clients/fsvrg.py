@@ -1,0 +1,238 @@
+"""ClientApp handlers of FSVRG (Algorithm 4), naive FSVRG (Algorithm 3) and distributed GD.
+
+The wire contract (keys, shapes, dtypes) is documented in :mod:`fmtl_flower.strategies.fsvrg`.
+The node keeps no state between messages: its data (and its feature counts, computed once)
+are cached per node and run by :class:`FsvrgClient`; everything a round needs (``w_t``,
+``grad f(w_t)``, ``phi``) arrives in the message, so a restarted device can resume at once.
+
+Handlers:
+
+* ``query.whoami``: task id, ``n-train``, ``n-test``, ``dim``;
+* ``query.fsvrg_stats``: ``(n_k, counts_k)`` (:func:`~fmtl_flower.core.fsvrg.node_feature_counts`);
+* ``query.fsvrg_gradient``: ``(loss_sum_k, grad_sum_k)`` at ``w_t``
+  (:func:`~fmtl_flower.core.fsvrg.local_loss_grad_sums`), and test errors on request;
+* ``train``: the local pass (:func:`~fmtl_flower.core.fsvrg.fsvrg_local_pass` with
+  ``s_k = node_scaling(phi, n_k, counts_k)`` and ``order = coordinate_order(seed, task,
+  round, n_k)``, or :func:`~fmtl_flower.core.fsvrg.naive_fsvrg_local_pass` with
+  ``uniform_sample_order``), replying ``w_k``;
+* ``evaluate``: loss sum and test errors at ``w`` (no gradient).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from ..core.fsvrg import (
+    fsvrg_local_pass,
+    local_error_count,
+    local_loss_grad_sums,
+    naive_fsvrg_local_pass,
+    node_feature_counts,
+    node_scaling,
+    uniform_sample_order,
+)
+from ..core.rng import coordinate_order
+from ..wire import from_array, to_array
+from .common import config_value
+from .mocha import default_task_id
+
+__all__ = ["FsvrgClient", "SparseLocalTask", "make_fsvrg_client_app"]
+
+SparseLoader = Callable[[Context], tuple[Any, Any, Any, Any]]
+TaskIdFn = Callable[[Context], int]
+LOCAL_METHODS = ("fsvrg", "fsvrg-naive")
+
+
+@dataclass(frozen=True, eq=False)
+class SparseLocalTask:
+    """One node's validated data and its feature counts ``n_k^j``."""
+
+    task_id: int
+    X: sp.csr_matrix
+    y: np.ndarray
+    X_test: sp.csr_matrix
+    y_test: np.ndarray
+    counts: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return int(self.X.shape[0])
+
+    @property
+    def dim(self) -> int:
+        return int(self.X.shape[1])
+
+
+def _csr(X: Any, what: str) -> sp.csr_matrix:
+    if not sp.issparse(X):
+        raise TypeError(f"{what} must be a scipy sparse matrix, got {type(X).__name__}")
+    X = sp.csr_matrix(X, dtype=np.float64)
+    if not X.has_canonical_format:
+        X.sum_duplicates()
+    return X
+
+
+def _labels(y: Any, n: int, what: str) -> np.ndarray:
+    y = np.asarray(y, dtype=np.float64).reshape(-1)
+    if y.shape != (n,):
+        raise ValueError(f"{what} has {y.shape[0]} labels for {n} rows")
+    if y.size and not np.all(np.abs(y) == 1.0):
+        raise ValueError(f"{what} must be in {{-1, +1}}")
+    return y
+
+
+class FsvrgClient:
+    """FSVRG's device-side handlers over a user-supplied data loader.
+
+    Parameters
+    ----------
+    load_data : callable
+        ``load_data(context) -> (X, y, X_test, y_test)``: scipy sparse design matrices (rows
+        are samples; converted to float64 CSR) and labels in {-1, +1}. Called once per node
+        and run, then cached.
+    task_id : callable, optional
+        ``task_id(context) -> int``; default: node config ``task-id``, else ``partition-id``.
+    """
+
+    def __init__(self, load_data: SparseLoader, task_id: TaskIdFn | None = None) -> None:
+        self.load_data = load_data
+        self.task_id = task_id or default_task_id
+        self._cache: dict[tuple[int, int], SparseLocalTask] = {}
+
+    # -- data -------------------------------------------------------------------------------
+    def local_task(self, context: Context) -> SparseLocalTask:
+        """The node's validated data (loaded once per node and run)."""
+        key = (int(context.run_id), int(context.node_id))
+        if key not in self._cache:
+            loaded = self.load_data(context)
+            if len(loaded) != 4:
+                raise ValueError("load_data must return (X, y, X_test, y_test)")
+            X, y, X_test, y_test = loaded
+            X = _csr(X, "X")
+            X_test = _csr(X_test, "X_test")
+            if X.shape[0] < 1:
+                raise ValueError("the node holds no training rows")
+            if X_test.shape[1] != X.shape[1]:
+                raise ValueError(f"X_test has {X_test.shape[1]} features, X {X.shape[1]}")
+            y = _labels(y, X.shape[0], "y")
+            y_test = _labels(y_test, X_test.shape[0], "y_test")
+            _, counts = node_feature_counts(X)
+            self._cache[key] = SparseLocalTask(int(self.task_id(context)), X, y, X_test,
+                                               y_test, counts)
+        return self._cache[key]
+
+    # -- handlers ---------------------------------------------------------------------------
+    def whoami(self, msg: Message, context: Context) -> Message:
+        """Reply with the task id and the sizes (no data)."""
+        task = self.local_task(context)
+        info = ConfigRecord({"task-id": task.task_id, "n-train": task.n,
+                             "n-test": int(task.X_test.shape[0]), "dim": task.dim})
+        return Message(RecordDict({"info": info}), reply_to=msg)
+
+    def stats(self, msg: Message, context: Context) -> Message:
+        """Send ``n_k`` and the feature counts ``n_k^j`` (int64, (d,))."""
+        task = self.local_task(context)
+        self._check_task(msg, task)
+        metrics = MetricRecord({"task-id": task.task_id, "n-train": task.n})
+        return Message(RecordDict({"metrics": metrics,
+                                   "arrays": ArrayRecord({"counts": to_array(task.counts)})}),
+                       reply_to=msg)
+
+    def gradient(self, msg: Message, context: Context) -> Message:
+        """Send the loss sum and the gradient sum at ``w_t`` (and test errors on request)."""
+        return self._loss_reply(msg, context, with_grad=True)
+
+    def evaluate(self, msg: Message, context: Context) -> Message:
+        """Send the loss sum (and test errors on request) at ``w``; no gradient."""
+        return self._loss_reply(msg, context, with_grad=False)
+
+    def train(self, msg: Message, context: Context) -> Message:
+        """Run the local pass from ``w_t`` and send ``w_k``."""
+        task = self.local_task(context)
+        config = self._check_task(msg, task)
+        server_round = config_value(config, "server-round", int)
+        seed = config_value(config, "seed", int)
+        method = config_value(config, "method", str)
+        lam = config_value(config, "lam", float)
+        h = config_value(config, "h", float)
+        if method not in LOCAL_METHODS:
+            raise ValueError(f"method must be one of {LOCAL_METHODS}, got {method!r}")
+        w = self._vector(msg, "w", task.dim)
+        g = self._vector(msg, "g", task.dim)
+        if method == "fsvrg":
+            phi = self._vector(msg, "phi", task.dim)
+            s = node_scaling(phi, task.n, task.counts)
+            order = coordinate_order(seed, task.task_id, server_round, task.n)
+            w_k = fsvrg_local_pass(task.X, task.y, w, g, lam=lam, h=h, s=s, order=order)
+        else:
+            order = uniform_sample_order(seed, task.task_id, server_round, task.n)
+            w_k = naive_fsvrg_local_pass(task.X, task.y, w, g, lam=lam, h=h, order=order)
+        metrics = MetricRecord({"task-id": task.task_id, "round": server_round,
+                                "n-train": task.n})
+        return Message(RecordDict({"metrics": metrics,
+                                   "arrays": ArrayRecord({"w-local": to_array(w_k)})}),
+                       reply_to=msg)
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _loss_reply(self, msg: Message, context: Context, with_grad: bool) -> Message:
+        task = self.local_task(context)
+        config = self._check_task(msg, task)
+        server_round = config_value(config, "server-round", int)
+        w = self._vector(msg, "w", task.dim)
+        loss, grad = local_loss_grad_sums(task.X, task.y, w)
+        metrics: dict[str, int | float] = {
+            "task-id": task.task_id, "round": server_round, "n-train": task.n,
+            "loss-sum": float(loss), "sq-norm-sum": float(task.X.multiply(task.X).sum()),
+        }
+        if "eval" in config and config_value(config, "eval", bool):
+            wrong, count = local_error_count(task.X_test, task.y_test, w)
+            metrics["test-errors"] = int(wrong)
+            metrics["test-n"] = int(count)
+        records: dict[str, Any] = {"metrics": MetricRecord(metrics)}
+        if with_grad:
+            records["arrays"] = ArrayRecord({"grad-sum": to_array(grad)})
+        return Message(RecordDict(records), reply_to=msg)
+
+    @staticmethod
+    def _check_task(msg: Message, task: SparseLocalTask) -> ConfigRecord:
+        if "config" not in msg.content:
+            raise ValueError("FSVRG message needs a 'config' record")
+        config = msg.content["config"]
+        tid = config_value(config, "task-id", int)
+        if tid != task.task_id:
+            raise ValueError(f"message for task {tid} reached the node of task {task.task_id}")
+        return config
+
+    @staticmethod
+    def _vector(msg: Message, key: str, dim: int) -> np.ndarray:
+        if "arrays" not in msg.content or key not in msg.content["arrays"]:
+            raise ValueError(f"FSVRG message lacks array {key!r}")
+        v = from_array(msg.content["arrays"][key])
+        if v.dtype != np.float64 or v.shape != (dim,) or not np.all(np.isfinite(v)):
+            raise ValueError(f"{key!r} must be finite float64 of shape ({dim},), "
+                             f"got {v.dtype} {v.shape}")
+        return v
+
+
+def make_fsvrg_client_app(load_data: SparseLoader, task_id: TaskIdFn | None = None) -> ClientApp:
+    """Build an FSVRG / naive FSVRG / GD ClientApp over your own sparse data.
+
+    Routes ``query.whoami``, ``query.fsvrg_stats``, ``query.fsvrg_gradient``, ``train`` and
+    ``evaluate`` to :class:`FsvrgClient`'s handlers.
+    """
+    client = FsvrgClient(load_data, task_id)
+    app = ClientApp()
+    app.query("whoami")(client.whoami)
+    app.query("fsvrg_stats")(client.stats)
+    app.query("fsvrg_gradient")(client.gradient)
+    app.train()(client.train)
+    app.evaluate()(client.evaluate)
+    app.fsvrg_client = client  # type: ignore[attr-defined]  # for tests and introspection
+    return app
