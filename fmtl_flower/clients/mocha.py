@@ -2,8 +2,10 @@
 
 The wire contract (keys, shapes, dtypes) is documented in :mod:`fmtl_flower.strategies.mocha`.
 A device keeps its dual variables alpha in ``context.state`` (ArrayRecord ``mocha.arrays``:
-``duals`` float64 (2, n) = [committed alpha; pending d_alpha], ConfigRecord ``mocha.meta``:
-``task-id``, ``committed-round``, ``pending-round`` (-1: none)) and never sends them; it sends
+``duals`` float64 (3, n) = [committed alpha; pending d_alpha; stable alpha], ConfigRecord
+``mocha.meta``: ``task-id``, ``committed-round``, ``pending-round``, ``stable-round`` (-1:
+none); the stable copy is the newest committed alpha not after the server's newest
+checkpoint) and never sends them; it sends
 only ``delta-b = X^T d_alpha / n`` (d floats) and a few scalars.
 
 Dual commit protocol (design decision 4). The device keeps its newest ``d_alpha`` *pending*
@@ -14,6 +16,14 @@ differs from L (state lost, reverted, or from another run) the device restarts f
 alpha = 0 and says so (``state-ok = 0``), and the server resets b_t = 0. So alpha on the
 device and b_t on the server never drift apart, whatever is lost.
 
+Device state that outlives a run. Flower scopes ``context.state`` to one run, and a server
+resumed from its checkpoint is a new run. With ``client-state-dir`` set (node config in a
+deployment: ``--node-config "task-id=3 client-state-dir=/var/lib/fmtl"``; run config in a
+simulation), the device also writes its dual state to ``<dir>/mocha-task-<id>.npz``
+(atomically, no pickle; :mod:`fmtl_flower.checkpoint`) after every message, and reads it when
+``context.state`` is empty. The commit protocol then reconciles it with the resumed server:
+state newer or older than the server's ``last-accepted-round`` is reset, never mixed.
+
 Build a MOCHA ClientApp over your own data with :func:`make_mocha_client_app`.
 """
 
@@ -21,12 +31,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from logging import WARNING
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.logger import log
 
+from ..checkpoint import CheckpointError, read_state_file, state_file_path, write_state_file
 from ..core.baselines import cocoa_local_update, mbsdca_local_update
 from ..core.hinge import classification_errors, hinge_conjugate_value, mean_hinge_loss
 from ..core.rng import coordinate_order
@@ -153,7 +166,7 @@ class MochaClient:
             raise ValueError(f"invalid budget/m-tt/sigma-prime: {budget}, {m_tt}, {sigma_p}")
         if config_value(config, "last-accepted-round", int) >= server_round:
             raise ValueError("last-accepted-round must precede server-round in a train message")
-        alpha, committed, state_ok = self._reconcile(context, task, config)
+        alpha, committed, state_ok, stable = self._reconcile(context, task, config)
         metrics = self._metrics(task, w, alpha, config, state_ok)
         method = config_value(config, "method", str) if "method" in config else "mocha"
         steps = 0 if dropped else budget
@@ -166,17 +179,17 @@ class MochaClient:
         metrics["steps"] = steps
         reply = RecordDict({"arrays": ArrayRecord({"delta-b": to_array(d_b)}),
                             "metrics": MetricRecord(metrics)})
-        self._write_state(context, task, alpha, committed, d_alpha, server_round)  # last
+        self._write_state(context, task, alpha, committed, d_alpha, server_round, stable)  # last
         return Message(reply, reply_to=msg)
 
     def evaluate(self, msg: Message, context: Context) -> Message:
         """Commit or roll back, then report the objective's sums and test errors at w_t."""
         task = self.local_task(context)
         config, w = self._read_instruction(msg, task)
-        alpha, committed, state_ok = self._reconcile(context, task, config)
+        alpha, committed, state_ok, stable = self._reconcile(context, task, config)
         metrics = self._metrics(task, w, alpha, config, state_ok)
         metrics["round"] = config_value(config, "server-round", int)
-        self._write_state(context, task, alpha, committed, None, -1)
+        self._write_state(context, task, alpha, committed, None, -1, stable)
         return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
 
     @staticmethod
@@ -231,27 +244,44 @@ class MochaClient:
                              f"got {w.dtype} {w.shape}")
         return config, w
 
-    def _reconcile(self, context: Context, task: LocalTask,
-                   config: ConfigRecord) -> tuple[np.ndarray, int, bool]:
-        """Apply the dual commit protocol; return (alpha, committed round, state ok)."""
+    def _reconcile(self, context: Context, task: LocalTask, config: ConfigRecord
+                   ) -> tuple[np.ndarray, int, bool, tuple[np.ndarray, int] | None]:
+        """Apply the dual commit protocol; return (alpha, committed round, state ok, stable).
+
+        ``stable`` is the newest committed (alpha, round) not after the server's newest
+        checkpoint (config ``checkpoint-round``, sent when the server writes checkpoints):
+        a server resumed from that checkpoint asks for exactly that round, so the device goes
+        back to it instead of starting from alpha = 0.
+        """
         last_accepted = config_value(config, "last-accepted-round", int)
         server_round = config_value(config, "server-round", int)
         if not 0 <= last_accepted <= server_round:
             raise ValueError(f"last-accepted-round {last_accepted} outside 0..server-round "
                              f"({server_round})")
-        alpha, committed = np.zeros(task.n), 0
+        checkpoint_round = (config_value(config, "checkpoint-round", int)
+                            if "checkpoint-round" in config else -1)
+        alpha, committed, stable = np.zeros(task.n), 0, None
+        if STATE_META not in context.state:
+            self._load_state_file(context, task)
         meta = context.state[STATE_META] if STATE_META in context.state else None
         if meta is not None and meta.get("task-id", -1) == task.task_id:
             duals = self._stored_duals(context)
-            if duals is not None and duals.shape == (2, task.n):
+            if duals is not None and duals.shape == (3, task.n):
                 alpha, committed = duals[0], int(meta["committed-round"])
                 pending_round = int(meta["pending-round"])
                 if pending_round >= 0 and pending_round == last_accepted:
                     alpha = alpha + duals[1]
                     committed = pending_round
+                stable_round = int(meta.get("stable-round", -1))
+                if stable_round >= 0:
+                    stable = (duals[2], stable_round)
         if committed != last_accepted:
-            return np.zeros(task.n), 0, False
-        return alpha, committed, True
+            if stable is None or stable[1] != last_accepted:
+                return np.zeros(task.n), 0, False, None
+            alpha, committed = stable[0], stable[1]  # back to the server's checkpoint
+        if 0 <= checkpoint_round and committed <= checkpoint_round:
+            stable = (alpha, committed)
+        return alpha, committed, True, stable
 
     def _stored_duals(self, context: Context) -> np.ndarray | None:
         if STATE_ARRAYS not in context.state:
@@ -282,21 +312,57 @@ class MochaClient:
         return out
 
     def _write_state(self, context: Context, task: LocalTask, alpha: np.ndarray,
-                     committed: int, pending: np.ndarray | None, pending_round: int) -> None:
-        duals = np.empty((2, task.n))
+                     committed: int, pending: np.ndarray | None, pending_round: int,
+                     stable: tuple[np.ndarray, int] | None) -> None:
+        duals = np.empty((3, task.n))
         duals[0] = alpha
         duals[1] = 0.0 if pending is None else pending
+        duals[2] = 0.0 if stable is None else stable[0]
         duals.setflags(write=False)
         array = to_array(duals)
         record = ArrayRecord({"duals": array})
         context.state[STATE_ARRAYS] = record
         context.state[STATE_META] = ConfigRecord({
             "task-id": task.task_id, "committed-round": committed,
-            "pending-round": pending_round if pending is not None else -1})
+            "pending-round": pending_round if pending is not None else -1,
+            "stable-round": -1 if stable is None else stable[1]})
         key = (int(context.run_id), int(context.node_id))
         if len(self._decoded) > 4096:
             self._decoded.clear()
         self._decoded[key] = (record, array, array.data, duals)
+        path = self._state_path(context, task)
+        if path is not None:
+            write_state_file(path, {"duals": duals}, dict(context.state[STATE_META]))
+
+    @staticmethod
+    def _state_path(context: Context, task: LocalTask):
+        """``client-state-dir`` (node config first, then run config) or None."""
+        for config in (context.node_config, context.run_config):
+            if "client-state-dir" in config and str(config["client-state-dir"]):
+                return state_file_path(str(config["client-state-dir"]), "mocha", task.task_id)
+        return None
+
+    def _load_state_file(self, context: Context, task: LocalTask) -> None:
+        """Fill an empty ``context.state`` from the device's state file, if it has one."""
+        path = self._state_path(context, task)
+        if path is None or not path.exists():
+            return
+        try:
+            arrays, meta = read_state_file(path)
+            duals = arrays["duals"]
+            values = {k: int(meta[k]) for k in ("task-id", "committed-round", "pending-round",
+                                                "stable-round")}
+        except (CheckpointError, KeyError, TypeError, ValueError) as err:
+            log(WARNING, "MOCHA task %d: state file unusable (%s); starting from alpha = 0",
+                task.task_id, err)
+            return
+        if values["task-id"] != task.task_id or duals.shape != (3, task.n) or not np.all(
+                np.isfinite(duals)) or duals.dtype != np.float64:
+            log(WARNING, "MOCHA task %d: state file %s is for other data; starting from "
+                "alpha = 0", task.task_id, path)
+            return
+        context.state[STATE_ARRAYS] = ArrayRecord({"duals": to_array(duals)})
+        context.state[STATE_META] = ConfigRecord(values)
 
 
 def make_mocha_client_app(load_data: DataLoader, task_id: TaskIdFn | None = None) -> ClientApp:

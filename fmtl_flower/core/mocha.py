@@ -108,6 +108,77 @@ class MochaServerState:
         self.M = self.formulation.inverse_matrix()
         self.recompute_models()
 
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """Everything needed to continue bit for bit: B, W, M and the formulation's arrays.
+
+        W and M are stored, not recomputed, because W is updated incrementally
+        (``W += delta_B M[tasks]``) and a recomputed ``B M`` differs in the last bits.
+        """
+        out = {"B": self.B, "W": self.W, "M": self.M}
+        for key, value in _formulation_arrays(self.formulation).items():
+            out[f"formulation.{key}"] = value
+        return out
+
+    @classmethod
+    def from_state_arrays(cls, arrays: dict[str, np.ndarray],
+                          formulation: Formulation) -> MochaServerState:
+        """Inverse of :meth:`state_arrays` for a freshly made ``formulation`` of the same kind
+        and options (its arrays are overwritten); ValueError on any mismatch."""
+        missing = {"B", "W", "M"} - set(arrays)
+        if missing:
+            raise ValueError(f"MOCHA state lacks {sorted(missing)}")
+        fresh = _formulation_arrays(formulation)
+        saved = {k[len("formulation."):]: v for k, v in arrays.items()
+                 if k.startswith("formulation.")}
+        if set(saved) != set(fresh):
+            raise ValueError(f"formulation state {sorted(saved)} does not match "
+                             f"{type(formulation).__name__}'s {sorted(fresh)}")
+        for key, value in saved.items():
+            if value.shape != fresh[key].shape or value.dtype != fresh[key].dtype:
+                raise ValueError(f"formulation array {key!r}: {value.dtype}{value.shape}, "
+                                 f"expected {fresh[key].dtype}{fresh[key].shape}")
+        B = np.array(arrays["B"], dtype=np.float64)
+        m = formulation.num_tasks
+        if B.ndim != 2 or B.shape[1] != m:
+            raise ValueError(f"B must be (d, {m}), got {B.shape}")
+        for key, shape in (("W", B.shape), ("M", (m, m))):
+            if arrays[key].shape != shape:
+                raise ValueError(f"{key} must be {shape}, got {arrays[key].shape}")
+        for key, value in {**saved, "B": B, "W": arrays["W"], "M": arrays["M"]}.items():
+            if not np.all(np.isfinite(value)):
+                raise ValueError(f"state array {key!r} has non-finite values")
+        _set_formulation_arrays(formulation, saved)
+        state = cls(B=B, formulation=formulation)
+        state.M = np.array(arrays["M"], dtype=np.float64)
+        state.W = np.array(arrays["W"], dtype=np.float64)
+        return state
+
     def regulariser(self) -> float:
         """(1/2) tr(W K W^T) of the current consistent pair."""
         return regulariser_value(self.W, self.B)
+
+
+def _formulation_arrays(formulation: Formulation) -> dict[str, np.ndarray]:
+    """The formulation's array attributes (its Omega in whatever form it keeps it).
+
+    A Cholesky factor kept as ``(array, lower)`` is stored as its array (``lower`` is fixed by
+    the formulation's code).
+    """
+    out = {}
+    for key, value in vars(formulation).items():
+        if isinstance(value, np.ndarray):
+            out[key] = value
+        elif (isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], np.ndarray)
+              and isinstance(value[1], bool)):
+            out[key] = value[0]
+    return out
+
+
+def _set_formulation_arrays(formulation: Formulation, arrays: dict[str, np.ndarray]) -> None:
+    for key, value in arrays.items():
+        current = getattr(formulation, key)
+        value = np.array(value)
+        if isinstance(current, tuple):
+            setattr(formulation, key, (value, current[1]))
+        else:
+            setattr(formulation, key, value)

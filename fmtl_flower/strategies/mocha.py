@@ -14,8 +14,11 @@ query ``whoami`` (server -> node): empty ``config``. Reply: ConfigRecord ``info`
     whose reply from this task the server added to B; 0 = none), ``m-tt`` float > 0 (the
     diagonal entry (K^-1)_tt), ``sigma-prime`` float > 0, ``budget`` int >= 0 (coordinate
     steps), ``seed`` int, ``dropped`` bool (simulated drop-out: do no work), ``eval`` bool
-    (also report test errors of w_t), optional ``gamma`` float in (0, 1] (default 1: the
-    device applies and sends gamma * d_alpha, gamma * d_b), optional ``method`` str
+    (also report test errors of w_t), optional ``checkpoint-round`` int (the round of the
+    server's newest checkpoint, 0 = none; sent when checkpoints are on: the device keeps its
+    alpha as of that checkpoint to go back to if the server resumes from it), optional
+    ``gamma`` float in (0, 1] (default 1: the device applies and sends gamma * d_alpha,
+    gamma * d_b), optional ``method`` str
     (``mocha`` by default; ``cocoa`` with ``theta`` float: SDCA until the local gap falls by
     theta, ``budget`` is the cap; ``mb-sdca`` with ``scale`` float: stale-model steps on
     ``budget`` distinct samples, update scaled by ``scale``).
@@ -64,6 +67,7 @@ from ..systems.timing import deadline_budgets, get_network, round_time
 from ..wire import from_array, to_array
 from .base import TaskStrategy
 from .discovery import ReplyError, TaskDirectory, check_task_and_round, read_metrics
+from .faults import TaskHealth
 
 RoundCallback = Callable[[dict[str, Any]], None]
 DUAL_METHODS = ("mocha", "cocoa", "mb-sdca")
@@ -141,6 +145,15 @@ class Mocha(TaskStrategy):
         Seed of budgets, drops and the devices' coordinate orders.
     discovery_timeout : float
         Seconds to wait, at the first round, for ``num_tasks`` nodes to appear.
+    min_replies : int
+        A round counts only if at least this many tasks reply validly; otherwise no update is
+        applied (the devices roll their changes back by the commit protocol) and the record
+        says ``counted: false``.
+    max_failures, probe_every : int
+        A task whose device fails (error, rejected reply, or silence until the round's
+        deadline) in ``max_failures`` consecutive rounds is excluded and only probed every
+        ``probe_every`` rounds; it is readmitted when it answers or reconnects
+        (:class:`~fmtl_flower.strategies.faults.TaskHealth`; ``max_failures=0``: never).
     on_round : callable, optional
         Called with each completed round record (a dict), e.g. to print progress.
     """
@@ -172,6 +185,9 @@ class Mocha(TaskStrategy):
         clock_cycle: float | None = None,
         seed: int = 0,
         discovery_timeout: float = 120.0,
+        min_replies: int = 1,
+        max_failures: int = 3,
+        probe_every: int = 5,
         on_round: RoundCallback | None = None,
     ) -> None:
         if int(num_tasks) < 1:
@@ -200,6 +216,11 @@ class Mocha(TaskStrategy):
         if clock_cycle is not None and not clock_cycle > 0:
             raise ValueError(f"clock_cycle must be > 0 seconds, got {clock_cycle!r}")
         check_drop_prob(drop_prob, int(num_tasks))
+        if isinstance(min_replies, bool) or not isinstance(min_replies, int) or min_replies < 0:
+            raise ValueError(f"min_replies must be an int >= 0, got {min_replies!r}")
+        self.health = TaskHealth(int(num_tasks), max_failures=max_failures,
+                                 probe_every=probe_every, name="MOCHA")
+        self.min_replies = min_replies
         self.num_tasks = int(num_tasks)
         self.lam = float(lam)
         self.omega = omega
@@ -232,6 +253,7 @@ class Mocha(TaskStrategy):
         self._round_start = 0.0
         self._dropped_now = np.zeros(self.num_tasks, dtype=bool)
         self._scale = 1.0
+        self._checkpoint_n_train: np.ndarray | None = None
 
     # ------------------------------------------------------------------ Strategy interface
     def summary(self) -> None:
@@ -245,7 +267,7 @@ class Mocha(TaskStrategy):
                         grid: Grid) -> Iterable[Message]:
         """One ``train`` message per reachable task, with its w_t, m_tt, sigma' and budget."""
         self._round_start = time.perf_counter()
-        self.discover(grid, wait=server_round == 1)
+        self.discover(grid, wait=server_round == self.first_round)
         if self.state is None:
             raise RuntimeError(
                 "MOCHA found no usable node: check that the ClientApp is MOCHA's and that "
@@ -267,7 +289,8 @@ class Mocha(TaskStrategy):
             budgets = np.minimum(budgets, self.n_train)
             self._scale = mbsdca_scale(self.beta, int(budgets[~self._dropped_now].sum()))
         evaluate = (server_round - 1) % self.eval_every == 0
-        return self._instructions(server_round, MessageType.TRAIN, evaluate, budgets)
+        chosen = self.health.select(server_round, self.task_to_node)
+        return self._instructions(server_round, MessageType.TRAIN, evaluate, budgets, chosen)
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord]:
@@ -275,6 +298,13 @@ class Mocha(TaskStrategy):
         assert self.state is not None
         accepted = self._read_replies(server_round, replies, with_delta=True)
         self._complete_record(server_round - 1, accepted)
+        self.health.update(server_round, self._sent.values(), accepted)
+        counted = len(accepted) >= self.min_replies
+        if not counted:
+            log(WARNING, "MOCHA round %d does not count: %d valid replies, fewer than "
+                "min-replies = %d; no update applied", server_round, len(accepted),
+                self.min_replies)
+            accepted = {}
         tasks = np.array(sorted(accepted), dtype=np.int64)
         resets = np.array([t for t in tasks if not accepted[t]["state-ok"]], dtype=np.int64)
         self.state.reset_tasks(resets)
@@ -287,7 +317,8 @@ class Mocha(TaskStrategy):
         record = self._new_record(server_round)
         updated = tasks[~self._dropped_now[tasks]] if len(tasks) else tasks
         record.update(num_replies=len(tasks), num_dropped=self.num_tasks - len(updated),
-                      num_resets=len(resets), omega_step=omega_step,
+                      num_resets=len(resets), omega_step=omega_step, counted=counted,
+                      tasks_excluded=[int(t) for t in np.flatnonzero(self.health.excluded)],
                       estimated_time_s=self._estimated_time(accepted),
                       wall_time_s=time.perf_counter() - self._round_start)
         metrics = MetricRecord({"num-replies": len(tasks), "num-dropped": record["num_dropped"]})
@@ -313,7 +344,12 @@ class Mocha(TaskStrategy):
         """Nothing, except after the last round: the final metrics round over every task."""
         if self.num_rounds is None or server_round != self.num_rounds:
             return []
-        return self._instructions(server_round, MessageType.EVALUATE, True, None)
+        if server_round < self.first_round:  # resumed after the last round: find the nodes
+            self.discover(grid, wait=True)
+        if self.state is None:
+            return []
+        return self._instructions(server_round, MessageType.EVALUATE, True, None,
+                                  dict(self.task_to_node))
 
     def aggregate_evaluate(self, server_round: int,
                            replies: Iterable[Message]) -> MetricRecord | None:
@@ -325,6 +361,44 @@ class Mocha(TaskStrategy):
         return MetricRecord({k: float(v) for k, v in record.items()
                              if isinstance(v, int | float) and not isinstance(v, bool)})
 
+    # ------------------------------------------------------------------ checkpoints
+    def fingerprint(self) -> dict[str, Any]:
+        """Settings a checkpoint must share with this run to be resumed."""
+        return {"strategy": "Mocha", "num_tasks": self.num_tasks, "lam": self.lam,
+                "omega": self.omega, "formulation": self.formulation_options,
+                "method": self.method, "seed": self.seed}
+
+    def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """B, W, M, the formulation's Omega, per-task bookkeeping, records and health."""
+        assert self.state is not None
+        health_arrays, health_meta = self.health.state()
+        arrays = {**{f"state.{k}": v for k, v in self.state.state_arrays().items()},
+                  **{f"health.{k}": v for k, v in health_arrays.items()},
+                  "last_accepted": self.last_accepted, "n_train": self.n_train}
+        return arrays, {"records": self.records, "health": health_meta}
+
+    def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+        """Load :meth:`checkpoint_state`'s output (the run's other settings must match)."""
+        def part(prefix: str) -> dict[str, np.ndarray]:
+            return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+        formulation = make_formulation(self.omega, self.num_tasks, lam=self.lam,
+                                       **self.formulation_options)
+        self.state = MochaServerState.from_state_arrays(part("state."), formulation)
+        self.directory.dim = self.state.dim
+        self.health.restore(part("health."), meta["health"])
+        for key in ("last_accepted", "n_train"):
+            if arrays[key].shape != (self.num_tasks,):
+                raise ValueError(f"checkpoint {key!r} must have shape ({self.num_tasks},)")
+        self.last_accepted = arrays["last_accepted"].astype(np.int64)
+        self._checkpoint_n_train = arrays["n_train"].astype(np.int64)
+        self.records = [dict(r) for r in meta["records"]]
+
+    def results(self) -> dict[str, Any]:
+        """The results contract, with which task missed which rounds (and on which node)."""
+        out = super().results()
+        out["final"].update(self.health.summary(self.task_to_node))
+        return out
+
     # ------------------------------------------------------------------ discovery
     def discover(self, grid: Grid, wait: bool = False) -> None:
         """Map new node ids to tasks (``whoami``); create the state once ``dim`` is known."""
@@ -333,17 +407,26 @@ class Mocha(TaskStrategy):
         if self.state is None and self.directory.dim is not None:
             self.state = MochaServerState.zeros(self.directory.dim, make_formulation(
                 self.omega, self.num_tasks, lam=self.lam, **self.formulation_options))
+        if self._checkpoint_n_train is not None:  # resumed: a task whose data changed restarts
+            known = self.n_train > 0
+            changed = np.flatnonzero(known & (self.n_train != self._checkpoint_n_train))
+            if len(changed) and self.state is not None:
+                log(WARNING, "MOCHA: tasks %s report another n-train than at the checkpoint; "
+                    "reset (b_t = 0, alpha_t = 0)", changed.tolist())
+                self.state.reset_tasks(changed)
+                self.last_accepted[changed] = 0
+            self._checkpoint_n_train[known] = self.n_train[known]
 
     # ------------------------------------------------------------------ messages
     def _instructions(self, server_round: int, message_type: str, evaluate: bool,
-                      budgets: np.ndarray | None) -> list[Message]:
+                      budgets: np.ndarray | None, chosen: dict[int, int]) -> list[Message]:
         assert self.state is not None
         m_diag = self.state.m_diag()
         sigma_p = self.state.sigma_prime(self.sigma_mode)
         W = self.state.W
         self._sent = {}
         messages = []
-        for task, node in sorted(self.task_to_node.items()):
+        for task, node in sorted(chosen.items()):
             config = {
                 "task-id": task, "server-round": server_round,
                 "last-accepted-round": int(self.last_accepted[task]),
@@ -352,6 +435,8 @@ class Mocha(TaskStrategy):
             }
             if self.gamma != 1.0:
                 config["gamma"] = self.gamma
+            if self.checkpoint_dir is not None:
+                config["checkpoint-round"] = self.last_checkpoint_round
             if self.method != "mocha" and budgets is not None:
                 config["method"] = self.method
                 if self.method == "cocoa":
