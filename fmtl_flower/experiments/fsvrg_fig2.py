@@ -177,8 +177,17 @@ def plot(fig: Any, payload: dict[str, Any]) -> None:
 
 def run(out_dir: Path, quick: bool = False, shuffles: int | None = None,
         datasets: list[str] | None = None, num_tasks: int | None = None,
-        rounds: int | None = None) -> dict[str, Any]:
-    """Run the methods and write the outputs (see the module docstring)."""
+        rounds: int | None = None, methods: tuple[str, ...] = METHODS,
+        name: str = NAME) -> dict[str, Any]:
+    """Run the methods and write the outputs (see the module docstring).
+
+    ``num_tasks``, ``rounds`` (FSVRG's; GD and CoCoA+ get the same number of round trips),
+    ``methods`` (a subset of :data:`METHODS`) and ``name`` (of the output files) serve the
+    scale run (``simulations/fsvrg_scale.py``).
+    """
+    unknown = set(methods) - set(METHODS)
+    if unknown or not methods:
+        raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {methods}")
     from ..data import load_dataset
     from ..data.sparse_federated import constant_error, majority_vote_error
 
@@ -189,16 +198,19 @@ def run(out_dir: Path, quick: bool = False, shuffles: int | None = None,
     seed = 0
     started = time.perf_counter()
     data = load_dataset("sparse-federated", num_tasks=K, seed=seed)
-    data_iid = load_dataset("sparse-federated", num_tasks=K, seed=seed, iid=True)
-    pooled, pooled_iid = Pooled(data), Pooled(data_iid)
+    pooled = Pooled(data)
     lam = 1.0 / pooled.n
     p_star, w_star = optimum(pooled, lam)
-    p_star_iid, _ = optimum(pooled_iid, lam)
+    data_iid = pooled_iid = p_star_iid = None
+    if "fsvrg-iid" in methods:
+        data_iid = load_dataset("sparse-federated", num_tasks=K, seed=seed, iid=True)
+        pooled_iid = Pooled(data_iid)
+        p_star_iid, _ = optimum(pooled_iid, lam)
     naive = {"all_minus_one": constant_error(data), "optimum": pooled.test_error(w_star),
              "node_majority": majority_vote_error(data)}
     rows: list[dict[str, Any]] = []
     targets: dict[str, dict] = {}
-    for method in METHODS:
+    for method in methods:
         d, pool, p = (data_iid, pooled_iid, p_star_iid) if method == "fsvrg-iid" else \
             (data, pooled, p_star)
         t0 = time.perf_counter()
@@ -222,7 +234,7 @@ def run(out_dir: Path, quick: bool = False, shuffles: int | None = None,
                "config": {"num_tasks": K, "rounds": R, "lambda": lam, "n": pooled.n,
                           "dim": int(pooled.X.shape[1]), "seed": seed, "h": 16.0,
                           "quick": quick, "wall_time_s": time.perf_counter() - started}}
-    write_outputs(Path(out_dir), NAME, payload, plot)
+    write_outputs(Path(out_dir), name, payload, plot)
     return payload
 
 
