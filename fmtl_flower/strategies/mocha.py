@@ -394,9 +394,11 @@ class Mocha(TaskStrategy):
         self.records = [dict(r) for r in meta["records"]]
 
     def results(self) -> dict[str, Any]:
-        """The results contract, with which task missed which rounds (and on which node)."""
+        """The results contract, plus ``health``: which task missed which rounds, on which
+        node, and the exclusions and readmissions (node ids are the engine's, so they live
+        outside ``final``)."""
         out = super().results()
-        out["final"].update(self.health.summary(self.task_to_node))
+        out["health"] = self.health.summary(self.task_to_node)
         return out
 
     # ------------------------------------------------------------------ discovery

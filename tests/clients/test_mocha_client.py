@@ -191,7 +191,8 @@ def test_fresh_state_first_round_is_state_ok(app):
     stored = duals(context)
     assert np.array_equal(stored[0], np.zeros(N))
     assert np.array_equal(stored[1], d_alpha)
-    assert meta(context) == {"task-id": TASK, "committed-round": 0, "pending-round": 1, "stable-round": -1}
+    assert meta(context) == {"task-id": TASK, "committed-round": 0,
+                             "pending-round": 1, "stable-round": -1}
     assert np.any(d_alpha != 0)
 
 
@@ -208,7 +209,8 @@ def test_pending_is_committed_when_its_round_was_accepted(app):
     assert m["dual-mean"] > 0
     stored = duals(context)
     assert np.array_equal(stored[0], alpha)
-    assert meta(context) == {"task-id": TASK, "committed-round": 1, "pending-round": 2, "stable-round": -1}
+    assert meta(context) == {"task-id": TASK, "committed-round": 1,
+                             "pending-round": 2, "stable-round": -1}
     d_alpha, d_b = expected_update(alpha, w2, 2)  # SDCA started from the committed alpha
     assert np.array_equal(delta_b(reply), d_b)
     assert np.array_equal(stored[1], d_alpha)
@@ -231,7 +233,8 @@ def test_pending_is_rolled_back_when_its_round_was_not_accepted(app):
     assert m["dual-mean"] == hinge_conjugate_value(p1, Y)
     stored = duals(context)
     assert np.array_equal(stored[0], p1)
-    assert meta(context) == {"task-id": TASK, "committed-round": 1, "pending-round": 3, "stable-round": -1}
+    assert meta(context) == {"task-id": TASK, "committed-round": 1,
+                             "pending-round": 3, "stable-round": -1}
     d_alpha, d_b = expected_update(p1, w3, 3)
     assert np.array_equal(delta_b(reply), d_b)
     assert np.array_equal(stored[1], d_alpha)
@@ -272,7 +275,8 @@ def test_lost_state_restarts_from_zero(app, how):
     stored = duals(context)
     assert np.array_equal(stored[0], np.zeros(N))
     assert np.array_equal(stored[1], d_alpha)
-    assert meta(context) == {"task-id": TASK, "committed-round": 0, "pending-round": 4, "stable-round": -1}
+    assert meta(context) == {"task-id": TASK, "committed-round": 0,
+                             "pending-round": 4, "stable-round": -1}
     # the server resets b_t and accepts round 4: the device commits on top of zero
     reply = app(train_msg(5, 4, random_w(5)), context)
     assert metrics(reply)["state-ok"] == 1
@@ -390,7 +394,8 @@ def test_dropped_round_does_no_work_but_commits(app, how):
     stored = duals(context)
     assert np.array_equal(stored[0], p1)  # the commit, nothing else
     assert np.array_equal(stored[1], np.zeros(N))
-    assert meta(context) == {"task-id": TASK, "committed-round": 1, "pending-round": 2, "stable-round": -1}
+    assert meta(context) == {"task-id": TASK, "committed-round": 1,
+                             "pending-round": 2, "stable-round": -1}
     app(train_msg(3, 2, random_w(3)), context)
     assert np.array_equal(duals(context)[0], p1)
 
@@ -415,7 +420,8 @@ def test_evaluate_commits_and_reports_test_errors(app):
     assert m["test-n"] == N_TEST
     assert m["dual-mean"] == hinge_conjugate_value(p1, Y)
     assert np.array_equal(duals(context)[0], p1)
-    assert meta(context) == {"task-id": TASK, "committed-round": 1, "pending-round": -1, "stable-round": -1}
+    assert meta(context) == {"task-id": TASK, "committed-round": 1,
+                             "pending-round": -1, "stable-round": -1}
 
 
 def test_evaluate_rolls_back_an_unaccepted_pending(app):

@@ -186,13 +186,14 @@ def test_failing_node_is_excluded_probed_and_readmitted(problem, caplog):
     run = run_federation(problem, 14, wrap=fault_at("raise-before", node, bad_rounds),
                          max_failures=2, probe_every=3, **SETTINGS)
     task = run.strategy.node_to_task[node]
-    events = run.final["health_events"]
+    health = run.strategy.results()["health"]
+    events = health["health_events"]
     # failures in rounds 2 and 3 -> excluded after round 3; probes in rounds 6 and 9;
     # round 6 fails, round 9 answers -> readmitted
     assert [(e["event"], e["round"]) for e in events] == [("excluded", 3), ("readmitted", 9)]
-    assert run.final["missed_rounds"][str(task)] == [2, 3, 4, 5, 6, 7, 8]
-    assert run.final["task_nodes"][str(task)] == node
-    assert run.final["tasks_excluded"] == []
+    assert health["missed_rounds"][str(task)] == [2, 3, 4, 5, 6, 7, 8]
+    assert health["task_nodes"][str(task)] == node
+    assert health["tasks_excluded"] == []
     assert [r["round"] for r in run.rounds if task in (r.get("tasks_excluded") or [])] == \
         [3, 4, 5, 6, 7, 8]
     assert "excluded after 2 consecutive failed rounds" in caplog.text
