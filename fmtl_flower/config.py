@@ -15,13 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 STRATEGIES = ("mocha", "cocoa", "mb-sdca", "mb-sgd", "local", "global", "fedem", "fedavg",
-              "fedprox", "fedavg-ft", "clustered", "ofmtl", "fsvrg", "fsvrg-naive", "gd")
+              "fedprox", "fedavg-ft", "clustered", "ofmtl", "fsvrg", "fsvrg-naive", "gd",
+              "cocoa-plus", "dane")
 #: Strategies of MOCHA's primal-dual / primal family (one linear SVM per task).
 MOCHA_FAMILY = ("mocha", "cocoa", "mb-sdca", "mb-sgd")
 #: Strategies of FedEM's family (``local`` joins it with a model other than ``svm``).
 FEDEM_FAMILY = ("fedem", "fedavg", "fedprox", "fedavg-ft", "clustered")
 #: Strategies of FSVRG's family (one global sparse logistic-regression model).
-FSVRG_FAMILY = ("fsvrg", "fsvrg-naive", "gd")
+FSVRG_FAMILY = ("fsvrg", "fsvrg-naive", "gd", "cocoa-plus", "dane")
 FEDERATED = MOCHA_FAMILY + FEDEM_FAMILY + ("ofmtl",) + FSVRG_FAMILY
 MODELS = ("auto", "svm", "logistic", "softmax", "mlp")
 
@@ -152,6 +153,7 @@ class RunConfig:
         (``clustered``).
     lr, batch_size, local_epochs, momentum, weight_decay : float / int
         The FedEM family's local solver (mini-batch SGD with momentum and weight decay).
+        ``local_epochs`` is also ``cocoa-plus``'s SDCA passes and ``dane``'s SVRG epochs.
     lr_schedule : {"constant", "multi-step"}
     fraction : float
         Client sampling rate in (0, 1].
@@ -180,9 +182,12 @@ class RunConfig:
     iid : bool
         ``sparse-federated``: reshuffle the rows IID across the same node sizes (FSVRGR).
     step_size : float
-        FSVRG family: FSVRG's / naive FSVRG's stepsize h, GD's step (0: the method's default:
-        h = 16 for fsvrg, 1/L for gd; fsvrg-naive needs one). The family uses the paper's
-        lambda = 1/n (the ``lambda`` key is MOCHA's).
+        FSVRG family: FSVRG's / naive FSVRG's stepsize h, GD's step, DANE's SVRG step (0: the
+        method's default: h = 16 for fsvrg, 1/L for gd, each device's 1/(4 L_max) for dane;
+        fsvrg-naive needs one). The family uses the paper's lambda = 1/n (the ``lambda`` key
+        is MOCHA's).
+    dane_mu : float
+        DANE's proximal parameter mu >= 0 (the paper's default 0).
     """
 
     strategy: str = "mocha"
@@ -237,6 +242,7 @@ class RunConfig:
     retrain_ratio: float = 1.5
     iid: bool = False
     step_size: float = 0.0
+    dane_mu: float = 0.0
 
     @property
     def model_family(self) -> str:
@@ -340,6 +346,7 @@ _PARSE = {
     "retrain-ratio": lambda k, v: _as_float(k, v, lo=0.0, lo_open=True),
     "iid": lambda k, v: _as_bool(k, v),
     "step-size": lambda k, v: _as_float(k, v, lo=0.0),
+    "dane-mu": lambda k, v: _as_float(k, v, lo=0.0),
 }
 
 

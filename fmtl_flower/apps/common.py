@@ -143,8 +143,10 @@ def strategy_from_config(cfg: RunConfig, num_tasks: int,
         return ofmtl_from_config(cfg, num_tasks, on_round)
     if cfg.strategy in FSVRG_FAMILY:
         step = cfg.step_size or None
-        return Fsvrg(num_tasks, method=cfg.strategy, h=None if cfg.strategy == "gd" else step,
-                     step=step if cfg.strategy == "gd" else None, eval_every=cfg.eval_every,
+        own_step = cfg.strategy in ("gd", "dane")  # a step; the others' h
+        return Fsvrg(num_tasks, method=cfg.strategy, h=None if own_step else step,
+                     step=step if own_step else None, mu=cfg.dane_mu,
+                     local_epochs=cfg.local_epochs, eval_every=cfg.eval_every,
                      seed=cfg.seed, discovery_timeout=max(cfg.round_timeout, 60.0),
                      on_round=on_round)
     if cfg.lam == "cv":

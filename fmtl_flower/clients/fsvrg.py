@@ -1,9 +1,19 @@
-"""ClientApp handlers of FSVRG (Algorithm 4), naive FSVRG (Algorithm 3) and distributed GD.
+"""ClientApp handlers of FSVRG (Algorithm 4), naive FSVRG (Algorithm 3), distributed GD,
+CoCoA+ and DANE (Algorithm 2).
 
 The wire contract (keys, shapes, dtypes) is documented in :mod:`fmtl_flower.strategies.fsvrg`.
-The node keeps no state between messages: its data (and its feature counts, computed once)
-are cached per node and run by :class:`FsvrgClient`; everything a round needs (``w_t``,
-``grad f(w_t)``, ``phi``) arrives in the message, so a restarted device can resume at once.
+Its data (and its feature counts, computed once) are cached per node and run by
+:class:`FsvrgClient`. Except for CoCoA+, the node keeps no state between messages: everything
+a round needs (``w_t``, ``grad f(w_t)``, ``phi``) arrives in the message, so a restarted device
+can resume at once.
+
+CoCoA+ keeps the node's dual variables in ``context.state`` (ArrayRecord ``cocoa-plus.arrays``:
+``duals`` float64 (2, n_k) = [committed alpha; pending d_alpha]; ConfigRecord
+``cocoa-plus.meta``: ``task-id``, ``committed-round``, ``pending-round`` (-1: none)) under the
+dual commit protocol (design decision 4, as :mod:`fmtl_flower.clients.mocha`): the pending
+change is committed if its round equals the message's ``last-accepted-round`` L and dropped
+otherwise; a committed round that then differs from L (state lost or reverted) restarts the
+node from alpha = 0 with ``state-ok = 0``. The state is written last, after the reply is built.
 
 Handlers:
 
@@ -13,9 +23,13 @@ Handlers:
   (:func:`~fmtl_flower.core.fsvrg.local_loss_grad_sums`), and test errors on request;
 * ``train``: the local pass (:func:`~fmtl_flower.core.fsvrg.fsvrg_local_pass` with
   ``s_k = node_scaling(phi, n_k, counts_k)`` and ``order = coordinate_order(seed, task,
-  round, n_k)``, or :func:`~fmtl_flower.core.fsvrg.naive_fsvrg_local_pass` with
-  ``uniform_sample_order``), replying ``w_k``;
-* ``evaluate``: loss sum and test errors at ``w`` (no gradient).
+  round, n_k)``, :func:`~fmtl_flower.core.fsvrg.naive_fsvrg_local_pass` with
+  ``uniform_sample_order``, or :func:`~fmtl_flower.core.fsvrg.dane_local_solve` with
+  ``dane_epoch_orders``), replying ``w_k``; CoCoA+: commit or roll back, the loss and dual
+  sums at ``w_t``, then :func:`~fmtl_flower.core.fsvrg.cocoa_plus_local_sdca`, replying
+  ``d_w_k``;
+* ``evaluate``: loss sum and test errors at ``w`` (no gradient); CoCoA+: after the commit,
+  with the dual sum.
 """
 
 from __future__ import annotations
@@ -30,9 +44,13 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from ..core.fsvrg import (
+    cocoa_plus_local_sdca,
+    dane_epoch_orders,
+    dane_local_solve,
     fsvrg_local_pass,
     local_error_count,
     local_loss_grad_sums,
+    logistic_dual_sum,
     naive_fsvrg_local_pass,
     node_feature_counts,
     node_scaling,
@@ -43,11 +61,14 @@ from ..wire import from_array, to_array
 from .common import config_value
 from .mocha import default_task_id
 
-__all__ = ["FsvrgClient", "SparseLocalTask", "make_fsvrg_client_app"]
+__all__ = ["COCOA_STATE_ARRAYS", "COCOA_STATE_META", "FsvrgClient", "SparseLocalTask",
+           "make_fsvrg_client_app"]
 
 SparseLoader = Callable[[Context], tuple[Any, Any, Any, Any]]
 TaskIdFn = Callable[[Context], int]
-LOCAL_METHODS = ("fsvrg", "fsvrg-naive")
+LOCAL_METHODS = ("fsvrg", "fsvrg-naive", "dane", "cocoa-plus")
+COCOA_STATE_ARRAYS = "cocoa-plus.arrays"
+COCOA_STATE_META = "cocoa-plus.meta"
 
 
 @dataclass(frozen=True, eq=False)
@@ -150,55 +171,118 @@ class FsvrgClient:
         return self._loss_reply(msg, context, with_grad=True)
 
     def evaluate(self, msg: Message, context: Context) -> Message:
-        """Send the loss sum (and test errors on request) at ``w``; no gradient."""
-        return self._loss_reply(msg, context, with_grad=False)
-
-    def train(self, msg: Message, context: Context) -> Message:
-        """Run the local pass from ``w_t`` and send ``w_k``."""
+        """Send the loss sum (and test errors on request) at ``w``; no gradient. CoCoA+:
+        commit or roll back first, and add ``state-ok`` and the dual sum."""
         task = self.local_task(context)
         config = self._check_task(msg, task)
-        server_round = config_value(config, "server-round", int)
-        seed = config_value(config, "seed", int)
+        if "method" not in config or config_value(config, "method", str) != "cocoa-plus":
+            return self._loss_reply(msg, context, with_grad=False)
+        w = self._vector(msg, "w", task.dim)
+        alpha, committed, state_ok = _reconcile(context, task, config)
+        metrics, _ = self._loss_metrics(task, config, w)
+        metrics.update({"state-ok": int(state_ok), "dual-sum": logistic_dual_sum(task.y, alpha)})
+        reply = Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+        _write_duals(context, task, alpha, committed, None, -1)  # last
+        return reply
+
+    def train(self, msg: Message, context: Context) -> Message:
+        """Run the local solver from ``w_t`` and send ``w_k`` (CoCoA+: ``d_w_k``)."""
+        task = self.local_task(context)
+        config = self._check_task(msg, task)
         method = config_value(config, "method", str)
-        lam = config_value(config, "lam", float)
-        h = config_value(config, "h", float)
         if method not in LOCAL_METHODS:
             raise ValueError(f"method must be one of {LOCAL_METHODS}, got {method!r}")
+        if method == "cocoa-plus":
+            return self._cocoa_plus(msg, context, task, config)
+        server_round = config_value(config, "server-round", int)
+        seed = config_value(config, "seed", int)
+        lam = config_value(config, "lam", float)
         w = self._vector(msg, "w", task.dim)
         g = self._vector(msg, "g", task.dim)
-        if method == "fsvrg":
+        if method == "dane":
+            w_k = self._dane(task, config, w, g, seed, server_round, lam)
+        elif method == "fsvrg":
             phi = self._vector(msg, "phi", task.dim)
             s = node_scaling(phi, task.n, task.counts)
             order = coordinate_order(seed, task.task_id, server_round, task.n)
-            w_k = fsvrg_local_pass(task.X, task.y, w, g, lam=lam, h=h, s=s, order=order)
+            w_k = fsvrg_local_pass(task.X, task.y, w, g, lam=lam,
+                                   h=config_value(config, "h", float), s=s, order=order)
         else:
             order = uniform_sample_order(seed, task.task_id, server_round, task.n)
-            w_k = naive_fsvrg_local_pass(task.X, task.y, w, g, lam=lam, h=h, order=order)
+            w_k = naive_fsvrg_local_pass(task.X, task.y, w, g, lam=lam,
+                                         h=config_value(config, "h", float), order=order)
         metrics = MetricRecord({"task-id": task.task_id, "round": server_round,
                                 "n-train": task.n})
         return Message(RecordDict({"metrics": metrics,
                                    "arrays": ArrayRecord({"w-local": to_array(w_k)})}),
                        reply_to=msg)
 
+    # -- local solvers ----------------------------------------------------------------------
+    @staticmethod
+    def _dane(task: SparseLocalTask, config: ConfigRecord, w: np.ndarray, g: np.ndarray,
+              seed: int, server_round: int, lam: float) -> np.ndarray:
+        """DANE's local subproblem by ``epochs`` SVRG epochs (``eta = 1``)."""
+        mu = config_value(config, "mu", float)
+        epochs = config_value(config, "epochs", int)
+        step = config_value(config, "step", float) if "step" in config else None
+        if mu < 0 or epochs < 1 or (step is not None and step <= 0):
+            raise ValueError(f"DANE needs mu >= 0, epochs >= 1, step > 0; got {mu}, {epochs}, "
+                             f"{step}")
+        orders = dane_epoch_orders(seed, task.task_id, server_round, task.n, epochs)
+        return dane_local_solve(task.X, task.y, w, g, lam=lam, step=step, orders=orders, mu=mu)
+
+    def _cocoa_plus(self, msg: Message, context: Context, task: SparseLocalTask,
+                    config: ConfigRecord) -> Message:
+        """Commit or roll back, report the sums at ``w_t``, run SDCA, send ``d_w_k``."""
+        server_round = config_value(config, "server-round", int)
+        seed = config_value(config, "seed", int)
+        epochs = config_value(config, "epochs", int)
+        n = config_value(config, "n", int)
+        lam = config_value(config, "lam", float)
+        sigma_prime = config_value(config, "sigma-prime", float)
+        if config_value(config, "last-accepted-round", int) >= server_round:
+            raise ValueError("last-accepted-round must precede server-round in a train message")
+        if epochs < 1:
+            raise ValueError(f"epochs must be >= 1, got {epochs}")
+        w = self._vector(msg, "w", task.dim)
+        alpha, committed, state_ok = _reconcile(context, task, config)
+        metrics, _ = self._loss_metrics(task, config, w)
+        metrics.update({"state-ok": int(state_ok), "dual-sum": logistic_dual_sum(task.y, alpha)})
+        order = np.concatenate(dane_epoch_orders(seed, task.task_id, server_round, task.n,
+                                                 epochs))
+        d_alpha, d_w = cocoa_plus_local_sdca(task.X, task.y, alpha, w, lam=lam, n=n,
+                                             sigma_prime=sigma_prime, order=order)
+        reply = Message(RecordDict({"metrics": MetricRecord(metrics),
+                                    "arrays": ArrayRecord({"d-w": to_array(d_w)})}),
+                        reply_to=msg)
+        _write_duals(context, task, alpha, committed, d_alpha, server_round)  # last
+        return reply
+
     # -- helpers ----------------------------------------------------------------------------
     def _loss_reply(self, msg: Message, context: Context, with_grad: bool) -> Message:
         task = self.local_task(context)
         config = self._check_task(msg, task)
-        server_round = config_value(config, "server-round", int)
-        w = self._vector(msg, "w", task.dim)
+        metrics, grad = self._loss_metrics(task, config, self._vector(msg, "w", task.dim))
+        records: dict[str, Any] = {"metrics": MetricRecord(metrics)}
+        if with_grad:
+            records["arrays"] = ArrayRecord({"grad-sum": to_array(grad)})
+        return Message(RecordDict(records), reply_to=msg)
+
+    @staticmethod
+    def _loss_metrics(task: SparseLocalTask, config: ConfigRecord,
+                      w: np.ndarray) -> tuple[dict[str, int | float], np.ndarray]:
+        """The loss-reply metrics at ``w`` (test errors when ``eval``) and the gradient sum."""
         loss, grad = local_loss_grad_sums(task.X, task.y, w)
         metrics: dict[str, int | float] = {
-            "task-id": task.task_id, "round": server_round, "n-train": task.n,
-            "loss-sum": float(loss), "sq-norm-sum": float(task.X.multiply(task.X).sum()),
+            "task-id": task.task_id, "round": config_value(config, "server-round", int),
+            "n-train": task.n, "loss-sum": float(loss),
+            "sq-norm-sum": float(task.X.multiply(task.X).sum()),
         }
         if "eval" in config and config_value(config, "eval", bool):
             wrong, count = local_error_count(task.X_test, task.y_test, w)
             metrics["test-errors"] = int(wrong)
             metrics["test-n"] = int(count)
-        records: dict[str, Any] = {"metrics": MetricRecord(metrics)}
-        if with_grad:
-            records["arrays"] = ArrayRecord({"grad-sum": to_array(grad)})
-        return Message(RecordDict(records), reply_to=msg)
+        return metrics, grad
 
     @staticmethod
     def _check_task(msg: Message, task: SparseLocalTask) -> ConfigRecord:
@@ -221,8 +305,44 @@ class FsvrgClient:
         return v
 
 
+def _reconcile(context: Context, task: SparseLocalTask,
+               config: ConfigRecord) -> tuple[np.ndarray, int, bool]:
+    """CoCoA+'s dual commit protocol: (alpha, committed round, state ok) for this message."""
+    last_accepted = config_value(config, "last-accepted-round", int)
+    server_round = config_value(config, "server-round", int)
+    if not 0 <= last_accepted <= server_round:
+        raise ValueError(f"last-accepted-round {last_accepted} outside 0..server-round "
+                         f"({server_round})")
+    alpha, committed = np.zeros(task.n), 0
+    state = context.state
+    if COCOA_STATE_META in state and COCOA_STATE_ARRAYS in state:
+        meta, arrays = state[COCOA_STATE_META], state[COCOA_STATE_ARRAYS]
+        duals = from_array(arrays["duals"]) if "duals" in arrays else None
+        if (meta.get("task-id", -1) == task.task_id and duals is not None
+                and duals.dtype == np.float64 and duals.shape == (2, task.n)):
+            alpha, committed = duals[0], int(meta["committed-round"])
+            pending_round = int(meta["pending-round"])
+            if pending_round >= 0 and pending_round == last_accepted:
+                alpha, committed = alpha + duals[1], pending_round
+    if committed != last_accepted:
+        return np.zeros(task.n), 0, False
+    return alpha, committed, True
+
+
+def _write_duals(context: Context, task: SparseLocalTask, alpha: np.ndarray, committed: int,
+                 pending: np.ndarray | None, pending_round: int) -> None:
+    """Store [alpha; pending d_alpha] and the rounds in ``context.state``."""
+    duals = np.empty((2, task.n))
+    duals[0] = alpha
+    duals[1] = 0.0 if pending is None else pending
+    context.state[COCOA_STATE_ARRAYS] = ArrayRecord({"duals": to_array(duals)})
+    context.state[COCOA_STATE_META] = ConfigRecord({
+        "task-id": task.task_id, "committed-round": int(committed),
+        "pending-round": int(pending_round) if pending is not None else -1})
+
+
 def make_fsvrg_client_app(load_data: SparseLoader, task_id: TaskIdFn | None = None) -> ClientApp:
-    """Build an FSVRG / naive FSVRG / GD ClientApp over your own sparse data.
+    """Build an FSVRG / naive FSVRG / GD / CoCoA+ / DANE ClientApp over your own sparse data.
 
     Routes ``query.whoami``, ``query.fsvrg_stats``, ``query.fsvrg_gradient``, ``train`` and
     ``evaluate`` to :class:`FsvrgClient`'s handlers.

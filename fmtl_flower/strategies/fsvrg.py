@@ -1,4 +1,5 @@
-"""FSVRG (Algorithm 4), naive FSVRG (Algorithm 3) and distributed GD as a Flower ``Strategy``.
+"""FSVRG (Algorithm 4), naive FSVRG (Algorithm 3) and the baselines distributed GD, CoCoA+ and
+DANE (Algorithm 2) as a Flower ``Strategy``.
 
 One global model ``w`` for sparse L2-regularised logistic regression (the numerics, and the
 objective ``f(w) = (1/n) sum_i log(1 + exp(-y_i x_i^T w)) + (lam/2)|w|^2``, are in
@@ -7,14 +8,35 @@ objective ``f(w) = (1/n) sum_i log(1 + exp(-y_i x_i^T w)) + (lam/2)|w|^2``, are 
 * setup (``fsvrg`` only, once, in round 1 after discovery): query ``fsvrg_stats``; the server
   combines the nodes' counts into :class:`~fmtl_flower.core.fsvrg.FeatureStats` (``n``,
   ``phi``, ``A``);
-* exchange 1 of round r (inside ``configure_train``): query ``fsvrg_gradient`` with ``w_t``;
-  the server sums the nodes' loss and gradient sums (in task order) and computes ``f(w_t)``
-  and ``g = grad f(w_t)``. GD takes ``w <- gd_step(w, g, step)`` here and sends no ``train``;
-* exchange 2 (``fsvrg`` / ``fsvrg-naive``; the ``train`` messages): the nodes run the local
-  pass from ``w_t`` and reply ``w_k``; the server aggregates with
-  :func:`~fmtl_flower.core.fsvrg.fsvrg_aggregate` (``A``, ``n = stats.n``) or
-  :func:`~fmtl_flower.core.fsvrg.naive_fsvrg_aggregate`;
-* after the last round, one ``evaluate`` message gives ``f(w_R)`` and the test error.
+* exchange 1 of round r (inside ``configure_train``; all methods but ``cocoa-plus``): query
+  ``fsvrg_gradient`` with ``w_t``; the server sums the nodes' loss and gradient sums (in task
+  order) and computes ``f(w_t)`` and ``g = grad f(w_t)``. GD takes ``w <- gd_step(w, g,
+  step)`` here and sends no ``train``;
+* exchange 2 (``fsvrg`` / ``fsvrg-naive`` / ``dane``; the ``train`` messages): the nodes run
+  the local pass (DANE: ``local_epochs`` SVRG epochs on the local subproblem) from ``w_t`` and
+  reply ``w_k``; the server aggregates with :func:`~fmtl_flower.core.fsvrg.fsvrg_aggregate`
+  (``A``, ``n = stats.n``), :func:`~fmtl_flower.core.fsvrg.naive_fsvrg_aggregate` or
+  :func:`~fmtl_flower.core.fsvrg.dane_aggregate` (the mean of the accepted ``w_k``);
+* ``cocoa-plus`` (one exchange per round, the ``train`` messages): each node keeps its dual
+  variables ``alpha_k``, reports ``f``'s and the dual's sums at the ``w_t`` it received, runs
+  ``local_epochs`` SDCA passes (``sigma' = K``) and replies ``d_w_k = X_k^T d_alpha_k /
+  (lam n)``; the server adds the accepted ones, ``w <- w + sum_k d_w_k``
+  (:func:`~fmtl_flower.core.fsvrg.cocoa_plus_aggregate`);
+* after the last round, one ``evaluate`` message gives ``f(w_R)`` and the test error
+  (``cocoa-plus``: and the dual, so the duality gap).
+
+CoCoA+'s dual commit protocol (design decision 4)
+-------------------------------------------------
+The server keeps, per task, the share ``v_k = X_k^T alpha_k / (lam n)`` of ``w`` that its
+accepted replies add up to (:class:`DualLedger`, sparse: ``v_k`` lives on node ``k``'s
+features) and ``last-accepted-round`` L_k, the newest round whose reply from task k it added;
+``w = sum_k v_k`` (up to rounding). Every ``train`` / ``evaluate`` message carries L_k. The
+node keeps its newest ``d_alpha`` pending with its round: it commits it if that round equals
+L_k and drops it otherwise; if its committed round then differs from L_k (state lost, reverted
+by Ray after a failed call, or from another run) it restarts from ``alpha_k = 0`` and replies
+``state-ok = 0``, and the server removes ``v_k`` from ``w`` before adding the reply. A rejected
+or lost reply changes nothing on the server, and the node rolls its ``d_alpha`` back at the
+next message. So ``w == w(alpha)`` for the nodes' committed alphas, whatever is lost.
 
 Wire contract
 -------------
@@ -30,16 +52,32 @@ query ``fsvrg_gradient`` (server -> node): arrays ``w`` float64 (d,); config ``t
     ``sum_i |x_i|^2``), with ``eval`` ``test-errors``, ``test-n`` (ints, ``0 <= errors <= n``);
     arrays ``grad-sum`` float64 (d,), ``sum_i grad l_i(w)``.
 
-``train`` (server -> node, ``fsvrg`` / ``fsvrg-naive``): arrays ``w`` (``w_t``), ``g``
-    (``grad f(w_t)``) and, for ``fsvrg``, ``phi`` (float64 (d,) each; ``phi`` is broadcast
-    every round, so the node keeps no state and computes ``s_k = node_scaling(phi, n_k,
-    counts_k)`` itself); config ``task-id``, ``server-round``, ``seed`` (ints), ``method``
-    (str), ``lam``, ``h`` (floats). The node visits ``coordinate_order(seed, task, round,
-    n_k)`` (``fsvrg``) or ``uniform_sample_order(seed, task, round, n_k)`` (naive). Reply:
+``train`` (server -> node, ``fsvrg`` / ``fsvrg-naive`` / ``dane``): arrays ``w`` (``w_t``),
+    ``g`` (``grad f(w_t)``) and, for ``fsvrg``, ``phi`` (float64 (d,) each; ``phi`` is
+    broadcast every round, so the node keeps no state and computes ``s_k = node_scaling(phi,
+    n_k, counts_k)`` itself); config ``task-id``, ``server-round``, ``seed`` (ints), ``method``
+    (str), ``lam`` (float); ``fsvrg`` / naive: ``h`` (float); ``dane``: ``mu`` (float >= 0),
+    ``epochs`` (int >= 1), optional ``step`` (float > 0; absent: the node's
+    ``default_dane_step``). The node visits ``coordinate_order(seed, task, round, n_k)``
+    (``fsvrg``), ``uniform_sample_order(seed, task, round, n_k)`` (naive) or
+    ``dane_epoch_orders(seed, task, round, n_k, epochs)`` (``dane``, ``eta = 1``). Reply:
     metrics ``task-id``, ``round``, ``n-train``; arrays ``w-local`` float64 (d,).
 
+``train`` (server -> node, ``cocoa-plus``): arrays ``w`` float64 (d,) (``w_t``); config
+    ``task-id``, ``server-round``, ``seed``, ``last-accepted-round`` (0 = none; < server-round),
+    ``n`` (the global row count), ``epochs`` (ints), ``method`` (str), ``lam``,
+    ``sigma-prime`` (floats > 0), ``eval`` (bool). The node commits or rolls back (above),
+    then runs :func:`~fmtl_flower.core.fsvrg.cocoa_plus_local_sdca` over the concatenated
+    ``dane_epoch_orders(seed, task, round, n_k, epochs)`` (one pass: ``coordinate_order``).
+    Reply: metrics as ``fsvrg_gradient``'s at ``w_t`` (``loss-sum``, ``sq-norm-sum``, test
+    errors with ``eval``) plus ``state-ok`` (int 0/1; 0: restarted from ``alpha_k = 0``) and
+    ``dual-sum`` (float in ``[0, n-train log 2]``, ``sum_i H(y_i alpha_i)`` after the commit);
+    arrays ``d-w`` float64 (d,), ``X_k^T d_alpha_k / (lam n)``.
+
 ``evaluate`` (once, after the last round): as ``fsvrg_gradient`` with ``eval`` true; the reply
-    has no arrays.
+    has no arrays. ``cocoa-plus`` adds config ``method``, ``last-accepted-round`` (the node
+    commits or rolls back, and keeps no pending change) and reply metrics ``state-ok``,
+    ``dual-sum``.
 
 Every reply is validated (records and keys, int metrics as ints, finite numbers, arrays of
 dtype float64 (integers for ``counts``) and shape (d,), finite, matching task, round and
@@ -47,17 +85,20 @@ n-train); a reply that fails is logged with its reason and counts as a dropped n
 gradient term (the gradient and objective are then over the replying nodes, normalised by
 their ``n``; the record's ``objective`` is None and ``tasks_missing`` lists them) or no local
 model (``fsvrg``: weight ``n_k/n`` with the full ``n``, so the node contributes no change;
-naive: the mean over the accepted nodes). ``w`` is never touched by a rejected reply.
+naive and ``dane``: the mean over the accepted nodes; ``cocoa-plus``: no ``d_w_k``, no reset,
+L_k unchanged). ``w`` is never touched by a rejected reply.
 
 Records
 -------
 Record k (state after k rounds, k = 0 .. R): ``round``, ``exchanges`` (server-client round
-trips used to reach ``w_k``: 1 setup for ``fsvrg`` plus 2 per round for ``fsvrg``/naive, 1 per
-round for GD; the measurement-only final ``evaluate`` is not counted), ``objective`` (``f(w_k)``,
-from round k + 1's exchange 1, or the final ``evaluate``), ``test_error`` (pooled
-misclassification over the test sets, every ``eval_every`` rounds and at k = R), ``num_replies``
-(accepted replies of the round that produced ``w_k``: exchange 2, or exchange 1 for GD),
-``wall_time_s`` (of that round), ``tasks_missing``.
+trips used to reach ``w_k``: 1 setup for ``fsvrg`` plus 2 per round for ``fsvrg``/naive/DANE,
+1 per round for GD and CoCoA+; the measurement-only final ``evaluate`` is not counted),
+``objective`` (``f(w_k)``, from round k + 1's exchange 1 (CoCoA+: its ``train`` replies), or
+the final ``evaluate``), ``test_error`` (pooled misclassification over the test sets, every
+``eval_every`` rounds and at k = R), ``num_replies`` (accepted replies of the round that
+produced ``w_k``: exchange 2, or exchange 1 for GD), ``wall_time_s`` (of that round),
+``tasks_missing``. CoCoA+ adds ``dual`` (``D(alpha_k)``), ``gap`` (``objective - dual >= 0``;
+both None unless every task reported with ``state-ok``) and ``num_resets``.
 """
 
 from __future__ import annotations
@@ -76,6 +117,9 @@ from flwr.serverapp import Grid
 from ..core.fsvrg import (
     FeatureCountAccumulator,
     FeatureStats,
+    cocoa_plus_aggregate,
+    dane_aggregate,
+    dual_objective,
     fsvrg_aggregate,
     gd_step,
     global_gradient,
@@ -86,10 +130,11 @@ from ..wire import from_array, to_array
 from .base import TaskStrategy
 from .discovery import ReplyError, TaskDirectory, check_task_and_round, read_metrics
 
-__all__ = ["METHODS", "Fsvrg", "ReplyError"]
+__all__ = ["METHODS", "DualLedger", "Fsvrg", "ReplyError"]
 
-METHODS = ("fsvrg", "fsvrg-naive", "gd")
+METHODS = ("fsvrg", "fsvrg-naive", "gd", "cocoa-plus", "dane")
 DEFAULT_H = 16.0
+_LN2 = math.log(2.0)
 RoundCallback = Callable[[dict[str, Any]], None]
 _NAME = "FSVRG"
 
@@ -103,14 +148,56 @@ def _positive_or_none(name: str, value: Any) -> float | None:
     return float(value)
 
 
+class DualLedger:
+    """CoCoA+'s server-side bookkeeping: each task's share ``v_k`` of ``w`` and L_k.
+
+    ``v_k = X_k^T alpha_k / (lam n)`` is the sum of task k's accepted ``d_w_k``; it is kept
+    sparse (its nonzeros lie on node k's features), so the ledger holds about ``nnz(X)``
+    numbers, not ``K d``.
+
+    Attributes
+    ----------
+    last_accepted : ndarray (num_tasks,), int64
+        The newest round whose reply from the task was added (0: none).
+    """
+
+    def __init__(self, num_tasks: int, dim: int) -> None:
+        self.dim = int(dim)
+        self.last_accepted = np.zeros(int(num_tasks), dtype=np.int64)
+        self._shares: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def share(self, task: int) -> np.ndarray:
+        """``v_k`` as a dense (d,) vector."""
+        out = np.zeros(self.dim)
+        if task in self._shares:
+            idx, values = self._shares[task]
+            out[idx] = values
+        return out
+
+    def reset(self, task: int) -> np.ndarray:
+        """Forget task k's share (its node restarted from alpha = 0); return the old ``v_k``."""
+        old = self.share(task)
+        self._shares.pop(task, None)
+        self.last_accepted[task] = 0
+        return old
+
+    def add(self, task: int, d_w: np.ndarray, server_round: int) -> None:
+        """Add an accepted ``d_w_k`` of ``server_round`` to ``v_k``."""
+        v = self.share(task) + d_w
+        idx = np.flatnonzero(v)
+        self._shares[task] = (idx, v[idx])
+        self.last_accepted[task] = int(server_round)
+
+
 class Fsvrg(TaskStrategy):
-    """Federated SVRG (and naive FSVRG, GD) for one global sparse logistic-regression model.
+    """Federated SVRG (naive FSVRG, GD, CoCoA+, DANE) for one global sparse logistic model.
 
     Parameters
     ----------
     num_tasks : int
-        Number of nodes ``K`` to wait for; task ids 0 .. K - 1.
-    method : {"fsvrg", "fsvrg-naive", "gd"}
+        Number of nodes ``K`` to wait for; task ids 0 .. K - 1. CoCoA+ uses
+        ``sigma' = K``.
+    method : {"fsvrg", "fsvrg-naive", "gd", "cocoa-plus", "dane"}
     lam : float, optional
         ``lam > 0``; default ``1/n`` (the paper's), ``n`` the total of the discovered
         ``n-train``.
@@ -123,7 +210,14 @@ class Fsvrg(TaskStrategy):
         bound on the smoothness constant ``L = sigma_max(X)^2/(4n) + lam`` (Frobenius >=
         spectral norm) computable from the nodes' ``sq-norm-sum`` (fixed from the first round
         with replies, over the nodes that replied). Pass ``1/L`` from ``sigma_max`` when a
-        centralised estimate is available (it is larger, so faster).
+        centralised estimate is available (it is larger, so faster). ``dane``: the SVRG
+        stepsize of the local solver; default each node's
+        :func:`~fmtl_flower.core.fsvrg.default_dane_step` ``1/(4 L_max,k)``.
+    mu : float
+        DANE's proximal parameter ``mu >= 0`` (the paper's default 0; ``eta`` is 1).
+    local_epochs : int
+        ``cocoa-plus``: SDCA passes over the node's rows per round; ``dane``: SVRG epochs on
+        the local subproblem. Default 1 (one pass, as in the paper's Figure 2).
     eval_every : int
         Rounds between test-error evaluations (state 0 and the final one are always evaluated).
     seed : int
@@ -139,13 +233,16 @@ class Fsvrg(TaskStrategy):
         The current model (zeros after discovery).
     stats : FeatureStats or None
         The sparsity statistics (``fsvrg``).
+    ledger : DualLedger or None
+        CoCoA+'s per-task shares of ``w`` and last-accepted rounds (after discovery).
     records : list of dict
         See the module docstring; read with :meth:`results`.
     """
 
     def __init__(self, num_tasks: int, *, method: str = "fsvrg", lam: float | None = None,
-                 h: float | None = None, step: float | None = None, eval_every: int = 1,
-                 seed: int = 0, discovery_timeout: float = 120.0,
+                 h: float | None = None, step: float | None = None, mu: float = 0.0,
+                 local_epochs: int = 1, eval_every: int = 1, seed: int = 0,
+                 discovery_timeout: float = 120.0,
                  on_round: RoundCallback | None = None) -> None:
         if isinstance(num_tasks, bool) or int(num_tasks) != num_tasks or num_tasks < 1:
             raise ValueError(f"num_tasks must be an integer >= 1, got {num_tasks!r}")
@@ -157,6 +254,14 @@ class Fsvrg(TaskStrategy):
             raise ValueError("fsvrg-naive needs an explicit stepsize h (no default)")
         self.h = DEFAULT_H if h is None else h
         self.step_arg = _positive_or_none("step", step)
+        if isinstance(mu, bool) or not isinstance(mu, int | float) or not (
+                math.isfinite(mu) and mu >= 0):
+            raise ValueError(f"mu must be a finite number >= 0, got {mu!r}")
+        if isinstance(local_epochs, bool) or int(local_epochs) != local_epochs or \
+                local_epochs < 1:
+            raise ValueError(f"local_epochs must be an integer >= 1, got {local_epochs!r}")
+        self.mu = float(mu)
+        self.local_epochs = int(local_epochs)
         if isinstance(eval_every, bool) or int(eval_every) != eval_every or eval_every < 1:
             raise ValueError(f"eval_every must be an integer >= 1, got {eval_every!r}")
         if isinstance(seed, bool) or int(seed) != seed or seed < 0:
@@ -174,6 +279,8 @@ class Fsvrg(TaskStrategy):
         self.records: list[dict[str, Any]] = []
         self.w: np.ndarray | None = None
         self.stats: FeatureStats | None = None
+        self.ledger: DualLedger | None = None
+        self.n_total: int | None = None
         self.lam: float | None = self.lam_arg
         self.step: float | None = self.step_arg
         self.exchanges = 0
@@ -189,29 +296,38 @@ class Fsvrg(TaskStrategy):
     # ------------------------------------------------------------------ Strategy interface
     def summary(self) -> None:
         """Log the configuration."""
-        log(INFO, "\t├── %s (%s): %d nodes, lambda=%s, h=%g, step=%s", _NAME, self.method,
-            self.num_tasks, "1/n" if self.lam_arg is None else f"{self.lam_arg:g}", self.h,
-            "1/L_F" if self.step_arg is None else f"{self.step_arg:g}")
+        log(INFO, "\t├── %s (%s): %d nodes, lambda=%s, %s", _NAME, self.method,
+            self.num_tasks, "1/n" if self.lam_arg is None else f"{self.lam_arg:g}",
+            self._solver_summary())
         log(INFO, "\t└── eval-every=%d, seed=%d", self.eval_every, self.seed)
+
+    def _solver_summary(self) -> str:
+        step = None if self.step_arg is None else f"{self.step_arg:g}"
+        if self.method == "gd":
+            return f"step={step or '1/L_F'}"
+        if self.method == "dane":
+            return (f"step={step or '1/(4 L_max,k)'}, mu={self.mu:g}, "
+                    f"SVRG epochs={self.local_epochs}")
+        if self.method == "cocoa-plus":
+            return f"sigma'=K={self.num_tasks}, SDCA passes={self.local_epochs}"
+        return f"h={self.h:g}"
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        """Setup (once), exchange 1 (gradient at w_t), then the local-pass messages."""
+        """Setup (once), exchange 1 (gradient at w_t), then the local-pass messages
+        (CoCoA+: only these)."""
         self._round_start = time.perf_counter()
         self.directory.discover(grid, wait=self.discovery_timeout if server_round == 1 else 0.0,
                                 query_timeout=max(self.round_timeout, 60.0))
         if self.w is None:
-            if self.dim is None:
-                raise RuntimeError(f"{_NAME} found no usable node: check the ClientApp and "
-                                   "the nodes' task ids")
-            self.w = np.zeros(self.dim)
-            if self.lam is None:
-                self.lam = 1.0 / float(self.n_train.sum())
+            self._init_model()
         if self.method == "fsvrg" and self.stats is None:
             self._setup(grid)
         if len(self.records) < server_round:
             self._new_record(server_round - 1)
         evaluate = (server_round - 1) % self.eval_every == 0
+        if self.method == "cocoa-plus":  # one exchange; its replies complete the record
+            return self._train_messages(server_round, evaluate)
         accepted = self._exchange(grid, server_round, f"{MessageType.QUERY}.fsvrg_gradient",
                                   evaluate, kind="gradient")
         self.exchanges += 1
@@ -238,26 +354,24 @@ class Fsvrg(TaskStrategy):
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord]:
-        """Aggregate the local models (``fsvrg`` / naive) and open the next record."""
+        """Aggregate the local models (or CoCoA+'s ``d_w``) and open the next record."""
         assert self.w is not None
-        if self.method == "gd" or self._g is None:
+        num_resets = None
+        if self.method == "cocoa-plus":
+            num_replies, num_resets = self._aggregate_cocoa_plus(server_round, replies)
+        elif self.method == "gd" or self._g is None:
             num_replies = self._gd_replies if (self.method == "gd" and self._g is not None) \
                 else 0
         else:
             self.exchanges += 1
             accepted = self._read_replies(server_round, replies, kind="train")
-            tasks = sorted(accepted)
-            models = [accepted[t]["w-local"] for t in tasks]
-            if self.method == "fsvrg":
-                assert self.stats is not None
-                self.w = fsvrg_aggregate(self.w, models, [int(self.n_train[t]) for t in tasks],
-                                         self.stats.a, n=self.stats.n)
-            else:
-                self.w = naive_fsvrg_aggregate(self.w, models)
+            self.w = self._aggregate_models(accepted)
             num_replies = len(accepted)
         record = self._new_record(server_round)
         record.update(num_replies=num_replies,
                       wall_time_s=time.perf_counter() - self._round_start)
+        if num_resets is not None:
+            record["num_resets"] = num_resets
         return (ArrayRecord({"w": to_array(self.w)}),
                 MetricRecord({"num-replies": num_replies, "exchanges": self.exchanges}))
 
@@ -277,6 +391,56 @@ class Fsvrg(TaskStrategy):
         record = self._complete_record(server_round, accepted)
         return MetricRecord({k: float(v) for k, v in record.items()
                              if isinstance(v, int | float) and not isinstance(v, bool)})
+
+    # ------------------------------------------------------------------ server steps
+    def _init_model(self) -> None:
+        """``w = 0``, ``n`` and ``lam`` (default ``1/n``) from the discovered nodes."""
+        if self.dim is None:
+            raise RuntimeError(f"{_NAME} found no usable node: check the ClientApp and "
+                               "the nodes' task ids")
+        self.w = np.zeros(self.dim)
+        self.n_total = int(self.n_train.sum())
+        if self.lam is None:
+            self.lam = 1.0 / float(self.n_total)
+        if self.method == "cocoa-plus":
+            self.ledger = DualLedger(self.num_tasks, self.dim)
+
+    def _aggregate_models(self, accepted: dict[int, dict[str, Any]]) -> np.ndarray:
+        """The next ``w`` from the accepted local models (``fsvrg`` / naive / ``dane``)."""
+        assert self.w is not None
+        tasks = sorted(accepted)
+        models = [accepted[t]["w-local"] for t in tasks]
+        if self.method == "fsvrg":
+            assert self.stats is not None
+            return fsvrg_aggregate(self.w, models, [int(self.n_train[t]) for t in tasks],
+                                   self.stats.a, n=self.stats.n)
+        if self.method == "dane":
+            return dane_aggregate(models) if models else self.w
+        return naive_fsvrg_aggregate(self.w, models)
+
+    def _aggregate_cocoa_plus(self, server_round: int,
+                              replies: Iterable[Message]) -> tuple[int, int]:
+        """Complete record r - 1, drop the shares of restarted nodes, add the ``d_w_k``.
+
+        Returns the numbers of accepted replies and of resets.
+        """
+        assert self.w is not None and self.ledger is not None
+        self.exchanges += 1
+        accepted = self._read_replies(server_round, replies, kind="train")
+        self._complete_record(server_round - 1, accepted)  # describes the w_t sent
+        tasks = sorted(accepted)
+        resets = [t for t in tasks if not accepted[t]["state-ok"]]
+        for task in resets:
+            self.w = self.w - self.ledger.reset(task)
+        if resets:
+            log(WARNING, "%s round %d: tasks %s lost their dual state and restarted from "
+                "alpha = 0; their shares of w were removed", _NAME, server_round, resets[:20])
+        d_w_sum = np.zeros(self.ledger.dim)
+        for task in tasks:
+            d_w_sum += accepted[task]["d-w"]
+            self.ledger.add(task, accepted[task]["d-w"], server_round)
+        self.w = cocoa_plus_aggregate(self.w, d_w_sum)
+        return len(tasks), len(resets)
 
     # ------------------------------------------------------------------ exchanges
     def _setup(self, grid: Grid) -> None:
@@ -316,28 +480,49 @@ class Fsvrg(TaskStrategy):
         w = to_array(self.w)
         for task, node in sorted(self.task_to_node.items()):
             config = {"task-id": task, "server-round": server_round, "eval": bool(evaluate)}
+            if self.ledger is not None:  # CoCoA+'s evaluate: commit or roll back first
+                config.update({"method": self.method,
+                               "last-accepted-round": int(self.ledger.last_accepted[task])})
             messages.append(Message(RecordDict({"arrays": ArrayRecord({"w": w}),
                                                 "config": ConfigRecord(config)}),
                                     dst_node_id=node, message_type=message_type))
             self._sent[node] = task
         return messages
 
-    def _train_messages(self, server_round: int) -> list[Message]:
-        assert self.w is not None and self._g is not None and self.lam is not None
-        arrays = {"w": to_array(self.w), "g": to_array(self._g)}
+    def _train_messages(self, server_round: int, evaluate: bool = False) -> list[Message]:
+        assert self.w is not None and self.lam is not None
+        arrays = {"w": to_array(self.w)}
+        if self.method != "cocoa-plus":
+            assert self._g is not None
+            arrays["g"] = to_array(self._g)
         if self.method == "fsvrg":
             assert self.stats is not None
             arrays["phi"] = to_array(self.stats.phi)
+        common = {"server-round": server_round, "seed": self.seed, "method": self.method,
+                  "lam": self.lam, **self._solver_config(evaluate)}
         self._sent = {}
         messages = []
         for task, node in sorted(self.task_to_node.items()):
-            config = {"task-id": task, "server-round": server_round, "seed": self.seed,
-                      "method": self.method, "lam": self.lam, "h": self.h}
+            config = {"task-id": task, **common}
+            if self.ledger is not None:
+                config["last-accepted-round"] = int(self.ledger.last_accepted[task])
             messages.append(Message(RecordDict({"arrays": ArrayRecord(arrays),
                                                 "config": ConfigRecord(config)}),
                                     dst_node_id=node, message_type=MessageType.TRAIN))
             self._sent[node] = task
         return messages
+
+    def _solver_config(self, evaluate: bool) -> dict[str, Any]:
+        """The method's keys of a ``train`` config (see the wire contract)."""
+        if self.method == "cocoa-plus":
+            return {"n": self.n_total, "sigma-prime": float(self.num_tasks),
+                    "epochs": self.local_epochs, "eval": bool(evaluate)}
+        if self.method == "dane":
+            out: dict[str, Any] = {"mu": self.mu, "epochs": self.local_epochs}
+            if self.step is not None:
+                out["step"] = self.step
+            return out
+        return {"h": self.h}
 
     # ------------------------------------------------------------------ replies
     def _read_replies(self, server_round: int, replies: Iterable[Message],
@@ -398,19 +583,9 @@ class Fsvrg(TaskStrategy):
             out = read_metrics(reply, ints=("task-id", "n-train"))
             if out["task-id"] != task:
                 raise ReplyError(f"reply for task {out['task-id']}, expected {task}")
-        elif kind == "train":
-            out = read_metrics(reply, ints=("task-id", "round", "n-train"))
-            check_task_and_round(out, task, server_round)
         else:
-            out = read_metrics(reply, ints=("task-id", "round", "n-train"),
-                               numbers=("loss-sum", "sq-norm-sum"),
-                               optional_ints=("test-errors", "test-n"))
+            out = self._round_metrics(reply, kind)
             check_task_and_round(out, task, server_round)
-            if out["loss-sum"] < 0 or out["sq-norm-sum"] < 0:
-                raise ReplyError("loss-sum and sq-norm-sum must be >= 0")
-            if ("test-errors" in out) != ("test-n" in out) or (
-                    "test-n" in out and not 0 <= out["test-errors"] <= out["test-n"]):
-                raise ReplyError("test-errors/test-n inconsistent")
         if out["n-train"] != self.n_train[task]:
             raise ReplyError(f"n-train {out['n-train']} differs from {self.n_train[task]}")
         if kind == "stats":
@@ -421,7 +596,27 @@ class Fsvrg(TaskStrategy):
         elif kind == "gradient":
             out["grad-sum"] = self._array(reply, "grad-sum")
         elif kind == "train":
-            out["w-local"] = self._array(reply, "w-local")
+            key = "d-w" if self.method == "cocoa-plus" else "w-local"
+            out[key] = self._array(reply, key)
+        return out
+
+    def _round_metrics(self, reply: Message, kind: str) -> dict[str, Any]:
+        """A round reply's metrics: the loss sums (all but local models), CoCoA+'s dual."""
+        dual = self.method == "cocoa-plus" and kind != "gradient"
+        if kind == "train" and not dual:
+            return read_metrics(reply, ints=("task-id", "round", "n-train"))
+        out = read_metrics(reply, ints=("task-id", "round", "n-train", *(("state-ok",) * dual)),
+                           numbers=("loss-sum", "sq-norm-sum", *(("dual-sum",) * dual)),
+                           optional_ints=("test-errors", "test-n"))
+        if out["loss-sum"] < 0 or out["sq-norm-sum"] < 0:
+            raise ReplyError("loss-sum and sq-norm-sum must be >= 0")
+        if ("test-errors" in out) != ("test-n" in out) or (
+                "test-n" in out and not 0 <= out["test-errors"] <= out["test-n"]):
+            raise ReplyError("test-errors/test-n inconsistent")
+        if dual and out["state-ok"] not in (0, 1):
+            raise ReplyError(f"state-ok must be 0 or 1, got {out['state-ok']}")
+        if dual and not 0 <= out["dual-sum"] <= out["n-train"] * _LN2 * (1 + 1e-12):
+            raise ReplyError(f"dual-sum must be in [0, n-train log 2], got {out['dual-sum']}")
         return out
 
     # ------------------------------------------------------------------ records
@@ -431,6 +626,8 @@ class Fsvrg(TaskStrategy):
             "round": k, "exchanges": self.exchanges, "objective": None, "test_error": None,
             "num_replies": None, "wall_time_s": None, "tasks_missing": None, "_open": True,
         }
+        if self.method == "cocoa-plus":
+            record.update(dual=None, gap=None, num_resets=None)
         self.records.append(record)
         return record
 
@@ -450,6 +647,12 @@ class Fsvrg(TaskStrategy):
             if evaluated and not missing and tested > 0:
                 record["test_error"] = sum(accepted[t]["test-errors"]
                                            for t in evaluated) / tested
+        if self.method == "cocoa-plus" and record["objective"] is not None and all(
+                accepted[t]["state-ok"] for t in accepted):  # a consistent (w, alpha) pair
+            assert self.n_total is not None
+            dual = float(sum(accepted[t]["dual-sum"] for t in sorted(accepted)))
+            record["dual"] = dual_objective(self.w, dual, self.n_total, self.lam)
+            record["gap"] = record["objective"] - record["dual"]
         if self.on_round is not None:
             self.on_round(self.public_record(record))
         return record

@@ -1,9 +1,13 @@
-"""FSVRG / naive FSVRG / GD strategies with their ClientApp, run in-process.
+"""FSVRG / naive FSVRG / GD / CoCoA+ / DANE strategies with their ClientApp, run in-process.
 
-* parity: the federation equals a Flower-free loop over :mod:`fmtl_flower.core.fsvrg` bit for bit;
-* convergence to the scikit-learn optimum; GD decreases the objective monotonically;
-* faults: a corrupted local model (NaN, wrong shape) is rejected with a logged reason and the
-  model equals the run in which that node's reply never counted.
+* parity: the federation equals a Flower-free loop over :mod:`fmtl_flower.core.fsvrg` bit for
+  bit (CoCoA+: the ``fsvrg-fig2`` reproduction's own loop);
+* convergence to the scikit-learn optimum; GD decreases the objective monotonically; CoCoA+'s
+  dual increases and its duality gap stays >= 0;
+* faults: a corrupted local model or ``d_w`` (NaN, wrong shape, wrong round, ...) is rejected
+  with a logged reason and the model equals the run in which that node did not take part in
+  that round; CoCoA+ nodes roll back, and a node that loses its state is reset, so the server's
+  ``w`` always equals ``w(alpha)`` of the nodes' committed dual variables.
 """
 
 from __future__ import annotations
@@ -14,14 +18,23 @@ from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, Context, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid, ServerApp
 from sklearn.linear_model import LogisticRegression
 
-from fmtl_flower.clients.fsvrg import make_fsvrg_client_app
+from fmtl_flower.clients.fsvrg import (
+    COCOA_STATE_ARRAYS,
+    COCOA_STATE_META,
+    make_fsvrg_client_app,
+)
 from fmtl_flower.clients.mocha import default_task_id
 from fmtl_flower.core.fsvrg import (
+    cocoa_plus_aggregate,
+    cocoa_plus_local_sdca,
     combine_feature_counts,
+    dane_aggregate,
+    dane_epoch_orders,
+    dane_local_solve,
     fsvrg_aggregate,
     fsvrg_local_pass,
     global_gradient,
@@ -31,11 +44,13 @@ from fmtl_flower.core.fsvrg import (
     naive_fsvrg_aggregate,
     naive_fsvrg_local_pass,
     node_feature_counts,
+    primal_from_dual,
     uniform_sample_order,
 )
 from fmtl_flower.core.rng import coordinate_order
 from fmtl_flower.data.sparse_federated import SparseFederatedDataset, make_sparse_federated
-from fmtl_flower.engine import FIRST_NODE_ID, run_inprocess
+from fmtl_flower.engine import FIRST_NODE_ID, InProcessGrid, run_inprocess
+from fmtl_flower.experiments.fsvrg_fig2 import Pooled, run_cocoa_plus
 from fmtl_flower.strategies.fsvrg import Fsvrg
 from fmtl_flower.wire import from_array, to_array
 
@@ -50,9 +65,9 @@ def data() -> SparseFederatedDataset:
     return make_sparse_federated(num_tasks=K, dim=DIM, seed=0)
 
 
-def run(data: SparseFederatedDataset, num_rounds: int,
-        wrap: Callable[[ClientCallable], ClientCallable] | None = None,
-        **kwargs: Any) -> Fsvrg:
+def federate(data: SparseFederatedDataset, num_rounds: int,
+             wrap: Callable[[ClientCallable], ClientCallable] | None = None,
+             **kwargs: Any) -> tuple[Fsvrg, InProcessGrid]:
     app = make_fsvrg_client_app(lambda ctx: data.task(default_task_id(ctx)).arrays())
     client = wrap(app) if wrap is not None else app
     strategy = Fsvrg(data.num_tasks, discovery_timeout=5.0, **kwargs)
@@ -62,12 +77,18 @@ def run(data: SparseFederatedDataset, num_rounds: int,
     def main(grid: Grid, context: Context) -> None:
         strategy.start(grid=grid, num_rounds=num_rounds, timeout=60.0)
 
-    run_inprocess(server_app, client, data.num_tasks)
-    return strategy
+    return strategy, run_inprocess(server_app, client, data.num_tasks)
+
+
+def run(data: SparseFederatedDataset, num_rounds: int,
+        wrap: Callable[[ClientCallable], ClientCallable] | None = None,
+        **kwargs: Any) -> Fsvrg:
+    return federate(data, num_rounds, wrap, **kwargs)[0]
 
 
 def reference(data: SparseFederatedDataset, num_rounds: int, *, method: str, lam: float,
-              h: float, seed: int = 0, skip: frozenset[tuple[int, int]] = frozenset()
+              h: float = 0.0, seed: int = 0, skip: frozenset[tuple[int, int]] = frozenset(),
+              step: float | None = None, mu: float = 0.0, epochs: int = 1
               ) -> list[np.ndarray]:
     """The same algorithm by direct core calls; ``skip`` = {(round, task)} local models lost."""
     tasks = [data.task(t) for t in range(data.num_tasks)]
@@ -89,6 +110,10 @@ def reference(data: SparseFederatedDataset, num_rounds: int, *, method: str, lam
                 s = stats.node_scaling(t.n_train, counts[k][1])
                 models.append(fsvrg_local_pass(t.X_train, t.y_train, w, g, lam=lam, h=h, s=s,
                                                order=coordinate_order(seed, k, r, t.n_train)))
+            elif method == "dane":
+                models.append(dane_local_solve(
+                    t.X_train, t.y_train, w, g, lam=lam, step=step, mu=mu,
+                    orders=dane_epoch_orders(seed, k, r, t.n_train, epochs)))
             else:
                 models.append(naive_fsvrg_local_pass(
                     t.X_train, t.y_train, w, g, lam=lam, h=h,
@@ -96,10 +121,60 @@ def reference(data: SparseFederatedDataset, num_rounds: int, *, method: str, lam
             sizes.append(t.n_train)
         if method == "fsvrg":
             w = fsvrg_aggregate(w, models, sizes, stats.a, n=n)
+        elif method == "dane":
+            w = dane_aggregate(models) if models else w
         else:
             w = naive_fsvrg_aggregate(w, models)
         ws.append(w)
     return ws
+
+
+def cocoa_reference(data: SparseFederatedDataset, num_rounds: int, *, lam: float,
+                    seed: int = 0, skip: frozenset[tuple[int, int]] = frozenset()
+                    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """CoCoA+ by direct core calls (``run_cocoa_plus``'s loop); ``skip`` = {(round, task)}
+    that take no part. Returns every round's ``w`` and the final alphas."""
+    tasks = [data.task(t) for t in range(data.num_tasks)]
+    n = int(data.n_train.sum())
+    alphas = [np.zeros(t.n_train) for t in tasks]
+    w = np.zeros(data.dim)
+    ws = [w]
+    for r in range(1, num_rounds + 1):
+        d_w_sum = np.zeros_like(w)
+        for k, t in enumerate(tasks):
+            if (r, k) in skip:
+                continue
+            d_alpha, d_w = cocoa_plus_local_sdca(
+                t.X_train, t.y_train, alphas[k], w, lam=lam, n=n, sigma_prime=len(tasks),
+                order=coordinate_order(seed, k, r, t.n_train))
+            alphas[k] = alphas[k] + d_alpha
+            d_w_sum += d_w
+        w = cocoa_plus_aggregate(w, d_w_sum)
+        ws.append(w)
+    return ws, alphas
+
+
+def committed_alphas(strategy: Fsvrg, grid: InProcessGrid) -> list[np.ndarray]:
+    """Every node's committed alpha after the run (the final evaluate leaves none pending)."""
+    out = []
+    for task in range(strategy.num_tasks):
+        state = grid.contexts[strategy.task_to_node[task]].state
+        meta = state[COCOA_STATE_META]
+        assert meta["pending-round"] == -1
+        assert meta["committed-round"] == strategy.ledger.last_accepted[task]
+        out.append(from_array(state[COCOA_STATE_ARRAYS]["duals"])[0])
+    return out
+
+
+def assert_w_is_w_of_alpha(data: SparseFederatedDataset, strategy: Fsvrg,
+                           grid: InProcessGrid) -> None:
+    """Server ``w`` (and each ledger share) == ``X_k^T alpha_k / (lam n)`` of the nodes."""
+    n = int(data.n_train.sum())
+    shares = [primal_from_dual(data.task(k).X_train, a, strategy.lam, n)
+              for k, a in enumerate(committed_alphas(strategy, grid))]
+    for k, share in enumerate(shares):
+        np.testing.assert_allclose(strategy.ledger.share(k), share, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(strategy.w, sum(shares), rtol=0, atol=1e-12)
 
 
 def optimum(data: SparseFederatedDataset, lam: float) -> float:
@@ -127,6 +202,44 @@ def test_federated_equals_centralised_loop_bit_for_bit(data, method, h):
     setup = 1 if method == "fsvrg" else 0
     assert [r["exchanges"] for r in rounds] == [setup + 2 * k for k in range(4)]
     assert strategy.results()["final"]["complete"]
+
+
+def test_cocoa_plus_equals_the_fig2_loop_bit_for_bit(data):
+    lam = 0.01
+    strategy, grid = federate(data, 4, method="cocoa-plus", lam=lam, seed=2)
+    pooled = Pooled(data)
+    ws = [w for _, _, w in run_cocoa_plus(data, pooled, lam, 4, seed=2)]
+    assert np.array_equal(strategy.w, ws[4])
+    rounds = strategy.results()["rounds"]
+    assert [r["exchanges"] for r in rounds] == [0, 1, 2, 3, 4]
+    assert [r["num_replies"] for r in rounds] == [None, K, K, K, K]
+    assert all(r["num_resets"] in (None, 0) for r in rounds)
+    for k, rec in enumerate(rounds):
+        assert rec["objective"] == pytest.approx(pooled.objective(ws[k], lam), rel=1e-12)
+        assert rec["test_error"] == pytest.approx(pooled.test_error(ws[k]), abs=1e-15)
+    assert strategy.results()["final"]["complete"]
+    assert_w_is_w_of_alpha(data, strategy, grid)
+    ref_ws, ref_alphas = cocoa_reference(data, 4, lam=lam, seed=2)
+    assert np.array_equal(ref_ws[4], ws[4])
+    for a, b in zip(committed_alphas(strategy, grid), ref_alphas, strict=True):
+        assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("mu,epochs,step", [(0.0, 1, None), (0.05, 3, 0.02)])
+def test_dane_equals_centralised_loop_bit_for_bit(data, mu, epochs, step):
+    lam = 0.01
+    strategy = run(data, 3, method="dane", lam=lam, mu=mu, local_epochs=epochs, step=step,
+                   seed=1)
+    ws = reference(data, 3, method="dane", lam=lam, seed=1, step=step, mu=mu, epochs=epochs)
+    assert np.array_equal(strategy.w, ws[3])
+    rounds = strategy.results()["rounds"]
+    assert [r["exchanges"] for r in rounds] == [0, 2, 4, 6]
+    X, y = data.pooled_train()
+    for k, rec in enumerate(rounds):
+        assert rec["objective"] == pytest.approx(logistic_objective(X, y, ws[k], lam),
+                                                 rel=1e-12)
+    objectives = [r["objective"] for r in rounds]
+    assert all(b < a for a, b in zip(objectives, objectives[1:], strict=False))
 
 
 def test_default_lam_is_one_over_n(data):
@@ -173,6 +286,22 @@ def test_gd_decreases_monotonically(data):
                                                             X.shape[0], lam), rel=1e-10)
 
 
+def test_cocoa_plus_dual_ascends_with_a_nonnegative_gap(data):
+    lam = 0.01
+    fstar = optimum(data, lam)
+    strategy = run(data, 12, method="cocoa-plus", lam=lam)
+    rounds = strategy.results()["rounds"]
+    primal = np.array([r["objective"] for r in rounds])
+    dual = np.array([r["dual"] for r in rounds])
+    gap = np.array([r["gap"] for r in rounds])
+    np.testing.assert_allclose(gap, primal - dual, rtol=0, atol=1e-15)
+    assert np.all(dual <= fstar + 1e-12) and np.all(primal >= fstar - 1e-12)  # weak duality
+    assert gap.min() >= 0.0
+    assert np.all(np.diff(dual) > 0)  # sigma' = K: every round a safe dual ascent step
+    assert gap[-1] < 0.5 * gap[0] and primal[-1] < primal[0]
+    assert dual[0] == 0.0 and primal[0] == pytest.approx(np.log(2.0), rel=1e-15)
+
+
 # ------------------------------------------------------------------------------ faults
 BAD_TASK = 4
 BAD_ROUND = 2
@@ -217,9 +346,110 @@ def test_corrupted_local_model_is_rejected(data, kind, caplog):
     assert rounds[1]["num_replies"] == K
 
 
+def corrupt(kind: str, key: str) -> Callable[[ClientCallable], ClientCallable]:
+    """Break task ``BAD_TASK``'s train reply of round ``BAD_ROUND`` in one way."""
+    def wrap(app: ClientCallable) -> ClientCallable:
+        def client(msg: Message, context: Context) -> Message:
+            hit = (context.node_id == FIRST_NODE_ID + BAD_TASK
+                   and msg.metadata.message_type == MessageType.TRAIN
+                   and int(msg.content["config"]["server-round"]) == BAD_ROUND)
+            if hit and kind == "raise-before":  # Ray: the node's state changes are discarded
+                raise RuntimeError("injected crash")
+            reply = app(msg, context)
+            if not hit:
+                return reply
+            if kind == "raise-after":  # in-process: the node's state changes are kept
+                raise RuntimeError("injected crash")
+            metrics = dict(reply.content["metrics"])
+            vector = np.array(from_array(reply.content["arrays"][key]))
+            if kind == "nan":
+                vector[7] = np.nan
+            elif kind == "wrong-shape":
+                vector = np.zeros(vector.shape[0] + 1)
+            elif kind == "float32":
+                vector = vector.astype(np.float32)
+            elif kind == "wrong-round":
+                metrics["round"] = BAD_ROUND - 1
+            elif kind == "bad-state-ok":
+                metrics["state-ok"] = 2
+            elif kind == "bad-dual":
+                metrics["dual-sum"] = -1.0
+            return Message(RecordDict({"metrics": MetricRecord(metrics),
+                                       "arrays": ArrayRecord({key: to_array(vector)})}),
+                           reply_to=msg)
+        return client
+    return wrap
+
+
+@pytest.mark.parametrize("kind", ["nan", "wrong-shape", "float32", "wrong-round",
+                                  "bad-state-ok", "bad-dual", "raise-after", "raise-before"])
+def test_cocoa_plus_rejected_reply_rolls_the_node_back(data, kind, caplog):
+    lam = 0.01
+    with caplog.at_level(logging.WARNING):
+        strategy, grid = federate(data, 4, wrap=corrupt(kind, "d-w"), method="cocoa-plus",
+                                  lam=lam)
+    messages = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    reason = "failed" if kind.startswith("raise") else f"reply of task {BAD_TASK}"
+    assert any(f"round {BAD_ROUND} (train)" in m and reason in m for m in messages), messages
+    ws, alphas = cocoa_reference(data, 4, lam=lam, skip=frozenset({(BAD_ROUND, BAD_TASK)}))
+    assert np.array_equal(strategy.w, ws[4])  # as if the node sat that round out
+    for a, b in zip(committed_alphas(strategy, grid), alphas, strict=True):
+        assert np.array_equal(a, b)
+    assert_w_is_w_of_alpha(data, strategy, grid)
+    rounds = strategy.results()["rounds"]
+    assert rounds[BAD_ROUND]["num_replies"] == K - 1
+    assert rounds[BAD_ROUND - 1]["objective"] is None  # its reply completed that record
+    assert rounds[BAD_ROUND - 1]["tasks_missing"] == [BAD_TASK]
+    assert all(r["num_resets"] in (None, 0) for r in rounds)
+    assert rounds[-1]["gap"] >= 0.0
+
+
+def test_cocoa_plus_node_that_loses_its_state_is_reset(data, caplog):
+    """Before round 3 the node of BAD_TASK restarts with an empty state: it replies
+    state-ok = 0 from alpha = 0 and the server removes its share of w."""
+    lam = 0.01
+
+    def wrap(app: ClientCallable) -> ClientCallable:
+        def client(msg: Message, context: Context) -> Message:
+            if (context.node_id == FIRST_NODE_ID + BAD_TASK
+                    and msg.metadata.message_type == MessageType.TRAIN
+                    and int(msg.content["config"]["server-round"]) == 3):
+                for key in list(context.state.keys()):
+                    del context.state[key]
+            return app(msg, context)
+        return client
+
+    with caplog.at_level(logging.WARNING):
+        strategy, grid = federate(data, 5, wrap=wrap, method="cocoa-plus", lam=lam)
+    rounds = strategy.results()["rounds"]
+    assert [r["num_resets"] for r in rounds] == [None, 0, 0, 1, 0, 0]
+    assert rounds[2]["objective"] is not None  # the loss at w_2 is sound ...
+    assert rounds[2]["dual"] is None and rounds[2]["gap"] is None  # ... the pair is not
+    assert all(r["gap"] >= 0.0 for r in rounds if r["gap"] is not None)
+    assert strategy.ledger.last_accepted.tolist() == [5] * K
+    assert_w_is_w_of_alpha(data, strategy, grid)
+    assert any("restarted from alpha = 0" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("kind", ["nan", "wrong-round", "raise-after"])
+def test_dane_rejected_local_model_counts_as_dropped(data, kind, caplog):
+    lam = 0.01
+    with caplog.at_level(logging.WARNING):
+        strategy = run(data, 3, wrap=corrupt(kind, "w-local"), method="dane", lam=lam)
+    assert any(f"round {BAD_ROUND} (train)" in r.getMessage() for r in caplog.records
+               if r.levelno >= logging.WARNING)
+    ws = reference(data, 3, method="dane", lam=lam, skip=frozenset({(BAD_ROUND, BAD_TASK)}))
+    assert np.array_equal(strategy.w, ws[3])
+    assert strategy.results()["rounds"][BAD_ROUND]["num_replies"] == K - 1
+
+
 def test_parameter_validation():
     with pytest.raises(ValueError):
-        Fsvrg(3, method="dane")
+        Fsvrg(3, method="sgd")
+    with pytest.raises(ValueError, match="mu"):
+        Fsvrg(3, method="dane", mu=-0.1)
+    with pytest.raises(ValueError, match="local_epochs"):
+        Fsvrg(3, method="cocoa-plus", local_epochs=0)
     with pytest.raises(ValueError):
         Fsvrg(3, method="fsvrg-naive")  # needs h
     with pytest.raises(ValueError):
