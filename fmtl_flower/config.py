@@ -188,6 +188,20 @@ class RunConfig:
         is MOCHA's).
     dane_mu : float
         DANE's proximal parameter mu >= 0 (the paper's default 0).
+    checkpoint_dir : str
+        MOCHA: write the server state there after every ``checkpoint_every``-th round (and
+        the last), and resume from the newest checkpoint found there ("": off).
+    checkpoint_every : int
+        Rounds between checkpoints (>= 1).
+    client_state_dir : str
+        MOCHA devices: keep their committed local state in files there as well, so it
+        survives a server restart (a new Flower run); in a deployment, set it per device with
+        ``--node-config "client-state-dir=..."`` ("": off).
+    min_replies : int
+        MOCHA: a round counts only with at least this many valid replies.
+    max_failures, probe_every : int
+        MOCHA: exclude a task after ``max_failures`` consecutive failed rounds (0: never) and
+        probe it every ``probe_every`` rounds until it answers.
     """
 
     strategy: str = "mocha"
@@ -243,6 +257,12 @@ class RunConfig:
     iid: bool = False
     step_size: float = 0.0
     dane_mu: float = 0.0
+    checkpoint_dir: str = ""
+    checkpoint_every: int = 1
+    client_state_dir: str = ""
+    min_replies: int = 1
+    max_failures: int = 3
+    probe_every: int = 5
 
     @property
     def model_family(self) -> str:
@@ -347,6 +367,12 @@ _PARSE = {
     "iid": lambda k, v: _as_bool(k, v),
     "step-size": lambda k, v: _as_float(k, v, lo=0.0),
     "dane-mu": lambda k, v: _as_float(k, v, lo=0.0),
+    "checkpoint-dir": lambda k, v: str(v).strip(),
+    "checkpoint-every": lambda k, v: _as_int(k, v, 1),
+    "client-state-dir": lambda k, v: str(v).strip(),
+    "min-replies": lambda k, v: _as_int(k, v, 0),
+    "max-failures": lambda k, v: _as_int(k, v, 0),
+    "probe-every": lambda k, v: _as_int(k, v, 1),
 }
 
 

@@ -30,7 +30,7 @@ from ..data.registry import FEDEM_SYNTHETIC, SPARSE_FEDERATED
 from ..strategies.fedem import FedEM
 from ..strategies.fsvrg import Fsvrg
 from ..strategies.mbsgd import MbSgd
-from ..strategies.mocha import Mocha
+from ..strategies.mocha import DUAL_METHODS, Mocha
 from ..strategies.ofmtl import OFMTL
 
 ResultsCallback = Callable[[dict[str, Any]], None]
@@ -107,8 +107,9 @@ def make_client_app(config: RunConfig | None = None) -> ClientApp:
             return make_fsvrg_client_app(load)
         if config.strategy == "ofmtl":
             return make_ofmtl_client_app(load)
-        factory = make_mbsgd_client_app if config.strategy == "mb-sgd" else make_mocha_client_app
-        return factory(load)
+        if config.strategy == "mb-sgd":
+            return make_mbsgd_client_app(load)
+        return make_mocha_client_app(load, state_dir=config.client_state_dir or None)
     dual, primal, mixture = OFMTLClient(load), MbSgdClient(load), FedEMClient(load)
     sparse = FsvrgClient(load)
     app = ClientApp()
@@ -137,6 +138,9 @@ def strategy_from_config(cfg: RunConfig, num_tasks: int,
     """The strategy configured by ``cfg``: :class:`FedEM` for its family, :class:`MbSgd`, or
     :class:`Mocha` with local solver ``cfg.strategy`` (mocha, cocoa or mb-sdca; lambda must
     then be a number)."""
+    if cfg.checkpoint_dir and (cfg.is_fedem_family or cfg.strategy not in DUAL_METHODS):
+        raise ConfigError(f"checkpoint-dir: checkpoints are supported by "
+                          f"{', '.join(DUAL_METHODS)}, not yet by {cfg.strategy}")
     if cfg.is_fedem_family:
         return fedem_from_config(cfg, num_tasks, on_round)
     if cfg.strategy == "ofmtl":
@@ -162,14 +166,19 @@ def strategy_from_config(cfg: RunConfig, num_tasks: int,
                      eval_every=cfg.eval_every, network=cfg.network, time_model=cfg.time_model,
                      seed=cfg.seed, discovery_timeout=max(cfg.round_timeout, 60.0),
                      on_round=on_round)
-    return Mocha(num_tasks, lam=float(cfg.lam), omega=cfg.omega, omega_every=cfg.omega_every,
-                 omega_eps=cfg.omega_eps, **formulation_options(cfg), method=cfg.strategy,
-                 theta=cfg.theta, beta=cfg.beta or 1.0,
-                 local_frac=cfg.local_frac, sigma_mode=cfg.sigma_mode, sys_het=cfg.sys_het,
-                 sys_het_base=cfg.sys_het_base, drop_prob=cfg.drop_prob,
-                 eval_every=cfg.eval_every, network=cfg.network, time_model=cfg.time_model,
-                 clock_cycle=cfg.clock_cycle or None, seed=cfg.seed,
-                 discovery_timeout=max(cfg.round_timeout, 60.0), on_round=on_round)
+    mocha = Mocha(num_tasks, lam=float(cfg.lam), omega=cfg.omega, omega_every=cfg.omega_every,
+                  omega_eps=cfg.omega_eps, **formulation_options(cfg), method=cfg.strategy,
+                  theta=cfg.theta, beta=cfg.beta or 1.0,
+                  local_frac=cfg.local_frac, sigma_mode=cfg.sigma_mode, sys_het=cfg.sys_het,
+                  sys_het_base=cfg.sys_het_base, drop_prob=cfg.drop_prob,
+                  eval_every=cfg.eval_every, network=cfg.network, time_model=cfg.time_model,
+                  clock_cycle=cfg.clock_cycle or None, seed=cfg.seed,
+                  discovery_timeout=max(cfg.round_timeout, 60.0), min_replies=cfg.min_replies,
+                  max_failures=cfg.max_failures, probe_every=cfg.probe_every,
+                  on_round=on_round)
+    if cfg.checkpoint_dir:
+        mocha.enable_checkpoints(cfg.checkpoint_dir, every=cfg.checkpoint_every)
+    return mocha
 
 
 def fedem_from_config(cfg: RunConfig, num_tasks: int,
@@ -215,9 +224,13 @@ def formulation_options(cfg: RunConfig) -> dict[str, Any]:
 
 def build_results(cfg: RunConfig, strategy: Mocha | MbSgd | FedEM | OFMTL | Fsvrg
                   ) -> dict[str, Any]:
-    """The results contract: ``{"config", "rounds", "final"}``."""
+    """The results contract: ``{"config", "rounds", "final"}``, plus ``health`` (missed
+    rounds per task, exclusions) where the strategy tracks it."""
     out = strategy.results()
-    return {"config": cfg.to_dict(), "rounds": out["rounds"], "final": out["final"]}
+    results = {"config": cfg.to_dict(), "rounds": out["rounds"], "final": out["final"]}
+    if "health" in out:
+        results["health"] = out["health"]
+    return results
 
 
 def write_results(path: str | os.PathLike[str], results: dict[str, Any]) -> None:

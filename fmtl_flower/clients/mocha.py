@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from logging import WARNING
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -100,9 +101,14 @@ class MochaClient:
         rows, labels in {-1, +1}. Called once per node and run, then cached.
     task_id : callable, optional
         ``task_id(context) -> int``; default :func:`default_task_id`.
+    state_dir : str, optional
+        Where to keep the device's state file when neither the node config nor the run config
+        sets ``client-state-dir`` (None: nowhere).
     """
 
-    def __init__(self, load_data: DataLoader, task_id: TaskIdFn | None = None) -> None:
+    def __init__(self, load_data: DataLoader, task_id: TaskIdFn | None = None,
+                 state_dir: str | None = None) -> None:
+        self._state_dir = state_dir or None
         self._load_data = load_data
         self._task_id = task_id or default_task_id
         self._cache: dict[tuple[int, int], LocalTask] = {}
@@ -334,12 +340,14 @@ class MochaClient:
         if path is not None:
             write_state_file(path, {"duals": duals}, dict(context.state[STATE_META]))
 
-    @staticmethod
-    def _state_path(context: Context, task: LocalTask):
-        """``client-state-dir`` (node config first, then run config) or None."""
+    def _state_path(self, context: Context, task: LocalTask) -> Path | None:
+        """The state file under ``client-state-dir`` (node config, then run config, then the
+        constructor's ``state_dir``), or None."""
         for config in (context.node_config, context.run_config):
             if "client-state-dir" in config and str(config["client-state-dir"]):
                 return state_file_path(str(config["client-state-dir"]), "mocha", task.task_id)
+        if self._state_dir is not None:
+            return state_file_path(self._state_dir, "mocha", task.task_id)
         return None
 
     def _load_state_file(self, context: Context, task: LocalTask) -> None:
@@ -365,7 +373,8 @@ class MochaClient:
         context.state[STATE_META] = ConfigRecord(values)
 
 
-def make_mocha_client_app(load_data: DataLoader, task_id: TaskIdFn | None = None) -> ClientApp:
+def make_mocha_client_app(load_data: DataLoader, task_id: TaskIdFn | None = None,
+                          state_dir: str | None = None) -> ClientApp:
     """Build a ready MOCHA ClientApp over your own data.
 
     Parameters
@@ -374,12 +383,14 @@ def make_mocha_client_app(load_data: DataLoader, task_id: TaskIdFn | None = None
         ``load_data(context) -> (X, y)`` or ``(X, y, X_test, y_test)`` for this node.
     task_id : callable, optional
         ``task_id(context) -> int``; default: node config ``task-id``, else ``partition-id``.
+    state_dir : str, optional
+        Default ``client-state-dir`` (device state files that survive a server restart).
 
     Examples
     --------
     >>> app = make_mocha_client_app(lambda ctx: my_arrays(ctx.node_config["partition-id"]))
     """
-    client = MochaClient(load_data, task_id)
+    client = MochaClient(load_data, task_id, state_dir)
     app = client_app_for(client)
     app.mocha_client = client  # type: ignore[attr-defined]  # for tests and introspection
     return app
