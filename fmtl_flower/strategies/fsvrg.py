@@ -181,6 +181,35 @@ class DualLedger:
         self.last_accepted[task] = 0
         return old
 
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """The ledger as flat arrays (for checkpoints): tasks, offsets, indices, values."""
+        tasks = np.array(sorted(self._shares), dtype=np.int64)
+        parts = [self._shares[int(t)] for t in tasks]
+        sizes = np.array([len(idx) for idx, _ in parts], dtype=np.int64)
+        return {"last_accepted": self.last_accepted, "tasks": tasks,
+                "offsets": np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
+                "indices": np.concatenate([idx for idx, _ in parts] or [np.zeros(0, int)]
+                                          ).astype(np.int64),
+                "values": np.concatenate([v for _, v in parts] or [np.zeros(0)])}
+
+    @classmethod
+    def from_arrays(cls, num_tasks: int, dim: int, arrays: dict[str, np.ndarray]) -> DualLedger:
+        """Inverse of :meth:`to_arrays`; ValueError on inconsistent arrays."""
+        ledger = cls(num_tasks, dim)
+        tasks, offsets = arrays["tasks"], arrays["offsets"]
+        indices, values = arrays["indices"], arrays["values"]
+        if (arrays["last_accepted"].shape != (num_tasks,) or offsets.shape != (len(tasks) + 1,)
+                or int(offsets[-1]) != len(indices) or len(indices) != len(values)
+                or (len(indices) and (indices.min() < 0 or indices.max() >= dim))
+                or (len(tasks) and (tasks.min() < 0 or tasks.max() >= num_tasks))
+                or not np.all(np.isfinite(values))):
+            raise ValueError("checkpoint CoCoA+ ledger is inconsistent")
+        ledger.last_accepted = arrays["last_accepted"].astype(np.int64)
+        for j, task in enumerate(tasks):
+            lo, hi = int(offsets[j]), int(offsets[j + 1])
+            ledger._shares[int(task)] = (indices[lo:hi].copy(), values[lo:hi].copy())
+        return ledger
+
     def add(self, task: int, d_w: np.ndarray, server_round: int) -> None:
         """Add an accepted ``d_w_k`` of ``server_round`` to ``v_k``."""
         v = self.share(task) + d_w
@@ -317,8 +346,8 @@ class Fsvrg(TaskStrategy):
         """Setup (once), exchange 1 (gradient at w_t), then the local-pass messages
         (CoCoA+: only these)."""
         self._round_start = time.perf_counter()
-        self.directory.discover(grid, wait=self.discovery_timeout if server_round == 1 else 0.0,
-                                query_timeout=max(self.round_timeout, 60.0))
+        wait = self.discovery_timeout if server_round == self.first_round else 0.0
+        self.directory.discover(grid, wait=wait, query_timeout=max(self.round_timeout, 60.0))
         if self.w is None:
             self._init_model()
         if self.method == "fsvrg" and self.stats is None:
@@ -656,6 +685,51 @@ class Fsvrg(TaskStrategy):
         if self.on_round is not None:
             self.on_round(self.public_record(record))
         return record
+
+    # ------------------------------------------------------------------ checkpoints
+    def fingerprint(self) -> dict[str, Any]:
+        """Settings a checkpoint must share with this run to be resumed."""
+        return {"strategy": "Fsvrg", "num_tasks": self.num_tasks, "method": self.method,
+                "lam": self.lam_arg, "h": self.h, "step": self.step_arg, "mu": self.mu,
+                "local_epochs": self.local_epochs, "seed": self.seed}
+
+    def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """``w``, the sparsity statistics, CoCoA+'s ledger, the records and counters."""
+        assert self.w is not None
+        arrays: dict[str, np.ndarray] = {"w": self.w, "n_train": self.n_train}
+        meta: dict[str, Any] = {"records": self.records, "exchanges": self.exchanges,
+                                "n_total": self.n_total, "lam": self.lam, "step": self.step,
+                                "gd_replies": self._gd_replies}
+        if self.stats is not None:
+            arrays.update(stats_n_j=self.stats.n_j, stats_omega=self.stats.omega)
+            meta["stats"] = {"num_nodes": self.stats.num_nodes, "n": self.stats.n}
+        if self.ledger is not None:
+            arrays.update({f"ledger_{k}": v for k, v in self.ledger.to_arrays().items()})
+        return arrays, meta
+
+    def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+        """Load :meth:`checkpoint_state`'s output."""
+        w = np.asarray(arrays["w"], dtype=np.float64)
+        if w.ndim != 1 or not np.all(np.isfinite(w)):
+            raise ValueError("checkpoint 'w' must be a finite vector")
+        if arrays["n_train"].shape != (self.num_tasks,):
+            raise ValueError(f"checkpoint 'n_train' must have shape ({self.num_tasks},)")
+        self.w = w.copy()
+        self.directory.dim = int(w.shape[0])
+        self.records = [dict(r) for r in meta["records"]]
+        self.exchanges = int(meta["exchanges"])
+        self.n_total = meta["n_total"]
+        self.lam, self.step = meta["lam"], meta["step"]
+        self._gd_replies = int(meta["gd_replies"])
+        if "stats" in meta:
+            self.stats = FeatureStats(num_nodes=int(meta["stats"]["num_nodes"]),
+                                      n=int(meta["stats"]["n"]),
+                                      n_j=arrays["stats_n_j"].astype(np.int64),
+                                      omega=arrays["stats_omega"].astype(np.int64))
+        if self.method == "cocoa-plus":
+            self.ledger = DualLedger.from_arrays(
+                self.num_tasks, self.dim,
+                {k[len("ledger_"):]: v for k, v in arrays.items() if k.startswith("ledger_")})
 
     def results(self) -> dict[str, Any]:
         """``{"rounds": [...], "final": {...}}`` over the completed records."""
