@@ -138,9 +138,10 @@ def strategy_from_config(cfg: RunConfig, num_tasks: int,
     """The strategy configured by ``cfg``: :class:`FedEM` for its family, :class:`MbSgd`, or
     :class:`Mocha` with local solver ``cfg.strategy`` (mocha, cocoa or mb-sdca; lambda must
     then be a number)."""
-    if cfg.checkpoint_dir and (cfg.is_fedem_family or cfg.strategy not in DUAL_METHODS):
+    with_checkpoints = (*DUAL_METHODS, *FSVRG_FAMILY)
+    if cfg.checkpoint_dir and (cfg.is_fedem_family or cfg.strategy not in with_checkpoints):
         raise ConfigError(f"checkpoint-dir: checkpoints are supported by "
-                          f"{', '.join(DUAL_METHODS)}, not yet by {cfg.strategy}")
+                          f"{', '.join(with_checkpoints)}, not yet by {cfg.strategy}")
     if cfg.is_fedem_family:
         return fedem_from_config(cfg, num_tasks, on_round)
     if cfg.strategy == "ofmtl":
@@ -148,11 +149,14 @@ def strategy_from_config(cfg: RunConfig, num_tasks: int,
     if cfg.strategy in FSVRG_FAMILY:
         step = cfg.step_size or None
         own_step = cfg.strategy in ("gd", "dane")  # a step; the others' h
-        return Fsvrg(num_tasks, method=cfg.strategy, h=None if own_step else step,
-                     step=step if own_step else None, mu=cfg.dane_mu,
-                     local_epochs=cfg.local_epochs, eval_every=cfg.eval_every,
-                     seed=cfg.seed, discovery_timeout=max(cfg.round_timeout, 60.0),
-                     on_round=on_round)
+        fsvrg = Fsvrg(num_tasks, method=cfg.strategy, h=None if own_step else step,
+                      step=step if own_step else None, mu=cfg.dane_mu,
+                      local_epochs=cfg.local_epochs, eval_every=cfg.eval_every,
+                      seed=cfg.seed, discovery_timeout=max(cfg.round_timeout, 60.0),
+                      on_round=on_round)
+        if cfg.checkpoint_dir:
+            fsvrg.enable_checkpoints(cfg.checkpoint_dir, every=cfg.checkpoint_every)
+        return fsvrg
     if cfg.lam == "cv":
         raise ConfigError("lambda=cv is a cross-validation sweep run by `fmtl run` before the "
                           "federation starts; a ServerApp needs a number (e.g. lambda=1e-3)")
