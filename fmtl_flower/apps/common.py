@@ -30,7 +30,7 @@ from ..data.registry import FEDEM_SYNTHETIC, SPARSE_FEDERATED
 from ..strategies.fedem import FedEM
 from ..strategies.fsvrg import Fsvrg
 from ..strategies.mbsgd import MbSgd
-from ..strategies.mocha import DUAL_METHODS, Mocha
+from ..strategies.mocha import Mocha
 from ..strategies.ofmtl import OFMTL
 
 ResultsCallback = Callable[[dict[str, Any]], None]
@@ -102,7 +102,7 @@ def make_client_app(config: RunConfig | None = None) -> ClientApp:
 
     if config is not None:
         if config.is_fedem_family:
-            return make_fedem_client_app(load)
+            return make_fedem_client_app(load, state_dir=config.client_state_dir or None)
         if config.strategy in FSVRG_FAMILY:
             return make_fsvrg_client_app(load)
         if config.strategy == "ofmtl":
@@ -138,10 +138,10 @@ def strategy_from_config(cfg: RunConfig, num_tasks: int,
     """The strategy configured by ``cfg``: :class:`FedEM` for its family, :class:`MbSgd`, or
     :class:`Mocha` with local solver ``cfg.strategy`` (mocha, cocoa or mb-sdca; lambda must
     then be a number)."""
-    with_checkpoints = (*DUAL_METHODS, *FSVRG_FAMILY)
-    if cfg.checkpoint_dir and (cfg.is_fedem_family or cfg.strategy not in with_checkpoints):
-        raise ConfigError(f"checkpoint-dir: checkpoints are supported by "
-                          f"{', '.join(with_checkpoints)}, not yet by {cfg.strategy}")
+    if cfg.checkpoint_dir and cfg.strategy in ("ofmtl", "mb-sgd"):
+        raise ConfigError(f"checkpoint-dir: {cfg.strategy} does not support checkpoints yet "
+                          "(MOCHA, its CoCoA/Mb-SDCA variants, the FedEM family and the FSVRG "
+                          "family do)")
     if cfg.is_fedem_family:
         return fedem_from_config(cfg, num_tasks, on_round)
     if cfg.strategy == "ofmtl":
@@ -193,16 +193,19 @@ def fedem_from_config(cfg: RunConfig, num_tasks: int,
     if model == "svm":
         raise ConfigError(f"strategy={cfg.strategy} trains logistic, softmax or mlp models, "
                           "not svm (model=auto picks logistic)")
-    return FedEM(num_tasks, method=cfg.strategy, num_components=cfg.num_components,
-                 model=model, num_classes=num_classes, hidden=cfg.hidden, lr=cfg.lr,
-                 batch_size=cfg.batch_size, local_epochs=cfg.local_epochs,
-                 momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                 lr_schedule=cfg.lr_schedule, fraction=cfg.fraction,
-                 aggregation=cfg.aggregation, prox_mu=cfg.prox_mu,
-                 finetune_epochs=cfg.finetune_epochs,
-                 unseen_tasks=unseen_tasks(cfg, num_tasks), eval_every=cfg.eval_every,
-                 seed=cfg.seed, discovery_timeout=max(cfg.round_timeout, 60.0),
-                 on_round=on_round)
+    fedem = FedEM(num_tasks, method=cfg.strategy, num_components=cfg.num_components,
+                  model=model, num_classes=num_classes, hidden=cfg.hidden, lr=cfg.lr,
+                  batch_size=cfg.batch_size, local_epochs=cfg.local_epochs,
+                  momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                  lr_schedule=cfg.lr_schedule, fraction=cfg.fraction,
+                  aggregation=cfg.aggregation, prox_mu=cfg.prox_mu,
+                  finetune_epochs=cfg.finetune_epochs,
+                  unseen_tasks=unseen_tasks(cfg, num_tasks), eval_every=cfg.eval_every,
+                  seed=cfg.seed, discovery_timeout=max(cfg.round_timeout, 60.0),
+                  on_round=on_round)
+    if cfg.checkpoint_dir:
+        fedem.enable_checkpoints(cfg.checkpoint_dir, every=cfg.checkpoint_every)
+    return fedem
 
 
 def ofmtl_from_config(cfg: RunConfig, num_tasks: int,

@@ -6,6 +6,17 @@ weights ``pi`` (M,), its per-component momentum buffers (M, P) and, for ``local`
 models (M, P); none of them ever leaves the device. ``fedem.meta`` holds a signature of the
 setting (method, model, M, P): state written under another setting is discarded, never mixed.
 
+Resume. The device keeps two slots, the state after its newest training round and the one
+before it (``fedem.previous.*``), each with its round. A ``train`` message of round R uses the
+newest slot written before round R, an ``evaluate`` of round R the newest up to R. So when a
+server killed during round R resumes from its checkpoint of round R - 1 and sends round R
+again, the device starts from the same state as the first time and the resumed run matches an
+uninterrupted one bit for bit (checkpoint every round; with sparser checkpoints a device whose
+slots are all too new starts afresh, never mixed). With ``client-state-dir`` (node config,
+run config, or the ``state_dir`` argument) the slots are also kept in
+``<dir>/fedem-task-<id>.npz`` (atomic, no pickle) and read when ``context.state`` is empty,
+i.e. in a new Flower run.
+
 Labels: {0, 1} or 0..C-1 as given; {-1, +1} (the MOCHA datasets) are mapped to {0, 1}.
 
 Build a FedEM ClientApp over your own data with :func:`make_fedem_client_app`.
@@ -16,12 +27,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from logging import WARNING
+from pathlib import Path
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 
+from ..checkpoint import CheckpointError, read_state_file, state_file_path, write_state_file
 from ..core.fedem import (
     PI_FLOOR,
     check_simplex,
@@ -38,6 +51,7 @@ from .mocha import default_task_id
 
 STATE_ARRAYS = "fedem.arrays"
 STATE_META = "fedem.meta"
+PREVIOUS = "fedem.previous"  # prefix of the older slot's records
 TAG_TRAIN = 23
 TAG_FINETUNE = 29
 METHODS = ("fedem", "fedavg", "fedprox", "fedavg-ft", "clustered", "local")
@@ -94,11 +108,15 @@ class FedEMClient:
     task_id : callable, optional
         ``task_id(context) -> int``; default: ``task-id`` or ``partition-id`` of the node
         config.
+    state_dir : str, optional
+        ``client-state-dir`` to use when neither the node config nor the run config sets it.
     """
 
-    def __init__(self, load_data: DataLoader, task_id: TaskIdFn | None = None) -> None:
+    def __init__(self, load_data: DataLoader, task_id: TaskIdFn | None = None,
+                 state_dir: str | None = None) -> None:
         self._load_data = load_data
         self._task_id = task_id or default_task_id
+        self._state_dir = state_dir or None
         self._cache: dict[tuple[int, int], ClientData] = {}
         self._models: dict[tuple[str, int, int, int], Model] = {}
 
@@ -159,7 +177,7 @@ class FedEMClient:
         config, components, method, model = self._read_instruction(msg, data)
         rnd = config_value(config, "server-round", int)
         sgd = self._sgd_config(config)
-        pi, momentum, own = self._state(context, method, components)
+        pi, momentum, own = self._state(context, method, components, before=rnd)
         if method == "local":
             components = own if own is not None else components
         rng = np.random.default_rng([config_value(config, "seed", int), data.task_id, rnd,
@@ -188,7 +206,7 @@ class FedEMClient:
         config, components, method, model = self._read_instruction(msg, data)
         rnd = config_value(config, "server-round", int)
         unseen = config_value(config, "unseen", bool)
-        pi, _, own = self._state(context, method, components)
+        pi, _, own = self._state(context, method, components, before=rnd + 1)
         iterations = 0
         losses = None
         if method == "local" and own is not None:
@@ -262,18 +280,26 @@ class FedEMClient:
     def _signature(method: str, components: np.ndarray) -> str:
         return f"{method}|{components.shape[0]}|{components.shape[1]}"
 
-    def _state(self, context: Context, method: str, components: np.ndarray
+    def _state(self, context: Context, method: str, components: np.ndarray, before: int
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """(pi, momentum, own models or None) from ``context.state``; fresh when absent or
-        written under another setting."""
+        """(pi, momentum, own models or None) of the newest slot written before round
+        ``before``; fresh when there is none, or it was written under another setting."""
         M, P = components.shape
         fresh = (np.full(M, 1.0 / M), np.zeros((M, P)), None)
-        if STATE_META not in context.state or STATE_ARRAYS not in context.state:
+        if STATE_META not in context.state:
+            self._load_state_file(context)
+        for arrays_key, meta_key in ((STATE_ARRAYS, STATE_META),
+                                     (f"{PREVIOUS}.arrays", f"{PREVIOUS}.meta")):
+            if meta_key in context.state and arrays_key in context.state:
+                rnd = context.state[meta_key].get("round", None)
+                if isinstance(rnd, int) and not isinstance(rnd, bool) and rnd < before:
+                    break
+        else:
             return fresh
-        meta = context.state[STATE_META]
+        meta = context.state[meta_key]
         if meta.get("signature") != self._signature(method, components):
             return fresh
-        arrays = context.state[STATE_ARRAYS]
+        arrays = context.state[arrays_key]
         try:
             pi = np.array(from_array(arrays["pi"]), dtype=np.float64)
             momentum = np.array(from_array(arrays["momentum"]), dtype=np.float64)
@@ -295,16 +321,75 @@ class FedEMClient:
 
     def _write_state(self, context: Context, method: str, pi: np.ndarray,
                      momentum: np.ndarray, own: np.ndarray | None, rnd: int) -> None:
+        """Store the state after round ``rnd`` as the newest slot; the newest slot of an
+        earlier round becomes the older one (a repeated round replaces its own slot)."""
+        if STATE_META in context.state and STATE_ARRAYS in context.state:
+            old = context.state[STATE_META].get("round", None)
+            if isinstance(old, int) and old < rnd:
+                context.state[f"{PREVIOUS}.arrays"] = context.state[STATE_ARRAYS]
+                context.state[f"{PREVIOUS}.meta"] = context.state[STATE_META]
         arrays = {"pi": to_array(pi), "momentum": to_array(momentum)}
         if own is not None:
             arrays["own"] = to_array(own)
         context.state[STATE_ARRAYS] = ArrayRecord(arrays)
         context.state[STATE_META] = ConfigRecord(
             {"signature": self._signature(method, momentum), "round": rnd})
+        path = self._state_path(context)
+        if path is not None:
+            self._save_state_file(context, path)
+
+    # -- device state file ------------------------------------------------------------------
+    def _state_path(self, context: Context) -> Path | None:
+        for config in (context.node_config, context.run_config):
+            if "client-state-dir" in config and str(config["client-state-dir"]):
+                return state_file_path(str(config["client-state-dir"]), "fedem",
+                                       int(self._task_id(context)))
+        if self._state_dir is not None:
+            return state_file_path(self._state_dir, "fedem", int(self._task_id(context)))
+        return None
+
+    @staticmethod
+    def _save_state_file(context: Context, path: Path) -> None:
+        arrays, meta = {}, {}
+        for slot, (arrays_key, meta_key) in (("latest", (STATE_ARRAYS, STATE_META)),
+                                             ("previous", (f"{PREVIOUS}.arrays",
+                                                           f"{PREVIOUS}.meta"))):
+            if meta_key not in context.state or arrays_key not in context.state:
+                continue
+            for name, array in context.state[arrays_key].items():
+                arrays[f"{slot}.{name}"] = from_array(array)
+            meta[slot] = dict(context.state[meta_key])
+        write_state_file(path, arrays, meta)
+
+    def _load_state_file(self, context: Context) -> None:
+        """Fill an empty ``context.state`` from the device's state file, if there is one."""
+        path = self._state_path(context)
+        if path is None or not path.exists():
+            return
+        try:
+            arrays, meta = read_state_file(path)
+        except CheckpointError as err:
+            log(WARNING, "FedEM client: state file unusable (%s); starting afresh", err)
+            return
+        for slot, (arrays_key, meta_key) in (("latest", (STATE_ARRAYS, STATE_META)),
+                                             ("previous", (f"{PREVIOUS}.arrays",
+                                                           f"{PREVIOUS}.meta"))):
+            names = [k for k in arrays if k.startswith(f"{slot}.")]
+            info = meta.get(slot)
+            if not names or not isinstance(info, dict) or not isinstance(
+                    info.get("round"), int) or not isinstance(info.get("signature"), str):
+                continue
+            context.state[arrays_key] = ArrayRecord(
+                {k[len(slot) + 1:]: to_array(np.asarray(arrays[k], dtype=np.float64))
+                 for k in names})
+            context.state[meta_key] = ConfigRecord({"signature": info["signature"],
+                                                    "round": info["round"]})
 
 
-def make_fedem_client_app(load_data: DataLoader, task_id: TaskIdFn | None = None) -> ClientApp:
-    """A ClientApp serving the FedEM family over ``load_data(context)``.
+def make_fedem_client_app(load_data: DataLoader, task_id: TaskIdFn | None = None,
+                          state_dir: str | None = None) -> ClientApp:
+    """A ClientApp serving the FedEM family over ``load_data(context)`` (device state files
+    under ``state_dir`` unless the node or run config sets ``client-state-dir``).
 
     Examples
     --------
@@ -312,7 +397,7 @@ def make_fedem_client_app(load_data: DataLoader, task_id: TaskIdFn | None = None
     ...     return my_X, my_y, my_X_test, my_y_test
     >>> app = make_fedem_client_app(load)  # doctest: +SKIP
     """
-    return client_app_for(FedEMClient(load_data, task_id))
+    return client_app_for(FedEMClient(load_data, task_id, state_dir))
 
 
 __all__ = ["METHODS", "PI_FLOOR", "ClientData", "FedEMClient", "labels_as_classes",

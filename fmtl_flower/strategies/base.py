@@ -64,7 +64,7 @@ class TaskStrategy(Strategy):
               ) -> Result:
         """Run rounds up to ``num_rounds`` plus a final metrics round, as ``Strategy.start``
         does, after resuming from the newest checkpoint when enabled (the rounds it covers are
-        not run again)."""
+        not run again). A checkpoint is written after a round's train and evaluate phases."""
         self.num_rounds = int(num_rounds)
         self.round_timeout = float(timeout)
         if self.checkpoint_dir is not None and self.resume:
@@ -87,14 +87,12 @@ class TaskStrategy(Strategy):
             if metrics is not None:
                 log(INFO, "\t└──> Aggregated MetricRecord: %s", metrics)
                 result.train_metrics_clientapp[server_round] = metrics
-            self.maybe_checkpoint(server_round)
             self._evaluate_phase(grid, server_round, arrays, evaluate_config, timeout, result,
                                  evaluate_fn)
-        if self.first_round > self.num_rounds:  # resumed after the last round: metrics only
-            log(INFO, "resumed after the last round (%d): final metrics round only",
+            self.maybe_checkpoint(server_round)  # after the round's evaluation, if any
+        if self.first_round > self.num_rounds:
+            log(INFO, "the checkpoint is of the last round (%d): nothing left to run",
                 self.resumed_from)
-            self._evaluate_phase(grid, self.num_rounds, arrays, evaluate_config, timeout,
-                                 result, evaluate_fn)
         log(INFO, "Strategy execution finished in %.2fs", time.time() - started)
         for line in io.StringIO(str(result)):
             log(INFO, "\t%s", line.strip("\n"))

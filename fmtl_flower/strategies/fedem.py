@@ -222,7 +222,7 @@ class FedEM(TaskStrategy):
                         grid: Grid) -> Iterable[Message]:
         """``train`` messages to the round's sampled training clients."""
         self._round_start = time.perf_counter()
-        self.discover(grid, wait=server_round == 1)
+        self.discover(grid, wait=server_round == self.first_round)
         if self.components is None:
             raise RuntimeError(f"{self.name} found no usable node: check that the ClientApp "
                                "is FedEM's and that nodes report a task id")
@@ -302,6 +302,38 @@ class FedEM(TaskStrategy):
             self.on_round(self.public_record(record))
         return MetricRecord({k: float(v) for k, v in record.items()
                              if isinstance(v, int | float) and not isinstance(v, bool)})
+
+    # ------------------------------------------------------------------ checkpoints
+    def fingerprint(self) -> dict[str, Any]:
+        """Settings a checkpoint must share with this run to be resumed."""
+        return {"strategy": "FedEM", "num_tasks": self.num_tasks, "method": self.method,
+                "num_components": self.num_components, "model": self.model_name,
+                "num_classes": self.num_classes, "hidden": self.hidden, "seed": self.seed,
+                "sgd": [self.sgd.lr, self.sgd.momentum, self.sgd.weight_decay,
+                        self.sgd.batch_size, self.sgd.epochs, self.sgd.prox_mu],
+                "fraction": self.fraction, "aggregation": self.aggregation,
+                "unseen": np.flatnonzero(self.unseen).tolist()}
+
+    def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The components, the tasks' sizes and the records (client sampling and the
+        learning rate derive from the seed and the round; pi stays on the devices)."""
+        assert self.components is not None
+        return ({"components": self.components, "n_train": self.n_train},
+                {"records": self.records, "dim": self.directory.dim})
+
+    def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+        """Load :meth:`checkpoint_state`'s output."""
+        dim = int(meta["dim"])
+        model = make_model(self.model_name, dim, num_classes=self.num_classes,
+                           hidden=self.hidden)
+        components = np.asarray(arrays["components"], dtype=np.float64)
+        expected = (self.num_components, model.init_params(np.random.default_rng(0)).shape[0])
+        if components.shape != expected or not np.all(np.isfinite(components)):
+            raise ValueError(f"checkpoint components must be finite of shape {expected}, got "
+                             f"{components.shape}")
+        self.model, self.components = model, components.copy()
+        self.directory.dim = dim
+        self.records = [dict(r) for r in meta["records"]]
 
     # ------------------------------------------------------------------ discovery
     def discover(self, grid: Grid, wait: bool = False) -> None:

@@ -344,8 +344,6 @@ class Mocha(TaskStrategy):
         """Nothing, except after the last round: the final metrics round over every task."""
         if self.num_rounds is None or server_round != self.num_rounds:
             return []
-        if server_round < self.first_round:  # resumed after the last round: find the nodes
-            self.discover(grid, wait=True)
         if self.state is None:
             return []
         return self._instructions(server_round, MessageType.EVALUATE, True, None,

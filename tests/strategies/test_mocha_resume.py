@@ -13,7 +13,7 @@ from flwr.app import Context, Message
 from flwr.serverapp import Grid, ServerApp
 
 from fmtl_flower.checkpoint import CheckpointError, read_checkpoint
-from fmtl_flower.clients.mocha import make_mocha_client_app
+from fmtl_flower.clients.mocha import STATE_META, make_mocha_client_app
 from fmtl_flower.engine import run_inprocess
 from fmtl_flower.strategies.mocha import Mocha
 
@@ -148,14 +148,15 @@ def test_checkpoints_are_atomic_files_without_pickle(problem, tmp_path):
         assert all(data[k].dtype != object for k in data.files)
 
 
-def test_resume_after_the_last_round_only_evaluates(problem, uninterrupted, tmp_path):
+def test_resume_after_the_last_round_sends_nothing(problem, uninterrupted, tmp_path):
     first = Mocha(problem.num_tasks, **SETTINGS)
     first.enable_checkpoints(tmp_path / "ckpt")
     _run(problem, first, tmp_path / "dev")
     again = Mocha(problem.num_tasks, **SETTINGS)
     again.enable_checkpoints(tmp_path / "ckpt")
-    _run(problem, again, tmp_path / "dev")
+    grid = _run(problem, again, tmp_path / "dev")
     assert again.resumed_from == ROUNDS
+    assert all(STATE_META not in c.state for c in grid.contexts.values())  # no message sent
     np.testing.assert_array_equal(again.state.W, uninterrupted.strategy.state.W)
     assert again.results()["final"]["gap"] == uninterrupted.final["gap"]
 
