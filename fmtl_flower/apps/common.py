@@ -138,10 +138,9 @@ def strategy_from_config(cfg: RunConfig, num_tasks: int,
     """The strategy configured by ``cfg``: :class:`FedEM` for its family, :class:`MbSgd`, or
     :class:`Mocha` with local solver ``cfg.strategy`` (mocha, cocoa or mb-sdca; lambda must
     then be a number)."""
-    if cfg.checkpoint_dir and cfg.strategy in ("ofmtl", "mb-sgd"):
-        raise ConfigError(f"checkpoint-dir: {cfg.strategy} does not support checkpoints yet "
-                          "(MOCHA, its CoCoA/Mb-SDCA variants, the FedEM family and the FSVRG "
-                          "family do)")
+    if cfg.checkpoint_dir and cfg.strategy == "mb-sgd":
+        raise ConfigError("checkpoint-dir: mb-sgd does not support checkpoints yet (MOCHA, "
+                          "its CoCoA/Mb-SDCA variants, OFMTL, the FedEM and FSVRG families do)")
     if cfg.is_fedem_family:
         return fedem_from_config(cfg, num_tasks, on_round)
     if cfg.strategy == "ofmtl":
@@ -214,13 +213,16 @@ def ofmtl_from_config(cfg: RunConfig, num_tasks: int,
     probabilistic formulation) over ``initial-tasks`` tasks, then newcomers."""
     if cfg.lam == "cv":
         raise ConfigError("lambda=cv is not available for ofmtl; give a number")
-    return OFMTL(num_tasks, initial_tasks=cfg.initial_tasks or 1, lam=float(cfg.lam),
-                 mocha_rounds=cfg.num_server_rounds, omega_every=cfg.omega_every,
-                 local_frac=cfg.local_frac, omega_eps=cfg.omega_eps,
-                 retrain_ratio=cfg.retrain_ratio, seed=cfg.seed,
-                 arrival_timeout=cfg.round_timeout,
-                 discovery_timeout=max(cfg.round_timeout, 60.0),
-                 round_timeout=cfg.round_timeout, on_record=on_record)
+    ofmtl = OFMTL(num_tasks, initial_tasks=cfg.initial_tasks or 1, lam=float(cfg.lam),
+                  mocha_rounds=cfg.num_server_rounds, omega_every=cfg.omega_every,
+                  local_frac=cfg.local_frac, omega_eps=cfg.omega_eps,
+                  retrain_ratio=cfg.retrain_ratio, seed=cfg.seed,
+                  arrival_timeout=cfg.round_timeout,
+                  discovery_timeout=max(cfg.round_timeout, 60.0),
+                  round_timeout=cfg.round_timeout, on_record=on_record)
+    if cfg.checkpoint_dir:
+        ofmtl.enable_checkpoints(cfg.checkpoint_dir)
+    return ofmtl
 
 
 def formulation_options(cfg: RunConfig) -> dict[str, Any]:

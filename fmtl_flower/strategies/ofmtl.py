@@ -37,10 +37,12 @@ Reply: metrics ``task-id``, ``round``, ``test-errors``, ``test-n`` (ints).
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,6 +51,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from ..checkpoint import CheckpointError, read_checkpoint, write_checkpoint
 from ..core.ofmtl import (
     extend_sigma,
     newcomer_server_quantities,
@@ -147,6 +150,62 @@ class OFMTL(Strategy):
         self.newcomer_floats: list[int] = []
         self.floats_total = 0
         self._started = 0.0
+        self.checkpoint_dir: Path | None = None
+        self._resume = True
+        self.resumed_from: int | None = None  # records of the checkpoint resumed from
+
+    # ------------------------------------------------------------------ checkpoints
+    def enable_checkpoints(self, directory: str | Path, every: int = 1,
+                           resume: bool = True) -> None:
+        """Write the state (W, Sigma, records and counters) after every event: the initial
+        training, each newcomer, each retraining (``every`` is accepted for the common
+        interface and must be 1); with ``resume``, continue after the newest checkpoint:
+        a newcomer whose protocol was cut short is served again from its first step, a cut
+        retraining is run again."""
+        if every != 1:
+            raise ValueError("OFMTL checkpoints after every event; every must be 1")
+        self.checkpoint_dir = Path(directory)
+        self._resume = bool(resume)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Settings a checkpoint must share with this run to be resumed."""
+        return {"strategy": "OFMTL", "num_tasks": self.num_tasks,
+                "initial_tasks": self.initial_tasks, "mocha": self.mocha_options,
+                "mocha_rounds": self.mocha_rounds, "outer": self.outer, "inner": self.inner,
+                "newcomer_frac": self.newcomer_frac, "retrain_ratio": self.retrain_ratio}
+
+    def _write_checkpoint(self) -> None:
+        assert self.W is not None and self.Sigma is not None
+        meta = {"fingerprint": self.fingerprint(), "records": self.records,
+                "retrainings": self.retrainings, "tasks_at_training": self.tasks_at_training,
+                "newcomer_floats": self.newcomer_floats, "floats_total": self.floats_total}
+        write_checkpoint(self.checkpoint_dir, len(self.records),
+                         {"W": self.W, "Sigma": self.Sigma}, meta)
+
+    def _restore(self) -> bool:
+        checkpoint = read_checkpoint(self.checkpoint_dir)
+        if checkpoint is None:
+            return False
+        expected = json.loads(json.dumps(self.fingerprint()))
+        if checkpoint.meta.get("fingerprint") != expected:
+            raise CheckpointError(f"{checkpoint.path} was written with other OFMTL settings; "
+                                  "use another checkpoint directory")
+        W, Sigma = checkpoint.arrays["W"], checkpoint.arrays["Sigma"]
+        m = W.shape[1] if W.ndim == 2 else -1
+        if (m < 1 or Sigma.shape != (m, m) or m > self.num_tasks
+                or not (np.all(np.isfinite(W)) and np.all(np.isfinite(Sigma)))):
+            raise CheckpointError(f"{checkpoint.path}: W {W.shape} and Sigma {Sigma.shape} "
+                                  "do not fit this run")
+        self.W, self.Sigma = W.astype(np.float64), Sigma.astype(np.float64)
+        meta = checkpoint.meta
+        self.records = [dict(r) for r in meta["records"]]
+        self.retrainings, self.tasks_at_training = meta["retrainings"], meta["tasks_at_training"]
+        self.newcomer_floats = [int(f) for f in meta["newcomer_floats"]]
+        self.floats_total = int(meta["floats_total"])
+        self.resumed_from = checkpoint.server_round
+        log(INFO, "%s: resumed from %s (%d tasks, %d events)", _NAME, checkpoint.path, self.m,
+            len(self.records))
+        return True
 
     @property
     def m(self) -> int:
@@ -164,7 +223,9 @@ class OFMTL(Strategy):
         if timeout is not None:
             self.round_timeout = float(timeout)
         self._started = time.perf_counter()
-        self._retrain(grid, self.initial_tasks, "initial")
+        resumed = (self.checkpoint_dir is not None and self._resume and self._restore())
+        if not resumed:
+            self._retrain(grid, self.initial_tasks, "initial")
         attempts = admitted = 0
         while self.m < self.num_tasks and (not num_rounds or admitted < num_rounds):
             task = self.m
@@ -299,6 +360,8 @@ class OFMTL(Strategy):
         self.records.append(record)
         log(INFO, "%s: %s -> %d tasks, test error %s, %d floats", _NAME, event, self.m,
             record.get("test_error"), floats)
+        if self.checkpoint_dir is not None:
+            self._write_checkpoint()
         if self.on_record is not None:
             self.on_record(dict(record))
 
