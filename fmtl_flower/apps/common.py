@@ -104,7 +104,7 @@ def make_client_app(config: RunConfig | None = None) -> ClientApp:
         if config.is_fedem_family:
             return make_fedem_client_app(load, state_dir=config.client_state_dir or None)
         if config.strategy in FSVRG_FAMILY:
-            return make_fsvrg_client_app(load)
+            return make_fsvrg_client_app(load, state_dir=config.client_state_dir or None)
         if config.strategy == "ofmtl":
             return make_ofmtl_client_app(load)
         if config.strategy == "mb-sgd":

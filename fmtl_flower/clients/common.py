@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
-from flwr.app import ConfigRecord
+from flwr.app import ConfigRecord, Context
 from flwr.clientapp import ClientApp
+
+from ..checkpoint import state_file_path
 
 
 def config_value(config: ConfigRecord, key: str, kind: type) -> Any:
@@ -37,3 +40,29 @@ def client_app_for(client: Any) -> ClientApp:
     app.train()(client.train)
     app.evaluate()(client.evaluate)
     return app
+
+
+def state_file_for(context: Context, kind: str, task_id: int,
+                   default_dir: str | None = None) -> Path | None:
+    """Where a device keeps ``kind``'s state for ``task_id``: under ``client-state-dir`` of the
+    node config, else of the run config, else ``default_dir``; None when none is set."""
+    for config in (context.node_config, context.run_config):
+        if "client-state-dir" in config and str(config["client-state-dir"]):
+            return state_file_path(str(config["client-state-dir"]), kind, task_id)
+    if default_dir:
+        return state_file_path(default_dir, kind, task_id)
+    return None
+
+
+def protocol_rounds(config: ConfigRecord) -> tuple[int, int]:
+    """``(last-accepted-round, checkpoint-round or -1)`` of a dual-protocol message, checked
+    against ``server-round``."""
+    last_accepted = config_value(config, "last-accepted-round", int)
+    server_round = config_value(config, "server-round", int)
+    if not 0 <= last_accepted <= server_round:
+        raise ValueError(f"last-accepted-round {last_accepted} outside 0..server-round "
+                         f"({server_round})")
+    checkpoint_round = -1
+    if "checkpoint-round" in config:
+        checkpoint_round = config_value(config, "checkpoint-round", int)
+    return last_accepted, checkpoint_round

@@ -34,7 +34,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 
-from ..checkpoint import CheckpointError, read_state_file, state_file_path, write_state_file
+from ..checkpoint import CheckpointError, read_state_file, write_state_file
 from ..core.fedem import (
     PI_FLOOR,
     check_simplex,
@@ -46,7 +46,7 @@ from ..core.fedem import (
 from ..core.local_sgd import SGDConfig, sgd_epochs
 from ..core.models import Model, make_model
 from ..wire import from_array, to_array
-from .common import client_app_for, config_value
+from .common import client_app_for, config_value, state_file_for
 from .mocha import default_task_id
 
 STATE_ARRAYS = "fedem.arrays"
@@ -340,13 +340,7 @@ class FedEMClient:
 
     # -- device state file ------------------------------------------------------------------
     def _state_path(self, context: Context) -> Path | None:
-        for config in (context.node_config, context.run_config):
-            if "client-state-dir" in config and str(config["client-state-dir"]):
-                return state_file_path(str(config["client-state-dir"]), "fedem",
-                                       int(self._task_id(context)))
-        if self._state_dir is not None:
-            return state_file_path(self._state_dir, "fedem", int(self._task_id(context)))
-        return None
+        return state_file_for(context, "fedem", int(self._task_id(context)), self._state_dir)
 
     @staticmethod
     def _save_state_file(context: Context, path: Path) -> None:

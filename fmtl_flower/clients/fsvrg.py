@@ -36,13 +36,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from logging import WARNING
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.logger import log
 
+from ..checkpoint import CheckpointError
 from ..core.fsvrg import (
     cocoa_plus_local_sdca,
     dane_epoch_orders,
@@ -58,7 +61,8 @@ from ..core.fsvrg import (
 )
 from ..core.rng import coordinate_order
 from ..wire import from_array, to_array
-from .common import config_value
+from .common import config_value, protocol_rounds, state_file_for
+from .dual_state import DualState, encode, read_dual_file, reconcile, write_dual_file
 from .mocha import default_task_id
 
 __all__ = ["COCOA_STATE_ARRAYS", "COCOA_STATE_META", "FsvrgClient", "SparseLocalTask",
@@ -122,7 +126,9 @@ class FsvrgClient:
         ``task_id(context) -> int``; default: node config ``task-id``, else ``partition-id``.
     """
 
-    def __init__(self, load_data: SparseLoader, task_id: TaskIdFn | None = None) -> None:
+    def __init__(self, load_data: SparseLoader, task_id: TaskIdFn | None = None,
+                 state_dir: str | None = None) -> None:
+        self.state_dir = state_dir or None
         self.load_data = load_data
         self.task_id = task_id or default_task_id
         self._cache: dict[tuple[int, int], SparseLocalTask] = {}
@@ -178,11 +184,12 @@ class FsvrgClient:
         if "method" not in config or config_value(config, "method", str) != "cocoa-plus":
             return self._loss_reply(msg, context, with_grad=False)
         w = self._vector(msg, "w", task.dim)
-        alpha, committed, state_ok = _reconcile(context, task, config)
+        state = self._reconcile(context, task, config)
         metrics, _ = self._loss_metrics(task, config, w)
-        metrics.update({"state-ok": int(state_ok), "dual-sum": logistic_dual_sum(task.y, alpha)})
+        metrics.update({"state-ok": int(state.ok),
+                        "dual-sum": logistic_dual_sum(task.y, state.alpha)})
         reply = Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
-        _write_duals(context, task, alpha, committed, None, -1)  # last
+        self._write_duals(context, task, state, None, -1)  # last
         return reply
 
     def train(self, msg: Message, context: Context) -> Message:
@@ -245,9 +252,10 @@ class FsvrgClient:
         if epochs < 1:
             raise ValueError(f"epochs must be >= 1, got {epochs}")
         w = self._vector(msg, "w", task.dim)
-        alpha, committed, state_ok = _reconcile(context, task, config)
+        state = self._reconcile(context, task, config)
+        alpha = state.alpha
         metrics, _ = self._loss_metrics(task, config, w)
-        metrics.update({"state-ok": int(state_ok), "dual-sum": logistic_dual_sum(task.y, alpha)})
+        metrics.update({"state-ok": int(state.ok), "dual-sum": logistic_dual_sum(task.y, alpha)})
         order = np.concatenate(dane_epoch_orders(seed, task.task_id, server_round, task.n,
                                                  epochs))
         d_alpha, d_w = cocoa_plus_local_sdca(task.X, task.y, alpha, w, lam=lam, n=n,
@@ -255,8 +263,47 @@ class FsvrgClient:
         reply = Message(RecordDict({"metrics": MetricRecord(metrics),
                                     "arrays": ArrayRecord({"d-w": to_array(d_w)})}),
                         reply_to=msg)
-        _write_duals(context, task, alpha, committed, d_alpha, server_round)  # last
+        self._write_duals(context, task, state, d_alpha, server_round)  # last
         return reply
+
+    # -- CoCoA+'s dual state (the protocol of fmtl_flower.clients.dual_state) -----------------
+    def _reconcile(self, context: Context, task: SparseLocalTask,
+                   config: ConfigRecord) -> DualState:
+        last_accepted, checkpoint_round = protocol_rounds(config)
+        if COCOA_STATE_META not in context.state:
+            self._load_duals(context, task)
+        duals = meta = None
+        if COCOA_STATE_META in context.state and COCOA_STATE_ARRAYS in context.state:
+            meta = dict(context.state[COCOA_STATE_META])
+            arrays = context.state[COCOA_STATE_ARRAYS]
+            duals = from_array(arrays["duals"]) if "duals" in arrays else None
+            if duals is not None and duals.dtype != np.float64:
+                duals = None
+        return reconcile(duals, meta, task_id=task.task_id, n=task.n,
+                         last_accepted=last_accepted, checkpoint_round=checkpoint_round)
+
+    def _write_duals(self, context: Context, task: SparseLocalTask, state: DualState,
+                     pending: np.ndarray | None, pending_round: int) -> None:
+        duals, meta = encode(state, task.task_id, pending, pending_round)
+        context.state[COCOA_STATE_ARRAYS] = ArrayRecord({"duals": to_array(duals)})
+        context.state[COCOA_STATE_META] = ConfigRecord(meta)
+        path = state_file_for(context, "cocoa-plus", task.task_id, self.state_dir)
+        if path is not None:
+            write_dual_file(path, duals, meta)
+
+    def _load_duals(self, context: Context, task: SparseLocalTask) -> None:
+        path = state_file_for(context, "cocoa-plus", task.task_id, self.state_dir)
+        if path is None:
+            return
+        try:
+            stored = read_dual_file(path, task.task_id, task.n)
+        except CheckpointError as err:
+            log(WARNING, "CoCoA+ task %d: state file unusable (%s); starting from alpha = 0",
+                task.task_id, err)
+            return
+        if stored is not None:
+            context.state[COCOA_STATE_ARRAYS] = ArrayRecord({"duals": to_array(stored[0])})
+            context.state[COCOA_STATE_META] = ConfigRecord(stored[1])
 
     # -- helpers ----------------------------------------------------------------------------
     def _loss_reply(self, msg: Message, context: Context, with_grad: bool) -> Message:
@@ -305,49 +352,15 @@ class FsvrgClient:
         return v
 
 
-def _reconcile(context: Context, task: SparseLocalTask,
-               config: ConfigRecord) -> tuple[np.ndarray, int, bool]:
-    """CoCoA+'s dual commit protocol: (alpha, committed round, state ok) for this message."""
-    last_accepted = config_value(config, "last-accepted-round", int)
-    server_round = config_value(config, "server-round", int)
-    if not 0 <= last_accepted <= server_round:
-        raise ValueError(f"last-accepted-round {last_accepted} outside 0..server-round "
-                         f"({server_round})")
-    alpha, committed = np.zeros(task.n), 0
-    state = context.state
-    if COCOA_STATE_META in state and COCOA_STATE_ARRAYS in state:
-        meta, arrays = state[COCOA_STATE_META], state[COCOA_STATE_ARRAYS]
-        duals = from_array(arrays["duals"]) if "duals" in arrays else None
-        if (meta.get("task-id", -1) == task.task_id and duals is not None
-                and duals.dtype == np.float64 and duals.shape == (2, task.n)):
-            alpha, committed = duals[0], int(meta["committed-round"])
-            pending_round = int(meta["pending-round"])
-            if pending_round >= 0 and pending_round == last_accepted:
-                alpha, committed = alpha + duals[1], pending_round
-    if committed != last_accepted:
-        return np.zeros(task.n), 0, False
-    return alpha, committed, True
-
-
-def _write_duals(context: Context, task: SparseLocalTask, alpha: np.ndarray, committed: int,
-                 pending: np.ndarray | None, pending_round: int) -> None:
-    """Store [alpha; pending d_alpha] and the rounds in ``context.state``."""
-    duals = np.empty((2, task.n))
-    duals[0] = alpha
-    duals[1] = 0.0 if pending is None else pending
-    context.state[COCOA_STATE_ARRAYS] = ArrayRecord({"duals": to_array(duals)})
-    context.state[COCOA_STATE_META] = ConfigRecord({
-        "task-id": task.task_id, "committed-round": int(committed),
-        "pending-round": int(pending_round) if pending is not None else -1})
-
-
-def make_fsvrg_client_app(load_data: SparseLoader, task_id: TaskIdFn | None = None) -> ClientApp:
+def make_fsvrg_client_app(load_data: SparseLoader, task_id: TaskIdFn | None = None,
+                          state_dir: str | None = None) -> ClientApp:
     """Build an FSVRG / naive FSVRG / GD / CoCoA+ / DANE ClientApp over your own sparse data.
 
     Routes ``query.whoami``, ``query.fsvrg_stats``, ``query.fsvrg_gradient``, ``train`` and
-    ``evaluate`` to :class:`FsvrgClient`'s handlers.
+    ``evaluate`` to :class:`FsvrgClient`'s handlers. CoCoA+ devices keep their duals in state
+    files under ``state_dir`` unless the node or run config sets ``client-state-dir``.
     """
-    client = FsvrgClient(load_data, task_id)
+    client = FsvrgClient(load_data, task_id, state_dir)
     app = ClientApp()
     app.query("whoami")(client.whoami)
     app.query("fsvrg_stats")(client.stats)

@@ -32,7 +32,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from logging import WARNING
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -40,14 +39,15 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 
-from ..checkpoint import CheckpointError, read_state_file, state_file_path, write_state_file
+from ..checkpoint import CheckpointError
 from ..core.baselines import cocoa_local_update, mbsdca_local_update
 from ..core.hinge import classification_errors, hinge_conjugate_value, mean_hinge_loss
 from ..core.rng import coordinate_order
 from ..core.sdca import sdca_local_update
 from ..data.validation import validate_task
 from ..wire import from_array, to_array
-from .common import client_app_for, config_value
+from .common import client_app_for, config_value, protocol_rounds, state_file_for
+from .dual_state import DualState, encode, read_dual_file, reconcile, write_dual_file
 
 STATE_ARRAYS = "mocha.arrays"
 STATE_META = "mocha.meta"
@@ -172,8 +172,9 @@ class MochaClient:
             raise ValueError(f"invalid budget/m-tt/sigma-prime: {budget}, {m_tt}, {sigma_p}")
         if config_value(config, "last-accepted-round", int) >= server_round:
             raise ValueError("last-accepted-round must precede server-round in a train message")
-        alpha, committed, state_ok, stable = self._reconcile(context, task, config)
-        metrics = self._metrics(task, w, alpha, config, state_ok)
+        state = self._reconcile(context, task, config)
+        alpha = state.alpha
+        metrics = self._metrics(task, w, alpha, config, state.ok)
         method = config_value(config, "method", str) if "method" in config else "mocha"
         steps = 0 if dropped else budget
         if steps == 0:
@@ -185,17 +186,17 @@ class MochaClient:
         metrics["steps"] = steps
         reply = RecordDict({"arrays": ArrayRecord({"delta-b": to_array(d_b)}),
                             "metrics": MetricRecord(metrics)})
-        self._write_state(context, task, alpha, committed, d_alpha, server_round, stable)  # last
+        self._write_state(context, task, state, d_alpha, server_round)  # last
         return Message(reply, reply_to=msg)
 
     def evaluate(self, msg: Message, context: Context) -> Message:
         """Commit or roll back, then report the objective's sums and test errors at w_t."""
         task = self.local_task(context)
         config, w = self._read_instruction(msg, task)
-        alpha, committed, state_ok, stable = self._reconcile(context, task, config)
-        metrics = self._metrics(task, w, alpha, config, state_ok)
+        state = self._reconcile(context, task, config)
+        metrics = self._metrics(task, w, state.alpha, config, state.ok)
         metrics["round"] = config_value(config, "server-round", int)
-        self._write_state(context, task, alpha, committed, None, -1, stable)
+        self._write_state(context, task, state, None, -1)
         return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
 
     @staticmethod
@@ -250,44 +251,17 @@ class MochaClient:
                              f"got {w.dtype} {w.shape}")
         return config, w
 
-    def _reconcile(self, context: Context, task: LocalTask, config: ConfigRecord
-                   ) -> tuple[np.ndarray, int, bool, tuple[np.ndarray, int] | None]:
-        """Apply the dual commit protocol; return (alpha, committed round, state ok, stable).
-
-        ``stable`` is the newest committed (alpha, round) not after the server's newest
-        checkpoint (config ``checkpoint-round``, sent when the server writes checkpoints):
-        a server resumed from that checkpoint asks for exactly that round, so the device goes
-        back to it instead of starting from alpha = 0.
-        """
-        last_accepted = config_value(config, "last-accepted-round", int)
-        server_round = config_value(config, "server-round", int)
-        if not 0 <= last_accepted <= server_round:
-            raise ValueError(f"last-accepted-round {last_accepted} outside 0..server-round "
-                             f"({server_round})")
-        checkpoint_round = (config_value(config, "checkpoint-round", int)
-                            if "checkpoint-round" in config else -1)
-        alpha, committed, stable = np.zeros(task.n), 0, None
+    def _reconcile(self, context: Context, task: LocalTask,
+                   config: ConfigRecord) -> DualState:
+        """Apply the dual commit protocol (:mod:`fmtl_flower.clients.dual_state`) to the
+        stored state, read from the state file when ``context.state`` is empty."""
+        last_accepted, checkpoint_round = protocol_rounds(config)
         if STATE_META not in context.state:
             self._load_state_file(context, task)
-        meta = context.state[STATE_META] if STATE_META in context.state else None
-        if meta is not None and meta.get("task-id", -1) == task.task_id:
-            duals = self._stored_duals(context)
-            if duals is not None and duals.shape == (3, task.n):
-                alpha, committed = duals[0], int(meta["committed-round"])
-                pending_round = int(meta["pending-round"])
-                if pending_round >= 0 and pending_round == last_accepted:
-                    alpha = alpha + duals[1]
-                    committed = pending_round
-                stable_round = int(meta.get("stable-round", -1))
-                if stable_round >= 0:
-                    stable = (duals[2], stable_round)
-        if committed != last_accepted:
-            if stable is None or stable[1] != last_accepted:
-                return np.zeros(task.n), 0, False, None
-            alpha, committed = stable[0], stable[1]  # back to the server's checkpoint
-        if 0 <= checkpoint_round and committed <= checkpoint_round:
-            stable = (alpha, committed)
-        return alpha, committed, True, stable
+        meta = dict(context.state[STATE_META]) if STATE_META in context.state else None
+        duals = self._stored_duals(context) if meta is not None else None
+        return reconcile(duals, meta, task_id=task.task_id, n=task.n,
+                         last_accepted=last_accepted, checkpoint_round=checkpoint_round)
 
     def _stored_duals(self, context: Context) -> np.ndarray | None:
         if STATE_ARRAYS not in context.state:
@@ -317,60 +291,36 @@ class MochaClient:
             out["test-n"] = int(task.X_test.shape[0])
         return out
 
-    def _write_state(self, context: Context, task: LocalTask, alpha: np.ndarray,
-                     committed: int, pending: np.ndarray | None, pending_round: int,
-                     stable: tuple[np.ndarray, int] | None) -> None:
-        duals = np.empty((3, task.n))
-        duals[0] = alpha
-        duals[1] = 0.0 if pending is None else pending
-        duals[2] = 0.0 if stable is None else stable[0]
+    def _write_state(self, context: Context, task: LocalTask, state: DualState,
+                     pending: np.ndarray | None, pending_round: int) -> None:
+        duals, meta = encode(state, task.task_id, pending, pending_round)
         duals.setflags(write=False)
         array = to_array(duals)
         record = ArrayRecord({"duals": array})
         context.state[STATE_ARRAYS] = record
-        context.state[STATE_META] = ConfigRecord({
-            "task-id": task.task_id, "committed-round": committed,
-            "pending-round": pending_round if pending is not None else -1,
-            "stable-round": -1 if stable is None else stable[1]})
+        context.state[STATE_META] = ConfigRecord(meta)
         key = (int(context.run_id), int(context.node_id))
         if len(self._decoded) > 4096:
             self._decoded.clear()
         self._decoded[key] = (record, array, array.data, duals)
-        path = self._state_path(context, task)
+        path = state_file_for(context, "mocha", task.task_id, self._state_dir)
         if path is not None:
-            write_state_file(path, {"duals": duals}, dict(context.state[STATE_META]))
-
-    def _state_path(self, context: Context, task: LocalTask) -> Path | None:
-        """The state file under ``client-state-dir`` (node config, then run config, then the
-        constructor's ``state_dir``), or None."""
-        for config in (context.node_config, context.run_config):
-            if "client-state-dir" in config and str(config["client-state-dir"]):
-                return state_file_path(str(config["client-state-dir"]), "mocha", task.task_id)
-        if self._state_dir is not None:
-            return state_file_path(self._state_dir, "mocha", task.task_id)
-        return None
+            write_dual_file(path, duals, meta)
 
     def _load_state_file(self, context: Context, task: LocalTask) -> None:
         """Fill an empty ``context.state`` from the device's state file, if it has one."""
-        path = self._state_path(context, task)
-        if path is None or not path.exists():
+        path = state_file_for(context, "mocha", task.task_id, self._state_dir)
+        if path is None:
             return
         try:
-            arrays, meta = read_state_file(path)
-            duals = arrays["duals"]
-            values = {k: int(meta[k]) for k in ("task-id", "committed-round", "pending-round",
-                                                "stable-round")}
-        except (CheckpointError, KeyError, TypeError, ValueError) as err:
+            stored = read_dual_file(path, task.task_id, task.n)
+        except CheckpointError as err:
             log(WARNING, "MOCHA task %d: state file unusable (%s); starting from alpha = 0",
                 task.task_id, err)
             return
-        if values["task-id"] != task.task_id or duals.shape != (3, task.n) or not np.all(
-                np.isfinite(duals)) or duals.dtype != np.float64:
-            log(WARNING, "MOCHA task %d: state file %s is for other data; starting from "
-                "alpha = 0", task.task_id, path)
-            return
-        context.state[STATE_ARRAYS] = ArrayRecord({"duals": to_array(duals)})
-        context.state[STATE_META] = ConfigRecord(values)
+        if stored is not None:
+            context.state[STATE_ARRAYS] = ArrayRecord({"duals": to_array(stored[0])})
+            context.state[STATE_META] = ConfigRecord(stored[1])
 
 
 def make_mocha_client_app(load_data: DataLoader, task_id: TaskIdFn | None = None,

@@ -65,6 +65,7 @@ query ``fsvrg_gradient`` (server -> node): arrays ``w`` float64 (d,); config ``t
 
 ``train`` (server -> node, ``cocoa-plus``): arrays ``w`` float64 (d,) (``w_t``); config
     ``task-id``, ``server-round``, ``seed``, ``last-accepted-round`` (0 = none; < server-round),
+    with checkpoints ``checkpoint-round`` (:mod:`fmtl_flower.clients.dual_state`),
     ``n`` (the global row count), ``epochs`` (ints), ``method`` (str), ``lam``,
     ``sigma-prime`` (floats > 0), ``eval`` (bool). The node commits or rolls back (above),
     then runs :func:`~fmtl_flower.core.fsvrg.cocoa_plus_local_sdca` over the concatenated
@@ -510,13 +511,21 @@ class Fsvrg(TaskStrategy):
         for task, node in sorted(self.task_to_node.items()):
             config = {"task-id": task, "server-round": server_round, "eval": bool(evaluate)}
             if self.ledger is not None:  # CoCoA+'s evaluate: commit or roll back first
-                config.update({"method": self.method,
-                               "last-accepted-round": int(self.ledger.last_accepted[task])})
+                config.update({"method": self.method, **self._protocol_config(task)})
             messages.append(Message(RecordDict({"arrays": ArrayRecord({"w": w}),
                                                 "config": ConfigRecord(config)}),
                                     dst_node_id=node, message_type=message_type))
             self._sent[node] = task
         return messages
+
+    def _protocol_config(self, task: int) -> dict[str, int]:
+        """CoCoA+'s commit-protocol keys: ``last-accepted-round`` and, with checkpoints,
+        ``checkpoint-round`` (see :mod:`fmtl_flower.clients.dual_state`)."""
+        assert self.ledger is not None
+        out = {"last-accepted-round": int(self.ledger.last_accepted[task])}
+        if self.checkpoint_dir is not None:
+            out["checkpoint-round"] = int(self.last_checkpoint_round)
+        return out
 
     def _train_messages(self, server_round: int, evaluate: bool = False) -> list[Message]:
         assert self.w is not None and self.lam is not None
@@ -534,7 +543,7 @@ class Fsvrg(TaskStrategy):
         for task, node in sorted(self.task_to_node.items()):
             config = {"task-id": task, **common}
             if self.ledger is not None:
-                config["last-accepted-round"] = int(self.ledger.last_accepted[task])
+                config.update(self._protocol_config(task))
             messages.append(Message(RecordDict({"arrays": ArrayRecord(arrays),
                                                 "config": ConfigRecord(config)}),
                                     dst_node_id=node, message_type=MessageType.TRAIN))
