@@ -218,6 +218,8 @@ def corrupt(kind: str, app: ClientCallable, msg: Message, context: Context,
         return with_delta(reply, msg, np.full(d, np.inf))
     if kind == "wrong-shape":
         return with_delta(reply, msg, np.zeros(d + 1))
+    if kind == "oversized":  # 32 MB where d floats are due
+        return with_delta(reply, msg, np.zeros(4_000_000))
     if kind == "wrong-shape-2d":
         return with_delta(reply, msg, delta.reshape(d, 1))
     if kind == "wrong-dtype":

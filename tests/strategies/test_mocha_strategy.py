@@ -186,6 +186,7 @@ FAULTS = {
     "inf": r"'delta-b' has non-finite values",
     "wrong-shape": r"'delta-b' must be float64 of shape \(5,\), got float64 \(6,\)",
     "wrong-shape-2d": r"'delta-b' must be float64 of shape \(5,\), got float64 \(5, 1\)",
+    "oversized": r"'delta-b' must be float64 of shape \(5,\), got float64 \(4000000,\)",
     "wrong-dtype": r"'delta-b' must be float64 of shape \(5,\), got float32 \(5,\)",
     "missing-delta": r"array 'delta-b' missing",
     "missing-arrays": r"array 'delta-b' missing",
