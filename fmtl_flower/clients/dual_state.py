@@ -13,23 +13,29 @@ and says so (``state-ok = 0``; the server then resets the task). Afterwards the 
 committed state not after C becomes the stable copy. So the device's alpha and the server's
 view of it never drift apart, whatever is lost, reverted or restarted.
 
-Pure functions over numpy arrays and plain dicts; the handlers keep the result in
+Functions over numpy arrays and plain dicts; the handlers keep the result in
 ``context.state`` and, with a ``client-state-dir``, in a state file
-(:mod:`fmtl_flower.checkpoint`).
+(:mod:`fmtl_flower.checkpoint`), which :func:`load_into_context` reads back into an empty
+``context.state``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from logging import WARNING
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.common.logger import log
 
 from ..checkpoint import CheckpointError, read_state_file, write_state_file
+from ..wire import to_array
 
-__all__ = ["DualState", "encode", "read_dual_file", "reconcile", "write_dual_file"]
+__all__ = ["DualState", "encode", "load_into_context", "read_dual_file", "reconcile",
+           "write_dual_file"]
 
 META_KEYS = ("task-id", "committed-round", "pending-round", "stable-round")
 
@@ -106,3 +112,21 @@ def read_dual_file(path: Path, task_id: int, n: int
         raise CheckpointError(f"{path}: not this task's state (task {values['task-id']}, "
                               f"shape {duals.shape})")
     return duals, values
+
+
+def load_into_context(context: Context, path: Path | None, keys: tuple[str, str],
+                      task_id: int, n: int, name: str) -> None:
+    """Put the state kept in ``path`` (if any, and usable) into ``context.state`` under
+    ``keys`` = (arrays record, meta record); an unusable file is logged and ignored (the
+    protocol then restarts the task from alpha = 0)."""
+    if path is None:
+        return
+    try:
+        stored = read_dual_file(path, task_id, n)
+    except CheckpointError as err:
+        log(WARNING, "%s task %d: state file unusable (%s); starting from alpha = 0", name,
+            task_id, err)
+        return
+    if stored is not None:
+        context.state[keys[0]] = ArrayRecord({"duals": to_array(stored[0])})
+        context.state[keys[1]] = ConfigRecord(stored[1])

@@ -36,16 +36,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from logging import WARNING
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.common.logger import log
 
-from ..checkpoint import CheckpointError
 from ..core.fsvrg import (
     cocoa_plus_local_sdca,
     dane_epoch_orders,
@@ -62,7 +59,7 @@ from ..core.fsvrg import (
 from ..core.rng import coordinate_order
 from ..wire import from_array, to_array
 from .common import config_value, protocol_rounds, state_file_for
-from .dual_state import DualState, encode, read_dual_file, reconcile, write_dual_file
+from .dual_state import DualState, encode, load_into_context, reconcile, write_dual_file
 from .mocha import default_task_id
 
 __all__ = ["COCOA_STATE_ARRAYS", "COCOA_STATE_META", "FsvrgClient", "SparseLocalTask",
@@ -292,18 +289,10 @@ class FsvrgClient:
             write_dual_file(path, duals, meta)
 
     def _load_duals(self, context: Context, task: SparseLocalTask) -> None:
-        path = state_file_for(context, "cocoa-plus", task.task_id, self.state_dir)
-        if path is None:
-            return
-        try:
-            stored = read_dual_file(path, task.task_id, task.n)
-        except CheckpointError as err:
-            log(WARNING, "CoCoA+ task %d: state file unusable (%s); starting from alpha = 0",
-                task.task_id, err)
-            return
-        if stored is not None:
-            context.state[COCOA_STATE_ARRAYS] = ArrayRecord({"duals": to_array(stored[0])})
-            context.state[COCOA_STATE_META] = ConfigRecord(stored[1])
+        load_into_context(context, state_file_for(context, "cocoa-plus", task.task_id,
+                                                  self.state_dir),
+                          (COCOA_STATE_ARRAYS, COCOA_STATE_META), task.task_id, task.n,
+                          "CoCoA+")
 
     # -- helpers ----------------------------------------------------------------------------
     def _loss_reply(self, msg: Message, context: Context, with_grad: bool) -> Message:

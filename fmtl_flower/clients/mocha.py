@@ -31,15 +31,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from logging import WARNING
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.common.logger import log
 
-from ..checkpoint import CheckpointError
 from ..core.baselines import cocoa_local_update, mbsdca_local_update
 from ..core.hinge import classification_errors, hinge_conjugate_value, mean_hinge_loss
 from ..core.rng import coordinate_order
@@ -47,7 +44,7 @@ from ..core.sdca import sdca_local_update
 from ..data.validation import validate_task
 from ..wire import from_array, to_array
 from .common import client_app_for, config_value, protocol_rounds, state_file_for
-from .dual_state import DualState, encode, read_dual_file, reconcile, write_dual_file
+from .dual_state import DualState, encode, load_into_context, reconcile, write_dual_file
 
 STATE_ARRAYS = "mocha.arrays"
 STATE_META = "mocha.meta"
@@ -309,18 +306,9 @@ class MochaClient:
 
     def _load_state_file(self, context: Context, task: LocalTask) -> None:
         """Fill an empty ``context.state`` from the device's state file, if it has one."""
-        path = state_file_for(context, "mocha", task.task_id, self._state_dir)
-        if path is None:
-            return
-        try:
-            stored = read_dual_file(path, task.task_id, task.n)
-        except CheckpointError as err:
-            log(WARNING, "MOCHA task %d: state file unusable (%s); starting from alpha = 0",
-                task.task_id, err)
-            return
-        if stored is not None:
-            context.state[STATE_ARRAYS] = ArrayRecord({"duals": to_array(stored[0])})
-            context.state[STATE_META] = ConfigRecord(stored[1])
+        load_into_context(context, state_file_for(context, "mocha", task.task_id,
+                                                  self._state_dir),
+                          (STATE_ARRAYS, STATE_META), task.task_id, task.n, "MOCHA")
 
 
 def make_mocha_client_app(load_data: DataLoader, task_id: TaskIdFn | None = None,

@@ -288,3 +288,23 @@ def late_at(node: int, rounds: set[int], delay: float) -> Callable[[ClientCallab
         return client
 
     return wrap
+
+
+# ------------------------------------------------------------------------------ server kills
+class ServerKilled(Exception):
+    """Stands for the server process dying."""
+
+
+def killed_in(strategy_cls: type, kill_round: int) -> type:
+    """A subclass of ``strategy_cls`` whose process 'dies' once the train replies of
+    ``kill_round`` have arrived, before it aggregates them (the devices have already written
+    their state for that round)."""
+
+    class Killed(strategy_cls):  # type: ignore[misc, valid-type]
+        def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+            if server_round == kill_round:
+                raise ServerKilled(server_round)
+            return super().aggregate_train(server_round, replies)
+
+    Killed.__name__ = f"Killed{strategy_cls.__name__}"
+    return Killed

@@ -4,13 +4,12 @@ run ends; devices whose state is too new or lost start afresh instead of mixing 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import Context, Message
+from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fmtl_flower.clients.fedem import make_fedem_client_app
@@ -18,6 +17,7 @@ from fmtl_flower.clients.mocha import default_task_id
 from fmtl_flower.engine import run_inprocess
 from fmtl_flower.strategies.fedem import FedEM
 
+from .helpers import ServerKilled, killed_in
 from .test_fedem_strategy import mixture_problem
 
 ROUNDS = 6
@@ -25,19 +25,6 @@ SETTINGS = {"num_components": 2, "lr": 0.5, "batch_size": 32, "seed": 5, "fracti
             "eval_every": 2, "discovery_timeout": 5.0}
 
 
-class Killed(Exception):
-    pass
-
-
-class KilledFedEM(FedEM):
-    def __init__(self, *args: Any, kill_round: int, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.kill_round = kill_round
-
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-        if server_round == self.kill_round:
-            raise Killed
-        return super().aggregate_train(server_round, replies)
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +60,9 @@ def test_resume_after_server_kill_is_bit_identical(problem, uninterrupted, tmp_p
     if method != "fedem":
         plain = FedEM(len(problem), **settings)
         _run(problem, plain, None)
-    first = KilledFedEM(len(problem), kill_round=kill_round, **settings)
+    first = killed_in(FedEM, kill_round)(len(problem), **settings)
     first.enable_checkpoints(tmp_path / "ckpt")
-    with pytest.raises(Killed):
+    with pytest.raises(ServerKilled):
         _run(problem, first, tmp_path / "devices")
     resumed = FedEM(len(problem), **settings)
     resumed.enable_checkpoints(tmp_path / "ckpt")
@@ -93,9 +80,9 @@ def _untimed(strategy: FedEM) -> list[dict[str, Any]]:
 def test_devices_without_state_files_restart_from_uniform_pi(problem, uninterrupted, tmp_path):
     """No client-state-dir: the resumed run's devices have no memory of pi and momentum; the
     run still completes (different numbers, nothing mixed)."""
-    first = KilledFedEM(len(problem), kill_round=4, **SETTINGS)
+    first = killed_in(FedEM, 4)(len(problem), **SETTINGS)
     first.enable_checkpoints(tmp_path)
-    with pytest.raises(Killed):
+    with pytest.raises(ServerKilled):
         _run(problem, first, None)
     resumed = FedEM(len(problem), **SETTINGS)
     resumed.enable_checkpoints(tmp_path)

@@ -4,12 +4,9 @@ protocol reconciles)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
-
 import numpy as np
 import pytest
-from flwr.app import Context, Message
+from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fmtl_flower.checkpoint import CheckpointError
@@ -19,23 +16,12 @@ from fmtl_flower.data.sparse_federated import make_sparse_federated
 from fmtl_flower.engine import run_inprocess
 from fmtl_flower.strategies.fsvrg import Fsvrg
 
+from .helpers import ServerKilled, killed_in
+
 ROUNDS = 6
 METHODS = {"fsvrg": {}, "fsvrg-naive": {"h": 0.05}, "gd": {}, "dane": {}, "cocoa-plus": {}}
 
 
-class Killed(Exception):
-    pass
-
-
-class KilledFsvrg(Fsvrg):
-    def __init__(self, *args: Any, kill_round: int, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.kill_round = kill_round
-
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-        if server_round == self.kill_round:
-            raise Killed
-        return super().aggregate_train(server_round, replies)
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +45,9 @@ def test_cocoa_plus_nodes_without_state_files_reset_cleanly(data, tmp_path):
     """A new run without device state files: every CoCoA+ node restarts from alpha = 0 and the
     server removes the tasks' shares of w (gap withheld for that record, >= 0 afterwards)."""
     options = {"method": "cocoa-plus", "seed": 2, "discovery_timeout": 5.0}
-    first = KilledFsvrg(data.num_tasks, kill_round=4, **options)
+    first = killed_in(Fsvrg, 4)(data.num_tasks, **options)
     first.enable_checkpoints(tmp_path)
-    with pytest.raises(Killed):
+    with pytest.raises(ServerKilled):
         _run(data, first)
     resumed = Fsvrg(data.num_tasks, **options)
     resumed.enable_checkpoints(tmp_path)
@@ -76,9 +62,9 @@ def test_resume_after_server_kill_is_bit_identical(data, tmp_path, method):
     options = {"method": method, "seed": 2, "discovery_timeout": 5.0, **METHODS[method]}
     plain = Fsvrg(data.num_tasks, **options)
     _run(data, plain)
-    first = KilledFsvrg(data.num_tasks, kill_round=4, **options)
+    first = killed_in(Fsvrg, 4)(data.num_tasks, **options)
     first.enable_checkpoints(tmp_path / "ckpt", every=2)  # CoCoA+ nodes go back to round 2
-    with pytest.raises(Killed):
+    with pytest.raises(ServerKilled):
         _run(data, first, tmp_path / "devices")
     resumed = Fsvrg(data.num_tasks, **options)
     resumed.enable_checkpoints(tmp_path / "ckpt", every=2)

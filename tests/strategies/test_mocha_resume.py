@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -19,9 +17,11 @@ from fmtl_flower.strategies.mocha import Mocha
 
 from .helpers import (
     Run,
+    ServerKilled,
     assert_b_consistent,
     fault_at,
     is_train,
+    killed_in,
     make_problem,
     msg_round,
     run_federation,
@@ -32,22 +32,6 @@ SETTINGS = {"lam": 0.05, "omega": "probabilistic", "omega_every": 2, "seed": 3,
             "local_frac": 0.5, "discovery_timeout": 5.0}
 
 
-class ServerKilled(Exception):
-    """Stands for the server process dying."""
-
-
-class KilledMocha(Mocha):
-    """Mocha whose process 'dies' after the replies of ``kill_round`` arrived, before it
-    aggregates them (the devices have already written their state for that round)."""
-
-    def __init__(self, *args: Any, kill_round: int, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.kill_round = kill_round
-
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-        if server_round == self.kill_round:
-            raise ServerKilled(server_round)
-        return super().aggregate_train(server_round, replies)
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +59,7 @@ def _run(problem, strategy: Mocha, device_dir: Path | None, rounds: int = ROUNDS
 
 def _killed_then_resumed(problem, tmp_path: Path, kill_round: int, every: int):
     ckpt, devices = tmp_path / "ckpt", tmp_path / "devices"
-    first = KilledMocha(problem.num_tasks, kill_round=kill_round, **SETTINGS)
+    first = killed_in(Mocha, kill_round)(problem.num_tasks, **SETTINGS)
     first.enable_checkpoints(ckpt, every=every)
     with pytest.raises(ServerKilled):
         _run(problem, first, devices)
@@ -102,7 +86,7 @@ def test_resume_after_server_kill_is_bit_identical(problem, uninterrupted, tmp_p
 
 def test_lost_device_state_file_resets_only_that_task(problem, uninterrupted, tmp_path):
     ckpt, devices = tmp_path / "ckpt", tmp_path / "devices"
-    first = KilledMocha(problem.num_tasks, kill_round=5, **SETTINGS)
+    first = killed_in(Mocha, 5)(problem.num_tasks, **SETTINGS)
     first.enable_checkpoints(ckpt)
     with pytest.raises(ServerKilled):
         _run(problem, first, devices)
