@@ -1,0 +1,305 @@
+"""MOCHA's server state with M = K^-1 in factored form, and the choice dense/factored.
+
+:class:`FactoredMochaServerState` has the public interface of
+:class:`fmtl_flower.core.mocha.MochaServerState` (``B``, ``W``, ``formulation``, ``m_diag()``,
+``sigma_prime(mode)``, ``add_updates``, ``reset_tasks``, ``omega_step``, ``regulariser``,
+``state_arrays`` / ``from_state_arrays``) and the same values to rounding, but keeps
+M = V diag(s) V^T + c I (:class:`fmtl_flower.core.factored.FactoredMatrix`) instead of an
+m x m array, so its memory is O(m d) and its costs are
+
+* W = B M and ``add_updates`` for k tasks: O(m d r) (dense: O(m^2 d) and O(k m d));
+* the Omega-step: O(m d^2) (dense: O(m^3));
+* ``m_diag()``: O(m r) once per Omega-step, then cached;
+* ``sigma_prime("spectral")``: a few O(m r^2) steps once per Omega-step, then cached;
+  ``"global"`` / ``"per-task"``: O(m^2 r / 2) flops in tiles once per Omega-step, then
+  cached (the dense state recomputes sigma' whenever it is asked).
+
+:func:`choose_server_path` decides between the two, :func:`make_server_state` builds either.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .factored import (
+    DENSE_MATERIALISE_MAX_TASKS,
+    FactoredFormulation,
+    FactoredMatrix,
+    _factor_arrays,
+    _factor_from_arrays,
+    make_factored_formulation,
+    sigma_prime_factored,
+)
+from .formulations import FORMULATIONS, SIGMA_MODES, make_formulation
+from .mocha import MochaServerState
+from .objective import regulariser_value
+
+__all__ = [
+    "FACTORED_MIN_TASKS",
+    "GRAPHICAL_MAX_TASKS",
+    "SERVER_PATHS",
+    "FactoredMochaServerState",
+    "choose_server_path",
+    "make_server_state",
+    "restore_server_state",
+]
+
+#: ``auto`` keeps the dense path (bit-identical to earlier releases) up to this many tasks.
+FACTORED_MIN_TASKS = 1000
+#: ``graphical`` is dense only; its Omega-step (graphical lasso) costs O(m^3) per iteration
+#: (an m x m eigh, seconds at m = 2000) and hundreds of iterations.
+GRAPHICAL_MAX_TASKS = 2000
+SERVER_PATHS = ("auto", "dense", "factored")
+
+
+def choose_server_path(num_tasks: int, dim: int, omega: str, path: str = "auto") -> str:
+    """``"dense"`` or ``"factored"`` for m = ``num_tasks`` models of dimension d = ``dim``.
+
+    ``auto``: factored when m > ``FACTORED_MIN_TASKS`` and m > 2 d (W^T W has rank
+    <= d < m / 2), or when m > ``DENSE_MATERIALISE_MAX_TASKS`` (the dense m x m matrices
+    would not fit); dense otherwise. ``graphical`` is always dense.
+
+    Raises
+    ------
+    ValueError
+        Unknown ``path`` or ``omega``; ``graphical`` with ``path="factored"`` or with more
+        than ``GRAPHICAL_MAX_TASKS`` tasks; ``path="dense"`` with more than
+        ``DENSE_MATERIALISE_MAX_TASKS`` tasks.
+    """
+    if path not in SERVER_PATHS:
+        raise ValueError(f"path must be one of {SERVER_PATHS}, got {path!r}")
+    if omega not in FORMULATIONS:
+        raise ValueError(f"omega must be one of {tuple(FORMULATIONS)}, got {omega!r}")
+    m, d = int(num_tasks), int(dim)
+    if m < 1 or d < 1:
+        raise ValueError(f"num_tasks and dim must be >= 1, got {num_tasks}, {dim}")
+    if omega == "graphical":
+        if path == "factored":
+            raise ValueError(
+                "omega 'graphical' has no factored form (the graphical lasso "
+                "gives a dense Omega); use path 'dense' or 'auto'"
+            )
+        if m > GRAPHICAL_MAX_TASKS:
+            raise ValueError(
+                f"omega 'graphical' is supported up to {GRAPHICAL_MAX_TASKS} tasks "
+                f"(its Omega-step costs O(m^3) per iteration), got {m}; use "
+                "'probabilistic', 'clustered', 'mean' or 'identity'"
+            )
+        return "dense"
+    if path == "dense":
+        if m > DENSE_MATERIALISE_MAX_TASKS:
+            raise ValueError(
+                f"path 'dense' forms m x m matrices; supported up to "
+                f"{DENSE_MATERIALISE_MAX_TASKS} tasks, got {m}: use 'factored'"
+            )
+        return "dense"
+    if path == "factored":
+        return "factored"
+    if m > DENSE_MATERIALISE_MAX_TASKS or (m > FACTORED_MIN_TASKS and m > 2 * d):
+        return "factored"
+    return "dense"
+
+
+@dataclass
+class FactoredMochaServerState:
+    """Server state of MOCHA for m tasks in d dimensions, M = K^-1 factored.
+
+    Attributes
+    ----------
+    B : ndarray of shape (d, m)
+        Accumulated dual images of the committed dual variables.
+    formulation : FactoredFormulation
+        The regulariser and its Omega-step (:mod:`fmtl_flower.core.factored`).
+    M : FactoredMatrix
+        K^-1 for the current Omega.
+    W : ndarray of shape (d, m)
+        Models W(alpha) = B M, kept in step with B and M.
+    """
+
+    B: np.ndarray
+    formulation: FactoredFormulation
+    M: FactoredMatrix = field(init=False)
+    W: np.ndarray = field(init=False)
+    _m_diag: np.ndarray | None = field(init=False, default=None, repr=False)
+    _sigma: dict[str, np.ndarray] = field(init=False, default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.formulation, FactoredFormulation):
+            raise ValueError(
+                "formulation must be a FactoredFormulation (make_factored_formulation)"
+            )
+        if self.B.ndim != 2 or self.B.shape[1] != self.formulation.num_tasks:
+            raise ValueError(f"B must be (d, {self.formulation.num_tasks}), got {self.B.shape}")
+        self._set_M(self.formulation.inverse_factor())
+        self.recompute_models()
+
+    @classmethod
+    def zeros(cls, dim: int, formulation: FactoredFormulation) -> FactoredMochaServerState:
+        """alpha = 0 everywhere (B = 0, W = 0), Omega at the formulation's start."""
+        return cls(B=np.zeros((dim, formulation.num_tasks)), formulation=formulation)
+
+    @classmethod
+    def zeros_for(
+        cls, dim: int, num_tasks: int, omega: str = "identity", *, lam: float, **options: Any
+    ) -> FactoredMochaServerState:
+        """:meth:`zeros` with ``make_factored_formulation(omega, num_tasks, lam=lam, ...)``."""
+        return cls.zeros(dim, make_factored_formulation(omega, num_tasks, lam=lam, **options))
+
+    @property
+    def lam(self) -> float:
+        return self.formulation.lam
+
+    @property
+    def num_tasks(self) -> int:
+        return self.B.shape[1]
+
+    @property
+    def dim(self) -> int:
+        return self.B.shape[0]
+
+    def _set_M(self, M: FactoredMatrix) -> None:
+        self.M = M
+        self._m_diag = None
+        self._sigma = {}
+
+    def m_diag(self) -> np.ndarray:
+        """Diagonal of M = K^-1, one ``m_tt`` per task (cached until the next Omega-step)."""
+        if self._m_diag is None:
+            self._m_diag = self.M.diag()
+        return self._m_diag.copy()
+
+    def sigma_prime(self, mode: str = "global") -> np.ndarray:
+        """Per-task sigma' for the current M (cached per mode until the next Omega-step).
+
+        See :func:`fmtl_flower.core.factored.sigma_prime_factored` for the costs: call it
+        right after :meth:`omega_step` if the round's latency matters.
+        """
+        if mode not in SIGMA_MODES:
+            raise ValueError(f"unknown sigma-mode {mode!r}; expected one of {SIGMA_MODES}")
+        if mode not in self._sigma:
+            self._sigma[mode] = sigma_prime_factored(self.M, mode, self.formulation.gamma)
+        return self._sigma[mode].copy()
+
+    def recompute_models(self) -> None:
+        """W <- B M."""
+        self.W = self.M.right_multiply(self.B)
+
+    def add_updates(self, tasks: np.ndarray, delta_B: np.ndarray) -> None:
+        """Add the dual-image changes of some tasks: b_t += delta_b_t, and W accordingly.
+
+        Parameters
+        ----------
+        tasks : ndarray of shape (k,), int
+            Distinct task indices.
+        delta_B : ndarray of shape (d, k)
+            Column j is the change of b_{tasks[j]}.
+        """
+        if len(tasks) == 0:
+            return
+        self.B[:, tasks] += delta_B
+        self.M.add_rows_product(self.W, delta_B, tasks)
+
+    def reset_tasks(self, tasks: np.ndarray) -> None:
+        """Set b_t = 0 (alpha_t = 0) for the given tasks and update W."""
+        tasks = np.asarray(tasks, dtype=np.int64)
+        if len(tasks):
+            self.add_updates(tasks, -self.B[:, tasks].copy())
+            self.B[:, tasks] = 0.0
+
+    def omega_step(self) -> None:
+        """Omega-step of the formulation for the current W, then W <- B M."""
+        if self.formulation.fixed:
+            return
+        self.formulation.omega_step(self.W)
+        self._set_M(self.formulation.inverse_factor())
+        self.recompute_models()
+
+    def regulariser(self) -> float:
+        """(1/2) tr(W K W^T) of the current consistent pair."""
+        return regulariser_value(self.W, self.B)
+
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """Everything needed to continue bit for bit: B, W, M's factor and the formulation's.
+
+        Keys ``B``, ``W``, ``M.V``, ``M.s``, ``M.c`` and ``formulation.*``; r (M.V's column
+        count) varies between Omega-steps. W and M are stored, not recomputed (W is
+        updated incrementally, so a recomputed B M differs in the last bits).
+        """
+        out = {"B": self.B, "W": self.W, **_factor_arrays("M", self.M)}
+        for key, value in self.formulation.state_arrays().items():
+            out[f"formulation.{key}"] = value
+        return out
+
+    @classmethod
+    def from_state_arrays(
+        cls, arrays: dict[str, np.ndarray], formulation: FactoredFormulation
+    ) -> FactoredMochaServerState:
+        """Inverse of :meth:`state_arrays` for a freshly made ``formulation`` of the same kind
+        and options (its Omega is overwritten); ValueError on any mismatch."""
+        missing = {"B", "W", "M.V", "M.s", "M.c"} - set(arrays)
+        if missing:
+            raise ValueError(f"factored MOCHA state lacks {sorted(missing)}")
+        m = formulation.num_tasks
+        B = np.array(arrays["B"], dtype=np.float64)
+        if B.ndim != 2 or B.shape[1] != m:
+            raise ValueError(f"B must be (d, {m}), got {B.shape}")
+        W = np.array(arrays["W"], dtype=np.float64)
+        if W.shape != B.shape:
+            raise ValueError(f"W must be {B.shape}, got {W.shape}")
+        if not (np.all(np.isfinite(B)) and np.all(np.isfinite(W))):
+            raise ValueError("state arrays 'B' / 'W' have non-finite values")
+        M = _factor_from_arrays("M", {k: v for k, v in arrays.items() if k.startswith("M.")}, m)
+        formulation.load_state_arrays(
+            {k[len("formulation.") :]: v for k, v in arrays.items() if k.startswith("formulation.")}
+        )
+        state = cls(B=B, formulation=formulation)
+        state._set_M(M)
+        state.W = W
+        return state
+
+
+def make_server_state(
+    dim: int,
+    num_tasks: int,
+    omega: str = "probabilistic",
+    *,
+    lam: float,
+    path: str = "auto",
+    **options: Any,
+) -> MochaServerState | FactoredMochaServerState:
+    """MOCHA's server state at alpha = 0 on the path :func:`choose_server_path` picks.
+
+    Parameters
+    ----------
+    dim, num_tasks : int
+        d and m.
+    omega : str
+        A formulation name (``fmtl_flower.core.formulations.FORMULATIONS``).
+    lam : float
+        lambda.
+    path : {"auto", "dense", "factored"}
+    **options
+        ``make_formulation``'s other keyword arguments (lam2, s2, eta, k, eps_rel, gamma).
+    """
+    chosen = choose_server_path(num_tasks, dim, omega, path)
+    if chosen == "dense":
+        return MochaServerState.zeros(dim, make_formulation(omega, num_tasks, lam=lam, **options))
+    return FactoredMochaServerState.zeros(
+        dim, make_factored_formulation(omega, num_tasks, lam=lam, **options)
+    )
+
+
+def restore_server_state(
+    arrays: dict[str, np.ndarray], num_tasks: int, omega: str, *, lam: float, **options: Any
+) -> MochaServerState | FactoredMochaServerState:
+    """Inverse of either state's ``state_arrays()``: the path is read from the keys
+    (``M`` dense, ``M.V`` factored); the formulation is rebuilt from the options."""
+    if "M.V" in arrays:
+        formulation = make_factored_formulation(omega, num_tasks, lam=lam, **options)
+        return FactoredMochaServerState.from_state_arrays(arrays, formulation)
+    return MochaServerState.from_state_arrays(
+        arrays, make_formulation(omega, num_tasks, lam=lam, **options)
+    )
