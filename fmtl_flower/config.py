@@ -197,6 +197,9 @@ class RunConfig:
         MOCHA devices: keep their committed local state in files there as well, so it
         survives a server restart (a new Flower run); in a deployment, set it per device with
         ``--node-config "client-state-dir=..."`` ("": off).
+    server_path : {"auto", "dense", "factored"}
+        MOCHA: keep M = K^-1 as an m x m matrix or factored (O(m d) memory); ``auto``
+        factors when m > 1000 and m > 2 d.
     min_replies : int
         MOCHA: a round counts only with at least this many valid replies.
     max_failures, probe_every : int
@@ -260,6 +263,7 @@ class RunConfig:
     checkpoint_dir: str = ""
     checkpoint_every: int = 1
     client_state_dir: str = ""
+    server_path: str = "auto"
     min_replies: int = 1
     max_failures: int = 3
     probe_every: int = 5
@@ -370,6 +374,7 @@ _PARSE = {
     "checkpoint-dir": lambda k, v: str(v).strip(),
     "checkpoint-every": lambda k, v: _as_int(k, v, 1),
     "client-state-dir": lambda k, v: str(v).strip(),
+    "server-path": lambda k, v: _as_choice(k, v, ("auto", "dense", "factored")),
     "min-replies": lambda k, v: _as_int(k, v, 0),
     "max-failures": lambda k, v: _as_int(k, v, 0),
     "probe-every": lambda k, v: _as_int(k, v, 1),

@@ -176,7 +176,8 @@ def strategy_from_config(cfg: RunConfig, num_tasks: int,
                   sys_het_base=cfg.sys_het_base, drop_prob=cfg.drop_prob,
                   eval_every=cfg.eval_every, network=cfg.network, time_model=cfg.time_model,
                   clock_cycle=cfg.clock_cycle or None, seed=cfg.seed,
-                  discovery_timeout=max(cfg.round_timeout, 60.0), min_replies=cfg.min_replies,
+                  discovery_timeout=max(cfg.round_timeout, 60.0), server_path=cfg.server_path,
+                  min_replies=cfg.min_replies,
                   max_failures=cfg.max_failures, probe_every=cfg.probe_every,
                   on_round=on_round)
     if cfg.checkpoint_dir:

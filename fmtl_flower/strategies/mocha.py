@@ -60,6 +60,12 @@ from ..centralized import omega_step_due
 from ..core.baselines import mbsdca_scale
 from ..core.formulations import FORMULATIONS, SIGMA_MODES, make_formulation
 from ..core.mocha import MochaServerState
+from ..core.mocha_factored import (
+    FactoredMochaServerState,
+    choose_server_path,
+    make_server_state,
+    restore_server_state,
+)
 from ..core.omega import DEFAULT_OMEGA_EPS
 from ..metrics import error_summary
 from ..systems.heterogeneity import check_drop_prob, drop_mask, local_budgets
@@ -145,6 +151,10 @@ class Mocha(TaskStrategy):
         Seed of budgets, drops and the devices' coordinate orders.
     discovery_timeout : float
         Seconds to wait, at the first round, for ``num_tasks`` nodes to appear.
+    server_path : {"auto", "dense", "factored"}
+        How the server keeps M = K^-1: an m x m matrix, or factored as V diag(s) V^T + c I
+        (O(m d) memory; :mod:`fmtl_flower.core.mocha_factored`); ``auto`` factors when
+        m > 1000 and m > 2 d. Both give the same numbers to rounding.
     min_replies : int
         A round counts only if at least this many tasks reply validly; otherwise no update is
         applied (the devices roll their changes back by the commit protocol) and the record
@@ -185,6 +195,7 @@ class Mocha(TaskStrategy):
         clock_cycle: float | None = None,
         seed: int = 0,
         discovery_timeout: float = 120.0,
+        server_path: str = "auto",
         min_replies: int = 1,
         max_failures: int = 3,
         probe_every: int = 5,
@@ -216,6 +227,8 @@ class Mocha(TaskStrategy):
         if clock_cycle is not None and not clock_cycle > 0:
             raise ValueError(f"clock_cycle must be > 0 seconds, got {clock_cycle!r}")
         check_drop_prob(drop_prob, int(num_tasks))
+        choose_server_path(int(num_tasks), 1, omega, server_path)  # early: unknown path, size
+        self.server_path = server_path
         if isinstance(min_replies, bool) or not isinstance(min_replies, int) or min_replies < 0:
             raise ValueError(f"min_replies must be an int >= 0, got {min_replies!r}")
         self.health = TaskHealth(int(num_tasks), max_failures=max_failures,
@@ -244,7 +257,7 @@ class Mocha(TaskStrategy):
         self.on_round = on_round
         self.round_timeout = 120.0
         self.num_rounds: int | None = None
-        self.state: MochaServerState | None = None
+        self.state: MochaServerState | FactoredMochaServerState | None = None
         self.directory = TaskDirectory(self.num_tasks, "MOCHA")
         self.last_accepted = np.zeros(self.num_tasks, dtype=np.int64)
         self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
@@ -364,7 +377,7 @@ class Mocha(TaskStrategy):
         """Settings a checkpoint must share with this run to be resumed."""
         return {"strategy": "Mocha", "num_tasks": self.num_tasks, "lam": self.lam,
                 "omega": self.omega, "formulation": self.formulation_options,
-                "method": self.method, "seed": self.seed}
+                "method": self.method, "seed": self.seed, "server_path": self.server_path}
 
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """B, W, M, the formulation's Omega, per-task bookkeeping, records and health."""
@@ -379,9 +392,8 @@ class Mocha(TaskStrategy):
         """Load :meth:`checkpoint_state`'s output (the run's other settings must match)."""
         def part(prefix: str) -> dict[str, np.ndarray]:
             return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
-        formulation = make_formulation(self.omega, self.num_tasks, lam=self.lam,
-                                       **self.formulation_options)
-        self.state = MochaServerState.from_state_arrays(part("state."), formulation)
+        self.state = restore_server_state(part("state."), self.num_tasks, self.omega,
+                                          lam=self.lam, **self.formulation_options)
         self.directory.dim = self.state.dim
         self.health.restore(part("health."), meta["health"])
         for key in ("last_accepted", "n_train"):
@@ -405,8 +417,9 @@ class Mocha(TaskStrategy):
         self.directory.discover(grid, wait=self.discovery_timeout if wait else 0.0,
                                 query_timeout=max(self.round_timeout, 60.0))
         if self.state is None and self.directory.dim is not None:
-            self.state = MochaServerState.zeros(self.directory.dim, make_formulation(
-                self.omega, self.num_tasks, lam=self.lam, **self.formulation_options))
+            self.state = make_server_state(self.directory.dim, self.num_tasks, self.omega,
+                                           lam=self.lam, path=self.server_path,
+                                           **self.formulation_options)
         if self._checkpoint_n_train is not None:  # resumed: a task whose data changed restarts
             known = self.n_train > 0
             changed = np.flatnonzero(known & (self.n_train != self._checkpoint_n_train))

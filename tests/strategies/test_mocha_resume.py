@@ -183,3 +183,38 @@ def test_failing_node_is_excluded_probed_and_readmitted(problem, caplog):
         [3, 4, 5, 6, 7, 8]
     assert "excluded after 2 consecutive failed rounds" in caplog.text
     assert_b_consistent(run)
+
+
+# ------------------------------------------------------------------------------ server paths
+@pytest.mark.parametrize("omega", ["probabilistic", "identity", "mean", "clustered"])
+def test_factored_server_path_gives_the_dense_numbers(problem, omega):
+    options = {**SETTINGS, "omega": omega}
+    if omega == "mean":
+        options["lam2"] = 0.1
+    if omega == "clustered":
+        options.update(eta=0.5, clusters=2)
+    dense = run_federation(problem, 6, server_path="dense", **options)
+    factored = run_federation(problem, 6, server_path="factored", **options)
+    np.testing.assert_allclose(factored.strategy.state.W, dense.strategy.state.W, rtol=1e-9,
+                               atol=1e-12)
+    for a, b in zip(factored.rounds, dense.rounds, strict=True):
+        for key in ("primal", "dual", "gap"):
+            if a[key] is None:
+                assert b[key] is None
+            else:
+                assert a[key] == pytest.approx(b[key], rel=1e-9, abs=1e-12), (key, a["round"])
+
+
+def test_factored_server_resumes_bit_for_bit(problem, tmp_path):
+    options = {**SETTINGS, "server_path": "factored"}
+    plain = Mocha(problem.num_tasks, **options)
+    _run(problem, plain, None)
+    first = killed_in(Mocha, 5)(problem.num_tasks, **options)
+    first.enable_checkpoints(tmp_path / "ckpt", every=2)
+    with pytest.raises(ServerKilled):
+        _run(problem, first, tmp_path / "dev")
+    resumed = Mocha(problem.num_tasks, **options)
+    resumed.enable_checkpoints(tmp_path / "ckpt", every=2)
+    _run(problem, resumed, tmp_path / "dev")
+    assert resumed.resumed_from == 4
+    np.testing.assert_array_equal(resumed.state.W, plain.state.W)
