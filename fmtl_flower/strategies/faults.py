@@ -68,6 +68,7 @@ class TaskHealth:
         for task, node in task_to_node.items():
             since = int(self.excluded_since[task])
             if since and self._nodes.get(task) != node:
+                self._nodes[task] = node  # the event names the node it is readmitted on
                 self._readmit(server_round, task, "its device reconnected as node "
                               f"{node}")
                 since = 0

@@ -150,6 +150,7 @@ class OFMTL(Strategy):
         self.newcomer_floats: list[int] = []
         self.floats_total = 0
         self._started = 0.0
+        self._ever_replied: set[int] = set()  # tasks that answered an evaluation
         self.checkpoint_dir: Path | None = None
         self._resume = True
         self.resumed_from: int | None = None  # records of the checkpoint resumed from
@@ -177,6 +178,7 @@ class OFMTL(Strategy):
     def _write_checkpoint(self) -> None:
         assert self.W is not None and self.Sigma is not None
         meta = {"fingerprint": self.fingerprint(), "records": self.records,
+                "ever_replied": sorted(self._ever_replied),
                 "retrainings": self.retrainings, "tasks_at_training": self.tasks_at_training,
                 "newcomer_floats": self.newcomer_floats, "floats_total": self.floats_total}
         write_checkpoint(self.checkpoint_dir, len(self.records),
@@ -202,6 +204,7 @@ class OFMTL(Strategy):
         self.retrainings, self.tasks_at_training = meta["retrainings"], meta["tasks_at_training"]
         self.newcomer_floats = [int(f) for f in meta["newcomer_floats"]]
         self.floats_total = int(meta["floats_total"])
+        self._ever_replied = {int(t) for t in meta["ever_replied"]}
         self.resumed_from = checkpoint.server_round
         log(INFO, "%s: resumed from %s (%d tasks, %d events)", _NAME, checkpoint.path, self.m,
             len(self.records))
@@ -346,6 +349,7 @@ class OFMTL(Strategy):
         """Evaluate every present task with its column of W and append the record."""
         assert self.W is not None
         errors, counts = self._evaluate(grid)
+        self._ever_replied.update(int(t) for t in errors)
         record: dict[str, Any] = {
             "round": len(self.records), "event": event, "devices": self.m,
             "floats_communicated": int(floats), "cumulative_floats": int(self.floats_total),
@@ -397,7 +401,9 @@ class OFMTL(Strategy):
     def results(self) -> dict[str, Any]:
         """``{"rounds": records, "final": last record + totals}``."""
         final = dict(self.records[-1]) if self.records else {}
+        never = set(range(self.num_tasks)) - self._ever_replied
         final.update(retrainings=self.retrainings, newcomer_floats=list(self.newcomer_floats),
+                     tasks_never_replied=sorted(int(t) for t in never),
                      complete=self.m == self.num_tasks)
         return {"rounds": [dict(r) for r in self.records], "final": final}
 

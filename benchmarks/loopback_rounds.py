@@ -1,0 +1,164 @@
+"""Seconds per round over a real loopback deployment vs the same computation in-process.
+
+Starts one ``flower-superlink`` and four ``flower-supernode`` processes (``task-id=0..3``) on
+free ports of 127.0.0.1 with a private ``FLWR_HOME`` (``tests/apps/loopback.py``), submits
+one short ``flwr run . loopback --stream`` per strategy (mocha, fedem, ofmtl, fsvrg; small
+data, 4 tasks), one after the other, then runs the very same config with ``fmtl run
+<strategy> --engine inprocess`` (same ServerApp and ClientApp handlers, no Flower processes,
+no polling). The difference per round is Flower's deployment overhead: polling (SuperNode,
+SuperExec, the ServerApp's grid), one ``flwr-clientapp`` process started per message
+(imports, data regeneration, numba cache load), HTTP on loopback.
+
+What a "round" is, per strategy (``unit`` in the output), both sides measured by the
+strategy's own per-round ``wall_time_s`` (the server's configure -> aggregate), median over
+the rounds after the first (the first adds discovery, the ``whoami`` query round):
+
+* mocha, fedem: one training round (one round trip to every device);
+* fsvrg: one round (two round trips: the gradient exchange, then the local SVRG pass);
+* ofmtl: one newcomer round trip (the newcomer event's ``event_time_s`` / 10; one device).
+
+Prints ONE JSON line per strategy: {"strategy", "unit", "round_trips_per_round",
+"rounds_measured", "loopback_round_s", "loopback_first_round_s", "loopback_run_wall_s",
+"inprocess_round_s", "inprocess_run_wall_s", "overhead_round_s", "overhead_ratio",
+"load_avg_1m"}. Every process it started is stopped by PID at the end (none by name).
+
+Usage: python benchmarks/loopback_rounds.py [--rounds 3] [--strategies mocha,fedem,ofmtl,fsvrg]
+                                            [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.apps.loopback import BIN, LoopbackFederation  # noqa: E402
+
+NUM_NODES = 4
+OFMTL_OUTER = 10  # OFMTL's newcomer round trips
+UNITS = {"mocha": ("training round", 1), "fedem": ("training round", 1),
+         "fsvrg": ("round (gradient exchange + local pass)", 2),
+         "ofmtl": ("newcomer round trip", 1)}
+
+
+def configs(rounds: int) -> dict[str, dict[str, object]]:
+    small = {"num-tasks": NUM_NODES, "dim": 5, "samples-per-task": 30}
+    common = {"round-timeout": 120.0, "seed": 0}
+    return {
+        "mocha": {"strategy": "mocha", **small, "num-server-rounds": rounds, **common},
+        "fedem": {"strategy": "fedem", "dataset": "fedem-synthetic", "num-tasks": NUM_NODES,
+                  "n-test": 50, "num-server-rounds": rounds, **common},
+        "ofmtl": {"strategy": "ofmtl", **small, "initial-tasks": NUM_NODES - 1,
+                  "num-server-rounds": 2, **common},
+        "fsvrg": {"strategy": "fsvrg", "dataset": "sparse-federated", "num-tasks": NUM_NODES,
+                  "num-server-rounds": rounds, **common},
+    }
+
+
+def toml_value(value: object) -> str:
+    return f"'{value}'" if isinstance(value, str) else str(value)
+
+
+def round_times(results: dict, strategy: str) -> tuple[list[float], float | None]:
+    """(per-round seconds after the first, the first round's seconds)."""
+    rounds = results["rounds"]
+    if strategy == "ofmtl":
+        newcomers = [r for r in rounds if r.get("event") == "newcomer"]
+        return [r["event_time_s"] / OFMTL_OUTER for r in newcomers], None
+    times = [r["wall_time_s"] for r in rounds if r.get("wall_time_s") is not None]
+    return times[1:], (times[0] if times else None)
+
+
+def inprocess(cfg: dict[str, object], out: Path) -> tuple[dict, float]:
+    cfg = dict(cfg)
+    args = [str(BIN / "fmtl"), "run", str(cfg.pop("strategy")), "--engine", "inprocess",
+            "--rounds", str(cfg.pop("num-server-rounds")), "--quiet", "--out", str(out)]
+    for key, value in cfg.items():
+        args += ["--set", f"{key}={value}"]
+    started = time.perf_counter()
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=1800, check=False)
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    return json.loads(out.read_text()), wall
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds per run (mocha, fedem, fsvrg; default 3)")
+    parser.add_argument("--strategies", default="mocha,fedem,ofmtl,fsvrg")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="work directory to keep (logs, results); default: a temp dir")
+    args = parser.parse_args()
+    strategies = [s for s in args.strategies.split(",") if s]
+    unknown = sorted(set(strategies) - set(UNITS))
+    if unknown:
+        parser.error(f"unknown strategies {unknown}; choose from {sorted(UNITS)}")
+    if args.rounds < 2:
+        parser.error("--rounds must be >= 2 (the first round is discovery)")
+    workdir = args.keep or Path(tempfile.mkdtemp(prefix="loopback-rounds-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    all_configs = configs(args.rounds)
+    fed = LoopbackFederation(workdir / "federation", NUM_NODES)
+    survivors: list[int] = []
+    try:
+        started = time.perf_counter()
+        fed.start()
+        fed.wait_nodes_registered()
+        print(f"# SuperLink + {NUM_NODES} SuperNodes up in {time.perf_counter() - started:.1f} s "
+              f"(work dir {workdir})", file=sys.stderr, flush=True)
+        for strategy in strategies:
+            cfg = all_configs[strategy]
+            results_path = workdir / f"{strategy}-loopback.json"
+            run_config = " ".join(f"{k}={toml_value(v)}" for k, v in cfg.items())
+            sub = fed.submit(f"{run_config} results-file='{results_path}'", name=strategy,
+                             results=results_path)
+            wall = sub.wait(3600.0, fed.context())
+            if sub.popen.returncode != 0:
+                raise RuntimeError(f"flwr run {strategy} exited {sub.popen.returncode}\n"
+                                   f"{fed.context()}")
+            loop = sub.read_results()
+            if not loop["final"].get("complete"):
+                raise RuntimeError(f"{strategy}: loopback run incomplete: {loop['final']}")
+            local, local_wall = inprocess(cfg, workdir / f"{strategy}-inprocess.json")
+            loop_rounds, loop_first = round_times(loop, strategy)
+            local_rounds, _ = round_times(local, strategy)
+            loop_s = float(np.median(loop_rounds))
+            local_s = float(np.median(local_rounds))
+            unit, trips = UNITS[strategy]
+            print(json.dumps({
+                "strategy": strategy, "unit": unit, "round_trips_per_round": trips,
+                "rounds_measured": len(loop_rounds),
+                "loopback_round_s": round(loop_s, 3),
+                "loopback_first_round_s": None if loop_first is None else round(loop_first, 3),
+                "loopback_run_wall_s": round(wall, 1),
+                "inprocess_round_s": round(local_s, 5),
+                "inprocess_run_wall_s": round(local_wall, 2),
+                "overhead_round_s": round(loop_s - local_s, 3),
+                "overhead_ratio": round(loop_s / local_s, 1) if local_s > 0 else None,
+                "load_avg_1m": round(os.getloadavg()[0], 2),
+            }), flush=True)
+    finally:
+        survivors = fed.stop()
+        if args.keep is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    if survivors:
+        print(f"# processes still alive: {survivors}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
