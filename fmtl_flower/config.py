@@ -189,12 +189,13 @@ class RunConfig:
     dane_mu : float
         DANE's proximal parameter mu >= 0 (the paper's default 0).
     checkpoint_dir : str
-        MOCHA: write the server state there after every ``checkpoint_every``-th round (and
-        the last), and resume from the newest checkpoint found there ("": off).
+        Every federated strategy: write the server state there after every
+        ``checkpoint_every``-th round (and the last; OFMTL: after every event), and resume
+        from the newest checkpoint found there ("": off).
     checkpoint_every : int
         Rounds between checkpoints (>= 1).
     client_state_dir : str
-        MOCHA devices: keep their committed local state in files there as well, so it
+        MOCHA, CoCoA+ and FedEM devices: keep their local state in files there as well, so it
         survives a server restart (a new Flower run); in a deployment, set it per device with
         ``--node-config "client-state-dir=..."`` ("": off).
     server_path : {"auto", "dense", "factored"}

@@ -138,9 +138,6 @@ def strategy_from_config(cfg: RunConfig, num_tasks: int,
     """The strategy configured by ``cfg``: :class:`FedEM` for its family, :class:`MbSgd`, or
     :class:`Mocha` with local solver ``cfg.strategy`` (mocha, cocoa or mb-sdca; lambda must
     then be a number)."""
-    if cfg.checkpoint_dir and cfg.strategy == "mb-sgd":
-        raise ConfigError("checkpoint-dir: mb-sgd does not support checkpoints yet (MOCHA, "
-                          "its CoCoA/Mb-SDCA variants, OFMTL, the FedEM and FSVRG families do)")
     if cfg.is_fedem_family:
         return fedem_from_config(cfg, num_tasks, on_round)
     if cfg.strategy == "ofmtl":
@@ -162,13 +159,16 @@ def strategy_from_config(cfg: RunConfig, num_tasks: int,
     if cfg.strategy == "mb-sgd":
         options = formulation_options(cfg)
         options.pop("gamma")
-        return MbSgd(num_tasks, lam=float(cfg.lam), omega=cfg.omega, omega_every=cfg.omega_every,
-                     omega_eps=cfg.omega_eps, **options, beta=cfg.beta or None,
-                     local_frac=min(cfg.local_frac, 1.0), sys_het=cfg.sys_het,
-                     sys_het_base=cfg.sys_het_base, drop_prob=cfg.drop_prob,
-                     eval_every=cfg.eval_every, network=cfg.network, time_model=cfg.time_model,
-                     seed=cfg.seed, discovery_timeout=max(cfg.round_timeout, 60.0),
-                     on_round=on_round)
+        mbsgd = MbSgd(num_tasks, lam=float(cfg.lam), omega=cfg.omega,
+                      omega_every=cfg.omega_every, omega_eps=cfg.omega_eps, **options,
+                      beta=cfg.beta or None, local_frac=min(cfg.local_frac, 1.0),
+                      sys_het=cfg.sys_het, sys_het_base=cfg.sys_het_base,
+                      drop_prob=cfg.drop_prob, eval_every=cfg.eval_every, network=cfg.network,
+                      time_model=cfg.time_model, seed=cfg.seed,
+                      discovery_timeout=max(cfg.round_timeout, 60.0), on_round=on_round)
+        if cfg.checkpoint_dir:
+            mbsgd.enable_checkpoints(cfg.checkpoint_dir, every=cfg.checkpoint_every)
+        return mbsgd
     mocha = Mocha(num_tasks, lam=float(cfg.lam), omega=cfg.omega, omega_every=cfg.omega_every,
                   omega_eps=cfg.omega_eps, **formulation_options(cfg), method=cfg.strategy,
                   theta=cfg.theta, beta=cfg.beta or 1.0,

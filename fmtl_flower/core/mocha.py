@@ -115,7 +115,7 @@ class MochaServerState:
         (``W += delta_B M[tasks]``) and a recomputed ``B M`` differs in the last bits.
         """
         out = {"B": self.B, "W": self.W, "M": self.M}
-        for key, value in _formulation_arrays(self.formulation).items():
+        for key, value in formulation_arrays(self.formulation).items():
             out[f"formulation.{key}"] = value
         return out
 
@@ -127,7 +127,7 @@ class MochaServerState:
         missing = {"B", "W", "M"} - set(arrays)
         if missing:
             raise ValueError(f"MOCHA state lacks {sorted(missing)}")
-        fresh = _formulation_arrays(formulation)
+        fresh = formulation_arrays(formulation)
         saved = {k[len("formulation."):]: v for k, v in arrays.items()
                  if k.startswith("formulation.")}
         if set(saved) != set(fresh):
@@ -147,7 +147,7 @@ class MochaServerState:
         for key, value in {**saved, "B": B, "W": arrays["W"], "M": arrays["M"]}.items():
             if not np.all(np.isfinite(value)):
                 raise ValueError(f"state array {key!r} has non-finite values")
-        _set_formulation_arrays(formulation, saved)
+        set_formulation_arrays(formulation, saved)
         state = cls(B=B, formulation=formulation)
         state.M = np.array(arrays["M"], dtype=np.float64)
         state.W = np.array(arrays["W"], dtype=np.float64)
@@ -158,8 +158,9 @@ class MochaServerState:
         return regulariser_value(self.W, self.B)
 
 
-def _formulation_arrays(formulation: Formulation) -> dict[str, np.ndarray]:
-    """The formulation's array attributes (its Omega in whatever form it keeps it).
+def formulation_arrays(formulation: Formulation) -> dict[str, np.ndarray]:
+    """The formulation's array attributes (its Omega in whatever form it keeps it), for
+    checkpoints; :func:`set_formulation_arrays` puts them back.
 
     A Cholesky factor kept as ``(array, lower)`` is stored as its array (``lower`` is fixed by
     the formulation's code).
@@ -174,7 +175,15 @@ def _formulation_arrays(formulation: Formulation) -> dict[str, np.ndarray]:
     return out
 
 
-def _set_formulation_arrays(formulation: Formulation, arrays: dict[str, np.ndarray]) -> None:
+def set_formulation_arrays(formulation: Formulation, arrays: dict[str, np.ndarray]) -> None:
+    """Overwrite a fresh formulation's arrays with saved ones; ValueError unless the keys,
+    shapes and dtypes are the formulation's own and the values are finite."""
+    fresh = formulation_arrays(formulation)
+    if set(arrays) != set(fresh) or any(
+            np.shape(arrays[k]) != fresh[k].shape or np.asarray(arrays[k]).dtype != fresh[k].dtype
+            or not np.all(np.isfinite(arrays[k])) for k in arrays):
+        raise ValueError(f"formulation state {sorted(arrays)} does not match "
+                         f"{type(formulation).__name__}'s {sorted(fresh)}")
     for key, value in arrays.items():
         current = getattr(formulation, key)
         value = np.array(value)

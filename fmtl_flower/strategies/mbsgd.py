@@ -74,6 +74,7 @@ from flwr.serverapp import Grid
 from ..centralized import omega_step_due
 from ..core.baselines import mbsgd_radius, mbsgd_server_step, mbsgd_step_size
 from ..core.formulations import FORMULATIONS, Formulation, make_formulation
+from ..core.mocha import formulation_arrays, set_formulation_arrays
 from ..core.omega import DEFAULT_OMEGA_EPS
 from ..metrics import error_summary
 from ..systems.heterogeneity import drop_mask, local_budgets
@@ -271,7 +272,7 @@ class MbSgd(TaskStrategy):
                         grid: Grid) -> Iterable[Message]:
         """One ``train`` message per reachable task, with its w_t and mini-batch size."""
         self._round_start = time.perf_counter()
-        self.discover(grid, wait=server_round == 1)
+        self.discover(grid, wait=server_round == self.first_round)
         if self.W is None:
             raise RuntimeError(
                 f"{_NAME} found no usable node: check that the ClientApp is Mb-SGD's and that "
@@ -360,6 +361,34 @@ class MbSgd(TaskStrategy):
     @property
     def dim(self) -> int | None:
         return self.directory.dim
+
+    # ------------------------------------------------------------------ checkpoints
+    def fingerprint(self) -> dict[str, Any]:
+        """Settings a checkpoint must share with this run to be resumed."""
+        return {"strategy": "MbSgd", "num_tasks": self.num_tasks, "lam": self.lam,
+                "omega": self.omega, "formulation": self.formulation_options,
+                "beta": self.beta, "schedule": self.schedule, "project": self.project,
+                "seed": self.seed}
+
+    def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """W, the formulation's Omega and the records (the devices keep no state)."""
+        assert self.W is not None
+        arrays = {"W": self.W, **{f"formulation.{k}": v
+                                   for k, v in formulation_arrays(self.formulation).items()}}
+        return arrays, {"records": self.records}
+
+    def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+        """Load :meth:`checkpoint_state`'s output."""
+        W = np.asarray(arrays["W"], dtype=np.float64)
+        if W.ndim != 2 or W.shape[1] != self.num_tasks or not np.all(np.isfinite(W)):
+            raise ValueError(f"checkpoint W must be finite (d, {self.num_tasks})")
+        set_formulation_arrays(self.formulation, {
+            k[len("formulation."):]: v for k, v in arrays.items()
+            if k.startswith("formulation.")})
+        self._refresh_matrices()
+        self.W = W.copy()
+        self.directory.dim = W.shape[0]
+        self.records = [dict(r) for r in meta["records"]]
 
     # ------------------------------------------------------------------ messages
     def _instructions(self, server_round: int, message_type: str, evaluate: bool,

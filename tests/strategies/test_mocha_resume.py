@@ -218,3 +218,34 @@ def test_factored_server_resumes_bit_for_bit(problem, tmp_path):
     _run(problem, resumed, tmp_path / "dev")
     assert resumed.resumed_from == 4
     np.testing.assert_array_equal(resumed.state.W, plain.state.W)
+
+
+def test_mbsgd_resumes_bit_for_bit(problem, tmp_path):
+    from fmtl_flower.clients.mbsgd import make_mbsgd_client_app
+    from fmtl_flower.strategies.mbsgd import MbSgd
+
+    options = {"lam": 0.05, "omega": "probabilistic", "omega_every": 2, "seed": 3,
+               "discovery_timeout": 5.0}
+
+    def run(strategy):
+        server_app = ServerApp()
+
+        @server_app.main()
+        def main(grid: Grid, context: Context) -> None:
+            strategy.start(grid=grid, num_rounds=ROUNDS, timeout=60.0)
+
+        run_inprocess(server_app, make_mbsgd_client_app(problem.load), problem.num_tasks)
+
+    plain = MbSgd(problem.num_tasks, **options)
+    run(plain)
+    first = killed_in(MbSgd, 5)(problem.num_tasks, **options)
+    first.enable_checkpoints(tmp_path, every=2)
+    with pytest.raises(ServerKilled):
+        run(first)
+    resumed = MbSgd(problem.num_tasks, **options)
+    resumed.enable_checkpoints(tmp_path, every=2)
+    run(resumed)
+    assert resumed.resumed_from == 4
+    np.testing.assert_array_equal(resumed.W, plain.W)
+    assert [r["primal"] for r in resumed.results()["rounds"]] == \
+        [r["primal"] for r in plain.results()["rounds"]]
