@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FORMAT_VERSION", "Checkpoint", "CheckpointError", "read_checkpoint",
+__all__ = ["FORMAT_VERSION", "Checkpoint", "CheckpointError", "check_fingerprint",
+           "read_checkpoint",
            "read_state_file", "state_file_path", "write_checkpoint", "write_state_file"]
 
 FORMAT_VERSION = 1
@@ -179,6 +180,20 @@ def _checkpoint_files(directory: Path) -> list[tuple[int, Path]]:
         if match:
             found.append((int(match.group(1)), path))
     return sorted(found)
+
+
+def check_fingerprint(checkpoint: Checkpoint, expected: dict[str, Any]) -> None:
+    """:class:`CheckpointError` naming the differing settings unless ``checkpoint`` was
+    written with the ``expected`` fingerprint (compared as stored: tuples are lists)."""
+    expected = json.loads(json.dumps(expected))
+    saved = checkpoint.meta.get("fingerprint") or {}
+    if saved == expected:
+        return
+    diff = sorted(k for k in set(expected) | set(saved) if saved.get(k) != expected.get(k))
+    raise CheckpointError(
+        f"{checkpoint.path} was written with other settings ({', '.join(diff)}: "
+        f"{ {k: saved.get(k) for k in diff} } vs this run's "
+        f"{ {k: expected.get(k) for k in diff} }); use another checkpoint directory")
 
 
 def read_checkpoint(directory: str | Path) -> Checkpoint | None:

@@ -16,7 +16,6 @@ state to store: a resumed run draws the same numbers as an uninterrupted one.
 from __future__ import annotations
 
 import io
-import json
 import time
 from collections.abc import Callable
 from logging import INFO
@@ -29,7 +28,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from ..checkpoint import CheckpointError, read_checkpoint, write_checkpoint
+from ..checkpoint import check_fingerprint, read_checkpoint, write_checkpoint
 from .discovery import TaskDirectory
 
 
@@ -159,15 +158,7 @@ class TaskStrategy(Strategy):
             log(INFO, "%s: no checkpoint in %s; starting from round 1", type(self).__name__,
                 self.checkpoint_dir)
             return
-        expected = json.loads(json.dumps(self.fingerprint()))  # as stored: tuples are lists
-        saved = checkpoint.meta.get("fingerprint")
-        if saved != expected:
-            diff = sorted(k for k in set(expected) | set(saved or {})
-                          if (saved or {}).get(k) != expected.get(k))
-            raise CheckpointError(
-                f"{checkpoint.path} was written with other settings ({', '.join(diff)}: "
-                f"{ {k: (saved or {}).get(k) for k in diff} } vs this run's "
-                f"{ {k: expected.get(k) for k in diff} }); use another checkpoint directory")
+        check_fingerprint(checkpoint, self.fingerprint())
         self.restore_state(checkpoint.arrays, checkpoint.meta)
         self.ever_replied = np.array(checkpoint.meta["ever_replied"], dtype=bool)
         self.resumed_from = self.last_checkpoint_round = checkpoint.server_round

@@ -37,7 +37,6 @@ Reply: metrics ``task-id``, ``round``, ``test-errors``, ``test-n`` (ints).
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -51,7 +50,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from ..checkpoint import CheckpointError, read_checkpoint, write_checkpoint
+from ..checkpoint import CheckpointError, check_fingerprint, read_checkpoint, write_checkpoint
 from ..core.ofmtl import (
     extend_sigma,
     newcomer_server_quantities,
@@ -188,10 +187,7 @@ class OFMTL(Strategy):
         checkpoint = read_checkpoint(self.checkpoint_dir)
         if checkpoint is None:
             return False
-        expected = json.loads(json.dumps(self.fingerprint()))
-        if checkpoint.meta.get("fingerprint") != expected:
-            raise CheckpointError(f"{checkpoint.path} was written with other OFMTL settings; "
-                                  "use another checkpoint directory")
+        check_fingerprint(checkpoint, self.fingerprint())
         W, Sigma = checkpoint.arrays["W"], checkpoint.arrays["Sigma"]
         m = W.shape[1] if W.ndim == 2 else -1
         if (m < 1 or Sigma.shape != (m, m) or m > self.num_tasks
