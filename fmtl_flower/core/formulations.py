@@ -856,6 +856,17 @@ FORMULATIONS: dict[str, type[Formulation]] = {
 }
 
 
+def options_check_size(num_tasks: int, k: float | None = None) -> int:
+    """A task count small enough to build a dense formulation cheaply, large enough that
+    :func:`make_formulation` validates the same options as for ``num_tasks`` tasks (the
+    ``clustered`` k must not exceed it). Used to check options before the server path (dense
+    or factored) is known."""
+    m = int(num_tasks)
+    if k is None or isinstance(k, bool) or not isinstance(k, int | float) or not math.isfinite(k):
+        return min(m, 64)
+    return min(m, max(64, math.ceil(k)))
+
+
 def make_formulation(
     name: str,
     num_tasks: int,

@@ -58,7 +58,12 @@ from flwr.serverapp import Grid
 
 from ..centralized import omega_step_due
 from ..core.baselines import mbsdca_scale
-from ..core.formulations import FORMULATIONS, SIGMA_MODES, make_formulation
+from ..core.formulations import (
+    FORMULATIONS,
+    SIGMA_MODES,
+    make_formulation,
+    options_check_size,
+)
 from ..core.mocha import MochaServerState
 from ..core.mocha_factored import (
     FactoredMochaServerState,
@@ -209,7 +214,9 @@ class Mocha(TaskStrategy):
                                     "eps_rel": omega_eps, "gamma": gamma}
         if omega not in FORMULATIONS:
             raise ValueError(f"omega must be one of {tuple(FORMULATIONS)}, got {omega!r}")
-        make_formulation(omega, int(num_tasks), lam=lam, **self.formulation_options)
+        # validate the options on a small instance: the dense formulation is m x m
+        make_formulation(omega, options_check_size(int(num_tasks), clusters), lam=lam,
+                         **self.formulation_options)
         if method not in DUAL_METHODS:
             raise ValueError(f"method must be one of {DUAL_METHODS}, got {method!r}")
         if not 0.0 < theta < 1.0:
