@@ -206,6 +206,11 @@ class RunConfig:
     max_failures, probe_every : int
         MOCHA: exclude a task after ``max_failures`` consecutive failed rounds (0: never) and
         probe it every ``probe_every`` rounds until it answers.
+    tasks_per_node : int
+        Task packing (:mod:`fmtl_flower.packing`): 1 (default) is one task per Flower node;
+        K > 1 makes one message per node carry all of its tasks. In simulation node p hosts
+        tasks p K .. p K + K - 1 (so ceil(m / K) nodes); a deployed node hosts the tasks of
+        its ``--node-config "task-ids='3,4,5'"``.
     """
 
     strategy: str = "mocha"
@@ -268,6 +273,7 @@ class RunConfig:
     min_replies: int = 1
     max_failures: int = 3
     probe_every: int = 5
+    tasks_per_node: int = 1
 
     @property
     def model_family(self) -> str:
@@ -379,6 +385,7 @@ _PARSE = {
     "min-replies": lambda k, v: _as_int(k, v, 0),
     "max-failures": lambda k, v: _as_int(k, v, 0),
     "probe-every": lambda k, v: _as_int(k, v, 1),
+    "tasks-per-node": lambda k, v: _as_int(k, v, 1),
 }
 
 

@@ -27,6 +27,7 @@ from ..clients.ofmtl import OFMTLClient, make_ofmtl_client_app
 from ..config import FEDERATED, FSVRG_FAMILY, ConfigError, RunConfig
 from ..data import FederatedDataset, load_dataset_cached
 from ..data.registry import FEDEM_SYNTHETIC, SPARSE_FEDERATED
+from ..packing import PackedGrid, packed_client_app, tasks_of_node
 from ..strategies.fedem import FedEM
 from ..strategies.fsvrg import Fsvrg
 from ..strategies.mbsgd import MbSgd
@@ -100,16 +101,14 @@ def make_client_app(config: RunConfig | None = None) -> ClientApp:
         task = data.task(arrival_order(cfg, data.num_tasks)[default_task_id(context)])
         return task.X_train, task.y_train, task.X_test, task.y_test
 
+    def tasks_for(context: Context) -> list[int]:
+        cfg = config_from_context(context, config)
+        return tasks_of_node(context.node_config, cfg.tasks_per_node,
+                             cfg.num_tasks or dataset_for(cfg).num_tasks)
+
     if config is not None:
-        if config.is_fedem_family:
-            return make_fedem_client_app(load, state_dir=config.client_state_dir or None)
-        if config.strategy in FSVRG_FAMILY:
-            return make_fsvrg_client_app(load, state_dir=config.client_state_dir or None)
-        if config.strategy == "ofmtl":
-            return make_ofmtl_client_app(load)
-        if config.strategy == "mb-sgd":
-            return make_mbsgd_client_app(load)
-        return make_mocha_client_app(load, state_dir=config.client_state_dir or None)
+        app = _client_app_of(config, load)
+        return packed_client_app(app, tasks_for) if config.tasks_per_node > 1 else app
     dual, primal, mixture = OFMTLClient(load), MbSgdClient(load), FedEMClient(load)
     sparse = FsvrgClient(load)
     app = ClientApp()
@@ -129,7 +128,21 @@ def make_client_app(config: RunConfig | None = None) -> ClientApp:
     app.evaluate("ofmtl")(lambda msg, ctx: dual.evaluate_model(msg, ctx))
     app.query("fsvrg_stats")(lambda msg, ctx: sparse.stats(msg, ctx))
     app.query("fsvrg_gradient")(lambda msg, ctx: sparse.gradient(msg, ctx))
-    return app
+    return packed_client_app(app, tasks_for)  # packed messages when tasks-per-node > 1
+
+
+def _client_app_of(config: RunConfig, load: Callable[[Context], tuple[np.ndarray, ...]]
+                   ) -> ClientApp:
+    """The ClientApp of ``config.strategy``'s handlers over ``load``."""
+    if config.is_fedem_family:
+        return make_fedem_client_app(load, state_dir=config.client_state_dir or None)
+    if config.strategy in FSVRG_FAMILY:
+        return make_fsvrg_client_app(load, state_dir=config.client_state_dir or None)
+    if config.strategy == "ofmtl":
+        return make_ofmtl_client_app(load)
+    if config.strategy == "mb-sgd":
+        return make_mbsgd_client_app(load)
+    return make_mocha_client_app(load, state_dir=config.client_state_dir or None)
 
 
 def strategy_from_config(cfg: RunConfig, num_tasks: int,
@@ -280,6 +293,8 @@ def make_server_app(config: RunConfig | None = None,
                               "other than svm)")
         num_tasks = cfg.num_tasks or dataset_for(cfg).num_tasks
         strategy = strategy_from_config(cfg, num_tasks, on_round)
+        if cfg.tasks_per_node > 1:  # one message per node carries all of its tasks
+            grid = PackedGrid(grid, query_timeout=max(cfg.round_timeout, 60.0))
         rounds = 0 if cfg.strategy == "ofmtl" else cfg.num_server_rounds  # OFMTL: until all join
         strategy.start(grid=grid, num_rounds=rounds, timeout=cfg.round_timeout)
         results = build_results(cfg, strategy)

@@ -1,0 +1,338 @@
+"""Task packing: one Flower node hosts several tasks; one message per node carries them all.
+
+A phone with several users, a silo with several sites, or a simulated federation with 10^4
+tasks on a few hundred Ray nodes: the strategies stay keyed by task id and talk to one
+*virtual node* per task, and two adapters pack and unpack the traffic:
+
+* :class:`PackedGrid` (server side) wraps Flower's ``Grid``. It asks every new physical node
+  how many task slots it hosts (``query.fmtl_slots``), exposes one virtual node id per slot
+  through ``get_node_ids``, and turns the messages of one round into one message per physical
+  node (records prefixed ``"<slot>/"``). The reply is split back into one reply per virtual
+  node, so the strategy sees exactly what it would see with one task per node.
+* :func:`packed_client_app` (client side) wraps a ClientApp: it answers the slots query and
+  runs the wrapped app once per slot of a packed message, with a per-slot ``Context``
+  (``node_config["task-id"]`` set to the slot's task; its ``state`` kept in the node's state
+  under the slot's prefix), and packs the replies. A slot whose handler raises yields an error
+  reply for that task only; the other slots' replies go through.
+
+Results do not depend on the packing: every task is still solved by the same handler with the
+same message; only the number of Flower messages changes. Unpacked messages (no
+``"packing"`` record) pass through to the wrapped app unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from logging import WARNING
+from typing import Any
+
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
+from flwr.app.message.message import make_message
+from flwr.clientapp import ClientApp
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.supercore.run import Run
+
+__all__ = ["PackedGrid", "SLOTS_QUERY", "packed_client_app", "tasks_of_node"]
+
+#: Message type of the server's "how many task slots do you host" query.
+SLOTS_QUERY = "query.fmtl_slots"
+#: Record of a packed message naming its slots (ConfigRecord ``{"slots": [int, ...]}``).
+PACKING = "packing"
+#: Record of a packed reply's slot whose handler failed (ConfigRecord ``code``, ``reason``).
+SLOT_ERROR = "slot-error"
+#: At most this many task slots per node (the slot is part of a per-slot node id).
+MAX_SLOTS = 1 << 20
+_SLOT_ERROR_CODE = 2  # Flower's ErrorCode.CLIENT_APP_RAISED_EXCEPTION
+
+
+def _prefix(slot: int) -> str:
+    return f"{slot}/"
+
+
+def pack_content(parts: dict[int, RecordDict]) -> RecordDict:
+    """One RecordDict holding every slot's records under ``"<slot>/<name>"``, plus
+    ``packing``."""
+    packed = RecordDict({PACKING: ConfigRecord({"slots": sorted(parts)})})
+    for slot, content in parts.items():
+        for name, record in content.items():
+            packed[_prefix(slot) + name] = record
+    return packed
+
+
+def unpack_content(content: RecordDict) -> dict[int, RecordDict]:
+    """Inverse of :func:`pack_content`; ValueError if the ``packing`` record is malformed."""
+    if PACKING not in content:
+        raise ValueError("not a packed message: no 'packing' record")
+    slots = content[PACKING].get("slots", None) if isinstance(content[PACKING],
+                                                                ConfigRecord) else None
+    if not isinstance(slots, list) or not all(
+            isinstance(s, int) and not isinstance(s, bool) and 0 <= s < MAX_SLOTS
+            for s in slots):
+        raise ValueError(f"packing record: 'slots' must be a list of ints in "
+                         f"0..{MAX_SLOTS - 1}, got {slots!r}")
+    parts: dict[int, RecordDict] = {slot: RecordDict() for slot in slots}
+    for name, record in content.items():
+        if name == PACKING:
+            continue
+        head, sep, rest = name.partition("/")
+        if not sep or not head.isdigit() or int(head) not in parts:
+            raise ValueError(f"packed record {name!r} names no slot of {slots}")
+        parts[int(head)][rest] = record
+    return parts
+
+
+# ------------------------------------------------------------------------------ server side
+class PackedGrid(Grid):
+    """A ``Grid`` presenting one virtual node per task slot of the wrapped grid's nodes.
+
+    Parameters
+    ----------
+    grid : Grid
+        Flower's grid (Ray simulation, deployment) or the in-process one.
+    query_timeout : float
+        Seconds to wait for a node's answer to the slots query.
+
+    Notes
+    -----
+    Virtual node ids are never reused: a node that goes offline takes its virtual nodes with
+    it, and when it comes back (a new Flower node id) its slots get new virtual ids, which
+    the strategies' task directories treat as a restarted device. A node that does not answer
+    the slots query, or answers badly, is logged and asked again after ``retry_after``
+    seconds.
+    """
+
+    def __init__(self, grid: Grid, *, query_timeout: float = 60.0,
+                 retry_after: float = 30.0) -> None:
+        self.inner = grid
+        self.query_timeout = float(query_timeout)
+        self.retry_after = float(retry_after)
+        self._virtual = itertools.count(1)
+        self._slots: dict[int, list[int]] = {}  # physical node -> its virtual ids, by slot
+        self._where: dict[int, tuple[int, int]] = {}  # virtual id -> (physical node, slot)
+        self._refused: dict[int, float] = {}  # physical node -> when it last failed the query
+        self.messages_sent = 0  # physical messages, for benchmarks and tests
+
+    # delegated parts of Grid's interface --------------------------------------------------
+    def set_run(self, run_id: int) -> None:  # noqa: D102
+        self.inner.set_run(run_id)
+
+    @property
+    def run(self) -> Run:  # noqa: D102
+        return self.inner.run
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
+                       group_id: str, ttl: float | None = None) -> Message:  # noqa: D102
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Not supported: packed traffic goes through :meth:`send_and_receive`."""
+        raise NotImplementedError("PackedGrid packs whole rounds: use send_and_receive")
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        """Not supported: packed traffic goes through :meth:`send_and_receive`."""
+        raise NotImplementedError("PackedGrid packs whole rounds: use send_and_receive")
+
+    # virtual nodes ------------------------------------------------------------------------
+    def get_node_ids(self) -> Iterable[int]:
+        """The virtual node ids (one per task slot) of the online physical nodes."""
+        online = set(self.inner.get_node_ids())
+        for node in [n for n in self._slots if n not in online]:
+            for virtual in self._slots.pop(node):
+                del self._where[virtual]
+        for node in [n for n in self._refused if n not in online]:
+            del self._refused[node]
+        now = time.monotonic()
+        new = sorted(n for n in online - set(self._slots)
+                     if now - self._refused.get(n, -float("inf")) >= self.retry_after)
+        if new:
+            self._ask_slots(new)
+        return [v for node in sorted(self._slots) for v in self._slots[node]]
+
+    def physical_node(self, virtual: int) -> int:
+        """The Flower node id hosting virtual node ``virtual`` (KeyError if unknown)."""
+        return self._where[virtual][0]
+
+    def _ask_slots(self, nodes: list[int]) -> None:
+        queries = [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n,
+                           message_type=SLOTS_QUERY) for n in nodes]
+        self.messages_sent += len(queries)
+        answered = set()
+        for reply in self.inner.send_and_receive(queries, timeout=self.query_timeout):
+            node = reply.metadata.src_node_id
+            answered.add(node)
+            try:
+                count = _read_slots_reply(reply)
+            except ValueError as err:
+                log(WARNING, "packing: node %s: bad slots reply: %s; asked again in %.0f s",
+                    node, err, self.retry_after)
+                self._refused[node] = time.monotonic()
+                continue
+            virtual = [next(self._virtual) for _ in range(count)]
+            self._slots[node] = virtual
+            for slot, v in enumerate(virtual):
+                self._where[v] = (node, slot)
+        for node in set(nodes) - answered:
+            log(WARNING, "packing: node %s did not answer the slots query within %.0f s",
+                node, self.query_timeout)
+            self._refused[node] = time.monotonic()
+
+    # traffic ------------------------------------------------------------------------------
+    def send_and_receive(self, messages: Iterable[Message], *,
+                         timeout: float | None = None) -> Iterable[Message]:
+        """Send one packed message per (physical node, message type); return the replies
+        split per virtual node (replies that did not arrive are missing, as in Flower)."""
+        groups: dict[tuple[int, str], dict[int, Message]] = defaultdict(dict)
+        for message in messages:
+            virtual = message.metadata.dst_node_id
+            if virtual not in self._where:
+                log(WARNING, "packing: no virtual node %s; message dropped", virtual)
+                continue
+            node, slot = self._where[virtual]
+            message.metadata.__dict__["_message_id"] = f"{virtual}"
+            groups[(node, message.metadata.message_type)][slot] = message
+        packed, sent = [], {}
+        for (node, message_type), subs in groups.items():
+            ttls = [m.metadata.ttl for m in subs.values()]
+            msg = Message(pack_content({s: m.content for s, m in subs.items()}),
+                          dst_node_id=node, message_type=message_type, ttl=min(ttls))
+            packed.append(msg)
+            sent[(node, message_type)] = subs
+        self.messages_sent += len(packed)
+        replies: list[Message] = []
+        for reply in self.inner.send_and_receive(packed, timeout=timeout):
+            key = (reply.metadata.src_node_id, reply.metadata.message_type)
+            subs = sent.pop(key, None)
+            if subs is None:
+                log(WARNING, "packing: unexpected reply from node %s (%s); ignored", *key)
+                continue
+            replies.extend(_split_reply(reply, subs))
+        return replies
+
+
+def _read_slots_reply(reply: Message) -> int:
+    if reply.has_error():
+        raise ValueError(f"error reply: {reply.error.reason}")
+    if "slots" not in reply.content or "count" not in reply.content["slots"]:
+        raise ValueError("no 'slots' record with 'count'")
+    count = reply.content["slots"]["count"]
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_SLOTS:
+        raise ValueError(f"'count' must be an int in 0..{MAX_SLOTS}, got {count!r}")
+    return count
+
+
+def _split_reply(reply: Message, subs: dict[int, Message]) -> list[Message]:
+    """One reply per sub-message: the slot's records, or an error reply."""
+    if reply.has_error():
+        return [Message(Error(code=reply.error.code, reason=reply.error.reason), reply_to=m)
+                for m in subs.values()]
+    try:
+        parts = unpack_content(reply.content)
+    except ValueError as err:
+        reason = f"malformed packed reply: {err}"
+        return [Message(Error(code=_SLOT_ERROR_CODE, reason=reason), reply_to=m)
+                for m in subs.values()]
+    out = []
+    for slot, sub in subs.items():
+        if slot not in parts:
+            continue  # that slot's reply is missing: as if it never arrived
+        content = parts[slot]
+        if SLOT_ERROR in content:
+            err = content[SLOT_ERROR]
+            out.append(Message(Error(code=int(err.get("code", _SLOT_ERROR_CODE)),
+                                     reason=str(err.get("reason", ""))), reply_to=sub))
+        else:
+            out.append(Message(content, reply_to=sub))
+    return out
+
+
+# ------------------------------------------------------------------------------ client side
+def tasks_of_node(node_config: dict[str, Any], tasks_per_node: int, num_tasks: int
+                  ) -> list[int]:
+    """The task ids a node hosts.
+
+    ``node_config["task-ids"]`` (deployments: ``"3,4,5"``) when present; else the block
+    ``p * tasks_per_node ... (p + 1) * tasks_per_node - 1`` of partition ``p``, cut at
+    ``num_tasks``.
+    """
+    if "task-ids" in node_config:
+        text = str(node_config["task-ids"])
+        try:
+            tasks = [int(t) for t in text.split(",") if t.strip()]
+        except ValueError:
+            raise ValueError(f"node config task-ids={text!r}: comma-separated ints "
+                             "expected") from None
+        if not tasks or len(set(tasks)) != len(tasks) or min(tasks) < 0:
+            raise ValueError(f"node config task-ids={text!r}: distinct ints >= 0 expected")
+        return tasks
+    if "partition-id" not in node_config:
+        raise ValueError("this node has no task ids: start the SuperNode with --node-config "
+                         "\"task-ids='0,1,2'\" (or partition-id=N in simulation)")
+    first = int(node_config["partition-id"]) * tasks_per_node
+    return list(range(first, min(first + tasks_per_node, num_tasks)))
+
+
+def packed_client_app(app: ClientApp | Callable[[Message, Context], Message],
+                      tasks_for: Callable[[Context], Sequence[int]]) -> ClientApp:
+    """A ClientApp hosting the tasks ``tasks_for(context)`` behind the wrapped ``app``."""
+    return _PackedClientApp(app, tasks_for)
+
+
+class _PackedClientApp(ClientApp):
+    def __init__(self, app: ClientApp | Callable[[Message, Context], Message],
+                 tasks_for: Callable[[Context], Sequence[int]]) -> None:
+        super().__init__()
+        self._app = app
+        self._tasks_for = tasks_for
+
+    def __call__(self, message: Message, context: Context) -> Message:
+        if message.metadata.message_type == SLOTS_QUERY:
+            count = len(self._tasks_for(context))
+            return Message(RecordDict({"slots": ConfigRecord({"count": count})}),
+                           reply_to=message)
+        if PACKING not in message.content:
+            return self._app(message, context)
+        tasks = list(self._tasks_for(context))
+        parts = unpack_content(message.content)
+        replies: dict[int, RecordDict] = {}
+        for slot, content in parts.items():
+            if slot >= len(tasks):
+                replies[slot] = _error_content(f"slot {slot}: this node hosts {len(tasks)} "
+                                               "tasks")
+                continue
+            replies[slot] = self._call_slot(message, content, context, slot, tasks[slot])
+        return Message(pack_content(replies), reply_to=message)
+
+    def _call_slot(self, message: Message, content: RecordDict, context: Context, slot: int,
+                   task: int) -> RecordDict:
+        prefix = _prefix(slot)
+        state = RecordDict({name[len(prefix):]: record for name, record in
+                            context.state.items() if name.startswith(prefix)})
+        node_config = {k: v for k, v in context.node_config.items() if k != "task-ids"}
+        node_config["task-id"] = task
+        sub_context = Context(run_id=context.run_id, node_id=context.node_id * MAX_SLOTS + slot,
+                              node_config=node_config, state=state,
+                              run_config=context.run_config)
+        metadata = copy.copy(message.metadata)  # no TaskIdentity on a ClientApp's side
+        metadata.__dict__["_dst_node_id"] = sub_context.node_id
+        metadata.__dict__["_message_id"] = f"{message.metadata.message_id}/{slot}"
+        sub = make_message(metadata=metadata, content=content)
+        try:
+            reply = self._app(sub, sub_context)
+        except Exception as ex:  # noqa: BLE001 - one task's failure is that task's error
+            return _error_content(f"{type(ex).__name__}: {ex}")
+        if reply.has_error():
+            return _error_content(reply.error.reason, reply.error.code)
+        for name in [n for n in context.state if n.startswith(prefix)]:
+            del context.state[name]
+        for name, record in sub_context.state.items():
+            context.state[prefix + name] = record
+        return reply.content
+
+
+def _error_content(reason: str, code: int = _SLOT_ERROR_CODE) -> RecordDict:
+    return RecordDict({SLOT_ERROR: ConfigRecord({"code": int(code), "reason": str(reason)})})
