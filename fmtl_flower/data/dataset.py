@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -103,8 +103,14 @@ class TaskData:
 class TaskCollection:
     """Views shared by the dataset containers (dense :class:`FederatedDataset` and the sparse
     one of :mod:`fmtl_flower.data.sparse_federated`): a subclass has ``name`` and ``tasks``,
-    each task ``n_train``, ``n_test`` and ``dim``."""
+    each task ``n_train``, ``n_test`` and ``dim``.
 
+    ``lazy`` is False here; the lazy datasets of :mod:`fmtl_flower.data.lazy`
+    (:class:`~fmtl_flower.data.lazy.LazyFederatedDataset`, a subclass of
+    :class:`FederatedDataset` whose ``tasks`` generates task ``t`` when accessed) set it."""
+
+    #: Whether ``tasks`` generates each task on access (:mod:`fmtl_flower.data.lazy`).
+    lazy: ClassVar[bool] = False
     name: str
     tasks: tuple
 

@@ -26,6 +26,10 @@ train/test sets, a fixed generator seed and labels in ``{0, 1}``) and ``"sparse-
 ``num_tasks`` (K, default 1000), ``dim`` (default 20,000) and ``iid`` (default False: the
 paper's FSVRGR reshuffle when True) apply).
 
+Large generated federations are lazy (:mod:`fmtl_flower.data.lazy`): ``"synthetic"`` above
+2,000 tasks and non-IID ``"sparse-federated"`` above 10,000 nodes (or with ``lazy=True``) give
+a dataset whose task ``t`` is generated when accessed, bit-identical to the eager one.
+
 The data files are never copied: they are read where they are.
 """
 
@@ -44,12 +48,13 @@ from fmtl_flower.data.download import locate_dataset
 from fmtl_flower.data.fedem_synthetic import _check_generator, make_fedem_synthetic
 from fmtl_flower.data.gleam import load_gleam_tasks
 from fmtl_flower.data.har import load_har_tasks
+from fmtl_flower.data.lazy import lazy_sparse_federated, lazy_synthetic, use_lazy
 from fmtl_flower.data.mat import load_mat_tasks
 from fmtl_flower.data.paths import DATA_DIR_ENV, default_data_dirs
 from fmtl_flower.data.skew import check_skew_ratio, skew_dataset
 from fmtl_flower.data.sparse_federated import SparseFederatedDataset, make_sparse_federated
 from fmtl_flower.data.split import _check_seed, _check_test_frac, split_tasks
-from fmtl_flower.data.synthetic import make_synthetic_tasks
+from fmtl_flower.data.synthetic import make_synthetic_tasks, synthetic_source
 from fmtl_flower.data.validation import validate_task
 from fmtl_flower.data.vehicle import load_vehicle_tasks
 
@@ -271,6 +276,7 @@ def _load_sparse(
     samples_per_task: int | None,
     skew: float | None,
     iid: bool | None,
+    lazy: bool | None = None,
 ) -> SparseFederatedDataset:
     """Generate ``"sparse-federated"`` (see :func:`load_dataset`)."""
     rejected = [
@@ -283,14 +289,24 @@ def _load_sparse(
         )
     if iid is not None and not isinstance(iid, bool | np.bool_):
         raise ValueError(f"iid must be a bool, got {iid!r}")
+    num_tasks = SPARSE_FEDERATED_DEFAULTS["num_tasks"] if num_tasks is None else num_tasks
+    dim = SPARSE_FEDERATED_DEFAULTS["dim"] if dim is None else dim
+    iid = SPARSE_FEDERATED_DEFAULTS["iid"] if iid is None else bool(iid)
+    if _lazy_for(SPARSE_FEDERATED, num_tasks, lazy, iid=iid):
+        return lazy_sparse_federated(
+            num_tasks, dim=dim, seed=seed, test_frac=test_frac, name=SPARSE_FEDERATED
+        )
     return make_sparse_federated(
-        SPARSE_FEDERATED_DEFAULTS["num_tasks"] if num_tasks is None else num_tasks,
-        dim=SPARSE_FEDERATED_DEFAULTS["dim"] if dim is None else dim,
-        seed=seed,
-        test_frac=test_frac,
-        iid=SPARSE_FEDERATED_DEFAULTS["iid"] if iid is None else bool(iid),
-        name=SPARSE_FEDERATED,
+        num_tasks, dim=dim, seed=seed, test_frac=test_frac, iid=iid, name=SPARSE_FEDERATED
     )
+
+
+def _lazy_for(name: str, num_tasks: Any, lazy: bool | None, *, iid: bool = False) -> bool:
+    """:func:`~fmtl_flower.data.lazy.use_lazy`, with ``num_tasks`` checked first (a bad value
+    is reported by the generator's own validation, which runs next)."""
+    if isinstance(num_tasks, bool) or not isinstance(num_tasks, int | np.integer):
+        return use_lazy(name, 0, lazy, iid=iid)
+    return use_lazy(name, int(num_tasks), lazy, iid=iid)
 
 
 def load_dataset(
@@ -307,6 +323,7 @@ def load_dataset(
     generator: str | None = None,
     n_test: int | None = None,
     iid: bool | None = None,
+    lazy: bool | None = None,
 ) -> FederatedDataset | SparseFederatedDataset:
     """Load or generate a federated multi-task dataset and split every task.
 
@@ -362,12 +379,23 @@ def load_dataset(
         ``"sparse-federated"``, ``num_tasks`` is the number of nodes K (default 1000) and
         ``dim`` the number of features (default 20,000); ``seed`` drives the generator and
         ``test_frac`` the per-node split.
+    lazy : bool, optional
+        For ``"synthetic"`` and non-IID ``"sparse-federated"``: generate (and split, skew)
+        task ``t`` only when it is accessed (:mod:`fmtl_flower.data.lazy`), so that a large
+        federation is never in memory at once; task ``t`` is bit-identical to the eager
+        dataset's, with read-only arrays. None (default): lazy above
+        :data:`~fmtl_flower.data.lazy.LAZY_SYNTHETIC_ABOVE` (2,000) tasks /
+        :data:`~fmtl_flower.data.lazy.LAZY_SPARSE_ABOVE` (10,000) nodes; ``False`` always
+        builds every task; ``True`` is an error for the other datasets and for ``iid=True``.
 
     Returns
     -------
     FederatedDataset or SparseFederatedDataset
         Named ``name_or_path`` for a named dataset, the file stem for a path. The same
-        arguments always give identical arrays. Labels are in ``{-1, +1}``, except for
+        arguments always give identical arrays. A lazy one is a
+        :class:`~fmtl_flower.data.lazy.LazyFederatedDataset` /
+        :class:`~fmtl_flower.data.lazy.LazySparseFederatedDataset` (``dataset.lazy`` is
+        True). Labels are in ``{-1, +1}``, except for
         ``"fedem-synthetic"`` (``{0, 1}``, FedEM's convention). ``"sparse-federated"``
         gives a :class:`~fmtl_flower.data.sparse_federated.SparseFederatedDataset` (CSR
         design matrices, same attribute names).
@@ -379,8 +407,9 @@ def load_dataset(
         a file dataset, ``generator`` / ``n_test`` for a dataset other than
         ``"fedem-synthetic"``, ``samples_per_task`` / ``skew`` for ``"fedem-synthetic"``,
         ``data_path`` for a generated dataset or a path, ``download`` for a dataset that is
-        not a paper dataset, invalid ``seed`` / ``test_frac`` / ``skew`` / generator
-        arguments, or an invalid file.
+        not a paper dataset, ``lazy=True`` for a dataset that cannot be lazy, invalid
+        ``seed`` / ``test_frac`` / ``skew`` / ``lazy`` / generator arguments, or an invalid
+        file.
     FileNotFoundError
         If the data cannot be found (the message says where it looked and how to get it).
     """
@@ -421,11 +450,20 @@ def load_dataset(
             f"data_path only applies to named datasets ({[*NAMED_FILES, *PAPER_DATASETS]}), "
             f"not to {str(name_or_path)!r}"
         )
+    if lazy is not None and not isinstance(lazy, bool | np.bool_):
+        raise ValueError(f"lazy must be a bool or None, got {lazy!r}")
+    if lazy and not (is_synthetic or is_sparse):
+        use_lazy(str(name_or_path), 0, True)  # raises, saying why
     if is_fedem:
         return _load_fedem(num_tasks, dim, samples_per_task, skew, generator, n_test)
     if is_sparse:
-        return _load_sparse(seed, test_frac, num_tasks, dim, samples_per_task, skew, iid)
+        return _load_sparse(seed, test_frac, num_tasks, dim, samples_per_task, skew, iid, lazy)
     if is_synthetic:
+        source = synthetic_source(**overrides, seed=seed)
+        if use_lazy(SYNTHETIC, source.num_tasks, lazy):
+            return lazy_synthetic(
+                source, test_frac=test_frac, seed=seed, name=SYNTHETIC, skew=ratio
+            )
         Xs, ys = make_synthetic_tasks(**overrides, seed=seed)
         dataset = split_tasks(Xs, ys, test_frac, seed, SYNTHETIC)
     else:
@@ -457,7 +495,10 @@ def load_dataset(
 def _freeze(
     dataset: FederatedDataset | SparseFederatedDataset,
 ) -> FederatedDataset | SparseFederatedDataset:
-    """Make every array of ``dataset`` read-only (in place) and return it."""
+    """Make every array of ``dataset`` read-only (in place) and return it (a lazy dataset's
+    arrays are read-only already: its tasks are not generated here)."""
+    if dataset.lazy:
+        return dataset
     for task in dataset.tasks:
         for arr in task.arrays():
             if isinstance(arr, np.ndarray):
@@ -482,6 +523,7 @@ def _load_cached(
     generator: str | None,
     n_test: int | None,
     iid: bool | None = None,
+    lazy: bool | None = None,
 ) -> FederatedDataset | SparseFederatedDataset:
     return _freeze(
         load_dataset(
@@ -497,6 +539,7 @@ def _load_cached(
             generator=generator,
             n_test=n_test,
             iid=iid,
+            lazy=lazy,
         )
     )
 
@@ -515,6 +558,7 @@ def load_dataset_cached(
     generator: str | None = None,
     n_test: int | None = None,
     iid: bool | None = None,
+    lazy: bool | None = None,
 ) -> FederatedDataset | SparseFederatedDataset:
     """Like :func:`load_dataset`, but memoised in-process, with read-only arrays.
 
@@ -531,10 +575,12 @@ def load_dataset_cached(
     ----------
     name_or_path, seed, test_frac, num_tasks, dim, samples_per_task, skew
         As for :func:`load_dataset`.
-    data_path, download, generator, n_test, iid
+    data_path, download, generator, n_test, iid, lazy
         As for :func:`load_dataset`. For ``"sparse-federated"``, unset ``num_tasks`` /
         ``dim`` / ``iid`` and their spelled-out defaults share one entry (the CSR arrays
-        are read-only too).
+        are read-only too). ``lazy=None`` and the choice it stands for share one entry. A
+        lazy dataset (:mod:`fmtl_flower.data.lazy`) is cached as the small lazy object (its
+        last 64 accessed tasks and its size arrays), not as all its tasks.
 
     Returns
     -------
@@ -561,6 +607,7 @@ def load_dataset_cached(
         num_tasks = SPARSE_FEDERATED_DEFAULTS["num_tasks"] if num_tasks is None else num_tasks
         dim = SPARSE_FEDERATED_DEFAULTS["dim"] if dim is None else dim
         iid = SPARSE_FEDERATED_DEFAULTS["iid"] if iid is None else iid
+    lazy = _cache_lazy(name_or_path, num_tasks, lazy, iid)
     return _load_cached(
         name_or_path,
         seed,
@@ -574,7 +621,28 @@ def load_dataset_cached(
         generator,
         n_test,
         iid,
+        lazy,
     )
+
+
+def _cache_lazy(name_or_path: Any, num_tasks: Any, lazy: Any, iid: Any) -> bool | None:
+    """The cache key's ``lazy``: what ``lazy=None`` stands for when it is decided (valid
+    arguments of a generated dataset), else ``lazy`` as given (``load_dataset`` validates)."""
+    if lazy is not None and not isinstance(lazy, bool | np.bool_):
+        return lazy
+    is_synthetic = isinstance(name_or_path, str) and name_or_path == SYNTHETIC
+    if not (is_synthetic or _is_sparse(name_or_path)):
+        return None if lazy is None else bool(lazy)
+    if is_synthetic and num_tasks is None:
+        num_tasks = synthetic_source().num_tasks
+    valid_count = not isinstance(num_tasks, bool) and isinstance(num_tasks, int | np.integer)
+    if not valid_count or not isinstance(iid, bool | np.bool_ | None):
+        return lazy
+    try:
+        name = SYNTHETIC if is_synthetic else SPARSE_FEDERATED
+        return use_lazy(name, int(num_tasks), lazy, iid=bool(iid))
+    except ValueError:
+        return lazy  # load_dataset raises it
 
 
 def clear_dataset_cache() -> None:

@@ -30,8 +30,11 @@ Randomness is explicit: the shared structure (word weights, topics, popularities
 ``default_rng([seed, 0x5F0])``, node ``t`` from ``default_rng([seed, t, 0x5F1])`` (so node
 ``t`` is the same for every ``num_tasks``: the K = 10,000 federation extends the K = 1,000
 one), the IID reshuffle from ``default_rng([seed, 0x5F2])``. The non-IID nodes are generated
-one at a time (:func:`make_sparse_task`), so a process can build just the node it serves
-(``iid=True`` needs them all).
+one at a time (:func:`make_sparse_task`, :class:`SparseTaskSource`), so a process can build
+just the node it serves, and a large non-IID federation can be lazy
+(:mod:`fmtl_flower.data.lazy`: node ``t`` generated when accessed). ``iid=True`` needs them
+all: the reshuffle is one permutation of all the pooled rows, so node ``k``'s rows come from
+about ``n_k`` different nodes; the IID federation is always built whole.
 
 Containers: :class:`SparseTaskData` / :class:`SparseFederatedDataset` mirror
 :class:`~fmtl_flower.data.dataset.TaskData` / :class:`~fmtl_flower.data.dataset.FederatedDataset`
@@ -71,8 +74,10 @@ __all__ = [
     "SPARSE_DEFAULTS",
     "SparseFederatedDataset",
     "SparseTaskData",
+    "SparseTaskSource",
     "make_sparse_federated",
     "make_sparse_task",
+    "sparse_task_source",
     "majority_vote_error",
     "constant_error",
     "linear_model_error",
@@ -453,19 +458,64 @@ def make_sparse_federated(
     -------
     SparseFederatedDataset
     """
+    if not isinstance(iid, bool | np.bool_):
+        raise ValueError(f"iid must be a bool, got {iid!r}")
+    source = sparse_task_source(num_tasks, dim=dim, seed=seed, test_frac=test_frac, **params)
+    tasks = [source(t) for t in range(source.num_tasks)]
+    if iid:
+        tasks = _reshuffle(tasks, source.seed)
+    return SparseFederatedDataset(name, tuple(tasks), bool(iid), source.record())
+
+
+@dataclass(frozen=True, eq=False)
+class SparseTaskSource:
+    """Node ``t`` of a non-IID federation on demand: ``source(t) -> SparseTaskData``.
+
+    Built (and validated) by :func:`sparse_task_source`. Node ``t`` depends only on the shared
+    structure (:class:`_Shared`, ``O(d)``) and on ``default_rng([seed, t, 0x5F1])``, so
+    ``source(t)`` is bit-identical to node ``t`` of :func:`make_sparse_federated` with
+    ``iid=False`` (which is ``[source(t) for t in range(num_tasks)]``). The IID reshuffle has no
+    per-node form: node ``k``'s rows are positions of one permutation of all the pooled rows,
+    drawn from every node.
+    """
+
+    num_tasks: int
+    dim: int
+    seed: int
+    test_frac: float
+    params: dict[str, Any]
+    shared: _Shared
+
+    def __call__(self, t: int) -> SparseTaskData:
+        t = _check_int(t, "t", 0)
+        if t >= self.num_tasks:
+            raise IndexError(f"node id {t} out of range 0..{self.num_tasks - 1}")
+        X, y, rng = _node_rows(t, self.seed, self.dim, self.params, self.shared)
+        return _split(X, y, self.test_frac, rng)
+
+    def record(self) -> dict[str, Any]:
+        """The generator's arguments (``SparseFederatedDataset.params``)."""
+        return {"num_tasks": self.num_tasks, "dim": self.dim, "seed": self.seed,
+                "test_frac": self.test_frac, **self.params}
+
+
+def sparse_task_source(
+    num_tasks: int = 1000,
+    *,
+    dim: int = 20_000,
+    seed: int = 0,
+    test_frac: float = 0.25,
+    **params: Any,
+) -> SparseTaskSource:
+    """Validate the arguments of :func:`make_sparse_federated` (non-IID) and return its
+    per-node source (see :class:`SparseTaskSource`)."""
     num_tasks = _check_int(num_tasks, "num_tasks", 1)
     dim = _check_int(dim, "dim", 1)
     seed = _check_int(seed, "seed", 0)
-    if not isinstance(iid, bool | np.bool_):
-        raise ValueError(f"iid must be a bool, got {iid!r}")
+    if isinstance(test_frac, bool) or not 0.0 <= float(test_frac) < 1.0:
+        raise ValueError(f"test_frac must be in [0, 1), got {test_frac!r}")
     p = _check_params(dim, params)
-    tasks = [make_sparse_task(t, dim=dim, seed=seed, test_frac=test_frac, **params)
-             for t in range(num_tasks)]
-    if iid:
-        tasks = _reshuffle(tasks, seed)
-    return SparseFederatedDataset(name, tuple(tasks), bool(iid),
-                                  {"num_tasks": num_tasks, "dim": dim, "seed": seed,
-                                   "test_frac": float(test_frac), **p})
+    return SparseTaskSource(num_tasks, dim, seed, float(test_frac), p, _shared(seed, dim, p))
 
 
 # --------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import numpy as np
 from fmtl_flower.data.dataset import FederatedDataset, TaskData
 from fmtl_flower.data.validation import _validate_arrays
 
-__all__ = ["SPLIT_TAG", "split_tasks", "num_test_samples", "train_test_split_task"]
+__all__ = ["SPLIT_TAG", "split_task", "split_tasks", "num_test_samples", "train_test_split_task"]
 
 #: Fixed tag in the per-task split seed ``[seed, task, SPLIT_TAG]``; it keeps the split's
 #: random stream apart from other per-task streams derived from the same run seed.
@@ -163,8 +163,35 @@ def split_tasks(
         raise ValueError(f"{name}: {len(Xs)} design matrices but {len(ys)} label vectors")
     if len(Xs) == 0:
         raise ValueError(f"{name}: no tasks")
-    tasks = []
-    for t, (X, y) in enumerate(zip(Xs, ys, strict=True)):
-        rng = np.random.default_rng([seed, t, SPLIT_TAG])
-        tasks.append(train_test_split_task(X, y, frac, rng, name=f"{name}: task {t}"))
+    tasks = [
+        split_task(X, y, frac, seed, t, name) for t, (X, y) in enumerate(zip(Xs, ys, strict=True))
+    ]
     return FederatedDataset(name=name, tasks=tuple(tasks))
+
+
+def split_task(X: Any, y: Any, test_frac: float, seed: int, t: int, name: str) -> TaskData:
+    """Split task ``t`` of the dataset ``name`` exactly as :func:`split_tasks` does.
+
+    :func:`train_test_split_task` with ``np.random.default_rng([seed, t, SPLIT_TAG])``; used
+    by :func:`split_tasks` and by the lazy datasets (:mod:`fmtl_flower.data.lazy`), which
+    split one task at a time.
+
+    Parameters
+    ----------
+    X, y : array_like
+        The task's design matrix ``(n_t, d)`` and labels ``(n_t,)``.
+    test_frac : float
+        Per-class test fraction in [0, 1).
+    seed : int
+        Non-negative run seed.
+    t : int
+        Task id (>= 0).
+    name : str
+        Dataset name (error messages say ``"<name>: task <t>"``).
+
+    Returns
+    -------
+    TaskData
+    """
+    rng = np.random.default_rng([seed, t, SPLIT_TAG])
+    return train_test_split_task(X, y, test_frac, rng, name=f"{name}: task {t}")

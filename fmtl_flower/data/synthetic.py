@@ -17,17 +17,21 @@ purely local models (few samples per task relative to ``d``) and one global mode
 
 Randomness is explicit (design decision 5): the cluster centres come from
 ``default_rng([seed, 0x5C])`` and task ``t`` from ``default_rng([seed, 0x5E, t])``, so task
-``t`` does not depend on ``num_tasks``.
+``t`` does not depend on ``num_tasks``. :func:`synthetic_source` returns the per-task
+generator (:class:`SyntheticSource`, ``source(t) -> (X_t, y_t)``) that
+:func:`make_synthetic_tasks` loops over, so one task can be drawn without the others (the lazy
+datasets of :mod:`fmtl_flower.data.lazy`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["make_synthetic_tasks"]
+__all__ = ["SyntheticSource", "make_synthetic_tasks", "synthetic_source"]
 
 _CENTRE_TAG = 0x5C
 _TASK_TAG = 0x5E
@@ -114,29 +118,61 @@ def make_synthetic_tasks(
     ValueError
         Naming the argument, if an argument is out of range.
     """
-    num_tasks = _positive_int(num_tasks, "num_tasks")
-    dim = _positive_int(dim, "dim")
-    samples_per_task = _positive_int(samples_per_task, "samples_per_task")
-    num_clusters = _positive_int(num_clusters, "num_clusters")
-    task_noise = _nonnegative(task_noise, "task_noise")
-    label_noise = _fraction(label_noise, "label_noise", upper=0.5)
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
-    seed = int(seed)
-
-    centres = _cluster_centres(num_clusters, dim, seed)
-    n_min = max(10, samples_per_task // 4)
-    n_max = max(4 * samples_per_task, n_min)
-
+    source = synthetic_source(
+        num_tasks,
+        dim=dim,
+        samples_per_task=samples_per_task,
+        num_clusters=num_clusters,
+        task_noise=task_noise,
+        label_noise=label_noise,
+        seed=seed,
+    )
     Xs: list[np.ndarray] = []
     ys: list[np.ndarray] = []
-    for t in range(num_tasks):
-        rng = np.random.default_rng([seed, _TASK_TAG, t])
-        w = centres[t % num_clusters] + task_noise * rng.standard_normal(dim) / math.sqrt(dim)
+    for t in range(source.num_tasks):
+        X, y = source(t)
+        Xs.append(X)
+        ys.append(y)
+    return Xs, ys
+
+
+@dataclass(frozen=True, eq=False)
+class SyntheticSource:
+    """Task ``t`` of a synthetic federation on demand: ``source(t) -> (X_t, y_t)``.
+
+    Built (and validated) by :func:`synthetic_source`; :func:`make_synthetic_tasks` is
+    ``[source(t) for t in range(num_tasks)]``, so a task drawn alone is bit-identical to the
+    same task drawn with all the others. Holds only the arguments and the cluster centres
+    (``num_clusters x dim``), whatever ``num_tasks``; picklable.
+    """
+
+    num_tasks: int
+    dim: int
+    samples_per_task: int
+    num_clusters: int
+    task_noise: float
+    label_noise: float
+    seed: int
+    centres: np.ndarray
+
+    def __call__(self, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """Draw task ``t`` (``0 <= t < num_tasks``) from ``default_rng([seed, 0x5E, t])``."""
+        if isinstance(t, bool) or not isinstance(t, int | np.integer):
+            raise TypeError(f"task id must be an int, got {type(t).__name__}")
+        t = int(t)
+        if not 0 <= t < self.num_tasks:
+            raise IndexError(f"task id {t} out of range 0..{self.num_tasks - 1}")
+        dim = self.dim
+        n_min = max(10, self.samples_per_task // 4)
+        n_max = max(4 * self.samples_per_task, n_min)
+        rng = np.random.default_rng([self.seed, _TASK_TAG, t])
+        w = self.centres[t % self.num_clusters] + self.task_noise * rng.standard_normal(
+            dim
+        ) / math.sqrt(dim)
         w /= max(float(np.linalg.norm(w)), np.finfo(np.float64).tiny)
-        size = samples_per_task * math.exp(_SIZE_LOG_STD * rng.standard_normal())
+        size = self.samples_per_task * math.exp(_SIZE_LOG_STD * rng.standard_normal())
         n = int(np.clip(round(size), n_min, n_max))
-        n_flip = round(label_noise * n)
+        n_flip = round(self.label_noise * n)
         for _ in range(_MAX_DRAWS):
             X = rng.standard_normal((n, dim))
             y = np.where(X @ w >= 0.0, 1.0, -1.0)
@@ -147,6 +183,46 @@ def make_synthetic_tasks(
                 break
         else:  # pragma: no cover - probability < 2**-(10 * _MAX_DRAWS)
             raise RuntimeError(f"task {t}: could not draw both labels")
-        Xs.append(X)
-        ys.append(y)
-    return Xs, ys
+        return X, y
+
+
+def synthetic_source(
+    num_tasks: int = 30,
+    dim: int = 20,
+    samples_per_task: int = 60,
+    num_clusters: int = 3,
+    task_noise: float = 0.3,
+    label_noise: float = 0.05,
+    seed: int = 0,
+) -> SyntheticSource:
+    """Validate the arguments of :func:`make_synthetic_tasks` and return its per-task source.
+
+    Parameters
+    ----------
+    num_tasks, dim, samples_per_task, num_clusters, task_noise, label_noise, seed
+        As for :func:`make_synthetic_tasks`.
+
+    Returns
+    -------
+    SyntheticSource
+        ``source(t)`` is task ``t`` of ``make_synthetic_tasks(...)`` with the same arguments.
+
+    Raises
+    ------
+    ValueError
+        Naming the argument, if an argument is out of range.
+    """
+    num_tasks = _positive_int(num_tasks, "num_tasks")
+    dim = _positive_int(dim, "dim")
+    samples_per_task = _positive_int(samples_per_task, "samples_per_task")
+    num_clusters = _positive_int(num_clusters, "num_clusters")
+    task_noise = _nonnegative(task_noise, "task_noise")
+    label_noise = _fraction(label_noise, "label_noise", upper=0.5)
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    seed = int(seed)
+    centres = _cluster_centres(num_clusters, dim, seed)
+    centres.setflags(write=False)
+    return SyntheticSource(
+        num_tasks, dim, samples_per_task, num_clusters, task_noise, label_noise, seed, centres
+    )
