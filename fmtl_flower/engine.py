@@ -10,9 +10,11 @@ why the Flower dependency is pinned below the next minor release that has not be
 from __future__ import annotations
 
 import itertools
+import os
+import re
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from logging import WARNING
 from typing import Any
 
@@ -106,29 +108,69 @@ class InProcessGrid(Grid):
 
     def send_and_receive(self, messages: Iterable[Message], *,
                          timeout: float | None = None) -> Iterable[Message]:
-        """Deliver messages and return the replies that arrived within ``timeout``."""
-        return self.pull_messages(self._deliver(messages, timeout))
+        """Deliver messages and return the replies that arrived within ``timeout``.
+
+        The replies are a :class:`StreamedReplies`: each message is taken from ``messages``
+        and delivered only when the caller asks for the next reply, so neither all messages
+        nor all replies of a round are ever held at once (memory flat in the number of
+        nodes when ``messages`` is a generator). Its ``drain()`` delivers what the caller did
+        not read, as Flower would have delivered it.
+        """
+        return StreamedReplies(self, messages, timeout)
 
     def _deliver(self, messages: Iterable[Message], timeout: float | None) -> list[str]:
         ids = []
         for message in messages:
-            node = message.metadata.dst_node_id
-            if node not in self.contexts or node in self.offline:
-                log(WARNING, "in-process grid: no node %s; message dropped", node)
-                continue
-            mid = uuid.uuid4().hex
-            message.metadata.__dict__["_message_id"] = mid
-            started = time.perf_counter()
-            try:
-                reply = self._app(message, self.contexts[node])
-            except Exception as ex:  # noqa: BLE001 - a node's failure becomes an error reply
-                reply = Message(Error(code=CLIENT_APP_RAISED, reason=f"{type(ex).__name__}: {ex}"),
-                                reply_to=message)
-            if timeout is not None and time.perf_counter() - started > timeout:
-                continue  # the reply missed the deadline: Flower would not deliver it
-            self._replies[mid] = reply
-            ids.append(mid)
+            reply = self._deliver_one(message, timeout)
+            if reply is not None:
+                self._replies[reply.metadata.reply_to_message_id] = reply
+                ids.append(reply.metadata.reply_to_message_id)
         return ids
+
+    def _deliver_one(self, message: Message, timeout: float | None) -> Message | None:
+        """The node's reply to ``message``; None if the node is unknown or offline, or the
+        reply missed ``timeout``."""
+        node = message.metadata.dst_node_id
+        if node not in self.contexts or node in self.offline:
+            log(WARNING, "in-process grid: no node %s; message dropped", node)
+            return None
+        message.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+        started = time.perf_counter()
+        try:
+            reply = self._app(message, self.contexts[node])
+        except Exception as ex:  # noqa: BLE001 - a node's failure becomes an error reply
+            reply = Message(Error(code=CLIENT_APP_RAISED, reason=f"{type(ex).__name__}: {ex}"),
+                            reply_to=message)
+        if timeout is not None and time.perf_counter() - started > timeout:
+            return None  # the reply missed the deadline: Flower would not deliver it
+        return reply
+
+
+class StreamedReplies(Iterator[Message]):
+    """The replies of one :meth:`InProcessGrid.send_and_receive`, delivered one message at
+    a time as they are iterated."""
+
+    def __init__(self, grid: InProcessGrid, messages: Iterable[Message],
+                 timeout: float | None) -> None:
+        self._grid = grid
+        self._messages = iter(messages)
+        self._timeout = timeout
+
+    def __iter__(self) -> StreamedReplies:
+        return self
+
+    def __next__(self) -> Message:
+        for message in self._messages:
+            reply = self._grid._deliver_one(message, self._timeout)
+            if reply is not None:
+                return reply
+        raise StopIteration
+
+    def drain(self) -> None:
+        """Deliver the messages not delivered yet (their replies are dropped)."""
+        for _ in self:
+            pass
+
 
 
 def run_inprocess(server_app: ServerApp, client_app: ClientApp | ClientCallable, num_nodes: int,
@@ -142,21 +184,79 @@ def run_inprocess(server_app: ServerApp, client_app: ClientApp | ClientCallable,
     return grid
 
 
+#: ``HOST:PORT``: a host name, an IPv4 address or a bracketed IPv6 address; a port 1-65535.
+_RAY_ADDRESS = re.compile(r"(?P<host>[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
+                          r"|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})")
+
+
+def validate_ray_address(address: str) -> str:
+    """Check that ``address`` names a Ray cluster to join: ``HOST:PORT`` or ``"auto"``.
+
+    ``HOST:PORT`` is the head node's GCS address (the ``--port`` of ``ray start --head``,
+    6379 by default); ``"auto"`` is Ray's own: the address in ``RAY_ADDRESS``, else the
+    cluster last started on this machine with ``ray start``. Returns ``address``; raises
+    ``ValueError`` with the expected format otherwise. Ray Client addresses (``ray://...``)
+    are refused (not supported here): the driver (``fmtl``) must run on a node of the
+    cluster, as ``ray.init(address=HOST:PORT)`` attaches to a raylet of this machine.
+    """
+    expected = ("expected HOST:PORT of the Ray head node (the port of `ray start --head "
+                "--port`, e.g. 192.168.1.10:6379) or 'auto'")
+    if not isinstance(address, str):
+        raise ValueError(f"invalid Ray address {address!r}: {expected}")
+    if address == "auto":
+        return address
+    if "://" in address:
+        raise ValueError(f"invalid Ray address {address!r}: Ray Client addresses (ray://) are "
+                         f"not supported (run on a node of the cluster); {expected}")
+    match = _RAY_ADDRESS.fullmatch(address)
+    if match is None or not 1 <= int(match["port"]) <= 65535:
+        raise ValueError(f"invalid Ray address {address!r}: {expected}")
+    return address
+
+
 def run_ray(server_app: ServerApp, client_app: ClientApp, num_nodes: int,
-            num_cpus: int = 2, cpus_per_node: int = 1) -> None:
+            num_cpus: int = 2, cpus_per_node: int = 1, address: str | None = None) -> None:
     """Run the pair on Flower's Ray simulation engine (``flwr.simulation.run_simulation``).
 
     The objects are shipped to Ray workers as they are, so configuration baked into them
     (rather than read from ``context.run_config``) reaches every node.
+
+    Parameters
+    ----------
+    num_cpus : int
+        CPUs of the private Ray instance started for this run (ignored with ``address``:
+        a cluster brings its own resources, and ``ray.init`` refuses ``num_cpus`` there).
+    cpus_per_node : int
+        CPUs each simulated node (Ray actor) reserves; the actor pool holds
+        ``sum over Ray nodes of floor(node CPUs / cpus_per_node)`` actors.
+    address : str, optional
+        Join the running Ray cluster at ``HOST:PORT`` (or ``"auto"``) instead of starting
+        a private Ray instance; this process becomes the cluster's driver, so it must run on
+        a node of the cluster. When ``None``, ``RAY_ADDRESS`` is honoured as ``ray.init``
+        does (``"local"`` or unset: a private instance). At the end this process disconnects;
+        the cluster keeps running.
     """
     import warnings
 
     from flwr.simulation import run_simulation
 
+    source = "address"
+    if address is None:  # as ray.init: RAY_ADDRESS names a cluster unless empty or "local"
+        env_address = os.environ.get("RAY_ADDRESS", "")
+        address = env_address if env_address not in ("", "local") else None
+        source = "RAY_ADDRESS"
+    init_args: dict[str, Any] = {"log_to_driver": False}
+    if address is None:
+        init_args["num_cpus"] = num_cpus
+    else:
+        try:
+            init_args["address"] = validate_ray_address(address)
+        except ValueError as err:
+            raise ValueError(f"{source}: {err}") from None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         run_simulation(
             server_app=server_app, client_app=client_app, num_supernodes=num_nodes,
             backend_config={"client_resources": {"num_cpus": cpus_per_node, "num_gpus": 0.0},
-                            "init_args": {"num_cpus": num_cpus, "log_to_driver": False}},
+                            "init_args": init_args},
         )

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import io
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from logging import INFO
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
@@ -81,6 +81,7 @@ class TaskStrategy(Strategy):
             replies = grid.send_and_receive(
                 self.configure_train(server_round, arrays, train_config, grid), timeout=timeout)
             new_arrays, metrics = self.aggregate_train(server_round, replies)
+            drain(replies)
             if new_arrays is not None:
                 arrays = result.arrays = new_arrays
             if metrics is not None:
@@ -104,6 +105,7 @@ class TaskStrategy(Strategy):
         replies = grid.send_and_receive(
             self.configure_evaluate(server_round, arrays, config, grid), timeout=timeout)
         metrics = self.aggregate_evaluate(server_round, replies)
+        drain(replies)
         if metrics is not None:
             log(INFO, "\t└──> Aggregated MetricRecord: %s", metrics)
             result.evaluate_metrics_clientapp[server_round] = metrics
@@ -189,3 +191,11 @@ class TaskStrategy(Strategy):
         final["tasks_never_replied"] = sorted(int(t) for t in np.flatnonzero(~self.ever_replied))
         final["complete"] = bool(rounds) and not final.get("tasks_missing")
         return {"rounds": rounds, "final": final}
+
+
+def drain(replies: Iterable[Message]) -> None:
+    """Let a streaming grid (the in-process engine's) deliver the messages whose replies the
+    strategy did not read, as Flower delivers every message; other grids: nothing to do."""
+    finish = getattr(replies, "drain", None)
+    if callable(finish):
+        finish()

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from logging import INFO, WARNING
 from typing import Any
 
@@ -439,13 +439,21 @@ class Mocha(TaskStrategy):
 
     # ------------------------------------------------------------------ messages
     def _instructions(self, server_round: int, message_type: str, evaluate: bool,
-                      budgets: np.ndarray | None, chosen: dict[int, int]) -> list[Message]:
+                      budgets: np.ndarray | None, chosen: dict[int, int]) -> Iterator[Message]:
+        """The round's messages, made one at a time as the grid takes them (an engine that
+        streams, like the in-process one, then never holds them all)."""
         assert self.state is not None
         m_diag = self.state.m_diag()
         sigma_p = self.state.sigma_prime(self.sigma_mode)
-        W = self.state.W
         self._sent = {}
-        messages = []
+        return self._message_stream(server_round, message_type, evaluate, budgets, chosen,
+                                    m_diag, sigma_p)
+
+    def _message_stream(self, server_round: int, message_type: str, evaluate: bool,
+                        budgets: np.ndarray | None, chosen: dict[int, int],
+                        m_diag: np.ndarray, sigma_p: np.ndarray) -> Iterator[Message]:
+        assert self.state is not None
+        W = self.state.W
         for task, node in sorted(chosen.items()):
             config = {
                 "task-id": task, "server-round": server_round,
@@ -468,10 +476,9 @@ class Mocha(TaskStrategy):
                 config["dropped"] = bool(self._dropped_now[task])
             content = RecordDict({"arrays": ArrayRecord({"w": to_array(W[:, task])}),
                                   "config": ConfigRecord(config)})
-            messages.append(Message(content, dst_node_id=node, message_type=message_type,
-                                    group_id=str(server_round)))
             self._sent[node] = task
-        return messages
+            yield Message(content, dst_node_id=node, message_type=message_type,
+                          group_id=str(server_round))
 
     def _read_replies(self, server_round: int, replies: Iterable[Message],
                       with_delta: bool) -> dict[int, dict[str, Any]]:
