@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--rounds", type=int, default=None, help="communication rounds")
     run.add_argument("--seed", type=int, default=None)
     run.add_argument("--engine", choices=("inprocess", "ray"), default="inprocess")
+    run.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                     help="with --engine ray: join the running Ray cluster whose head is at "
+                          "HOST:PORT (`ray start --head --port PORT`) instead of starting Ray")
     run.add_argument("--out", default=None, help="write the results JSON here")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="a run-config key (see `flwr run --run-config`); repeatable")
@@ -191,7 +194,7 @@ def _unseen(cfg: RunConfig, num_tasks: int) -> list[int]:
 
 
 def run_federation(cfg: RunConfig, data, engine: str, print_every: int,
-                   quiet: bool) -> dict[str, Any]:
+                   quiet: bool, ray_address: str | None = None) -> dict[str, Any]:
     """Run the federation of ``cfg.strategy`` on ``engine``; return the results dict."""
     from .apps.common import make_client_app, make_server_app
     from .engine import run_inprocess, run_ray
@@ -207,10 +210,11 @@ def run_federation(cfg: RunConfig, data, engine: str, print_every: int,
     box: dict[str, Any] = {}
     server_app = make_server_app(cfg, on_round=on_round, on_done=box.update)
     client_app = make_client_app(cfg)
+    nodes = math.ceil(m / cfg.tasks_per_node)  # task packing: K tasks per Flower node
     if engine == "inprocess":
-        run_inprocess(server_app, client_app, m)
+        run_inprocess(server_app, client_app, nodes)
     else:
-        run_ray(server_app, client_app, m)
+        run_ray(server_app, client_app, nodes, address=ray_address)
     if not box:
         raise RuntimeError("the federation ended without results (see the log above)")
     return box
@@ -226,6 +230,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.engine == "ray" and not is_federated(cfg):
         raise ConfigError(f"--engine applies to federated strategies {FEDERATED}")
+    if args.ray_address is not None:
+        if args.engine != "ray":
+            raise ConfigError("--ray-address needs --engine ray (it names the Ray cluster "
+                              "that the Ray simulation joins)")
+        from .engine import validate_ray_address
+
+        validate_ray_address(args.ray_address)
     data = dataset_for(cfg)
     if not args.quiet:
         print(f"dataset {cfg.dataset}: {data.num_tasks} tasks, {data.dim} features, "
@@ -235,7 +246,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("lambda by 5-fold CV: " + ", ".join(f"{k:g}: {v:.4f}" for k, v in scores.items())
               + f" -> {cfg.lam:g}", flush=True)
     if is_federated(cfg):
-        results = run_federation(cfg, data, args.engine, args.print_every, args.quiet)
+        results = run_federation(cfg, data, args.engine, args.print_every, args.quiet,
+                                 ray_address=args.ray_address)
     else:
         results = run_baseline(cfg, data)
     if scores is not None:
