@@ -1,0 +1,124 @@
+"""MOCHA rounds at scale on an engine: seconds per round and peak memory.
+
+Runs ``fmtl run mocha`` on the ``synthetic`` dataset with ``nodes x tasks-per-node`` tasks
+(lazy per-task generation above 2,000 tasks) on the in-process engine or Flower's Ray
+simulation, with task packing when ``--tasks-per-node`` > 1 (one Flower message per node and
+round carries all of its tasks, :mod:`fmtl_flower.packing`).
+
+Figures (one JSON line, printed last):
+
+* ``seconds_per_round``: median wall time of rounds 2..R (round 1 includes the discovery of
+  every task, and on Ray the start of the workers: ``first_round_s``);
+* ``total_s``: the whole run, dataset set-up included;
+* ``peak_mb``: the largest resident size of this process plus all its descendants (Ray's
+  raylet, GCS and workers), sampled every 0.2 s with psutil; ``peak_self_mb``: this process's
+  ``ru_maxrss``;
+* ``final_primal``, ``final_gap``, ``num_replies`` (of the final metrics round).
+
+Usage: python benchmarks/engine_scale.py --nodes 200 --engine ray --tasks-per-node 50
+       [--rounds 20] [--dim 20] [--samples-per-task 20] [--lam 1e-5] [--ray-address H:P]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import resource
+import statistics
+import sys
+import threading
+import time
+
+import psutil
+
+
+class PeakMemory:
+    """Samples the resident size of this process and its descendants in a thread."""
+
+    def __init__(self, every: float = 0.2) -> None:
+        self.every = every
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> int:
+        me = psutil.Process()
+        total = 0
+        for proc in [me, *me.children(recursive=True)]:
+            try:
+                total += proc.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._sample())
+            self._stop.wait(self.every)
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._sample())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; print one JSON line."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, required=True, help="Flower nodes")
+    parser.add_argument("--engine", choices=("inprocess", "ray"), default="inprocess")
+    parser.add_argument("--tasks-per-node", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--dim", type=int, default=20)
+    parser.add_argument("--samples-per-task", type=int, default=20)
+    parser.add_argument("--lam", type=float, default=None,
+                        help="lambda (default 0.03 / m: with tr(Sigma) = 1, Omega ~ m I)")
+    parser.add_argument("--ray-address", default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.nodes < 1 or args.tasks_per_node < 1 or args.rounds < 2:
+        parser.error("--nodes and --tasks-per-node must be >= 1, --rounds >= 2")
+
+    from fmtl_flower.apps.common import dataset_for
+    from fmtl_flower.cli import run_federation
+    from fmtl_flower.config import RunConfig
+
+    logging.getLogger("flwr").setLevel(logging.ERROR)
+    m = args.nodes * args.tasks_per_node
+    lam = args.lam if args.lam is not None else 0.03 / m
+    cfg = RunConfig.from_mapping({
+        "strategy": "mocha", "dataset": "synthetic", "num-tasks": m, "dim": args.dim,
+        "samples-per-task": args.samples_per_task, "num-server-rounds": args.rounds,
+        "lambda": lam, "tasks-per-node": args.tasks_per_node, "seed": args.seed,
+        "round-timeout": 3600.0})
+    started = time.perf_counter()
+    with PeakMemory() as memory:
+        data = dataset_for(cfg)
+        results = run_federation(cfg, data, args.engine, print_every=1, quiet=False,
+                                 ray_address=args.ray_address)
+    total = time.perf_counter() - started
+    rounds = [r for r in results["rounds"] if r["round"] >= 1 and r.get("wall_time_s")]
+    final = results["final"]
+    out = {
+        "benchmark": "engine_scale", "engine": args.engine, "nodes": args.nodes,
+        "tasks_per_node": args.tasks_per_node, "tasks": m, "dim": args.dim,
+        "samples_per_task": args.samples_per_task, "lambda": lam, "rounds": args.rounds,
+        "seconds_per_round": statistics.median(r["wall_time_s"] for r in rounds[1:]),
+        "first_round_s": rounds[0]["wall_time_s"],
+        "round_s": [round(r["wall_time_s"], 3) for r in rounds],
+        "total_s": total, "peak_mb": memory.peak / 2**20,
+        "peak_self_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "final_primal": final["primal"], "final_gap": final["gap"],
+        "final_test_error": final["test_error"], "num_replies": final["num_replies"],
+    }
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
