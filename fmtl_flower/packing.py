@@ -193,8 +193,13 @@ class PackedGrid(Grid):
                 log(WARNING, "packing: no virtual node %s; message dropped", virtual)
                 continue
             node, slot = self._where[virtual]
+            group = groups[(node, message.metadata.message_type)]
+            if slot in group:
+                log(WARNING, "packing: a second %s message to virtual node %s in one call; "
+                    "dropped", message.metadata.message_type, virtual)
+                continue
             message.metadata.__dict__["_message_id"] = f"{virtual}"
-            groups[(node, message.metadata.message_type)][slot] = message
+            group[slot] = message
         packed, sent = [], {}
         for (node, message_type), subs in groups.items():
             ttls = [m.metadata.ttl for m in subs.values()]

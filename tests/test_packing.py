@@ -213,3 +213,12 @@ def test_a_missing_slot_in_a_packed_reply_is_a_missing_reply():
     virtual = list(grid.get_node_ids())
     replies = _ask(grid, virtual)
     assert list(replies) == [virtual[0]]
+
+
+def test_a_second_message_to_one_task_in_one_call_is_dropped_with_a_warning(caplog):
+    inner, grid = _packed_grid(1, 2)
+    virtual = list(grid.get_node_ids())
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        replies = _ask(grid, [virtual[0], virtual[0], virtual[1]])
+    assert sorted(replies) == virtual and "a second train message" in caplog.text
+    assert replies[virtual[0]].content["metrics"]["calls"] == 1
