@@ -233,7 +233,8 @@ def ofmtl_from_config(cfg: RunConfig, num_tasks: int,
                   retrain_ratio=cfg.retrain_ratio, seed=cfg.seed,
                   arrival_timeout=cfg.round_timeout,
                   discovery_timeout=max(cfg.round_timeout, 60.0),
-                  round_timeout=cfg.round_timeout, on_record=on_record)
+                  round_timeout=cfg.round_timeout, server_path=cfg.server_path,
+                  on_record=on_record)
     if cfg.checkpoint_dir:
         ofmtl.enable_checkpoints(cfg.checkpoint_dir)
     return ofmtl

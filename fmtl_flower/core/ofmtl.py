@@ -59,6 +59,10 @@ Omega-step. Over all m+1 columns, the same closed form as MOCHA
 (:func:`fmtl_flower.core.omega.sigma_probabilistic`: Sigma = (W^T W + eps I)^(1/2) / trace).
 After it the newcomer keeps alpha and refreshes w with the new (omega, c) by (**), so the
 pair (alpha, w) is always primal-dual consistent.
+
+Many tasks. The server functions below hold m x m arrays (O(m^3) per step);
+:mod:`fmtl_flower.core.ofmtl_factored` has their counterparts for a factored Sigma
+(V diag(s) V^T + c I, O(m d^2) per step), and :func:`add_task` runs on either.
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .factored import FactoredMatrix
 from .hinge import hinge_loss
 from .omega import DEFAULT_OMEGA_EPS, sigma_probabilistic
 from .rng import coordinate_order
@@ -489,13 +494,14 @@ class NewTaskResult:
     ----------
     W : ndarray of shape (d, m + 1)
         ``[W_old, w]``: the old columns bit for bit, the newcomer's model last.
-    Sigma : ndarray of shape (m + 1, m + 1)
+    Sigma : ndarray of shape (m + 1, m + 1), or FactoredMatrix
         The Sigma the newcomer's final SDCA rounds used (unit trace): the extension when
         ``outer == 1``, else the Omega-step of ``[W_old, w]`` after outer iteration
         ``outer - 1``. ``w`` is (up to the final duality gap) the minimiser of the newcomer's
-        subproblem for this Sigma; no Omega-step follows the last iteration.
-    Omega : ndarray of shape (m + 1, m + 1)
-        ``omega_from_sigma(Sigma)``.
+        subproblem for this Sigma; no Omega-step follows the last iteration. A
+        :class:`~fmtl_flower.core.factored.FactoredMatrix` when ``Sigma_old`` was one.
+    Omega : ndarray of shape (m + 1, m + 1), or FactoredMatrix
+        ``omega_from_sigma(Sigma)`` (its factored form when Sigma is factored).
     alpha : ndarray of shape (n,)
         The newcomer's dual variables (they never leave the device).
     gaps : ndarray of shape (outer,)
@@ -520,8 +526,8 @@ class NewTaskResult:
     """
 
     W: np.ndarray
-    Sigma: np.ndarray
-    Omega: np.ndarray
+    Sigma: np.ndarray | FactoredMatrix
+    Omega: np.ndarray | FactoredMatrix
     alpha: np.ndarray
     gaps: np.ndarray
     primals: np.ndarray
@@ -576,7 +582,8 @@ def _newcomer_rounds(X: np.ndarray, y: np.ndarray, sqnorm: np.ndarray, alpha: np
     return alpha, w
 
 
-def add_task(W_old: np.ndarray, Sigma_old: np.ndarray, X: np.ndarray, y: np.ndarray, *,
+def add_task(W_old: np.ndarray, Sigma_old: np.ndarray | FactoredMatrix, X: np.ndarray,
+             y: np.ndarray, *,
              lam: float, outer: int = 10, inner: int = 100, local_frac: float = 0.5,
              omega_eps: float = DEFAULT_OMEGA_EPS, seed: int = 0,
              task_id: int = 0) -> NewTaskResult:
@@ -601,11 +608,15 @@ def add_task(W_old: np.ndarray, Sigma_old: np.ndarray, X: np.ndarray, y: np.ndar
     The computation is the one the Flower strategy and client perform (same rounds, orders
     and arithmetic), so it serves as their parity reference.
 
+    A factored ``Sigma_old`` (:class:`~fmtl_flower.core.factored.FactoredMatrix`) runs the
+    server steps of :mod:`fmtl_flower.core.ofmtl_factored` instead (O(m d^2) per round trip,
+    no m x m array; the same W and Sigma to rounding); a dense one runs the functions above.
+
     Parameters
     ----------
     W_old : ndarray of shape (d, m)
         The frozen models of the m present tasks (m = 0 allowed: a first task).
-    Sigma_old : ndarray of shape (m, m)
+    Sigma_old : ndarray of shape (m, m), or FactoredMatrix (m x m)
         Their task covariance, symmetric positive semidefinite with unit trace.
     X : ndarray of shape (n, d)
     y : ndarray of shape (n,), labels in {-1, +1}
@@ -647,8 +658,13 @@ def add_task(W_old: np.ndarray, Sigma_old: np.ndarray, X: np.ndarray, y: np.ndar
         raise ValueError("the newcomer needs at least one training sample")
     if not np.all(np.isfinite(X)):
         raise ValueError("X has non-finite entries")
-    if np.shape(Sigma_old) != (m, m):
-        raise ValueError(f"Sigma_old must have shape ({m}, {m}), got {np.shape(Sigma_old)}")
+    from .ofmtl_factored import server_ops  # that module imports this one
+
+    ops = server_ops(Sigma_old)
+    shape = ((Sigma_old.num_tasks,) * 2 if isinstance(Sigma_old, FactoredMatrix)
+             else np.shape(Sigma_old))
+    if shape != (m, m):
+        raise ValueError(f"Sigma_old must have shape ({m}, {m}), got {shape}")
     lam = _positive(lam, "lam")
     for name, value, low in (("outer", outer, 1), ("inner", inner, 0)):
         if isinstance(value, bool) or int(value) != value or value < low:
@@ -657,8 +673,8 @@ def add_task(W_old: np.ndarray, Sigma_old: np.ndarray, X: np.ndarray, y: np.ndar
     if not local_frac > 0:
         raise ValueError(f"local_frac must be > 0, got {local_frac}")
 
-    sigma = extend_sigma(Sigma_old)
-    omega_mat = omega_from_sigma(sigma)
+    sigma = ops.extend_sigma(Sigma_old)
+    omega_mat = ops.omega_from_sigma(sigma)
     W = np.zeros((d, m + 1))
     W[:, :m] = W_old
     alpha = np.zeros(X.shape[0])
@@ -667,7 +683,7 @@ def add_task(W_old: np.ndarray, Sigma_old: np.ndarray, X: np.ndarray, y: np.ndar
     sqnorm = np.einsum("ij,ij->i", X, X)
     budget = int(np.floor(local_frac * X.shape[0]))
     for k in range(outer):
-        omega, c = newcomer_server_quantities(W_old, omega_mat)
+        omega, c = ops.newcomer_server_quantities(W_old, omega_mat)
         alpha, w = _newcomer_rounds(X, y, sqnorm, alpha, omega=omega, c=c, lam=lam,
                                     rounds=inner, budget=budget, seed=seed, task_id=task_id,
                                     first_round=k * inner + 1)
@@ -675,9 +691,9 @@ def add_task(W_old: np.ndarray, Sigma_old: np.ndarray, X: np.ndarray, y: np.ndar
         ws[k] = w
         gaps[k] = newcomer_duality_gap(X, y, alpha, omega=omega, c=c, lam=lam)
         loss = float(hinge_loss(y * (X @ w)).mean())
-        primals[k] = loss + 0.5 * lam * float(np.einsum("ij,ij->", W @ omega_mat, W))
+        primals[k] = loss + 0.5 * lam * ops.quad_trace(W, omega_mat)
         if k < outer - 1:
-            sigma, omega_mat = ofmtl_omega_step(W, omega_eps)
+            sigma, omega_mat = ops.omega_step(W, omega_eps)
     return NewTaskResult(W=W, Sigma=sigma, Omega=omega_mat, alpha=alpha, gaps=gaps,
                          primals=primals, ws=ws, omega=float(omega), c=c,
                          floats_sent=outer * (d + 1), floats_received=outer * d,

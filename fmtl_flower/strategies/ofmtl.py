@@ -22,6 +22,15 @@ A newcomer that fails or drops out mid-protocol leaves W and Sigma exactly as th
 protocol works on a copy, committed only when every step succeeded); the task is asked again
 right away, up to ``max_attempts`` times.
 
+Server path: Sigma is an m x m array (``dense``), or V diag(s) V^T + c I with V m x r
+(``factored``, :mod:`fmtl_flower.core.ofmtl_factored`; r <= d after an Omega-step, plus one
+per extension since: O(m d) memory and O(m d^2) per newcomer round trip instead of O(m^2) and
+O(m^3)). ``server_path="auto"`` takes
+:func:`fmtl_flower.core.mocha_factored.choose_server_path` for the run's ``num_tasks`` (the
+largest m it reaches) and the models' d, once per run; every MOCHA (re)training runs on the
+same path, and OFMTL takes its factored Sigma as is. Both paths give the same W and Sigma to
+rounding.
+
 Wire contract (besides MOCHA's, :mod:`fmtl_flower.strategies.mocha`)
 --------------------------------------------------------------------
 ``train.ofmtl`` (server -> newcomer): arrays ``c`` float64 (d,); config ``task-id``,
@@ -51,12 +60,9 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from ..checkpoint import CheckpointError, check_fingerprint, read_checkpoint, write_checkpoint
-from ..core.ofmtl import (
-    extend_sigma,
-    newcomer_server_quantities,
-    ofmtl_omega_step,
-    omega_from_sigma,
-)
+from ..core.factored import FactoredMatrix, _factor_arrays, _factor_from_arrays
+from ..core.mocha_factored import choose_server_path
+from ..core.ofmtl_factored import server_ops
 from ..core.omega import DEFAULT_OMEGA_EPS
 from ..metrics import error_summary
 from ..wire import from_array, to_array
@@ -99,6 +105,11 @@ class OFMTL(Strategy):
         Protocol attempts per newcomer before the run gives up on it.
     seed : int
     discovery_timeout, round_timeout : float
+    server_path : {"auto", "dense", "factored"}
+        How the server keeps Sigma (and MOCHA its M): an m x m array, or factored (module
+        docstring); ``auto`` factors when num_tasks > 1000 and num_tasks > 2 d, or
+        num_tasks > 20 000. When that depends on d, the first node's ``whoami`` tells it
+        (within ``discovery_timeout``) before the initial training.
     on_record : callable, optional
         Called with each record (one per event: initial training, newcomer, retraining).
     """
@@ -109,7 +120,7 @@ class OFMTL(Strategy):
                  newcomer_frac: float = 0.5, retrain_ratio: float = 1.5,
                  arrival_timeout: float = 120.0, max_attempts: int = 3, seed: int = 0,
                  discovery_timeout: float = 120.0, round_timeout: float = 120.0,
-                 on_record: RecordCallback | None = None) -> None:
+                 server_path: str = "auto", on_record: RecordCallback | None = None) -> None:
         for name, value, low in (("num_tasks", num_tasks, 2), ("initial_tasks", initial_tasks, 1),
                                  ("mocha_rounds", mocha_rounds, 1), ("outer", outer, 1),
                                  ("inner", inner, 1),
@@ -125,6 +136,12 @@ class OFMTL(Strategy):
             raise ValueError(f"newcomer_frac must be > 0, got {newcomer_frac!r}")
         if not retrain_ratio > 0:
             raise ValueError(f"retrain_ratio must be > 0 (inf: never), got {retrain_ratio!r}")
+        # unknown path, or dense beyond its size limit: fail now. The choice depends on d
+        # only if d = 1 and d = num_tasks (the extremes of m > 2 d) disagree.
+        paths = {choose_server_path(int(num_tasks), dim, "probabilistic", server_path)
+                 for dim in (1, int(num_tasks))}
+        self.server_path = server_path
+        self.path: str | None = paths.pop() if len(paths) == 1 else None
         self.num_tasks, self.initial_tasks = int(num_tasks), int(initial_tasks)
         self.lam = float(lam)
         self.mocha_options = {"lam": self.lam, "omega": "probabilistic",
@@ -142,7 +159,7 @@ class OFMTL(Strategy):
         self.on_record = on_record
         self.directory = TaskDirectory(self.num_tasks, _NAME)
         self.W: np.ndarray | None = None
-        self.Sigma: np.ndarray | None = None
+        self.Sigma: np.ndarray | FactoredMatrix | None = None
         self.records: list[dict[str, Any]] = []
         self.retrainings = 0
         self.tasks_at_training = 0
@@ -180,21 +197,37 @@ class OFMTL(Strategy):
                 "ever_replied": sorted(self._ever_replied),
                 "retrainings": self.retrainings, "tasks_at_training": self.tasks_at_training,
                 "newcomer_floats": self.newcomer_floats, "floats_total": self.floats_total}
-        write_checkpoint(self.checkpoint_dir, len(self.records),
-                         {"W": self.W, "Sigma": self.Sigma}, meta)
+        if isinstance(self.Sigma, FactoredMatrix):  # its factor: V (m, r), s (r,), c ()
+            arrays = {"W": self.W, **_factor_arrays("Sigma", self.Sigma)}
+        else:
+            arrays = {"W": self.W, "Sigma": self.Sigma}
+        write_checkpoint(self.checkpoint_dir, len(self.records), arrays, meta)
 
     def _restore(self) -> bool:
         checkpoint = read_checkpoint(self.checkpoint_dir)
         if checkpoint is None:
             return False
         check_fingerprint(checkpoint, self.fingerprint())
-        W, Sigma = checkpoint.arrays["W"], checkpoint.arrays["Sigma"]
-        m = W.shape[1] if W.ndim == 2 else -1
-        if (m < 1 or Sigma.shape != (m, m) or m > self.num_tasks
-                or not (np.all(np.isfinite(W)) and np.all(np.isfinite(Sigma)))):
-            raise CheckpointError(f"{checkpoint.path}: W {W.shape} and Sigma {Sigma.shape} "
-                                  "do not fit this run")
-        self.W, self.Sigma = W.astype(np.float64), Sigma.astype(np.float64)
+        factored = any(k.startswith("Sigma.") for k in checkpoint.arrays)
+        W = checkpoint.arrays.get("W")
+        if W is None or W.ndim != 2 or not (factored or "Sigma" in checkpoint.arrays):
+            raise CheckpointError(f"{checkpoint.path}: no W (d, m) and Sigma for this run")
+        if self.path is None:
+            self._choose_path(W.shape[0])
+        if factored != (self.path == "factored"):
+            raise CheckpointError(
+                f"{checkpoint.path} holds a {'factored' if factored else 'dense'} Sigma; this "
+                f"run's server path is {self.path} (server_path={self.server_path!r})")
+        if factored:
+            self.W, self.Sigma = self._restore_factored(checkpoint.path, checkpoint.arrays)
+        else:
+            W, Sigma = checkpoint.arrays["W"], checkpoint.arrays["Sigma"]
+            m = W.shape[1] if W.ndim == 2 else -1
+            if (m < 1 or Sigma.shape != (m, m) or m > self.num_tasks
+                    or not (np.all(np.isfinite(W)) and np.all(np.isfinite(Sigma)))):
+                raise CheckpointError(f"{checkpoint.path}: W {W.shape} and Sigma {Sigma.shape} "
+                                      "do not fit this run")
+            self.W, self.Sigma = W.astype(np.float64), Sigma.astype(np.float64)
         meta = checkpoint.meta
         self.records = [dict(r) for r in meta["records"]]
         self.retrainings, self.tasks_at_training = meta["retrainings"], meta["tasks_at_training"]
@@ -205,6 +238,44 @@ class OFMTL(Strategy):
         log(INFO, "%s: resumed from %s (%d tasks, %d events)", _NAME, checkpoint.path, self.m,
             len(self.records))
         return True
+
+    def _restore_factored(self, path: Path, arrays: dict[str, np.ndarray]
+                          ) -> tuple[np.ndarray, FactoredMatrix]:
+        """W and the factored Sigma of a checkpoint; CheckpointError unless they fit."""
+        W = arrays["W"]
+        m = W.shape[1] if W.ndim == 2 else -1
+        if m < 1 or m > self.num_tasks or not np.all(np.isfinite(W)):
+            raise CheckpointError(f"{path}: W {W.shape} does not fit this run")
+        try:
+            Sigma = _factor_from_arrays(
+                "Sigma", {k: v for k, v in arrays.items() if k.startswith("Sigma.")}, m)
+            Sigma.check(atol=1e-8)
+        except ValueError as err:
+            raise CheckpointError(f"{path}: W {W.shape} and its factored Sigma do not fit "
+                                  f"this run: {err}") from None
+        return W.astype(np.float64), Sigma
+
+    def _choose_path(self, dim: int) -> None:
+        self.path = choose_server_path(self.num_tasks, dim, "probabilistic", self.server_path)
+        log(INFO, "%s: server path %s (%d tasks, d = %d)", _NAME, self.path, self.num_tasks,
+            dim)
+
+    def _learn_path(self, grid: Grid) -> None:
+        """Choose the path once d is known: from the first node's whoami (``auto`` with
+        1000 < num_tasks <= 20 000 only; otherwise it was chosen at construction)."""
+        if self.path is not None:
+            return
+        deadline = time.monotonic() + self.mocha_options["discovery_timeout"]
+        while True:
+            self.directory.discover(grid, query_timeout=max(self.round_timeout, 10.0))
+            if self.directory.dim is not None:
+                self._choose_path(self.directory.dim)
+                return
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"{_NAME}: no node answered within "
+                                   f"{self.mocha_options['discovery_timeout']:.0f} s; the "
+                                   "server path (dense or factored) depends on d")
+            time.sleep(0.5)
 
     @property
     def m(self) -> int:
@@ -224,6 +295,7 @@ class OFMTL(Strategy):
         self._started = time.perf_counter()
         resumed = (self.checkpoint_dir is not None and self._resume and self._restore())
         if not resumed:
+            self._learn_path(grid)
             self._retrain(grid, self.initial_tasks, "initial")
         attempts = admitted = 0
         while self.m < self.num_tasks and (not num_rounds or admitted < num_rounds):
@@ -258,15 +330,19 @@ class OFMTL(Strategy):
 
     # ------------------------------------------------------------------ MOCHA (re)training
     def _retrain(self, grid: Grid, m: int, event: str) -> None:
-        """Train MOCHA from scratch over tasks 0 .. m - 1; take its W and Sigma."""
+        """Train MOCHA from scratch over tasks 0 .. m - 1; take its W and Sigma (on the
+        factored path MOCHA's factor of Sigma, V diag(s) V^T + c I, as is)."""
         started = time.perf_counter()
-        mocha = Mocha(m, **self.mocha_options)
+        mocha = Mocha(m, **self.mocha_options, server_path=self.path)
         mocha.directory.outside_level = INFO  # held-back newcomers are expected
         mocha.start(grid=grid, num_rounds=self.mocha_rounds, timeout=self.round_timeout)
         if mocha.state is None or not mocha.results()["final"].get("complete"):
             raise RuntimeError(f"{_NAME}: MOCHA over {m} tasks did not complete; see the log")
         self.W = np.array(mocha.state.W, copy=True)
-        self.Sigma = np.array(mocha.state.formulation.sigma, copy=True)
+        if self.path == "factored":  # FactoredProbabilistic: an immutable FactoredMatrix
+            self.Sigma = mocha.state.formulation.sigma_factor
+        else:
+            self.Sigma = np.array(mocha.state.formulation.sigma, copy=True)
         d = self.W.shape[0]
         # per round and task: w_t, m_tt and sigma' down (d + 2), delta-b up (d); the final
         # evaluate: w_t (as the ofmtl-arrivals reproduction counts)
@@ -284,18 +360,19 @@ class OFMTL(Strategy):
         started = time.perf_counter()
         d, m = self.W.shape
         W_old = self.W
-        sigma = extend_sigma(self.Sigma)
-        omega_mat = omega_from_sigma(sigma)
+        ops = server_ops(self.Sigma)  # the dense functions, or their factored counterparts
+        sigma = ops.extend_sigma(self.Sigma)
+        omega_mat = ops.omega_from_sigma(sigma)
         W_ext = np.hstack([W_old, np.zeros((d, 1))])
         floats = 0
         gap = None
         for step in range(self.outer):
-            omega, c = newcomer_server_quantities(W_old, omega_mat)
+            omega, c = ops.newcomer_server_quantities(W_old, omega_mat)
             w, gap = self._newcomer_step(grid, task, node, step, omega, c)
             floats += 2 * d + 1
             W_ext[:, m] = w
             if step < self.outer - 1:  # never end on an Omega-step: w is optimal for Sigma
-                sigma, omega_mat = ofmtl_omega_step(W_ext, self.omega_eps)
+                sigma, omega_mat = ops.omega_step(W_ext, self.omega_eps)
         self.W, self.Sigma = W_ext, sigma
         self.newcomer_floats.append(floats)
         self.floats_total += floats
