@@ -128,14 +128,21 @@ class LoopbackFederation:
         SuperNodes started with ``--node-config "task-id=<i>"``, i = 0 .. num_nodes - 1.
     state_dirs : bool
         Also pass ``client-state-dir=<workdir>/state/node-<i>`` in each node config.
+    node_configs : list of str, optional
+        Node i's ``--node-config`` instead of ``task-id=<i>`` (e.g. ``task-ids='0,1,2'`` for
+        a node hosting several tasks).
     """
 
-    def __init__(self, workdir: Path, num_nodes: int, state_dirs: bool = False) -> None:
+    def __init__(self, workdir: Path, num_nodes: int, state_dirs: bool = False,
+                 node_configs: list[str] | None = None) -> None:
         self.workdir = Path(workdir)
         self.home = self.workdir / "flwr-home"
         self.logs = self.workdir / "logs"
         self.num_nodes = int(num_nodes)
         self.state_dirs = state_dirs
+        if node_configs is not None and len(node_configs) != num_nodes:
+            raise ValueError(f"{len(node_configs)} node configs for {num_nodes} nodes")
+        self.node_configs = node_configs
         self.link_port = free_port()
         self.env = dict(os.environ)
         self.env.update({
@@ -213,7 +220,7 @@ class LoopbackFederation:
 
     def start_node(self, task: int) -> subprocess.Popen:
         """Start the SuperNode of ``task`` (a fresh Runtime API port each time)."""
-        config = f"task-id={task}"
+        config = f"task-id={task}" if self.node_configs is None else self.node_configs[task]
         if self.state_dirs:
             self.state_dir(task).mkdir(parents=True, exist_ok=True)
             config += f" client-state-dir='{self.state_dir(task)}'"
