@@ -6,6 +6,7 @@ These factories serve ``flwr run .`` (config read from ``context.run_config``) a
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Callable
@@ -65,9 +66,24 @@ def arrival_order(cfg: RunConfig, num_tasks: int) -> list[int]:
     """
     if cfg.strategy != "ofmtl" or not cfg.arrivals:
         return list(range(num_tasks))
-    if cfg.arrivals == "shuffle":
-        return [int(t) for t in np.random.default_rng([cfg.seed, 43]).permutation(num_tasks)]
-    order = [int(t) for t in cfg.arrivals.split(",")]
+    return list(_permutation(cfg.arrivals, cfg.seed, num_tasks))
+
+
+def dataset_task_of(cfg: RunConfig, num_tasks: int, task_id: int) -> int:
+    """``arrival_order(cfg, num_tasks)[task_id]`` in O(1) when there is no permutation
+    (a client asks this at every load; 10^5 of them must not cost O(m) each)."""
+    if cfg.strategy != "ofmtl" or not cfg.arrivals:
+        if not 0 <= task_id < num_tasks:
+            raise IndexError(f"task id {task_id} outside 0..{num_tasks - 1}")
+        return task_id
+    return _permutation(cfg.arrivals, cfg.seed, num_tasks)[task_id]
+
+
+@functools.lru_cache(maxsize=8)
+def _permutation(arrivals: str, seed: int, num_tasks: int) -> tuple[int, ...]:
+    if arrivals == "shuffle":
+        return tuple(int(t) for t in np.random.default_rng([seed, 43]).permutation(num_tasks))
+    order = tuple(int(t) for t in arrivals.split(","))
     if len(order) != num_tasks:
         raise ConfigError(f"arrivals: a permutation of the {num_tasks} tasks, got "
                           f"{len(order)} entries")
@@ -98,7 +114,7 @@ def make_client_app(config: RunConfig | None = None) -> ClientApp:
     def load(context: Context) -> tuple[np.ndarray, ...]:
         cfg = config_from_context(context, config)
         data = dataset_for(cfg)
-        task = data.task(arrival_order(cfg, data.num_tasks)[default_task_id(context)])
+        task = data.task(dataset_task_of(cfg, data.num_tasks, default_task_id(context)))
         return task.X_train, task.y_train, task.X_test, task.y_test
 
     def tasks_for(context: Context) -> list[int]:
