@@ -11,8 +11,8 @@ Figures (one JSON line, printed last):
   every task, and on Ray the start of the workers: ``first_round_s``);
 * ``total_s``: the whole run, dataset set-up included;
 * ``peak_mb``: the largest resident size of this process plus all its descendants (Ray's
-  raylet, GCS and workers), sampled every 0.2 s with psutil; ``peak_self_mb``: this process's
-  ``ru_maxrss``;
+  raylet, GCS and workers; descendants only on Ray), sampled every 0.5 s with psutil;
+  ``peak_self_mb``: this process's ``ru_maxrss``;
 * ``final_primal``, ``final_gap``, ``num_replies`` (of the final metrics round).
 
 Usage: python benchmarks/engine_scale.py --nodes 200 --engine ray --tasks-per-node 50
@@ -34,10 +34,12 @@ import psutil
 
 
 class PeakMemory:
-    """Samples the resident size of this process and its descendants in a thread."""
+    """Samples the resident size of this process and its descendants in a thread (listing
+    descendants scans /proc: costly, so only where there are some, i.e. on Ray)."""
 
-    def __init__(self, every: float = 0.2) -> None:
+    def __init__(self, every: float = 0.5, children: bool = True) -> None:
         self.every = every
+        self.children = children
         self.peak = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -45,7 +47,7 @@ class PeakMemory:
     def _sample(self) -> int:
         me = psutil.Process()
         total = 0
-        for proc in [me, *me.children(recursive=True)]:
+        for proc in [me, *(me.children(recursive=True) if self.children else [])]:
             try:
                 total += proc.memory_info().rss
             except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -97,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         "lambda": lam, "tasks-per-node": args.tasks_per_node, "seed": args.seed,
         "round-timeout": 3600.0})
     started = time.perf_counter()
-    with PeakMemory() as memory:
+    with PeakMemory(children=args.engine == "ray") as memory:
         data = dataset_for(cfg)
         results = run_federation(cfg, data, args.engine, print_every=1, quiet=False,
                                  ray_address=args.ray_address)
