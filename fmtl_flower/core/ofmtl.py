@@ -442,11 +442,7 @@ def newcomer_server_quantities(W_old: np.ndarray, Omega_ext: np.ndarray) -> tupl
     c : ndarray of shape (d,)
         sum_{t<m} Omega[t, m] w_t. Together d + 1 floats.
     """
-    W_old = np.asarray(W_old, dtype=np.float64)
-    if W_old.ndim != 2:
-        raise ValueError(f"W_old must be a 2-D array (d, m), got shape {W_old.shape}")
-    if not np.all(np.isfinite(W_old)):
-        raise ValueError("W_old has non-finite entries")
+    W_old = frozen_models(W_old)
     m = W_old.shape[1]
     Omega_ext = _square_symmetric(Omega_ext, "Omega_ext")
     if Omega_ext.shape != (m + 1, m + 1):
@@ -474,13 +470,30 @@ def ofmtl_omega_step(W: np.ndarray, eps_rel: float = DEFAULT_OMEGA_EPS
     Omega : ndarray of shape (m + 1, m + 1)
         Sigma^-1 (:func:`omega_from_sigma`).
     """
+    sigma = sigma_probabilistic(omega_step_models(W), eps_rel)
+    return sigma, omega_from_sigma(sigma)
+
+
+def frozen_models(W_old: np.ndarray) -> np.ndarray:
+    """``W_old`` (d, m) as float64, checked (2-D, finite); ValueError otherwise. Shared by the
+    dense and factored newcomer quantities."""
+    W_old = np.asarray(W_old, dtype=np.float64)
+    if W_old.ndim != 2:
+        raise ValueError(f"W_old must be a 2-D array (d, m), got shape {W_old.shape}")
+    if not np.all(np.isfinite(W_old)):
+        raise ValueError("W_old has non-finite entries")
+    return W_old
+
+
+def omega_step_models(W: np.ndarray) -> np.ndarray:
+    """``W`` as float64, checked for an Omega-step over its m + 1 columns (2-D, at least one
+    column, finite); ValueError otherwise. Shared by the dense and factored paths."""
     W = np.asarray(W, dtype=np.float64)
     if W.ndim != 2 or W.shape[1] < 1:
         raise ValueError(f"W must be a 2-D array (d, m + 1), got shape {W.shape}")
     if not np.all(np.isfinite(W)):
         raise ValueError("W has non-finite entries")
-    sigma = sigma_probabilistic(W, eps_rel)
-    return sigma, omega_from_sigma(sigma)
+    return W
 
 
 # ----------------------------------------------------------------------------- driver

@@ -36,9 +36,11 @@ from .ofmtl import (
     _TRACE_TOL,
     _positive,
     extend_sigma,
+    frozen_models,
     newcomer_server_quantities,
     ofmtl_omega_step,
     omega_from_sigma,
+    omega_step_models,
 )
 from .omega import DEFAULT_OMEGA_EPS
 
@@ -138,11 +140,7 @@ def newcomer_server_quantities_factored(W_old: np.ndarray, Omega_ext: FactoredMa
     c : ndarray of shape (d,)
     """
     Omega_ext = _factor(Omega_ext, "Omega_ext")
-    W_old = np.asarray(W_old, dtype=np.float64)
-    if W_old.ndim != 2:
-        raise ValueError(f"W_old must be a 2-D array (d, m), got shape {W_old.shape}")
-    if not np.all(np.isfinite(W_old)):
-        raise ValueError("W_old has non-finite entries")
+    W_old = frozen_models(W_old)
     m = W_old.shape[1]
     if Omega_ext.num_tasks != m + 1:
         raise ValueError(f"Omega_ext must be ({m + 1}, {m + 1}), got {Omega_ext.num_tasks} "
@@ -170,12 +168,7 @@ def ofmtl_omega_step_factored(W: np.ndarray, eps_rel: float = DEFAULT_OMEGA_EPS
     -------
     Sigma, Omega : FactoredMatrix ((m + 1) x (m + 1))
     """
-    W = np.asarray(W, dtype=np.float64)
-    if W.ndim != 2 or W.shape[1] < 1:
-        raise ValueError(f"W must be a 2-D array (d, m + 1), got shape {W.shape}")
-    if not np.all(np.isfinite(W)):
-        raise ValueError("W has non-finite entries")
-    sigma = sigma_probabilistic_factored(W, eps_rel)
+    sigma = sigma_probabilistic_factored(omega_step_models(W), eps_rel)
     return sigma, omega_from_sigma_factored(sigma)
 
 

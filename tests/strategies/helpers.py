@@ -21,6 +21,7 @@ from fmtl_flower.clients.mocha import (
 from fmtl_flower.data import make_synthetic_tasks
 from fmtl_flower.engine import InProcessGrid, run_inprocess
 from fmtl_flower.strategies.mocha import Mocha
+from fmtl_flower.strategies.ofmtl import OFMTL
 from fmtl_flower.wire import from_array, to_array
 
 ClientCallable = Callable[[Message, Context], Message]
@@ -308,3 +309,20 @@ def killed_in(strategy_cls: type, kill_round: int) -> type:
 
     Killed.__name__ = f"Killed{strategy_cls.__name__}"
     return Killed
+
+
+class Killed(Exception):
+    """Raised by :class:`KilledOFMTL` where the server process would die."""
+
+
+class KilledOFMTL(OFMTL):
+    """OFMTL that dies at newcomer ``task``'s protocol step ``step`` (before sending it)."""
+
+    def __init__(self, *args: Any, task: int, step: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.kill_at = (task, step)
+
+    def _newcomer_step(self, grid, task, node, step, omega, c):
+        if (task, step) == self.kill_at:
+            raise Killed
+        return super()._newcomer_step(grid, task, node, step, omega, c)

@@ -21,28 +21,12 @@ from fmtl_flower.core.ofmtl import add_task, newcomer_fit
 from fmtl_flower.engine import run_inprocess
 from fmtl_flower.strategies.ofmtl import OFMTL
 
-from .helpers import make_problem
+from .helpers import Killed, KilledOFMTL, make_problem
 
 DIM = 5
 SETTINGS = {"initial_tasks": 2, "lam": 0.05, "mocha_rounds": 30, "inner": 20, "seed": 4,
             "discovery_timeout": 5.0, "arrival_timeout": 2.0}
 
-
-class Killed(Exception):
-    pass
-
-
-class KilledOFMTL(OFMTL):
-    """Dies at newcomer ``task``'s protocol step ``step`` (before sending it)."""
-
-    def __init__(self, *args: Any, task: int, step: int, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.kill_at = (task, step)
-
-    def _newcomer_step(self, grid, task, node, step, omega, c):
-        if (task, step) == self.kill_at:
-            raise Killed
-        return super()._newcomer_step(grid, task, node, step, omega, c)
 
 
 @pytest.fixture(scope="module")
