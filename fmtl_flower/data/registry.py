@@ -52,7 +52,11 @@ from fmtl_flower.data.lazy import lazy_sparse_federated, lazy_synthetic, use_laz
 from fmtl_flower.data.mat import load_mat_tasks
 from fmtl_flower.data.paths import DATA_DIR_ENV, default_data_dirs
 from fmtl_flower.data.skew import check_skew_ratio, skew_dataset
-from fmtl_flower.data.sparse_federated import SparseFederatedDataset, make_sparse_federated
+from fmtl_flower.data.sparse_federated import (
+    SparseFederatedDataset,
+    make_sparse_federated,
+    size_params,
+)
 from fmtl_flower.data.split import _check_seed, _check_test_frac, split_tasks
 from fmtl_flower.data.synthetic import make_synthetic_tasks, synthetic_source
 from fmtl_flower.data.validation import validate_task
@@ -91,7 +95,7 @@ SPARSE_FEDERATED = "sparse-federated"
 SPARSE_FEDERATED_DEFAULTS: dict[str, Any] = {"num_tasks": 1000, "dim": 20_000, "iid": False}
 
 #: Arguments of :func:`load_dataset` that ``"sparse-federated"`` does not accept.
-_SPARSE_REJECTED = ("samples_per_task", "skew")
+_SPARSE_REJECTED = ("skew",)
 
 #: Seed of the FedEM synthetic generator (the paper's data, whatever the run seed).
 FEDEM_SYNTHETIC_SEED = 12345
@@ -280,13 +284,15 @@ def _load_sparse(
 ) -> SparseFederatedDataset:
     """Generate ``"sparse-federated"`` (see :func:`load_dataset`)."""
     rejected = [
-        k for k, v in zip(_SPARSE_REJECTED, (samples_per_task, skew), strict=True) if v is not None
+        k for k, v in zip(_SPARSE_REJECTED, (skew,), strict=True) if v is not None
     ]
     if rejected:
         raise ValueError(
             f"{', '.join(rejected)} cannot be used with {SPARSE_FEDERATED!r}: its node sizes "
-            "are drawn by its generator (accepted overrides: num_tasks, dim, iid)"
+            "are drawn by its generator (accepted overrides: num_tasks, dim, "
+            "samples_per_task, iid)"
         )
+    sizes = {} if samples_per_task is None else size_params(samples_per_task)
     if iid is not None and not isinstance(iid, bool | np.bool_):
         raise ValueError(f"iid must be a bool, got {iid!r}")
     num_tasks = SPARSE_FEDERATED_DEFAULTS["num_tasks"] if num_tasks is None else num_tasks
@@ -294,10 +300,11 @@ def _load_sparse(
     iid = SPARSE_FEDERATED_DEFAULTS["iid"] if iid is None else bool(iid)
     if _lazy_for(SPARSE_FEDERATED, num_tasks, lazy, iid=iid):
         return lazy_sparse_federated(
-            num_tasks, dim=dim, seed=seed, test_frac=test_frac, name=SPARSE_FEDERATED
+            num_tasks, dim=dim, seed=seed, test_frac=test_frac, name=SPARSE_FEDERATED, **sizes
         )
     return make_sparse_federated(
-        num_tasks, dim=dim, seed=seed, test_frac=test_frac, iid=iid, name=SPARSE_FEDERATED
+        num_tasks, dim=dim, seed=seed, test_frac=test_frac, iid=iid, name=SPARSE_FEDERATED,
+        **sizes
     )
 
 
@@ -352,7 +359,10 @@ def load_dataset(
         the generator's defaults: 30 tasks and ``d = 20`` for ``"synthetic"``, 300 tasks and
         ``d = 150`` for ``"fedem-synthetic"``).
     samples_per_task : int, optional
-        Generator override for ``"synthetic"`` only.
+        Generator override for ``"synthetic"`` (median samples per task) and
+        ``"sparse-federated"`` (median rows per node before the split, through
+        :func:`~fmtl_flower.data.sparse_federated.size_params`; unset: the paper-like
+        default sizes, median about 71).
     skew : float, optional
         If given (a ratio >= 1, the paper's is 100), subsample each task's training part
         after the split so that training-set sizes differ by about this ratio (MOCHA appendix
@@ -405,7 +415,8 @@ def load_dataset(
     ValueError
         Unknown name (the message lists :func:`available_datasets`), generator overrides for
         a file dataset, ``generator`` / ``n_test`` for a dataset other than
-        ``"fedem-synthetic"``, ``samples_per_task`` / ``skew`` for ``"fedem-synthetic"``,
+        ``"fedem-synthetic"``, ``samples_per_task`` / ``skew`` for ``"fedem-synthetic"``
+        (``skew`` for ``"sparse-federated"``),
         ``data_path`` for a generated dataset or a path, ``download`` for a dataset that is
         not a paper dataset, ``lazy=True`` for a dataset that cannot be lazy, invalid
         ``seed`` / ``test_frac`` / ``skew`` / ``lazy`` / generator arguments, or an invalid

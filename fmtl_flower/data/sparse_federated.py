@@ -251,6 +251,18 @@ def _check_int(value: Any, arg: str, low: int) -> int:
     return int(value)
 
 
+def size_params(samples_per_task: int) -> dict[str, int]:
+    """Node-size arguments giving a median of about ``samples_per_task`` rows per node (before
+    the split): Pareto(alpha) >= size_min has median size_min 2^(1/alpha), so
+    size_min = samples_per_task / 2^(1/alpha) (at least 2), and size_max keeps the default
+    ratio size_max / size_min = 300."""
+    s = _check_int(samples_per_task, "samples_per_task", 2)
+    alpha = SPARSE_DEFAULTS["size_alpha"]
+    size_min = max(2, round(s / 2.0 ** (1.0 / alpha)))
+    ratio = SPARSE_DEFAULTS["size_max"] // SPARSE_DEFAULTS["size_min"]
+    return {"size_min": size_min, "size_max": ratio * size_min}
+
+
 def _check_params(dim: int, params: dict[str, Any]) -> dict[str, Any]:
     unknown = set(params) - set(SPARSE_DEFAULTS)
     if unknown:

@@ -166,8 +166,8 @@ def test_registry_entry() -> None:
         load_dataset("synthetic", iid=True)
     with pytest.raises(ValueError, match="skew"):
         load_dataset("sparse-federated", num_tasks=3, dim=2000, skew=10)
-    with pytest.raises(ValueError, match="samples_per_task"):
-        load_dataset("sparse-federated", num_tasks=3, dim=2000, samples_per_task=10)
+    with pytest.raises(ValueError, match="samples_per_task must be an int >= 2"):
+        load_dataset("sparse-federated", num_tasks=3, dim=2000, samples_per_task=1)
     with pytest.raises(ValueError, match="only apply to 'fedem-synthetic'"):
         load_dataset("sparse-federated", num_tasks=3, dim=2000, n_test=10)
 
@@ -181,3 +181,21 @@ def test_registry_cache_normalises_and_freezes() -> None:
     X = a.task(0).X_train
     assert not X.data.flags.writeable and not X.indices.flags.writeable
     assert not a.task(0).y_train.flags.writeable
+
+
+@pytest.mark.parametrize("samples", [20, 400])
+def test_samples_per_task_sets_the_median_node_size(samples) -> None:
+    """samples_per_task is the median rows per node (before the split), eager and lazy alike."""
+    from fmtl_flower.data.sparse_federated import size_params
+
+    ds = load_dataset("sparse-federated", num_tasks=400, dim=2000, seed=1,
+                      samples_per_task=samples, test_frac=0.0)
+    rows = np.array([ds.task(t).X_train.shape[0] for t in range(ds.num_tasks)])
+    assert 0.8 * samples <= np.median(rows) <= 1.2 * samples
+    assert rows.min() >= size_params(samples)["size_min"]
+    assert ds.params["size_min"] == size_params(samples)["size_min"]
+    lazy = load_dataset("sparse-federated", num_tasks=400, dim=2000, seed=1,
+                        samples_per_task=samples, test_frac=0.0, lazy=True)
+    assert same_task(lazy.task(7), ds.task(7))
+    default = load_dataset("sparse-federated", num_tasks=400, dim=2000, seed=1, test_frac=0.0)
+    assert not same_task(default.task(7), ds.task(7))
