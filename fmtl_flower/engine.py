@@ -61,6 +61,10 @@ class InProcessGrid(Grid):
     (as on a real SuperNode). A ClientApp that raises yields an error reply, as in Flower.
     """
 
+    #: ``send_and_receive`` takes the messages in one pass, delivering as it goes: strategies
+    #: may pass generators (:func:`fmtl_flower.strategies.base.streams_messages`).
+    streams_messages = True
+
     def __init__(self, client_app: ClientApp | ClientCallable, num_nodes: int,
                  run_config: Mapping[str, Any] | None = None,
                  node_configs: list[Mapping[str, Any]] | None = None,

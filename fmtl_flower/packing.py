@@ -106,6 +106,9 @@ class PackedGrid(Grid):
     seconds.
     """
 
+    #: ``send_and_receive`` iterates the messages once (then packs a list for the wrapped grid).
+    streams_messages = True
+
     def __init__(self, grid: Grid, *, query_timeout: float = 60.0,
                  retry_after: float = 30.0) -> None:
         self.inner = grid

@@ -199,3 +199,11 @@ def drain(replies: Iterable[Message]) -> None:
     finish = getattr(replies, "drain", None)
     if callable(finish):
         finish()
+
+
+def streams_messages(grid: Grid) -> bool:
+    """Whether ``grid`` takes a round's messages in one pass as it delivers them, so that a
+    strategy may hand it a generator (the in-process engine's grid and the packing adapter).
+    Flower's own grids may iterate the messages twice (``HttpGrid.push_messages`` checks them,
+    then sends them): they get lists."""
+    return bool(getattr(grid, "streams_messages", False))

@@ -5,7 +5,7 @@ from flwr.app import Context, Message
 from flwr.serverapp import Grid, ServerApp
 
 from fmtl_flower.clients.mocha import make_mocha_client_app
-from fmtl_flower.engine import run_inprocess
+from fmtl_flower.engine import InProcessGrid, run_inprocess
 from fmtl_flower.strategies.mocha import Mocha
 
 from .helpers import make_problem
@@ -37,3 +37,24 @@ def test_each_train_message_is_made_just_before_its_device_is_called():
     assert len(seen) == 3 * 40
     assert all(made == called for made, called in seen)
     assert strategy.results()["final"]["num_replies"] == 40
+
+
+class TwoPassGrid(InProcessGrid):
+    """Takes messages as Flower's HttpGrid does: one pass to check them, one to send them."""
+
+    streams_messages = False
+
+    def send_and_receive(self, messages, *, timeout=None):
+        for message in messages:
+            assert message.metadata.dst_node_id in self.contexts
+        return list(super().send_and_receive(list(messages), timeout=timeout))
+
+
+def test_a_grid_that_iterates_twice_gets_every_message():
+    problem = make_problem(num_tasks=8, dim=4)
+    strategy = Mocha(8, lam=1e-3, discovery_timeout=5.0)
+    grid = TwoPassGrid(make_mocha_client_app(problem.load), 8)
+    strategy.start(grid=grid, num_rounds=3, timeout=60.0)
+    records = strategy.results()["rounds"]
+    assert [r["num_replies"] for r in records[1:]] == [8, 8, 8]
+    assert strategy.results()["final"]["num_replies"] == 8
