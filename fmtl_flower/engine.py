@@ -62,7 +62,7 @@ class InProcessGrid(Grid):
     """
 
     #: ``send_and_receive`` takes the messages in one pass, delivering as it goes: strategies
-    #: may pass generators (:func:`fmtl_flower.strategies.base.streams_messages`).
+    #: may pass generators (:func:`fmtl_flower.strategies.base.as_taken_by`).
     streams_messages = True
 
     def __init__(self, client_app: ClientApp | ClientCallable, num_nodes: int,

@@ -306,24 +306,24 @@ class _PackedClientApp(ClientApp):
             return self._app(message, context)
         tasks = list(self._tasks_for(context))
         parts = unpack_content(message.content)
+        states = _slot_states(context.state)  # one pass over the node's state, not one a slot
+        node_config = {k: v for k, v in context.node_config.items() if k != "task-ids"}
         replies: dict[int, RecordDict] = {}
         for slot, content in parts.items():
             if slot >= len(tasks):
                 replies[slot] = _error_content(f"slot {slot}: this node hosts {len(tasks)} "
                                                "tasks")
                 continue
-            replies[slot] = self._call_slot(message, content, context, slot, tasks[slot])
+            replies[slot] = self._call_slot(message, content, context, slot,
+                                            {**node_config, "task-id": tasks[slot]},
+                                            states.get(slot, {}))
         return Message(pack_content(replies), reply_to=message)
 
     def _call_slot(self, message: Message, content: RecordDict, context: Context, slot: int,
-                   task: int) -> RecordDict:
+                   node_config: dict[str, Any], state: dict[str, Any]) -> RecordDict:
         prefix = _prefix(slot)
-        state = RecordDict({name[len(prefix):]: record for name, record in
-                            context.state.items() if name.startswith(prefix)})
-        node_config = {k: v for k, v in context.node_config.items() if k != "task-ids"}
-        node_config["task-id"] = task
         sub_context = Context(run_id=context.run_id, node_id=context.node_id * MAX_SLOTS + slot,
-                              node_config=node_config, state=state,
+                              node_config=node_config, state=RecordDict(state),
                               run_config=context.run_config)
         metadata = copy.copy(message.metadata)  # no TaskIdentity on a ClientApp's side
         metadata.__dict__["_dst_node_id"] = sub_context.node_id
@@ -335,11 +335,21 @@ class _PackedClientApp(ClientApp):
             return _error_content(f"{type(ex).__name__}: {ex}")
         if reply.has_error():
             return _error_content(reply.error.reason, reply.error.code)
-        for name in [n for n in context.state if n.startswith(prefix)]:
-            del context.state[name]
+        for name in state:
+            del context.state[prefix + name]
         for name, record in sub_context.state.items():
             context.state[prefix + name] = record
         return reply.content
+
+
+def _slot_states(state: RecordDict) -> dict[int, dict[str, Any]]:
+    """The node's state records grouped by slot: ``{slot: {name: record}}``."""
+    out: dict[int, dict[str, Any]] = defaultdict(dict)
+    for name, record in state.items():
+        head, sep, rest = name.partition("/")
+        if sep and head.isdigit():
+            out[int(head)][rest] = record
+    return out
 
 
 def _error_content(reason: str, code: int = _SLOT_ERROR_CODE) -> RecordDict:

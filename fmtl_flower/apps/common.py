@@ -58,20 +58,13 @@ def dataset_for(cfg: RunConfig) -> FederatedDataset:
         samples_per_task=cfg.samples_per_task or None, skew=cfg.skew or None, **extra)
 
 
-def arrival_order(cfg: RunConfig, num_tasks: int) -> list[int]:
-    """Which dataset task each task id serves (OFMTL's order of arrival; identity otherwise).
+def dataset_task_of(cfg: RunConfig, num_tasks: int, task_id: int) -> int:
+    """Which dataset task task id ``task_id`` serves: OFMTL's order of arrival, identity
+    otherwise (O(1), as a client asks at every load).
 
     ``arrivals=""``: task order; ``"shuffle"``: a permutation drawn from the seed; a list:
     that permutation (it must cover every task).
     """
-    if cfg.strategy != "ofmtl" or not cfg.arrivals:
-        return list(range(num_tasks))
-    return list(_permutation(cfg.arrivals, cfg.seed, num_tasks))
-
-
-def dataset_task_of(cfg: RunConfig, num_tasks: int, task_id: int) -> int:
-    """``arrival_order(cfg, num_tasks)[task_id]`` in O(1) when there is no permutation
-    (a client asks this at every load; 10^5 of them must not cost O(m) each)."""
     if cfg.strategy != "ofmtl" or not cfg.arrivals:
         if not 0 <= task_id < num_tasks:
             raise IndexError(f"task id {task_id} outside 0..{num_tasks - 1}")

@@ -37,7 +37,6 @@ import math
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import scipy.linalg
@@ -46,10 +45,13 @@ import scipy.sparse.linalg
 
 from .formulations import (
     SIGMA_MODES,
+    ClusteredFormulation,
     Formulation,
+    IdentityFormulation,
+    MeanFormulation,
+    ProbabilisticFormulation,
     _gamma,
     _positive,
-    _required,
     clustered_eigenvalues,
 )
 from .omega import DEFAULT_OMEGA_EPS
@@ -569,6 +571,12 @@ def sigma_probabilistic_factored(
 # ----------------------------------------------------------------------------- formulations
 
 
+def same_options_as(dense: type[Formulation]) -> classmethod:
+    """``dense.from_options`` as a classmethod of a factored formulation whose constructor
+    takes the same arguments (one reading of :func:`make_formulation`'s options)."""
+    return classmethod(dense.from_options.__func__)
+
+
 class FactoredFormulation(Formulation):
     """A formulation whose M = K^-1 is kept as a :class:`FactoredMatrix`.
 
@@ -633,9 +641,8 @@ class FactoredIdentity(FactoredFormulation):
     name = "identity"
     fixed = True
 
-    @classmethod
-    def from_options(cls, num_tasks: int, **options: Any) -> FactoredIdentity:
-        return cls(num_tasks, lam=options["lam"], gamma=options.get("gamma", 1.0))
+    # the same constructor arguments as the dense class: read its options the same way
+    from_options = same_options_as(IdentityFormulation)
 
     def inverse_factor(self) -> FactoredMatrix:
         # (1/m)/lam, the same rounding as the dense sigma_identity(m) / lam
@@ -663,10 +670,8 @@ class FactoredMean(FactoredFormulation):
         self.lam2 = _positive(lam2, "lam2")
         self._u = np.full((self.num_tasks, 1), 1.0 / math.sqrt(self.num_tasks))
 
-    @classmethod
-    def from_options(cls, num_tasks: int, **options: Any) -> FactoredMean:
-        lam2 = _required(options.get("lam2"), "lam2 (> 0; K is singular without it)", cls.name)
-        return cls(num_tasks, lam=options["lam"], lam2=lam2, gamma=options.get("gamma", 1.0))
+    # the same constructor arguments as the dense class: read its options the same way
+    from_options = same_options_as(MeanFormulation)
 
     @property
     def omega_factor(self) -> FactoredMatrix:
@@ -720,16 +725,8 @@ class FactoredProbabilistic(FactoredFormulation):
         self.eps_rel = _positive(eps_rel, "eps_rel")
         self._sigma = FactoredMatrix.scaled_identity(self.num_tasks, 1.0 / self.num_tasks)
 
-    @classmethod
-    def from_options(cls, num_tasks: int, **options: Any) -> FactoredProbabilistic:
-        s2 = options.get("s2")
-        return cls(
-            num_tasks,
-            lam=options["lam"],
-            s2=math.inf if s2 is None else s2,
-            eps_rel=options.get("eps_rel", DEFAULT_OMEGA_EPS),
-            gamma=options.get("gamma", 1.0),
-        )
+    # the same constructor arguments as the dense class: read its options the same way
+    from_options = same_options_as(ProbabilisticFormulation)
 
     @property
     def sigma_factor(self) -> FactoredMatrix:
@@ -813,11 +810,8 @@ class FactoredClustered(FactoredFormulation):
             raise ValueError(f"k must be in (0, num_tasks={self.num_tasks}], got {k}")
         self._omega = FactoredMatrix.scaled_identity(self.num_tasks, self.k / self.num_tasks)
 
-    @classmethod
-    def from_options(cls, num_tasks: int, **options: Any) -> FactoredClustered:
-        eta = _required(options.get("eta"), "eta (> 0)", cls.name)
-        k = _required(options.get("k"), "k (the number of clusters, in (0, num_tasks])", cls.name)
-        return cls(num_tasks, lam=options["lam"], eta=eta, k=k, gamma=options.get("gamma", 1.0))
+    # the same constructor arguments as the dense class: read its options the same way
+    from_options = same_options_as(ClusteredFormulation)
 
     @property
     def omega_factor(self) -> FactoredMatrix:

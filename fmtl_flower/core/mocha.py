@@ -16,8 +16,33 @@ from .formulations import Formulation, make_formulation
 from .objective import regulariser_value
 
 
+class ServerStateBasics:
+    """What the dense and factored server states share: sizes from B, lambda from the
+    formulation, and the alpha = 0 start."""
+
+    B: np.ndarray
+    formulation: Formulation
+
+    @classmethod
+    def zeros(cls, dim: int, formulation: Formulation):  # noqa: ANN206 - the subclass
+        """alpha = 0 everywhere (B = 0, W = 0), Omega at the formulation's start."""
+        return cls(B=np.zeros((dim, formulation.num_tasks)), formulation=formulation)
+
+    @property
+    def lam(self) -> float:
+        return self.formulation.lam
+
+    @property
+    def num_tasks(self) -> int:
+        return self.B.shape[1]
+
+    @property
+    def dim(self) -> int:
+        return self.B.shape[0]
+
+
 @dataclass
-class MochaServerState:
+class MochaServerState(ServerStateBasics):
     """Server state of MOCHA for m tasks in d dimensions.
 
     Attributes
@@ -44,27 +69,10 @@ class MochaServerState:
         self.recompute_models()
 
     @classmethod
-    def zeros(cls, dim: int, formulation: Formulation) -> MochaServerState:
-        """alpha = 0 everywhere (B = 0, W = 0), Omega at the formulation's start."""
-        return cls(B=np.zeros((dim, formulation.num_tasks)), formulation=formulation)
-
-    @classmethod
     def zeros_for(cls, dim: int, num_tasks: int, omega: str = "identity", *, lam: float,
                   **options) -> MochaServerState:
         """Shorthand: :meth:`zeros` with ``make_formulation(omega, num_tasks, lam=lam, ...)``."""
         return cls.zeros(dim, make_formulation(omega, num_tasks, lam=lam, **options))
-
-    @property
-    def lam(self) -> float:
-        return self.formulation.lam
-
-    @property
-    def num_tasks(self) -> int:
-        return self.B.shape[1]
-
-    @property
-    def dim(self) -> int:
-        return self.B.shape[0]
 
     def m_diag(self) -> np.ndarray:
         """Diagonal of M = K^-1, one ``m_tt`` per task."""

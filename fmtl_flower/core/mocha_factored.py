@@ -34,7 +34,7 @@ from .factored import (
     sigma_prime_factored,
 )
 from .formulations import FORMULATIONS, SIGMA_MODES, make_formulation
-from .mocha import MochaServerState
+from .mocha import MochaServerState, ServerStateBasics
 from .objective import regulariser_value
 
 __all__ = [
@@ -104,7 +104,7 @@ def choose_server_path(num_tasks: int, dim: int, omega: str, path: str = "auto")
 
 
 @dataclass
-class FactoredMochaServerState:
+class FactoredMochaServerState(ServerStateBasics):
     """Server state of MOCHA for m tasks in d dimensions, M = K^-1 factored.
 
     Attributes
@@ -137,28 +137,11 @@ class FactoredMochaServerState:
         self.recompute_models()
 
     @classmethod
-    def zeros(cls, dim: int, formulation: FactoredFormulation) -> FactoredMochaServerState:
-        """alpha = 0 everywhere (B = 0, W = 0), Omega at the formulation's start."""
-        return cls(B=np.zeros((dim, formulation.num_tasks)), formulation=formulation)
-
-    @classmethod
     def zeros_for(
         cls, dim: int, num_tasks: int, omega: str = "identity", *, lam: float, **options: Any
     ) -> FactoredMochaServerState:
         """:meth:`zeros` with ``make_factored_formulation(omega, num_tasks, lam=lam, ...)``."""
         return cls.zeros(dim, make_factored_formulation(omega, num_tasks, lam=lam, **options))
-
-    @property
-    def lam(self) -> float:
-        return self.formulation.lam
-
-    @property
-    def num_tasks(self) -> int:
-        return self.B.shape[1]
-
-    @property
-    def dim(self) -> int:
-        return self.B.shape[0]
 
     def _set_M(self, M: FactoredMatrix) -> None:
         self.M = M

@@ -79,7 +79,8 @@ class TaskStrategy(Strategy):
             log(INFO, "")
             log(INFO, "[ROUND %s/%s]", server_round, self.num_rounds)
             replies = grid.send_and_receive(
-                self.configure_train(server_round, arrays, train_config, grid), timeout=timeout)
+                as_taken_by(grid, self.configure_train(server_round, arrays, train_config, grid)),
+                timeout=timeout)
             new_arrays, metrics = self.aggregate_train(server_round, replies)
             drain(replies)
             if new_arrays is not None:
@@ -103,7 +104,8 @@ class TaskStrategy(Strategy):
                         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None
                         ) -> None:
         replies = grid.send_and_receive(
-            self.configure_evaluate(server_round, arrays, config, grid), timeout=timeout)
+            as_taken_by(grid, self.configure_evaluate(server_round, arrays, config, grid)),
+            timeout=timeout)
         metrics = self.aggregate_evaluate(server_round, replies)
         drain(replies)
         if metrics is not None:
@@ -201,9 +203,11 @@ def drain(replies: Iterable[Message]) -> None:
         finish()
 
 
-def streams_messages(grid: Grid) -> bool:
-    """Whether ``grid`` takes a round's messages in one pass as it delivers them, so that a
-    strategy may hand it a generator (the in-process engine's grid and the packing adapter).
-    Flower's own grids may iterate the messages twice (``HttpGrid.push_messages`` checks them,
-    then sends them): they get lists."""
-    return bool(getattr(grid, "streams_messages", False))
+def as_taken_by(grid: Grid, messages: Iterable[Message]) -> Iterable[Message]:
+    """A round's messages as ``grid`` can take them: as they are (possibly a generator, made
+    one at a time) for a grid that declares ``streams_messages`` (the in-process engine's
+    grid, the packing adapter: one pass, delivering as it goes); a list for the others
+    (Flower's ``HttpGrid.push_messages`` iterates them twice: checks, then sends)."""
+    if getattr(grid, "streams_messages", False):
+        return messages
+    return list(messages)

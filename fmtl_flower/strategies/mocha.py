@@ -76,7 +76,7 @@ from ..metrics import error_summary
 from ..systems.heterogeneity import check_drop_prob, drop_mask, local_budgets
 from ..systems.timing import deadline_budgets, get_network, round_time
 from ..wire import from_array, to_array
-from .base import TaskStrategy, streams_messages
+from .base import TaskStrategy
 from .discovery import ReplyError, TaskDirectory, check_task_and_round, read_metrics
 from .faults import TaskHealth
 
@@ -310,8 +310,7 @@ class Mocha(TaskStrategy):
             self._scale = mbsdca_scale(self.beta, int(budgets[~self._dropped_now].sum()))
         evaluate = (server_round - 1) % self.eval_every == 0
         chosen = self.health.select(server_round, self.task_to_node)
-        return self._instructions(server_round, MessageType.TRAIN, evaluate, budgets, chosen,
-                                  stream=streams_messages(grid))
+        return self._instructions(server_round, MessageType.TRAIN, evaluate, budgets, chosen)
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord]:
@@ -368,7 +367,7 @@ class Mocha(TaskStrategy):
         if self.state is None:
             return []
         return self._instructions(server_round, MessageType.EVALUATE, True, None,
-                                  dict(self.task_to_node), stream=streams_messages(grid))
+                                  dict(self.task_to_node))
 
     def aggregate_evaluate(self, server_round: int,
                            replies: Iterable[Message]) -> MetricRecord | None:
@@ -440,18 +439,15 @@ class Mocha(TaskStrategy):
 
     # ------------------------------------------------------------------ messages
     def _instructions(self, server_round: int, message_type: str, evaluate: bool,
-                      budgets: np.ndarray | None, chosen: dict[int, int], *,
-                      stream: bool = False) -> Iterable[Message]:
-        """The round's messages: with ``stream``, made one at a time as the grid takes them
-        (a grid that streams, like the in-process one, then never holds them all); else a
-        list (Flower's grids may iterate the messages more than once)."""
+                      budgets: np.ndarray | None, chosen: dict[int, int]) -> Iterator[Message]:
+        """The round's messages, made one at a time as the grid takes them (the run loop
+        hands a list to grids that do not stream: :func:`~.base.as_taken_by`)."""
         assert self.state is not None
         m_diag = self.state.m_diag()
         sigma_p = self.state.sigma_prime(self.sigma_mode)
         self._sent = {}
-        messages = self._message_stream(server_round, message_type, evaluate, budgets, chosen,
-                                        m_diag, sigma_p)
-        return messages if stream else list(messages)
+        return self._message_stream(server_round, message_type, evaluate, budgets, chosen,
+                                    m_diag, sigma_p)
 
     def _message_stream(self, server_round: int, message_type: str, evaluate: bool,
                         budgets: np.ndarray | None, chosen: dict[int, int],

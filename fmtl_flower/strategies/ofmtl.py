@@ -16,7 +16,7 @@ deployment a newcomer is a SuperNode started with ``--node-config "task-id=m"`` 
 is going: the server polls the grid for it (``arrival_timeout`` seconds). In simulation every
 node exists from the start and the tasks beyond the present ones are held back (their nodes
 are not contacted); the run-config key ``arrivals`` permutes which dataset task each task id
-serves (:func:`fmtl_flower.apps.common.arrival_order`), i.e. the order of arrival.
+serves (:func:`fmtl_flower.apps.common.dataset_task_of`), i.e. the order of arrival.
 
 A newcomer that fails or drops out mid-protocol leaves W and Sigma exactly as they were (the
 protocol works on a copy, committed only when every step succeeded); the task is asked again

@@ -28,6 +28,8 @@ from fmtl_flower.core.mocha_factored import (
 )
 from fmtl_flower.core.omega import sigma_probabilistic
 
+from .numerics import assert_close as close_to
+
 RTOL = 1e-10
 FACTORED_NAMES = ("identity", "mean", "probabilistic", "clustered")
 
@@ -37,12 +39,8 @@ LARGE = (100, 2000)  # the dense path still fits: one case per quantity (seconds
 
 
 def assert_close(actual, expected, rtol=RTOL):
-    """|actual - expected| <= rtol * max|expected| entry-wise (scalars too)."""
-    actual, expected = np.asarray(actual, float), np.asarray(expected, float)
-    assert actual.shape == expected.shape
-    scale = max(float(np.abs(expected).max(initial=0.0)), 1e-300)
-    err = float(np.abs(actual - expected).max(initial=0.0))
-    assert err <= rtol * scale, f"max error {err:.3g} > {rtol:g} * {scale:.3g}"
+    """:func:`tests.core.numerics.assert_close` with this module's default tolerance."""
+    close_to(actual, expected, rtol)
 
 
 def models(d, m, rank=None, seed=0, zero_column=False):

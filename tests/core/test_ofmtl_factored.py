@@ -23,6 +23,8 @@ from fmtl_flower.core.ofmtl_factored import (
     server_ops,
 )
 
+from .numerics import assert_close as close_to
+
 RTOL = 1e-10
 
 # (d, m, rank of W or None): m < d, m = d, m > d, rank-deficient, m = 1, m ~ 300
@@ -31,12 +33,8 @@ SIZES = [(5, 1, None), (30, 10, None), (12, 12, None), (12, 12, 4), (10, 40, Non
 
 
 def assert_close(actual, expected, rtol=RTOL):
-    """|actual - expected| <= rtol * max|expected| entry-wise (scalars too)."""
-    actual, expected = np.asarray(actual, float), np.asarray(expected, float)
-    assert actual.shape == expected.shape
-    scale = max(float(np.abs(expected).max(initial=0.0)), 1e-300)
-    err = float(np.abs(actual - expected).max(initial=0.0))
-    assert err <= rtol * scale, f"max error {err:.3g} > {rtol:g} * {scale:.3g}"
+    """:func:`tests.core.numerics.assert_close` with this module's default tolerance."""
+    close_to(actual, expected, rtol)
 
 
 def models(d, m, rank=None, seed=0):
