@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--quick", action="store_true", help="a reduced run (under a minute)")
     rep.add_argument("--datasets", nargs="+", default=None, help="override the datasets")
     rep.add_argument("--shuffles", type=int, default=None, help="override the shuffles/seeds")
+    rep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="a reproduction's own option, e.g. ofmtl-arrivals "
+                          "--set retrain-ratio=0.5 (repeatable; an unknown key lists them)")
     return parser
 
 
@@ -263,7 +266,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
     """``fmtl reproduce``."""
-    from .experiments import REPRODUCTIONS, reproduce
+    from .experiments import REPRODUCTIONS, parse_options, reproduce
 
     if args.name not in REPRODUCTIONS:
         raise ConfigError(f"unknown reproduction {args.name!r}; available: "
@@ -273,8 +276,11 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     pkg_logger = logging.getLogger("fmtl_flower")
     pkg_logger.addHandler(handler)
     pkg_logger.setLevel(logging.INFO)
+    if args.shuffles is not None and args.shuffles < 1:
+        raise ConfigError(f"--shuffles must be >= 1, got {args.shuffles}")
     options = {k: v for k, v in (("datasets", args.datasets), ("shuffles", args.shuffles))
                if v is not None}
+    options.update(parse_options(args.name, args.set))
     started = time.perf_counter()
     payload = reproduce(args.name, args.out, quick=args.quick, **options)
     module = importlib.import_module(REPRODUCTIONS[args.name])

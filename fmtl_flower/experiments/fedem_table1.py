@@ -34,8 +34,11 @@ from typing import Any
 import numpy as np
 
 from ..config import RunConfig
+from . import positive_int
 from .output import write_outputs
 
+#: ``fmtl reproduce ... --set KEY=VALUE``: jobs (worker processes).
+OPTIONS = {"jobs": positive_int}
 NAME = "fedem-table1"
 METHODS = ("local", "fedavg", "fedprox", "fedavg-ft", "clustered", "fedem")
 #: The poster's Table 1, synthetic row (average / bottom-decile test accuracy, %).

@@ -48,8 +48,11 @@ from ..core.fsvrg import (
     relative_suboptimality,
 )
 from ..core.rng import coordinate_order
+from . import positive_int
 from .output import write_outputs
 
+#: ``fmtl reproduce ... --set KEY=VALUE``: num_tasks (default 1000) and rounds (default 200).
+OPTIONS = {"num_tasks": positive_int, "rounds": positive_int}
 NAME = "fsvrg-fig2"
 METHODS = ("gd", "cocoa-plus", "fsvrg", "fsvrg-iid")
 logger = logging.getLogger("fmtl_flower")

@@ -29,8 +29,11 @@ import numpy as np
 from ..centralized import evaluate_models
 from ..data import available_datasets, load_dataset
 from ..model_selection import cross_validate_lambda, make_fitter
+from . import positive_int
 from .output import write_outputs
 
+#: ``fmtl reproduce ... --set KEY=VALUE``: rounds (default 1000) and omega_every (default 100).
+OPTIONS = {"rounds": positive_int, "omega_every": positive_int}
 NAME = "mocha-table1"
 METHODS = ("global", "local", "mtl")
 DEFAULT_DATASETS = ("small", "eat-voc", "synthetic", "har", "gleam", "vehicle")

@@ -65,7 +65,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +77,7 @@ from ..core.omega import DEFAULT_OMEGA_EPS
 from ..core.svm import fit_global_svm, fit_linear_svm, fit_local_svms
 from ..data import available_datasets, load_dataset
 from ..model_selection import cross_validate_lambda
+from . import integer, number, positive_int
 from .output import write_outputs
 
 NAME = "ofmtl-arrivals"
@@ -109,6 +110,26 @@ class Settings:
     lambda_mode: str = "initial"
     folds: int = 5
 
+    def __post_init__(self) -> None:
+        lows = {"rounds": 1, "omega_every": 1, "outer": 1, "inner": 0, "folds": 2}
+        for name, low in lows.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        # retrain_ratio = inf: never retrain (pure OFMTL after the initial training)
+        for name in ("local_frac", "newcomer_frac", "retrain_ratio", "omega_eps"):
+            value = getattr(self, name)
+            positive, may_be_inf = name != "omega_eps", name == "retrain_ratio"
+            if (isinstance(value, bool) or not isinstance(value, int | float)
+                    or math.isnan(value) or (math.isinf(value) and not may_be_inf)
+                    or value < 0 or (positive and value == 0)):
+                kind = "a number" if may_be_inf else "a finite number"
+                raise ValueError(f"{name} must be {kind} "
+                                 f"{'> 0' if positive else '>= 0'}, got {value!r}")
+        if self.lambda_mode not in LAMBDA_MODES:
+            raise ValueError(f"lambda_mode must be one of {LAMBDA_MODES}, got "
+                             f"{self.lambda_mode!r}")
+
     def mocha_kwargs(self) -> dict[str, Any]:
         return {"rounds": self.rounds, "omega": "probabilistic",
                 "omega_every": self.omega_every, "omega_eps": self.omega_eps,
@@ -116,6 +137,12 @@ class Settings:
 
 
 QUICK = Settings(rounds=100, omega_every=20, outer=5, inner=20)
+
+#: What ``fmtl reproduce ofmtl-arrivals --set KEY=VALUE`` may set (``run``'s keyword
+#: arguments; :class:`Settings` checks the ranges), e.g. ``--set retrain-ratio=0.5``.
+OPTIONS = {**{f.name: {int: integer, float: number, str: str}[type(f.default)]
+              for f in fields(Settings)},
+           "initial_tasks": positive_int}
 
 
 def arrival_order(num_tasks: int, order: int) -> np.ndarray:
@@ -155,9 +182,6 @@ def run_order(dataset: str, order: int, settings: Settings,
 
     Returns ``{"rows": [...], "retrainings": [devices], "lambdas": {...}, ...}``.
     """
-    if settings.lambda_mode not in LAMBDA_MODES:
-        raise ValueError(f"lambda_mode must be one of {LAMBDA_MODES}, got "
-                         f"{settings.lambda_mode!r}")
     data = load_dataset(dataset, seed=order, test_frac=0.25)
     perm = arrival_order(data.num_tasks, order)
     train = [(data.tasks[t].X_train, data.tasks[t].y_train) for t in perm]
@@ -369,15 +393,12 @@ def run(out_dir: Path, quick: bool = False, datasets: list[str] | None = None,
     ``initial_tasks`` overrides every dataset's initial task count.
     """
     base = QUICK if quick else Settings()
-    fields = set(asdict(base))
-    unknown = set(overrides) - fields
+    known = set(asdict(base))
+    unknown = set(overrides) - known
     if unknown:
-        raise ValueError(f"unknown options {sorted(unknown)}; settings: {sorted(fields)}")
+        raise ValueError(f"unknown options {sorted(unknown)}; settings: {sorted(known)}")
     settings = Settings(**{**asdict(base), **overrides,
                            **({"lambda_mode": lambda_mode} if lambda_mode else {})})
-    if settings.lambda_mode not in LAMBDA_MODES:
-        raise ValueError(f"lambda_mode must be one of {LAMBDA_MODES}, got "
-                         f"{settings.lambda_mode!r}")
     datasets = list(datasets or (["small"] if quick else DEFAULT_DATASETS))
     shuffles = shuffles or (2 if quick else 5)
     bad = [d for d in datasets if d not in available_datasets() and not d.endswith(".mat")]

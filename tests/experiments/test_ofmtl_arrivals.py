@@ -11,6 +11,7 @@ from fmtl_flower.experiments import REPRODUCTIONS, reproduce
 from fmtl_flower.experiments.ofmtl_arrivals import (
     METHODS,
     QUICK,
+    Settings,
     format_table,
     mocha_floats,
     newcomer_floats,
@@ -129,3 +130,41 @@ def test_bad_options_are_clear_errors(tmp_path):
         reproduce("ofmtl-arrivals", tmp_path, quick=True, lambda_mode="sometimes")
     with pytest.raises(ValueError, match="unknown datasets"):
         reproduce("ofmtl-arrivals", tmp_path, quick=True, datasets=["nope"])
+
+
+def test_cli_set_options_reach_the_protocol(tmp_path, capsys):
+    """`fmtl reproduce ofmtl-arrivals --set KEY=VALUE` sets the Settings and initial tasks."""
+    pkg_logger = logging.getLogger("fmtl_flower")
+    handlers, level = list(pkg_logger.handlers), pkg_logger.level
+    try:
+        code = main(["reproduce", "ofmtl-arrivals", "--quick", "--shuffles", "1",
+                     "--out", str(tmp_path), "--set", "initial-tasks=25",
+                     "--set", "retrain-ratio=0.07", "--set", "rounds=20",
+                     "--set", "omega_every=10", "--set", "outer=2", "--set", "inner=5"])
+    finally:
+        for handler in pkg_logger.handlers[len(handlers):]:
+            pkg_logger.removeHandler(handler)
+        pkg_logger.setLevel(level)
+    assert code == 0, capsys.readouterr().err
+    payload = json.loads((tmp_path / "ofmtl-arrivals.json").read_text())
+    config = payload["config"]
+    assert (config["retrain_ratio"], config["rounds"], config["omega_every"],
+            config["outer"], config["inner"]) == (0.07, 20, 10, 2, 5)
+    assert config["initial_tasks"] == {"small": 25}
+    assert payload["retrainings"] == {"small": {"0": [27, 29]}}
+
+
+@pytest.mark.parametrize("field, value", [
+    ("retrain_ratio", 0.0), ("retrain_ratio", -1.5), ("retrain_ratio", float("nan")),
+    ("outer", 0), ("inner", -1), ("rounds", 2.5), ("folds", 1), ("local_frac", 0),
+    ("newcomer_frac", float("inf")), ("omega_eps", float("inf")), ("omega_eps", -1e-9),
+    ("lambda_mode", "sometimes"), ("outer", True)])
+def test_settings_refuse_out_of_range_values(field, value):
+    with pytest.raises(ValueError, match=field):
+        Settings(**{field: value})
+
+
+def test_settings_accept_the_reference_defaults_and_boundaries():
+    Settings()
+    Settings(inner=0, omega_eps=0.0, folds=2, retrain_ratio=1e-3)
+    Settings(retrain_ratio=float("inf"))  # never retrain, as the strategy allows
