@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import logging
 import math
 import sys
@@ -266,11 +265,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
     """``fmtl reproduce``."""
-    from .experiments import REPRODUCTIONS, parse_options, reproduce
+    from .experiments import module_of, parse_options, reproduce
 
-    if args.name not in REPRODUCTIONS:
-        raise ConfigError(f"unknown reproduction {args.name!r}; available: "
-                          f"{', '.join(REPRODUCTIONS)}")
+    module = module_of(args.name)
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("%(message)s"))
     pkg_logger = logging.getLogger("fmtl_flower")
@@ -283,7 +280,6 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     options.update(parse_options(args.name, args.set))
     started = time.perf_counter()
     payload = reproduce(args.name, args.out, quick=args.quick, **options)
-    module = importlib.import_module(REPRODUCTIONS[args.name])
     if hasattr(module, "format_table"):
         print(module.format_table(payload))
     print(f"{args.name}: written to {args.out}/ in {time.perf_counter() - started:.1f} s")

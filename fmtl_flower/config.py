@@ -31,7 +31,8 @@ class ConfigError(ValueError):
     """A run-config key is unknown or its value is invalid."""
 
 
-def _as_int(key: str, value: Any, minimum: int | None = None) -> int:
+def as_int(key: str, value: Any, minimum: int | None = None) -> int:
+    """``value`` (a string or a number) as an int, >= ``minimum``; a ConfigError naming ``key``."""
     try:
         if isinstance(value, bool):
             raise TypeError
@@ -48,15 +49,21 @@ def _as_int(key: str, value: Any, minimum: int | None = None) -> int:
     return out
 
 
-def _as_float(key: str, value: Any, lo: float | None = None, hi: float | None = None,
-              lo_open: bool = False, hi_open: bool = False) -> float:
+def as_float(key: str, value: Any, lo: float | None = None, hi: float | None = None,
+             lo_open: bool = False, hi_open: bool = False, finite: bool = True) -> float:
+    """``value`` as a float in the given bounds; a ConfigError naming ``key``.
+
+    ``nan`` is never a number; ``inf`` is refused unless ``finite=False``.
+    """
     try:
         if isinstance(value, bool):
             raise TypeError
         out = float(str(value).strip()) if not isinstance(value, int | float) else float(value)
+        if math.isnan(out) and not finite:
+            raise ValueError
     except (TypeError, ValueError):
         raise ConfigError(f"{key}: expected a number, got {value!r}") from None
-    if not math.isfinite(out):
+    if finite and not math.isfinite(out):
         raise ConfigError(f"{key}: must be finite, got {value!r}")
     if lo is not None and (out < lo or (lo_open and out == lo)):
         raise ConfigError(f"{key}: must be {'>' if lo_open else '>='} {lo}, got {out}")
@@ -75,7 +82,7 @@ def _as_choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
 def _as_lambda(key: str, value: Any) -> float | str:
     if isinstance(value, str) and value.strip().lower() == "cv":
         return "cv"
-    return _as_float(key, value, lo=0.0, lo_open=True)
+    return as_float(key, value, lo=0.0, lo_open=True)
 
 
 @dataclass(frozen=True)
@@ -326,66 +333,66 @@ def _to_key(field_name: str) -> str:
 _PARSE = {
     "strategy": lambda k, v: _as_choice(k, v, STRATEGIES),
     "dataset": lambda k, v: _nonempty(k, v),
-    "num-server-rounds": lambda k, v: _as_int(k, v, 1),
-    "seed": lambda k, v: _as_int(k, v, 0),
+    "num-server-rounds": lambda k, v: as_int(k, v, 1),
+    "seed": lambda k, v: as_int(k, v, 0),
     "lambda": _as_lambda,
     "omega": lambda k, v: _as_choice(
         k, v, ("identity", "mean", "probabilistic", "clustered", "graphical")),
-    "lambda2": lambda k, v: _as_float(k, v, lo=0.0),
-    "s2": lambda k, v: _as_float(k, v, lo=0.0),
-    "eta": lambda k, v: _as_float(k, v, lo=0.0),
-    "clusters": lambda k, v: _as_int(k, v, 0),
-    "gamma": lambda k, v: _as_float(k, v, lo=0.0, hi=1.0, lo_open=True),
-    "theta": lambda k, v: _as_float(k, v, lo=0.0, hi=1.0, lo_open=True, hi_open=True),
-    "beta": lambda k, v: _as_float(k, v, lo=0.0),
-    "omega-every": lambda k, v: _as_int(k, v, 0),
-    "omega-eps": lambda k, v: _as_float(k, v, lo=0.0, hi=1.0, lo_open=True, hi_open=True),
-    "local-frac": lambda k, v: _as_float(k, v, lo=0.0, lo_open=True),
+    "lambda2": lambda k, v: as_float(k, v, lo=0.0),
+    "s2": lambda k, v: as_float(k, v, lo=0.0),
+    "eta": lambda k, v: as_float(k, v, lo=0.0),
+    "clusters": lambda k, v: as_int(k, v, 0),
+    "gamma": lambda k, v: as_float(k, v, lo=0.0, hi=1.0, lo_open=True),
+    "theta": lambda k, v: as_float(k, v, lo=0.0, hi=1.0, lo_open=True, hi_open=True),
+    "beta": lambda k, v: as_float(k, v, lo=0.0),
+    "omega-every": lambda k, v: as_int(k, v, 0),
+    "omega-eps": lambda k, v: as_float(k, v, lo=0.0, hi=1.0, lo_open=True, hi_open=True),
+    "local-frac": lambda k, v: as_float(k, v, lo=0.0, lo_open=True),
     "sigma-mode": lambda k, v: _as_choice(k, v, ("global", "per-task", "spectral")),
     "sys-het": lambda k, v: _as_choice(k, v, ("none", "low", "high")),
     "sys-het-base": lambda k, v: _as_choice(k, v, ("n_min", "n_t")),
-    "drop-prob": lambda k, v: _as_float(k, v, lo=0.0, hi=1.0, hi_open=True),
-    "test-frac": lambda k, v: _as_float(k, v, lo=0.0, hi=1.0, hi_open=True),
-    "eval-every": lambda k, v: _as_int(k, v, 1),
+    "drop-prob": lambda k, v: as_float(k, v, lo=0.0, hi=1.0, hi_open=True),
+    "test-frac": lambda k, v: as_float(k, v, lo=0.0, hi=1.0, hi_open=True),
+    "eval-every": lambda k, v: as_int(k, v, 1),
     "network": lambda k, v: _as_choice(k, v, ("wifi", "lte", "3g")),
     "time-model": lambda k, v: _as_choice(k, v, ("physical", "reference")),
-    "clock-cycle": lambda k, v: _as_float(k, v, lo=0.0),
-    "round-timeout": lambda k, v: _as_float(k, v, lo=0.0, lo_open=True),
+    "clock-cycle": lambda k, v: as_float(k, v, lo=0.0),
+    "round-timeout": lambda k, v: as_float(k, v, lo=0.0, lo_open=True),
     "skew": lambda k, v: _skew(k, v),
-    "num-tasks": lambda k, v: _as_int(k, v, 0),
-    "dim": lambda k, v: _as_int(k, v, 0),
-    "samples-per-task": lambda k, v: _as_int(k, v, 0),
+    "num-tasks": lambda k, v: as_int(k, v, 0),
+    "dim": lambda k, v: as_int(k, v, 0),
+    "samples-per-task": lambda k, v: as_int(k, v, 0),
     "results-file": lambda k, v: str(v),
     "model": lambda k, v: _as_choice(k, v, MODELS),
-    "hidden": lambda k, v: _as_int(k, v, 1),
-    "M": lambda k, v: _as_int(k, v, 1),
-    "lr": lambda k, v: _as_float(k, v, lo=0.0, lo_open=True),
-    "batch-size": lambda k, v: _as_int(k, v, 1),
-    "local-epochs": lambda k, v: _as_int(k, v, 1),
-    "momentum": lambda k, v: _as_float(k, v, lo=0.0, hi=1.0, hi_open=True),
-    "weight-decay": lambda k, v: _as_float(k, v, lo=0.0),
+    "hidden": lambda k, v: as_int(k, v, 1),
+    "M": lambda k, v: as_int(k, v, 1),
+    "lr": lambda k, v: as_float(k, v, lo=0.0, lo_open=True),
+    "batch-size": lambda k, v: as_int(k, v, 1),
+    "local-epochs": lambda k, v: as_int(k, v, 1),
+    "momentum": lambda k, v: as_float(k, v, lo=0.0, hi=1.0, hi_open=True),
+    "weight-decay": lambda k, v: as_float(k, v, lo=0.0),
     "lr-schedule": lambda k, v: _as_choice(k, v, ("constant", "multi-step")),
-    "fraction": lambda k, v: _as_float(k, v, lo=0.0, hi=1.0, lo_open=True),
+    "fraction": lambda k, v: as_float(k, v, lo=0.0, hi=1.0, lo_open=True),
     "aggregation": lambda k, v: _as_choice(k, v, ("all", "sampled")),
-    "prox-mu": lambda k, v: _as_float(k, v, lo=0.0),
-    "finetune-epochs": lambda k, v: _as_int(k, v, 0),
+    "prox-mu": lambda k, v: as_float(k, v, lo=0.0),
+    "finetune-epochs": lambda k, v: as_int(k, v, 0),
     "generator": lambda k, v: _as_choice(k, v, ("released", "fixed")),
-    "train-tasks-frac": lambda k, v: _as_float(k, v, lo=0.0, hi=1.0, lo_open=True),
-    "n-test": lambda k, v: _as_int(k, v, 0),
-    "initial-tasks": lambda k, v: _as_int(k, v, 0),
+    "train-tasks-frac": lambda k, v: as_float(k, v, lo=0.0, hi=1.0, lo_open=True),
+    "n-test": lambda k, v: as_int(k, v, 0),
+    "initial-tasks": lambda k, v: as_int(k, v, 0),
     "arrivals": lambda k, v: _arrivals(k, v),
-    "retrain-ratio": lambda k, v: _as_float(k, v, lo=0.0, lo_open=True),
+    "retrain-ratio": lambda k, v: as_float(k, v, lo=0.0, lo_open=True),
     "iid": lambda k, v: _as_bool(k, v),
-    "step-size": lambda k, v: _as_float(k, v, lo=0.0),
-    "dane-mu": lambda k, v: _as_float(k, v, lo=0.0),
+    "step-size": lambda k, v: as_float(k, v, lo=0.0),
+    "dane-mu": lambda k, v: as_float(k, v, lo=0.0),
     "checkpoint-dir": lambda k, v: str(v).strip(),
-    "checkpoint-every": lambda k, v: _as_int(k, v, 1),
+    "checkpoint-every": lambda k, v: as_int(k, v, 1),
     "client-state-dir": lambda k, v: str(v).strip(),
     "server-path": lambda k, v: _as_choice(k, v, ("auto", "dense", "factored")),
-    "min-replies": lambda k, v: _as_int(k, v, 0),
-    "max-failures": lambda k, v: _as_int(k, v, 0),
-    "probe-every": lambda k, v: _as_int(k, v, 1),
-    "tasks-per-node": lambda k, v: _as_int(k, v, 1),
+    "min-replies": lambda k, v: as_int(k, v, 0),
+    "max-failures": lambda k, v: as_int(k, v, 0),
+    "probe-every": lambda k, v: as_int(k, v, 1),
+    "tasks-per-node": lambda k, v: as_int(k, v, 1),
 }
 
 
@@ -415,7 +422,7 @@ def _arrivals(key: str, value: Any) -> str:
 
 
 def _skew(key: str, value: Any) -> float:
-    out = _as_float(key, value, lo=0.0)
+    out = as_float(key, value, lo=0.0)
     if 0.0 < out <= 1.0:
         raise ConfigError(f"{key}: a size ratio > 1 (or 0 for none), got {out}")
     return out
@@ -428,12 +435,14 @@ def _nonempty(key: str, value: Any) -> str:
     return out
 
 
+def split_set_option(pair: str) -> tuple[str, str]:
+    """``"key=value"`` (one ``--set`` option) as ``(key, value)``, both stripped."""
+    key, sep, value = pair.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set expects KEY=VALUE, got {pair!r}")
+    return key.strip(), value.strip()
+
+
 def parse_set_options(pairs: list[str]) -> dict[str, str]:
     """Turn ``["key=value", ...]`` (``--set`` options) into a dict, with clear errors."""
-    out: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--set expects KEY=VALUE, got {pair!r}")
-        out[key.strip()] = value.strip()
-    return out
+    return dict(split_set_option(pair) for pair in pairs)

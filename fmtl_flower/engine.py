@@ -20,12 +20,14 @@ from typing import Any
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
-CLIENT_APP_RAISED = 2  # Flower's ErrorCode.CLIENT_APP_RAISED_EXCEPTION
+#: Error code of a reply whose ClientApp raised (Flower's ``CLIENT_APP_RAISED_EXCEPTION``).
+CLIENT_APP_RAISED = ErrorCode.CLIENT_APP_RAISED_EXCEPTION
 FIRST_NODE_ID = 1001
 _RUN_IDS = itertools.count(1)
 
@@ -35,6 +37,17 @@ def new_run_id() -> int:
     return next(_RUN_IDS)
 
 ClientCallable = Callable[[Message, Context], Message]
+
+
+def raised_reason(ex: BaseException) -> str:
+    """The reason of the error reply to a ClientApp call that raised ``ex``."""
+    return f"{type(ex).__name__}: {ex}"
+
+
+def create_message(content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
+                   ttl: float | None = None) -> Message:
+    """``Grid.create_message`` of the grids here: a message to ``dst_node_id``."""
+    return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
 
 class InProcessGrid(Grid):
@@ -96,7 +109,7 @@ class InProcessGrid(Grid):
 
     def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
                        group_id: str, ttl: float | None = None) -> Message:  # noqa: D102
-        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+        return create_message(content, message_type, dst_node_id, group_id, ttl)
 
     def get_node_ids(self) -> Iterable[int]:
         """The ids of the nodes that are online."""
@@ -104,7 +117,7 @@ class InProcessGrid(Grid):
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         """Deliver messages (calling the ClientApp at once); return their message ids."""
-        return self._deliver(messages, timeout=None)
+        return self._deliver(messages)
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         """Replies of the given message ids that are available."""
@@ -122,10 +135,10 @@ class InProcessGrid(Grid):
         """
         return StreamedReplies(self, messages, timeout)
 
-    def _deliver(self, messages: Iterable[Message], timeout: float | None) -> list[str]:
+    def _deliver(self, messages: Iterable[Message]) -> list[str]:
         ids = []
         for message in messages:
-            reply = self._deliver_one(message, timeout)
+            reply = self._deliver_one(message, None)
             if reply is not None:
                 self._replies[reply.metadata.reply_to_message_id] = reply
                 ids.append(reply.metadata.reply_to_message_id)
@@ -143,7 +156,7 @@ class InProcessGrid(Grid):
         try:
             reply = self._app(message, self.contexts[node])
         except Exception as ex:  # noqa: BLE001 - a node's failure becomes an error reply
-            reply = Message(Error(code=CLIENT_APP_RAISED, reason=f"{type(ex).__name__}: {ex}"),
+            reply = Message(Error(code=CLIENT_APP_RAISED, reason=raised_reason(ex)),
                             reply_to=message)
         if timeout is not None and time.perf_counter() - started > timeout:
             return None  # the reply missed the deadline: Flower would not deliver it
@@ -159,9 +172,6 @@ class StreamedReplies(Iterator[Message]):
         self._grid = grid
         self._messages = iter(messages)
         self._timeout = timeout
-
-    def __iter__(self) -> StreamedReplies:
-        return self
 
     def __next__(self) -> Message:
         for message in self._messages:

@@ -37,6 +37,8 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 
+from .engine import CLIENT_APP_RAISED, create_message, raised_reason
+
 __all__ = ["PackedGrid", "SLOTS_QUERY", "packed_client_app", "tasks_of_node"]
 
 #: Message type of the server's "how many task slots do you host" query.
@@ -47,11 +49,18 @@ PACKING = "packing"
 SLOT_ERROR = "slot-error"
 #: At most this many task slots per node (the slot is part of a per-slot node id).
 MAX_SLOTS = 1 << 20
-_SLOT_ERROR_CODE = 2  # Flower's ErrorCode.CLIENT_APP_RAISED_EXCEPTION
 
 
 def _prefix(slot: int) -> str:
     return f"{slot}/"
+
+
+def _split_slot(name: str) -> tuple[int, str] | None:
+    """``(slot, rest)`` of a record named ``"<slot>/<rest>"``; None if it names no slot."""
+    head, sep, rest = name.partition("/")
+    if not sep or not head.isdigit():
+        return None
+    return int(head), rest
 
 
 def pack_content(parts: dict[int, RecordDict]) -> RecordDict:
@@ -79,10 +88,10 @@ def unpack_content(content: RecordDict) -> dict[int, RecordDict]:
     for name, record in content.items():
         if name == PACKING:
             continue
-        head, sep, rest = name.partition("/")
-        if not sep or not head.isdigit() or int(head) not in parts:
+        split = _split_slot(name)
+        if split is None or split[0] not in parts:
             raise ValueError(f"packed record {name!r} names no slot of {slots}")
-        parts[int(head)][rest] = record
+        parts[split[0]][split[1]] = record
     return parts
 
 
@@ -130,7 +139,7 @@ class PackedGrid(Grid):
 
     def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
                        group_id: str, ttl: float | None = None) -> Message:  # noqa: D102
-        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+        return create_message(content, message_type, dst_node_id, group_id, ttl)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         """Not supported: packed traffic goes through :meth:`send_and_receive`."""
@@ -155,10 +164,6 @@ class PackedGrid(Grid):
         if new:
             self._ask_slots(new)
         return [v for node in sorted(self._slots) for v in self._slots[node]]
-
-    def physical_node(self, virtual: int) -> int:
-        """The Flower node id hosting virtual node ``virtual`` (KeyError if unknown)."""
-        return self._where[virtual][0]
 
     def _ask_slots(self, nodes: list[int]) -> None:
         queries = [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n,
@@ -203,18 +208,17 @@ class PackedGrid(Grid):
                 continue
             message.metadata.__dict__["_message_id"] = f"{virtual}"
             group[slot] = message
-        packed, sent = [], {}
+        packed = []
         for (node, message_type), subs in groups.items():
             ttls = [m.metadata.ttl for m in subs.values()]
             msg = Message(pack_content({s: m.content for s, m in subs.items()}),
                           dst_node_id=node, message_type=message_type, ttl=min(ttls))
             packed.append(msg)
-            sent[(node, message_type)] = subs
         self.messages_sent += len(packed)
         replies: list[Message] = []
         for reply in self.inner.send_and_receive(packed, timeout=timeout):
             key = (reply.metadata.src_node_id, reply.metadata.message_type)
-            subs = sent.pop(key, None)
+            subs = groups.pop(key, None)  # pop: no defaultdict entry made
             if subs is None:
                 log(WARNING, "packing: unexpected reply from node %s (%s); ignored", *key)
                 continue
@@ -242,7 +246,7 @@ def _split_reply(reply: Message, subs: dict[int, Message]) -> list[Message]:
         parts = unpack_content(reply.content)
     except ValueError as err:
         reason = f"malformed packed reply: {err}"
-        return [Message(Error(code=_SLOT_ERROR_CODE, reason=reason), reply_to=m)
+        return [Message(Error(code=CLIENT_APP_RAISED, reason=reason), reply_to=m)
                 for m in subs.values()]
     out = []
     for slot, sub in subs.items():
@@ -251,7 +255,7 @@ def _split_reply(reply: Message, subs: dict[int, Message]) -> list[Message]:
         content = parts[slot]
         if SLOT_ERROR in content:
             err = content[SLOT_ERROR]
-            out.append(Message(Error(code=int(err.get("code", _SLOT_ERROR_CODE)),
+            out.append(Message(Error(code=int(err.get("code", CLIENT_APP_RAISED)),
                                      reason=str(err.get("reason", ""))), reply_to=sub))
         else:
             out.append(Message(content, reply_to=sub))
@@ -332,7 +336,7 @@ class _PackedClientApp(ClientApp):
         try:
             reply = self._app(sub, sub_context)
         except Exception as ex:  # noqa: BLE001 - one task's failure is that task's error
-            return _error_content(f"{type(ex).__name__}: {ex}")
+            return _error_content(raised_reason(ex))
         if reply.has_error():
             return _error_content(reply.error.reason, reply.error.code)
         for name in state:
@@ -346,11 +350,11 @@ def _slot_states(state: RecordDict) -> dict[int, dict[str, Any]]:
     """The node's state records grouped by slot: ``{slot: {name: record}}``."""
     out: dict[int, dict[str, Any]] = defaultdict(dict)
     for name, record in state.items():
-        head, sep, rest = name.partition("/")
-        if sep and head.isdigit():
-            out[int(head)][rest] = record
+        split = _split_slot(name)
+        if split is not None:
+            out[split[0]][split[1]] = record
     return out
 
 
-def _error_content(reason: str, code: int = _SLOT_ERROR_CODE) -> RecordDict:
+def _error_content(reason: str, code: int = CLIENT_APP_RAISED) -> RecordDict:
     return RecordDict({SLOT_ERROR: ConfigRecord({"code": int(code), "reason": str(reason)})})

@@ -26,6 +26,7 @@ from ..clients.mbsgd import MbSgdClient, make_mbsgd_client_app
 from ..clients.mocha import default_task_id, make_mocha_client_app
 from ..clients.ofmtl import OFMTLClient, make_ofmtl_client_app
 from ..config import FEDERATED, FSVRG_FAMILY, ConfigError, RunConfig
+from ..core.rng import arrival_permutation
 from ..data import FederatedDataset, load_dataset_cached
 from ..data.registry import FEDEM_SYNTHETIC, SPARSE_FEDERATED
 from ..packing import PackedGrid, packed_client_app, tasks_of_node
@@ -65,9 +66,9 @@ def dataset_task_of(cfg: RunConfig, num_tasks: int, task_id: int) -> int:
     ``arrivals=""``: task order; ``"shuffle"``: a permutation drawn from the seed; a list:
     that permutation (it must cover every task).
     """
+    if not 0 <= task_id < num_tasks:
+        raise IndexError(f"task id {task_id} outside 0..{num_tasks - 1}")
     if cfg.strategy != "ofmtl" or not cfg.arrivals:
-        if not 0 <= task_id < num_tasks:
-            raise IndexError(f"task id {task_id} outside 0..{num_tasks - 1}")
         return task_id
     return _permutation(cfg.arrivals, cfg.seed, num_tasks)[task_id]
 
@@ -75,7 +76,7 @@ def dataset_task_of(cfg: RunConfig, num_tasks: int, task_id: int) -> int:
 @functools.lru_cache(maxsize=8)
 def _permutation(arrivals: str, seed: int, num_tasks: int) -> tuple[int, ...]:
     if arrivals == "shuffle":
-        return tuple(int(t) for t in np.random.default_rng([seed, 43]).permutation(num_tasks))
+        return tuple(int(t) for t in arrival_permutation(seed, num_tasks))
     order = tuple(int(t) for t in arrivals.split(","))
     if len(order) != num_tasks:
         raise ConfigError(f"arrivals: a permutation of the {num_tasks} tasks, got "

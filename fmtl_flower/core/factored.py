@@ -173,6 +173,11 @@ class FactoredMatrix:
         """r, the number of columns of V."""
         return self.V.shape[1]
 
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(m, m), the shape of the dense A (so ``np.shape`` works as on an array)."""
+        return self.num_tasks, self.num_tasks
+
     def eigenvalues(self) -> tuple[np.ndarray, float, int]:
         """(s + c, c, m - r): the r eigenvalues on span(V), and c with its multiplicity."""
         return self.s + self.c, self.c, self.num_tasks - self.rank

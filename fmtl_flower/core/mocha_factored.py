@@ -55,12 +55,14 @@ GRAPHICAL_MAX_TASKS = 2000
 SERVER_PATHS = ("auto", "dense", "factored")
 
 
-def choose_server_path(num_tasks: int, dim: int, omega: str, path: str = "auto") -> str:
+def choose_server_path(num_tasks: int, dim: int | None, omega: str,
+                       path: str = "auto") -> str | None:
     """``"dense"`` or ``"factored"`` for m = ``num_tasks`` models of dimension d = ``dim``.
 
     ``auto``: factored when m > ``FACTORED_MIN_TASKS`` and m > 2 d (W^T W has rank
     <= d < m / 2), or when m > ``DENSE_MATERIALISE_MAX_TASKS`` (the dense m x m matrices
-    would not fit); dense otherwise. ``graphical`` is always dense.
+    would not fit); dense otherwise. ``graphical`` is always dense. ``dim=None`` (d not
+    known yet): the same checks, and None when the answer depends on d.
 
     Raises
     ------
@@ -73,8 +75,8 @@ def choose_server_path(num_tasks: int, dim: int, omega: str, path: str = "auto")
         raise ValueError(f"path must be one of {SERVER_PATHS}, got {path!r}")
     if omega not in FORMULATIONS:
         raise ValueError(f"omega must be one of {tuple(FORMULATIONS)}, got {omega!r}")
-    m, d = int(num_tasks), int(dim)
-    if m < 1 or d < 1:
+    m, d = int(num_tasks), None if dim is None else int(dim)
+    if m < 1 or (d is not None and d < 1):
         raise ValueError(f"num_tasks and dim must be >= 1, got {num_tasks}, {dim}")
     if omega == "graphical":
         if path == "factored":
@@ -98,8 +100,10 @@ def choose_server_path(num_tasks: int, dim: int, omega: str, path: str = "auto")
         return "dense"
     if path == "factored":
         return "factored"
-    if m > DENSE_MATERIALISE_MAX_TASKS or (m > FACTORED_MIN_TASKS and m > 2 * d):
+    if m > DENSE_MATERIALISE_MAX_TASKS:
         return "factored"
+    if m > FACTORED_MIN_TASKS:
+        return None if d is None else ("factored" if m > 2 * d else "dense")
     return "dense"
 
 

@@ -674,8 +674,7 @@ def add_task(W_old: np.ndarray, Sigma_old: np.ndarray | FactoredMatrix, X: np.nd
     from .ofmtl_factored import server_ops  # that module imports this one
 
     ops = server_ops(Sigma_old)
-    shape = ((Sigma_old.num_tasks,) * 2 if isinstance(Sigma_old, FactoredMatrix)
-             else np.shape(Sigma_old))
+    shape = np.shape(Sigma_old)
     if shape != (m, m):
         raise ValueError(f"Sigma_old must have shape ({m}, {m}), got {shape}")
     lam = _positive(lam, "lam")

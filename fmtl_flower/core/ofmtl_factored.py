@@ -188,7 +188,6 @@ class OFMTLServerOps(NamedTuple):
 
     Attributes
     ----------
-    path : {"dense", "factored"}
     extend_sigma : Sigma (m x m) -> the extended Sigma ((m + 1) x (m + 1))
     omega_from_sigma : Sigma -> Omega = Sigma^-1
     newcomer_server_quantities : (W_old, Omega_ext) -> (omega, c)
@@ -196,7 +195,6 @@ class OFMTLServerOps(NamedTuple):
     quad_trace : (W, Omega) -> tr(W Omega W^T)
     """
 
-    path: str
     extend_sigma: Callable[[Any], Any]
     omega_from_sigma: Callable[[Any], Any]
     newcomer_server_quantities: Callable[[np.ndarray, Any], tuple[float, np.ndarray]]
@@ -204,9 +202,9 @@ class OFMTLServerOps(NamedTuple):
     quad_trace: Callable[[np.ndarray, Any], float]
 
 
-DENSE_OPS = OFMTLServerOps("dense", extend_sigma, omega_from_sigma, newcomer_server_quantities,
+DENSE_OPS = OFMTLServerOps(extend_sigma, omega_from_sigma, newcomer_server_quantities,
                            ofmtl_omega_step, _dense_regulariser)
-FACTORED_OPS = OFMTLServerOps("factored", extend_sigma_factored, omega_from_sigma_factored,
+FACTORED_OPS = OFMTLServerOps(extend_sigma_factored, omega_from_sigma_factored,
                               newcomer_server_quantities_factored, ofmtl_omega_step_factored,
                               _factored_regulariser)
 

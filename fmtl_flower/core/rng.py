@@ -13,6 +13,12 @@ TAG_BUDGET = 11
 TAG_DROP = 13
 TAG_ORDER = 17
 TAG_CV = 19
+TAG_ARRIVALS = 43
+
+
+def arrival_permutation(seed: int, num_tasks: int) -> np.ndarray:
+    """The order in which tasks join for ``arrivals="shuffle"`` (OFMTL) under ``seed``."""
+    return np.random.default_rng([int(seed), TAG_ARRIVALS]).permutation(num_tasks)
 
 
 def round_rng(seed: int, server_round: int, tag: int) -> np.random.Generator:

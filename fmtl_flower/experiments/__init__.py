@@ -10,10 +10,12 @@ its ``run`` that ``fmtl reproduce NAME --set KEY=VALUE`` may set (:func:`parse_o
 from __future__ import annotations
 
 import importlib
-import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
+
+from ..config import as_int, split_set_option
 
 REPRODUCTIONS = {
     "mocha-table1": "fmtl_flower.experiments.mocha_table1",
@@ -26,45 +28,30 @@ REPRODUCTIONS = {
 }
 
 
-def reproduce(name: str, out_dir: str | Path, quick: bool = False, **options: Any) -> dict:
-    """Run reproduction ``name`` and write its files to ``out_dir``; return its JSON dict."""
+def module_of(name: str) -> ModuleType:
+    """The module of reproduction ``name``; a ValueError listing the names if unknown."""
     if name not in REPRODUCTIONS:
         raise ValueError(f"unknown reproduction {name!r}; available: {', '.join(REPRODUCTIONS)}")
-    module = importlib.import_module(REPRODUCTIONS[name])
-    return module.run(Path(out_dir), quick=quick, **options)
+    return importlib.import_module(REPRODUCTIONS[name])
 
 
-def _number(kind: Callable[[str], Any], what: str) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise ValueError(f"expected {what}, got {text!r}") from None
-        if isinstance(value, float) and math.isnan(value):
-            raise ValueError(f"expected a number, got {text!r}")
-        return value
-
-    return parse
+def reproduce(name: str, out_dir: str | Path, quick: bool = False, **options: Any) -> dict:
+    """Run reproduction ``name`` and write its files to ``out_dir``; return its JSON dict."""
+    return module_of(name).run(Path(out_dir), quick=quick, **options)
 
 
-#: Parsers for ``OPTIONS``: the type only (``inf`` is a number, ``nan`` is not); each ``run``
-#: checks the ranges of its options.
-integer = _number(int, "an integer")
-number = _number(float, "a number")
-
-
-def positive_int(text: str) -> int:
-    """An integer >= 1 (for options whose ``run`` does not check their range itself)."""
-    value = integer(text)
-    if value < 1:
-        raise ValueError(f"must be >= 1, got {value}")
-    return value
+def positive_int(key: str, text: str) -> int:
+    """An ``OPTIONS`` parser: an integer >= 1."""
+    return as_int(key, text, 1)
 
 
 def parse_options(name: str, pairs: Sequence[str]) -> dict[str, Any]:
     """``--set KEY=VALUE`` pairs of reproduction ``name`` as keyword arguments of its ``run``.
 
-    Keys may be kebab-case (``retrain-ratio``) or snake_case (``retrain_ratio``).
+    Keys may be kebab-case (``retrain-ratio``) or snake_case (``retrain_ratio``). A module's
+    ``OPTIONS`` maps each key (snake_case) to a parser ``(key, text) -> value`` in the style of
+    :mod:`fmtl_flower.config` (``as_int``, ``as_float``, ...); ranges the parser does not check
+    are left to ``run``.
 
     Raises
     ------
@@ -72,24 +59,19 @@ def parse_options(name: str, pairs: Sequence[str]) -> dict[str, Any]:
         On a pair without ``=``, a key that ``name`` does not declare in ``OPTIONS``, a key
         given twice, or a value its parser refuses; the message names the key.
     """
-    if name not in REPRODUCTIONS:
-        raise ValueError(f"unknown reproduction {name!r}; available: {', '.join(REPRODUCTIONS)}")
-    options: dict[str, Callable[[str], Any]] = getattr(
-        importlib.import_module(REPRODUCTIONS[name]), "OPTIONS", {})
+    options: dict[str, Callable[[str, str], Any]] = getattr(module_of(name), "OPTIONS", {})
     parsed: dict[str, Any] = {}
     for pair in pairs:
-        key, sep, text = pair.partition("=")
-        key = key.strip().replace("-", "_")
+        key, text = split_set_option(pair)
+        key = key.replace("-", "_")
         shown = key.replace("_", "-")
-        if not sep or not key:
-            raise ValueError(f"--set expects KEY=VALUE, got {pair!r}")
         if key not in options:
             known = ", ".join(k.replace("_", "-") for k in options) or "none"
             raise ValueError(f"{name} has no option {shown!r} (its options: {known})")
         if key in parsed:
             raise ValueError(f"{name}: option {shown!r} given twice")
         try:
-            parsed[key] = options[key](text.strip())
+            parsed[key] = options[key](shown, text)
         except ValueError as err:
-            raise ValueError(f"{name}: {shown}: {err}") from None
+            raise ValueError(f"{name}: {err}") from None
     return parsed

@@ -72,12 +72,14 @@ from typing import Any
 import numpy as np
 
 from ..centralized import evaluate_models, fit_mocha
+from ..config import as_float, as_int
 from ..core.ofmtl import add_task
 from ..core.omega import DEFAULT_OMEGA_EPS
+from ..core.rng import arrival_permutation
 from ..core.svm import fit_global_svm, fit_linear_svm, fit_local_svms
 from ..data import available_datasets, load_dataset
 from ..model_selection import cross_validate_lambda
-from . import integer, number, positive_int
+from . import positive_int
 from .output import write_outputs
 
 NAME = "ofmtl-arrivals"
@@ -86,8 +88,6 @@ DEFAULT_DATASETS = ("eat-voc", "small", "synthetic")
 #: Tasks present at the start (the paper: 1 for its 4-task EHM, 10 for HAR and GLEAM).
 INITIAL_TASKS = {"eat-voc": 1, "small": 10, "synthetic": 10}
 DEFAULT_INITIAL = 10
-#: Seed tag of the arrival permutation (as ``arrivals=shuffle`` in ``apps/common.py``).
-TAG_ARRIVALS = 43
 #: The issue's targets, reported in the summary (never used to choose anything).
 ERROR_TARGET_PP = 0.5
 TIME_TARGET = 5.0
@@ -140,14 +140,15 @@ QUICK = Settings(rounds=100, omega_every=20, outer=5, inner=20)
 
 #: What ``fmtl reproduce ofmtl-arrivals --set KEY=VALUE`` may set (``run``'s keyword
 #: arguments; :class:`Settings` checks the ranges), e.g. ``--set retrain-ratio=0.5``.
-OPTIONS = {**{f.name: {int: integer, float: number, str: str}[type(f.default)]
-              for f in fields(Settings)},
+_PARSERS = {int: as_int, float: lambda key, text: as_float(key, text, finite=False),
+            str: lambda key, text: text}
+OPTIONS = {**{f.name: _PARSERS[type(f.default)] for f in fields(Settings)},
            "initial_tasks": positive_int}
 
 
 def arrival_order(num_tasks: int, order: int) -> np.ndarray:
     """The order in which the dataset's tasks arrive for arrival order (seed) ``order``."""
-    return np.random.default_rng([int(order), TAG_ARRIVALS]).permutation(num_tasks)
+    return arrival_permutation(order, num_tasks)
 
 
 def mocha_floats(m: int, d: int, rounds: int) -> int:

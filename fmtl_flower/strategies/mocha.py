@@ -234,7 +234,7 @@ class Mocha(TaskStrategy):
         if clock_cycle is not None and not clock_cycle > 0:
             raise ValueError(f"clock_cycle must be > 0 seconds, got {clock_cycle!r}")
         check_drop_prob(drop_prob, int(num_tasks))
-        choose_server_path(int(num_tasks), 1, omega, server_path)  # early: unknown path, size
+        choose_server_path(int(num_tasks), None, omega, server_path)  # early: path, size
         self.server_path = server_path
         if isinstance(min_replies, bool) or not isinstance(min_replies, int) or min_replies < 0:
             raise ValueError(f"min_replies must be an int >= 0, got {min_replies!r}")

@@ -136,12 +136,10 @@ class OFMTL(Strategy):
             raise ValueError(f"newcomer_frac must be > 0, got {newcomer_frac!r}")
         if not retrain_ratio > 0:
             raise ValueError(f"retrain_ratio must be > 0 (inf: never), got {retrain_ratio!r}")
-        # unknown path, or dense beyond its size limit: fail now. The choice depends on d
-        # only if d = 1 and d = num_tasks (the extremes of m > 2 d) disagree.
-        paths = {choose_server_path(int(num_tasks), dim, "probabilistic", server_path)
-                 for dim in (1, int(num_tasks))}
+        # unknown path, or dense beyond its size limit: fail now; None: the choice depends
+        # on d, taken at the first whoami
         self.server_path = server_path
-        self.path: str | None = paths.pop() if len(paths) == 1 else None
+        self.path = choose_server_path(int(num_tasks), None, "probabilistic", server_path)
         self.num_tasks, self.initial_tasks = int(num_tasks), int(initial_tasks)
         self.lam = float(lam)
         self.mocha_options = {"lam": self.lam, "omega": "probabilistic",
@@ -218,16 +216,18 @@ class OFMTL(Strategy):
             raise CheckpointError(
                 f"{checkpoint.path} holds a {'factored' if factored else 'dense'} Sigma; this "
                 f"run's server path is {self.path} (server_path={self.server_path!r})")
+        m = W.shape[1]
+        if m < 1 or m > self.num_tasks or not np.all(np.isfinite(W)):
+            raise CheckpointError(f"{checkpoint.path}: W {W.shape} does not fit this run")
         if factored:
-            self.W, self.Sigma = self._restore_factored(checkpoint.path, checkpoint.arrays)
+            Sigma = self._restore_factored(checkpoint.path, W, checkpoint.arrays)
         else:
-            W, Sigma = checkpoint.arrays["W"], checkpoint.arrays["Sigma"]
-            m = W.shape[1] if W.ndim == 2 else -1
-            if (m < 1 or Sigma.shape != (m, m) or m > self.num_tasks
-                    or not (np.all(np.isfinite(W)) and np.all(np.isfinite(Sigma)))):
+            Sigma = checkpoint.arrays["Sigma"]
+            if Sigma.shape != (m, m) or not np.all(np.isfinite(Sigma)):
                 raise CheckpointError(f"{checkpoint.path}: W {W.shape} and Sigma {Sigma.shape} "
                                       "do not fit this run")
-            self.W, self.Sigma = W.astype(np.float64), Sigma.astype(np.float64)
+            Sigma = Sigma.astype(np.float64)
+        self.W, self.Sigma = W.astype(np.float64), Sigma
         meta = checkpoint.meta
         self.records = [dict(r) for r in meta["records"]]
         self.retrainings, self.tasks_at_training = meta["retrainings"], meta["tasks_at_training"]
@@ -239,21 +239,20 @@ class OFMTL(Strategy):
             len(self.records))
         return True
 
-    def _restore_factored(self, path: Path, arrays: dict[str, np.ndarray]
-                          ) -> tuple[np.ndarray, FactoredMatrix]:
-        """W and the factored Sigma of a checkpoint; CheckpointError unless they fit."""
-        W = arrays["W"]
-        m = W.shape[1] if W.ndim == 2 else -1
-        if m < 1 or m > self.num_tasks or not np.all(np.isfinite(W)):
-            raise CheckpointError(f"{path}: W {W.shape} does not fit this run")
+    @staticmethod
+    def _restore_factored(path: Path, W: np.ndarray, arrays: dict[str, np.ndarray]
+                          ) -> FactoredMatrix:
+        """The factored Sigma of a checkpoint whose W (d, m) was checked; CheckpointError
+        unless it fits."""
         try:
             Sigma = _factor_from_arrays(
-                "Sigma", {k: v for k, v in arrays.items() if k.startswith("Sigma.")}, m)
+                "Sigma", {k: v for k, v in arrays.items() if k.startswith("Sigma.")},
+                W.shape[1])
             Sigma.check(atol=1e-8)
         except ValueError as err:
             raise CheckpointError(f"{path}: W {W.shape} and its factored Sigma do not fit "
                                   f"this run: {err}") from None
-        return W.astype(np.float64), Sigma
+        return Sigma
 
     def _choose_path(self, dim: int) -> None:
         self.path = choose_server_path(self.num_tasks, dim, "probabilistic", self.server_path)
@@ -265,16 +264,25 @@ class OFMTL(Strategy):
         1000 < num_tasks <= 20 000 only; otherwise it was chosen at construction)."""
         if self.path is not None:
             return
-        deadline = time.monotonic() + self.mocha_options["discovery_timeout"]
+        dim = self._poll(grid, lambda: self.directory.dim,
+                         self.mocha_options["discovery_timeout"])
+        if dim is None:
+            raise RuntimeError(f"{_NAME}: no node answered within "
+                               f"{self.mocha_options['discovery_timeout']:.0f} s; the "
+                               "server path (dense or factored) depends on d")
+        self._choose_path(dim)
+
+    def _poll(self, grid: Grid, found: Callable[[], Any], timeout: float) -> Any:
+        """Discover the grid's nodes every 0.5 s until ``found()`` is not None (returned) or
+        ``timeout`` seconds have passed (None)."""
+        deadline = time.monotonic() + timeout
         while True:
             self.directory.discover(grid, query_timeout=max(self.round_timeout, 10.0))
-            if self.directory.dim is not None:
-                self._choose_path(self.directory.dim)
-                return
+            value = found()
+            if value is not None:
+                return value
             if time.monotonic() >= deadline:
-                raise RuntimeError(f"{_NAME}: no node answered within "
-                                   f"{self.mocha_options['discovery_timeout']:.0f} s; the "
-                                   "server path (dense or factored) depends on d")
+                return None
             time.sleep(0.5)
 
     @property
@@ -320,13 +328,8 @@ class OFMTL(Strategy):
         return Result()
 
     def _wait_for(self, grid: Grid, task: int) -> int | None:
-        deadline = time.monotonic() + self.arrival_timeout
-        while True:
-            self.directory.discover(grid, query_timeout=max(self.round_timeout, 10.0))
-            node = self.directory.task_to_node.get(task)
-            if node is not None or time.monotonic() >= deadline:
-                return node
-            time.sleep(0.5)
+        return self._poll(grid, lambda: self.directory.task_to_node.get(task),
+                          self.arrival_timeout)
 
     # ------------------------------------------------------------------ MOCHA (re)training
     def _retrain(self, grid: Grid, m: int, event: str) -> None:

@@ -51,9 +51,9 @@ def test_every_declared_option_is_a_keyword_of_its_run():
 
 
 def test_positive_int():
-    assert positive_int("7") == 7
+    assert positive_int("rounds", "7") == 7
     with pytest.raises(ValueError, match=">= 1"):
-        positive_int("0")
+        positive_int("rounds", "0")
 
 
 def test_cli_reports_bad_options_with_exit_code_2(capsys):
