@@ -16,6 +16,17 @@ import numpy as np
 __all__ = ["FederatedDataset", "LoadedTasks", "TaskCollection", "TaskData"]
 
 
+def _freeze_task(task: Any) -> Any:
+    """Make every array of ``task`` (dense or CSR) read-only, in place; return ``task``."""
+    for arr in task.arrays():
+        if isinstance(arr, np.ndarray):
+            arr.setflags(write=False)
+        else:  # a CSR matrix: its three arrays
+            for part in (arr.data, arr.indices, arr.indptr):
+                part.setflags(write=False)
+    return task
+
+
 class LoadedTasks(NamedTuple):
     """Per-task arrays read from a dataset, before any split (what the paper loaders return).
 
@@ -162,6 +173,14 @@ class TaskCollection:
             )
         return self.tasks[int(t)]
 
+    def _parts(self, part: str) -> tuple[tuple[Any, ...], tuple[np.ndarray, ...]]:
+        """``(Xs, ys)``: every task's ``X_{part}`` and ``y_{part}`` (``part`` is ``"train"`` or
+        ``"test"``), task 0 first, reading ``tasks`` once (a lazy dataset generates each task
+        once, streaming)."""
+        Xs, ys = zip(
+            *((getattr(t, f"X_{part}"), getattr(t, f"y_{part}")) for t in self.tasks), strict=True
+        )
+        return Xs, ys
 
 
 @dataclass(frozen=True, eq=False)
@@ -214,7 +233,7 @@ class FederatedDataset(TaskCollection):
         y : np.ndarray
             Shape ``(sum n_train,)``.
         """
-        return _stack([t.X_train for t in self.tasks], [t.y_train for t in self.tasks])
+        return _stack(*self._parts("train"))
 
     def pooled_test(self) -> tuple[np.ndarray, np.ndarray]:
         """Stack all tasks' test data (task 0 first).
@@ -226,7 +245,7 @@ class FederatedDataset(TaskCollection):
         y : np.ndarray
             Shape ``(sum n_test,)``.
         """
-        return _stack([t.X_test for t in self.tasks], [t.y_test for t in self.tasks])
+        return _stack(*self._parts("test"))
 
 
 def _stack(Xs: Sequence[np.ndarray], ys: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

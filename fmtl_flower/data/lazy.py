@@ -21,7 +21,7 @@ tasks) the lazy dataset never holds all tasks at once; memory stays flat in ``nu
   ``num_tasks``, ``dim``, ``n_train``, ``n_test``, ``task(t)``, ``pooled_train()``,
   ``pooled_test()``; ``iid``, ``params``, ``nbytes`` for the sparse one) and ``lazy = True``.
   Whatever needs all tasks (``pooled_train()``, ``list(dataset.tasks)``) still works, by
-  generating them: it then holds what the caller keeps.
+  generating them (streaming, each once): it then holds what the caller keeps.
 * Skew (``load_dataset(..., skew=ratio)``) stays lazy: it needs every task's training size
   (one streaming pass, on first use) but only task ``t`` to subsample task ``t``
   (:class:`SkewSource`, bit-identical to :func:`~fmtl_flower.data.skew.skew_dataset`).
@@ -42,14 +42,13 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
-import scipy.sparse as sp
 
-from fmtl_flower.data.dataset import FederatedDataset, TaskData, _stack
-from fmtl_flower.data.skew import SKEW_TAG, _keep_indices, check_skew_ratio, skew_sizes
+from fmtl_flower.data.dataset import FederatedDataset, TaskData, _freeze_task
+from fmtl_flower.data.skew import _skew_task, check_skew_ratio, skew_sizes
 from fmtl_flower.data.sparse_federated import (
     SparseFederatedDataset,
     sparse_task_source,
@@ -128,15 +127,13 @@ def use_lazy(dataset: str, num_tasks: int, lazy: bool | None = None, *, iid: boo
     return bool(lazy) if lazy is not None else num_tasks > threshold
 
 
-def _freeze_task(task: Any) -> Any:
-    """Make every array of ``task`` (dense or CSR) read-only, in place; return ``task``."""
-    for arr in task.arrays():
-        if isinstance(arr, np.ndarray):
-            arr.setflags(write=False)
-        else:  # a CSR matrix
-            for part in (arr.data, arr.indices, arr.indptr):
-                part.setflags(write=False)
-    return task
+def _count_sizes(tasks: Iterable[Any], num_tasks: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(n_train, n_test)`` of the ``num_tasks`` tasks of ``tasks``, one pass (streaming)."""
+    n_train = np.empty(num_tasks, dtype=np.int64)
+    n_test = np.empty(num_tasks, dtype=np.int64)
+    for t, task in enumerate(tasks):
+        n_train[t], n_test[t] = task.n_train, task.n_test
+    return n_train, n_test
 
 
 class LazyTasks(Sequence):
@@ -277,11 +274,7 @@ class LazyTasks(Sequence):
             if callable(source_sizes):
                 n_train, n_test = source_sizes()
             else:
-                n_train = np.empty(self.num_tasks, dtype=np.int64)
-                n_test = np.empty(self.num_tasks, dtype=np.int64)
-                for t, task in enumerate(self):
-                    n_train[t] = task.n_train
-                    n_test[t] = task.n_test
+                n_train, n_test = _count_sizes(self, self.num_tasks)
             n_train = np.array(n_train, dtype=np.int64)
             n_test = np.array(n_test, dtype=np.int64)
             n_train.setflags(write=False)
@@ -305,11 +298,6 @@ class _LazyDataset:
             )
 
     @property
-    def num_tasks(self) -> int:
-        """Number of tasks ``m``."""
-        return self.tasks.num_tasks
-
-    @property
     def dim(self) -> int:
         """Common number of features ``d`` (no task is generated)."""
         return self.tasks.dim
@@ -325,24 +313,6 @@ class _LazyDataset:
         """Per-task test sample counts, a fresh int64 array ``(num_tasks,)``."""
         return self.tasks.sizes()[1].copy()
 
-    def _pooled(self, part: str) -> tuple[Any, np.ndarray]:
-        Xs, ys = [], []
-        for task in self.tasks:  # one pass
-            Xs.append(getattr(task, f"X_{part}"))
-            ys.append(getattr(task, f"y_{part}"))
-        return self._stack(Xs, ys)
-
-    def _stack(self, Xs: list[Any], ys: list[np.ndarray]) -> tuple[Any, np.ndarray]:
-        raise NotImplementedError
-
-    def pooled_train(self) -> tuple[Any, np.ndarray]:
-        """All training data stacked, task 0 first (generates every task once)."""
-        return self._pooled("train")
-
-    def pooled_test(self) -> tuple[Any, np.ndarray]:
-        """All test data stacked, task 0 first (generates every task once)."""
-        return self._pooled("test")
-
 
 class LazyFederatedDataset(_LazyDataset, FederatedDataset):
     """A :class:`~fmtl_flower.data.dataset.FederatedDataset` whose ``tasks`` is a
@@ -356,9 +326,6 @@ class LazyFederatedDataset(_LazyDataset, FederatedDataset):
         Generates :class:`~fmtl_flower.data.dataset.TaskData`.
     """
 
-    def _stack(self, Xs: list[Any], ys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        return _stack(Xs, ys)
-
 
 class LazySparseFederatedDataset(_LazyDataset, SparseFederatedDataset):
     """A :class:`~fmtl_flower.data.sparse_federated.SparseFederatedDataset` whose ``tasks``
@@ -368,9 +335,6 @@ class LazySparseFederatedDataset(_LazyDataset, SparseFederatedDataset):
         super().__post_init__()
         if self.iid:
             raise ValueError(f"dataset {self.name!r}: the IID reshuffle cannot be lazy")
-
-    def _stack(self, Xs: list[Any], ys: list[np.ndarray]) -> tuple[sp.csr_matrix, np.ndarray]:
-        return sp.vstack(Xs, format="csr"), np.concatenate(ys)
 
 
 class SplitSource:
@@ -447,11 +411,7 @@ class SkewSource:
         """``(n_train, n_test)`` after the skew (the targets, and the base's test sizes)."""
         with self._lock:
             if self._sizes is None:
-                n = np.empty(self.num_tasks, dtype=np.int64)
-                n_test = np.empty(self.num_tasks, dtype=np.int64)
-                for t in range(self.num_tasks):
-                    task = self.base(t)
-                    n[t], n_test[t] = task.n_train, task.n_test
+                n, n_test = _count_sizes(map(self.base, range(self.num_tasks)), self.num_tasks)
                 targets = skew_sizes(n, ratio=self.ratio, seed=self.seed, min_size=self.min_size)
                 self._sizes = (targets, n_test)
             return self._sizes
@@ -459,14 +419,8 @@ class SkewSource:
     def __call__(self, t: int) -> TaskData:
         targets = self.sizes()[0]
         task = self.base(t)
-        rng = np.random.default_rng([self.seed, t, SKEW_TAG])
-        idx = _keep_indices(task.y_train, int(targets[t]), rng)
-        return TaskData(
-            X_train=task.X_train[idx].copy(),
-            y_train=task.y_train[idx].copy(),
-            X_test=task.X_test,
-            y_test=task.y_test,
-        )
+        X_train, y_train = _skew_task(task.X_train, task.y_train, targets[t], self.seed, t)
+        return TaskData(X_train=X_train, y_train=y_train, X_test=task.X_test, y_test=task.y_test)
 
 
 def lazy_synthetic(

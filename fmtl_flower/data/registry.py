@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fmtl_flower.data.dataset import FederatedDataset, LoadedTasks, TaskData
+from fmtl_flower.data.dataset import FederatedDataset, LoadedTasks, TaskData, _freeze_task
 from fmtl_flower.data.download import locate_dataset
 from fmtl_flower.data.fedem_synthetic import _check_generator, make_fedem_synthetic
 from fmtl_flower.data.gleam import load_gleam_tasks
@@ -58,7 +58,7 @@ from fmtl_flower.data.sparse_federated import (
     size_params,
 )
 from fmtl_flower.data.split import _check_seed, _check_test_frac, split_tasks
-from fmtl_flower.data.synthetic import make_synthetic_tasks, synthetic_source
+from fmtl_flower.data.synthetic import synthetic_source
 from fmtl_flower.data.validation import validate_task
 from fmtl_flower.data.vehicle import load_vehicle_tasks
 
@@ -94,8 +94,9 @@ SPARSE_FEDERATED = "sparse-federated"
 #: What unset ``"sparse-federated"`` arguments mean (used to normalise cache keys).
 SPARSE_FEDERATED_DEFAULTS: dict[str, Any] = {"num_tasks": 1000, "dim": 20_000, "iid": False}
 
-#: Arguments of :func:`load_dataset` that ``"sparse-federated"`` does not accept.
-_SPARSE_REJECTED = ("skew",)
+#: What an unset ``"synthetic"`` ``num_tasks`` means (the default of
+#: :func:`~fmtl_flower.data.synthetic.make_synthetic_tasks`); decides ``lazy=None``.
+_SYNTHETIC_DEFAULTS: dict[str, Any] = {"num_tasks": 30}
 
 #: Seed of the FedEM synthetic generator (the paper's data, whatever the run seed).
 FEDEM_SYNTHETIC_SEED = 12345
@@ -283,12 +284,9 @@ def _load_sparse(
     lazy: bool | None = None,
 ) -> SparseFederatedDataset:
     """Generate ``"sparse-federated"`` (see :func:`load_dataset`)."""
-    rejected = [
-        k for k, v in zip(_SPARSE_REJECTED, (skew,), strict=True) if v is not None
-    ]
-    if rejected:
+    if skew is not None:
         raise ValueError(
-            f"{', '.join(rejected)} cannot be used with {SPARSE_FEDERATED!r}: its node sizes "
+            f"skew cannot be used with {SPARSE_FEDERATED!r}: its node sizes "
             "are drawn by its generator (accepted overrides: num_tasks, dim, "
             "samples_per_task, iid)"
         )
@@ -298,7 +296,7 @@ def _load_sparse(
     num_tasks = SPARSE_FEDERATED_DEFAULTS["num_tasks"] if num_tasks is None else num_tasks
     dim = SPARSE_FEDERATED_DEFAULTS["dim"] if dim is None else dim
     iid = SPARSE_FEDERATED_DEFAULTS["iid"] if iid is None else bool(iid)
-    if _lazy_for(SPARSE_FEDERATED, num_tasks, lazy, iid=iid):
+    if _resolve_lazy(SPARSE_FEDERATED, num_tasks, lazy, iid):
         return lazy_sparse_federated(
             num_tasks, dim=dim, seed=seed, test_frac=test_frac, name=SPARSE_FEDERATED, **sizes
         )
@@ -308,12 +306,40 @@ def _load_sparse(
     )
 
 
-def _lazy_for(name: str, num_tasks: Any, lazy: bool | None, *, iid: bool = False) -> bool:
-    """:func:`~fmtl_flower.data.lazy.use_lazy`, with ``num_tasks`` checked first (a bad value
-    is reported by the generator's own validation, which runs next)."""
+def _resolve_lazy(name_or_path: Any, num_tasks: Any, lazy: Any, iid: Any = None) -> bool:
+    """Whether :func:`load_dataset` builds the dataset lazily
+    (:func:`~fmtl_flower.data.lazy.use_lazy`).
+
+    Parameters
+    ----------
+    name_or_path : str or os.PathLike
+        As for :func:`load_dataset`.
+    num_tasks : int, optional
+        None: the generator's default; a value that is not an int counts as 0 (the
+        generator's own validation reports it when the dataset is built).
+    lazy : bool, optional
+        As for :func:`load_dataset`.
+    iid : bool, optional
+        For ``"sparse-federated"``; None: False.
+
+    Returns
+    -------
+    bool
+
+    Raises
+    ------
+    ValueError
+        As :func:`~fmtl_flower.data.lazy.use_lazy`: ``lazy`` not a bool or None, or
+        ``lazy=True`` for a dataset that cannot be lazy.
+    """
+    if num_tasks is None:
+        if isinstance(name_or_path, str) and name_or_path == SYNTHETIC:
+            num_tasks = _SYNTHETIC_DEFAULTS["num_tasks"]
+        elif _is_sparse(name_or_path):
+            num_tasks = SPARSE_FEDERATED_DEFAULTS["num_tasks"]
     if isinstance(num_tasks, bool) or not isinstance(num_tasks, int | np.integer):
-        return use_lazy(name, 0, lazy, iid=iid)
-    return use_lazy(name, int(num_tasks), lazy, iid=iid)
+        num_tasks = 0
+    return use_lazy(str(name_or_path), int(num_tasks), lazy, iid=bool(iid))
 
 
 def load_dataset(
@@ -461,21 +487,20 @@ def load_dataset(
             f"data_path only applies to named datasets ({[*NAMED_FILES, *PAPER_DATASETS]}), "
             f"not to {str(name_or_path)!r}"
         )
-    if lazy is not None and not isinstance(lazy, bool | np.bool_):
-        raise ValueError(f"lazy must be a bool or None, got {lazy!r}")
-    if lazy and not (is_synthetic or is_sparse):
-        use_lazy(str(name_or_path), 0, True)  # raises, saying why
+    # validate lazy now (sparse-federated decides once its arguments are checked): raises
+    # for a non-bool, or for lazy=True and a dataset that cannot be lazy (saying why)
+    _resolve_lazy(name_or_path, 0, lazy)
     if is_fedem:
         return _load_fedem(num_tasks, dim, samples_per_task, skew, generator, n_test)
     if is_sparse:
         return _load_sparse(seed, test_frac, num_tasks, dim, samples_per_task, skew, iid, lazy)
     if is_synthetic:
         source = synthetic_source(**overrides, seed=seed)
-        if use_lazy(SYNTHETIC, source.num_tasks, lazy):
+        if _resolve_lazy(SYNTHETIC, source.num_tasks, lazy):
             return lazy_synthetic(
                 source, test_frac=test_frac, seed=seed, name=SYNTHETIC, skew=ratio
             )
-        Xs, ys = make_synthetic_tasks(**overrides, seed=seed)
+        Xs, ys = source.draw_all()
         dataset = split_tasks(Xs, ys, test_frac, seed, SYNTHETIC)
     else:
         if overrides:
@@ -511,12 +536,7 @@ def _freeze(
     if dataset.lazy:
         return dataset
     for task in dataset.tasks:
-        for arr in task.arrays():
-            if isinstance(arr, np.ndarray):
-                arr.setflags(write=False)
-            else:  # a CSR matrix: its three arrays
-                for part in (arr.data, arr.indices, arr.indptr):
-                    part.setflags(write=False)
+        _freeze_task(task)
     return dataset
 
 
@@ -618,7 +638,10 @@ def load_dataset_cached(
         num_tasks = SPARSE_FEDERATED_DEFAULTS["num_tasks"] if num_tasks is None else num_tasks
         dim = SPARSE_FEDERATED_DEFAULTS["dim"] if dim is None else dim
         iid = SPARSE_FEDERATED_DEFAULTS["iid"] if iid is None else iid
-    lazy = _cache_lazy(name_or_path, num_tasks, lazy, iid)
+    try:  # the key's lazy is the choice lazy=None stands for
+        lazy = _resolve_lazy(name_or_path, num_tasks, lazy, iid)
+    except ValueError:
+        pass  # kept as given: load_dataset raises it (errors are not cached)
     return _load_cached(
         name_or_path,
         seed,
@@ -634,26 +657,6 @@ def load_dataset_cached(
         iid,
         lazy,
     )
-
-
-def _cache_lazy(name_or_path: Any, num_tasks: Any, lazy: Any, iid: Any) -> bool | None:
-    """The cache key's ``lazy``: what ``lazy=None`` stands for when it is decided (valid
-    arguments of a generated dataset), else ``lazy`` as given (``load_dataset`` validates)."""
-    if lazy is not None and not isinstance(lazy, bool | np.bool_):
-        return lazy
-    is_synthetic = isinstance(name_or_path, str) and name_or_path == SYNTHETIC
-    if not (is_synthetic or _is_sparse(name_or_path)):
-        return None if lazy is None else bool(lazy)
-    if is_synthetic and num_tasks is None:
-        num_tasks = synthetic_source().num_tasks
-    valid_count = not isinstance(num_tasks, bool) and isinstance(num_tasks, int | np.integer)
-    if not valid_count or not isinstance(iid, bool | np.bool_ | None):
-        return lazy
-    try:
-        name = SYNTHETIC if is_synthetic else SPARSE_FEDERATED
-        return use_lazy(name, int(num_tasks), lazy, iid=bool(iid))
-    except ValueError:
-        return lazy  # load_dataset raises it
 
 
 def clear_dataset_cache() -> None:

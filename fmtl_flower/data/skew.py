@@ -126,6 +126,17 @@ def _keep_indices(y: np.ndarray, size: int, rng: np.random.Generator) -> np.ndar
     return np.sort(np.concatenate([np.asarray(chosen, dtype=np.int64), extra.astype(np.int64)]))
 
 
+def _skew_task(
+    X: np.ndarray, y: np.ndarray, size: int, seed: int, t: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Task ``t``'s kept ``size`` samples (:func:`_keep_indices` with
+    ``default_rng([seed, t, SKEW_TAG])``), as fresh arrays in their original order; shared by
+    :func:`skew_tasks` and the lazy :class:`~fmtl_flower.data.lazy.SkewSource`, so that both
+    keep the same samples."""
+    idx = _keep_indices(y, int(size), np.random.default_rng([seed, t, SKEW_TAG]))
+    return X[idx].copy(), y[idx].copy()
+
+
 def skew_tasks(
     Xs: Sequence[Any],
     ys: Sequence[Any],
@@ -170,9 +181,9 @@ def skew_tasks(
     targets = skew_sizes([y.shape[0] for _, y in arrays], ratio=ratio, seed=seed, min_size=min_size)
     out_X, out_y = [], []
     for t, ((X, y), size) in enumerate(zip(arrays, targets, strict=True)):
-        idx = _keep_indices(y, int(size), np.random.default_rng([seed, t, SKEW_TAG]))
-        out_X.append(X[idx].copy())
-        out_y.append(y[idx].copy())
+        X_kept, y_kept = _skew_task(X, y, size, seed, t)
+        out_X.append(X_kept)
+        out_y.append(y_kept)
     return out_X, out_y
 
 

@@ -232,13 +232,18 @@ class SparseFederatedDataset(TaskCollection):
 
     def pooled_train(self) -> tuple[sp.csr_matrix, np.ndarray]:
         """All training rows, node 0 first: ``(X (n, d) CSR, y (n,))``."""
-        return (sp.vstack([t.X_train for t in self.tasks], format="csr"),
-                np.concatenate([t.y_train for t in self.tasks]))
+        return _stack_sparse(*self._parts("train"))
 
     def pooled_test(self) -> tuple[sp.csr_matrix, np.ndarray]:
         """All test rows, node 0 first."""
-        return (sp.vstack([t.X_test for t in self.tasks], format="csr"),
-                np.concatenate([t.y_test for t in self.tasks]))
+        return _stack_sparse(*self._parts("test"))
+
+
+def _stack_sparse(
+    Xs: Sequence[sp.csr_matrix], ys: Sequence[np.ndarray]
+) -> tuple[sp.csr_matrix, np.ndarray]:
+    """Vertically stack CSR design matrices and concatenate labels."""
+    return sp.vstack(Xs, format="csr"), np.concatenate(ys)
 
 
 # --------------------------------------------------------------------------------------------
@@ -416,15 +421,11 @@ def make_sparse_task(
     Returns
     -------
     SparseTaskData
+        Node ``t`` of :func:`sparse_task_source` (any ``num_tasks > t``) with the same
+        arguments.
     """
     t = _check_int(t, "t", 0)
-    dim = _check_int(dim, "dim", 1)
-    seed = _check_int(seed, "seed", 0)
-    if isinstance(test_frac, bool) or not 0.0 <= float(test_frac) < 1.0:
-        raise ValueError(f"test_frac must be in [0, 1), got {test_frac!r}")
-    p = _check_params(dim, params)
-    X, y, rng = _node_rows(t, seed, dim, p, _shared(seed, dim, p))
-    return _split(X, y, float(test_frac), rng)
+    return sparse_task_source(t + 1, dim=dim, seed=seed, test_frac=test_frac, **params)(t)
 
 
 def _reshuffle(tasks: Sequence[SparseTaskData], seed: int) -> list[SparseTaskData]:

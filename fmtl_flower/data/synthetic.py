@@ -127,13 +127,7 @@ def make_synthetic_tasks(
         label_noise=label_noise,
         seed=seed,
     )
-    Xs: list[np.ndarray] = []
-    ys: list[np.ndarray] = []
-    for t in range(source.num_tasks):
-        X, y = source(t)
-        Xs.append(X)
-        ys.append(y)
-    return Xs, ys
+    return source.draw_all()
 
 
 @dataclass(frozen=True, eq=False)
@@ -141,9 +135,9 @@ class SyntheticSource:
     """Task ``t`` of a synthetic federation on demand: ``source(t) -> (X_t, y_t)``.
 
     Built (and validated) by :func:`synthetic_source`; :func:`make_synthetic_tasks` is
-    ``[source(t) for t in range(num_tasks)]``, so a task drawn alone is bit-identical to the
-    same task drawn with all the others. Holds only the arguments and the cluster centres
-    (``num_clusters x dim``), whatever ``num_tasks``; picklable.
+    ``[source(t) for t in range(num_tasks)]`` (:meth:`draw_all`), so a task drawn alone is
+    bit-identical to the same task drawn with all the others. Holds only the arguments and
+    the cluster centres (``num_clusters x dim``), whatever ``num_tasks``; picklable.
     """
 
     num_tasks: int
@@ -184,6 +178,17 @@ class SyntheticSource:
         else:  # pragma: no cover - probability < 2**-(10 * _MAX_DRAWS)
             raise RuntimeError(f"task {t}: could not draw both labels")
         return X, y
+
+    def draw_all(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Draw every task, task 0 first: ``(Xs, ys)`` as :func:`make_synthetic_tasks`
+        returns them."""
+        Xs: list[np.ndarray] = []
+        ys: list[np.ndarray] = []
+        for t in range(self.num_tasks):
+            X, y = self(t)
+            Xs.append(X)
+            ys.append(y)
+        return Xs, ys
 
 
 def synthetic_source(
