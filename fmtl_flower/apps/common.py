@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 from logging import INFO
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import Context
@@ -20,21 +20,17 @@ from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from ..clients.fedem import FedEMClient, make_fedem_client_app
-from ..clients.fsvrg import FsvrgClient, make_fsvrg_client_app
-from ..clients.mbsgd import MbSgdClient, make_mbsgd_client_app
-from ..clients.mocha import default_task_id, make_mocha_client_app
-from ..clients.ofmtl import OFMTLClient, make_ofmtl_client_app
+from ..clients.mocha import default_task_id
 from ..config import FEDERATED, FSVRG_FAMILY, ConfigError, RunConfig
-from ..core.rng import arrival_permutation
-from ..data import FederatedDataset, load_dataset_cached
-from ..data.registry import FEDEM_SYNTHETIC, SPARSE_FEDERATED
 from ..packing import PackedGrid, packed_client_app, tasks_of_node
-from ..strategies.fedem import FedEM
-from ..strategies.fsvrg import Fsvrg
-from ..strategies.mbsgd import MbSgd
-from ..strategies.mocha import Mocha
-from ..strategies.ofmtl import OFMTL
+
+if TYPE_CHECKING:  # the strategies, the other clients and the datasets load on first use
+    from ..data import FederatedDataset
+    from ..strategies.fedem import FedEM
+    from ..strategies.fsvrg import Fsvrg
+    from ..strategies.mbsgd import MbSgd
+    from ..strategies.mocha import Mocha
+    from ..strategies.ofmtl import OFMTL
 
 ResultsCallback = Callable[[dict[str, Any]], None]
 
@@ -48,6 +44,8 @@ def config_from_context(context: Context, config: RunConfig | None) -> RunConfig
 
 def dataset_for(cfg: RunConfig) -> FederatedDataset:
     """The dataset named by ``cfg`` (cached per process; arrays read-only)."""
+    from ..data.registry import FEDEM_SYNTHETIC, SPARSE_FEDERATED, load_dataset_cached
+
     extra: dict[str, Any] = {}
     if cfg.dataset == FEDEM_SYNTHETIC:
         extra = {"generator": cfg.generator, "n_test": cfg.n_test or None}
@@ -76,6 +74,8 @@ def dataset_task_of(cfg: RunConfig, num_tasks: int, task_id: int) -> int:
 @functools.lru_cache(maxsize=8)
 def _permutation(arrivals: str, seed: int, num_tasks: int) -> tuple[int, ...]:
     if arrivals == "shuffle":
+        from ..core.rng import arrival_permutation
+
         return tuple(int(t) for t in arrival_permutation(seed, num_tasks))
     order = tuple(int(t) for t in arrivals.split(","))
     if len(order) != num_tasks:
@@ -119,39 +119,91 @@ def make_client_app(config: RunConfig | None = None) -> ClientApp:
     if config is not None:
         app = _client_app_of(config, load)
         return packed_client_app(app, tasks_for) if config.tasks_per_node > 1 else app
-    dual, primal, mixture = OFMTLClient(load), MbSgdClient(load), FedEMClient(load)
-    sparse = FsvrgClient(load)
+    handlers = _LazyHandlers(load)
     app = ClientApp()
+    app.query("whoami")(lambda msg, ctx: handlers.of(ctx).whoami(msg, ctx))
+    app.train()(lambda msg, ctx: handlers.of(ctx).train(msg, ctx))
+    app.evaluate()(lambda msg, ctx: handlers.of(ctx).evaluate(msg, ctx))
+    app.train("ofmtl")(lambda msg, ctx: handlers.get("ofmtl").newcomer(msg, ctx))
+    app.evaluate("ofmtl")(lambda msg, ctx: handlers.get("ofmtl").evaluate_model(msg, ctx))
+    app.query("fsvrg_stats")(lambda msg, ctx: handlers.get("fsvrg").stats(msg, ctx))
+    app.query("fsvrg_gradient")(lambda msg, ctx: handlers.get("fsvrg").gradient(msg, ctx))
+    return packed_client_app(app, tasks_for)  # packed messages when tasks-per-node > 1
 
-    def handlers(context: Context) -> OFMTLClient | MbSgdClient | FedEMClient | FsvrgClient:
+
+class _LazyHandlers:
+    """The handlers of each strategy family, each built (and its modules imported) the first
+    time a message of a run of that family arrives: a MOCHA device never imports FedEM's,
+    FSVRG's or Mb-SGD's code (nor scipy), a ClientApp process serves only what it is sent."""
+
+    def __init__(self, load: Callable[[Context], tuple[np.ndarray, ...]]) -> None:
+        self._load = load
+        self._clients: dict[str, Any] = {}
+
+    def of(self, context: Context) -> Any:
+        """The handlers serving ``context.run_config``'s strategy."""
         cfg = config_from_context(context, None)
         if cfg.is_fedem_family:
-            return mixture
+            return self.get("fedem")
         if cfg.strategy in FSVRG_FAMILY:
-            return sparse
-        return primal if cfg.strategy == "mb-sgd" else dual
+            return self.get("fsvrg")
+        if cfg.strategy == "mb-sgd":
+            return self.get("mb-sgd")
+        return self.get("ofmtl" if cfg.strategy == "ofmtl" else "mocha")
 
-    app.query("whoami")(lambda msg, ctx: handlers(ctx).whoami(msg, ctx))
-    app.train()(lambda msg, ctx: handlers(ctx).train(msg, ctx))
-    app.evaluate()(lambda msg, ctx: handlers(ctx).evaluate(msg, ctx))
-    app.train("ofmtl")(lambda msg, ctx: dual.newcomer(msg, ctx))
-    app.evaluate("ofmtl")(lambda msg, ctx: dual.evaluate_model(msg, ctx))
-    app.query("fsvrg_stats")(lambda msg, ctx: sparse.stats(msg, ctx))
-    app.query("fsvrg_gradient")(lambda msg, ctx: sparse.gradient(msg, ctx))
-    return packed_client_app(app, tasks_for)  # packed messages when tasks-per-node > 1
+    def get(self, family: str) -> Any:
+        """The handlers of ``family`` (mocha, ofmtl, mb-sgd, fedem or fsvrg), built once."""
+        client = self._clients.get(family)
+        if client is None:
+            client = self._clients[family] = _client_class(family)(self._load)
+        return client
+
+
+def _client_class(family: str) -> type:
+    if family == "mocha":
+        from ..clients.mocha import MochaClient
+
+        return MochaClient
+    if family == "ofmtl":
+        from ..clients.ofmtl import OFMTLClient
+
+        return OFMTLClient
+    if family == "mb-sgd":
+        from ..clients.mbsgd import MbSgdClient
+
+        return MbSgdClient
+    if family == "fedem":
+        from ..clients.fedem import FedEMClient
+
+        return FedEMClient
+    if family == "fsvrg":
+        from ..clients.fsvrg import FsvrgClient
+
+        return FsvrgClient
+    raise ValueError(f"unknown client family {family!r}")
 
 
 def _client_app_of(config: RunConfig, load: Callable[[Context], tuple[np.ndarray, ...]]
                    ) -> ClientApp:
     """The ClientApp of ``config.strategy``'s handlers over ``load``."""
     if config.is_fedem_family:
+        from ..clients.fedem import make_fedem_client_app
+
         return make_fedem_client_app(load, state_dir=config.client_state_dir or None)
     if config.strategy in FSVRG_FAMILY:
+        from ..clients.fsvrg import make_fsvrg_client_app
+
         return make_fsvrg_client_app(load, state_dir=config.client_state_dir or None)
     if config.strategy == "ofmtl":
+        from ..clients.ofmtl import make_ofmtl_client_app
+
         return make_ofmtl_client_app(load)
     if config.strategy == "mb-sgd":
+        from ..clients.mbsgd import make_mbsgd_client_app
+
         return make_mbsgd_client_app(load)
+    from ..clients.mocha import make_mocha_client_app
+
     return make_mocha_client_app(load, state_dir=config.client_state_dir or None)
 
 
@@ -166,6 +218,8 @@ def strategy_from_config(cfg: RunConfig, num_tasks: int,
     if cfg.strategy == "ofmtl":
         return ofmtl_from_config(cfg, num_tasks, on_round)
     if cfg.strategy in FSVRG_FAMILY:
+        from ..strategies.fsvrg import Fsvrg
+
         step = cfg.step_size or None
         own_step = cfg.strategy in ("gd", "dane")  # a step; the others' h
         fsvrg = Fsvrg(num_tasks, method=cfg.strategy, h=None if own_step else step,
@@ -180,6 +234,8 @@ def strategy_from_config(cfg: RunConfig, num_tasks: int,
         raise ConfigError("lambda=cv is a cross-validation sweep run by `fmtl run` before the "
                           "federation starts; a ServerApp needs a number (e.g. lambda=1e-3)")
     if cfg.strategy == "mb-sgd":
+        from ..strategies.mbsgd import MbSgd
+
         options = formulation_options(cfg)
         options.pop("gamma")
         mbsgd = MbSgd(num_tasks, lam=float(cfg.lam), omega=cfg.omega,
@@ -192,6 +248,8 @@ def strategy_from_config(cfg: RunConfig, num_tasks: int,
         if cfg.checkpoint_dir:
             mbsgd.enable_checkpoints(cfg.checkpoint_dir, every=cfg.checkpoint_every)
         return mbsgd
+    from ..strategies.mocha import Mocha
+
     mocha = Mocha(num_tasks, lam=float(cfg.lam), omega=cfg.omega, omega_every=cfg.omega_every,
                   omega_eps=cfg.omega_eps, **formulation_options(cfg), method=cfg.strategy,
                   theta=cfg.theta, beta=cfg.beta or 1.0,
@@ -212,6 +270,8 @@ def fedem_from_config(cfg: RunConfig, num_tasks: int,
                       on_round: Callable[[dict[str, Any]], None] | None = None,
                       num_classes: int = 2) -> FedEM:
     """The :class:`FedEM` strategy (method ``cfg.strategy``) configured by ``cfg``."""
+    from ..strategies.fedem import FedEM
+
     model = cfg.model_family
     if model == "svm":
         raise ConfigError(f"strategy={cfg.strategy} trains logistic, softmax or mlp models, "
@@ -235,6 +295,8 @@ def ofmtl_from_config(cfg: RunConfig, num_tasks: int,
                       on_record: Callable[[dict[str, Any]], None] | None = None) -> OFMTL:
     """The :class:`OFMTL` strategy: MOCHA (``num-server-rounds`` rounds per training, the
     probabilistic formulation) over ``initial-tasks`` tasks, then newcomers."""
+    from ..strategies.ofmtl import OFMTL
+
     if cfg.lam == "cv":
         raise ConfigError("lambda=cv is not available for ofmtl; give a number")
     ofmtl = OFMTL(num_tasks, initial_tasks=cfg.initial_tasks or 1, lam=float(cfg.lam),

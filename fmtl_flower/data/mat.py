@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import scipy.io
-import scipy.sparse
 
+from fmtl_flower._lazy import lazy_module
 from fmtl_flower.data.validation import check_same_dim, validate_task
+
+scipy_io = lazy_module("scipy.io")  # loaded with the first .mat file
+scipy_sparse = lazy_module("scipy.sparse")
 
 __all__ = ["MAT_KEY_PAIRS", "load_mat_tasks"]
 
@@ -29,7 +31,7 @@ MAT_KEY_PAIRS: tuple[tuple[str, str], ...] = (("X", "Y"), ("X_ori", "Y_ori"))
 
 def _cells(value: Any, key: str, path: Path) -> list[Any]:
     """Return the entries of a MATLAB cell array stored as a 1 x m (or m x 1) object array."""
-    arr = np.asarray(value) if not scipy.sparse.issparse(value) else None
+    arr = np.asarray(value) if not scipy_sparse.issparse(value) else None
     if arr is None or arr.dtype != object or arr.ndim != 2 or 1 not in arr.shape:
         shape = getattr(value, "shape", None)
         raise ValueError(
@@ -41,7 +43,7 @@ def _cells(value: Any, key: str, path: Path) -> list[Any]:
 
 def _dense(cell: Any) -> Any:
     """Densify a sparse cell (MATLAB sparse matrices load as scipy.sparse)."""
-    if scipy.sparse.issparse(cell):
+    if scipy_sparse.issparse(cell):
         return cell.toarray()
     return cell
 
@@ -77,7 +79,7 @@ def load_mat_tasks(path: str | os.PathLike[str]) -> tuple[list[np.ndarray], list
     if not p.is_file():
         raise ValueError(f"{p}: not a regular file")
     try:
-        contents = scipy.io.loadmat(p)
+        contents = scipy_io.loadmat(p)
     except Exception as exc:  # scipy raises many types on corrupt input; report them all
         raise ValueError(f"{p}: not a readable MATLAB 5 .mat file ({exc})") from exc
     keys = sorted(k for k in contents if not k.startswith("__"))

@@ -66,9 +66,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import scipy.sparse as sp
+
+from fmtl_flower._lazy import lazy_module
 
 from .dataset import TaskCollection
+
+sp = lazy_module("scipy.sparse")  # loaded when a sparse dataset is built
 
 __all__ = [
     "SPARSE_DEFAULTS",
