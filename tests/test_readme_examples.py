@@ -51,6 +51,8 @@ def test_fedem_snippets_run_together(tmp_path, capsys):
 
 
 def test_main_job_command_is_the_documented_one():
-    assert "pip install -e . && fmtl run mocha" in README
+    assert 'pip install -e ".[simulation]" && fmtl run mocha' in README
     ci = (Path(__file__).parents[1] / ".ci" / "run").read_text()
+    assert 'pip install -e ".[all]" && python -m pytest -q' in README  # one command: all
+    assert 'pip install -q -e ".[all]"' in ci
     assert "python -m pytest -q" in README and "python -m pytest -q" in ci
