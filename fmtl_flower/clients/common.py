@@ -10,6 +10,7 @@ from flwr.app import ConfigRecord, Context
 from flwr.clientapp import ClientApp
 
 from ..checkpoint import state_file_path
+from ..core import jit
 
 
 def config_value(config: ConfigRecord, key: str, kind: type) -> Any:
@@ -42,16 +43,30 @@ def client_app_for(client: Any) -> ClientApp:
     return app
 
 
+def state_dir_of(context: Context, default_dir: str | None = None) -> Path | None:
+    """The device's ``client-state-dir``: of the node config, else of the run config, else
+    ``default_dir``; None when none is set."""
+    for config in (context.node_config, context.run_config):
+        if "client-state-dir" in config and str(config["client-state-dir"]):
+            return Path(str(config["client-state-dir"]))
+    return Path(default_dir) if default_dir else None
+
+
 def state_file_for(context: Context, kind: str, task_id: int,
                    default_dir: str | None = None) -> Path | None:
     """Where a device keeps ``kind``'s state for ``task_id``: under ``client-state-dir`` of the
     node config, else of the run config, else ``default_dir``; None when none is set."""
-    for config in (context.node_config, context.run_config):
-        if "client-state-dir" in config and str(config["client-state-dir"]):
-            return state_file_path(str(config["client-state-dir"]), kind, task_id)
-    if default_dir:
-        return state_file_path(default_dir, kind, task_id)
-    return None
+    directory = state_dir_of(context, default_dir)
+    return None if directory is None else state_file_path(directory, kind, task_id)
+
+
+def use_kernel_cache(context: Context, default_dir: str | None = None) -> None:
+    """Keep numba's compiled kernels in ``<client-state-dir>/numba-cache`` when the device has
+    a state directory (a fresh ClientApp process per message then loads them instead of
+    compiling); without one numba's default cache is used (:mod:`fmtl_flower.core.jit`)."""
+    directory = state_dir_of(context, default_dir)
+    if directory is not None:
+        jit.use_cache_dir(directory / "numba-cache")
 
 
 def protocol_rounds(config: ConfigRecord) -> tuple[int, int]:

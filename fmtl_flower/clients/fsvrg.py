@@ -58,7 +58,7 @@ from ..core.fsvrg import (
 )
 from ..core.rng import coordinate_order
 from ..wire import from_array, to_array
-from .common import config_value, protocol_rounds, state_file_for
+from .common import config_value, protocol_rounds, state_file_for, use_kernel_cache
 from .dual_state import DualState, encode, load_into_context, reconcile, write_dual_file
 from .mocha import default_task_id
 
@@ -135,6 +135,7 @@ class FsvrgClient:
         """The node's validated data (loaded once per node and run)."""
         key = (int(context.run_id), int(context.node_id))
         if key not in self._cache:
+            use_kernel_cache(context, self.state_dir)  # before any kernel runs
             loaded = self.load_data(context)
             if len(loaded) != 4:
                 raise ValueError("load_data must return (X, y, X_test, y_test)")

@@ -43,7 +43,13 @@ from ..core.rng import coordinate_order
 from ..core.sdca import sdca_local_update
 from ..data.validation import validate_task
 from ..wire import from_array, to_array
-from .common import client_app_for, config_value, protocol_rounds, state_file_for
+from .common import (
+    client_app_for,
+    config_value,
+    protocol_rounds,
+    state_file_for,
+    use_kernel_cache,
+)
 from .dual_state import DualState, encode, load_into_context, reconcile, write_dual_file
 
 STATE_ARRAYS = "mocha.arrays"
@@ -120,6 +126,7 @@ class MochaClient:
         key = (int(context.run_id), int(context.node_id))
         task = self._cache.get(key)
         if task is None:
+            use_kernel_cache(context, self._state_dir)  # before any kernel runs
             task = self._build_task(context)
             if len(self._cache) > 4096:
                 self._cache.clear()

@@ -10,7 +10,9 @@ coordinates in the order ``order[s % n]`` (a permutation from
 
 with K positive definite, M = K^-1, m_tt = M_tt, and dual variables b_t = X_t^T alpha_t / n_t,
 W(alpha) = B K^-1. Everything here is pure numpy/numba (no Flower); the per-step loops are
-compiled.
+compiled by numba when it is installed, else run by their numpy implementations (the
+``*_numpy`` functions, :mod:`fmtl_flower.core.jit`). Zero-norm rows follow the one rule of
+:mod:`fmtl_flower.core.sdca`: a step sets them to ``y_i a_i = 1``.
 
 CoCoA (:func:`cocoa_local_update`)
     MOCHA's local subproblem, solved by SDCA until its *true* local duality gap, relative to
@@ -29,10 +31,83 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 
+from .jit import kernel
+from .sdca import _sdca_kernel_numpy
+
 _FASTMATH = {"reassoc", "contract"}
+
+
+# --------------------------------------------------------------------------------------------
+# numpy implementations of the kernels (used when numba is missing)
+# --------------------------------------------------------------------------------------------
+
+
+def _sdca_steps_numpy(X, y, alpha, sqnorm, order, start, count, scale, d_alpha, v):
+    """:func:`_sdca_steps` with numpy: MOCHA's kernel on the steps ``start..start+count-1``."""
+    n = X.shape[0]
+    if count <= 0:
+        return
+    shifted = np.roll(order, -(start % n))  # step start + s visits order[(start + s) % n]
+    _sdca_kernel_numpy(X, y, alpha, sqnorm, v, shifted, count, scale, d_alpha, v)
+
+
+def _local_gap_numpy(X, y, alpha, d_alpha, v):
+    """:func:`_local_gap` with numpy."""
+    n = X.shape[0]
+    a = y * (alpha + d_alpha)
+    r = 1.0 - y * (X @ v)
+    terms = np.where(r > 0.0, (1.0 - a) * r, -a * r)
+    return float(terms.sum()) / n
+
+
+def _cocoa_kernel_numpy(X, y, alpha, sqnorm, order, scale, theta, max_steps, check_every,
+                        d_alpha, v):
+    """:func:`_cocoa_kernel` with numpy."""
+    gap0 = _local_gap_numpy(X, y, alpha, d_alpha, v)
+    if gap0 <= 0.0:
+        return 0, 0.0
+    target = theta * gap0
+    steps = 0
+    gap = gap0
+    while steps < max_steps:
+        block = min(check_every, max_steps - steps)
+        _sdca_steps_numpy(X, y, alpha, sqnorm, order, steps, block, scale, d_alpha, v)
+        steps += block
+        gap = _local_gap_numpy(X, y, alpha, d_alpha, v)
+        if gap <= target:
+            break
+    return steps, gap / gap0
+
+
+def _mbsdca_kernel_numpy(X, y, alpha, sqnorm, w, order, budget, inv_m_tt, d_alpha):
+    """:func:`_mbsdca_kernel` with numpy (every step at the stale w: one vector step)."""
+    n = X.shape[0]
+    idx = order[:budget]
+    yi = y[idx]
+    a_old = yi * (alpha[idx] + d_alpha[idx])
+    xx = sqnorm[idx]
+    zero = xx <= 0.0
+    margins = yi * (X[idx] @ w)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a_new = a_old + (1.0 - margins) * (n * inv_m_tt / np.where(zero, 1.0, xx))
+    a_new = np.where(zero, 1.0, np.clip(a_new, 0.0, 1.0))
+    d_alpha[idx] += yi * (a_new - a_old)
+
+
+def _mbsgd_kernel_numpy(X, y, w, order, budget, g):
+    """:func:`_mbsgd_kernel` with numpy."""
+    idx = order[:budget]
+    yi = y[idx]
+    active = yi * (X[idx] @ w) < 1.0
+    g -= (yi[active]) @ X[idx][active]
+
+
+def _sub_dalpha_numpy(X, d_alpha, out):
+    """:func:`_sub_dalpha` with numpy."""
+    out += X.T @ d_alpha
+    out *= 1.0 / X.shape[0]
 
 
 # --------------------------------------------------------------------------------------------
@@ -40,7 +115,7 @@ _FASTMATH = {"reassoc", "contract"}
 # --------------------------------------------------------------------------------------------
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False, fastmath=_FASTMATH)
+@kernel(_sdca_steps_numpy, boundscheck=False, fastmath=_FASTMATH)
 def _sdca_steps(X, y, alpha, sqnorm, order, start, count, scale, d_alpha, v):  # pragma: no cover
     """Steps ``start .. start+count-1`` of SDCA on G; keeps ``v = w + scale * d_b``.
 
@@ -74,7 +149,7 @@ def _sdca_steps(X, y, alpha, sqnorm, order, start, count, scale, d_alpha, v):  #
                 v[j] += c * X[i, j]
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False, fastmath=_FASTMATH)
+@kernel(_local_gap_numpy, boundscheck=False, fastmath=_FASTMATH)
 def _local_gap(X, y, alpha, d_alpha, v):  # pragma: no cover
     """(1/n) sum_i [max(0, 1 - m_i) - a_i (1 - m_i)], m_i = y_i x_i^T v, a_i = y_i alpha_new_i.
 
@@ -96,7 +171,7 @@ def _local_gap(X, y, alpha, d_alpha, v):  # pragma: no cover
     return total / n
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False, fastmath=_FASTMATH)
+@kernel(_cocoa_kernel_numpy, boundscheck=False, fastmath=_FASTMATH)
 def _cocoa_kernel(X, y, alpha, sqnorm, order, scale, theta, max_steps, check_every,
                   d_alpha, v):  # pragma: no cover
     gap0 = _local_gap(X, y, alpha, d_alpha, v)
@@ -115,7 +190,7 @@ def _cocoa_kernel(X, y, alpha, sqnorm, order, scale, theta, max_steps, check_eve
     return steps, gap / gap0
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False, fastmath=_FASTMATH)
+@kernel(_mbsdca_kernel_numpy, boundscheck=False, fastmath=_FASTMATH)
 def _mbsdca_kernel(X, y, alpha, sqnorm, w, order, budget, inv_m_tt, d_alpha):  # pragma: no cover
     n, d = X.shape
     fn = float(n)
@@ -138,7 +213,7 @@ def _mbsdca_kernel(X, y, alpha, sqnorm, w, order, budget, inv_m_tt, d_alpha):  #
         d_alpha[i] += yi * (a_new - a_old)
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False, fastmath=_FASTMATH)
+@kernel(_mbsgd_kernel_numpy, boundscheck=False, fastmath=_FASTMATH)
 def _mbsgd_kernel(X, y, w, order, budget, g):  # pragma: no cover
     d = X.shape[1]
     for s in range(budget):
@@ -152,7 +227,7 @@ def _mbsgd_kernel(X, y, w, order, budget, g):  # pragma: no cover
                 g[j] -= yi * X[i, j]
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False, fastmath=_FASTMATH)
+@kernel(_sub_dalpha_numpy, boundscheck=False, fastmath=_FASTMATH)
 def _sub_dalpha(X, d_alpha, out):  # pragma: no cover
     """out = X^T d_alpha / n, skipping zero entries (only visited rows are non-zero)."""
     n, d = X.shape

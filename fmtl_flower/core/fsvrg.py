@@ -121,10 +121,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numba
 import numpy as np
 import scipy.sparse as sp
 
+from fmtl_flower.core.jit import kernel
 from fmtl_flower.core.rng import coordinate_order
 
 __all__ = [
@@ -477,7 +477,7 @@ def combine_feature_counts(node_counts: Iterable[tuple[int, Any]]) -> FeatureSta
 # the SVRG-type local pass (FSVRG, naive FSVRG, DANE's SVRG epochs)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _dloss(yi, z):  # pragma: no cover - compiled
     """``d/dz log(1 + exp(-yi z)) = -yi sigmoid(-yi z)``, stable."""
     t = yi * z
@@ -487,7 +487,7 @@ def _dloss(yi, z):  # pragma: no cover - compiled
     return -yi / (1.0 + math.exp(t))
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
+@kernel(boundscheck=False)
 def _svrg_pass_kernel(indptr, indices, data, y, order, z_snap, s, use_s, step, reg, G,
                       w):  # pragma: no cover - compiled
     """In place on ``w``: for i in order,
@@ -866,7 +866,7 @@ def dane_aggregate(local_models: Iterable[Any]) -> np.ndarray:
 # CoCoA+ on the logistic dual
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@kernel(inline="always")
 def _sigmoid(u):  # pragma: no cover - compiled
     if u >= 0.0:
         return 1.0 / (1.0 + math.exp(-u))
@@ -874,7 +874,7 @@ def _sigmoid(u):  # pragma: no cover - compiled
     return e / (1.0 + e)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel()
 def _logistic_coordinate(c0, q, beta0, max_newton, tol):  # pragma: no cover - compiled
     """The ``beta in (0, 1)`` maximising ``H(beta) - c0 (beta - beta0) - q/2 (beta - beta0)^2``.
 
@@ -909,7 +909,7 @@ def _logistic_coordinate(c0, q, beta0, max_newton, tol):  # pragma: no cover - c
     return _sigmoid(u)
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
+@kernel(boundscheck=False)
 def _cocoa_kernel(indptr, indices, data, y, alpha, sqnorm, order, scale, max_newton, tol,
                   d_alpha, v):  # pragma: no cover - compiled
     for t in range(order.shape[0]):

@@ -235,10 +235,7 @@ def newcomer_sdca(X: np.ndarray, y: np.ndarray, alpha: np.ndarray, w: np.ndarray
     # MOCHA's kernel with m_tt sigma' = 1 / (lam omega), run directly on alpha (its d_alpha
     # accumulator) from a zero base, with v = w(alpha) kept up to date by the kernel.
     _sdca_kernel(X, y, np.zeros(n), sqnorm, w, order, int(budget), 1.0 / (lam * omega),
-                 new_alpha, v)
-    visited = order[: min(int(budget), n)]
-    zero_rows = visited[sqnorm[visited] <= 0.0]
-    new_alpha[zero_rows] = y[zero_rows]
+                 new_alpha, v)  # visited zero-norm rows: y_i alpha_i = 1 (the kernel's rule)
     # alpha_old + (alpha_new - alpha_old) can miss a box bound by one ulp: clip it exactly.
     return y * np.clip(y * new_alpha, 0.0, 1.0)
 
@@ -567,15 +564,13 @@ def _newcomer_rounds(X: np.ndarray, y: np.ndarray, sqnorm: np.ndarray, alpha: np
                      seed: int, task_id: int, first_round: int) -> tuple[np.ndarray, np.ndarray]:
     """:func:`newcomer_fit` (``track_gap=False``) for validated inputs, bit for bit.
 
-    The same coordinate orders, kernel calls, zero-row rule, clipping and model refresh
-    (:func:`newcomer_sdca`, :func:`newcomer_model`), without re-validating the arrays every
+    The same coordinate orders, kernel calls (with their zero-row rule), clipping and model
+    refresh (:func:`newcomer_sdca`, :func:`newcomer_model`), without re-validating the arrays every
     round (O(n) checks that would cost more than the round's steps on small tasks), so that
     timing the driver measures the protocol rather than the checks. Returns (alpha, w).
     """
     n = X.shape[0]
     omega, lam = float(omega), float(lam)
-    zero = sqnorm <= 0.0
-    has_zero = bool(zero.any())
     scale = 1.0 / (lam * omega)
     alpha = np.array(alpha, dtype=np.float64, copy=True)
     w = (X.T @ alpha / n - lam * c) / (lam * omega)
@@ -585,10 +580,6 @@ def _newcomer_rounds(X: np.ndarray, y: np.ndarray, sqnorm: np.ndarray, alpha: np
         new_alpha = alpha.copy()
         if budget > 0:
             _sdca_kernel(X, y, zeros, sqnorm, w, order, budget, scale, new_alpha, w.copy())
-            if has_zero:
-                visited = order[: min(budget, n)]
-                zero_rows = visited[zero[visited]]
-                new_alpha[zero_rows] = y[zero_rows]
             new_alpha = y * np.clip(y * new_alpha, 0.0, 1.0)
         alpha = new_alpha
         w = (X.T @ alpha / n - lam * c) / (lam * omega)

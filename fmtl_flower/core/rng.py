@@ -6,8 +6,9 @@ the purpose, so streams never collide and results repeat on every engine.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from .jit import kernel
 
 TAG_BUDGET = 11
 TAG_DROP = 13
@@ -31,7 +32,32 @@ _MUL1 = np.uint64(0xBF58476D1CE4E5B9)
 _MUL2 = np.uint64(0x94D049BB133111EB)
 
 
-@numba.njit(cache=True, nogil=True)
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64_numpy(state):
+    """:func:`_splitmix64` on Python ints (exact 64-bit arithmetic)."""
+    z = (int(state) + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def _permutation_numpy(key0, key1, key2, key3, n):
+    """:func:`_permutation` without numba: the same Fisher-Yates shuffle, bit for bit."""
+    state = _splitmix64_numpy(int(key0))
+    state = _splitmix64_numpy(state ^ int(key1))
+    state = _splitmix64_numpy(state ^ int(key2))
+    state = _splitmix64_numpy(state ^ int(key3))
+    out = list(range(int(n)))
+    for i in range(int(n) - 1, 0, -1):
+        state = _splitmix64_numpy(state)
+        j = int(float(state >> 11) * (1.0 / 9007199254740992.0) * (i + 1))
+        out[i], out[j] = out[j], out[i]
+    return np.array(out, dtype=np.int64)
+
+
+@kernel(_splitmix64_numpy)
 def _splitmix64(state):  # pragma: no cover - compiled
     z = state + _GOLDEN
     z = (z ^ (z >> np.uint64(30))) * _MUL1
@@ -39,7 +65,7 @@ def _splitmix64(state):  # pragma: no cover - compiled
     return z ^ (z >> np.uint64(31))
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(_permutation_numpy)
 def _permutation(key0, key1, key2, key3, n):  # pragma: no cover - compiled
     state = _splitmix64(key0)
     state = _splitmix64(state ^ key1)
@@ -61,7 +87,8 @@ def coordinate_order(seed: int, task_id: int, server_round: int, n: int) -> np.n
 
     A Fisher-Yates shuffle driven by splitmix64 keyed on (seed, task id, round, tag): a pure
     function of its arguments, compiled, about 100 times cheaper than seeding a numpy
-    Generator for every device and round.
+    Generator for every device and round (without numba: the same permutation from Python
+    integers).
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")

@@ -1,4 +1,4 @@
-"""MOCHA's local solver: SDCA on a task's quadratic subproblem, compiled with numba.
+"""MOCHA's local solver: SDCA on a task's quadratic subproblem (numba, or numpy without it).
 
 For task t with data X_t (n rows), labels y in {-1, +1}, committed dual variables alpha,
 model w_t sent by the server, diagonal entry ``m_tt = (K^-1)_tt`` of the inverse regulariser
@@ -12,31 +12,66 @@ One coordinate step on sample i maximises G exactly over d_alpha_i, keeping y_i 
 
     a_new = clip(a_old + (1 - y_i x_i^T v) / q, 0, 1).
 
-Only ``d_b`` (d floats) leaves the device. Rows with ``|x_i| = 0`` are skipped (their
-coordinate has no effect on the model and its optimum is a = 1; the step would divide by zero).
+Only ``d_b`` (d floats) leaves the device.
+
+Zero-norm rows, the one rule of every SDCA kernel here (MOCHA, CoCoA, Mb-SDCA, OFMTL; CoCoA+
+in :mod:`fmtl_flower.core.fsvrg` follows it for the logistic loss): a row with
+``|x_i| = 0`` has loss ``max(0, 1 - 0) = 1`` whatever the model, and its coordinate's only
+term in G is ``y_i d_alpha_i / n``, so its exact maximiser is ``y_i a_i = 1``
+(``alpha_i = y_i``). A step on such a row sets it there (the division by ``|x_i|^2`` is never
+made; the model does not move), so the duality gap can close.
+
+The kernel is compiled by numba when it is installed; :func:`_sdca_kernel_numpy` is its numpy
+implementation (:mod:`fmtl_flower.core.jit`).
 """
 
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from .jit import kernel
+
+
+def _sdca_kernel_numpy(X, y, alpha, sqnorm, w, order, budget, scale, d_alpha, v):
+    """:func:`_sdca_kernel` with numpy (one coordinate step per Python iteration)."""
+    n = X.shape[0]
+    inv_n = 1.0 / n
+    ys, xxs, base, idx = y.tolist(), sqnorm.tolist(), alpha.tolist(), order.tolist()
+    for s in range(budget):
+        i = idx[s % n]
+        yi = ys[i]
+        d_old = float(d_alpha[i])
+        a_old = yi * (base[i] + d_old)
+        xx = xxs[i]
+        if xx <= 0.0:
+            d_alpha[i] = d_old + yi * (1.0 - a_old)
+            continue
+        row = X[i]
+        inv_q = 1.0 / (scale * xx * inv_n)
+        a_new = a_old + (1.0 - yi * float(row @ v)) * inv_q
+        a_new = 0.0 if a_new < 0.0 else (1.0 if a_new > 1.0 else a_new)
+        if a_new != a_old:
+            delta = yi * (a_new - a_old)
+            d_alpha[i] = d_old + delta
+            v += (scale * delta * inv_n) * row
 
 
 # Reassociation lets LLVM vectorise the dot product and the axpy (SIMD); no other fast-math
 # flag is set, so NaN/inf semantics are IEEE (inputs are validated finite anyway).
-@numba.njit(cache=True, nogil=True, boundscheck=False, fastmath={"reassoc", "contract"})
+@kernel(_sdca_kernel_numpy, boundscheck=False, fastmath={"reassoc", "contract"})
 def _sdca_kernel(X, y, alpha, sqnorm, w, order, budget, scale, d_alpha, v):  # pragma: no cover
     n, d = X.shape
     inv_n = 1.0 / n
     for s in range(budget):
         i = order[s % n]
+        yi = y[i]
         xx = sqnorm[i]
-        if xx <= 0.0:
+        if xx <= 0.0:  # the exact maximiser of a zero row: y_i a_i = 1 (module docstring)
+            d_alpha[i] += yi * (1.0 - yi * (alpha[i] + d_alpha[i]))
             continue
         dot = 0.0
         for j in range(d):
             dot += X[i, j] * v[j]
-        yi = y[i]
         a_old = yi * (alpha[i] + d_alpha[i])
         # 1/q does not depend on the model: computed apart from the dot product, it keeps the
         # division off the step-to-step dependency chain (v -> dot -> a_new -> v).

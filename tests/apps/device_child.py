@@ -36,9 +36,6 @@ def main() -> None:
     from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
     from flwr.supercore.task_identity import TaskIdentity
 
-    from fmtl_flower.apps.client_app import app
-    from fmtl_flower.wire import from_array, to_array
-
     strategy, state_dir = sys.argv[2], sys.argv[3]
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 7, 1
     run_config = {"strategy": strategy, "dataset": "synthetic", "seed": 0}
@@ -48,6 +45,9 @@ def main() -> None:
     caught: list[str] = []
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
+        from fmtl_flower.apps.client_app import app
+        from fmtl_flower.wire import from_array, to_array
+
         who = app(Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=7,
                           message_type=MessageType.QUERY + ".whoami"), context)
         info = who.content["info"]

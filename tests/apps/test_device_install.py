@@ -18,6 +18,7 @@ import pytest
 CHILD = Path(__file__).with_name("device_child.py")
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_ONLY = ("scipy", "sklearn", "ray", "matplotlib")
+NO_NUMBA = ("numba", "llvmlite")
 #: Modules of other strategy families a MOCHA device must not load.
 OTHER_FAMILIES = ("fmtl_flower.strategies", "fmtl_flower.clients.fedem",
                   "fmtl_flower.clients.fsvrg", "fmtl_flower.clients.mbsgd",
@@ -50,3 +51,21 @@ def test_dual_client_on_base_install_imports_no_server_packages(strategy: str,
     check_trained(out)
     assert not set(out["top_level"]) & set(SERVER_ONLY)
     assert not [m for m in out["fmtl_modules"] if m.startswith(OTHER_FAMILIES)]
+    # numba's compiled kernels are kept under the client-state-dir for the next process
+    assert list((tmp_path / "numba-cache").rglob("*.nbi"))
+def test_mocha_client_trains_without_numba(tmp_path: Path) -> None:
+    out = run_device(SERVER_ONLY + NO_NUMBA, "mocha", tmp_path)
+    check_trained(out)
+    assert "numba" not in out["top_level"]
+    assert not (tmp_path / "numba-cache").exists()
+    # one warning says which path runs
+    assert sum("numba" in w for w in out["warnings"]) == 1, out["warnings"]
+
+
+def test_numpy_path_and_numba_path_agree(tmp_path: Path) -> None:
+    """The same two messages on the numpy path (numba missing) and the compiled one."""
+    fast = run_device(SERVER_ONLY, "mocha", tmp_path / "numba")
+    slow = run_device(SERVER_ONLY + NO_NUMBA, "mocha", tmp_path / "numpy")
+    for a, b in zip(fast["rounds"], slow["rounds"], strict=True):
+        assert a["steps"] == b["steps"] and a["state-ok"] == b["state-ok"]
+        assert a["delta-b-norm"] == pytest.approx(b["delta-b-norm"], rel=1e-10)

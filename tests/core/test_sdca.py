@@ -1,10 +1,13 @@
-"""The compiled SDCA local solver against a plain-numpy reference and its invariants."""
+"""The SDCA local solvers: the compiled kernel against a plain-numpy reference and its
+invariants, the zero-norm-row rule of every dual kernel (the gap closes), and the numpy
+implementations (used without numba) against the compiled kernels."""
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fmtl_flower.core.jit import BACKEND
 from fmtl_flower.core.rng import coordinate_order
 from fmtl_flower.core.sdca import sdca_local_update
 
@@ -18,10 +21,11 @@ def reference_sdca(X, y, alpha, w, budget, m_tt, sigma_p, order):
         i = order[s % n]
         x = X[i]
         xx = x @ x
-        if xx == 0:
+        a_old = y[i] * (alpha[i] + d_alpha[i])
+        if xx == 0:  # the coordinate's exact maximiser: y_i a_i = 1
+            d_alpha[i] += y[i] * (1 - a_old)
             continue
         v = w + sigma_p * m_tt * d_b
-        a_old = y[i] * (alpha[i] + d_alpha[i])
         q = sigma_p * m_tt * xx / n
         a_new = np.clip(a_old + (1 - y[i] * (x @ v)) / q, 0, 1)
         delta = y[i] * (a_new - a_old)
@@ -68,7 +72,10 @@ def test_matches_reference_and_keeps_invariants(problem):
     assert np.all(a >= -1e-15) and np.all(a <= 1 + 1e-15)  # dual feasibility
     np.testing.assert_allclose(d_b, X.T @ d_alpha / X.shape[0], atol=1e-15)
     zero_rows = np.einsum("ij,ij->i", X, X) == 0
-    assert np.all(d_alpha[zero_rows] == 0)  # skipped, not divided by
+    visited = np.zeros(X.shape[0], dtype=bool)
+    visited[order[:budget]] = True
+    assert np.all(a[zero_rows & visited] == 1.0)  # set to their maximiser, not divided by
+    assert np.all(d_alpha[zero_rows & ~visited] == 0)
     # each step maximises the subproblem exactly, so it never decreases
     assert subproblem(X, y, alpha, w, d_alpha, m_tt, sigma_p) >= -1e-12
 
@@ -100,3 +107,150 @@ def test_coordinate_order_is_a_seeded_permutation():
     # first position is uniform over 0..4 (chi-square, 4 dof, p = 1e-4 -> 23.5)
     counts = np.bincount([coordinate_order(0, 0, r, 5)[0] for r in range(5000)], minlength=5)
     assert ((counts - 1000) ** 2 / 1000).sum() < 23.5
+
+
+# -- zero-norm rows: one rule in every dual kernel, so the duality gap closes ------------------
+
+
+def _zero_row_task(n=12, d=3, zeros=(2, 7), seed=4):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    X[list(zeros)] = 0.0
+    y = rng.choice([-1.0, 1.0], size=n)
+    return X, y
+
+
+def _single_task_gap(X, y, alpha, m_tt):
+    """Primal minus dual of one task with regulariser |w|^2 / (2 m_tt), w = m_tt X^T alpha / n
+    (MOCHA's problem for T = 1, K = 1 / m_tt)."""
+    n = X.shape[0]
+    b = X.T @ alpha / n
+    w = m_tt * b
+    primal = np.maximum(0.0, 1.0 - y * (X @ w)).mean() + 0.5 * w @ w / m_tt
+    dual = y @ alpha / n - 0.5 * m_tt * b @ b
+    return primal - dual, w
+
+
+@pytest.mark.parametrize("solver", ["mocha", "cocoa", "mb-sdca"])
+def test_gap_closes_with_zero_rows(solver):
+    """x_i = 0 has loss 1 whatever w; its dual optimum alpha_i = y_i closes the gap (the old
+    MOCHA kernel skipped such rows and left a gap of (#zero rows) / n)."""
+    from fmtl_flower.core.baselines import cocoa_local_update, mbsdca_local_update
+
+    X, y = _zero_row_task()
+    n, m_tt = X.shape[0], 0.5
+    alpha = np.zeros(n)
+    for r in range(1, 3001 if solver == "mb-sdca" else 201):
+        gap, w = _single_task_gap(X, y, alpha, m_tt)
+        order = coordinate_order(0, 0, r, n)
+        if solver == "mocha":
+            d_alpha, _ = sdca_local_update(X, y, alpha, w, budget=n, m_tt=m_tt,
+                                           sigma_prime=1.0, order=order)
+        elif solver == "cocoa":
+            d_alpha, _, _, _ = cocoa_local_update(X, y, alpha, w, m_tt=m_tt, sigma_prime=1.0,
+                                                  theta=0.1, max_steps=10 * n, order=order)
+        else:  # one step per round: the server's scale beta / b is 1
+            d_alpha, _ = mbsdca_local_update(X, y, alpha, w, m_tt=m_tt, budget=1, order=order)
+        alpha = alpha + d_alpha
+    gap, _ = _single_task_gap(X, y, alpha, m_tt)
+    assert np.all(y[[2, 7]] * alpha[[2, 7]] == 1.0)
+    assert -1e-12 <= gap < 1e-6
+
+
+def test_ofmtl_newcomer_gap_closes_with_zero_rows():
+    from fmtl_flower.core.ofmtl import newcomer_duality_gap, newcomer_fit
+
+    X, y = _zero_row_task()
+    c = np.zeros(X.shape[1])
+    fit = newcomer_fit(X, y, omega=2.0, c=c, lam=0.5, rounds=300, local_frac=1.0, seed=0,
+                       task_id=0, track_gap=False)
+    assert np.all(y[[2, 7]] * fit.alpha[[2, 7]] == 1.0)
+    assert abs(newcomer_duality_gap(X, y, fit.alpha, omega=2.0, c=c, lam=0.5)) < 1e-6
+
+
+def test_cocoa_plus_zero_row_takes_the_logistic_maximiser():
+    """CoCoA+ (logistic dual): for x_i = 0 the coordinate maximises the entropy alone,
+    y_i alpha_i = 1/2, the same rule for its loss."""
+    import scipy.sparse as sp
+
+    from fmtl_flower.core.fsvrg import cocoa_plus_local_sdca
+
+    X, y = _zero_row_task()
+    n = X.shape[0]
+    d_alpha, _ = cocoa_plus_local_sdca(sp.csr_matrix(X), y, np.zeros(n), np.zeros(X.shape[1]),
+                                       lam=0.1, n=n, sigma_prime=1.0, order=np.arange(n))
+    np.testing.assert_allclose(y[[2, 7]] * d_alpha[[2, 7]], 0.5, rtol=1e-12)
+
+
+# -- the numpy implementations (no numba) against the compiled kernels ------------------------
+
+
+compiled_only = pytest.mark.skipif(BACKEND != "numba", reason="numba is not in use")
+
+
+@compiled_only
+@settings(max_examples=60, deadline=None)
+@given(problems())
+def test_numpy_mocha_kernel_equals_compiled(problem):
+    from fmtl_flower.core import sdca
+
+    X, y, alpha, w, budget, m_tt, sigma_p, order = problem
+    compiled = sdca_local_update(X, y, alpha, w, budget=budget, m_tt=m_tt,
+                                 sigma_prime=sigma_p, order=order)
+    saved = sdca._sdca_kernel
+    sdca._sdca_kernel = sdca._sdca_kernel_numpy
+    try:
+        plain = sdca_local_update(X, y, alpha, w, budget=budget, m_tt=m_tt,
+                                  sigma_prime=sigma_p, order=order)
+    finally:
+        sdca._sdca_kernel = saved
+    for a, b in zip(compiled, plain, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+
+
+@compiled_only
+@settings(max_examples=40, deadline=None)
+@given(problems(), st.sampled_from([0.0, 0.3, 0.9]), st.integers(1, 7))
+def test_numpy_baseline_kernels_equal_compiled(problem, theta, check_every):
+    from fmtl_flower.core import baselines as bl
+
+    X, y, alpha, w, budget, m_tt, sigma_p, order = problem
+    n = X.shape[0]
+    batch = min(budget, n)
+
+    def run():
+        return (bl.cocoa_local_update(X, y, alpha, w, m_tt=m_tt, sigma_prime=sigma_p,
+                                      theta=theta, max_steps=budget, order=order,
+                                      check_every=check_every),
+                bl.mbsdca_local_update(X, y, alpha, w, m_tt=m_tt, budget=batch, order=order),
+                bl.mbsgd_local_gradient(X, y, w, budget=batch, order=order))
+
+    compiled = run()
+    names = ("_cocoa_kernel", "_mbsdca_kernel", "_mbsgd_kernel", "_sub_dalpha", "_local_gap")
+    saved = {name: getattr(bl, name) for name in names}
+    try:
+        for name in names:
+            setattr(bl, name, getattr(bl, name + "_numpy"))
+        plain = run()
+    finally:
+        for name, value in saved.items():
+            setattr(bl, name, value)
+    (ca, cb, cs, cg), (pa, pb, ps, pg) = compiled[0], plain[0]
+    assert cs == ps  # the same number of steps (the gap test is at the same block ends)
+    np.testing.assert_allclose(pa, ca, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(pb, cb, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(pg, cg, rtol=1e-7, atol=1e-12)
+    for a, b in [*zip(compiled[1], plain[1], strict=True),
+                 *zip(compiled[2], plain[2], strict=True)]:
+        np.testing.assert_allclose(b, a, rtol=1e-9, atol=1e-12)
+
+
+@compiled_only
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 2**64 - 1), st.integers(0, 2**40), st.integers(0, 10**6),
+       st.integers(0, 300))
+def test_numpy_coordinate_order_is_the_compiled_permutation(seed, task, server_round, n):
+    from fmtl_flower.core import rng
+
+    keys = [np.uint64(k) for k in (seed, task, server_round, rng.TAG_ORDER)]
+    np.testing.assert_array_equal(rng._permutation_numpy(*keys, n), rng._permutation(*keys, n))
