@@ -13,6 +13,13 @@ and says so (``state-ok = 0``; the server then resets the task). Afterwards the 
 committed state not after C becomes the stable copy. So the device's alpha and the server's
 view of it never drift apart, whatever is lost, reverted or restarted.
 
+The state is bound to the data: it records a fingerprint of the device's training data
+(:func:`data_fingerprint`, meta ``data``), and state kept for other data (a device restarted
+with another dataset of the same size) counts as nothing stored, so the task restarts from
+alpha = 0 and the server resets b_t, as for a lagging state. A message with L = 0 (the server
+holds nothing of the task: a new run reusing a ``client-state-dir``, or a task the server
+reset) starts clean without counting as a reset.
+
 Functions over numpy arrays and plain dicts; the handlers keep the result in
 ``context.state`` and, with a ``client-state-dir``, in a state file
 (:mod:`fmtl_flower.checkpoint`), which :func:`load_into_context` reads back into an empty
@@ -21,9 +28,10 @@ Functions over numpy arrays and plain dicts; the handlers keep the result in
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from logging import WARNING
+from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +42,8 @@ from flwr.common.logger import log
 from ..checkpoint import CheckpointError, read_state_file, write_state_file
 from ..wire import to_array
 
-__all__ = ["DualState", "encode", "load_into_context", "read_dual_file", "reconcile",
-           "write_dual_file"]
+__all__ = ["DualState", "data_fingerprint", "encode", "load_into_context", "log_reconciled",
+           "read_dual_file", "reconcile", "write_dual_file"]
 
 META_KEYS = ("task-id", "committed-round", "pending-round", "stable-round")
 
@@ -43,23 +51,48 @@ META_KEYS = ("task-id", "committed-round", "pending-round", "stable-round")
 @dataclass
 class DualState:
     """The reconciled state: alpha to start from, its round, whether it survived (``ok``),
-    and the stable copy ``(alpha, round)`` to keep (or None)."""
+    the stable copy ``(alpha, round)`` to keep (or None), and why a stored state was not
+    used (``note``: ``""``, ``"new run"``, ``"data changed"`` or ``"lagging"``)."""
 
     alpha: np.ndarray
     committed: int
     ok: bool
     stable: tuple[np.ndarray, int] | None
+    note: str = ""
+
+
+def data_fingerprint(*arrays: np.ndarray) -> str:
+    """A cheap fingerprint of a device's training data (hex of a 64-bit BLAKE2b over the
+    arrays' shapes, dtypes and bytes): stored with the dual state, so that state kept for
+    other data is never resumed (one pass over the data, about 1 GB/s)."""
+    digest = hashlib.blake2b(digest_size=8)
+    for array in arrays:
+        array = np.ascontiguousarray(array)
+        digest.update(f"{array.dtype.str}{array.shape};".encode())
+        digest.update(memoryview(array).cast("B"))
+    return digest.hexdigest()
 
 
 def reconcile(duals: np.ndarray | None, meta: Mapping[str, Any] | None, *, task_id: int,
-              n: int, last_accepted: int, checkpoint_round: int = -1) -> DualState:
+              n: int, last_accepted: int, checkpoint_round: int = -1,
+              fingerprint: str | None = None) -> DualState:
     """Apply the protocol to the stored ``duals`` (3, n) and ``meta`` (None: nothing stored).
 
-    Stored state of another task or shape counts as nothing stored.
+    Stored state of another task or shape, or (``fingerprint`` given) of other data (``meta``
+    ``"data"``), counts as nothing stored. ``last_accepted = 0`` (the server holds nothing of
+    this task: b_t = 0, a new run or a reset) starts clean from alpha = 0 with ``ok`` set,
+    whatever is stored: alpha = 0 is what the server holds, so this is no reset.
     """
-    alpha, committed, stable = np.zeros(n), 0, None
-    if (duals is not None and meta is not None and meta.get("task-id", -1) == task_id
-            and duals.shape == (3, n)):
+    alpha, committed, stable, note = np.zeros(n), 0, None, ""
+    usable = (duals is not None and meta is not None and meta.get("task-id", -1) == task_id
+              and duals.shape == (3, n))
+    if usable and fingerprint is not None and meta.get("data", "") != fingerprint:
+        usable, note = False, "data changed"
+    if usable and last_accepted == 0:
+        if int(meta["committed-round"]) != 0 or int(meta["pending-round"]) >= 0:
+            note = "new run"
+        usable = False
+    if usable:
         alpha, committed = duals[0], int(meta["committed-round"])
         pending_round = int(meta["pending-round"])
         if pending_round >= 0 and pending_round == last_accepted:
@@ -69,34 +102,53 @@ def reconcile(duals: np.ndarray | None, meta: Mapping[str, Any] | None, *, task_
             stable = (duals[2], stable_round)
     if committed != last_accepted:
         if stable is None or stable[1] != last_accepted:
-            return DualState(np.zeros(n), 0, False, None)
+            return DualState(np.zeros(n), 0, False, None, note or "lagging")
         alpha, committed = stable  # back to the server's checkpoint
     if 0 <= checkpoint_round and committed <= checkpoint_round:
         stable = (alpha, committed)
-    return DualState(alpha, committed, True, stable)
+    return DualState(alpha, committed, True, stable, note)
+
+
+def log_reconciled(name: str, task_id: int, state: DualState, last_accepted: int) -> None:
+    """One log line when a stored state was not resumed, with the reason."""
+    if state.note == "new run":
+        log(INFO, "%s task %d: new run (the server holds nothing of this task); the stored "
+            "state is from another run and is not used: starting clean", name, task_id)
+    elif state.note == "data changed":
+        log(WARNING, "%s task %d: the stored state belongs to other training data; "
+            "restarting from alpha = 0%s", name, task_id,
+            "" if state.ok else " (the server resets this task)")
+    elif state.note == "lagging":
+        log(WARNING, "%s task %d: no stored state of round %d (the server's last accepted "
+            "round); restarting from alpha = 0 (the server resets this task)", name, task_id,
+            last_accepted)
 
 
 def encode(state: DualState, task_id: int, pending: np.ndarray | None,
-           pending_round: int) -> tuple[np.ndarray, dict[str, int]]:
-    """``(duals (3, n), meta)`` to store after a message (``pending``: this round's change)."""
+           pending_round: int, fingerprint: str | None = None
+           ) -> tuple[np.ndarray, dict[str, int | str]]:
+    """``(duals (3, n), meta)`` to store after a message (``pending``: this round's change;
+    ``fingerprint``: of the data the state belongs to, kept as meta ``"data"``)."""
     n = state.alpha.shape[0]
     duals = np.empty((3, n))
     duals[0] = state.alpha
     duals[1] = 0.0 if pending is None else pending
     duals[2] = 0.0 if state.stable is None else state.stable[0]
-    meta = {"task-id": int(task_id), "committed-round": int(state.committed),
+    meta: dict[str, int | str] = {"task-id": int(task_id), "committed-round": int(state.committed),
             "pending-round": int(pending_round) if pending is not None else -1,
             "stable-round": -1 if state.stable is None else int(state.stable[1])}
+    if fingerprint is not None:
+        meta["data"] = fingerprint
     return duals, meta
 
 
-def write_dual_file(path: Path, duals: np.ndarray, meta: Mapping[str, int]) -> None:
+def write_dual_file(path: Path, duals: np.ndarray, meta: Mapping[str, int | str]) -> None:
     """Keep the state in a file as well (atomic, no pickle)."""
     write_state_file(path, {"duals": duals}, dict(meta))
 
 
 def read_dual_file(path: Path, task_id: int, n: int
-                   ) -> tuple[np.ndarray, dict[str, int]] | None:
+                   ) -> tuple[np.ndarray, dict[str, int | str]] | None:
     """The state kept in ``path`` if it is this task's and well formed; None if there is no
     file. Raises :class:`~fmtl_flower.checkpoint.CheckpointError` naming what is wrong."""
     if not path.exists():
@@ -104,7 +156,9 @@ def read_dual_file(path: Path, task_id: int, n: int
     arrays, meta = read_state_file(path)
     try:
         duals = arrays["duals"]
-        values = {k: int(meta[k]) for k in META_KEYS}
+        values: dict[str, int | str] = {k: int(meta[k]) for k in META_KEYS}
+        if "data" in meta:
+            values["data"] = str(meta["data"])
     except (KeyError, TypeError, ValueError) as err:
         raise CheckpointError(f"{path}: missing or bad entry ({err})") from None
     if values["task-id"] != task_id or duals.dtype != np.float64 or duals.shape != (3, n) \

@@ -59,7 +59,15 @@ from ..core.fsvrg import (
 from ..core.rng import coordinate_order
 from ..wire import from_array, to_array
 from .common import config_value, protocol_rounds, state_file_for, use_kernel_cache
-from .dual_state import DualState, encode, load_into_context, reconcile, write_dual_file
+from .dual_state import (
+    DualState,
+    data_fingerprint,
+    encode,
+    load_into_context,
+    log_reconciled,
+    reconcile,
+    write_dual_file,
+)
 from .mocha import default_task_id
 
 __all__ = ["COCOA_STATE_ARRAYS", "COCOA_STATE_META", "FsvrgClient", "SparseLocalTask",
@@ -82,6 +90,7 @@ class SparseLocalTask:
     X_test: sp.csr_matrix
     y_test: np.ndarray
     counts: np.ndarray
+    fingerprint: str = ""  # of (X, y): CoCoA+'s dual state is bound to it
 
     @property
     def n(self) -> int:
@@ -149,8 +158,9 @@ class FsvrgClient:
             y = _labels(y, X.shape[0], "y")
             y_test = _labels(y_test, X_test.shape[0], "y_test")
             _, counts = node_feature_counts(X)
+            fingerprint = data_fingerprint(X.indptr, X.indices, X.data, y)
             self._cache[key] = SparseLocalTask(int(self.task_id(context)), X, y, X_test,
-                                               y_test, counts)
+                                               y_test, counts, fingerprint)
         return self._cache[key]
 
     # -- handlers ---------------------------------------------------------------------------
@@ -277,12 +287,15 @@ class FsvrgClient:
             duals = from_array(arrays["duals"]) if "duals" in arrays else None
             if duals is not None and duals.dtype != np.float64:
                 duals = None
-        return reconcile(duals, meta, task_id=task.task_id, n=task.n,
-                         last_accepted=last_accepted, checkpoint_round=checkpoint_round)
+        state = reconcile(duals, meta, task_id=task.task_id, n=task.n,
+                          last_accepted=last_accepted, checkpoint_round=checkpoint_round,
+                          fingerprint=task.fingerprint)
+        log_reconciled("CoCoA+", task.task_id, state, last_accepted)
+        return state
 
     def _write_duals(self, context: Context, task: SparseLocalTask, state: DualState,
                      pending: np.ndarray | None, pending_round: int) -> None:
-        duals, meta = encode(state, task.task_id, pending, pending_round)
+        duals, meta = encode(state, task.task_id, pending, pending_round, task.fingerprint)
         context.state[COCOA_STATE_ARRAYS] = ArrayRecord({"duals": to_array(duals)})
         context.state[COCOA_STATE_META] = ConfigRecord(meta)
         path = state_file_for(context, "cocoa-plus", task.task_id, self.state_dir)

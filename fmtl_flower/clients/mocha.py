@@ -4,8 +4,9 @@ The wire contract (keys, shapes, dtypes) is documented in :mod:`fmtl_flower.stra
 A device keeps its dual variables alpha in ``context.state`` (ArrayRecord ``mocha.arrays``:
 ``duals`` float64 (3, n) = [committed alpha; pending d_alpha; stable alpha], ConfigRecord
 ``mocha.meta``: ``task-id``, ``committed-round``, ``pending-round``, ``stable-round`` (-1:
-none); the stable copy is the newest committed alpha not after the server's newest
-checkpoint) and never sends them; it sends
+none; the stable copy is the newest committed alpha not after the server's newest
+checkpoint), ``data`` (a fingerprint of the training data X, y: state kept for other data is
+never resumed) and never sends them; it sends
 only ``delta-b = X^T d_alpha / n`` (d floats) and a few scalars.
 
 Dual commit protocol (design decision 4). The device keeps its newest ``d_alpha`` *pending*
@@ -50,7 +51,15 @@ from .common import (
     state_file_for,
     use_kernel_cache,
 )
-from .dual_state import DualState, encode, load_into_context, reconcile, write_dual_file
+from .dual_state import (
+    DualState,
+    data_fingerprint,
+    encode,
+    load_into_context,
+    log_reconciled,
+    reconcile,
+    write_dual_file,
+)
 
 STATE_ARRAYS = "mocha.arrays"
 STATE_META = "mocha.meta"
@@ -69,6 +78,7 @@ class LocalTask:
     X_test: np.ndarray
     y_test: np.ndarray
     sqnorm: np.ndarray
+    fingerprint: str = ""  # of (X, y): the dual state is bound to it
 
     @property
     def n(self) -> int:
@@ -152,7 +162,7 @@ class MochaClient:
         else:
             X_test, y_test = np.zeros((0, X.shape[1])), np.zeros(0)
         sqnorm = np.einsum("ij,ij->i", X, X)
-        return LocalTask(tid, X, y, X_test, y_test, sqnorm)
+        return LocalTask(tid, X, y, X_test, y_test, sqnorm, data_fingerprint(X, y))
 
     # -- handlers ---------------------------------------------------------------------------
     def whoami(self, msg: Message, context: Context) -> Message:
@@ -264,8 +274,11 @@ class MochaClient:
             self._load_state_file(context, task)
         meta = dict(context.state[STATE_META]) if STATE_META in context.state else None
         duals = self._stored_duals(context) if meta is not None else None
-        return reconcile(duals, meta, task_id=task.task_id, n=task.n,
-                         last_accepted=last_accepted, checkpoint_round=checkpoint_round)
+        state = reconcile(duals, meta, task_id=task.task_id, n=task.n,
+                          last_accepted=last_accepted, checkpoint_round=checkpoint_round,
+                          fingerprint=task.fingerprint)
+        log_reconciled("MOCHA", task.task_id, state, last_accepted)
+        return state
 
     def _stored_duals(self, context: Context) -> np.ndarray | None:
         if STATE_ARRAYS not in context.state:
@@ -297,7 +310,7 @@ class MochaClient:
 
     def _write_state(self, context: Context, task: LocalTask, state: DualState,
                      pending: np.ndarray | None, pending_round: int) -> None:
-        duals, meta = encode(state, task.task_id, pending, pending_round)
+        duals, meta = encode(state, task.task_id, pending, pending_round, task.fingerprint)
         duals.setflags(write=False)
         array = to_array(duals)
         record = ArrayRecord({"duals": array})

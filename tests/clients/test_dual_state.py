@@ -8,6 +8,7 @@ import pytest
 from fmtl_flower.checkpoint import CheckpointError
 from fmtl_flower.clients.dual_state import (
     DualState,
+    data_fingerprint,
     encode,
     read_dual_file,
     reconcile,
@@ -69,3 +70,34 @@ def test_encode_and_file_round_trip(tmp_path):
     assert read_dual_file(tmp_path / "none.npz", 7, N) is None
     with pytest.raises(CheckpointError, match="not this task"):
         read_dual_file(tmp_path / "s.npz", 8, N)
+
+
+def test_state_of_other_data_counts_as_nothing_stored():
+    duals, meta = stored(committed=2, pending=3)
+    meta["data"] = "aaaa"
+    same = reconcile(duals, meta, task_id=7, n=N, last_accepted=3, fingerprint="aaaa")
+    assert same.ok and same.note == ""
+    np.testing.assert_array_equal(same.alpha, A + D)
+    other = reconcile(duals, meta, task_id=7, n=N, last_accepted=3, fingerprint="bbbb")
+    assert not other.ok and other.note == "data changed"
+    np.testing.assert_array_equal(other.alpha, np.zeros(N))
+    del meta["data"]  # a state file written before fingerprints: not resumed either
+    assert not reconcile(duals, meta, task_id=7, n=N, last_accepted=3, fingerprint="aaaa").ok
+
+
+def test_new_run_starts_clean_and_is_no_reset():
+    duals, meta = stored(committed=5, pending=6, stable=4)
+    state = reconcile(duals, meta, task_id=7, n=N, last_accepted=0, checkpoint_round=0)
+    assert state.ok and state.note == "new run" and state.committed == 0
+    np.testing.assert_array_equal(state.alpha, np.zeros(N))
+    assert reconcile(None, None, task_id=7, n=N, last_accepted=0).note == ""
+
+
+def test_fingerprint_depends_on_values_and_shapes():
+    X = np.arange(6.0).reshape(3, 2)
+    y = np.array([1.0, -1.0, 1.0])
+    f = data_fingerprint(X, y)
+    assert f == data_fingerprint(X.copy(), y.copy()) and len(f) == 16
+    assert f != data_fingerprint(X[::-1], y)
+    assert f != data_fingerprint(X.reshape(2, 3), y)
+    assert f != data_fingerprint(X, -y)

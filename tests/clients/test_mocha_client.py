@@ -7,6 +7,7 @@ Covers the whoami query, the dual commit protocol (design decision 4, the module
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import ServerApp
 
+from fmtl_flower.clients.dual_state import data_fingerprint
 from fmtl_flower.clients.mocha import STATE_ARRAYS, STATE_META, make_mocha_client_app
 from fmtl_flower.core.hinge import (
     check_dual_feasible,
@@ -115,7 +117,10 @@ def duals(context: Context) -> np.ndarray:
 
 
 def meta(context: Context) -> dict[str, Any]:
-    return dict(context.state[STATE_META])
+    """The stored meta without ``data``, which must be the fingerprint of (X, Y)."""
+    out = dict(context.state[STATE_META])
+    assert out.pop("data") == data_fingerprint(X, Y)
+    return out
 
 
 def snapshot(context: Context) -> dict[str, Any]:
@@ -325,13 +330,46 @@ def test_state_of_another_task_is_not_used(app):
 
 
 def test_state_newer_than_the_server_is_reset(app):
-    """A new server run (last-accepted-round 0) meets a device that has committed rounds."""
+    """The server accepted round 1 of this task, the device has committed three rounds."""
     context = make_context()
     _three_accepted_rounds(app, context)
-    reply = app(train_msg(1, 0, random_w(9)), context)
+    reply = app(train_msg(4, 1, random_w(9)), context)
     assert metrics(reply)["state-ok"] == 0
     assert np.array_equal(duals(context)[0], np.zeros(N))
     assert meta(context)["committed-round"] == 0
+
+
+def test_new_run_starts_clean_without_a_reset(app, caplog):
+    """A new server run (last-accepted-round 0: it holds nothing of the task) meets a device
+    that has committed rounds of another run: alpha = 0 is what the server holds, so the
+    device starts clean and says so, and this is no reset (state-ok 1)."""
+    context = make_context()
+    _three_accepted_rounds(app, context)
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        reply = app(train_msg(1, 0, random_w(9)), context)
+    assert metrics(reply)["state-ok"] == 1
+    assert metrics(reply)["dual-mean"] == 0.0
+    assert np.array_equal(duals(context)[0], np.zeros(N))
+    assert meta(context)["committed-round"] == 0 and meta(context)["pending-round"] == 1
+    assert "new run" in caplog.text and "starting clean" in caplog.text
+
+
+def test_state_of_other_data_is_not_resumed(tmp_path):
+    """A device restarted with another dataset of the same size must not load its old duals
+    from the state file (task id and n match): the task restarts, the server resets it."""
+    first = make_mocha_client_app(load_data)
+    context = make_context({"task-id": TASK, "client-state-dir": str(tmp_path)})
+    _three_accepted_rounds(first, context)
+    X2 = X[::-1].copy()  # same shapes, other data
+    second = make_mocha_client_app(lambda ctx: (X2, Y, X_TEST, Y_TEST))
+    fresh = make_context({"task-id": TASK, "client-state-dir": str(tmp_path)})
+    reply = second(train_msg(4, 3, random_w(4)), fresh)
+    assert metrics(reply)["state-ok"] == 0
+    assert metrics(reply)["dual-mean"] == 0.0
+    # the same data again: the state file is resumed
+    again = make_context({"task-id": TASK, "client-state-dir": str(tmp_path)})
+    third = make_mocha_client_app(lambda ctx: (X2, Y, X_TEST, Y_TEST))
+    assert metrics(third(train_msg(5, 4, random_w(5)), again))["state-ok"] == 1
 
 
 def test_dual_feasibility_and_consistency_over_many_rounds(app):
