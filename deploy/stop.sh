@@ -8,7 +8,11 @@
 # wind down), then SIGKILLs any still alive. A PID whose start time no longer matches (the
 # process ended and the PID was reused) is left alone. Processes Flower spawned below them
 # (flower-superexec, ServerApp/ClientApp processes) normally exit with their parent; any
-# still alive after that are stopped the same way, by PID. Exits 0 when none is left alive.
+# still alive after that are stopped the same way, by PID. That includes orphans of a
+# SuperLink or SuperNode that was killed earlier (e.g. a flwr-serverapp that outlived its
+# SuperLink): start-local.sh starts each recorded process in its own session, and every
+# process still in that session and started after its leader is stopped too.
+# Exits 0 when none is left alive.
 set -euo pipefail
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
@@ -47,6 +51,13 @@ descendants() {  # all descendants of PID, from `ps` (procps), deepest last
             echo "$child"
             queue+=("$child")
         done
+    done
+}
+session_members() {  # PIDs in session SID (led by a recorded process) started after START
+    local sid=$1 start=$2 pid
+    for pid in $(ps -o pid= -s "$sid" 2> /dev/null); do
+        [[ "$pid" == "$sid" ]] && continue
+        [[ "$start" == "-" || "$(start_time "$pid")" -ge "$start" ]] 2> /dev/null && echo "$pid"
     done
 }
 # stop_all "PID START" ...: SIGTERM, wait up to $grace s, SIGKILL; prints survivors
@@ -88,12 +99,17 @@ while read -r name pid start; do
             children+=("$child $(start_time "$child")")
         done
     fi
+    for child in $(session_members "$pid" "$start"); do  # orphans of a killed process too
+        [[ " ${children[*]+"${children[*]}"} " == *" $child "* ]] || \
+            children+=("$child $(start_time "$child")")
+    done
     if [[ "$name" == superlink ]]; then link+=("$pid $start"); else nodes+=("$pid $start"); fi
 done < "$pids_file"
 
 survivors=$(stop_all "${nodes[@]+"${nodes[@]}"}")
 survivors+=$(stop_all "${link[@]+"${link[@]}"}")
-# whatever they spawned and left behind (normally nothing: superexec watches its parent)
+# whatever they spawned and left behind (normally nothing: superexec watches its parent;
+# a flwr-serverapp orphaned by a SuperLink killed earlier is found through its session)
 ((grace > 5)) && grace=5
 survivors+=$(stop_all "${children[@]+"${children[@]}"}")
 

@@ -206,6 +206,59 @@ def test_stop_sh_stops_exactly_the_recorded_pids(tmp_path: Path) -> None:
             p.wait(timeout=10)
 
 
+def test_stop_sh_stops_the_orphan_of_a_process_killed_before(tmp_path: Path) -> None:
+    """A SuperLink SIGKILLed by hand leaves its flwr-serverapp behind (reparented to init):
+    stop.sh finds it through the session start-local.sh gave the SuperLink."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    popen = dict(start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    leader = subprocess.Popen(["bash", "-c", "sleep 300 & wait"], **popen)
+    bystander = subprocess.Popen(["sleep", "300"], **popen)  # another session: left alone
+    orphan = None
+    try:
+        deadline = time.monotonic() + 10
+        while not psutil.Process(leader.pid).children() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        orphan = psutil.Process(leader.pid).children()[0]
+        (run_dir / "pids").write_text(f"superlink {leader.pid} {_start_time(leader.pid)}\n")
+        leader.kill()  # the SuperLink dies; its child now belongs to init
+        leader.wait(timeout=5)
+        assert orphan.is_running() and orphan.ppid() != leader.pid
+        out = _script("stop.sh", run_dir, "1", timeout=60)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert _dead(orphan.pid), "the orphan of the killed SuperLink survived stop.sh"
+        assert bystander.poll() is None
+    finally:
+        leftover = [psutil.Process(bystander.pid)] if bystander.poll() is None else []
+        if orphan is not None and not _dead(orphan.pid):
+            leftover.append(orphan)
+        stop_processes(leftover, grace=2)
+        bystander.wait(timeout=10)
+
+
+def _unit(name: str) -> dict[str, list[str]]:
+    """``key -> values`` of a systemd unit file of the kit."""
+    out: dict[str, list[str]] = {}
+    for line in (DEPLOY / "systemd" / name).read_text().splitlines():
+        if "=" in line and not line.lstrip().startswith("#"):
+            key, value = line.split("=", 1)
+            out.setdefault(key.strip(), []).append(value.strip())
+    return out
+
+
+def test_units_restart_whatever_the_exit_status() -> None:
+    """A SuperNode refused by a SuperLink restarted without --database exits with status 0:
+    Restart=on-failure would leave it down. The SuperLink's unit kills its whole control
+    group, so no flwr-serverapp outlives it, and keeps its state in --database."""
+    for name in ("supernode@.service", "superlink.service"):
+        unit = _unit(name)
+        assert unit["Restart"] == ["always"], name
+        assert unit["StartLimitIntervalSec"] == ["0"], name
+    link = _unit("superlink.service")
+    assert link["KillMode"] == ["control-group"]
+    assert "--database" in (DEPLOY / "systemd" / "superlink.service").read_text()
+
+
 # ----------------------------------------------------------------------------- slow tests
 
 class Kit:
