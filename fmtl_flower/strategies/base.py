@@ -18,7 +18,8 @@ from __future__ import annotations
 import io
 import time
 from collections.abc import Callable, Iterable
-from logging import INFO
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from ..checkpoint import check_fingerprint, read_checkpoint, write_checkpoint
-from .discovery import TaskDirectory
+from .discovery import ReplyError, TaskDirectory
 
 
 class TaskStrategy(Strategy):
@@ -211,3 +212,174 @@ def as_taken_by(grid: Grid, messages: Iterable[Message]) -> Iterable[Message]:
     if getattr(grid, "streams_messages", False):
         return messages
     return list(messages)
+
+
+# ---------------------------------------------------------------------------- trust boundary
+@dataclass
+class RoundReplies:
+    """What one exchange's replies came to, as :meth:`ReplyBoundary.read` found them.
+
+    Attributes
+    ----------
+    accepted : dict[int, dict]
+        The parsed replies that passed every check, keyed by task, in task order (so sums
+        over them do not depend on the order the replies arrived in).
+    failed : dict[int, str]
+        Tasks that were sent a message and answered with an error or a rejected reply, with
+        the reason.
+    """
+
+    accepted: dict[int, dict[str, Any]] = field(default_factory=dict)
+    failed: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def arrived(self) -> int:
+        """Replies that arrived from tasks the exchange was sent to (accepted or not)."""
+        return len(self.accepted) + len(self.failed)
+
+
+class ReplyBoundary:
+    """The trust boundary every strategy reads its nodes' replies through.
+
+    A strategy registers each message it sends with :meth:`track` and reads the replies with
+    :meth:`read`, giving a ``parse(reply, task)`` function that decodes and checks one reply
+    and raises on anything wrong with it. The boundary
+
+    * ties every reply to the message it answers (``reply_to_message_id``), so an error reply
+      made by the SuperLink for a node that died is logged with the task and the real node it
+      was sent to, and its cause;
+    * ignores a reply to no message of this exchange and a reply from another node than the
+      one its message went to (neither counts against the task), rejects a reply whose
+      message type differs from its message's, and rejects a second reply for a task (the
+      first is kept, whether it was accepted or rejected);
+    * runs ``parse`` inside the boundary: *any* exception it raises (a :class:`ReplyError`,
+      or whatever decoding a hostile payload throws) becomes a logged rejection of that reply,
+      counted as a drop, and never leaves :meth:`read`. ``parse`` must not change the
+      strategy's state; the caller applies the accepted replies afterwards.
+
+    Parameters
+    ----------
+    name : str
+        Prefix of the log lines (the strategy's name).
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.sent: dict[int, int] = {}  # node -> task of the current exchange
+        self._by_id: dict[str, tuple[int, int, str]] = {}  # message id -> (task, node, type)
+        self._pending: list[tuple[int, int, Message]] = []  # sent, id not indexed yet
+
+    def begin(self) -> None:
+        """Start a new exchange: forget the messages of the previous one."""
+        self.sent = {}
+        self._by_id = {}
+        self._pending = []
+
+    def track(self, task: int, node: int, message: Message) -> Message:
+        """Register ``message`` (to ``node``, for ``task``) as part of this exchange."""
+        self.sent[node] = task
+        self._pending.append((task, node, message))
+        return message
+
+    def _match(self, message_id: str) -> tuple[int, int, str] | None:
+        """The (task, node, message type) of the sent message ``message_id``, if any.
+
+        Message ids are given when a message is pushed, so the sent messages are indexed
+        lazily (each once)."""
+        found = self._by_id.get(message_id)
+        if found is None and self._pending:
+            waiting = []
+            for task, node, message in self._pending:
+                mid = message.metadata.message_id
+                if mid:
+                    self._by_id[mid] = (task, node, message.metadata.message_type)
+                else:
+                    waiting.append((task, node, message))
+            self._pending = waiting
+            found = self._by_id.get(message_id)
+        return found
+
+    def read(self, where: str, replies: Iterable[Message],
+             parse: Callable[[Message, int], dict[str, Any]],
+             on_accept: Callable[[int], None] | None = None) -> RoundReplies:
+        """Check and parse ``replies``; see the class docstring.
+
+        Parameters
+        ----------
+        where : str
+            What the exchange is, for the log (``"round 3"``, ``"setup"``).
+        replies : iterable of Message
+        parse : callable
+            ``parse(reply, task) -> dict``; raises on a bad reply.
+        on_accept : callable, optional
+            Called with the task of each accepted reply.
+        """
+        out = RoundReplies()
+        accepted: dict[int, dict[str, Any]] = {}
+        for reply in replies:
+            try:
+                meta = reply.metadata
+                match = self._match(meta.reply_to_message_id)
+                src = meta.src_node_id
+            except Exception as err:  # noqa: BLE001 - a malformed reply object
+                log(WARNING, "%s %s: malformed reply ignored: %s", self.name, where,
+                    _reason(err))
+                continue
+            if match is None:
+                cause = f": {reply.error.reason}" if _has_error(reply) else ""
+                log(WARNING, "%s %s: reply from node %s answers no message of this exchange; "
+                    "ignored%s", self.name, where, src, cause)
+                continue
+            task, node, message_type = match
+            if src != node and not _has_error(reply):  # (the SuperLink makes error replies)
+                log(WARNING, "%s %s: reply for task %d from node %s, but its message went to "
+                    "node %s; ignored", self.name, where, task, src, node)
+                continue
+            if task in accepted or task in out.failed:
+                log(WARNING, "%s %s: second reply for task %d (node %s) rejected; the first "
+                    "is kept", self.name, where, task, node)
+                continue
+            if _has_error(reply):
+                reason = str(reply.error.reason)
+                log(WARNING, "%s %s: task %d: node %s failed: %s", self.name, where, task,
+                    node, reason)
+                out.failed[task] = reason
+                continue
+            try:
+                if meta.message_type != message_type:
+                    raise ReplyError(f"message type {meta.message_type!r}, expected "
+                                     f"{message_type!r}")
+                parsed = parse(reply, task)
+            except Exception as err:  # noqa: BLE001 - the trust boundary: any failure rejects
+                reason = _reason(err)
+                log(WARNING, "%s %s: reply of task %d (node %s) rejected: %s", self.name,
+                    where, task, node, reason)
+                out.failed[task] = reason
+                continue
+            accepted[task] = parsed
+            if on_accept is not None:
+                on_accept(task)
+        out.accepted = dict(sorted(accepted.items()))
+        silent = sorted(set(self.sent.values()) - set(accepted) - set(out.failed))
+        if silent:
+            names = ", ".join(str(t) for t in silent[:20]) + (", ..." if len(silent) > 20 else "")
+            log(WARNING, "%s %s: no reply from task%s %s within the timeout; counted as "
+                "dropped", self.name, where, "s" if len(silent) > 1 else "", names)
+        return out
+
+
+def _has_error(reply: Message) -> bool:
+    try:
+        return bool(reply.has_error())
+    except Exception:  # noqa: BLE001 - a reply without a readable error is not an error reply
+        return False
+
+
+def _reason(err: BaseException) -> str:
+    """A rejection reason: the message of a ReplyError, else the exception's type and text."""
+    if isinstance(err, ReplyError):
+        return str(err)
+    text = str(err)
+    if len(text) > 200:
+        text = text[:200] + "..."
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__

@@ -3,18 +3,29 @@
 Flower node ids are random and change when a device restarts; strategies key everything by the
 task id a node reports (design decision 6). :class:`TaskDirectory` keeps the two-way map,
 asks new nodes ``whoami`` (reply: ConfigRecord ``info`` with int ``task-id`` in
-0..num_tasks-1, ``n-train`` >= 1, ``dim`` >= 1, the same on every node), forgets nodes that go
-offline, lets a restarted device (new node id) take its task over, and refuses a second live
-node claiming a task (logged; asked again once the holder is gone). A node whose task id lies
-outside 0..num_tasks-1 (a misconfigured device, or one of a larger federation such as an
-OFMTL newcomer not yet admitted) is logged once (``outside_level``, WARNING by default) and
-not asked again while it stays online.
+0..num_tasks-1, ``n-train`` in 1..``max_n``, ``dim`` in 1..``max_dim``, the same on every
+node, optional ``n-test`` in 0..``max_n`` and optional float ``max-row-norm``, the largest
+Euclidean norm of a training row, finite, in 0..``max_row_norm``), forgets nodes that go
+offline, lets a restarted device (new node id) take its task over (logged with the reason),
+and refuses a second live node claiming a task (logged; asked again once the holder is gone).
+A node whose task id lies outside 0..num_tasks-1 (a misconfigured device, or one of a larger
+federation such as an OFMTL newcomer not yet admitted) is logged once (``outside_level``,
+WARNING by default) and not asked again while it stays online.
+
+No single node fixes a run-wide fact. ``dim`` is the configured one when given; otherwise it
+is the value a majority agrees on: a strict majority of the federation's ``num_tasks`` tasks
+as soon as that many report it, or, when a waiting discovery ends (or every task has
+answered) without that, a strict majority of the tasks that answered. Until then the answers
+wait; a node reporting another ``dim`` than the one fixed, or sizes beyond the limits, is
+excluded with one log line and not asked again while it stays online. The limits are checked
+before anything is allocated from a reported size.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Iterable
 from logging import INFO, WARNING
 from typing import Any
@@ -31,6 +42,16 @@ class ReplyError(ValueError):
 
 class OutsideTaskRange(ReplyError):
     """A node serves a task id outside this federation's 0..num_tasks-1."""
+
+
+class BeyondLimits(ReplyError):
+    """A node reports a size beyond the server's limits (``max_dim``, ``max_n``, ...)."""
+
+
+#: Default limits on what a node may report at discovery (checked before any allocation).
+MAX_DIM = 10_000_000
+MAX_N = 1_000_000_000
+MAX_ROW_NORM = 1e8
 
 
 def read_metrics(reply: Message, *, ints: Iterable[str] = (), numbers: Iterable[str] = (),
@@ -79,29 +100,50 @@ class TaskDirectory:
         Task ids are 0 .. num_tasks - 1.
     name : str
         Prefix of log lines (the strategy's name).
+    dim : int, optional
+        The feature dimension, when the configuration fixes it (None: by majority).
+    max_dim, max_n : int
+        Largest ``dim`` and ``n-train`` / ``n-test`` a node may report.
+    max_row_norm : float
+        Largest ``max-row-norm`` a node may report.
 
     Attributes
     ----------
     node_to_task, task_to_node : dict[int, int]
     n_train : ndarray of shape (num_tasks,), int64
         Training-set size each task reported (0: not seen yet).
+    row_norm : ndarray of shape (num_tasks,), float64
+        The ``max-row-norm`` each task reported (NaN: not reported).
     dim : int or None
-        The feature dimension, fixed by the first valid reply.
+        The feature dimension: configured, or agreed by a majority (see the module docstring).
     """
 
-    def __init__(self, num_tasks: int, name: str) -> None:
+    def __init__(self, num_tasks: int, name: str, *, dim: int | None = None,
+                 max_dim: int = MAX_DIM, max_n: int = MAX_N,
+                 max_row_norm: float = MAX_ROW_NORM) -> None:
         self.num_tasks = int(num_tasks)
         self.name = name
+        self.max_dim, self.max_n = int(max_dim), int(max_n)
+        self.max_row_norm = float(max_row_norm)
+        if dim is not None and not 1 <= int(dim) <= self.max_dim:
+            raise ValueError(f"dim must be in 1..{self.max_dim}, got {dim!r}")
         self.node_to_task: dict[int, int] = {}
         self.task_to_node: dict[int, int] = {}
         self.n_train = np.zeros(self.num_tasks, dtype=np.int64)
-        self.dim: int | None = None
+        self.row_norm = np.full(self.num_tasks, np.nan)
+        self.dim: int | None = None if dim is None else int(dim)
         self._duplicates: dict[int, int] = {}  # node -> task it claims while another holds it
         self._outside: set[int] = set()  # nodes whose task id is outside 0..num_tasks-1
+        self._excluded: set[int] = set()  # nodes that disagree with the run or its limits
+        self._candidates: dict[int, dict[str, Any]] = {}  # node -> whoami, dim not fixed yet
+        self._gone: dict[int, int] = {}  # task -> node it had when that node went offline
         self.outside_level = WARNING
 
-    def discover(self, grid: Grid, *, wait: float = 0.0, query_timeout: float = 60.0) -> None:
-        """Map new node ids to tasks, waiting up to ``wait`` seconds for every task."""
+    def discover(self, grid: Grid, *, wait: float = 0.0, query_timeout: float = 60.0,
+                 settle: bool = True) -> None:
+        """Map new node ids to tasks, waiting up to ``wait`` seconds for every task; with
+        ``settle``, end by fixing ``dim`` from the answers if they have a majority
+        (:meth:`settle`; pass False to keep waiting for a majority of the federation)."""
         deadline = time.monotonic() + wait
         while True:
             online = set(grid.get_node_ids())
@@ -109,75 +151,159 @@ class TaskDirectory:
                 task = self.node_to_task.pop(node)
                 if self.task_to_node.get(task) == node:
                     del self.task_to_node[task]
+                    self._gone[task] = node
             for node in [n for n in self._duplicates if n not in online
                          or self.task_to_node.get(self._duplicates[n]) not in online]:
                 del self._duplicates[node]  # gone, or its task is free again: ask anew
             self._outside &= online
+            self._excluded &= online
+            self._candidates = {n: c for n, c in self._candidates.items() if n in online}
             unknown = sorted(online - set(self.node_to_task) - set(self._duplicates)
-                             - self._outside)
+                             - self._outside - self._excluded - set(self._candidates))
             if unknown:
                 self._query(grid, unknown, online, query_timeout)
-            if len(self.task_to_node) >= self.num_tasks or time.monotonic() >= deadline:
+            answered = {c["task-id"] for c in self._candidates.values()}
+            if (len(self.task_to_node) >= self.num_tasks or len(answered) >= self.num_tasks
+                    or time.monotonic() >= deadline):
                 break
             time.sleep(0.2)
+        if settle:
+            self.settle(online)
         if wait and len(self.task_to_node) < self.num_tasks:
             missing = sorted(set(range(self.num_tasks)) - set(self.task_to_node))
             log(WARNING, "%s: %d of %d tasks found after %.0f s; missing task ids %s", self.name,
                 len(self.task_to_node), self.num_tasks, wait, missing[:20])
 
+    def settle(self, online: set[int] | None = None) -> None:
+        """Fix ``dim`` from the answers so far if a strict majority of the tasks that answered
+        agree (the end of a waiting discovery); otherwise log that they disagree."""
+        self._vote(online if online is not None else set(self._candidates), final=True)
+
+    def fix_dim(self, dim: int) -> None:
+        """Fix ``dim`` (known from elsewhere: a checkpoint, a trained model) and settle the
+        answers waiting for it; nothing to do if it is fixed already."""
+        if self.dim is None:
+            self.dim = int(dim)
+            candidates, self._candidates = self._candidates, {}
+            for node, info in sorted(candidates.items()):
+                self._admit(node, info, set(candidates))
+
+    def _vote(self, online: set[int], final: bool) -> None:
+        if self.dim is not None or not self._candidates:
+            return
+        per_task: dict[int, int] = {}
+        for info in self._candidates.values():
+            per_task.setdefault(info["task-id"], info["dim"])
+        votes = Counter(per_task.values())
+        (value, count), = votes.most_common(1)
+        if 2 * count > self.num_tasks or (final and 2 * count > len(per_task)):
+            self.dim = int(value)
+            log(INFO, "%s: dim = %d, reported by %d of the %d tasks that answered", self.name,
+                value, count, len(per_task))
+            candidates, self._candidates = self._candidates, {}
+            for node, info in sorted(candidates.items()):
+                self._admit(node, info, online)
+        elif final:
+            log(WARNING, "%s: the %d tasks that answered disagree on dim (%s) and no value has "
+                "a majority; set dim in the configuration", self.name, len(per_task),
+                ", ".join(f"{v}: {c} tasks" for v, c in votes.most_common()))
+
     def _query(self, grid: Grid, nodes: list[int], online: set[int], timeout: float) -> None:
         msgs = [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n,
                         message_type=f"{MessageType.QUERY}.whoami") for n in nodes]
+        asked = set(nodes)
         for reply in grid.send_and_receive(msgs, timeout=timeout):
-            node = reply.metadata.src_node_id
-            if reply.has_error():
-                log(WARNING, "%s: whoami failed on node %s: %s", self.name, node,
-                    reply.error.reason)
-                continue
+            node = None
             try:
-                task, n_train, dim = self.read_whoami(reply)
+                node = reply.metadata.src_node_id
+                if node not in asked:
+                    continue  # not an answer to this query
+                if reply.has_error():
+                    log(WARNING, "%s: whoami failed on node %s: %s", self.name, node,
+                        reply.error.reason)
+                    continue
+                info = self.read_whoami(reply)
             except OutsideTaskRange as err:
                 log(self.outside_level, "%s: node %s: bad whoami reply: %s; not part of this "
                     "federation, not asked again while online", self.name, node, err)
                 self._outside.add(node)
                 continue
-            except ReplyError as err:
-                log(WARNING, "%s: node %s: bad whoami reply: %s", self.name, node, err)
+            except BeyondLimits as err:
+                log(WARNING, "%s: node %s excluded: %s; not asked again while online",
+                    self.name, node, err)
+                self._excluded.add(node)
                 continue
+            except Exception as err:  # noqa: BLE001 - any malformed reply is only logged
+                reason = err if isinstance(err, ReplyError) else f"{type(err).__name__}: {err}"
+                log(WARNING, "%s: node %s: bad whoami reply: %s", self.name, node, reason)
+                continue
+            asked.discard(node)
             if self.dim is None:
-                self.dim = dim
-            elif dim != self.dim:
-                log(WARNING, "%s: node %s (task %d) has %d features, the federation %d; "
-                    "ignored", self.name, node, task, dim, self.dim)
-                continue
-            old = self.task_to_node.get(task)
-            if old is not None and old != node:
-                if old in online:
-                    log(WARNING, "%s: node %s claims task %d, which node %s (online) holds; "
-                        "ignored while that node is online", self.name, node, task, old)
-                    self._duplicates[node] = task
-                    continue
-                log(INFO, "%s: task %d moved from node %s to node %s", self.name, task, old,
-                    node)
-                self.node_to_task.pop(old, None)
-            self.task_to_node[task] = node
-            self.node_to_task[node] = task
-            self.n_train[task] = n_train
+                self._candidates[node] = info
+            else:
+                self._admit(node, info, online)
+        self._vote(online, final=False)
 
-    def read_whoami(self, reply: Message) -> tuple[int, int, int]:
-        """(task id, n-train, dim) of a whoami reply; :class:`ReplyError` if malformed."""
+    def _admit(self, node: int, info: dict[str, Any], online: set[int]) -> None:
+        """Give ``node`` its task, if it agrees with the run's ``dim`` and the task is free."""
+        task = info["task-id"]
+        if info["dim"] != self.dim:
+            log(WARNING, "%s: node %s (task %d) has %d features, the federation %d; "
+                "excluded, not asked again while online", self.name, node, task, info["dim"],
+                self.dim)
+            self._excluded.add(node)
+            return
+        old = self.task_to_node.get(task)
+        if old is not None and old != node:
+            if old in online:
+                log(WARNING, "%s: node %s claims task %d, which node %s (online) holds; "
+                    "ignored while that node is online", self.name, node, task, old)
+                self._duplicates[node] = task
+                return
+            log(INFO, "%s: task %d moved from node %s to node %s: node %s went offline and "
+                "the task's device answered as node %s", self.name, task, old, node, old, node)
+            self.node_to_task.pop(old, None)
+        elif task in self._gone and self._gone[task] != node:
+            log(INFO, "%s: task %d rejoined on node %s (its node %s went offline)", self.name,
+                task, node, self._gone[task])
+        self._gone.pop(task, None)
+        self.task_to_node[task] = node
+        self.node_to_task[node] = task
+        self.n_train[task] = info["n-train"]
+        self.row_norm[task] = info.get("max-row-norm", np.nan)
+
+    def read_whoami(self, reply: Message) -> dict[str, Any]:
+        """The checked ``info`` of a whoami reply: ``task-id``, ``n-train``, ``dim`` and, when
+        reported, ``n-test`` and ``max-row-norm``; :class:`ReplyError` if malformed,
+        :class:`OutsideTaskRange` / :class:`BeyondLimits` as their names say."""
         if "info" not in reply.content:
             raise ReplyError("no 'info' record")
         info = reply.content["info"]
-        values = {}
-        for key in ("task-id", "n-train", "dim"):
+        values: dict[str, Any] = {}
+        for key in ("task-id", "n-train", "dim", "n-test"):
             value = info[key] if key in info else None
+            if value is None and key == "n-test":
+                continue
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ReplyError(f"{key!r} must be an int, got {value!r}")
             values[key] = value
         if not 0 <= values["task-id"] < self.num_tasks:
             raise OutsideTaskRange(f"task-id {values['task-id']} outside "
                                    f"0..{self.num_tasks - 1}")
-        if values["n-train"] < 1 or values["dim"] < 1:
-            raise ReplyError("n-train and dim must be >= 1")
-        return values["task-id"], values["n-train"], values["dim"]
+        if values["n-train"] < 1 or values["dim"] < 1 or values.get("n-test", 0) < 0:
+            raise ReplyError("n-train and dim must be >= 1, n-test >= 0")
+        if values["dim"] > self.max_dim:
+            raise BeyondLimits(f"dim {values['dim']} above the limit {self.max_dim}")
+        for key in ("n-train", "n-test"):
+            if values.get(key, 0) > self.max_n:
+                raise BeyondLimits(f"{key} {values[key]} above the limit {self.max_n}")
+        if "max-row-norm" in info:
+            norm = info["max-row-norm"]
+            if isinstance(norm, bool) or not isinstance(norm, int | float) or not (
+                    math.isfinite(norm) and norm >= 0):
+                raise ReplyError(f"'max-row-norm' must be a finite number >= 0, got {norm!r}")
+            if norm > self.max_row_norm:
+                raise BeyondLimits(f"max-row-norm {norm:g} above the limit "
+                                   f"{self.max_row_norm:g}")
+            values["max-row-norm"] = float(norm)
+        return values

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
-from logging import INFO, WARNING
+from logging import INFO
 from typing import Any
 
 import numpy as np
@@ -77,7 +77,7 @@ from ..core.models import MODELS, make_model
 from ..core.rng import round_rng
 from ..metrics import error_summary
 from ..wire import from_array, to_array
-from .base import TaskStrategy
+from .base import ReplyBoundary, TaskStrategy
 from .discovery import ReplyError, TaskDirectory, check_task_and_round, read_metrics
 
 __all__ = ["METHODS", "FedEM", "ReplyError"]
@@ -205,7 +205,7 @@ class FedEM(TaskStrategy):
         self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
         self.records: list[dict[str, Any]] = []
         self.components: np.ndarray | None = None
-        self._sent: dict[int, int] = {}
+        self.replies = ReplyBoundary(self.name)
         self._round_start = 0.0
 
     # ------------------------------------------------------------------ Strategy interface
@@ -237,7 +237,7 @@ class FedEM(TaskStrategy):
         """Validate replies and aggregate each component."""
         assert self.components is not None
         # keyed by task in task order: sums must not depend on the order replies arrive in
-        accepted = dict(sorted(self._read_replies(server_round, replies, train=True).items()))
+        accepted = self._read_replies(server_round, replies, train=True)
         started = time.perf_counter()
         if self.method != "local" and accepted:
             updates = [(r["components"], r["weights"]) for r in accepted.values()]
@@ -280,7 +280,7 @@ class FedEM(TaskStrategy):
         record = self.records[-1]
         record.pop("_reg", None)
         if self._evaluation_due(server_round):
-            accepted = dict(sorted(self._read_replies(server_round, replies, train=False).items()))
+            accepted = self._read_replies(server_round, replies, train=False)
             for key, mask in (("", ~self.unseen), ("unseen_", self.unseen)):
                 tasks = [t for t in accepted if mask[t]]
                 if not tasks:
@@ -366,7 +366,7 @@ class FedEM(TaskStrategy):
                 "momentum": self.sgd.momentum, "weight-decay": self.sgd.weight_decay,
                 "prox-mu": self.sgd.prox_mu if self.method == "fedprox" else 0.0,
                 "pi-floor": self.pi_floor, "finetune-epochs": self.finetune_epochs}
-        self._sent = {}
+        self.replies.begin()
         out = []
         for task in tasks:
             node = self.task_to_node[task]
@@ -374,41 +374,22 @@ class FedEM(TaskStrategy):
                                    "unseen": bool(self.unseen[task])})
             content = RecordDict({"arrays": ArrayRecord({"components": components}),
                                   "config": config})
-            out.append(Message(content, dst_node_id=node, message_type=message_type,
-                               group_id=str(server_round)))
-            self._sent[node] = int(task)
+            out.append(self.replies.track(int(task), node, Message(
+                content, dst_node_id=node, message_type=message_type,
+                group_id=str(server_round))))
         return out
 
     def _read_replies(self, server_round: int, replies: Iterable[Message],
                       train: bool) -> dict[int, dict[str, Any]]:
-        """Validated replies keyed by task; invalid ones logged and left out."""
-        accepted: dict[int, dict[str, Any]] = {}
-        failed: set[int] = set()
-        for reply in replies:
-            node = reply.metadata.src_node_id
-            task = self._sent.get(node)
-            if reply.has_error():
-                log(WARNING, "%s round %d: node %s failed: %s", self.name, server_round, node,
-                    reply.error.reason)
-                if task is not None:
-                    failed.add(task)
-                continue
-            if task is None or task in accepted or task in failed:
-                log(WARNING, "%s round %d: unexpected or duplicate reply from node %s ignored",
-                    self.name, server_round, node)
-                continue
-            try:
-                accepted[task] = self._parse_reply(reply, task, server_round, train)
-                self.ever_replied[task] = True
-            except ReplyError as err:
-                log(WARNING, "%s round %d: reply of task %d (node %s) rejected: %s", self.name,
-                    server_round, task, node, err)
-                failed.add(task)
-        silent = sorted(set(self._sent.values()) - set(accepted) - failed)
-        if silent:
-            log(WARNING, "%s round %d: no reply from %d client(s) within the timeout (%s)",
-                self.name, server_round, len(silent), ", ".join(map(str, silent[:20])))
-        return accepted
+        """Validated replies keyed by task, in task order; invalid ones logged and left out
+        (:class:`~fmtl_flower.strategies.base.ReplyBoundary`)."""
+        def on_accept(task: int) -> None:
+            self.ever_replied[task] = True
+
+        return self.replies.read(
+            f"round {server_round}", replies,
+            lambda reply, task: self._parse_reply(reply, task, server_round, train),
+            on_accept).accepted
 
     def _parse_reply(self, reply: Message, task: int, server_round: int,
                      train: bool) -> dict[str, Any]:
@@ -434,11 +415,8 @@ class FedEM(TaskStrategy):
         arrays = content["arrays"] if "arrays" in content else None
         if arrays is None or "components" not in arrays or "weights" not in arrays:
             raise ReplyError("arrays 'components' and 'weights' required")
-        try:
-            theta = from_array(arrays["components"])
-            weights = from_array(arrays["weights"])
-        except (TypeError, ValueError) as err:
-            raise ReplyError(f"arrays cannot be decoded: {err}") from None
+        theta = from_array(arrays["components"])
+        weights = from_array(arrays["weights"])
         M, P = self.components.shape
         if theta.dtype != np.float64 or theta.shape != (M, P):
             raise ReplyError(f"'components' must be float64 of shape ({M}, {P}), got "

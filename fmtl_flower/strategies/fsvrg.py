@@ -128,7 +128,7 @@ from ..core.fsvrg import (
     naive_fsvrg_aggregate,
 )
 from ..wire import from_array, to_array
-from .base import TaskStrategy
+from .base import ReplyBoundary, TaskStrategy
 from .discovery import ReplyError, TaskDirectory, check_task_and_round, read_metrics
 
 __all__ = ["METHODS", "DualLedger", "Fsvrg", "ReplyError"]
@@ -316,7 +316,7 @@ class Fsvrg(TaskStrategy):
         self.exchanges = 0
         self._g: np.ndarray | None = None
         self._gd_replies = 0
-        self._sent: dict[int, int] = {}
+        self.replies = ReplyBoundary(_NAME)
         self._round_start = 0.0
 
     @property
@@ -476,13 +476,12 @@ class Fsvrg(TaskStrategy):
     def _setup(self, grid: Grid) -> None:
         """Query every node's feature counts once and build the statistics."""
         assert self.dim is not None
-        self._sent = {}
+        self.replies.begin()
         messages = []
         for task, node in sorted(self.task_to_node.items()):
-            messages.append(Message(RecordDict({"config": ConfigRecord({"task-id": task})}),
-                                    dst_node_id=node,
-                                    message_type=f"{MessageType.QUERY}.fsvrg_stats"))
-            self._sent[node] = task
+            messages.append(self.replies.track(task, node, Message(
+                RecordDict({"config": ConfigRecord({"task-id": task})}), dst_node_id=node,
+                message_type=f"{MessageType.QUERY}.fsvrg_stats")))
         replies = grid.send_and_receive(messages, timeout=self.round_timeout)
         accepted = self._read_replies(0, replies, kind="stats")
         self.exchanges += 1
@@ -505,17 +504,16 @@ class Fsvrg(TaskStrategy):
     def _loss_messages(self, server_round: int, message_type: str,
                        evaluate: bool) -> list[Message]:
         assert self.w is not None
-        self._sent = {}
+        self.replies.begin()
         messages = []
         w = to_array(self.w)
         for task, node in sorted(self.task_to_node.items()):
             config = {"task-id": task, "server-round": server_round, "eval": bool(evaluate)}
             if self.ledger is not None:  # CoCoA+'s evaluate: commit or roll back first
                 config.update({"method": self.method, **self._protocol_config(task)})
-            messages.append(Message(RecordDict({"arrays": ArrayRecord({"w": w}),
-                                                "config": ConfigRecord(config)}),
-                                    dst_node_id=node, message_type=message_type))
-            self._sent[node] = task
+            messages.append(self.replies.track(task, node, Message(
+                RecordDict({"arrays": ArrayRecord({"w": w}), "config": ConfigRecord(config)}),
+                dst_node_id=node, message_type=message_type)))
         return messages
 
     def _protocol_config(self, task: int) -> dict[str, int]:
@@ -538,16 +536,15 @@ class Fsvrg(TaskStrategy):
             arrays["phi"] = to_array(self.stats.phi)
         common = {"server-round": server_round, "seed": self.seed, "method": self.method,
                   "lam": self.lam, **self._solver_config(evaluate)}
-        self._sent = {}
+        self.replies.begin()
         messages = []
         for task, node in sorted(self.task_to_node.items()):
             config = {"task-id": task, **common}
             if self.ledger is not None:
                 config.update(self._protocol_config(task))
-            messages.append(Message(RecordDict({"arrays": ArrayRecord(arrays),
-                                                "config": ConfigRecord(config)}),
-                                    dst_node_id=node, message_type=MessageType.TRAIN))
-            self._sent[node] = task
+            messages.append(self.replies.track(task, node, Message(
+                RecordDict({"arrays": ArrayRecord(arrays), "config": ConfigRecord(config)}),
+                dst_node_id=node, message_type=MessageType.TRAIN)))
         return messages
 
     def _solver_config(self, evaluate: bool) -> dict[str, Any]:
@@ -565,48 +562,22 @@ class Fsvrg(TaskStrategy):
     # ------------------------------------------------------------------ replies
     def _read_replies(self, server_round: int, replies: Iterable[Message],
                       kind: str) -> dict[int, dict[str, Any]]:
-        """Validated replies keyed by task; invalid ones are logged and left out."""
-        accepted: dict[int, dict[str, Any]] = {}
-        failed: set[int] = set()
-        where = "setup" if kind == "stats" else f"round {server_round} ({kind})"
-        for reply in replies:
-            node = reply.metadata.src_node_id
-            task = self._sent.get(node)
-            if reply.has_error():
-                log(WARNING, "%s %s: node %s failed: %s", _NAME, where, node,
-                    reply.error.reason)
-                if task is not None:
-                    failed.add(task)
-                continue
-            if task is None:
-                log(WARNING, "%s %s: reply from unexpected node %s ignored", _NAME, where, node)
-                continue
-            if task in accepted or task in failed:
-                log(WARNING, "%s %s: duplicate reply of task %d ignored", _NAME, where, task)
-                continue
-            try:
-                parsed = self._parse_reply(reply, task, server_round, kind)
-            except ReplyError as err:
-                log(WARNING, "%s %s: reply of task %d (node %s) rejected: %s", _NAME, where,
-                    task, node, err)
-                failed.add(task)
-                continue
-            accepted[task] = parsed
+        """Validated replies keyed by task, in task order; invalid ones are logged and left
+        out (:class:`~fmtl_flower.strategies.base.ReplyBoundary`)."""
+        def on_accept(task: int) -> None:
             self.ever_replied[task] = True
-        silent = sorted(set(self._sent.values()) - set(accepted) - failed)
-        if silent:
-            log(WARNING, "%s %s: no reply from tasks %s; counted as dropped", _NAME, where,
-                silent[:20])
-        return accepted
+
+        where = "setup" if kind == "stats" else f"round {server_round} ({kind})"
+        return self.replies.read(
+            where, replies,
+            lambda reply, task: self._parse_reply(reply, task, server_round, kind),
+            on_accept).accepted
 
     def _array(self, reply: Message, key: str, integer: bool = False) -> np.ndarray:
         content = reply.content
         if "arrays" not in content or key not in content["arrays"]:
             raise ReplyError(f"array {key!r} missing")
-        try:
-            v = from_array(content["arrays"][key])
-        except (TypeError, ValueError) as err:
-            raise ReplyError(f"{key!r} cannot be decoded: {err}") from None
+        v = from_array(content["arrays"][key])
         ok_dtype = v.dtype.kind in "iu" if integer else v.dtype == np.float64
         if not ok_dtype or v.shape != (self.dim,):
             raise ReplyError(f"{key!r} must be {'integer' if integer else 'float64'} of shape "

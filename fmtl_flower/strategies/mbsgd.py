@@ -63,7 +63,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable
-from logging import INFO, WARNING
+from logging import INFO
 from typing import Any
 
 import numpy as np
@@ -80,7 +80,7 @@ from ..metrics import error_summary
 from ..systems.heterogeneity import drop_mask, local_budgets
 from ..systems.timing import get_network, round_time
 from ..wire import from_array, to_array
-from .base import TaskStrategy
+from .base import ReplyBoundary, TaskStrategy
 from .discovery import ReplyError, TaskDirectory, check_task_and_round, read_metrics
 
 __all__ = ["SCHEDULES", "MbSgd", "ReplyError"]
@@ -236,7 +236,7 @@ class MbSgd(TaskStrategy):
         self.directory = TaskDirectory(self.num_tasks, _NAME)
         self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
         self.records: list[dict[str, Any]] = []
-        self._sent: dict[int, int] = {}
+        self.replies = ReplyBoundary(_NAME)
         self._budgets = np.zeros(self.num_tasks, dtype=np.int64)
         self._dropped_now = np.zeros(self.num_tasks, dtype=bool)
         self._round_start = 0.0
@@ -394,7 +394,7 @@ class MbSgd(TaskStrategy):
     def _instructions(self, server_round: int, message_type: str, evaluate: bool,
                       with_budget: bool) -> list[Message]:
         assert self.W is not None
-        self._sent = {}
+        self.replies.begin()
         messages = []
         for task, node in sorted(self.task_to_node.items()):
             config: dict[str, Any] = {"task-id": task, "server-round": server_round,
@@ -404,49 +404,29 @@ class MbSgd(TaskStrategy):
                 config["dropped"] = bool(self._dropped_now[task])
             content = RecordDict({"arrays": ArrayRecord({"w": to_array(self.W[:, task])}),
                                   "config": ConfigRecord(config)})
-            messages.append(Message(content, dst_node_id=node, message_type=message_type,
-                                    group_id=str(server_round)))
-            self._sent[node] = task
+            messages.append(self.replies.track(task, node, Message(
+                content, dst_node_id=node, message_type=message_type,
+                group_id=str(server_round))))
         return messages
+
+    @property
+    def _sent(self) -> dict[int, int]:
+        """node -> task of the round's messages."""
+        return self.replies.sent
 
     def _read_replies(self, server_round: int, replies: Iterable[Message],
                       with_grad: bool) -> tuple[dict[int, dict[str, Any]], int]:
-        """Validated replies keyed by task (invalid ones logged and left out), and the number
-        of replies that arrived from nodes the round was sent to."""
-        accepted: dict[int, dict[str, Any]] = {}
-        failed: set[int] = set()  # tasks whose failure was already logged
-        for reply in replies:
-            node = reply.metadata.src_node_id
-            task = self._sent.get(node)
-            if reply.has_error():
-                log(WARNING, "%s round %d: node %s failed: %s", _NAME, server_round, node,
-                    reply.error.reason)
-                if task is not None:
-                    failed.add(task)
-                continue
-            if task is None:
-                log(WARNING, "%s round %d: reply from unexpected node %s ignored", _NAME,
-                    server_round, node)
-                continue
-            if task in accepted or task in failed:
-                log(WARNING, "%s round %d: duplicate reply of task %d (node %s) ignored",
-                    _NAME, server_round, task, node)
-                continue
-            try:
-                parsed = self._parse_reply(reply, task, server_round, with_grad)
-            except ReplyError as err:
-                log(WARNING, "%s round %d: reply of task %d (node %s) rejected: %s", _NAME,
-                    server_round, task, node, err)
-                failed.add(task)
-                continue
-            accepted[task] = parsed
+        """Validated replies keyed by task, in task order (invalid ones logged and left out:
+        :class:`~fmtl_flower.strategies.base.ReplyBoundary`), and the number of replies that
+        arrived from nodes the round was sent to."""
+        def on_accept(task: int) -> None:
             self.ever_replied[task] = True
-        silent = sorted(set(self._sent.values()) - set(accepted) - failed)
-        if silent:
-            names = ", ".join(str(t) for t in silent[:20]) + (", ..." if len(silent) > 20 else "")
-            log(WARNING, "%s round %d: no reply from task%s %s within the timeout; counted "
-                "as dropped", _NAME, server_round, "s" if len(silent) > 1 else "", names)
-        return accepted, len(accepted) + len(failed)
+
+        out = self.replies.read(
+            f"round {server_round}", replies,
+            lambda reply, task: self._parse_reply(reply, task, server_round, with_grad),
+            on_accept)
+        return out.accepted, out.arrived
 
     def _parse_reply(self, reply: Message, task: int, server_round: int,
                      with_grad: bool) -> dict[str, Any]:
@@ -472,10 +452,7 @@ class MbSgd(TaskStrategy):
             arrays = content["arrays"] if "arrays" in content else None
             if arrays is None or "grad" not in arrays:
                 raise ReplyError("array 'grad' missing")
-            try:
-                grad = from_array(arrays["grad"])
-            except (TypeError, ValueError) as err:
-                raise ReplyError(f"'grad' cannot be decoded: {err}") from None
+            grad = from_array(arrays["grad"])
             if grad.dtype != np.float64 or grad.shape != (self.dim,):
                 raise ReplyError(f"'grad' must be float64 of shape ({self.dim},), "
                                  f"got {grad.dtype} {grad.shape}")

@@ -76,7 +76,7 @@ from ..metrics import error_summary
 from ..systems.heterogeneity import check_drop_prob, drop_mask, local_budgets
 from ..systems.timing import deadline_budgets, get_network, round_time
 from ..wire import from_array, to_array
-from .base import TaskStrategy
+from .base import ReplyBoundary, TaskStrategy
 from .discovery import ReplyError, TaskDirectory, check_task_and_round, read_metrics
 from .faults import TaskHealth
 
@@ -163,7 +163,7 @@ class Mocha(TaskStrategy):
     min_replies : int
         A round counts only if at least this many tasks reply validly; otherwise no update is
         applied (the devices roll their changes back by the commit protocol) and the record
-        says ``counted: false``.
+        says ``counted: false``. At most ``num_tasks`` (more is a configuration error).
     max_failures, probe_every : int
         A task whose device fails (error, rejected reply, or silence until the round's
         deadline) in ``max_failures`` consecutive rounds is excluded and only probed every
@@ -238,6 +238,9 @@ class Mocha(TaskStrategy):
         self.server_path = server_path
         if isinstance(min_replies, bool) or not isinstance(min_replies, int) or min_replies < 0:
             raise ValueError(f"min_replies must be an int >= 0, got {min_replies!r}")
+        if min_replies > int(num_tasks):
+            raise ValueError(f"min-replies (min_replies) = {min_replies} is larger than the "
+                             f"number of tasks ({int(num_tasks)}): no round could count")
         self.health = TaskHealth(int(num_tasks), max_failures=max_failures,
                                  probe_every=probe_every, name="MOCHA")
         self.min_replies = min_replies
@@ -269,7 +272,7 @@ class Mocha(TaskStrategy):
         self.last_accepted = np.zeros(self.num_tasks, dtype=np.int64)
         self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
         self.records: list[dict[str, Any]] = []
-        self._sent: dict[int, int] = {}
+        self.replies = ReplyBoundary("MOCHA")
         self._round_start = 0.0
         self._dropped_now = np.zeros(self.num_tasks, dtype=bool)
         self._scale = 1.0
@@ -327,6 +330,11 @@ class Mocha(TaskStrategy):
             accepted = {}
         tasks = np.array(sorted(accepted), dtype=np.int64)
         resets = np.array([t for t in tasks if not accepted[t]["state-ok"]], dtype=np.int64)
+        if len(resets):
+            log(WARNING, "MOCHA round %d: task%s %s reset (b_t = 0): the device replied "
+                "state-ok 0, it restarted from alpha = 0 (new device, lost or mismatched "
+                "state)", server_round, "s" if len(resets) > 1 else "",
+                ", ".join(str(t) for t in resets[:20]))
         self.state.reset_tasks(resets)
         if len(tasks):
             self.state.add_updates(tasks, np.stack([accepted[t]["delta-b"] for t in tasks], 1))
@@ -445,7 +453,7 @@ class Mocha(TaskStrategy):
         assert self.state is not None
         m_diag = self.state.m_diag()
         sigma_p = self.state.sigma_prime(self.sigma_mode)
-        self._sent = {}
+        self.replies.begin()
         return self._message_stream(server_round, message_type, evaluate, budgets, chosen,
                                     m_diag, sigma_p)
 
@@ -476,43 +484,26 @@ class Mocha(TaskStrategy):
                 config["dropped"] = bool(self._dropped_now[task])
             content = RecordDict({"arrays": ArrayRecord({"w": to_array(W[:, task])}),
                                   "config": ConfigRecord(config)})
-            self._sent[node] = task
-            yield Message(content, dst_node_id=node, message_type=message_type,
-                          group_id=str(server_round))
+            yield self.replies.track(task, node, Message(
+                content, dst_node_id=node, message_type=message_type,
+                group_id=str(server_round)))
+
+    @property
+    def _sent(self) -> dict[int, int]:
+        """node -> task of the round's messages."""
+        return self.replies.sent
 
     def _read_replies(self, server_round: int, replies: Iterable[Message],
                       with_delta: bool) -> dict[int, dict[str, Any]]:
-        """Validated replies keyed by task; anything invalid is logged and left out."""
-        accepted: dict[int, dict[str, Any]] = {}
-        failed: set[int] = set()  # tasks whose failure was already logged
-        for reply in replies:
-            node = reply.metadata.src_node_id
-            if reply.has_error():
-                log(WARNING, "MOCHA round %d: node %s failed: %s", server_round, node,
-                    reply.error.reason)
-                if node in self._sent:
-                    failed.add(self._sent[node])
-                continue
-            task = self._sent.get(node)
-            if task is None:
-                log(WARNING, "MOCHA round %d: reply from unexpected node %s ignored",
-                    server_round, node)
-                continue
-            try:
-                parsed = self._parse_reply(reply, task, server_round, with_delta)
-            except ReplyError as err:
-                log(WARNING, "MOCHA round %d: reply of task %d (node %s) rejected: %s",
-                    server_round, task, node, err)
-                failed.add(task)
-                continue
-            accepted[task] = parsed
+        """Validated replies keyed by task, in task order; anything invalid is logged and
+        left out (:class:`~fmtl_flower.strategies.base.ReplyBoundary`)."""
+        def on_accept(task: int) -> None:
             self.ever_replied[task] = True
-        silent = sorted(set(self._sent.values()) - set(accepted) - failed)
-        if silent:
-            names = ", ".join(str(t) for t in silent[:20]) + (", ..." if len(silent) > 20 else "")
-            log(WARNING, "MOCHA round %d: no reply from task%s %s within the timeout; counted "
-                "as dropped", server_round, "s" if len(silent) > 1 else "", names)
-        return accepted
+
+        return self.replies.read(
+            f"round {server_round}", replies,
+            lambda reply, task: self._parse_reply(reply, task, server_round, with_delta),
+            on_accept).accepted
 
     def _parse_reply(self, reply: Message, task: int, server_round: int,
                      with_delta: bool) -> dict[str, Any]:

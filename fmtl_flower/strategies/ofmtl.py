@@ -66,6 +66,7 @@ from ..core.ofmtl_factored import server_ops
 from ..core.omega import DEFAULT_OMEGA_EPS
 from ..metrics import error_summary
 from ..wire import from_array, to_array
+from .base import ReplyBoundary
 from .discovery import ReplyError, TaskDirectory, check_task_and_round, read_metrics
 from .mocha import Mocha
 
@@ -156,6 +157,7 @@ class OFMTL(Strategy):
         self.round_timeout = float(round_timeout)
         self.on_record = on_record
         self.directory = TaskDirectory(self.num_tasks, _NAME)
+        self.replies = ReplyBoundary(_NAME)
         self.W: np.ndarray | None = None
         self.Sigma: np.ndarray | FactoredMatrix | None = None
         self.records: list[dict[str, Any]] = []
@@ -228,6 +230,7 @@ class OFMTL(Strategy):
                                       "do not fit this run")
             Sigma = Sigma.astype(np.float64)
         self.W, self.Sigma = W.astype(np.float64), Sigma
+        self.directory.fix_dim(self.W.shape[0])
         meta = checkpoint.meta
         self.records = [dict(r) for r in meta["records"]]
         self.retrainings, self.tasks_at_training = meta["retrainings"], meta["tasks_at_training"]
@@ -266,6 +269,9 @@ class OFMTL(Strategy):
             return
         dim = self._poll(grid, lambda: self.directory.dim,
                          self.mocha_options["discovery_timeout"])
+        if dim is None:  # no majority of the whole federation: one of the nodes present
+            self.directory.settle()
+            dim = self.directory.dim
         if dim is None:
             raise RuntimeError(f"{_NAME}: no node answered within "
                                f"{self.mocha_options['discovery_timeout']:.0f} s; the "
@@ -277,7 +283,8 @@ class OFMTL(Strategy):
         ``timeout`` seconds have passed (None)."""
         deadline = time.monotonic() + timeout
         while True:
-            self.directory.discover(grid, query_timeout=max(self.round_timeout, 10.0))
+            self.directory.discover(grid, query_timeout=max(self.round_timeout, 10.0),
+                                    settle=False)
             value = found()
             if value is not None:
                 return value
@@ -342,6 +349,7 @@ class OFMTL(Strategy):
         if mocha.state is None or not mocha.results()["final"].get("complete"):
             raise RuntimeError(f"{_NAME}: MOCHA over {m} tasks did not complete; see the log")
         self.W = np.array(mocha.state.W, copy=True)
+        self.directory.fix_dim(self.W.shape[0])
         if self.path == "factored":  # FactoredProbabilistic: an immutable FactoredMatrix
             self.Sigma = mocha.state.formulation.sigma_factor
         else:
@@ -388,16 +396,16 @@ class OFMTL(Strategy):
                                "local-frac": self.newcomer_frac})
         msg = Message(RecordDict({"arrays": ArrayRecord({"c": to_array(c)}), "config": config}),
                       dst_node_id=node, message_type=NEWCOMER, group_id=f"ofmtl-{task}")
-        replies = list(grid.send_and_receive([msg], timeout=self.round_timeout))
-        if not replies:
-            raise NewcomerFailed(f"no reply to step {step} within {self.round_timeout:.0f} s")
-        reply = replies[0]
-        if reply.has_error():
-            raise NewcomerFailed(f"step {step}: {reply.error.reason}")
-        try:
-            return self._read_newcomer(reply, task, step)
-        except ReplyError as err:
-            raise NewcomerFailed(f"step {step}: bad reply: {err}") from None
+        self.replies.begin()
+        self.replies.track(task, node, msg)
+        out = self.replies.read(f"newcomer {task} step {step}",
+                                grid.send_and_receive([msg], timeout=self.round_timeout),
+                                lambda reply, t: {"w-gap": self._read_newcomer(reply, t, step)})
+        if task in out.accepted:
+            return out.accepted[task]["w-gap"]
+        if task in out.failed:
+            raise NewcomerFailed(f"step {step}: {out.failed[task]}")
+        raise NewcomerFailed(f"no reply to step {step} within {self.round_timeout:.0f} s")
 
     def _read_newcomer(self, reply: Message, task: int, step: int) -> tuple[np.ndarray, float]:
         assert self.W is not None
@@ -409,10 +417,7 @@ class OFMTL(Strategy):
         gap = metrics["gap"]
         if step > 0 and metrics["state-ok"] != 1:
             raise ReplyError("the device lost its dual state mid-protocol")
-        try:
-            w = from_array(content["arrays"]["w"])
-        except (TypeError, ValueError) as err:
-            raise ReplyError(f"'w' cannot be decoded: {err}") from None
+        w = from_array(content["arrays"]["w"])
         d = self.W.shape[0]
         if w.dtype != np.float64 or w.shape != (d,) or not np.all(np.isfinite(w)):
             raise ReplyError(f"'w' must be finite float64 of shape ({d},), got {w.dtype} "
@@ -448,7 +453,8 @@ class OFMTL(Strategy):
     def _evaluate(self, grid: Grid) -> tuple[dict[int, int], dict[int, int]]:
         assert self.W is not None
         self.directory.discover(grid, query_timeout=max(self.round_timeout, 10.0))
-        messages, sent = [], {}
+        messages = []
+        self.replies.begin()
         for task in range(self.m):
             node = self.directory.task_to_node.get(task)
             if node is None:
@@ -456,23 +462,25 @@ class OFMTL(Strategy):
             config = ConfigRecord({"task-id": task, "server-round": len(self.records)})
             content = RecordDict({"arrays": ArrayRecord({"w": to_array(self.W[:, task])}),
                                   "config": config})
-            messages.append(Message(content, dst_node_id=node, message_type=EVALUATE,
-                                    group_id=f"ofmtl-eval-{len(self.records)}"))
-            sent[node] = task
-        errors, counts = {}, {}
-        for reply in grid.send_and_receive(messages, timeout=self.round_timeout):
-            task = sent.get(reply.metadata.src_node_id)
-            if task is None or reply.has_error() or "metrics" not in reply.content:
-                continue
-            metrics = reply.content["metrics"]
-            try:
-                e, n = metrics["test-errors"], metrics["test-n"]
-            except KeyError:
-                continue
-            if metrics.get("task-id") == task and isinstance(e, int) and isinstance(n, int) \
-                    and 0 <= e <= n:
-                errors[task], counts[task] = e, n
+            messages.append(self.replies.track(task, node, Message(
+                content, dst_node_id=node, message_type=EVALUATE,
+                group_id=f"ofmtl-eval-{len(self.records)}")))
+        accepted = self.replies.read(
+            f"evaluation {len(self.records)}",
+            grid.send_and_receive(messages, timeout=self.round_timeout),
+            self._read_evaluation).accepted
+        errors = {t: r["test-errors"] for t, r in accepted.items()}
+        counts = {t: r["test-n"] for t, r in accepted.items()}
         return errors, counts
+
+    @staticmethod
+    def _read_evaluation(reply: Message, task: int) -> dict[str, Any]:
+        out = read_metrics(reply, ints=("task-id", "test-errors", "test-n"))
+        if out["task-id"] != task:
+            raise ReplyError(f"reply for task {out['task-id']}, expected task {task}")
+        if not 0 <= out["test-errors"] <= out["test-n"]:
+            raise ReplyError("test-errors outside 0..test-n")
+        return out
 
     def results(self) -> dict[str, Any]:
         """``{"rounds": records, "final": last record + totals}``."""
