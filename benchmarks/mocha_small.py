@@ -12,7 +12,11 @@ eval-every=1, 29 tasks = 29 simulated nodes. Reported, in seconds:
   (:func:`fmtl_flower.centralized.fit_mocha` with per-round objectives and test errors: the
   same arithmetic, bit-identical results), so ``engine = rounds - compute``;
 * ``flower_floor_per_node_round_ms``: building a Flower Message and calling a trivial ClientApp
-  in-process (the cost any Flower strategy pays per node and round on this machine).
+  in-process (the cost any Flower strategy pays per node and round on this machine);
+* ``packed_*``: the same run with every task packed on ONE Flower node
+  (``tasks-per-node`` = number of tasks: one stacked message per round,
+  :mod:`fmtl_flower.packing`): its whole `fmtl run` process, its rounds in this process, and
+  whether its final primal equals the unpacked run's (bit for bit).
 
 Ratios against the authors' MATLAB code (28.1 s for these 500 rounds under Octave on this
 machine kind, per the issue) are printed; the last line is JSON.
@@ -23,8 +27,10 @@ Usage: python benchmarks/mocha_small.py [--rounds 500] [--data PATH_TO_small.mat
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -78,8 +84,9 @@ def main() -> None:
     sets = ["--set", "omega=identity", "--set", "local-frac=1.0", "--set", "lambda=1e-4",
             "--set", "test-frac=0.25", "--set", "eval-every=1"]
     py = sys.executable
-    whole = timed_subprocess([py, "-m", "fmtl_flower.cli", "run", "mocha", "--dataset",
-                              args.data, "--rounds", str(args.rounds), "--quiet", *sets])
+    run_cmd = [py, "-m", "fmtl_flower.cli", "run", "mocha", "--dataset", args.data,
+               "--rounds", str(args.rounds), "--quiet", *sets]
+    whole = timed_subprocess([*run_cmd, "--set", "tasks-per-node=1"])
     interpreter = timed_subprocess([py, "-c", "pass"])
     imports = timed_subprocess([py, "-c", "import fmtl_flower.cli, fmtl_flower.apps.common, "
                                 "flwr.serverapp, flwr.clientapp"]) - interpreter
@@ -100,9 +107,12 @@ def main() -> None:
     logging.getLogger("flwr").setLevel(logging.WARNING)
     cfg = config_from_args(argparse.Namespace(strategy="mocha", dataset=args.data,
                                               rounds=args.rounds, seed=0,
-                                              set=[s for s in sets if s != "--set"]))
+                                              set=[s for s in sets if s != "--set"]
+                                              + ["tasks-per-node=1"]))
     data = dataset_for(cfg)
     m = data.num_tasks
+    whole_packed = timed_subprocess([*run_cmd, "--set", f"tasks-per-node={m}"])
+    packed_cfg = dataclasses.replace(cfg, tasks_per_node=m)
     from fmtl_flower.engine import run_inprocess
 
     run_inprocess(make_server_app(cfg), make_client_app(cfg), m)  # warm-up (caches, JIT)
@@ -110,6 +120,12 @@ def main() -> None:
     t = time.perf_counter()
     run_inprocess(make_server_app(cfg, on_done=box.update), make_client_app(cfg), m)
     rounds = time.perf_counter() - t
+    run_inprocess(make_server_app(packed_cfg), make_client_app(packed_cfg), 1)  # warm-up
+    packed: dict = {}
+    t = time.perf_counter()
+    run_inprocess(make_server_app(packed_cfg, on_done=packed.update),
+                  make_client_app(packed_cfg), 1)
+    rounds_packed = time.perf_counter() - t
     tasks = [(d.X_train, d.y_train) for d in data.tasks]
     test = [(d.X_test, d.y_test) for d in data.tasks]
     t = time.perf_counter()
@@ -133,6 +149,15 @@ def main() -> None:
         "bare_loop_speedup_vs_matlab": MATLAB_SECONDS_500 * scale / compute,
         "final_primal_identical_to_bare_loop": bool(same),
         "final_relative_gap": box["final"]["gap"] / box["final"]["primal"],
+        "packed_whole_process_s": whole_packed, "packed_rounds_s": rounds_packed,
+        "packed_engine_s": rounds_packed - compute,
+        "packed_rounds_vs_bare_loop": rounds_packed / compute,
+        "packed_speedup_whole_vs_matlab": MATLAB_SECONDS_500 * scale / whole_packed,
+        "packed_final_primal_identical_to_unpacked":
+            packed["final"]["primal"] == box["final"]["primal"],
+        "packed_rounds_identical_to_unpacked":
+            _untimed(packed["rounds"]) == _untimed(box["rounds"]),
+        "load_average_1min": os.getloadavg()[0],
     }
     print(f"whole `fmtl run` process: {whole:.2f} s = interpreter {interpreter:.2f} + imports "
           f"{imports:.2f} + JIT {jit:.2f} + rounds {rounds:.2f} (+ data, CLI)")
@@ -143,7 +168,16 @@ def main() -> None:
           f"{out['speedup_rounds_vs_matlab']:.1f}x, whole process "
           f"{out['speedup_whole_vs_matlab']:.1f}x, bare loop "
           f"{out['bare_loop_speedup_vs_matlab']:.1f}x")
+    print(f"packed on one node ({m} tasks, one message per round): whole process "
+          f"{whole_packed:.2f} s ({out['packed_speedup_whole_vs_matlab']:.1f}x MATLAB), rounds "
+          f"{rounds_packed:.2f} s = {out['packed_rounds_vs_bare_loop']:.2f}x the bare loop; "
+          f"final primal identical to unpacked: {out['packed_final_primal_identical_to_unpacked']}")
+    print(f"load average (1 min) at the end: {out['load_average_1min']:.2f}")
     print(json.dumps(out))
+
+
+def _untimed(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.endswith("_s")} for r in records]
 
 
 if __name__ == "__main__":

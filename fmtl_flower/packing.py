@@ -18,6 +18,21 @@ tasks on a few hundred Ray nodes: the strategies stay keyed by task id and talk 
 Results do not depend on the packing: every task is still solved by the same handler with the
 same message; only the number of Flower messages changes. Unpacked messages (no
 ``"packing"`` record) pass through to the wrapped app unchanged.
+
+Stacked messages (the packing that amortizes)
+---------------------------------------------
+Splitting a packed message into one Message, Context and set of records per slot costs as much
+as sending them one by one. A strategy and a client that share a *stacking protocol* (e.g.
+``"mocha"``: :mod:`fmtl_flower.clients.packed_mocha`) skip that: the client names the protocols
+it speaks in its slots reply (``stacked``), the strategy asks :meth:`PackedGrid.stacked_groups`
+which of its tasks sit on such nodes and sends each of those nodes ONE message whose records
+hold the slots' payloads stacked (one ``(K, d)`` array, one vector per per-task value), marked
+by a ``stack`` ConfigRecord (``protocol`` str, ``slots`` list of ints: row i is slot
+``slots[i]``). :class:`PackedGrid` passes such messages and their replies through unchanged;
+the client hands them to the protocol's handler (``stacked`` of :func:`packed_client_app`),
+which runs every slot's solver directly and replies with one stacked record: its ``stack``
+names the slots whose rows it holds, and ``stack-errors`` (``slots`` list of ints,
+``reasons`` list of str) the slots that failed, each failing only its own task.
 """
 
 from __future__ import annotations
@@ -26,9 +41,9 @@ import copy
 import itertools
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from logging import WARNING
-from typing import Any
+from typing import Any, NamedTuple
 
 from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.app.message.message import make_message
@@ -39,7 +54,8 @@ from flwr.supercore.run import Run
 
 from .engine import CLIENT_APP_RAISED, create_message, raised_reason
 
-__all__ = ["PackedGrid", "SLOTS_QUERY", "packed_client_app", "tasks_of_node"]
+__all__ = ["STACK", "STACK_ERRORS", "PackedGrid", "SLOTS_QUERY", "StackGroup", "StackedHandler",
+           "packed_client_app", "read_stack", "read_stack_errors", "tasks_of_node"]
 
 #: Message type of the server's "how many task slots do you host" query.
 SLOTS_QUERY = "query.fmtl_slots"
@@ -49,6 +65,63 @@ PACKING = "packing"
 SLOT_ERROR = "slot-error"
 #: At most this many task slots per node (the slot is part of a per-slot node id).
 MAX_SLOTS = 1 << 20
+#: Record of a stacked message or reply (ConfigRecord ``protocol`` str, ``slots`` [int, ...]).
+STACK = "stack"
+#: Record of a stacked reply naming its failed slots (``slots`` [int, ...], ``reasons`` [str]).
+STACK_ERRORS = "stack-errors"
+
+#: ``handler(message, context, slot_tasks) -> (content, slots replied, {slot: reason})``: a
+#: stacking protocol's client side; ``slot_tasks`` pairs each slot of the message with the
+#: task it hosts (None: the node has no such slot).
+StackedHandler = Callable[[Message, Context, list[tuple[int, int | None]]],
+                          tuple[RecordDict, list[int], dict[int, str]]]
+
+
+class StackGroup(NamedTuple):
+    """The tasks of one physical node that a stacked message addresses: ``slots[i]`` hosts
+    ``tasks[i]``, whose virtual node is ``virtual[i]``."""
+
+    node: int
+    slots: list[int]
+    tasks: list[int]
+    virtual: list[int]
+
+
+def _slot_list(record: Any, key: str = "slots") -> list[int]:
+    slots = record.get(key, None) if isinstance(record, ConfigRecord) else None
+    if not isinstance(slots, list) or not all(
+            isinstance(s, int) and not isinstance(s, bool) and 0 <= s < MAX_SLOTS
+            for s in slots):
+        raise ValueError(f"{key!r} must be a list of ints in 0..{MAX_SLOTS - 1}, "
+                         f"got {slots!r}")
+    if len(set(slots)) != len(slots):
+        raise ValueError(f"{key!r} names a slot twice")
+    return slots
+
+
+def read_stack(content: RecordDict) -> tuple[str, list[int]]:
+    """``(protocol, slots)`` of a stacked message or reply; ValueError if malformed."""
+    if STACK not in content:
+        raise ValueError("not a stacked message: no 'stack' record")
+    record = content[STACK]
+    slots = _slot_list(record)
+    protocol = record.get("protocol", None)
+    if not isinstance(protocol, str):
+        raise ValueError(f"stack record: 'protocol' must be a string, got {protocol!r}")
+    return protocol, slots
+
+
+def read_stack_errors(content: RecordDict) -> dict[int, str]:
+    """``{slot: reason}`` of a stacked reply's failed slots (empty when none failed)."""
+    if STACK_ERRORS not in content:
+        return {}
+    record = content[STACK_ERRORS]
+    slots = _slot_list(record)
+    reasons = record.get("reasons", None)
+    if not isinstance(reasons, list) or len(reasons) != len(slots) or not all(
+            isinstance(r, str) for r in reasons):
+        raise ValueError("stack-errors record: 'reasons' must be one string per slot")
+    return dict(zip(slots, reasons, strict=True))
 
 
 def _prefix(slot: int) -> str:
@@ -127,6 +200,7 @@ class PackedGrid(Grid):
         self._slots: dict[int, list[int]] = {}  # physical node -> its virtual ids, by slot
         self._where: dict[int, tuple[int, int]] = {}  # virtual id -> (physical node, slot)
         self._refused: dict[int, float] = {}  # physical node -> when it last failed the query
+        self._protocols: dict[int, frozenset[str]] = {}  # physical node -> stacking protocols
         self.messages_sent = 0  # physical messages, for benchmarks and tests
 
     # delegated parts of Grid's interface --------------------------------------------------
@@ -156,6 +230,7 @@ class PackedGrid(Grid):
         for node in [n for n in self._slots if n not in online]:
             for virtual in self._slots.pop(node):
                 del self._where[virtual]
+            self._protocols.pop(node, None)
         for node in [n for n in self._refused if n not in online]:
             del self._refused[node]
         now = time.monotonic()
@@ -174,7 +249,7 @@ class PackedGrid(Grid):
             node = reply.metadata.src_node_id
             answered.add(node)
             try:
-                count = _read_slots_reply(reply)
+                count, protocols = _read_slots_reply(reply)
             except ValueError as err:
                 log(WARNING, "packing: node %s: bad slots reply: %s; asked again in %.0f s",
                     node, err, self.retry_after)
@@ -182,6 +257,7 @@ class PackedGrid(Grid):
                 continue
             virtual = [next(self._virtual) for _ in range(count)]
             self._slots[node] = virtual
+            self._protocols[node] = protocols
             for slot, v in enumerate(virtual):
                 self._where[v] = (node, slot)
         for node in set(nodes) - answered:
@@ -189,13 +265,49 @@ class PackedGrid(Grid):
                 node, self.query_timeout)
             self._refused[node] = time.monotonic()
 
+    def stacked_groups(self, protocol: str, targets: Mapping[int, int]
+                       ) -> tuple[list[StackGroup], dict[int, int]]:
+        """Split ``targets`` (task -> virtual node) into the groups of tasks whose physical
+        node speaks the stacking ``protocol`` (one :class:`StackGroup` per node, in slot
+        order, nodes in order of their first task) and the rest (task -> virtual node), which
+        go as ordinary messages."""
+        by_node: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+        rest: dict[int, int] = {}
+        for task, virtual in targets.items():
+            where = self._where.get(virtual)
+            if where is None or protocol not in self._protocols.get(where[0], ()):
+                rest[task] = virtual
+                continue
+            by_node[where[0]].append((where[1], task, virtual))
+        groups = []
+        for node, rows in by_node.items():
+            rows.sort()
+            groups.append(StackGroup(node, [r[0] for r in rows], [r[1] for r in rows],
+                                     [r[2] for r in rows]))
+        groups.sort(key=lambda g: min(g.tasks))
+        return groups, rest
+
     # traffic ------------------------------------------------------------------------------
     def send_and_receive(self, messages: Iterable[Message], *,
                          timeout: float | None = None) -> Iterable[Message]:
         """Send one packed message per (physical node, message type); return the replies
-        split per virtual node (replies that did not arrive are missing, as in Flower)."""
+        split per virtual node (replies that did not arrive are missing, as in Flower).
+        Stacked messages (addressed to a physical node already) and their replies pass
+        through unchanged."""
         groups: dict[tuple[int, str], dict[int, Message]] = defaultdict(dict)
+        stacked: list[Message] = []
+        stacked_keys: set[tuple[int, str]] = set()
         for message in messages:
+            if STACK in message.content:
+                key = (message.metadata.dst_node_id, message.metadata.message_type)
+                if key[0] not in self._slots or key in stacked_keys:
+                    log(WARNING, "packing: stacked %s message to node %s dropped (%s)", key[1],
+                        key[0], "a second one in one call" if key in stacked_keys
+                        else "no such node")
+                    continue
+                stacked_keys.add(key)
+                stacked.append(message)
+                continue
             virtual = message.metadata.dst_node_id
             if virtual not in self._where:
                 log(WARNING, "packing: no virtual node %s; message dropped", virtual)
@@ -208,7 +320,7 @@ class PackedGrid(Grid):
                 continue
             message.metadata.__dict__["_message_id"] = f"{virtual}"
             group[slot] = message
-        packed = []
+        packed = stacked
         for (node, message_type), subs in groups.items():
             ttls = [m.metadata.ttl for m in subs.values()]
             msg = Message(pack_content({s: m.content for s, m in subs.items()}),
@@ -218,6 +330,10 @@ class PackedGrid(Grid):
         replies: list[Message] = []
         for reply in self.inner.send_and_receive(packed, timeout=timeout):
             key = (reply.metadata.src_node_id, reply.metadata.message_type)
+            if key in stacked_keys:
+                stacked_keys.discard(key)
+                replies.append(reply)
+                continue
             subs = groups.pop(key, None)  # pop: no defaultdict entry made
             if subs is None:
                 log(WARNING, "packing: unexpected reply from node %s (%s); ignored", *key)
@@ -226,7 +342,8 @@ class PackedGrid(Grid):
         return replies
 
 
-def _read_slots_reply(reply: Message) -> int:
+def _read_slots_reply(reply: Message) -> tuple[int, frozenset[str]]:
+    """``(count, stacking protocols)`` of a slots reply."""
     if reply.has_error():
         raise ValueError(f"error reply: {reply.error.reason}")
     if "slots" not in reply.content or "count" not in reply.content["slots"]:
@@ -234,7 +351,10 @@ def _read_slots_reply(reply: Message) -> int:
     count = reply.content["slots"]["count"]
     if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_SLOTS:
         raise ValueError(f"'count' must be an int in 0..{MAX_SLOTS}, got {count!r}")
-    return count
+    stacked = reply.content["slots"].get("stacked", "")
+    if not isinstance(stacked, str):
+        raise ValueError(f"'stacked' must be a comma-separated string, got {stacked!r}")
+    return count, frozenset(p for p in stacked.split(",") if p)
 
 
 def _split_reply(reply: Message, subs: dict[int, Message]) -> list[Message]:
@@ -289,23 +409,31 @@ def tasks_of_node(node_config: dict[str, Any], tasks_per_node: int, num_tasks: i
 
 
 def packed_client_app(app: ClientApp | Callable[[Message, Context], Message],
-                      tasks_for: Callable[[Context], Sequence[int]]) -> ClientApp:
-    """A ClientApp hosting the tasks ``tasks_for(context)`` behind the wrapped ``app``."""
-    return _PackedClientApp(app, tasks_for)
+                      tasks_for: Callable[[Context], Sequence[int]],
+                      stacked: Mapping[str, StackedHandler] | None = None) -> ClientApp:
+    """A ClientApp hosting the tasks ``tasks_for(context)`` behind the wrapped ``app``;
+    ``stacked`` maps stacking protocols to their handlers (stacked messages)."""
+    return _PackedClientApp(app, tasks_for, stacked)
 
 
 class _PackedClientApp(ClientApp):
     def __init__(self, app: ClientApp | Callable[[Message, Context], Message],
-                 tasks_for: Callable[[Context], Sequence[int]]) -> None:
+                 tasks_for: Callable[[Context], Sequence[int]],
+                 stacked: Mapping[str, StackedHandler] | None = None) -> None:
         super().__init__()
         self._app = app
         self._tasks_for = tasks_for
+        self._stacked = dict(stacked or {})
 
     def __call__(self, message: Message, context: Context) -> Message:
         if message.metadata.message_type == SLOTS_QUERY:
             count = len(self._tasks_for(context))
-            return Message(RecordDict({"slots": ConfigRecord({"count": count})}),
-                           reply_to=message)
+            answer: dict[str, Any] = {"count": count}
+            if self._stacked:
+                answer["stacked"] = ",".join(sorted(self._stacked))
+            return Message(RecordDict({"slots": ConfigRecord(answer)}), reply_to=message)
+        if STACK in message.content:
+            return self._call_stacked(message, context)
         if PACKING not in message.content:
             return self._app(message, context)
         tasks = list(self._tasks_for(context))
@@ -322,6 +450,20 @@ class _PackedClientApp(ClientApp):
                                             {**node_config, "task-id": tasks[slot]},
                                             states.get(slot, {}))
         return Message(pack_content(replies), reply_to=message)
+
+    def _call_stacked(self, message: Message, context: Context) -> Message:
+        protocol, slots = read_stack(message.content)
+        if protocol not in self._stacked:
+            raise ValueError(f"stacked message of protocol {protocol!r}: this node speaks "
+                             f"{sorted(self._stacked)}")
+        tasks = list(self._tasks_for(context))
+        slot_tasks = [(s, tasks[s] if s < len(tasks) else None) for s in slots]
+        content, done, errors = self._stacked[protocol](message, context, slot_tasks)
+        content[STACK] = ConfigRecord({"protocol": protocol, "slots": list(done)})
+        if errors:
+            content[STACK_ERRORS] = ConfigRecord({"slots": list(errors),
+                                                  "reasons": list(errors.values())})
+        return Message(content, reply_to=message)
 
     def _call_slot(self, message: Message, content: RecordDict, context: Context, slot: int,
                    node_config: dict[str, Any], state: dict[str, Any]) -> RecordDict:

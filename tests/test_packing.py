@@ -222,3 +222,163 @@ def test_a_second_message_to_one_task_in_one_call_is_dropped_with_a_warning(capl
         replies = _ask(grid, [virtual[0], virtual[0], virtual[1]])
     assert sorted(replies) == virtual and "a second train message" in caplog.text
     assert replies[virtual[0]].content["metrics"]["calls"] == 1
+
+
+# ------------------------------------------------------------------ stacked messages (MOCHA)
+STACKED_BASE = {"num-tasks": 12, "dim": 6, "samples-per-task": 15, "num-server-rounds": 4,
+                "omega-every": 2, "drop-prob": 0.2, "sys-het": "high"}
+
+
+@pytest.mark.parametrize("strategy", ["mocha", "cocoa", "mb-sdca"])
+def test_stacked_runs_equal_unpacked_runs_bit_for_bit(strategy, tmp_path):
+    values = {**STACKED_BASE, "strategy": strategy}
+    one = _run({**values, "tasks-per-node": 1})
+    seen: list = []
+    packed = _run({**values, "tasks-per-node": 5}, count=seen)
+    assert _without_timing(one["rounds"]) == _without_timing(packed["rounds"])
+    assert _untimed(one["final"]) == _untimed(packed["final"])
+    assert seen.count("train") == 3 * 4  # 3 nodes (5 + 5 + 2 tasks), 4 rounds
+
+
+def test_stacked_messages_one_per_node_and_round_and_the_flwr_run_app_stacks_too(tmp_path):
+    stacked: list = []
+
+    def spy(app):
+        def call(message, context):
+            if message.metadata.message_type in ("train", "evaluate"):
+                stacked.append(("stack" in message.content,
+                                len(message.content["arrays"]["task-id"].shape and
+                                    message.content["arrays"]["w"].shape)))
+            return app(message, context)
+        return call
+
+    out = tmp_path / "res.json"
+    run_config = {**STACKED_BASE, "tasks-per-node": 4, "results-file": str(out)}
+    run_inprocess(flwr_run_server_app, spy(flwr_run_client_app), 3, run_config=run_config)
+    assert len(stacked) == 3 * (4 + 1)  # 3 nodes, 4 train rounds + the final evaluate
+    assert all(is_stacked for is_stacked, _ in stacked)
+    import json
+
+    packed = json.loads(out.read_text())
+    one = _run({**STACKED_BASE, "strategy": "mocha", "tasks-per-node": 1})
+    assert _without_timing(packed["rounds"]) == _without_timing(one["rounds"])
+
+
+def _mocha_node(tasks_per_node: int, num_tasks: int):
+    """A stacked MOCHA client app over the synthetic data, its data, and a grid to it."""
+    from fmtl_flower.apps.common import dataset_for
+
+    cfg = RunConfig.from_mapping({**STACKED_BASE, "tasks-per-node": tasks_per_node,
+                                  "num-tasks": num_tasks})
+    return cfg, dataset_for(cfg), make_client_app(cfg)
+
+
+def _stacked_train(data, tasks, slots, *, w=None, task_ids=None, server_round=1,
+                   last_accepted=0):
+    import numpy as np
+    from flwr.app import ArrayRecord
+
+    from fmtl_flower.wire import to_array
+
+    k = len(tasks)
+    w = np.zeros((k, data.dim)) if w is None else w
+    arrays = {"w": to_array(w),
+              "task-id": to_array(np.array(task_ids or tasks, dtype=np.int64)),
+              "last-accepted-round": to_array(np.full(k, last_accepted, dtype=np.int64)),
+              "m-tt": to_array(np.full(k, 2.0)), "sigma-prime": to_array(np.full(k, 1.5)),
+              "budget": to_array(np.full(k, 7, dtype=np.int64)),
+              "dropped": to_array(np.zeros(k, dtype=bool))}
+    config = {"server-round": server_round, "seed": 3, "eval": True}
+    return Message(RecordDict({"stack": ConfigRecord({"protocol": "mocha", "slots": slots}),
+                               "config": ConfigRecord(config),
+                               "arrays": ArrayRecord(arrays)}),
+                   dst_node_id=1001, message_type="train"), config
+
+
+def _one_task_train(data, task, config, w):
+    from flwr.app import ArrayRecord
+
+    from fmtl_flower.wire import to_array
+
+    one = {"task-id": task, "last-accepted-round": 0, "m-tt": 2.0, "sigma-prime": 1.5,
+           "budget": 7, "dropped": False, **config}
+    return Message(RecordDict({"config": ConfigRecord(one),
+                               "arrays": ArrayRecord({"w": to_array(w)})}),
+                   dst_node_id=1001, message_type="train")
+
+
+def test_a_stacked_reply_holds_the_unpacked_replies_records_and_a_bad_slot_fails_alone():
+    import numpy as np
+
+    from fmtl_flower.wire import from_array
+
+    _, data, packed_app = _mocha_node(4, 8)
+    _, _, one_app = _mocha_node(1, 8)
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(4, data.dim))
+    w[2, 0] = np.nan  # slot 2's model is malformed
+    tasks = [4, 5, 6, 7]
+    msg, config = _stacked_train(data, tasks, [0, 1, 2, 3], w=w,
+                                 task_ids=[4, 5, 6, 99][:3] + [7])
+    ctx = Context(run_id=1, node_id=1001, node_config={"partition-id": 1},
+                  state=RecordDict(), run_config={})
+    reply = packed_app(msg, ctx)
+    assert reply.content["stack"]["slots"] == [0, 1, 3]
+    assert reply.content["stack-errors"]["slots"] == [2]
+    assert "'w' must be finite" in reply.content["stack-errors"]["reasons"][0]
+    arrays = reply.content["arrays"]
+    for row, (slot, task) in enumerate([(0, 4), (1, 5), (3, 7)]):
+        one_ctx = Context(run_id=1, node_id=2000 + task, node_config={"partition-id": task},
+                          state=RecordDict(), run_config={})
+        one = one_app(_one_task_train(data, task, config, w[slot]), one_ctx)
+        metrics = one.content["metrics"]
+        for key, value in metrics.items():
+            assert from_array(arrays[key])[row].item() == value, key
+        np.testing.assert_array_equal(from_array(arrays["delta-b"])[row],
+                                      from_array(one.content["arrays"]["delta-b"]))
+    # the failed slot kept no state (round 1 accepted: it restarts, the others commit);
+    # a wrong task id fails its slot only, too
+    msg, _ = _stacked_train(data, tasks, [0, 1, 2, 3], w=np.zeros((4, data.dim)),
+                            task_ids=[4, 5, 6, 3], server_round=2, last_accepted=1)
+    reply = packed_app(msg, ctx)
+    assert reply.content["stack"]["slots"] == [0, 1, 2]
+    assert "task 3 reached the slot of task 7" in reply.content["stack-errors"]["reasons"][0]
+    assert from_array(reply.content["arrays"]["state-ok"]).tolist() == [1, 1, 0]
+
+
+def test_a_malformed_slot_of_a_stacked_reply_rejects_only_its_task(caplog):
+    import numpy as np
+    from flwr.app import ArrayRecord
+
+    from fmtl_flower.wire import from_array, to_array
+
+    cfg = RunConfig.from_mapping({**STACKED_BASE, "strategy": "mocha", "drop-prob": 0.0,
+                                  "tasks-per-node": 4, "num-server-rounds": 3})
+    client = make_client_app(cfg)
+
+    def corrupt(message, context):
+        reply = client(message, context)
+        if "stack" in message.content and message.metadata.message_type == "train":
+            arrays = reply.content["arrays"]
+            delta = np.array(from_array(arrays["delta-b"]))
+            tasks = from_array(arrays["task-id"]).tolist()
+            if 6 in tasks:
+                delta[tasks.index(6), 0] = np.inf  # task 6's row is malformed
+                arrays["delta-b"] = to_array(delta)
+            if 9 in tasks:  # task 9's slot claims another task
+                ids = np.array(from_array(arrays["task-id"]))
+                ids[tasks.index(9)] = 10
+                reply.content["arrays"] = ArrayRecord({**dict(arrays.items()),
+                                                       "task-id": to_array(ids)})
+        return reply
+
+    box: dict = {}
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        grid = run_inprocess(make_server_app(cfg, on_done=box.update), corrupt, 3)
+    assert "reply of task 6 (node" in caplog.text and "non-finite" in caplog.text
+    assert "reply of task 9 (node" in caplog.text
+    # the train replies of rounds 1..3 complete records 0..2: tasks 6 and 9 rejected, the
+    # other 10 accepted; the final evaluate round (not corrupted) completes record 3
+    assert [r["tasks_missing"] for r in box["rounds"]] == [[6, 9], [6, 9], [6, 9], []]
+    assert [r["num_replies"] for r in box["rounds"][1:]] == [10, 10, 10]
+    assert grid.contexts  # three nodes served every task

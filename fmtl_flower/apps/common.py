@@ -118,7 +118,14 @@ def make_client_app(config: RunConfig | None = None) -> ClientApp:
 
     if config is not None:
         app = _client_app_of(config, load)
-        return packed_client_app(app, tasks_for) if config.tasks_per_node > 1 else app
+        if config.tasks_per_node == 1:
+            return app
+        mocha = getattr(app, "mocha_client", None)  # MOCHA's family: stacked messages
+        if mocha is None:
+            return packed_client_app(app, tasks_for)
+        from ..clients.packed_mocha import PackedMocha
+
+        return packed_client_app(app, tasks_for, {"mocha": PackedMocha(mocha)})
     handlers = _LazyHandlers(load)
     app = ClientApp()
     app.query("whoami")(lambda msg, ctx: handlers.of(ctx).whoami(msg, ctx))
@@ -128,7 +135,8 @@ def make_client_app(config: RunConfig | None = None) -> ClientApp:
     app.evaluate("ofmtl")(lambda msg, ctx: handlers.get("ofmtl").evaluate_model(msg, ctx))
     app.query("fsvrg_stats")(lambda msg, ctx: handlers.get("fsvrg").stats(msg, ctx))
     app.query("fsvrg_gradient")(lambda msg, ctx: handlers.get("fsvrg").gradient(msg, ctx))
-    return packed_client_app(app, tasks_for)  # packed messages when tasks-per-node > 1
+    # packed messages when tasks-per-node > 1; MOCHA's family stacked
+    return packed_client_app(app, tasks_for, {"mocha": handlers.stacked_mocha})
 
 
 class _LazyHandlers:
@@ -138,7 +146,7 @@ class _LazyHandlers:
 
     def __init__(self, load: Callable[[Context], tuple[np.ndarray, ...]]) -> None:
         self._load = load
-        self._clients: dict[str, Any] = {}
+        self._clients: dict[Any, Any] = {}
 
     def of(self, context: Context) -> Any:
         """The handlers serving ``context.run_config``'s strategy."""
@@ -150,6 +158,20 @@ class _LazyHandlers:
         if cfg.strategy == "mb-sgd":
             return self.get("mb-sgd")
         return self.get("ofmtl" if cfg.strategy == "ofmtl" else "mocha")
+
+    def stacked_mocha(self, message: Any, context: Context, slot_tasks: Any) -> Any:
+        """The stacked MOCHA handler (:mod:`fmtl_flower.clients.packed_mocha`) over the
+        run's MOCHA-family handlers."""
+        client = self.of(context)
+        packed = self._clients.get(("stacked", id(client)))
+        if packed is None:
+            from ..clients.mocha import MochaClient
+            from ..clients.packed_mocha import PackedMocha
+
+            if not isinstance(client, MochaClient):
+                raise ValueError("a stacked MOCHA message in a run of another strategy")
+            packed = self._clients[("stacked", id(client))] = PackedMocha(client)
+        return packed(message, context, slot_tasks)
 
     def get(self, family: str) -> Any:
         """The handlers of ``family`` (mocha, ofmtl, mb-sgd, fedem or fsvrg), built once."""

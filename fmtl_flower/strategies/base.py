@@ -30,7 +30,11 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from ..checkpoint import check_fingerprint, read_checkpoint, write_checkpoint
+from ..packing import StackGroup
 from .discovery import ReplyError, TaskDirectory
+
+#: ``parse_stack(reply, group) -> ({task: values}, {task: reason})``: a stacked reply's rows.
+StackParser = Callable[[Message, StackGroup], tuple[dict[int, dict[str, Any]], dict[int, str]]]
 
 
 class TaskStrategy(Strategy):
@@ -268,12 +272,27 @@ class ReplyBoundary:
         self.sent: dict[int, int] = {}  # node -> task of the current exchange
         self._by_id: dict[str, tuple[int, int, str]] = {}  # message id -> (task, node, type)
         self._pending: list[tuple[int, int, Message]] = []  # sent, id not indexed yet
+        self._stacks: list[tuple[StackGroup, Message]] = []  # stacked messages sent
 
     def begin(self) -> None:
         """Start a new exchange: forget the messages of the previous one."""
         self.sent = {}
         self._by_id = {}
         self._pending = []
+        self._stacks: list[tuple[StackGroup, Message]] = []
+
+    def track_stack(self, group: StackGroup, message: Message) -> Message:
+        """Register a stacked ``message`` (one message for the tasks of ``group`` on one
+        packed node, :mod:`fmtl_flower.packing`) as part of this exchange."""
+        self.sent.update(zip(group.virtual, group.tasks, strict=True))
+        self._stacks.append((group, message))
+        return message
+
+    def _match_stack(self, message_id: str) -> tuple[StackGroup, str] | None:
+        for group, message in self._stacks:
+            if message.metadata.message_id == message_id:
+                return group, message.metadata.message_type
+        return None
 
     def track(self, task: int, node: int, message: Message) -> Message:
         """Register ``message`` (to ``node``, for ``task``) as part of this exchange."""
@@ -301,7 +320,8 @@ class ReplyBoundary:
 
     def read(self, where: str, replies: Iterable[Message],
              parse: Callable[[Message, int], dict[str, Any]],
-             on_accept: Callable[[int], None] | None = None) -> RoundReplies:
+             on_accept: Callable[[int], None] | None = None,
+             parse_stack: StackParser | None = None) -> RoundReplies:
         """Check and parse ``replies``; see the class docstring.
 
         Parameters
@@ -313,17 +333,27 @@ class ReplyBoundary:
             ``parse(reply, task) -> dict``; raises on a bad reply.
         on_accept : callable, optional
             Called with the task of each accepted reply.
+        parse_stack : callable, optional
+            ``parse_stack(reply, group) -> (accepted, rejected)`` for the reply to a stacked
+            message (:meth:`track_stack`): the valid rows ``{task: values}`` and the
+            rejected ones ``{task: reason}``. Each row is then one task's reply: a rejected
+            row, or a task the reply has no row for, fails only that task; an error reply,
+            or anything ``parse_stack`` raises, fails every task of the message.
         """
         out = RoundReplies()
         accepted: dict[int, dict[str, Any]] = {}
         for reply in replies:
             try:
                 meta = reply.metadata
-                match = self._match(meta.reply_to_message_id)
+                stack = self._match_stack(meta.reply_to_message_id) if self._stacks else None
+                match = None if stack is not None else self._match(meta.reply_to_message_id)
                 src = meta.src_node_id
             except Exception as err:  # noqa: BLE001 - a malformed reply object
                 log(WARNING, "%s %s: malformed reply ignored: %s", self.name, where,
                     _reason(err))
+                continue
+            if stack is not None:
+                self._read_stack(where, reply, stack, parse_stack, accepted, out, on_accept)
                 continue
             if match is None:
                 cause = f": {reply.error.reason}" if _has_error(reply) else ""
@@ -366,6 +396,48 @@ class ReplyBoundary:
             log(WARNING, "%s %s: no reply from task%s %s within the timeout; counted as "
                 "dropped", self.name, where, "s" if len(silent) > 1 else "", names)
         return out
+
+
+    def _read_stack(self, where: str, reply: Message, stack: tuple[StackGroup, str],
+                    parse_stack: StackParser | None, accepted: dict[int, dict[str, Any]],
+                    out: RoundReplies, on_accept: Callable[[int], None] | None) -> None:
+        """The rows of the reply to a stacked message, each as one task's reply."""
+        group, message_type = stack
+        src = reply.metadata.src_node_id
+        if src != group.node and not _has_error(reply):
+            log(WARNING, "%s %s: reply for tasks %s from node %s, but their message went to "
+                "node %s; ignored", self.name, where, group.tasks, src, group.node)
+            return
+        fresh = [t for t in group.tasks if t not in accepted and t not in out.failed]
+        if len(fresh) < len(group.tasks):
+            log(WARNING, "%s %s: second reply for tasks %s (node %s) rejected; the first is "
+                "kept", self.name, where, sorted(set(group.tasks) - set(fresh)), group.node)
+        rows: dict[int, dict[str, Any]] = {}
+        if _has_error(reply):
+            rejected = {t: str(reply.error.reason) for t in group.tasks}
+            log(WARNING, "%s %s: tasks %s: node %s failed: %s", self.name, where,
+                group.tasks, group.node, reply.error.reason)
+        else:
+            try:
+                if reply.metadata.message_type != message_type:
+                    raise ReplyError(f"message type {reply.metadata.message_type!r}, expected "
+                                     f"{message_type!r}")
+                if parse_stack is None:
+                    raise ReplyError("a stacked reply where none was expected")
+                rows, rejected = parse_stack(reply, group)
+            except Exception as err:  # noqa: BLE001 - the trust boundary: any failure rejects
+                rows, rejected = {}, {t: _reason(err) for t in group.tasks}
+            for task, reason in rejected.items():
+                if task in fresh:
+                    log(WARNING, "%s %s: reply of task %d (node %s) rejected: %s", self.name,
+                        where, task, group.node, reason)
+        for task in fresh:
+            if task in rows:
+                accepted[task] = rows[task]
+                if on_accept is not None:
+                    on_accept(task)
+            elif task in rejected:
+                out.failed[task] = rejected[task]
 
 
 def _has_error(reply: Message) -> bool:

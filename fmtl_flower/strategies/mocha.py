@@ -73,12 +73,15 @@ from ..core.mocha_factored import (
 )
 from ..core.omega import DEFAULT_OMEGA_EPS
 from ..metrics import error_summary
+from ..packing import StackGroup
 from ..systems.heterogeneity import check_drop_prob, drop_mask, local_budgets
 from ..systems.timing import deadline_budgets, get_network, round_time
 from ..wire import from_array, to_array
 from .base import ReplyBoundary, TaskStrategy
 from .discovery import ReplyError, TaskDirectory, check_task_and_round, read_metrics
 from .faults import TaskHealth
+from .packed_mocha import PROTOCOL as STACKING_PROTOCOL
+from .packed_mocha import read_stacked_reply, stacked_message
 
 RoundCallback = Callable[[dict[str, Any]], None]
 DUAL_METHODS = ("mocha", "cocoa", "mb-sdca")
@@ -313,7 +316,8 @@ class Mocha(TaskStrategy):
             self._scale = mbsdca_scale(self.beta, int(budgets[~self._dropped_now].sum()))
         evaluate = (server_round - 1) % self.eval_every == 0
         chosen = self.health.select(server_round, self.task_to_node)
-        return self._instructions(server_round, MessageType.TRAIN, evaluate, budgets, chosen)
+        return self._instructions(server_round, MessageType.TRAIN, evaluate, budgets, chosen,
+                                  grid)
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord]:
@@ -375,7 +379,7 @@ class Mocha(TaskStrategy):
         if self.state is None:
             return []
         return self._instructions(server_round, MessageType.EVALUATE, True, None,
-                                  dict(self.task_to_node))
+                                  dict(self.task_to_node), grid)
 
     def aggregate_evaluate(self, server_round: int,
                            replies: Iterable[Message]) -> MetricRecord | None:
@@ -447,21 +451,35 @@ class Mocha(TaskStrategy):
 
     # ------------------------------------------------------------------ messages
     def _instructions(self, server_round: int, message_type: str, evaluate: bool,
-                      budgets: np.ndarray | None, chosen: dict[int, int]) -> Iterator[Message]:
+                      budgets: np.ndarray | None, chosen: dict[int, int],
+                      grid: Grid | None = None) -> Iterator[Message]:
         """The round's messages, made one at a time as the grid takes them (the run loop
-        hands a list to grids that do not stream: :func:`~.base.as_taken_by`)."""
+        hands a list to grids that do not stream: :func:`~.base.as_taken_by`): one stacked
+        message per packed node that speaks MOCHA's stacking protocol
+        (:mod:`~fmtl_flower.strategies.packed_mocha`), one message per task otherwise."""
         assert self.state is not None
         m_diag = self.state.m_diag()
         sigma_p = self.state.sigma_prime(self.sigma_mode)
         self.replies.begin()
+        stacks: list[StackGroup] = []
+        stacked_groups = getattr(grid, "stacked_groups", None)
+        if callable(stacked_groups):
+            stacks, chosen = stacked_groups(STACKING_PROTOCOL, chosen)
         return self._message_stream(server_round, message_type, evaluate, budgets, chosen,
-                                    m_diag, sigma_p)
+                                    m_diag, sigma_p, stacks)
 
     def _message_stream(self, server_round: int, message_type: str, evaluate: bool,
                         budgets: np.ndarray | None, chosen: dict[int, int],
-                        m_diag: np.ndarray, sigma_p: np.ndarray) -> Iterator[Message]:
+                        m_diag: np.ndarray, sigma_p: np.ndarray,
+                        stacks: list[StackGroup]) -> Iterator[Message]:
         assert self.state is not None
         W = self.state.W
+        if stacks:
+            shared, per_task = self._stacked_values(server_round, evaluate, budgets, m_diag,
+                                                    sigma_p)
+            for group in stacks:
+                yield self.replies.track_stack(group, stacked_message(
+                    group, message_type, server_round, shared, W, per_task))
         for task, node in sorted(chosen.items()):
             config = {
                 "task-id": task, "server-round": server_round,
@@ -493,17 +511,53 @@ class Mocha(TaskStrategy):
         """node -> task of the round's messages."""
         return self.replies.sent
 
+    def _stacked_values(self, server_round: int, evaluate: bool, budgets: np.ndarray | None,
+                        m_diag: np.ndarray, sigma_p: np.ndarray
+                        ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """The config values shared by every task of a stacked message, and the per-task
+        ones as vectors over all tasks (the same values as the one-task messages')."""
+        shared: dict[str, Any] = {"server-round": server_round, "seed": self.seed,
+                                  "eval": bool(evaluate)}
+        if self.gamma != 1.0:
+            shared["gamma"] = self.gamma
+        if self.checkpoint_dir is not None:
+            shared["checkpoint-round"] = self.last_checkpoint_round
+        per_task = {"last-accepted-round": np.asarray(self.last_accepted, dtype=np.int64),
+                    "m-tt": np.asarray(m_diag, dtype=np.float64),
+                    "sigma-prime": np.asarray(sigma_p, dtype=np.float64)}
+        if budgets is not None:
+            if self.method != "mocha":
+                shared["method"] = self.method
+                if self.method == "cocoa":
+                    shared["theta"] = self.theta
+                else:
+                    shared["scale"] = self._scale
+            per_task["budget"] = np.asarray(budgets, dtype=np.int64)
+            per_task["dropped"] = np.asarray(self._dropped_now, dtype=np.bool_)
+        return shared, per_task
+
     def _read_replies(self, server_round: int, replies: Iterable[Message],
                       with_delta: bool) -> dict[int, dict[str, Any]]:
         """Validated replies keyed by task, in task order; anything invalid is logged and
-        left out (:class:`~fmtl_flower.strategies.base.ReplyBoundary`)."""
+        left out (:class:`~fmtl_flower.strategies.base.ReplyBoundary`; a stacked reply per
+        row, :meth:`_parse_stack`)."""
         def on_accept(task: int) -> None:
             self.ever_replied[task] = True
 
         return self.replies.read(
             f"round {server_round}", replies,
             lambda reply, task: self._parse_reply(reply, task, server_round, with_delta),
-            on_accept).accepted
+            on_accept,
+            lambda reply, group: self._parse_stack(reply, group, server_round, with_delta)
+        ).accepted
+
+    def _parse_stack(self, reply: Message, group: StackGroup, server_round: int,
+                     with_delta: bool) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
+        """The rows of a stacked reply as :meth:`_parse_reply` gives one reply's values, and
+        the rejected tasks with their reasons (checked in vectorised form)."""
+        assert self.state is not None
+        return read_stacked_reply(reply, group, server_round, self.n_train, self.state.dim,
+                                  with_delta)
 
     def _parse_reply(self, reply: Message, task: int, server_round: int,
                      with_delta: bool) -> dict[str, Any]:

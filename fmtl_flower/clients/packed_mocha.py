@@ -1,0 +1,283 @@
+"""MOCHA's stacked handler: one message trains (or evaluates) every task a node hosts.
+
+The stacking protocol ``"mocha"`` of :mod:`fmtl_flower.packing`, served for MOCHA and its
+primal-dual baselines (CoCoA+, Mb-SDCA: the ``method`` of the same handlers). Every slot is
+solved exactly as :class:`~fmtl_flower.clients.mocha.MochaClient` solves a one-task message
+(same checks, same commit protocol, same local solver, same metrics), but without a Message,
+Context or record per slot: the results are bit for bit those of unpacked runs.
+
+Wire contract (the per-task one of :mod:`fmtl_flower.strategies.mocha`, stacked)
+----------------------------------------------------------------------------------
+``train`` / ``evaluate`` (server -> node): ``stack`` ConfigRecord (``protocol = "mocha"``,
+``slots``: K slot numbers, row i of every array is slot ``slots[i]``); ``config`` ConfigRecord
+with the values shared by every task (``server-round``, ``seed``, ``eval`` and, when set,
+``checkpoint-round``, ``gamma``, ``method``, ``theta``, ``scale``); ``arrays`` ArrayRecord
+with ``w`` float64 (K, d), ``task-id`` int64 (K,), ``last-accepted-round`` int64 (K,),
+``m-tt`` float64 (K,), ``sigma-prime`` float64 (K,) and, for ``train``, ``budget`` int64
+(K,), ``dropped`` bool (K,).
+
+Reply: ``stack`` naming the k slots that succeeded (row i = slot ``slots[i]``), ``arrays``
+with ``task-id``, ``round``, ``n-train``, ``state-ok`` int64 (k,), ``loss-mean``,
+``dual-mean`` float64 (k,), for ``train`` ``steps`` int64 (k,) and ``delta-b`` float64
+(k, d), and with ``eval`` ``test-errors``, ``test-n`` int64 (k,); ``stack-errors`` names
+the slots that failed and why (each fails only its task).
+
+Device state: one stacked record for all slots, ArrayRecord ``mocha.stack``: ``slots``
+int64 (S,), ``offsets`` int64 (S + 1,), ``duals`` float64 (3, N) (slot ``slots[j]``'s
+[committed alpha; pending d_alpha; stable alpha] in columns ``offsets[j]:offsets[j+1]``)
+and ``meta`` int64 (S, 4) (``task-id``, ``committed-round``, ``pending-round``,
+``stable-round``), reconciled per slot by :func:`~fmtl_flower.clients.dual_state.reconcile`;
+with ``client-state-dir`` each task's state file is the unpacked one (``mocha-task-<id>``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from logging import WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.common.logger import log
+
+from ..checkpoint import CheckpointError
+from ..wire import from_array, to_array
+from .common import config_value, state_file_for
+from .dual_state import META_KEYS, DualState, encode, read_dual_file, reconcile, write_dual_file
+from .mocha import LocalTask, MochaClient
+
+PROTOCOL = "mocha"
+STATE = "mocha.stack"
+
+#: Per-task arrays of a stacked instruction: name -> (dtype, needed for train only).
+INSTRUCTION_ARRAYS = {"task-id": (np.int64, False), "last-accepted-round": (np.int64, False),
+                      "m-tt": (np.float64, False), "sigma-prime": (np.float64, False),
+                      "budget": (np.int64, True), "dropped": (np.bool_, True)}
+
+
+class SlotFailed(ValueError):
+    """A slot's instruction or work failed (only that task fails)."""
+
+
+class StackedState:
+    """The node's dual state for every slot it stored, decoded from (and encoded to) the
+    stacked record ``mocha.stack``."""
+
+    def __init__(self, record: ArrayRecord | None) -> None:
+        self.slots: dict[int, tuple[np.ndarray, dict[str, int]]] = {}
+        self._layout: tuple[list[int], np.ndarray, np.ndarray] | None = None
+        if record is None:
+            return
+        try:
+            slots = from_array(record["slots"])
+            offsets = from_array(record["offsets"])
+            duals = from_array(record["duals"])
+            meta = from_array(record["meta"])
+        except (KeyError, TypeError, ValueError):
+            return  # unusable state: as if nothing was stored (the protocol restarts)
+        s = slots.shape[0] if slots.ndim == 1 else -1
+        if (s < 0 or offsets.shape != (s + 1,) or meta.shape != (s, 4) or duals.ndim != 2
+                or duals.shape[0] != 3 or duals.dtype != np.float64
+                or (s and (offsets[0] != 0 or offsets[-1] != duals.shape[1]
+                           or np.any(np.diff(offsets) < 0)))):
+            return
+        slot_list = [int(x) for x in slots]
+        self._layout = (slot_list, offsets, duals)
+        for j, slot in enumerate(slot_list):
+            values = dict(zip(META_KEYS, (int(v) for v in meta[j]), strict=True))
+            self.slots[slot] = (duals[:, offsets[j]:offsets[j + 1]], values)
+
+    def set(self, slot: int, duals: np.ndarray, meta: dict[str, int]) -> None:
+        """Store a slot's new ``(duals (3, n), meta)``."""
+        self.slots[slot] = (duals, meta)
+
+    def record(self) -> ArrayRecord:
+        """The stacked record of every slot's state."""
+        order = sorted(self.slots)
+        sizes = [self.slots[s][0].shape[1] for s in order]
+        offsets = np.zeros(len(order) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        duals = (np.concatenate([self.slots[s][0] for s in order], axis=1) if order
+                 else np.zeros((3, 0)))
+        meta = np.array([[self.slots[s][1][k] for k in META_KEYS] for s in order],
+                        dtype=np.int64).reshape(len(order), 4)
+        return ArrayRecord({"slots": to_array(np.array(order, dtype=np.int64)),
+                            "offsets": to_array(offsets), "duals": to_array(duals),
+                            "meta": to_array(meta)})
+
+
+class PackedMocha:
+    """The ``"mocha"`` stacking protocol's client side over a :class:`MochaClient`'s data
+    loader and local solver (:func:`fmtl_flower.packing.packed_client_app`'s ``stacked``).
+
+    Parameters
+    ----------
+    client : MochaClient
+        Its ``load_data``, ``task_id`` and ``state_dir`` serve every slot.
+    """
+
+    protocol = PROTOCOL
+
+    def __init__(self, client: MochaClient) -> None:
+        self.client = client
+        self._tasks: dict[tuple[int, int, int], LocalTask] = {}
+
+    def __call__(self, message: Message, context: Context,
+                 slot_tasks: list[tuple[int, int | None]]
+                 ) -> tuple[RecordDict, list[int], dict[int, str]]:
+        kind = message.metadata.message_type
+        if kind not in (MessageType.TRAIN, MessageType.EVALUATE):
+            raise ValueError(f"stacked MOCHA messages are train or evaluate, not {kind!r}")
+        train = kind == MessageType.TRAIN
+        config, arrays, w = _read_stacked_instruction(message.content, len(slot_tasks), train)
+        server_round = config_value(config, "server-round", int)
+        seed = config_value(config, "seed", int) if train else 0
+        evaluate = "eval" in config and config_value(config, "eval", bool)
+        method = config_value(config, "method", str) if "method" in config else "mocha"
+        checkpoint_round = (config_value(config, "checkpoint-round", int)
+                            if "checkpoint-round" in config else -1)
+        state = StackedState(context.state[STATE] if STATE in context.state else None)
+        rows: list[dict[str, Any]] = []
+        deltas: list[np.ndarray] = []
+        done: list[int] = []
+        errors: dict[int, str] = {}
+        writes: list[tuple[int, LocalTask, np.ndarray, dict[str, int]]] = []
+        for i, (slot, task_id) in enumerate(slot_tasks):
+            try:
+                if task_id is None:
+                    raise SlotFailed(f"slot {slot}: this node hosts no such slot")
+                task = self._local_task(context, slot, task_id)
+                row, delta, duals, meta = self._slot(
+                    context, state, slot, task, config, arrays, w, i, server_round,
+                    checkpoint_round, seed, method, evaluate, train)
+            except Exception as ex:  # noqa: BLE001 - one slot's failure is its task's error
+                errors[slot] = f"{type(ex).__name__}: {ex}"
+                continue
+            rows.append(row)
+            if train:
+                deltas.append(delta)
+            done.append(slot)
+            writes.append((slot, task, duals, meta))
+        content = RecordDict({"arrays": _reply_arrays(rows, deltas, train, evaluate,
+                                                      w.shape[1])})
+        for slot, task, duals, meta in writes:  # last: the state after every slot's work
+            state.set(slot, duals, meta)
+            path = state_file_for(context, "mocha", task.task_id, self.client._state_dir)
+            if path is not None:
+                write_dual_file(path, duals, meta)
+        if writes:
+            context.state[STATE] = state.record()
+        return content, done, errors
+
+    # -- one slot ---------------------------------------------------------------------------
+    def _slot(self, context: Context, state: StackedState, slot: int, task: LocalTask,
+              config: ConfigRecord, arrays: dict[str, np.ndarray], w_all: np.ndarray, i: int,
+              server_round: int, checkpoint_round: int, seed: int, method: str,
+              evaluate: bool, train: bool
+              ) -> tuple[dict[str, Any], np.ndarray | None, np.ndarray, dict[str, int]]:
+        """One task's work, as :meth:`MochaClient.train` / ``evaluate`` do it."""
+        if int(arrays["task-id"][i]) != task.task_id:
+            raise SlotFailed(f"message for task {int(arrays['task-id'][i])} reached the slot "
+                             f"of task {task.task_id}")
+        w = w_all[i]
+        if w.shape != (task.dim,) or not np.all(np.isfinite(w)):
+            raise SlotFailed(f"'w' must be finite float64 of shape ({task.dim},)")
+        last_accepted = int(arrays["last-accepted-round"][i])
+        if train:
+            budget = int(arrays["budget"][i])
+            m_tt = float(arrays["m-tt"][i])
+            sigma_p = float(arrays["sigma-prime"][i])
+            if not (np.isfinite(m_tt) and np.isfinite(sigma_p)):
+                raise SlotFailed("m-tt and sigma-prime must be finite")
+            if budget < 0 or m_tt <= 0 or sigma_p <= 0:
+                raise SlotFailed(f"invalid budget/m-tt/sigma-prime: {budget}, {m_tt}, "
+                                 f"{sigma_p}")
+            if last_accepted >= server_round:
+                raise SlotFailed("last-accepted-round must precede server-round in a train "
+                                 "message")
+        if not 0 <= last_accepted <= server_round:
+            raise SlotFailed(f"last-accepted-round {last_accepted} outside 0..server-round "
+                             f"({server_round})")
+        reconciled = self._reconcile(context, state, slot, task, last_accepted,
+                                     checkpoint_round)
+        metrics = MochaClient._metrics(task, w, reconciled.alpha, config, reconciled.ok)
+        metrics["round"] = server_round
+        if not train:
+            duals, meta = encode(reconciled, task.task_id, None, -1)
+            return metrics, None, duals, meta
+        if bool(arrays["dropped"][i]) or budget == 0:
+            d_alpha, d_b, steps = np.zeros(task.n), np.zeros(task.dim), 0
+        else:
+            d_alpha, d_b, steps = MochaClient._local_update(
+                method, task, reconciled.alpha, w, config, budget, m_tt, sigma_p, seed,
+                server_round)
+        metrics["steps"] = steps
+        duals, meta = encode(reconciled, task.task_id, d_alpha, server_round)
+        return metrics, d_b, duals, meta
+
+    def _reconcile(self, context: Context, state: StackedState, slot: int, task: LocalTask,
+                   last_accepted: int, checkpoint_round: int) -> DualState:
+        stored = state.slots.get(slot)
+        if stored is None:  # nothing stored for this slot: its state file, if any
+            path = state_file_for(context, "mocha", task.task_id, self.client._state_dir)
+            if path is not None:
+                try:
+                    stored = read_dual_file(path, task.task_id, task.n)
+                except CheckpointError as err:
+                    log(WARNING, "MOCHA task %d: state file unusable (%s); starting from "
+                        "alpha = 0", task.task_id, err)
+        duals, meta = stored if stored is not None else (None, None)
+        return reconcile(duals, meta, task_id=task.task_id, n=task.n,
+                         last_accepted=last_accepted, checkpoint_round=checkpoint_round)
+
+    def _local_task(self, context: Context, slot: int, task_id: int) -> LocalTask:
+        """The slot's validated data, loaded once per node, run and task."""
+        key = (int(context.run_id), int(context.node_id), int(task_id))
+        task = self._tasks.get(key)
+        if task is None:
+            node_config = {k: v for k, v in context.node_config.items() if k != "task-ids"}
+            node_config["task-id"] = int(task_id)
+            sub = Context(run_id=context.run_id, node_id=context.node_id, state=RecordDict(),
+                          node_config=node_config, run_config=context.run_config)
+            task = self.client._build_task(sub)
+            self._tasks[key] = task
+        return task
+
+
+def _read_stacked_instruction(content: RecordDict, k: int, train: bool
+                              ) -> tuple[ConfigRecord, dict[str, np.ndarray], np.ndarray]:
+    """The shared config, the per-task vectors and the (K, d) models of a stacked message;
+    ValueError (the whole message fails) when its records are malformed."""
+    if "config" not in content or "arrays" not in content:
+        raise ValueError("stacked MOCHA message needs 'config' and 'arrays' records")
+    config, record = content["config"], content["arrays"]
+    arrays: dict[str, np.ndarray] = {}
+    for name, (dtype, train_only) in INSTRUCTION_ARRAYS.items():
+        if train_only and not train:
+            continue
+        if name not in record:
+            raise ValueError(f"stacked MOCHA message lacks array {name!r}")
+        values = from_array(record[name])
+        if values.dtype != dtype or values.shape != (k,):
+            raise ValueError(f"array {name!r} must be {np.dtype(dtype)} of shape ({k},), got "
+                             f"{values.dtype} {values.shape}")
+        arrays[name] = values
+    if "w" not in record:
+        raise ValueError("stacked MOCHA message lacks array 'w'")
+    w = from_array(record["w"])
+    if w.dtype != np.float64 or w.ndim != 2 or w.shape[0] != k:
+        raise ValueError(f"'w' must be float64 of shape ({k}, d), got {w.dtype} {w.shape}")
+    return config, arrays, w
+
+
+def _reply_arrays(rows: Sequence[dict[str, Any]], deltas: Sequence[np.ndarray], train: bool,
+                  evaluate: bool, dim: int) -> ArrayRecord:
+    ints = ["task-id", "round", "n-train", "state-ok"] + (["steps"] if train else [])
+    if evaluate:
+        ints += ["test-errors", "test-n"]
+    out = {key: to_array(np.array([r[key] for r in rows], dtype=np.int64)) for key in ints}
+    for key in ("loss-mean", "dual-mean"):
+        out[key] = to_array(np.array([r[key] for r in rows], dtype=np.float64))
+    if train:
+        out["delta-b"] = to_array(np.stack(deltas) if deltas else np.zeros((0, dim)))
+    return ArrayRecord(out)

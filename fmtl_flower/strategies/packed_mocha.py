@@ -1,0 +1,146 @@
+"""MOCHA's stacked messages, server side: one message per packed node, replies read as arrays.
+
+The ``"mocha"`` stacking protocol of :mod:`fmtl_flower.packing` (wire contract in
+:mod:`fmtl_flower.clients.packed_mocha`). :func:`stacked_message` builds the message of one
+:class:`~fmtl_flower.packing.StackGroup` from the strategy's per-task vectors;
+:func:`read_stacked_reply` checks a stacked reply in vectorised form (one test per key over all
+rows) and returns the same per-task values that :meth:`Mocha._parse_reply` returns for an
+unpacked reply, or the reason a task's row (or the slot itself) was rejected: a malformed
+slot fails only its task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+
+from ..packing import STACK, StackGroup, read_stack, read_stack_errors
+from ..wire import from_array, to_array
+
+PROTOCOL = "mocha"
+
+REPLY_INTS = ("task-id", "round", "n-train", "state-ok")
+REPLY_NUMBERS = ("loss-mean", "dual-mean")
+
+
+def stacked_message(group: StackGroup, message_type: str, server_round: int,
+                    config: Mapping[str, Any], W: np.ndarray,
+                    per_task: Mapping[str, np.ndarray]) -> Message:
+    """The stacked message of ``group``: ``config`` shared, ``w`` rows = W's columns of the
+    group's tasks, and each of ``per_task`` (vectors over all tasks) cut to the group."""
+    tasks = np.asarray(group.tasks, dtype=np.int64)
+    arrays = {"w": to_array(W[:, tasks].T), "task-id": to_array(tasks)}
+    for name, values in per_task.items():
+        arrays[name] = to_array(values[tasks])
+    content = RecordDict({
+        "stack": ConfigRecord({"protocol": PROTOCOL, "slots": list(group.slots)}),
+        "config": ConfigRecord(dict(config)),
+        "arrays": ArrayRecord(arrays),
+    })
+    return Message(content, dst_node_id=group.node, message_type=message_type,
+                   group_id=str(server_round))
+
+
+def read_stacked_reply(reply: Message, group: StackGroup, server_round: int,
+                       n_train: np.ndarray, dim: int, with_delta: bool
+                       ) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
+    """``(accepted, rejected)``: the valid rows of ``group``'s stacked reply as
+    ``{task: values}`` (the values :meth:`Mocha._parse_reply` gives, ``delta-b`` a row of
+    the stacked array) and ``{task: reason}`` for the tasks whose slot failed or whose row
+    is invalid. A reply whose records are malformed rejects every task of the group; a task
+    absent from both (its slot not in the reply) did not reply."""
+    task_of_slot = dict(zip(group.slots, group.tasks, strict=True))
+    try:
+        protocol, slots = read_stack(reply.content)
+        errors = read_stack_errors(reply.content)
+        if protocol != PROTOCOL:
+            raise ValueError(f"protocol {protocol!r}, expected {PROTOCOL!r}")
+        strangers = [s for s in [*slots, *errors] if s not in task_of_slot]
+        if strangers or set(slots) & set(errors):
+            raise ValueError(f"slots {strangers or sorted(set(slots) & set(errors))} not "
+                             "asked for or both replied and failed")
+        values = _reply_columns(reply.content, len(slots), dim, with_delta)
+    except ValueError as err:
+        return {}, {t: f"malformed stacked reply: {err}" for t in group.tasks}
+    rejected = {task_of_slot[s]: f"slot failed on the device: {r}" for s, r in errors.items()}
+    tasks = np.array([task_of_slot[s] for s in slots], dtype=np.int64)
+    bad = _row_problems(values, tasks, server_round, n_train, with_delta)
+    accepted: dict[int, dict[str, Any]] = {}
+    lists = {k: v.tolist() for k, v in values.items() if k != "delta-b"}
+    for i, task in enumerate(tasks.tolist()):
+        if bad[i]:
+            rejected[task] = bad[i]
+            continue
+        row = {k: v[i] for k, v in lists.items()}
+        if with_delta:
+            row["delta-b"] = values["delta-b"][i]
+        accepted[task] = row
+    return accepted, rejected
+
+
+def _reply_columns(content: RecordDict, k: int, dim: int, with_delta: bool
+                   ) -> dict[str, np.ndarray]:
+    """The reply's arrays, typed and shaped (ValueError names the first bad one)."""
+    if "arrays" not in content:
+        raise ValueError("no 'arrays' record")
+    record = content["arrays"]
+    optional = ["test-errors", "test-n"] + ([] if with_delta else ["steps"])
+    required = [*REPLY_INTS, *REPLY_NUMBERS] + (["steps", "delta-b"] if with_delta else [])
+    out: dict[str, np.ndarray] = {}
+    for key in [*required, *optional]:
+        if key not in record:
+            if key in required:
+                raise ValueError(f"array {key!r} missing")
+            continue
+        try:
+            values = from_array(record[key])
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"array {key!r} unreadable: {err}") from None
+        shape = (k, dim) if key == "delta-b" else (k,)
+        dtype = np.float64 if key in (*REPLY_NUMBERS, "delta-b") else np.int64
+        if values.dtype != dtype or values.shape != shape:
+            raise ValueError(f"array {key!r} must be {np.dtype(dtype)} of shape {shape}, got "
+                             f"{values.dtype} {values.shape}")
+        out[key] = values
+    if ("test-errors" in out) != ("test-n" in out):
+        raise ValueError("test-errors/test-n inconsistent")
+    return out
+
+
+def _row_problems(values: dict[str, np.ndarray], tasks: np.ndarray, server_round: int,
+                  n_train: np.ndarray, with_delta: bool) -> list[str]:
+    """Per row, the reason it is rejected ("" when valid): the checks of
+    :meth:`Mocha._parse_reply`, one vectorised test per check."""
+    k = len(tasks)
+    problems = [""] * k
+
+    def flag(mask: np.ndarray, reason: str) -> None:
+        for i in np.flatnonzero(mask):
+            if not problems[i]:
+                problems[i] = reason
+
+    for key in REPLY_NUMBERS:
+        flag(~np.isfinite(values[key]), f"metric {key!r} is not finite")
+    if "steps" in values:
+        flag(values["steps"] < 0, "steps must be >= 0")
+    flag(~np.isin(values["state-ok"], (0, 1)), "state-ok must be 0 or 1")
+    flag((values["task-id"] != tasks) | (values["round"] != server_round),
+         f"reply for another task or round, expected round {server_round}")
+    flag(values["n-train"] != n_train[tasks], "n-train differs from the task's")
+    flag((values["loss-mean"] < 0) | ~((values["dual-mean"] >= 0)
+                                       & (values["dual-mean"] <= 1 + 1e-9)),
+         "loss-mean must be >= 0 and dual-mean in [0, 1]")
+    if "test-n" in values:
+        flag((values["test-errors"] < 0) | (values["test-errors"] > values["test-n"]),
+             "test-errors/test-n inconsistent")
+    if with_delta:
+        flag(~np.all(np.isfinite(values["delta-b"]), axis=1), "'delta-b' has non-finite values")
+    return problems
+
+
+def is_stacked(message: Message) -> bool:
+    """Whether ``message`` (a reply) is a stacked one."""
+    return not message.has_error() and STACK in message.content
