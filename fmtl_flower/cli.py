@@ -203,6 +203,12 @@ def run_federation(cfg: RunConfig, data, engine: str, print_every: int,
 
     m = data.num_tasks
     every = print_every or max(1, math.ceil(cfg.num_server_rounds / 50))
+    if cfg.tasks_per_node == 0:  # automatic task packing (documented rule, in the header)
+        from .packing import auto_packing
+
+        cfg, rule = auto_packing(cfg, m, engine)
+        if not quiet:
+            print(f"task packing: {rule}", flush=True)
 
     def on_round(record: dict[str, Any]) -> None:
         k = record["round"]

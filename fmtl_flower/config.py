@@ -214,10 +214,13 @@ class RunConfig:
         MOCHA: exclude a task after ``max_failures`` consecutive failed rounds (0: never) and
         probe it every ``probe_every`` rounds until it answers.
     tasks_per_node : int
-        Task packing (:mod:`fmtl_flower.packing`): 1 (default) is one task per Flower node;
-        K > 1 makes one message per node carry all of its tasks. In simulation node p hosts
-        tasks p K .. p K + K - 1 (so ceil(m / K) nodes); a deployed node hosts the tasks of
-        its ``--node-config "task-ids='3,4,5'"``.
+        Task packing (:mod:`fmtl_flower.packing`): 1 is one task per Flower node; K > 1
+        makes one message per node carry all of its tasks. In simulation node p hosts tasks
+        p K .. p K + K - 1 (so ceil(m / K) nodes); a deployed node hosts the tasks of its
+        ``--node-config "task-ids='3,4,5'"``. 0 (default): automatic; ``fmtl run`` and the
+        reproductions then pack by :func:`fmtl_flower.packing.auto_tasks_per_node` (MOCHA,
+        CoCoA+ and Mb-SDCA on the in-process and Ray engines) and say so in the run header;
+        a Flower app (``flwr run``) takes 0 as 1.
     """
 
     strategy: str = "mocha"
@@ -280,7 +283,7 @@ class RunConfig:
     min_replies: int = 1
     max_failures: int = 3
     probe_every: int = 5
-    tasks_per_node: int = 1
+    tasks_per_node: int = 0
 
     @property
     def model_family(self) -> str:
@@ -392,7 +395,7 @@ _PARSE = {
     "min-replies": lambda k, v: as_int(k, v, 0),
     "max-failures": lambda k, v: as_int(k, v, 0),
     "probe-every": lambda k, v: as_int(k, v, 1),
-    "tasks-per-node": lambda k, v: as_int(k, v, 1),
+    "tasks-per-node": lambda k, v: as_int(k, v, 0),
 }
 
 

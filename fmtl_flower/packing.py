@@ -38,7 +38,10 @@ names the slots whose rows it holds, and ``stack-errors`` (``slots`` list of int
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
+import math
+import os
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -380,6 +383,45 @@ def _split_reply(reply: Message, subs: dict[int, Message]) -> list[Message]:
         else:
             out.append(Message(content, reply_to=sub))
     return out
+
+
+# ------------------------------------------------------------------------------ auto packing
+#: Strategies whose messages stack (:mod:`fmtl_flower.clients.packed_mocha`): packing pays.
+STACKING_STRATEGIES = ("mocha", "cocoa", "mb-sdca")
+#: At most this many tasks per node when packing automatically (bounds one message's size).
+AUTO_MAX_TASKS_PER_NODE = 1000
+
+
+def auto_tasks_per_node(strategy: str, num_tasks: int, engine: str,
+                        cores: int | None = None) -> tuple[int, str]:
+    """``(K, rule)``: the tasks per node ``fmtl run`` uses when ``tasks-per-node`` is unset.
+
+    The rule: only strategies whose messages stack (MOCHA, CoCoA+, Mb-SDCA) are packed,
+    since packing only pays there (the others keep one task per node). The in-process
+    engine calls its nodes one after another, so it uses as few nodes as it can:
+    K = min(m, 1000). Ray runs nodes in parallel, so it uses one node per core (``cores``,
+    default the machine's CPUs) and packs the rest: K = min(ceil(m / cores), 1000).
+    Results do not depend on K.
+    """
+    if strategy not in STACKING_STRATEGIES or num_tasks <= 1:
+        return 1, f"none ({strategy}: one task per node)"
+    if engine == "ray":
+        cores = max(1, int(cores if cores is not None else (os.cpu_count() or 1)))
+        k = min(math.ceil(num_tasks / cores), AUTO_MAX_TASKS_PER_NODE)
+        why = f"one node per core ({cores}), at most {AUTO_MAX_TASKS_PER_NODE} tasks each"
+    else:
+        k = min(num_tasks, AUTO_MAX_TASKS_PER_NODE)
+        why = f"in-process: as few nodes as possible, at most {AUTO_MAX_TASKS_PER_NODE} tasks each"
+    nodes = math.ceil(num_tasks / k)
+    return k, (f"{num_tasks} tasks on {nodes} node{'s' if nodes > 1 else ''}, {k} per node "
+               f"(automatic: {why}; set tasks-per-node to choose)")
+
+
+def auto_packing(cfg: Any, num_tasks: int, engine: str) -> tuple[Any, str]:
+    """``cfg`` (a :class:`~fmtl_flower.config.RunConfig` with ``tasks_per_node`` 0) with
+    the automatic tasks per node of :func:`auto_tasks_per_node`, and the rule's text."""
+    k, rule = auto_tasks_per_node(cfg.strategy, num_tasks, engine)
+    return dataclasses.replace(cfg, tasks_per_node=k), rule
 
 
 # ------------------------------------------------------------------------------ client side

@@ -382,3 +382,33 @@ def test_a_malformed_slot_of_a_stacked_reply_rejects_only_its_task(caplog):
     assert [r["tasks_missing"] for r in box["rounds"]] == [[6, 9], [6, 9], [6, 9], []]
     assert [r["num_replies"] for r in box["rounds"][1:]] == [10, 10, 10]
     assert grid.contexts  # three nodes served every task
+
+
+def test_automatic_packing_rule():
+    from fmtl_flower.packing import auto_tasks_per_node
+
+    assert auto_tasks_per_node("mocha", 29, "inprocess")[0] == 29
+    assert auto_tasks_per_node("cocoa", 100_000, "inprocess")[0] == 1000
+    assert auto_tasks_per_node("mb-sdca", 10_000, "ray", cores=2)[0] == 1000
+    assert auto_tasks_per_node("mocha", 30, "ray", cores=4)[0] == 8
+    for strategy in ("fedem", "fsvrg", "mb-sgd", "ofmtl"):
+        assert auto_tasks_per_node(strategy, 100, "inprocess")[0] == 1
+    k, rule = auto_tasks_per_node("mocha", 2500, "inprocess")
+    assert k == 1000 and rule.startswith("2500 tasks on 3 nodes, 1000 per node (automatic")
+
+
+def test_fmtl_run_packs_automatically_says_so_and_gets_the_same_results(tmp_path, capsys):
+    import json
+
+    from fmtl_flower.cli import main
+
+    args = ["run", "mocha", "--dataset", "synthetic", "--rounds", "3", "--set", "num-tasks=7",
+            "--set", "dim=4", "--set", "samples-per-task=10"]
+    assert main([*args, "--out", str(tmp_path / "auto.json")]) == 0
+    header = capsys.readouterr().out
+    assert "task packing: 7 tasks on 1 node, 7 per node (automatic" in header
+    assert main([*args, "--set", "tasks-per-node=1", "--out", str(tmp_path / "one.json")]) == 0
+    assert "task packing" not in capsys.readouterr().out
+    auto, one = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("auto", "one"))
+    assert auto["config"]["tasks-per-node"] == 7 and one["config"]["tasks-per-node"] == 1
+    assert _without_timing(auto["rounds"]) == _without_timing(one["rounds"])

@@ -118,7 +118,7 @@ def make_client_app(config: RunConfig | None = None) -> ClientApp:
 
     if config is not None:
         app = _client_app_of(config, load)
-        if config.tasks_per_node == 1:
+        if config.tasks_per_node <= 1:  # 0 (automatic) is resolved by `fmtl run`; here 1
             return app
         mocha = getattr(app, "mocha_client", None)  # MOCHA's family: stacked messages
         if mocha is None:
