@@ -79,6 +79,10 @@ STACK_ERRORS = "stack-errors"
 StackedHandler = Callable[[Message, Context, list[tuple[int, int | None]]],
                           tuple[RecordDict, list[int], dict[int, str]]]
 
+#: ``handler(content, context, slot, task) -> reply content``: one slot of a packed message
+#: answered without a per-slot Message or Context.
+SlotHandler = Callable[[RecordDict, Context, int, int], RecordDict]
+
 
 class StackGroup(NamedTuple):
     """The tasks of one physical node that a stacked message addresses: ``slots[i]`` hosts
@@ -452,20 +456,26 @@ def tasks_of_node(node_config: dict[str, Any], tasks_per_node: int, num_tasks: i
 
 def packed_client_app(app: ClientApp | Callable[[Message, Context], Message],
                       tasks_for: Callable[[Context], Sequence[int]],
-                      stacked: Mapping[str, StackedHandler] | None = None) -> ClientApp:
+                      stacked: Mapping[str, StackedHandler] | None = None,
+                      slot_handlers: Mapping[str, SlotHandler] | None = None) -> ClientApp:
     """A ClientApp hosting the tasks ``tasks_for(context)`` behind the wrapped ``app``;
-    ``stacked`` maps stacking protocols to their handlers (stacked messages)."""
-    return _PackedClientApp(app, tasks_for, stacked)
+    ``stacked`` maps stacking protocols to their handlers (stacked messages);
+    ``slot_handlers`` maps message types to handlers that answer one slot of a packed
+    message directly (``handler(content, context, slot, task) -> reply content``, no
+    per-slot Message or Context; e.g. MOCHA's ``whoami``), instead of the wrapped app."""
+    return _PackedClientApp(app, tasks_for, stacked, slot_handlers)
 
 
 class _PackedClientApp(ClientApp):
     def __init__(self, app: ClientApp | Callable[[Message, Context], Message],
                  tasks_for: Callable[[Context], Sequence[int]],
-                 stacked: Mapping[str, StackedHandler] | None = None) -> None:
+                 stacked: Mapping[str, StackedHandler] | None = None,
+                 slot_handlers: Mapping[str, SlotHandler] | None = None) -> None:
         super().__init__()
         self._app = app
         self._tasks_for = tasks_for
         self._stacked = dict(stacked or {})
+        self._slot_handlers = dict(slot_handlers or {})
 
     def __call__(self, message: Message, context: Context) -> Message:
         if message.metadata.message_type == SLOTS_QUERY:
@@ -483,10 +493,17 @@ class _PackedClientApp(ClientApp):
         states = _slot_states(context.state)  # one pass over the node's state, not one a slot
         node_config = {k: v for k, v in context.node_config.items() if k != "task-ids"}
         replies: dict[int, RecordDict] = {}
+        direct = self._slot_handlers.get(message.metadata.message_type)
         for slot, content in parts.items():
             if slot >= len(tasks):
                 replies[slot] = _error_content(f"slot {slot}: this node hosts {len(tasks)} "
                                                "tasks")
+                continue
+            if direct is not None:  # no per-slot Message or Context
+                try:
+                    replies[slot] = direct(content, context, slot, tasks[slot])
+                except Exception as ex:  # noqa: BLE001 - one task's failure is its error
+                    replies[slot] = _error_content(raised_reason(ex))
                 continue
             replies[slot] = self._call_slot(message, content, context, slot,
                                             {**node_config, "task-id": tasks[slot]},

@@ -125,7 +125,9 @@ def make_client_app(config: RunConfig | None = None) -> ClientApp:
             return packed_client_app(app, tasks_for)
         from ..clients.packed_mocha import PackedMocha
 
-        return packed_client_app(app, tasks_for, {"mocha": PackedMocha(mocha)})
+        stacked = PackedMocha(mocha)
+        return packed_client_app(app, tasks_for, {"mocha": stacked},
+                                 {"query.whoami": stacked.whoami})
     handlers = _LazyHandlers(load)
     app = ClientApp()
     app.query("whoami")(lambda msg, ctx: handlers.of(ctx).whoami(msg, ctx))

@@ -169,6 +169,15 @@ class PackedMocha:
             context.state[STATE] = state.record()
         return content, done, errors
 
+    def whoami(self, content: RecordDict, context: Context, slot: int, task_id: int
+               ) -> RecordDict:
+        """One slot's ``whoami`` reply (:meth:`MochaClient.whoami`'s), from the data this
+        handler keeps for the slot's training (loaded once)."""
+        task = self._local_task(context, slot, task_id)
+        return RecordDict({"info": ConfigRecord({"task-id": task.task_id, "n-train": task.n,
+                                                 "n-test": int(task.X_test.shape[0]),
+                                                 "dim": task.dim})})
+
     # -- one slot ---------------------------------------------------------------------------
     def _slot(self, context: Context, state: StackedState, slot: int, task: LocalTask,
               config: ConfigRecord, arrays: dict[str, np.ndarray], w_all: np.ndarray, i: int,
