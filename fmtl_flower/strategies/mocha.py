@@ -34,6 +34,12 @@ query ``whoami`` (server -> node): empty ``config``. Reply: ConfigRecord ``info`
 Every reply is validated (keys, dtypes, shapes, finite values, matching task and round); a
 reply that fails counts as a dropped node with a logged reason and leaves the state untouched.
 
+Packed nodes (:mod:`fmtl_flower.packing`) that speak the stacking protocol ``"mocha"`` get the
+same ``train`` and ``evaluate`` contents for all of their tasks in ONE message, stacked (``w``
+as a (K, d) array, every per-task value as a vector) and reply with the stacked metrics and
+``delta-b``; contract in :mod:`fmtl_flower.clients.packed_mocha`. Each row is validated as
+above, in vectorised form; a bad row or failed slot drops only its task.
+
 Round bookkeeping
 -----------------
 The metrics a node reports in round r describe the state *after* round r - 1 (the w_t it
