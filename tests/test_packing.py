@@ -412,3 +412,52 @@ def test_fmtl_run_packs_automatically_says_so_and_gets_the_same_results(tmp_path
     auto, one = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("auto", "one"))
     assert auto["config"]["tasks-per-node"] == 7 and one["config"]["tasks-per-node"] == 1
     assert _without_timing(auto["rounds"]) == _without_timing(one["rounds"])
+
+
+_LOADS: list[int] = []
+
+
+def _counting_loader(context):
+    import numpy as np
+
+    task = int(context.node_config["task-id"])
+    _LOADS.append(task)
+    rng = np.random.default_rng(task)
+    X = rng.normal(size=(10, 3))
+    return X, np.where(X[:, 0] > 0, 1.0, -1.0)
+
+
+def test_copies_of_a_stacked_handler_share_the_tasks_loaded_in_the_process():
+    """Flower's Ray engine ships a fresh copy of the ClientApp with every message: the
+    tasks must not be loaded again for every copy."""
+    import pickle
+
+    import numpy as np
+    from flwr.app import ArrayRecord
+
+    from fmtl_flower.clients.mocha import MochaClient
+    from fmtl_flower.clients.packed_mocha import PackedMocha
+    from fmtl_flower.wire import to_array
+
+    InProcessGrid(_counter_app(), 1)  # sets Flower's TaskIdentity (messages need it)
+    handler = PackedMocha(MochaClient(_counting_loader))
+    ctx = Context(run_id=7, node_id=1001, node_config={"partition-id": 0}, state=RecordDict(),
+                  run_config={})
+    _LOADS.clear()
+    for server_round in (1, 2, 3):
+        copy = pickle.loads(pickle.dumps(handler))
+        k = 2
+        arrays = {"w": to_array(np.zeros((k, 3))),
+                  "task-id": to_array(np.array([4, 5], dtype=np.int64)),
+                  "last-accepted-round": to_array(np.full(k, server_round - 1,
+                                                          dtype=np.int64)),
+                  "m-tt": to_array(np.ones(k)), "sigma-prime": to_array(np.ones(k)),
+                  "budget": to_array(np.full(k, 5, dtype=np.int64)),
+                  "dropped": to_array(np.zeros(k, dtype=bool))}
+        msg = Message(RecordDict({"config": ConfigRecord({"server-round": server_round,
+                                                          "seed": 0, "eval": False}),
+                                  "arrays": ArrayRecord(arrays)}),
+                      dst_node_id=1001, message_type="train")
+        _, done, errors = copy(msg, ctx, [(0, 4), (1, 5)])
+        assert done == [0, 1] and not errors
+    assert sorted(_LOADS) == [4, 5]

@@ -32,6 +32,8 @@ with ``client-state-dir`` each task's state file is the unpacked one (``mocha-ta
 
 from __future__ import annotations
 
+import uuid
+from collections import OrderedDict
 from collections.abc import Sequence
 from logging import WARNING
 from typing import Any
@@ -106,6 +108,21 @@ class StackedState:
                             "meta": to_array(meta)})
 
 
+#: The tasks loaded in this process, per handler token (the newest few handlers only).
+_TASK_CACHES: OrderedDict[str, dict[tuple[int, int, int], LocalTask]] = OrderedDict()
+_KEEP_CACHES = 4
+
+
+def _task_cache(token: str) -> dict[tuple[int, int, int], LocalTask]:
+    cache = _TASK_CACHES.get(token)
+    if cache is None:
+        cache = _TASK_CACHES[token] = {}
+        while len(_TASK_CACHES) > _KEEP_CACHES:
+            _TASK_CACHES.popitem(last=False)
+    _TASK_CACHES.move_to_end(token)
+    return cache
+
+
 class PackedMocha:
     """The ``"mocha"`` stacking protocol's client side over a :class:`MochaClient`'s data
     loader and local solver (:func:`fmtl_flower.packing.packed_client_app`'s ``stacked``).
@@ -120,7 +137,19 @@ class PackedMocha:
 
     def __init__(self, client: MochaClient) -> None:
         self.client = client
-        self._tasks: dict[tuple[int, int, int], LocalTask] = {}
+        self._token = uuid.uuid4().hex
+        self._tasks = _task_cache(self._token)
+
+    # Flower's Ray engine ships the ClientApp to its worker with every message (a fresh copy
+    # each time), so the loaded tasks live in the worker process, keyed by this handler's
+    # token: a copy finds the data its original's earlier copies loaded there.
+    def __getstate__(self) -> dict[str, Any]:
+        return {"client": self.client, "_token": self._token}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.client = state["client"]
+        self._token = state["_token"]
+        self._tasks = _task_cache(self._token)
 
     def __call__(self, message: Message, context: Context,
                  slot_tasks: list[tuple[int, int | None]]
