@@ -31,6 +31,7 @@ import dataclasses
 import json
 import logging
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -44,6 +45,15 @@ def timed_subprocess(args: list[str]) -> float:
     t = time.perf_counter()
     subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
     return time.perf_counter() - t
+
+
+def cpu_subprocess(args: list[str]) -> tuple[float, float]:
+    """(wall, CPU) seconds of a command; CPU = user + system time of the child, which a
+    loaded machine inflates far less than wall time."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall = timed_subprocess(args)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def flower_floor(num_nodes: int, rounds: int, dim: int) -> float:
@@ -86,7 +96,7 @@ def main() -> None:
     py = sys.executable
     run_cmd = [py, "-m", "fmtl_flower.cli", "run", "mocha", "--dataset", args.data,
                "--rounds", str(args.rounds), "--quiet", *sets]
-    whole = timed_subprocess([*run_cmd, "--set", "tasks-per-node=1"])
+    whole, whole_cpu = cpu_subprocess([*run_cmd, "--set", "tasks-per-node=1"])
     interpreter = timed_subprocess([py, "-c", "pass"])
     imports = timed_subprocess([py, "-c", "import fmtl_flower.cli, fmtl_flower.apps.common, "
                                 "flwr.serverapp, flwr.clientapp"]) - interpreter
@@ -111,29 +121,32 @@ def main() -> None:
                                               + ["tasks-per-node=1"]))
     data = dataset_for(cfg)
     m = data.num_tasks
-    whole_packed = timed_subprocess([*run_cmd, "--set", f"tasks-per-node={m}"])
+    whole_packed, whole_packed_cpu = cpu_subprocess([*run_cmd, "--set",
+                                                     f"tasks-per-node={m}"])
     packed_cfg = dataclasses.replace(cfg, tasks_per_node=m)
     from fmtl_flower.engine import run_inprocess
 
     run_inprocess(make_server_app(cfg), make_client_app(cfg), m)  # warm-up (caches, JIT)
     box: dict = {}
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     run_inprocess(make_server_app(cfg, on_done=box.update), make_client_app(cfg), m)
-    rounds = time.perf_counter() - t
+    rounds, rounds_cpu = time.perf_counter() - t, time.process_time() - c
     run_inprocess(make_server_app(packed_cfg), make_client_app(packed_cfg), 1)  # warm-up
     packed: dict = {}
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     run_inprocess(make_server_app(packed_cfg, on_done=packed.update),
                   make_client_app(packed_cfg), 1)
-    rounds_packed = time.perf_counter() - t
+    rounds_packed, rounds_packed_cpu = time.perf_counter() - t, time.process_time() - c
     tasks = [(d.X_train, d.y_train) for d in data.tasks]
     test = [(d.X_test, d.y_test) for d in data.tasks]
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     fit = fit_mocha(tasks, lam=1e-4, rounds=args.rounds, omega="identity", omega_every=0,
                     local_frac=1.0, seed=0, record_every=1, test=test)
-    compute = time.perf_counter() - t
+    compute, compute_cpu = time.perf_counter() - t, time.process_time() - c
     same = fit.history[-1]["primal"] == box["final"]["primal"]
+    c = time.process_time()
     floor = flower_floor(m, 100, data.dim)
+    floor_cpu = (time.process_time() - c) / (100 * m)
     node_rounds = args.rounds * m
     engine = rounds - compute
     scale = args.rounds / 500
@@ -157,6 +170,10 @@ def main() -> None:
             packed["final"]["primal"] == box["final"]["primal"],
         "packed_rounds_identical_to_unpacked":
             _untimed(packed["rounds"]) == _untimed(box["rounds"]),
+        "whole_process_cpu_s": whole_cpu, "packed_whole_process_cpu_s": whole_packed_cpu,
+        "rounds_cpu_s": rounds_cpu, "packed_rounds_cpu_s": rounds_packed_cpu,
+        "compute_cpu_s": compute_cpu,
+        "engine_overhead_vs_floor_cpu": (rounds_cpu - compute_cpu) / node_rounds / floor_cpu,
         "load_average_1min": os.getloadavg()[0],
     }
     print(f"whole `fmtl run` process: {whole:.2f} s = interpreter {interpreter:.2f} + imports "
@@ -172,6 +189,9 @@ def main() -> None:
           f"{whole_packed:.2f} s ({out['packed_speedup_whole_vs_matlab']:.1f}x MATLAB), rounds "
           f"{rounds_packed:.2f} s = {out['packed_rounds_vs_bare_loop']:.2f}x the bare loop; "
           f"final primal identical to unpacked: {out['packed_final_primal_identical_to_unpacked']}")
+    print(f"CPU time (less sensitive to load): whole process {whole_cpu:.2f} s unpacked, "
+          f"{whole_packed_cpu:.2f} s packed; engine overhead vs floor "
+          f"{out['engine_overhead_vs_floor_cpu']:.2f}")
     print(f"load average (1 min) at the end: {out['load_average_1min']:.2f}")
     print(json.dumps(out))
 
