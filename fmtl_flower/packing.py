@@ -391,7 +391,7 @@ def _split_reply(reply: Message, subs: dict[int, Message]) -> list[Message]:
 
 # ------------------------------------------------------------------------------ auto packing
 #: Strategies whose messages stack (:mod:`fmtl_flower.clients.packed_mocha`): packing pays.
-STACKING_STRATEGIES = ("mocha", "cocoa", "mb-sdca")
+STACKING_STRATEGIES = ("mocha", "cocoa", "mb-sdca", "mb-sgd")
 #: At most this many tasks per node when packing automatically (bounds one message's size).
 AUTO_MAX_TASKS_PER_NODE = 1000
 
@@ -400,7 +400,7 @@ def auto_tasks_per_node(strategy: str, num_tasks: int, engine: str,
                         cores: int | None = None) -> tuple[int, str]:
     """``(K, rule)``: the tasks per node ``fmtl run`` uses when ``tasks-per-node`` is unset.
 
-    The rule: only strategies whose messages stack (MOCHA, CoCoA+, Mb-SDCA) are packed,
+    The rule: only strategies whose messages stack (MOCHA, CoCoA+, Mb-SDCA, Mb-SGD) are packed,
     since packing only pays there (the others keep one task per node). The in-process
     engine calls its nodes one after another, so it uses as few nodes as it can:
     K = min(m, 1000). Ray runs nodes in parallel, so it uses one node per core (``cores``,

@@ -26,7 +26,8 @@ def _quiet_flower():
     logging.getLogger("flwr").setLevel(logging.WARNING)
 
 
-def _run(values: dict, nodes: int | None = None, count: list | None = None) -> dict:
+def _run(values: dict, nodes: int | None = None, count: list | None = None,
+         stacked: set | None = None) -> dict:
     cfg = RunConfig.from_mapping(values)
     m = cfg.num_tasks
     box: dict = {}
@@ -34,6 +35,8 @@ def _run(values: dict, nodes: int | None = None, count: list | None = None) -> d
     if count is not None:
         def counted(message, context):
             count.append(message.metadata.message_type)
+            if stacked is not None and "stack" in message.content:
+                stacked.add(message.metadata.message_type)
             return client(message, context)
         app = counted
     else:
@@ -229,15 +232,17 @@ STACKED_BASE = {"num-tasks": 12, "dim": 6, "samples-per-task": 15, "num-server-r
                 "omega-every": 2, "drop-prob": 0.2, "sys-het": "high"}
 
 
-@pytest.mark.parametrize("strategy", ["mocha", "cocoa", "mb-sdca"])
+@pytest.mark.parametrize("strategy", ["mocha", "cocoa", "mb-sdca", "mb-sgd"])
 def test_stacked_runs_equal_unpacked_runs_bit_for_bit(strategy, tmp_path):
     values = {**STACKED_BASE, "strategy": strategy}
     one = _run({**values, "tasks-per-node": 1})
     seen: list = []
-    packed = _run({**values, "tasks-per-node": 5}, count=seen)
+    stacked: set = set()
+    packed = _run({**values, "tasks-per-node": 5}, count=seen, stacked=stacked)
     assert _without_timing(one["rounds"]) == _without_timing(packed["rounds"])
     assert _untimed(one["final"]) == _untimed(packed["final"])
     assert seen.count("train") == 3 * 4  # 3 nodes (5 + 5 + 2 tasks), 4 rounds
+    assert stacked == {"train", "evaluate"}  # train and evaluate went stacked
 
 
 def test_stacked_messages_one_per_node_and_round_and_the_flwr_run_app_stacks_too(tmp_path):
@@ -391,7 +396,8 @@ def test_automatic_packing_rule():
     assert auto_tasks_per_node("cocoa", 100_000, "inprocess")[0] == 1000
     assert auto_tasks_per_node("mb-sdca", 10_000, "ray", cores=2)[0] == 1000
     assert auto_tasks_per_node("mocha", 30, "ray", cores=4)[0] == 8
-    for strategy in ("fedem", "fsvrg", "mb-sgd", "ofmtl"):
+    assert auto_tasks_per_node("mb-sgd", 100, "inprocess")[0] == 100
+    for strategy in ("fedem", "fsvrg", "ofmtl"):
         assert auto_tasks_per_node(strategy, 100, "inprocess")[0] == 1
     k, rule = auto_tasks_per_node("mocha", 2500, "inprocess")
     assert k == 1000 and rule.startswith("2500 tasks on 3 nodes, 1000 per node (automatic")

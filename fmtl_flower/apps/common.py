@@ -120,13 +120,10 @@ def make_client_app(config: RunConfig | None = None) -> ClientApp:
         app = _client_app_of(config, load)
         if config.tasks_per_node <= 1:  # 0 (automatic) is resolved by `fmtl run`; here 1
             return app
-        mocha = getattr(app, "mocha_client", None)  # MOCHA's family: stacked messages
-        if mocha is None:
+        stacked = _stacked_handler(app)  # MOCHA's family, Mb-SGD: stacked messages
+        if stacked is None:
             return packed_client_app(app, tasks_for)
-        from ..clients.packed_mocha import PackedMocha
-
-        stacked = PackedMocha(mocha)
-        return packed_client_app(app, tasks_for, {"mocha": stacked},
+        return packed_client_app(app, tasks_for, {stacked.protocol: stacked},
                                  {"query.whoami": stacked.whoami})
     handlers = _LazyHandlers(load)
     app = ClientApp()
@@ -138,7 +135,21 @@ def make_client_app(config: RunConfig | None = None) -> ClientApp:
     app.query("fsvrg_stats")(lambda msg, ctx: handlers.get("fsvrg").stats(msg, ctx))
     app.query("fsvrg_gradient")(lambda msg, ctx: handlers.get("fsvrg").gradient(msg, ctx))
     # packed messages when tasks-per-node > 1; MOCHA's family stacked
-    return packed_client_app(app, tasks_for, {"mocha": handlers.stacked_mocha})
+    return packed_client_app(app, tasks_for, {p: handlers.stacked(p) for p in ("mocha", "mb-sgd")})
+
+
+def _stacked_handler(app: ClientApp) -> Any:
+    """The stacked handler (:mod:`fmtl_flower.packing`) over ``app``'s handlers, if its
+    strategy has one."""
+    if hasattr(app, "mocha_client"):
+        from ..clients.packed_mocha import PackedMocha
+
+        return PackedMocha(app.mocha_client)
+    if hasattr(app, "mbsgd_client"):
+        from ..clients.packed_mbsgd import PackedMbSgd
+
+        return PackedMbSgd(app.mbsgd_client)
+    return None
 
 
 class _LazyHandlers:
@@ -161,19 +172,32 @@ class _LazyHandlers:
             return self.get("mb-sgd")
         return self.get("ofmtl" if cfg.strategy == "ofmtl" else "mocha")
 
-    def stacked_mocha(self, message: Any, context: Context, slot_tasks: Any) -> Any:
-        """The stacked MOCHA handler (:mod:`fmtl_flower.clients.packed_mocha`) over the
-        run's MOCHA-family handlers."""
-        client = self.of(context)
-        packed = self._clients.get(("stacked", id(client)))
-        if packed is None:
-            from ..clients.mocha import MochaClient
-            from ..clients.packed_mocha import PackedMocha
+    def stacked(self, protocol: str) -> Callable[..., Any]:
+        """The stacked handler of ``protocol`` ("mocha" or "mb-sgd",
+        :mod:`fmtl_flower.packing`) over the run's handlers, built on first use."""
+        def handle(message: Any, context: Context, slot_tasks: Any) -> Any:
+            client = self.of(context)
+            key = ("stacked", protocol, id(client))
+            packed = self._clients.get(key)
+            if packed is None:
+                from ..clients.mbsgd import MbSgdClient
+                from ..clients.mocha import MochaClient
 
-            if not isinstance(client, MochaClient):
-                raise ValueError("a stacked MOCHA message in a run of another strategy")
-            packed = self._clients[("stacked", id(client))] = PackedMocha(client)
-        return packed(message, context, slot_tasks)
+                if protocol == "mocha" and isinstance(client, MochaClient):
+                    from ..clients.packed_mocha import PackedMocha
+
+                    packed = PackedMocha(client)
+                elif protocol == "mb-sgd" and isinstance(client, MbSgdClient):
+                    from ..clients.packed_mbsgd import PackedMbSgd
+
+                    packed = PackedMbSgd(client)
+                else:
+                    raise ValueError(f"a stacked {protocol} message in a run of another "
+                                     "strategy")
+                self._clients[key] = packed
+            return packed(message, context, slot_tasks)
+
+        return handle
 
     def get(self, family: str) -> Any:
         """The handlers of ``family`` (mocha, ofmtl, mb-sgd, fedem or fsvrg), built once."""

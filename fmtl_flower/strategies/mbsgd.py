@@ -77,11 +77,15 @@ from ..core.formulations import FORMULATIONS, Formulation, make_formulation
 from ..core.mocha import formulation_arrays, set_formulation_arrays
 from ..core.omega import DEFAULT_OMEGA_EPS
 from ..metrics import error_summary
+from ..packing import StackGroup
 from ..systems.heterogeneity import drop_mask, local_budgets
 from ..systems.timing import get_network, round_time
 from ..wire import from_array, to_array
 from .base import ReplyBoundary, TaskStrategy
 from .discovery import ReplyError, TaskDirectory, check_task_and_round, read_metrics
+from .packed_mbsgd import PROTOCOL as STACKING_PROTOCOL
+from .packed_mbsgd import read_stacked_reply as read_stacked_mbsgd
+from .packed_mocha import stacked_message
 
 __all__ = ["SCHEDULES", "MbSgd", "ReplyError"]
 
@@ -288,7 +292,8 @@ class MbSgd(TaskStrategy):
         self._dropped_now = drop_mask(self.num_tasks, self.drop_prob, seed=self.seed,
                                       server_round=server_round)
         evaluate = (server_round - 1) % self.eval_every == 0
-        return self._instructions(server_round, MessageType.TRAIN, evaluate, with_budget=True)
+        return self._instructions(server_round, MessageType.TRAIN, evaluate, with_budget=True,
+                                  grid=grid)
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord]:
@@ -338,7 +343,8 @@ class MbSgd(TaskStrategy):
         """Nothing, except after the last round: the final metrics round over every task."""
         if self.num_rounds is None or server_round != self.num_rounds:
             return []
-        return self._instructions(server_round, MessageType.EVALUATE, True, with_budget=False)
+        return self._instructions(server_round, MessageType.EVALUATE, True, with_budget=False,
+                                  grid=grid)
 
     def aggregate_evaluate(self, server_round: int,
                            replies: Iterable[Message]) -> MetricRecord | None:
@@ -392,11 +398,25 @@ class MbSgd(TaskStrategy):
 
     # ------------------------------------------------------------------ messages
     def _instructions(self, server_round: int, message_type: str, evaluate: bool,
-                      with_budget: bool) -> list[Message]:
+                      with_budget: bool, grid: Grid | None = None) -> list[Message]:
+        """The round's messages: one stacked message per packed node that speaks Mb-SGD's
+        stacking protocol (:mod:`~fmtl_flower.strategies.packed_mbsgd`), one per task
+        otherwise."""
         assert self.W is not None
         self.replies.begin()
         messages = []
-        for task, node in sorted(self.task_to_node.items()):
+        targets = dict(self.task_to_node)
+        stacked_groups = getattr(grid, "stacked_groups", None)
+        if callable(stacked_groups):
+            groups, targets = stacked_groups(STACKING_PROTOCOL, targets)
+            shared = {"server-round": server_round, "seed": self.seed, "eval": bool(evaluate)}
+            per_task = ({"budget": self._budgets, "dropped": self._dropped_now}
+                        if with_budget else {})
+            for group in groups:
+                messages.append(self.replies.track_stack(group, stacked_message(
+                    group, message_type, server_round, shared, self.W, per_task,
+                    STACKING_PROTOCOL)))
+        for task, node in sorted(targets.items()):
             config: dict[str, Any] = {"task-id": task, "server-round": server_round,
                                       "seed": self.seed, "eval": bool(evaluate)}
             if with_budget:
@@ -417,16 +437,25 @@ class MbSgd(TaskStrategy):
     def _read_replies(self, server_round: int, replies: Iterable[Message],
                       with_grad: bool) -> tuple[dict[int, dict[str, Any]], int]:
         """Validated replies keyed by task, in task order (invalid ones logged and left out:
-        :class:`~fmtl_flower.strategies.base.ReplyBoundary`), and the number of replies that
-        arrived from nodes the round was sent to."""
+        :class:`~fmtl_flower.strategies.base.ReplyBoundary`; a stacked reply per row), and
+        the number of replies that arrived from nodes the round was sent to."""
         def on_accept(task: int) -> None:
             self.ever_replied[task] = True
 
         out = self.replies.read(
             f"round {server_round}", replies,
             lambda reply, task: self._parse_reply(reply, task, server_round, with_grad),
-            on_accept)
+            on_accept,
+            lambda reply, group: self._parse_stack(reply, group, server_round, with_grad))
         return out.accepted, out.arrived
+
+    def _parse_stack(self, reply: Message, group: StackGroup, server_round: int,
+                     with_grad: bool) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
+        """The rows of a stacked reply as :meth:`_parse_reply` gives one reply's values, and
+        the rejected tasks with their reasons (checked in vectorised form)."""
+        assert self.dim is not None
+        return read_stacked_mbsgd(reply, group, server_round, self.n_train, self.dim,
+                                  with_grad, self._budgets, self._dropped_now)
 
     def _parse_reply(self, reply: Message, task: int, server_round: int,
                      with_grad: bool) -> dict[str, Any]:

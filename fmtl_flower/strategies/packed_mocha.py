@@ -11,7 +11,7 @@ slot fails only its task.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,7 +28,7 @@ REPLY_NUMBERS = ("loss-mean", "dual-mean")
 
 def stacked_message(group: StackGroup, message_type: str, server_round: int,
                     config: Mapping[str, Any], W: np.ndarray,
-                    per_task: Mapping[str, np.ndarray]) -> Message:
+                    per_task: Mapping[str, np.ndarray], protocol: str = PROTOCOL) -> Message:
     """The stacked message of ``group``: ``config`` shared, ``w`` rows = W's columns of the
     group's tasks, and each of ``per_task`` (vectors over all tasks) cut to the group."""
     tasks = np.asarray(group.tasks, dtype=np.int64)
@@ -36,7 +36,7 @@ def stacked_message(group: StackGroup, message_type: str, server_round: int,
     for name, values in per_task.items():
         arrays[name] = to_array(values[tasks])
     content = RecordDict({
-        "stack": ConfigRecord({"protocol": PROTOCOL, "slots": list(group.slots)}),
+        "stack": ConfigRecord({"protocol": protocol, "slots": list(group.slots)}),
         "config": ConfigRecord(dict(config)),
         "arrays": ArrayRecord(arrays),
     })
@@ -52,31 +52,48 @@ def read_stacked_reply(reply: Message, group: StackGroup, server_round: int,
     the stacked array) and ``{task: reason}`` for the tasks whose slot failed or whose row
     is invalid. A reply whose records are malformed rejects every task of the group; a task
     absent from both (its slot not in the reply) did not reply."""
+    return read_stacked_rows(
+        reply, group, PROTOCOL,
+        lambda k: _reply_columns(reply.content, k, dim, with_delta),
+        lambda values, tasks: _row_problems(values, tasks, server_round, n_train, with_delta),
+        ("delta-b",) if with_delta else ())
+
+
+def read_stacked_rows(reply: Message, group: StackGroup, protocol: str,
+                      columns: Callable[[int], dict[str, np.ndarray]],
+                      problems: Callable[[dict[str, np.ndarray], np.ndarray], list[str]],
+                      row_arrays: tuple[str, ...] = ()
+                      ) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
+    """``(accepted, rejected)`` of a stacked reply of ``protocol``: ``columns(k)`` reads
+    and shapes its arrays (ValueError: the whole reply is malformed), ``problems(values,
+    tasks)`` gives each row's rejection reason ("" if valid); the arrays named in
+    ``row_arrays`` are 2-D and each accepted task gets its row, the others are vectors and
+    each task gets its element as a Python number."""
     task_of_slot = dict(zip(group.slots, group.tasks, strict=True))
     try:
-        protocol, slots = read_stack(reply.content)
+        found, slots = read_stack(reply.content)
         errors = read_stack_errors(reply.content)
-        if protocol != PROTOCOL:
-            raise ValueError(f"protocol {protocol!r}, expected {PROTOCOL!r}")
+        if found != protocol:
+            raise ValueError(f"protocol {found!r}, expected {protocol!r}")
         strangers = [s for s in [*slots, *errors] if s not in task_of_slot]
         if strangers or set(slots) & set(errors):
             raise ValueError(f"slots {strangers or sorted(set(slots) & set(errors))} not "
                              "asked for or both replied and failed")
-        values = _reply_columns(reply.content, len(slots), dim, with_delta)
+        values = columns(len(slots))
     except ValueError as err:
         return {}, {t: f"malformed stacked reply: {err}" for t in group.tasks}
     rejected = {task_of_slot[s]: f"slot failed on the device: {r}" for s, r in errors.items()}
     tasks = np.array([task_of_slot[s] for s in slots], dtype=np.int64)
-    bad = _row_problems(values, tasks, server_round, n_train, with_delta)
+    bad = problems(values, tasks)
     accepted: dict[int, dict[str, Any]] = {}
-    lists = {k: v.tolist() for k, v in values.items() if k != "delta-b"}
+    lists = {k: v.tolist() for k, v in values.items() if k not in row_arrays}
     for i, task in enumerate(tasks.tolist()):
         if bad[i]:
             rejected[task] = bad[i]
             continue
         row = {k: v[i] for k, v in lists.items()}
-        if with_delta:
-            row["delta-b"] = values["delta-b"][i]
+        for key in row_arrays:
+            row[key] = values[key][i]
         accepted[task] = row
     return accepted, rejected
 
@@ -84,11 +101,20 @@ def read_stacked_reply(reply: Message, group: StackGroup, server_round: int,
 def _reply_columns(content: RecordDict, k: int, dim: int, with_delta: bool
                    ) -> dict[str, np.ndarray]:
     """The reply's arrays, typed and shaped (ValueError names the first bad one)."""
+    optional = ["test-errors", "test-n"] + ([] if with_delta else ["steps"])
+    required = [*REPLY_INTS, *REPLY_NUMBERS] + (["steps", "delta-b"] if with_delta else [])
+    return reply_columns(content, k, dim, required, optional, REPLY_NUMBERS, ("delta-b",))
+
+
+def reply_columns(content: RecordDict, k: int, dim: int, required: Sequence[str],
+                  optional: Sequence[str], floats: Sequence[str], matrices: Sequence[str]
+                  ) -> dict[str, np.ndarray]:
+    """The ``arrays`` of a stacked reply with k rows: ``floats`` float64 (k,), ``matrices``
+    float64 (k, dim), the others int64 (k,); ValueError names the first missing or bad
+    one (``optional`` ones may be absent), and test-errors/test-n come together."""
     if "arrays" not in content:
         raise ValueError("no 'arrays' record")
     record = content["arrays"]
-    optional = ["test-errors", "test-n"] + ([] if with_delta else ["steps"])
-    required = [*REPLY_INTS, *REPLY_NUMBERS] + (["steps", "delta-b"] if with_delta else [])
     out: dict[str, np.ndarray] = {}
     for key in [*required, *optional]:
         if key not in record:
@@ -99,8 +125,8 @@ def _reply_columns(content: RecordDict, k: int, dim: int, with_delta: bool
             values = from_array(record[key])
         except (TypeError, ValueError) as err:
             raise ValueError(f"array {key!r} unreadable: {err}") from None
-        shape = (k, dim) if key == "delta-b" else (k,)
-        dtype = np.float64 if key in (*REPLY_NUMBERS, "delta-b") else np.int64
+        shape = (k, dim) if key in matrices else (k,)
+        dtype = np.float64 if key in (*floats, *matrices) else np.int64
         if values.dtype != dtype or values.shape != shape:
             raise ValueError(f"array {key!r} must be {np.dtype(dtype)} of shape {shape}, got "
                              f"{values.dtype} {values.shape}")

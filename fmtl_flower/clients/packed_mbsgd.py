@@ -1,0 +1,134 @@
+"""Mb-SGD's stacked handler: one message serves every task a node hosts.
+
+The stacking protocol ``"mb-sgd"`` of :mod:`fmtl_flower.packing`. Every slot is served exactly
+as :class:`~fmtl_flower.clients.mbsgd.MbSgdClient` serves a one-task message (same checks,
+same mini-batch gradient, same metrics), without a Message, Context or record per slot; the
+device keeps no state.
+
+Wire contract (the per-task one of :mod:`fmtl_flower.strategies.mbsgd`, stacked)
+----------------------------------------------------------------------------------
+``train`` / ``evaluate`` (server -> node): ``stack`` ConfigRecord (``protocol = "mb-sgd"``,
+``slots``: K slot numbers, row i of every array is slot ``slots[i]``); ``config`` with the
+shared ``server-round``, ``seed``, ``eval``; ``arrays`` with ``w`` float64 (K, d), ``task-id``
+int64 (K,) and, for ``train``, ``budget`` int64 (K,), ``dropped`` bool (K,).
+
+Reply: ``stack`` naming the k slots that succeeded, ``arrays`` with ``task-id``, ``round``,
+``n-train`` int64 (k,), ``loss-mean`` float64 (k,), for ``train`` ``count`` int64 (k,) and
+``grad`` float64 (k, d), and with ``eval`` ``test-errors``, ``test-n`` int64 (k,);
+``stack-errors`` names the slots that failed and why (each fails only its task).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+
+from ..core.baselines import mbsgd_local_gradient
+from ..core.rng import coordinate_order
+from ..wire import from_array, to_array
+from .common import config_value
+from .mbsgd import MbSgdClient
+from .packed_mocha import PackedMocha, SlotFailed
+
+PROTOCOL = "mb-sgd"
+
+
+class PackedMbSgd:
+    """The ``"mb-sgd"`` stacking protocol's client side over an :class:`MbSgdClient`'s data
+    loader (:func:`fmtl_flower.packing.packed_client_app`'s ``stacked``); the data are kept
+    as :class:`~fmtl_flower.clients.packed_mocha.PackedMocha` keeps them."""
+
+    protocol = PROTOCOL
+
+    def __init__(self, client: MbSgdClient) -> None:
+        self.client = client
+        self._data = PackedMocha(client._data)
+
+    def whoami(self, content: RecordDict, context: Context, slot: int, task_id: int
+               ) -> RecordDict:
+        """One slot's ``whoami`` reply (MOCHA's)."""
+        return self._data.whoami(content, context, slot, task_id)
+
+    def __call__(self, message: Message, context: Context,
+                 slot_tasks: list[tuple[int, int | None]]
+                 ) -> tuple[RecordDict, list[int], dict[int, str]]:
+        kind = message.metadata.message_type
+        if kind not in (MessageType.TRAIN, MessageType.EVALUATE):
+            raise ValueError(f"stacked Mb-SGD messages are train or evaluate, not {kind!r}")
+        train = kind == MessageType.TRAIN
+        config, arrays, w_all = _read(message.content, len(slot_tasks), train)
+        server_round = config_value(config, "server-round", int)
+        seed = config_value(config, "seed", int) if train else 0
+        if train and server_round < 1:
+            raise ValueError(f"server-round must be >= 1, got {server_round}")
+        evaluate = "eval" in config and config_value(config, "eval", bool)
+        rows: list[dict[str, Any]] = []
+        grads: list[np.ndarray] = []
+        done: list[int] = []
+        errors: dict[int, str] = {}
+        for i, (slot, task_id) in enumerate(slot_tasks):
+            try:
+                if task_id is None:
+                    raise SlotFailed(f"slot {slot}: this node hosts no such slot")
+                task = self._data._local_task(context, slot, task_id)
+                if int(arrays["task-id"][i]) != task.task_id:
+                    raise SlotFailed(f"message for task {int(arrays['task-id'][i])} reached "
+                                     f"the slot of task {task.task_id}")
+                w = w_all[i]
+                if w.shape != (task.dim,) or not np.all(np.isfinite(w)):
+                    raise SlotFailed(f"'w' must be finite float64 of shape ({task.dim},)")
+                if train:
+                    budget = int(arrays["budget"][i])
+                    if not 0 <= budget <= task.n:
+                        raise SlotFailed(f"budget must be in 0..n-train ({task.n}), got "
+                                         f"{budget}")
+                metrics = MbSgdClient._metrics(task, w, config)
+                metrics["round"] = server_round
+                if train:
+                    if bool(arrays["dropped"][i]) or budget == 0:
+                        grad, count = np.zeros(task.dim), 0
+                    else:
+                        order = coordinate_order(seed, task.task_id, server_round, task.n)
+                        grad, count = mbsgd_local_gradient(task.X, task.y, w, budget=budget,
+                                                           order=order)
+                    metrics["count"] = int(count)
+            except Exception as ex:  # noqa: BLE001 - one slot's failure is its task's error
+                errors[slot] = f"{type(ex).__name__}: {ex}"
+                continue
+            rows.append(metrics)
+            if train:
+                grads.append(grad)
+            done.append(slot)
+        ints = ["task-id", "round", "n-train"] + (["count"] if train else [])
+        if evaluate:
+            ints += ["test-errors", "test-n"]
+        out = {k: to_array(np.array([r[k] for r in rows], dtype=np.int64)) for k in ints}
+        out["loss-mean"] = to_array(np.array([r["loss-mean"] for r in rows], dtype=np.float64))
+        if train:
+            out["grad"] = to_array(np.stack(grads) if grads else np.zeros((0, w_all.shape[1])))
+        return RecordDict({"arrays": ArrayRecord(out)}), done, errors
+
+
+def _read(content: RecordDict, k: int, train: bool
+          ) -> tuple[ConfigRecord, dict[str, np.ndarray], np.ndarray]:
+    if "config" not in content or "arrays" not in content:
+        raise ValueError("stacked Mb-SGD message needs 'config' and 'arrays' records")
+    config, record = content["config"], content["arrays"]
+    wanted = {"task-id": np.int64, **({"budget": np.int64, "dropped": np.bool_} if train
+                                      else {})}
+    arrays = {}
+    for name, dtype in wanted.items():
+        if name not in record:
+            raise ValueError(f"stacked Mb-SGD message lacks array {name!r}")
+        values = from_array(record[name])
+        if values.dtype != dtype or values.shape != (k,):
+            raise ValueError(f"array {name!r} must be {np.dtype(dtype)} of shape ({k},)")
+        arrays[name] = values
+    if "w" not in record:
+        raise ValueError("stacked Mb-SGD message lacks array 'w'")
+    w = from_array(record["w"])
+    if w.dtype != np.float64 or w.ndim != 2 or w.shape[0] != k:
+        raise ValueError(f"'w' must be float64 of shape ({k}, d), got {w.dtype} {w.shape}")
+    return config, arrays, w
