@@ -351,13 +351,14 @@ def test_a_stacked_reply_holds_the_unpacked_replies_records_and_a_bad_slot_fails
     assert from_array(reply.content["arrays"]["state-ok"]).tolist() == [1, 1, 0]
 
 
-def test_a_malformed_slot_of_a_stacked_reply_rejects_only_its_task(caplog):
+@pytest.mark.parametrize("strategy, vector", [("mocha", "delta-b"), ("mb-sgd", "grad")])
+def test_a_malformed_slot_of_a_stacked_reply_rejects_only_its_task(strategy, vector, caplog):
     import numpy as np
     from flwr.app import ArrayRecord
 
     from fmtl_flower.wire import from_array, to_array
 
-    cfg = RunConfig.from_mapping({**STACKED_BASE, "strategy": "mocha", "drop-prob": 0.0,
+    cfg = RunConfig.from_mapping({**STACKED_BASE, "strategy": strategy, "drop-prob": 0.0,
                                   "tasks-per-node": 4, "num-server-rounds": 3})
     client = make_client_app(cfg)
 
@@ -365,11 +366,11 @@ def test_a_malformed_slot_of_a_stacked_reply_rejects_only_its_task(caplog):
         reply = client(message, context)
         if "stack" in message.content and message.metadata.message_type == "train":
             arrays = reply.content["arrays"]
-            delta = np.array(from_array(arrays["delta-b"]))
+            delta = np.array(from_array(arrays[vector]))
             tasks = from_array(arrays["task-id"]).tolist()
             if 6 in tasks:
                 delta[tasks.index(6), 0] = np.inf  # task 6's row is malformed
-                arrays["delta-b"] = to_array(delta)
+                arrays[vector] = to_array(delta)
             if 9 in tasks:  # task 9's slot claims another task
                 ids = np.array(from_array(arrays["task-id"]))
                 ids[tasks.index(9)] = 10
