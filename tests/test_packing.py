@@ -468,3 +468,35 @@ def test_copies_of_a_stacked_handler_share_the_tasks_loaded_in_the_process():
         _, done, errors = copy(msg, ctx, [(0, 4), (1, 5)])
         assert done == [0, 1] and not errors
     assert sorted(_LOADS) == [4, 5]
+
+
+def test_the_reply_boundary_reads_a_stacked_reply_row_by_row_once(caplog):
+    from fmtl_flower.packing import StackGroup
+    from fmtl_flower.strategies.base import ReplyBoundary
+
+    InProcessGrid(_counter_app(), 1)  # sets Flower's TaskIdentity (messages need it)
+    boundary = ReplyBoundary("TEST")
+    boundary.begin()
+    group = StackGroup(node=1001, slots=[0, 1, 2], tasks=[4, 5, 6], virtual=[11, 12, 13])
+    sent = Message(RecordDict({"stack": ConfigRecord({"protocol": "p", "slots": [0, 1, 2]})}),
+                   dst_node_id=1001, message_type="train")
+    sent.metadata.__dict__["_message_id"] = "m1"
+    boundary.track_stack(group, sent)
+
+    def parse_stack(reply, g):
+        assert g is group
+        return {4: {"v": 1}, 6: {"v": 3}}, {5: "row 5 is bad"}
+
+    reply = Message(RecordDict({"x": ConfigRecord({})}), reply_to=sent)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        out = boundary.read("round 1", [reply, reply], lambda r, t: {}, None, parse_stack)
+    assert out.accepted == {4: {"v": 1}, 6: {"v": 3}} and out.failed == {5: "row 5 is bad"}
+    assert "reply of task 5 (node 1001) rejected: row 5 is bad" in caplog.text
+    assert "second reply for tasks [4, 5, 6]" in caplog.text  # one reply per task and round
+    assert boundary.sent == {11: 4, 12: 5, 13: 6}
+
+    def broken(reply, g):
+        raise KeyError("hostile payload")
+
+    out = boundary.read("round 1", [reply], lambda r, t: {}, None, broken)
+    assert out.accepted == {} and set(out.failed) == {4, 5, 6}
