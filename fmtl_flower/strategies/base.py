@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
-from flwr.common.logger import log
+from flwr.common.logger import FLOWER_LOGGER, log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
@@ -100,8 +100,9 @@ class TaskStrategy(Strategy):
             log(INFO, "the checkpoint is of the last round (%d): nothing left to run",
                 self.resumed_from)
         log(INFO, "Strategy execution finished in %.2fs", time.time() - started)
-        for line in io.StringIO(str(result)):
-            log(INFO, "\t%s", line.strip("\n"))
+        if FLOWER_LOGGER.isEnabledFor(INFO):  # (formatting every round's metrics is costly)
+            for line in io.StringIO(str(result)):
+                log(INFO, "\t%s", line.strip("\n"))
         return result
 
     def _evaluate_phase(self, grid: Grid, server_round: int, arrays: ArrayRecord,
