@@ -26,7 +26,8 @@ Device state: one stacked record for all slots, ArrayRecord ``mocha.stack``: ``s
 int64 (S,), ``offsets`` int64 (S + 1,), ``duals`` float64 (3, N) (slot ``slots[j]``'s
 [committed alpha; pending d_alpha; stable alpha] in columns ``offsets[j]:offsets[j+1]``)
 and ``meta`` int64 (S, 4) (``task-id``, ``committed-round``, ``pending-round``,
-``stable-round``), reconciled per slot by :func:`~fmtl_flower.clients.dual_state.reconcile`;
+``stable-round``) and ``data`` str (S,) (the fingerprint of the slot's training data),
+reconciled per slot by :func:`~fmtl_flower.clients.dual_state.reconcile`;
 with ``client-state-dir`` each task's state file is the unpacked one (``mocha-task-<id>``).
 """
 
@@ -45,7 +46,15 @@ from flwr.common.logger import log
 from ..checkpoint import CheckpointError
 from ..wire import from_array, to_array
 from .common import config_value, state_file_for
-from .dual_state import META_KEYS, DualState, encode, read_dual_file, reconcile, write_dual_file
+from .dual_state import (
+    META_KEYS,
+    DualState,
+    encode,
+    log_reconciled,
+    read_dual_file,
+    reconcile,
+    write_dual_file,
+)
 from .mocha import LocalTask, MochaClient
 
 PROTOCOL = "mocha"
@@ -66,7 +75,7 @@ class StackedState:
     stacked record ``mocha.stack``."""
 
     def __init__(self, record: ArrayRecord | None) -> None:
-        self.slots: dict[int, tuple[np.ndarray, dict[str, int]]] = {}
+        self.slots: dict[int, tuple[np.ndarray, dict[str, int | str]]] = {}
         self._layout: tuple[list[int], np.ndarray, np.ndarray] | None = None
         if record is None:
             return
@@ -75,10 +84,12 @@ class StackedState:
             offsets = from_array(record["offsets"])
             duals = from_array(record["duals"])
             meta = from_array(record["meta"])
+            data = from_array(record["data"])
         except (KeyError, TypeError, ValueError):
             return  # unusable state: as if nothing was stored (the protocol restarts)
         s = slots.shape[0] if slots.ndim == 1 else -1
         if (s < 0 or offsets.shape != (s + 1,) or meta.shape != (s, 4) or duals.ndim != 2
+                or data.shape != (s,) or data.dtype.kind != "U"
                 or duals.shape[0] != 3 or duals.dtype != np.float64
                 or (s and (offsets[0] != 0 or offsets[-1] != duals.shape[1]
                            or np.any(np.diff(offsets) < 0)))):
@@ -86,10 +97,12 @@ class StackedState:
         slot_list = [int(x) for x in slots]
         self._layout = (slot_list, offsets, duals)
         for j, slot in enumerate(slot_list):
-            values = dict(zip(META_KEYS, (int(v) for v in meta[j]), strict=True))
+            values: dict[str, int | str] = dict(zip(META_KEYS, (int(v) for v in meta[j]),
+                                                    strict=True))
+            values["data"] = str(data[j])
             self.slots[slot] = (duals[:, offsets[j]:offsets[j + 1]], values)
 
-    def set(self, slot: int, duals: np.ndarray, meta: dict[str, int]) -> None:
+    def set(self, slot: int, duals: np.ndarray, meta: dict[str, int | str]) -> None:
         """Store a slot's new ``(duals (3, n), meta)``."""
         self.slots[slot] = (duals, meta)
 
@@ -103,9 +116,10 @@ class StackedState:
                  else np.zeros((3, 0)))
         meta = np.array([[self.slots[s][1][k] for k in META_KEYS] for s in order],
                         dtype=np.int64).reshape(len(order), 4)
+        data = np.array([str(self.slots[s][1].get("data", "")) for s in order], dtype=str)
         return ArrayRecord({"slots": to_array(np.array(order, dtype=np.int64)),
                             "offsets": to_array(offsets), "duals": to_array(duals),
-                            "meta": to_array(meta)})
+                            "meta": to_array(meta), "data": to_array(data)})
 
 
 #: The tasks loaded in this process, per handler token (the newest few handlers only).
@@ -170,7 +184,7 @@ class PackedMocha:
         deltas: list[np.ndarray] = []
         done: list[int] = []
         errors: dict[int, str] = {}
-        writes: list[tuple[int, LocalTask, np.ndarray, dict[str, int]]] = []
+        writes: list[tuple[int, LocalTask, np.ndarray, dict[str, int | str]]] = []
         for i, (slot, task_id) in enumerate(slot_tasks):
             try:
                 if task_id is None:
@@ -212,7 +226,7 @@ class PackedMocha:
               config: ConfigRecord, arrays: dict[str, np.ndarray], w_all: np.ndarray, i: int,
               server_round: int, checkpoint_round: int, seed: int, method: str,
               evaluate: bool, train: bool
-              ) -> tuple[dict[str, Any], np.ndarray | None, np.ndarray, dict[str, int]]:
+              ) -> tuple[dict[str, Any], np.ndarray | None, np.ndarray, dict[str, int | str]]:
         """One task's work, as :meth:`MochaClient.train` / ``evaluate`` do it."""
         if int(arrays["task-id"][i]) != task.task_id:
             raise SlotFailed(f"message for task {int(arrays['task-id'][i])} reached the slot "
@@ -241,7 +255,7 @@ class PackedMocha:
         metrics = MochaClient._metrics(task, w, reconciled.alpha, config, reconciled.ok)
         metrics["round"] = server_round
         if not train:
-            duals, meta = encode(reconciled, task.task_id, None, -1)
+            duals, meta = encode(reconciled, task.task_id, None, -1, task.fingerprint)
             return metrics, None, duals, meta
         if bool(arrays["dropped"][i]) or budget == 0:
             d_alpha, d_b, steps = np.zeros(task.n), np.zeros(task.dim), 0
@@ -250,7 +264,7 @@ class PackedMocha:
                 method, task, reconciled.alpha, w, config, budget, m_tt, sigma_p, seed,
                 server_round)
         metrics["steps"] = steps
-        duals, meta = encode(reconciled, task.task_id, d_alpha, server_round)
+        duals, meta = encode(reconciled, task.task_id, d_alpha, server_round, task.fingerprint)
         return metrics, d_b, duals, meta
 
     def _reconcile(self, context: Context, state: StackedState, slot: int, task: LocalTask,
@@ -265,8 +279,11 @@ class PackedMocha:
                     log(WARNING, "MOCHA task %d: state file unusable (%s); starting from "
                         "alpha = 0", task.task_id, err)
         duals, meta = stored if stored is not None else (None, None)
-        return reconcile(duals, meta, task_id=task.task_id, n=task.n,
-                         last_accepted=last_accepted, checkpoint_round=checkpoint_round)
+        state = reconcile(duals, meta, task_id=task.task_id, n=task.n,
+                          last_accepted=last_accepted, checkpoint_round=checkpoint_round,
+                          fingerprint=task.fingerprint)
+        log_reconciled("MOCHA", task.task_id, state, last_accepted)
+        return state
 
     def _local_task(self, context: Context, slot: int, task_id: int) -> LocalTask:
         """The slot's validated data, loaded once per node, run and task."""
