@@ -33,6 +33,7 @@ with ``client-state-dir`` each task's state file is the unpacked one (``mocha-ta
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -172,7 +173,10 @@ class PackedMocha:
         if kind not in (MessageType.TRAIN, MessageType.EVALUATE):
             raise ValueError(f"stacked MOCHA messages are train or evaluate, not {kind!r}")
         train = kind == MessageType.TRAIN
-        config, arrays, w = _read_stacked_instruction(message.content, len(slot_tasks), train)
+        config, vectors, w = _read_stacked_instruction(message.content, len(slot_tasks), train)
+        # Python numbers (the values a one-task message's ConfigRecord holds), read once
+        arrays: dict[str, list[Any]] = {k: v.tolist() for k, v in vectors.items()}
+        arrays["finite"] = np.isfinite(w).all(axis=1).tolist()
         server_round = config_value(config, "server-round", int)
         seed = config_value(config, "seed", int) if train else 0
         evaluate = "eval" in config and config_value(config, "eval", bool)
@@ -223,23 +227,23 @@ class PackedMocha:
 
     # -- one slot ---------------------------------------------------------------------------
     def _slot(self, context: Context, state: StackedState, slot: int, task: LocalTask,
-              config: ConfigRecord, arrays: dict[str, np.ndarray], w_all: np.ndarray, i: int,
+              config: ConfigRecord, arrays: dict[str, list[Any]], w_all: np.ndarray, i: int,
               server_round: int, checkpoint_round: int, seed: int, method: str,
               evaluate: bool, train: bool
               ) -> tuple[dict[str, Any], np.ndarray | None, np.ndarray, dict[str, int | str]]:
         """One task's work, as :meth:`MochaClient.train` / ``evaluate`` do it."""
-        if int(arrays["task-id"][i]) != task.task_id:
-            raise SlotFailed(f"message for task {int(arrays['task-id'][i])} reached the slot "
+        if arrays["task-id"][i] != task.task_id:
+            raise SlotFailed(f"message for task {arrays['task-id'][i]} reached the slot "
                              f"of task {task.task_id}")
         w = w_all[i]
-        if w.shape != (task.dim,) or not np.all(np.isfinite(w)):
+        if w.shape != (task.dim,) or not arrays["finite"][i]:
             raise SlotFailed(f"'w' must be finite float64 of shape ({task.dim},)")
-        last_accepted = int(arrays["last-accepted-round"][i])
+        last_accepted = arrays["last-accepted-round"][i]
         if train:
-            budget = int(arrays["budget"][i])
-            m_tt = float(arrays["m-tt"][i])
-            sigma_p = float(arrays["sigma-prime"][i])
-            if not (np.isfinite(m_tt) and np.isfinite(sigma_p)):
+            budget = arrays["budget"][i]
+            m_tt = arrays["m-tt"][i]
+            sigma_p = arrays["sigma-prime"][i]
+            if not (math.isfinite(m_tt) and math.isfinite(sigma_p)):
                 raise SlotFailed("m-tt and sigma-prime must be finite")
             if budget < 0 or m_tt <= 0 or sigma_p <= 0:
                 raise SlotFailed(f"invalid budget/m-tt/sigma-prime: {budget}, {m_tt}, "
@@ -257,7 +261,7 @@ class PackedMocha:
         if not train:
             duals, meta = encode(reconciled, task.task_id, None, -1, task.fingerprint)
             return metrics, None, duals, meta
-        if bool(arrays["dropped"][i]) or budget == 0:
+        if arrays["dropped"][i] or budget == 0:
             d_alpha, d_b, steps = np.zeros(task.n), np.zeros(task.dim), 0
         else:
             d_alpha, d_b, steps = MochaClient._local_update(
