@@ -1,7 +1,8 @@
 """MOCHA, 500 rounds on small.mat in-process: where the time of `fmtl run` goes.
 
 Configuration (the issue's): omega=identity, local-frac=1.0, lambda=1e-4, 75/25 split,
-eval-every=1, 29 tasks = 29 simulated nodes. Reported, in seconds:
+eval-every=1, 29 tasks = 29 simulated nodes (``tasks-per-node=1``), and packed on one node.
+Reported, in seconds (wall, and CPU time where noted: a loaded machine inflates wall time):
 
 * ``whole_process``: wall time of the command `fmtl run mocha ... --quiet` in a subprocess;
 * ``interpreter``: `python -c pass`; ``imports``: importing the CLI, Flower and the package;
