@@ -500,3 +500,43 @@ def test_the_reply_boundary_reads_a_stacked_reply_row_by_row_once(caplog):
 
     out = boundary.read("round 1", [reply], lambda r, t: {}, None, broken)
     assert out.accepted == {} and set(out.failed) == {4, 5, 6}
+
+
+def _changed_loader(context):
+    X, y = _counting_loader(context)
+    if int(context.node_config["task-id"]) == 5:
+        X = X + 1.0  # task 5's device now holds other data of the same size
+    return X, y
+
+
+def test_a_stacked_slot_whose_data_changed_restarts_alone():
+    import numpy as np
+    from flwr.app import ArrayRecord
+
+    from fmtl_flower.clients.mocha import MochaClient
+    from fmtl_flower.clients.packed_mocha import PackedMocha
+    from fmtl_flower.wire import from_array, to_array
+
+    InProcessGrid(_counter_app(), 1)  # sets Flower's TaskIdentity (messages need it)
+    ctx = Context(run_id=8, node_id=1001, node_config={"partition-id": 0}, state=RecordDict(),
+                  run_config={})
+
+    def train(handler, server_round):
+        arrays = {"w": to_array(np.zeros((2, 3))),
+                  "task-id": to_array(np.array([4, 5], dtype=np.int64)),
+                  "last-accepted-round": to_array(np.full(2, server_round - 1,
+                                                          dtype=np.int64)),
+                  "m-tt": to_array(np.ones(2)), "sigma-prime": to_array(np.ones(2)),
+                  "budget": to_array(np.full(2, 5, dtype=np.int64)),
+                  "dropped": to_array(np.zeros(2, dtype=bool))}
+        msg = Message(RecordDict({"config": ConfigRecord({"server-round": server_round,
+                                                          "seed": 0, "eval": False}),
+                                  "arrays": ArrayRecord(arrays)}),
+                      dst_node_id=1001, message_type="train")
+        content, done, _ = handler(msg, ctx, [(0, 4), (1, 5)])
+        assert done == [0, 1]
+        return from_array(content["arrays"]["state-ok"]).tolist()
+
+    assert train(PackedMocha(MochaClient(_counting_loader)), 1) == [1, 1]
+    assert train(PackedMocha(MochaClient(_counting_loader)), 2) == [1, 1]  # state resumed
+    assert train(PackedMocha(MochaClient(_changed_loader)), 3) == [1, 0]  # task 5 restarts
