@@ -13,7 +13,11 @@ Figures (one JSON line, printed last):
 * ``peak_mb``: the largest resident size of this process plus all its descendants (Ray's
   raylet, GCS and workers; descendants only on Ray), sampled every 0.5 s with psutil;
   ``peak_self_mb``: this process's ``ru_maxrss``;
-* ``final_primal``, ``final_gap``, ``num_replies`` (of the final metrics round).
+* ``final_primal``, ``final_gap``, ``num_replies`` (of the final metrics round);
+* ``cpu_seconds_per_round``: the median over rounds 2..R of the CPU time (user + system) of
+  this process and, on Ray, its descendants, sampled as each round's progress line is
+  printed: what a round costs the machine, which a loaded machine inflates far less than
+  wall time; ``load_average_1min`` at the end.
 
 Usage: python benchmarks/engine_scale.py --nodes 200 --engine ray --tasks-per-node 50
        [--rounds 20] [--dim 20] [--samples-per-task 20] [--lam 1e-5] [--ray-address H:P]
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import resource
 import statistics
 import sys
@@ -31,6 +36,35 @@ import threading
 import time
 
 import psutil
+
+
+class RoundCPU:
+    """Stands in for stdout and notes the CPU time (this process, plus its descendants when
+    ``children``) each time a round's progress line is printed."""
+
+    def __init__(self, stream, children: bool) -> None:
+        self.stream = stream
+        self.children = children
+        self.marks: list[float] = []
+
+    def cpu(self) -> float:
+        me = psutil.Process()
+        total = sum(me.cpu_times()[:2])
+        if self.children:
+            for proc in me.children(recursive=True):
+                try:
+                    total += sum(proc.cpu_times()[:2])
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+        return total
+
+    def write(self, text: str) -> int:
+        if text.startswith("round "):
+            self.marks.append(self.cpu())
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
 
 
 class PeakMemory:
@@ -99,10 +133,15 @@ def main(argv: list[str] | None = None) -> int:
         "lambda": lam, "tasks-per-node": args.tasks_per_node, "seed": args.seed,
         "round-timeout": 3600.0})
     started = time.perf_counter()
+    cpu = RoundCPU(sys.stdout, children=args.engine == "ray")
     with PeakMemory(children=args.engine == "ray") as memory:
         data = dataset_for(cfg)
-        results = run_federation(cfg, data, args.engine, print_every=1, quiet=False,
-                                 ray_address=args.ray_address)
+        sys.stdout = cpu
+        try:
+            results = run_federation(cfg, data, args.engine, print_every=1, quiet=False,
+                                     ray_address=args.ray_address)
+        finally:
+            sys.stdout = cpu.stream
     total = time.perf_counter() - started
     rounds = [r for r in results["rounds"] if r["round"] >= 1 and r.get("wall_time_s")]
     final = results["final"]
@@ -117,6 +156,12 @@ def main(argv: list[str] | None = None) -> int:
         "peak_self_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "final_primal": final["primal"], "final_gap": final["gap"],
         "final_test_error": final["test_error"], "num_replies": final["num_replies"],
+        # marks: record k is printed in round k + 1 (k < R), record R after the final
+        # metrics round; round r (2 <= r <= R) runs from mark r - 2 to mark r - 1
+        "cpu_seconds_per_round": statistics.median(
+            b - a for a, b in zip(cpu.marks[:-2], cpu.marks[1:-1], strict=True))
+        if len(cpu.marks) >= 3 else None,
+        "load_average_1min": os.getloadavg()[0],
     }
     print(json.dumps(out), flush=True)
     return 0
