@@ -98,18 +98,21 @@ def main() -> None:
     run_cmd = [py, "-m", "fmtl_flower.cli", "run", "mocha", "--dataset", args.data,
                "--rounds", str(args.rounds), "--quiet", *sets]
     whole, whole_cpu = cpu_subprocess([*run_cmd, "--set", "tasks-per-node=1"])
-    interpreter = timed_subprocess([py, "-c", "pass"])
-    imports = timed_subprocess([py, "-c", "import fmtl_flower.cli, fmtl_flower.apps.common, "
-                                "flwr.serverapp, flwr.clientapp"]) - interpreter
-    jit = float(subprocess.run([py, "-c", (
+    interpreter, interpreter_cpu = cpu_subprocess([py, "-c", "pass"])
+    imports, imports_cpu = cpu_subprocess([py, "-c", "import fmtl_flower.cli, "
+                                           "fmtl_flower.apps.common, flwr.serverapp, "
+                                           "flwr.clientapp"])
+    imports, imports_cpu = imports - interpreter, imports_cpu - interpreter_cpu
+    jit, jit_cpu = (float(v) for v in subprocess.run([py, "-c", (
         "import time, numpy as np\n"
         "from fmtl_flower.core.sdca import sdca_local_update\n"
         "from fmtl_flower.core.rng import coordinate_order\n"
-        "t = time.perf_counter()\n"
+        "t, c = time.perf_counter(), time.process_time()\n"
         "o = coordinate_order(0, 0, 1, 3)\n"
         "sdca_local_update(np.ones((3, 2)), np.ones(3), np.zeros(3), np.zeros(2), budget=3,"
         " m_tt=1.0, sigma_prime=1.0, order=o)\n"
-        "print(time.perf_counter() - t)")], check=True, capture_output=True, text=True).stdout)
+        "print(time.perf_counter() - t, time.process_time() - c)")], check=True,
+        capture_output=True, text=True).stdout.split())
 
     from fmtl_flower.apps.common import dataset_for, make_client_app, make_server_app
     from fmtl_flower.centralized import fit_mocha
@@ -172,6 +175,8 @@ def main() -> None:
         "packed_rounds_identical_to_unpacked":
             _untimed(packed["rounds"]) == _untimed(box["rounds"]),
         "whole_process_cpu_s": whole_cpu, "packed_whole_process_cpu_s": whole_packed_cpu,
+        "interpreter_cpu_s": interpreter_cpu, "imports_cpu_s": imports_cpu,
+        "jit_first_call_cpu_s": jit_cpu,
         "rounds_cpu_s": rounds_cpu, "packed_rounds_cpu_s": rounds_packed_cpu,
         "compute_cpu_s": compute_cpu,
         "engine_overhead_vs_floor_cpu": (rounds_cpu - compute_cpu) / node_rounds / floor_cpu,
@@ -191,8 +196,9 @@ def main() -> None:
           f"{rounds_packed:.2f} s = {out['packed_rounds_vs_bare_loop']:.2f}x the bare loop; "
           f"final primal identical to unpacked: {out['packed_final_primal_identical_to_unpacked']}")
     print(f"CPU time (less sensitive to load): whole process {whole_cpu:.2f} s unpacked, "
-          f"{whole_packed_cpu:.2f} s packed; engine overhead vs floor "
-          f"{out['engine_overhead_vs_floor_cpu']:.2f}")
+          f"{whole_packed_cpu:.2f} s packed = interpreter {interpreter_cpu:.2f} + imports "
+          f"{imports_cpu:.2f} + JIT {jit_cpu:.2f} + rounds {rounds_packed_cpu:.2f} (+ data, "
+          f"CLI); engine overhead vs floor {out['engine_overhead_vs_floor_cpu']:.2f}")
     print(f"load average (1 min) at the end: {out['load_average_1min']:.2f}")
     print(json.dumps(out))
 
