@@ -540,3 +540,47 @@ def test_a_stacked_slot_whose_data_changed_restarts_alone():
     assert train(PackedMocha(MochaClient(_counting_loader)), 1) == [1, 1]
     assert train(PackedMocha(MochaClient(_counting_loader)), 2) == [1, 1]  # state resumed
     assert train(PackedMocha(MochaClient(_changed_loader)), 3) == [1, 0]  # task 5 restarts
+
+
+def test_a_stacked_mbsgd_reply_holds_the_unpacked_replies_records():
+    import numpy as np
+    from flwr.app import ArrayRecord
+
+    from fmtl_flower.wire import from_array, to_array
+
+    def app(tasks_per_node):
+        cfg = RunConfig.from_mapping({**STACKED_BASE, "strategy": "mb-sgd", "num-tasks": 8,
+                                      "tasks-per-node": tasks_per_node})
+        return make_client_app(cfg)
+
+    InProcessGrid(_counter_app(), 1)  # sets Flower's TaskIdentity (messages need it)
+    packed_app, one_app = app(4), app(1)
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=(4, STACKED_BASE["dim"]))
+    config = {"server-round": 2, "seed": 5, "eval": True}
+    arrays = {"w": to_array(w), "task-id": to_array(np.array([4, 5, 6, 7], dtype=np.int64)),
+              "budget": to_array(np.array([3, 0, 5, 99], dtype=np.int64)),  # 99 > n: bad
+              "dropped": to_array(np.array([False, False, True, False]))}
+    msg = Message(RecordDict({"stack": ConfigRecord({"protocol": "mb-sgd",
+                                                     "slots": [0, 1, 2, 3]}),
+                              "config": ConfigRecord(config), "arrays": ArrayRecord(arrays)}),
+                  dst_node_id=1001, message_type="train")
+    ctx = Context(run_id=3, node_id=1001, node_config={"partition-id": 1}, state=RecordDict(),
+                  run_config={})
+    reply = packed_app(msg, ctx)
+    assert reply.content["stack"]["slots"] == [0, 1, 2]
+    assert reply.content["stack-errors"]["slots"] == [3]
+    assert "budget must be in 0..n-train" in reply.content["stack-errors"]["reasons"][0]
+    rows = reply.content["arrays"]
+    for row, task in enumerate([4, 5, 6]):
+        one = {"task-id": task, "budget": [3, 0, 5][row], "dropped": row == 2, **config}
+        sent = Message(RecordDict({"config": ConfigRecord(one),
+                                   "arrays": ArrayRecord({"w": to_array(w[row])})}),
+                       dst_node_id=1001, message_type="train")
+        one_ctx = Context(run_id=3, node_id=3000 + task, node_config={"partition-id": task},
+                          state=RecordDict(), run_config={})
+        got = one_app(sent, one_ctx)
+        for key, value in got.content["metrics"].items():
+            assert from_array(rows[key])[row].item() == value, key
+        np.testing.assert_array_equal(from_array(rows["grad"])[row],
+                                      from_array(got.content["arrays"]["grad"]))
