@@ -25,7 +25,7 @@ from ..config import FEDERATED, FSVRG_FAMILY, ConfigError, RunConfig
 from ..packing import PackedGrid, packed_client_app, tasks_of_node
 
 if TYPE_CHECKING:  # the strategies, the other clients and the datasets load on first use
-    from ..data import FederatedDataset
+    from ..data import MultiTaskDataset
     from ..strategies.fedem import FedEM
     from ..strategies.fsvrg import Fsvrg
     from ..strategies.mbsgd import MbSgd
@@ -42,7 +42,7 @@ def config_from_context(context: Context, config: RunConfig | None) -> RunConfig
     return RunConfig.from_mapping(dict(context.run_config), ignore_unknown=True)
 
 
-def dataset_for(cfg: RunConfig) -> FederatedDataset:
+def dataset_for(cfg: RunConfig) -> MultiTaskDataset:
     """The dataset named by ``cfg`` (cached per process; arrays read-only)."""
     from ..data.registry import FEDEM_SYNTHETIC, SPARSE_FEDERATED, load_dataset_cached
 

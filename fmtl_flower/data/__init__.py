@@ -1,7 +1,7 @@
 """Datasets for federated multi-task learning (never imports ``flwr``).
 
 * :func:`load_dataset` / :func:`load_dataset_cached`: the entry point, by name
-  (:func:`available_datasets`) or ``.mat`` path, returning a :class:`FederatedDataset`.
+  (:func:`available_datasets`) or ``.mat`` path, returning a :class:`MultiTaskDataset`.
 * :func:`load_mat_tasks`: the reference ``.mat`` files (``X``/``Y`` or ``X_ori``/``Y_ori``).
 * :func:`load_har_tasks`, :func:`load_vehicle_tasks`, :func:`load_gleam_tasks`: the MOCHA
   paper's datasets from a local copy in their published layout (``"har"``, ``"vehicle"``,
@@ -25,7 +25,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fmtl_flower.data.dataset import FederatedDataset, LoadedTasks, TaskData
+from fmtl_flower.data.dataset import (
+    LoadedTasks,
+    MultiTaskDataset,
+    TaskData,
+    deprecated_alias,
+)
 from fmtl_flower.data.download import (
     SOURCES,
     DatasetSource,
@@ -111,9 +116,9 @@ __all__ = [
     "FedEMSyntheticSample",
     "FedEMSyntheticStream",
     "FedEMSyntheticTask",
-    "FederatedDataset",
     "LoadedTasks",
     "Mirror",
+    "MultiTaskDataset",
     "SparseFederatedDataset",
     "SparseTaskData",
     "TaskData",
@@ -150,7 +155,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """Compute ``DEFAULT_DATA_DIRS`` on access (it follows ``$FMTL_DATA_DIR`` and the cwd)."""
+    """Compute ``DEFAULT_DATA_DIRS`` on access (it follows ``$FMTL_DATA_DIR`` and the cwd);
+    the deprecated ``FederatedDataset`` (now :class:`MultiTaskDataset`) with a warning."""
     if name == "DEFAULT_DATA_DIRS":
         return default_data_dirs()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return deprecated_alias(__name__, name, globals())

@@ -3,17 +3,42 @@
 The containers are frozen dataclasses holding numpy arrays. They compare by identity
 (``eq=False``): element-wise comparison of arrays has no single truth value, and identity
 hashing lets a cached dataset be used as a dictionary key.
+
+:class:`MultiTaskDataset` was called ``FederatedDataset`` in 0.1; the old name, which
+clashes with ``flwr_datasets.FederatedDataset``, still works for one release and warns
+(``DeprecationWarning``).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-__all__ = ["FederatedDataset", "LoadedTasks", "TaskCollection", "TaskData"]
+__all__ = ["LoadedTasks", "MultiTaskDataset", "TaskCollection", "TaskData"]
+
+#: Names kept for one release after a rename: old name -> new name.
+DEPRECATED_NAMES = {"FederatedDataset": "MultiTaskDataset"}
+
+
+def deprecated_alias(module: str, name: str, namespace: dict[str, Any]) -> Any:
+    """The object an old name of :data:`DEPRECATED_NAMES` stands for, with a
+    ``DeprecationWarning`` (``AttributeError`` for any other name), for a module's
+    ``__getattr__``."""
+    if name not in DEPRECATED_NAMES:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    new = DEPRECATED_NAMES[name]
+    warnings.warn(f"{module}.{name} is deprecated and will be removed in the next release; "
+                  f"use {new} (renamed so that it does not clash with "
+                  f"flwr_datasets.FederatedDataset)", DeprecationWarning, stacklevel=3)
+    return namespace[new]
+
+
+def __getattr__(name: str) -> Any:
+    return deprecated_alias(__name__, name, globals())
 
 
 def _freeze_task(task: Any) -> Any:
@@ -112,13 +137,13 @@ class TaskData:
 
 
 class TaskCollection:
-    """Views shared by the dataset containers (dense :class:`FederatedDataset` and the sparse
+    """Views shared by the dataset containers (dense :class:`MultiTaskDataset` and the sparse
     one of :mod:`fmtl_flower.data.sparse_federated`): a subclass has ``name`` and ``tasks``,
     each task ``n_train``, ``n_test`` and ``dim``.
 
     ``lazy`` is False here; the lazy datasets of :mod:`fmtl_flower.data.lazy`
     (:class:`~fmtl_flower.data.lazy.LazyFederatedDataset`, a subclass of
-    :class:`FederatedDataset` whose ``tasks`` generates task ``t`` when accessed) set it."""
+    :class:`MultiTaskDataset` whose ``tasks`` generates task ``t`` when accessed) set it."""
 
     #: Whether ``tasks`` generates each task on access (:mod:`fmtl_flower.data.lazy`).
     lazy: ClassVar[bool] = False
@@ -184,7 +209,7 @@ class TaskCollection:
 
 
 @dataclass(frozen=True, eq=False)
-class FederatedDataset(TaskCollection):
+class MultiTaskDataset(TaskCollection):
     """A named collection of tasks that share the feature dimension.
 
     Parameters

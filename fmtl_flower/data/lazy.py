@@ -14,7 +14,7 @@ tasks) the lazy dataset never holds all tasks at once; memory stays flat in ``nu
   :func:`~fmtl_flower.data.registry.load_dataset_cached`), so a cached task cannot be
   changed by a caller. ``n_train`` / ``n_test`` stream through the tasks once (``O(m)`` time,
   flat memory) and keep the two small int arrays.
-* :class:`LazyFederatedDataset` (a :class:`~fmtl_flower.data.dataset.FederatedDataset`) and
+* :class:`LazyFederatedDataset` (a :class:`~fmtl_flower.data.dataset.MultiTaskDataset`) and
   :class:`LazySparseFederatedDataset` (a
   :class:`~fmtl_flower.data.sparse_federated.SparseFederatedDataset`) hold a
   :class:`LazyTasks`; they have the same attributes and methods (``name``, ``tasks``,
@@ -47,7 +47,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from fmtl_flower.data.dataset import FederatedDataset, TaskData, _freeze_task
+from fmtl_flower.data.dataset import MultiTaskDataset, TaskData, _freeze_task
 from fmtl_flower.data.skew import _skew_task, check_skew_ratio, skew_sizes
 from fmtl_flower.data.sparse_federated import (
     SparseFederatedDataset,
@@ -314,8 +314,8 @@ class _LazyDataset:
         return self.tasks.sizes()[1].copy()
 
 
-class LazyFederatedDataset(_LazyDataset, FederatedDataset):
-    """A :class:`~fmtl_flower.data.dataset.FederatedDataset` whose ``tasks`` is a
+class LazyFederatedDataset(_LazyDataset, MultiTaskDataset):
+    """A :class:`~fmtl_flower.data.dataset.MultiTaskDataset` whose ``tasks`` is a
     :class:`LazyTasks` (build one with :func:`lazy_synthetic`).
 
     Parameters

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fmtl_flower.data.dataset import FederatedDataset, LoadedTasks, TaskData, _freeze_task
+from fmtl_flower.data.dataset import LoadedTasks, MultiTaskDataset, TaskData, _freeze_task
 from fmtl_flower.data.download import locate_dataset
 from fmtl_flower.data.fedem_synthetic import _check_generator, make_fedem_synthetic
 from fmtl_flower.data.gleam import load_gleam_tasks
@@ -157,7 +157,7 @@ def available_datasets() -> list[str]:
         ``["synthetic", "fedem-synthetic", "sparse-federated", "small", "eat-voc", "har",
         "vehicle", "gleam"]``. ``"sparse-federated"`` (the FSVRG generator) gives a
         :class:`~fmtl_flower.data.sparse_federated.SparseFederatedDataset` (CSR features)
-        rather than a :class:`FederatedDataset`.
+        rather than a :class:`MultiTaskDataset`.
     """
     return [SYNTHETIC, FEDEM_SYNTHETIC, SPARSE_FEDERATED, *NAMED_FILES, *PAPER_DATASETS]
 
@@ -239,7 +239,7 @@ def _load_fedem(
     skew: float | None,
     generator: str | None,
     n_test: int | None,
-) -> FederatedDataset:
+) -> MultiTaskDataset:
     """Generate ``"fedem-synthetic"`` (see :func:`load_dataset`)."""
     rejected = [
         k for k, v in zip(_FEDEM_REJECTED, (samples_per_task, skew), strict=True) if v is not None
@@ -266,7 +266,7 @@ def _load_fedem(
         X_train, y_train = validate_task(X_train, y_train, labels="01", name=f"{name} (train)")
         X_test, y_test = validate_task(X_test, y_test, labels="01", name=f"{name} (test)")
         tasks.append(TaskData(X_train, y_train, X_test, y_test))
-    return FederatedDataset(FEDEM_SYNTHETIC, tasks)
+    return MultiTaskDataset(FEDEM_SYNTHETIC, tasks)
 
 
 def _is_sparse(name_or_path: Any) -> bool:
@@ -357,7 +357,7 @@ def load_dataset(
     n_test: int | None = None,
     iid: bool | None = None,
     lazy: bool | None = None,
-) -> FederatedDataset | SparseFederatedDataset:
+) -> MultiTaskDataset | SparseFederatedDataset:
     """Load or generate a federated multi-task dataset and split every task.
 
     Parameters
@@ -426,7 +426,7 @@ def load_dataset(
 
     Returns
     -------
-    FederatedDataset or SparseFederatedDataset
+    MultiTaskDataset or SparseFederatedDataset
         Named ``name_or_path`` for a named dataset, the file stem for a path. The same
         arguments always give identical arrays. A lazy one is a
         :class:`~fmtl_flower.data.lazy.LazyFederatedDataset` /
@@ -529,8 +529,8 @@ def load_dataset(
 
 
 def _freeze(
-    dataset: FederatedDataset | SparseFederatedDataset,
-) -> FederatedDataset | SparseFederatedDataset:
+    dataset: MultiTaskDataset | SparseFederatedDataset,
+) -> MultiTaskDataset | SparseFederatedDataset:
     """Make every array of ``dataset`` read-only (in place) and return it (a lazy dataset's
     arrays are read-only already: its tasks are not generated here)."""
     if dataset.lazy:
@@ -555,7 +555,7 @@ def _load_cached(
     n_test: int | None,
     iid: bool | None = None,
     lazy: bool | None = None,
-) -> FederatedDataset | SparseFederatedDataset:
+) -> MultiTaskDataset | SparseFederatedDataset:
     return _freeze(
         load_dataset(
             name_or_path,
@@ -590,11 +590,11 @@ def load_dataset_cached(
     n_test: int | None = None,
     iid: bool | None = None,
     lazy: bool | None = None,
-) -> FederatedDataset | SparseFederatedDataset:
+) -> MultiTaskDataset | SparseFederatedDataset:
     """Like :func:`load_dataset`, but memoised in-process, with read-only arrays.
 
     The last 8 distinct argument combinations are kept (LRU); a repeated call returns the
-    same :class:`FederatedDataset` object. All its arrays have ``writeable=False`` so that
+    same :class:`MultiTaskDataset` object. All its arrays have ``writeable=False`` so that
     sharing is safe: copy an array before modifying it. A path is keyed as given (a ``str``
     and a ``Path`` to the same file are two entries); a file changed on disk is not re-read
     until :func:`clear_dataset_cache`. For ``"fedem-synthetic"``, whose data depend on
@@ -615,7 +615,7 @@ def load_dataset_cached(
 
     Returns
     -------
-    FederatedDataset or SparseFederatedDataset
+    MultiTaskDataset or SparseFederatedDataset
 
     Raises
     ------

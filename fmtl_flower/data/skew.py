@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from fmtl_flower.data.dataset import FederatedDataset, TaskData
+from fmtl_flower.data.dataset import MultiTaskDataset, TaskData
 from fmtl_flower.data.split import _check_seed
 from fmtl_flower.data.validation import _validate_arrays
 
@@ -188,20 +188,20 @@ def skew_tasks(
 
 
 def skew_dataset(
-    dataset: FederatedDataset, *, ratio: float = 100.0, seed: int = 0, min_size: int = 2
-) -> FederatedDataset:
+    dataset: MultiTaskDataset, *, ratio: float = 100.0, seed: int = 0, min_size: int = 2
+) -> MultiTaskDataset:
     """Skew the training parts of a dataset with :func:`skew_tasks`; test parts unchanged.
 
     Parameters
     ----------
-    dataset : FederatedDataset
+    dataset : MultiTaskDataset
         Split dataset.
     ratio, seed, min_size
         As for :func:`skew_sizes`.
 
     Returns
     -------
-    FederatedDataset
+    MultiTaskDataset
         Same name and task order, new training arrays, the same test arrays.
     """
     Xs, ys = skew_tasks(
@@ -215,4 +215,4 @@ def skew_dataset(
         TaskData(X_train=X, y_train=y, X_test=t.X_test, y_test=t.y_test)
         for X, y, t in zip(Xs, ys, dataset.tasks, strict=True)
     ]
-    return FederatedDataset(name=dataset.name, tasks=tuple(tasks))
+    return MultiTaskDataset(name=dataset.name, tasks=tuple(tasks))

@@ -37,7 +37,7 @@ all: the reshuffle is one permutation of all the pooled rows, so node ``k``'s ro
 about ``n_k`` different nodes; the IID federation is always built whole.
 
 Containers: :class:`SparseTaskData` / :class:`SparseFederatedDataset` mirror
-:class:`~fmtl_flower.data.dataset.TaskData` / :class:`~fmtl_flower.data.dataset.FederatedDataset`
+:class:`~fmtl_flower.data.dataset.TaskData` / :class:`~fmtl_flower.data.dataset.MultiTaskDataset`
 (same attribute and method names: ``X_train``, ``y_train``, ``X_test``, ``y_test``, ``n_train``,
 ``n_test``, ``dim``, ``arrays()``, ``tasks``, ``num_tasks``, ``task(t)``, ``pooled_train()``,
 ``pooled_test()``) but hold ``scipy.sparse.csr_matrix`` design matrices (float64 data, int32
@@ -196,7 +196,7 @@ def _csr_nbytes(X: sp.csr_matrix) -> int:
 @dataclass(frozen=True, eq=False)
 class SparseFederatedDataset(TaskCollection):
     """A named collection of sparse nodes (tasks) sharing ``d``; the sparse counterpart of
-    :class:`~fmtl_flower.data.dataset.FederatedDataset`.
+    :class:`~fmtl_flower.data.dataset.MultiTaskDataset`.
 
     Parameters
     ----------

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from fmtl_flower.data.dataset import FederatedDataset, TaskData
+from fmtl_flower.data.dataset import MultiTaskDataset, TaskData
 from fmtl_flower.data.validation import _validate_arrays
 
 __all__ = ["SPLIT_TAG", "split_task", "split_tasks", "num_test_samples", "train_test_split_task"]
@@ -131,8 +131,8 @@ def split_tasks(
     test_frac: float,
     seed: int,
     name: str,
-) -> FederatedDataset:
-    """Split every task and collect the result into a :class:`FederatedDataset`.
+) -> MultiTaskDataset:
+    """Split every task and collect the result into a :class:`MultiTaskDataset`.
 
     Parameters
     ----------
@@ -149,7 +149,7 @@ def split_tasks(
 
     Returns
     -------
-    FederatedDataset
+    MultiTaskDataset
 
     Raises
     ------
@@ -166,7 +166,7 @@ def split_tasks(
     tasks = [
         split_task(X, y, frac, seed, t, name) for t, (X, y) in enumerate(zip(Xs, ys, strict=True))
     ]
-    return FederatedDataset(name=name, tasks=tuple(tasks))
+    return MultiTaskDataset(name=name, tasks=tuple(tasks))
 
 
 def split_task(X: Any, y: Any, test_frac: float, seed: int, t: int, name: str) -> TaskData:

@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from fmtl_flower.data import FederatedDataset, TaskData
+from fmtl_flower.data import MultiTaskDataset, TaskData
 
 
 def _task(n_train: int, n_test: int, d: int = 3, offset: float = 0.0) -> TaskData:
@@ -51,7 +51,7 @@ def test_task_data_shape_errors(kwargs: dict[str, np.ndarray], pattern: str) -> 
 
 
 def test_federated_dataset_properties() -> None:
-    ds = FederatedDataset("toy", [_task(4, 1), _task(2, 0, offset=100.0), _task(7, 3)])
+    ds = MultiTaskDataset("toy", [_task(4, 1), _task(2, 0, offset=100.0), _task(7, 3)])
     assert isinstance(ds.tasks, tuple)
     assert ds.num_tasks == 3 and ds.dim == 3
     assert ds.n_train.dtype == np.int64
@@ -63,31 +63,42 @@ def test_federated_dataset_properties() -> None:
 
 def test_pooled_train_stacks_in_task_order() -> None:
     tasks = [_task(4, 1), _task(2, 0, offset=100.0)]
-    X, y = FederatedDataset("toy", tasks).pooled_train()
+    X, y = MultiTaskDataset("toy", tasks).pooled_train()
     assert X.shape == (6, 3) and y.shape == (6,)
     np.testing.assert_array_equal(X[:4], tasks[0].X_train)
     np.testing.assert_array_equal(X[4:], tasks[1].X_train)
-    Xt, yt = FederatedDataset("toy", tasks).pooled_test()
+    Xt, yt = MultiTaskDataset("toy", tasks).pooled_test()
     assert Xt.shape == (1, 3) and yt.shape == (1,)
 
 
 @pytest.mark.parametrize("t", [3, 10, -1])
 def test_task_index_out_of_range(t: int) -> None:
-    ds = FederatedDataset("toy", [_task(2, 1)] * 3)
+    ds = MultiTaskDataset("toy", [_task(2, 1)] * 3)
     with pytest.raises(IndexError, match=r"task id .* out of range; valid ids are 0\.\.2"):
         ds.task(t)
 
 
 def test_task_index_type() -> None:
-    ds = FederatedDataset("toy", [_task(2, 1)])
+    ds = MultiTaskDataset("toy", [_task(2, 1)])
     with pytest.raises(TypeError):
         ds.task(0.0)  # type: ignore[arg-type]
 
 
 def test_federated_dataset_errors() -> None:
     with pytest.raises(ValueError, match="no tasks"):
-        FederatedDataset("toy", ())
+        MultiTaskDataset("toy", ())
     with pytest.raises(ValueError, match="task 1 has 2 features but task 0 has 3"):
-        FederatedDataset("toy", [_task(2, 1), _task(2, 1, d=2)])
+        MultiTaskDataset("toy", [_task(2, 1), _task(2, 1, d=2)])
     with pytest.raises(TypeError, match="task 0 is tuple"):
-        FederatedDataset("toy", [(np.ones((1, 1)), np.ones(1))])  # type: ignore[list-item]
+        MultiTaskDataset("toy", [(np.ones((1, 1)), np.ones(1))])  # type: ignore[list-item]
+
+
+def test_old_container_name_is_a_deprecated_alias():
+    import fmtl_flower.data as data_pkg
+    from fmtl_flower.data import dataset as dataset_module
+
+    for module in (data_pkg, dataset_module):
+        with pytest.warns(DeprecationWarning, match="MultiTaskDataset"):
+            assert module.FederatedDataset is MultiTaskDataset
+    with pytest.raises(AttributeError, match="NoSuchThing"):
+        dataset_module.NoSuchThing  # noqa: B018

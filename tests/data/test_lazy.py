@@ -12,7 +12,7 @@ import pytest
 import scipy.sparse as sp
 
 from fmtl_flower.data import (
-    FederatedDataset,
+    MultiTaskDataset,
     SparseFederatedDataset,
     load_dataset,
     load_dataset_cached,
@@ -69,8 +69,8 @@ def assert_read_only(task: Any) -> None:
 def test_small_lazy_equals_eager_everywhere(extra: dict[str, Any]) -> None:
     eager = load_dataset("synthetic", **SMALL, **extra, lazy=False)
     lazy = load_dataset("synthetic", **SMALL, **extra, lazy=True)
-    assert type(eager) is FederatedDataset and not eager.lazy
-    assert isinstance(lazy, LazyFederatedDataset) and isinstance(lazy, FederatedDataset)
+    assert type(eager) is MultiTaskDataset and not eager.lazy
+    assert isinstance(lazy, LazyFederatedDataset) and isinstance(lazy, MultiTaskDataset)
     assert lazy.lazy and isinstance(lazy.tasks, LazyTasks)
     assert (lazy.name, lazy.num_tasks, lazy.dim) == (eager.name, eager.num_tasks, eager.dim)
     assert len(lazy.tasks) == len(eager.tasks)
@@ -246,7 +246,7 @@ def test_skew_is_lazy_and_skew_dataset_on_a_lazy_dataset_is_eager() -> None:
     skewed = load_dataset(**SMALL, skew=100.0, lazy=True)
     assert skewed.tasks.source._sizes is None  # no pass until a task or the sizes are needed
     eager = skew_dataset(plain, ratio=100.0, seed=0)  # builds all tasks
-    assert type(eager) is FederatedDataset
+    assert type(eager) is MultiTaskDataset
     for t in range(plain.num_tasks):
         assert_same_task(skewed.task(t), eager.task(t))
         assert_same_array(skewed.task(t).X_test, plain.task(t).X_test)

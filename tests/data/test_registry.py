@@ -12,7 +12,7 @@ import fmtl_flower.data as data_pkg
 from fmtl_flower.data import (
     NAMED_FILES,
     PAPER_DATASETS,
-    FederatedDataset,
+    MultiTaskDataset,
     available_datasets,
     clear_dataset_cache,
     default_data_dirs,
@@ -27,7 +27,7 @@ from .helpers import SHARED_DATA_DIR, MatWriter, toy_tasks
 REPO_CANDIDATE = (Path(registry.__file__).resolve().parents[3] / "shared" / "data").resolve()
 
 
-def _same_arrays(a: FederatedDataset, b: FederatedDataset) -> bool:
+def _same_arrays(a: MultiTaskDataset, b: MultiTaskDataset) -> bool:
     return a.num_tasks == b.num_tasks and all(
         np.array_equal(x, y)
         for ta, tb in zip(a.tasks, b.tasks, strict=True)
