@@ -1,15 +1,26 @@
 """fmtl-flower: federated multi-task learning (MOCHA, FedEM, OFMTL, FSVRG) for Flower.
 
-The main entry points, importable from the package root (loaded on first use, so that
-``import fmtl_flower`` stays cheap):
+Everything a Flower project needs is importable from the package root (loaded on first use,
+so that ``import fmtl_flower`` stays cheap):
 
-* :class:`Mocha` -- the MOCHA ``flwr.serverapp.strategy.Strategy``;
-* :func:`make_mocha_client_app` -- a MOCHA ``ClientApp`` over your own data loader;
-* :func:`fit_mocha` -- the same computation without Flower (sweeps, benchmarks);
-* :class:`FedEM` -- FedEM and its baselines (FedAvg, FedProx, FedAvg+, clustered FL, local);
-* :func:`make_fedem_client_app` -- their ``ClientApp`` over your own data loader;
-* :func:`load_dataset` -- the built-in datasets (``synthetic``, ``small``, ``eat-voc``,
-  ``fedem-synthetic``, .mat).
+Strategies (``flwr.serverapp.strategy.Strategy`` subclasses, driven by ``start()``)
+    :class:`Mocha` (also CoCoA and mini-batch SDCA: ``method=``), :class:`MbSgd`,
+    :class:`FedEM` (also FedAvg, FedProx, FedAvg+, clustered FL, local: ``method=``),
+    :class:`OFMTL`, :class:`Fsvrg` (also GD, naive FSVRG, CoCoA+, DANE: ``method=``).
+ClientApp factories over your own ``load_data(context)``
+    :func:`make_mocha_client_app` (also serves CoCoA and Mb-SDCA), :func:`make_mbsgd_client_app`,
+    :func:`make_fedem_client_app`, :func:`make_ofmtl_client_app`, :func:`make_fsvrg_client_app`.
+NumPyClients for ``ClientApp(client_fn=...)`` projects
+    :class:`MochaNumPyClient`, :class:`FedEMNumPyClient`; the server reaches them through
+    :class:`LegacyGrid` (``strategy.start(grid=LegacyGrid(grid), ...)``).
+Data
+    :func:`load_dataset` (the built-in datasets), :class:`MultiTaskDataset`;
+    :func:`partition_loader` / :func:`partition_arrays` turn a ``flwr_datasets``
+    partitioner into a ``load_data(context)`` (needs the ``datasets`` extra).
+Scale and engines
+    :class:`PackedGrid` / :func:`packed_client_app` / :func:`tasks_of_node` (several tasks
+    per Flower node), :func:`run_inprocess` (a ServerApp/ClientApp pair without Ray),
+    :func:`fit_mocha` (MOCHA without Flower), :class:`RunConfig`.
 """
 
 from __future__ import annotations
@@ -20,12 +31,33 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    # strategies
     "Mocha": "fmtl_flower.strategies.mocha",
-    "make_mocha_client_app": "fmtl_flower.clients.mocha",
-    "fit_mocha": "fmtl_flower.centralized",
+    "MbSgd": "fmtl_flower.strategies.mbsgd",
     "FedEM": "fmtl_flower.strategies.fedem",
+    "OFMTL": "fmtl_flower.strategies.ofmtl",
+    "Fsvrg": "fmtl_flower.strategies.fsvrg",
+    # ClientApp factories
+    "make_mocha_client_app": "fmtl_flower.clients.mocha",
+    "make_mbsgd_client_app": "fmtl_flower.clients.mbsgd",
     "make_fedem_client_app": "fmtl_flower.clients.fedem",
+    "make_ofmtl_client_app": "fmtl_flower.clients.ofmtl",
+    "make_fsvrg_client_app": "fmtl_flower.clients.fsvrg",
+    # NumPyClients and the server side's translation
+    "MochaNumPyClient": "fmtl_flower.clients.numpy_client",
+    "FedEMNumPyClient": "fmtl_flower.clients.numpy_client",
+    "LegacyGrid": "fmtl_flower.legacy",
+    # data
     "load_dataset": "fmtl_flower.data",
+    "MultiTaskDataset": "fmtl_flower.data",
+    "partition_loader": "fmtl_flower.data.flwr_datasets",
+    "partition_arrays": "fmtl_flower.data.flwr_datasets",
+    # scale, engines, settings
+    "PackedGrid": "fmtl_flower.packing",
+    "packed_client_app": "fmtl_flower.packing",
+    "tasks_of_node": "fmtl_flower.packing",
+    "run_inprocess": "fmtl_flower.engine",
+    "fit_mocha": "fmtl_flower.centralized",
     "RunConfig": "fmtl_flower.config",
 }
 __all__ = ["__version__", *_EXPORTS]
@@ -35,3 +67,7 @@ def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

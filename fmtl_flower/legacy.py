@@ -1,0 +1,353 @@
+"""The legacy record layout of ``NumPyClient`` / ``ClientApp(client_fn=...)`` devices.
+
+Flower's legacy client path (``flwr.compat``) does not read the records a Message-API
+strategy sends: a ``ClientApp(client_fn=...)`` understands the message types ``train``,
+``evaluate``, ``get_properties`` and ``get_parameters`` only, and expects (and replies with)
+records named after the legacy ``FitIns``/``FitRes``, ``EvaluateIns``/``EvaluateRes`` and
+``GetPropertiesIns``/``GetPropertiesRes``. This module translates between the two, so that
+the strategies' math and wire contracts stay as they are:
+
+* :class:`LegacyGrid` (server side) wraps a ``Grid``. Messages to a legacy device are
+  re-encoded (:func:`to_legacy`); replies in the legacy layout are turned back into the
+  native one (:func:`from_legacy_reply`), which a strategy then validates as usual. Native
+  replies pass unchanged, so one federation may mix both kinds of devices.
+* :func:`native_instruction` and :func:`legacy_result` (device side) rebuild the native
+  message from what a ``NumPyClient`` receives and flatten the native reply into
+  ``(parameters, num_examples, metrics)``; :mod:`fmtl_flower.clients.numpy_client` uses them
+  to run the very same handlers as the native ClientApps.
+
+Mapping (native -> legacy)
+--------------------------
+``query.whoami`` -> ``get_properties`` with config ``{"fmtl.query": "whoami"}``; the
+    properties are the reply's ``info`` record.
+``train`` / ``evaluate`` -> ``fitins.*`` / ``evaluateins.*``: the ``arrays`` record becomes
+    the parameter list (``.npy`` bytes, the names in order in the config entry
+    ``fmtl.arrays``, comma-separated), the ``config`` record the config. The reply's
+    parameters (named by the metric ``fmtl.arrays``) become ``arrays``, its metrics
+    ``metrics``; ``num_examples`` and the evaluate ``loss`` are informative only.
+
+Config and metric values must be Flower scalars (int, float, str, bool, bytes): a native
+message with a list value has no legacy form and is refused with an error naming the key.
+Other message types (OFMTL's newcomer protocol, FSVRG's gradient exchange, task packing)
+have no legacy form either: only MOCHA's and FedEM's NumPyClients exist.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MessageType,
+    Metadata,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.app.message.message import make_message
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.supercore.run import Run
+
+from .wire import NUMPY_STYPE, from_array, to_array
+
+__all__ = ["ARRAY_NAMES", "CLIENT_APIS", "QUERY_KEY", "LegacyGrid", "from_legacy_reply",
+           "is_legacy_reply", "legacy_result", "native_instruction", "to_legacy",
+           "wrap_grid"]
+
+#: ``client_api`` values: native Message-API devices, NumPyClient devices, or either
+#: (found out per device at discovery).
+CLIENT_APIS = ("message", "numpyclient", "auto")
+#: Config / metrics entry naming the parameter list's arrays, comma-separated, in order.
+ARRAY_NAMES = "fmtl.arrays"
+#: ``get_properties`` config entry naming the native query it stands for.
+QUERY_KEY = "fmtl.query"
+WHOAMI = f"{MessageType.QUERY}.whoami"
+GET_PROPERTIES = "get_properties"
+_INS = {MessageType.TRAIN: "fitins", MessageType.EVALUATE: "evaluateins"}
+
+
+# ------------------------------------------------------------------------------ encoding
+def _scalars(record: Mapping[str, Any], what: str) -> dict[str, Any]:
+    out = {}
+    for key, value in record.items():
+        if not isinstance(value, bool | int | float | str | bytes):
+            raise ValueError(f"{what} {key!r} = {value!r} has no legacy (NumPyClient) form: "
+                             "only int, float, str, bool and bytes values")
+        out[key] = value
+    return out
+
+
+def _npy_bytes(values: np.ndarray) -> bytes:
+    """``values`` as the ``.npy`` bytes a legacy ``Parameters`` tensor holds."""
+    return to_array(values).data
+
+
+def _from_npy(data: bytes) -> np.ndarray:
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+def _parameters_record(arrays: Sequence[tuple[str, np.ndarray]]) -> ArrayRecord:
+    """The legacy parameters record: tensors ``"0"``, ``"1"``, ... (``.npy`` bytes, no dtype
+    or shape metadata, as ``flwr.compat``'s ``parameters_to_arrayrecord`` writes them)."""
+    record = {str(i): Array(data=_npy_bytes(values), dtype="", stype=NUMPY_STYPE, shape=())
+              for i, (_, values) in enumerate(arrays)}
+    if not record:
+        record["_empty"] = Array(data=b"", dtype="", stype=NUMPY_STYPE, shape=())
+    return ArrayRecord(record)
+
+
+def _legacy_metadata(message: Message, message_type: str) -> Metadata:
+    metadata = copy.copy(message.metadata)  # the same destination, ttl and group
+    metadata.__dict__["_message_type"] = message_type
+    metadata.__dict__["_message_id"] = ""  # set by the grid when pushed
+    return metadata
+
+
+def to_legacy(message: Message) -> Message:
+    """The legacy form of a native instruction (``query.whoami``, ``train``, ``evaluate``).
+
+    Raises
+    ------
+    ValueError
+        For another message type, records other than ``config`` and ``arrays``, or a config
+        value that is not a Flower scalar (the error names it).
+    """
+    content, kind = message.content, message.metadata.message_type
+    if kind == WHOAMI:
+        config = _scalars(content["config"], "config") if "config" in content else {}
+        legacy = RecordDict({"getpropertiesins.config": ConfigRecord(
+            {**config, QUERY_KEY: "whoami"})})
+        return make_message(metadata=_legacy_metadata(message, GET_PROPERTIES), content=legacy)
+    if kind not in _INS:
+        raise ValueError(f"message type {kind!r} has no legacy (NumPyClient) form")
+    extra = sorted(set(content.keys()) - {"config", "arrays"})
+    if extra:
+        raise ValueError(f"{kind} message records {extra} have no legacy (NumPyClient) form")
+    config = _scalars(content["config"], "config") if "config" in content else {}
+    arrays = content["arrays"] if "arrays" in content else ArrayRecord()
+    names = list(arrays.keys())
+    if any("," in name for name in names):
+        raise ValueError(f"array names {names} must not contain ','")
+    ins = _INS[kind]
+    legacy = RecordDict({
+        f"{ins}.parameters": _parameters_record([(n, from_array(arrays[n])) for n in names]),
+        f"{ins}.config": ConfigRecord({**config, ARRAY_NAMES: ",".join(names)}),
+    })
+    return make_message(metadata=_legacy_metadata(message, kind), content=legacy)
+
+
+def is_legacy_reply(reply: Message) -> bool:
+    """Whether ``reply`` (not an error) is in the legacy layout."""
+    return not reply.has_error() and any(
+        name in reply.content for name in ("getpropertiesres.properties", "fitres.parameters",
+                                           "evaluateres.metrics"))
+
+
+def _native_metrics(record: Mapping[str, Any]) -> tuple[MetricRecord, list[str]]:
+    """Numbers of a legacy metrics record (``ARRAY_NAMES`` and non-numbers left out) and the
+    array names it carries."""
+    names = str(record.get(ARRAY_NAMES, ""))
+    metrics = {k: v for k, v in record.items() if k != ARRAY_NAMES
+               and isinstance(v, int | float) and not isinstance(v, bool)}
+    skipped = sorted(set(record) - set(metrics) - {ARRAY_NAMES})
+    if skipped:
+        log(WARNING, "legacy reply: metrics %s are not numbers; left out", skipped)
+    return MetricRecord(metrics), [n for n in names.split(",") if n]
+
+
+def from_legacy_reply(reply: Message) -> Message:
+    """The native form of a reply in the legacy layout; any other reply as it is.
+
+    The parameters of a ``fitres`` are named by its metric ``fmtl.arrays`` (a count mismatch
+    leaves the arrays out: the strategy then rejects the reply for the missing array)."""
+    if not is_legacy_reply(reply):
+        return reply
+    content = reply.content
+    native = RecordDict()
+    if "getpropertiesres.properties" in content:
+        native["info"] = ConfigRecord(dict(content["getpropertiesres.properties"]))
+    for res in ("fitres", "evaluateres"):
+        if f"{res}.metrics" not in content:
+            continue
+        metrics, names = _native_metrics(content[f"{res}.metrics"])
+        native["metrics"] = metrics
+        if f"{res}.parameters" in content:
+            params = content[f"{res}.parameters"]
+            tensors = [params[k].data for k in params.keys() if k != "_empty"]
+            if len(tensors) == len(names):
+                native["arrays"] = ArrayRecord({n: to_array(_from_npy(t))
+                                                for n, t in zip(names, tensors, strict=True)})
+            else:
+                log(WARNING, "legacy reply from node %s: %d parameters, names %s; arrays left "
+                    "out", reply.metadata.src_node_id, len(tensors), names)
+    return make_message(metadata=reply.metadata, content=native)
+
+
+# ------------------------------------------------------------------------------ device side
+def native_instruction(message_type: str, parameters: Sequence[np.ndarray],
+                       config: Mapping[str, Any], context: Context) -> Message:
+    """The native instruction a NumPyClient's ``fit`` / ``evaluate`` / ``get_properties``
+    stands for, addressed to this node (no ``TaskIdentity`` is needed on a device).
+
+    ``config[ARRAY_NAMES]`` names the parameters; ``QUERY_KEY`` is dropped."""
+    names = [n for n in str(config.get(ARRAY_NAMES, "")).split(",") if n]
+    if len(names) != len(parameters):
+        raise ValueError(f"{len(parameters)} parameters arrived, the config names {names} "
+                         f"({ARRAY_NAMES!r}); is the server a fmtl-flower strategy behind "
+                         "LegacyGrid?")
+    content = RecordDict({"config": ConfigRecord(
+        {k: v for k, v in config.items() if k not in (ARRAY_NAMES, QUERY_KEY)})})
+    if message_type != WHOAMI:
+        content["arrays"] = ArrayRecord({n: to_array(np.asarray(p))
+                                         for n, p in zip(names, parameters, strict=True)})
+    metadata = Metadata(run_id=int(context.run_id), message_id="numpyclient",
+                        src_node_id=0, dst_node_id=int(context.node_id), reply_to_message_id="",
+                        group_id="", created_at=time.time(), ttl=3600.0,
+                        message_type=message_type)
+    return make_message(metadata=metadata, content=content)
+
+
+def legacy_result(reply: Message) -> tuple[list[np.ndarray], dict[str, Any]]:
+    """``(parameters, metrics)`` of a native reply, ``metrics`` with ``ARRAY_NAMES``."""
+    if reply.has_error():
+        raise RuntimeError(reply.error.reason)
+    content = reply.content
+    arrays = content["arrays"] if "arrays" in content else ArrayRecord()
+    names = list(arrays.keys())
+    metrics = dict(content["metrics"]) if "metrics" in content else {}
+    metrics = {**_scalars(metrics, "metric"), ARRAY_NAMES: ",".join(names)}
+    return [np.array(from_array(arrays[n])) for n in names], metrics
+
+
+# ------------------------------------------------------------------------------ server side
+class _Replies(Iterator[Message]):
+    """The wrapped grid's replies, in the native layout; ``drain`` delegated."""
+
+    def __init__(self, replies: Iterable[Message]) -> None:
+        self._replies = replies
+        self._iter = iter(replies)
+
+    def __next__(self) -> Message:
+        return from_legacy_reply(next(self._iter))
+
+    def drain(self) -> None:
+        finish = getattr(self._replies, "drain", None)
+        if callable(finish):
+            finish()
+
+
+class LegacyGrid(Grid):
+    """A ``Grid`` through which a strategy talks to NumPyClient devices (or to both kinds).
+
+    Parameters
+    ----------
+    grid : Grid
+        Flower's grid (simulation, deployment) or the in-process one.
+    client_api : {"numpyclient", "auto", "message"}
+        ``numpyclient``: every device is a ``ClientApp(client_fn=...)``; ``auto``: a device
+        whose native ``whoami`` fails is asked again in the legacy layout, and whichever form
+        it answers is used for it from then on; ``message``: no translation (replies in the
+        legacy layout are still decoded).
+
+    Examples
+    --------
+    >>> strategy.start(grid=LegacyGrid(grid), num_rounds=10)  # doctest: +SKIP
+    """
+
+    def __init__(self, grid: Grid, client_api: str = "numpyclient") -> None:
+        if client_api not in CLIENT_APIS:
+            raise ValueError(f"client_api must be one of {CLIENT_APIS}, got {client_api!r}")
+        self.inner = grid
+        self.client_api = client_api
+        self.legacy_nodes: set[int] = set()  # auto: nodes found to speak the legacy layout
+        self.native_nodes: set[int] = set()  # auto: nodes found to speak the Message API
+
+    @property
+    def streams_messages(self) -> bool:  # noqa: D102 - as the wrapped grid
+        return bool(getattr(self.inner, "streams_messages", False))
+
+    def set_run(self, run_id: int) -> None:  # noqa: D102
+        self.inner.set_run(run_id)
+
+    @property
+    def run(self) -> Run:  # noqa: D102
+        return self.inner.run
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
+                       group_id: str, ttl: float | None = None) -> Message:  # noqa: D102
+        return self.inner.create_message(content, message_type, dst_node_id, group_id, ttl)
+
+    def get_node_ids(self) -> Iterable[int]:  # noqa: D102
+        return self.inner.get_node_ids()
+
+    def _speaks_legacy(self, node: int) -> bool:
+        if self.client_api == "auto":
+            return node in self.legacy_nodes
+        return self.client_api == "numpyclient"
+
+    def _encode(self, message: Message) -> Message:
+        if self._speaks_legacy(message.metadata.dst_node_id):
+            return to_legacy(message)
+        return message
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
+        return self.inner.push_messages([self._encode(m) for m in messages])
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:  # noqa: D102
+        return [from_legacy_reply(r) for r in self.inner.pull_messages(message_ids)]
+
+    def send_and_receive(self, messages: Iterable[Message], *,
+                         timeout: float | None = None) -> Iterable[Message]:
+        """Send (translated where the device needs it); return the replies, native."""
+        if self.client_api != "auto":
+            encoded = (self._encode(m) for m in messages)
+            return _Replies(self.inner.send_and_receive(
+                encoded if self.streams_messages else list(encoded), timeout=timeout))
+        messages = list(messages)
+        probing = {m.metadata.dst_node_id: m for m in messages
+                   if m.metadata.message_type == WHOAMI
+                   and m.metadata.dst_node_id not in self.legacy_nodes | self.native_nodes}
+        if not probing:
+            return _Replies(self.inner.send_and_receive([self._encode(m) for m in messages],
+                                                        timeout=timeout))
+        started = time.monotonic()
+        sent = [self._encode(m) for m in messages]
+        replies = [from_legacy_reply(r)
+                   for r in self.inner.send_and_receive(sent, timeout=timeout)]
+        dst_of = {m.metadata.message_id: m.metadata.dst_node_id for m in sent}
+        retry: dict[int, int] = {}  # probed node whose native whoami failed -> reply index
+        for i, reply in enumerate(replies):
+            node = dst_of.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+            if node in probing and reply.has_error():
+                retry[node] = i
+            elif node in probing:
+                self.native_nodes.add(node)
+        if retry:
+            left = None if timeout is None else max(1.0, timeout - (time.monotonic() - started))
+            second = self.inner.send_and_receive([to_legacy(probing[n]) for n in retry],
+                                                 timeout=left)
+            for reply in second:
+                node = reply.metadata.src_node_id
+                if node in retry and not reply.has_error():
+                    self.legacy_nodes.add(node)
+                    log(INFO, "node %s is a NumPyClient device (legacy record layout)", node)
+                    replies[retry[node]] = from_legacy_reply(reply)
+        return replies
+
+
+def wrap_grid(grid: Grid, client_api: str) -> Grid:
+    """``grid`` as a strategy should use it with devices of ``client_api``
+    (:data:`CLIENT_APIS`): itself for ``message``, else a :class:`LegacyGrid`."""
+    if client_api not in CLIENT_APIS:
+        raise ValueError(f"client_api must be one of {CLIENT_APIS}, got {client_api!r}")
+    return grid if client_api == "message" else LegacyGrid(grid, client_api)
