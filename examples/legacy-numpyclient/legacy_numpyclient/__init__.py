@@ -1,0 +1,1 @@
+"""legacy-numpyclient: MOCHA in a NumPyClient + client_fn Flower project."""

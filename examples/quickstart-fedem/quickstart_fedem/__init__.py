@@ -1,0 +1,1 @@
+"""quickstart-fedem: FedEM on Flower with fmtl-flower and Flower Datasets."""

@@ -1,0 +1,1 @@
+"""quickstart-mocha: MOCHA on Flower with fmtl-flower."""

@@ -1,0 +1,25 @@
+"""quickstart-mocha: the ServerApp (MOCHA, one model per device, Omega learned)."""
+
+from logging import INFO
+
+from flwr.app import Context
+from flwr.common.logger import log
+from flwr.serverapp import Grid, ServerApp
+
+from fmtl_flower import Mocha
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    config = context.run_config
+    strategy = Mocha(num_tasks=int(config["num-tasks"]), lam=float(config["lambda"]),
+                     omega="probabilistic", omega_every=int(config["omega-every"]))
+    strategy.start(grid=grid, num_rounds=int(config["num-server-rounds"]),
+                   timeout=float(config["round-timeout"]))
+    final = strategy.results()["final"]
+    if not final["complete"]:
+        raise RuntimeError(f"MOCHA did not hear from every task: {final.get('tasks_missing')}")
+    log(INFO, "MOCHA final: primal %.4f, duality gap %.3g, test error %.3f",
+        final["primal"], final["gap"], final["test_error"])
