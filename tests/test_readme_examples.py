@@ -1,53 +1,54 @@
-"""The README's Python snippets run as written (with the data loader pointed at temp files)."""
+"""Every Python snippet of the README is one of the example apps' files, verbatim (those run
+as they are: ``tests/examples``), or is run here as written, in simulation conditions (node
+configs with ``partition-id`` only, no ``task-id``)."""
 
+import logging
 import re
 from pathlib import Path
 
-import numpy as np
+import pytest
 
-from fmtl_flower.engine import run_inprocess
+from fmtl_flower import Mocha
+from fmtl_flower.engine import InProcessGrid
 
-README = (Path(__file__).parents[1] / "README.md").read_text()
+ROOT = Path(__file__).parents[1]
+README = (ROOT / "README.md").read_text()
+HEADER = re.compile(r"# (examples/\S+\.py)\n")
 
 
 def python_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", README, flags=re.S)
 
 
-def test_server_and_client_snippets_run_together(tmp_path, capsys):
-    server_src, client_src = python_blocks()[:2]
-    rng = np.random.default_rng(0)
-    for task in range(10):
-        X = rng.normal(size=(30, 4))
-        np.savez(tmp_path / f"task{task}.npz", X=X, y=np.where(X[:, 0] > 0, 1.0, -1.0))
-    client_ns: dict = {}
-    exec(client_src.replace("/data/", f"{tmp_path}/"), client_ns)  # noqa: S102
-    server_ns: dict = {}
-    exec(server_src.replace("num_rounds=100", "num_rounds=5"), server_ns)  # noqa: S102
-    run_inprocess(server_ns["app"], client_ns["app"], 10,
-                  node_configs=[{"task-id": t} for t in range(10)])
-    gap, test_error = capsys.readouterr().out.split()
-    assert float(gap) >= 0 and test_error == "None"  # the loader gives no test split
+def run_blocks() -> list[str]:
+    """The blocks that are not example files: each must be run by a test below."""
+    return [b for b in python_blocks() if not HEADER.match(b)]
 
 
-def test_fedem_snippets_run_together(tmp_path, capsys):
-    _, mocha_client_src, server_src, client_src = python_blocks()
-    rng = np.random.default_rng(1)
-    for task in range(10):
-        X = rng.normal(size=(40, 4))
-        np.savez(tmp_path / f"task{task}.npz", X=X, y=np.where(X[:, 0] > 0, 1.0, -1.0))
-    client_ns: dict = {}
-    exec(mocha_client_src.replace("/data/", f"{tmp_path}/"), client_ns)  # noqa: S102 (load_data)
-    exec(client_src, client_ns)  # noqa: S102
-    server_src = (server_src.replace("num_rounds=100", "num_rounds=3")
-                  .replace("num_tasks=100", "num_tasks=10")
-                  .replace("range(80, 100)", "range(8, 10)"))
-    server_ns: dict = {}
-    exec(server_src, server_ns)  # noqa: S102
-    run_inprocess(server_ns["app"], client_ns["app"], 10,
-                  node_configs=[{"task-id": t} for t in range(10)])
-    accuracy, unseen = capsys.readouterr().out.split()
-    assert accuracy == "None" and unseen == "None"  # the loader gives no test split
+def test_every_snippet_is_an_example_file_or_run_here():
+    files = [HEADER.match(b) for b in python_blocks() if HEADER.match(b)]
+    assert len(files) >= 6
+    for match in files:
+        block = match.string
+        assert block[match.end():] == (ROOT / match[1]).read_text(), match[1]
+    runs = run_blocks()
+    assert len(runs) == 1 and "partition_loader(" in runs[0]  # run by the test below
+
+
+def test_flwr_datasets_snippet_runs_in_simulation_conditions(caplog):
+    pytest.importorskip("flwr_datasets")
+    (snippet,) = [b for b in run_blocks() if "partition_loader(" in b]
+    namespace: dict = {}
+    exec(snippet, namespace)  # noqa: S102
+    grid = InProcessGrid(namespace["app"], 10)
+    assert all(set(c.node_config) == {"partition-id", "num-partitions"}
+               for c in grid.contexts.values())
+    strategy = Mocha(num_tasks=10, lam=0.01, discovery_timeout=5.0)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        strategy.start(grid=grid, num_rounds=5, timeout=30.0)
+    final = strategy.results()["final"]
+    assert final["complete"] and final["gap"] >= 0 and final["test_error"] < 0.3
+    assert "failed" not in caplog.text
 
 
 def test_main_job_command_is_the_documented_one():
