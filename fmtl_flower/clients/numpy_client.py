@@ -29,7 +29,7 @@ devices in the same federation).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import ArrayRecord, Context, Message, MessageType
@@ -37,8 +37,10 @@ from flwr.client import NumPyClient
 
 from ..legacy import WHOAMI, legacy_result, native_instruction
 from ..wire import from_array
-from .fedem import FedEMClient
-from .mocha import MochaClient
+
+if TYPE_CHECKING:  # each family's handlers load on first use (a MOCHA device loads no FedEM)
+    from .fedem import FedEMClient
+    from .mocha import MochaClient
 
 __all__ = ["FedEMNumPyClient", "MochaNumPyClient"]
 
@@ -131,6 +133,8 @@ class MochaNumPyClient(_NativeBackedNumPyClient):
 
     @staticmethod
     def _native_client(load_data: Any, state_dir: str | None) -> MochaClient:
+        from .mocha import MochaClient
+
         return MochaClient(load_data, state_dir=state_dir)
 
 
@@ -159,5 +163,7 @@ class FedEMNumPyClient(_NativeBackedNumPyClient):
 
     @staticmethod
     def _native_client(load_data: Any, state_dir: str | None) -> FedEMClient:
+        from .fedem import FedEMClient
+
         return FedEMClient(load_data, state_dir=state_dir)
 
