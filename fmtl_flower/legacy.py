@@ -166,7 +166,8 @@ def _native_metrics(record: Mapping[str, Any]) -> tuple[MetricRecord, list[str]]
 
 
 def from_legacy_reply(reply: Message) -> Message:
-    """The native form of a reply in the legacy layout; any other reply as it is.
+    """The native form of a reply in the legacy layout (records and message type); any other
+    reply as it is.
 
     The parameters of a ``fitres`` are named by its metric ``fmtl.arrays`` (a count mismatch
     leaves the arrays out: the strategy then rejects the reply for the missing array)."""
@@ -174,11 +175,14 @@ def from_legacy_reply(reply: Message) -> Message:
         return reply
     content = reply.content
     native = RecordDict()
+    kind = reply.metadata.message_type
     if "getpropertiesres.properties" in content:
         native["info"] = ConfigRecord(dict(content["getpropertiesres.properties"]))
-    for res in ("fitres", "evaluateres"):
+        kind = WHOAMI
+    for res, res_kind in (("fitres", MessageType.TRAIN), ("evaluateres", MessageType.EVALUATE)):
         if f"{res}.metrics" not in content:
             continue
+        kind = res_kind
         metrics, names = _native_metrics(content[f"{res}.metrics"])
         native["metrics"] = metrics
         if f"{res}.parameters" in content:
@@ -190,7 +194,9 @@ def from_legacy_reply(reply: Message) -> Message:
             else:
                 log(WARNING, "legacy reply from node %s: %d parameters, names %s; arrays left "
                     "out", reply.metadata.src_node_id, len(tensors), names)
-    return make_message(metadata=reply.metadata, content=native)
+    metadata = copy.copy(reply.metadata)
+    metadata.__dict__["_message_type"] = kind
+    return make_message(metadata=metadata, content=native)
 
 
 # ------------------------------------------------------------------------------ device side
@@ -230,15 +236,61 @@ def legacy_result(reply: Message) -> tuple[list[np.ndarray], dict[str, Any]]:
 
 
 # ------------------------------------------------------------------------------ server side
+class _Ledger:
+    """Ties the replies to the messages the strategy made, not to their legacy copies.
+
+    The grid gives the copy it sends a message id; the ledger writes that id into the
+    strategy's message too, and gives a reply (also an error reply) back the native message
+    type, so that a reply's ``reply_to_message_id`` and ``message_type`` are those of the
+    message the strategy sent."""
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[Message, Message]] = []  # (copy sent, strategy's message)
+        self._types: dict[str, str] = {}  # message id -> the strategy's message type
+
+    def sent(self, copy_sent: Message, original: Message) -> Message:
+        if copy_sent is not original:
+            self._pending.append((copy_sent, original))
+        return copy_sent
+
+    def _sync(self) -> None:
+        waiting = []
+        for copy_sent, original in self._pending:
+            message_id = copy_sent.metadata.message_id
+            if message_id:
+                original.metadata.__dict__["_message_id"] = message_id
+                self._types[message_id] = original.metadata.message_type
+            else:
+                waiting.append((copy_sent, original))
+        self._pending = waiting
+
+    def native(self, reply: Message) -> Message:
+        self._sync()
+        reply = from_legacy_reply(reply)
+        kind = self._types.pop(reply.metadata.reply_to_message_id, None)
+        if kind is not None and reply.metadata.message_type != kind:
+            metadata = copy.copy(reply.metadata)
+            metadata.__dict__["_message_type"] = kind
+            reply = make_message(metadata=metadata,
+                                 error=reply.error if reply.has_error() else None,
+                                 content=None if reply.has_error() else reply.content)
+        return reply
+
+    def clear(self) -> None:
+        self._pending.clear()
+        self._types.clear()
+
+
 class _Replies(Iterator[Message]):
     """The wrapped grid's replies, in the native layout; ``drain`` delegated."""
 
-    def __init__(self, replies: Iterable[Message]) -> None:
+    def __init__(self, replies: Iterable[Message], ledger: _Ledger) -> None:
         self._replies = replies
         self._iter = iter(replies)
+        self._ledger = ledger
 
     def __next__(self) -> Message:
-        return from_legacy_reply(next(self._iter))
+        return self._ledger.native(next(self._iter))
 
     def drain(self) -> None:
         finish = getattr(self._replies, "drain", None)
@@ -271,6 +323,7 @@ class LegacyGrid(Grid):
         self.client_api = client_api
         self.legacy_nodes: set[int] = set()  # auto: nodes found to speak the legacy layout
         self.native_nodes: set[int] = set()  # auto: nodes found to speak the Message API
+        self._ledger = _Ledger()
 
     @property
     def streams_messages(self) -> bool:  # noqa: D102 - as the wrapped grid
@@ -297,32 +350,37 @@ class LegacyGrid(Grid):
 
     def _encode(self, message: Message) -> Message:
         if self._speaks_legacy(message.metadata.dst_node_id):
-            return to_legacy(message)
+            return self._ledger.sent(to_legacy(message), message)
         return message
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
-        return self.inner.push_messages([self._encode(m) for m in messages])
+        ids = self.inner.push_messages([self._encode(m) for m in messages])
+        self._ledger._sync()
+        return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:  # noqa: D102
-        return [from_legacy_reply(r) for r in self.inner.pull_messages(message_ids)]
+        return [self._ledger.native(r) for r in self.inner.pull_messages(message_ids)]
 
     def send_and_receive(self, messages: Iterable[Message], *,
                          timeout: float | None = None) -> Iterable[Message]:
-        """Send (translated where the device needs it); return the replies, native."""
+        """Send (translated where the device needs it); return the replies, native: tied to
+        the messages given here (``reply_to_message_id``, ``message_type``)."""
+        self._ledger.clear()  # replies to earlier calls are never delivered
         if self.client_api != "auto":
             encoded = (self._encode(m) for m in messages)
             return _Replies(self.inner.send_and_receive(
-                encoded if self.streams_messages else list(encoded), timeout=timeout))
+                encoded if self.streams_messages else list(encoded), timeout=timeout),
+                self._ledger)
         messages = list(messages)
         probing = {m.metadata.dst_node_id: m for m in messages
                    if m.metadata.message_type == WHOAMI
                    and m.metadata.dst_node_id not in self.legacy_nodes | self.native_nodes}
         if not probing:
             return _Replies(self.inner.send_and_receive([self._encode(m) for m in messages],
-                                                        timeout=timeout))
+                                                        timeout=timeout), self._ledger)
         started = time.monotonic()
         sent = [self._encode(m) for m in messages]
-        replies = [from_legacy_reply(r)
+        replies = [self._ledger.native(r)
                    for r in self.inner.send_and_receive(sent, timeout=timeout)]
         dst_of = {m.metadata.message_id: m.metadata.dst_node_id for m in sent}
         retry: dict[int, int] = {}  # probed node whose native whoami failed -> reply index
@@ -334,14 +392,17 @@ class LegacyGrid(Grid):
                 self.native_nodes.add(node)
         if retry:
             left = None if timeout is None else max(1.0, timeout - (time.monotonic() - started))
-            second = self.inner.send_and_receive([to_legacy(probing[n]) for n in retry],
-                                                 timeout=left)
-            for reply in second:
-                node = reply.metadata.src_node_id
-                if node in retry and not reply.has_error():
+            copies = {n: self._ledger.sent(to_legacy(probing[n]), probing[n]) for n in retry}
+            second = list(self.inner.send_and_receive(list(copies.values()), timeout=left))
+            node_of = {c.metadata.message_id: n for n, c in copies.items()}
+            for reply in second:  # the second answer replaces the first, error or not
+                node = node_of.get(reply.metadata.reply_to_message_id)
+                if node is None:
+                    continue
+                replies[retry[node]] = self._ledger.native(reply)
+                if not reply.has_error():
                     self.legacy_nodes.add(node)
                     log(INFO, "node %s is a NumPyClient device (legacy record layout)", node)
-                    replies[retry[node]] = from_legacy_reply(reply)
         return replies
 
 

@@ -189,3 +189,37 @@ def test_messages_without_a_legacy_form_are_refused_by_name():
         to_legacy(message)
     with pytest.raises(ValueError, match="client_api"):
         LegacyGrid(grid, "grpc")
+
+
+@pytest.mark.parametrize("client_api", ["numpyclient", "auto"])
+def test_replies_are_tied_to_the_strategys_messages(client_api):
+    """Through LegacyGrid a reply names the message the strategy made (not its legacy copy)
+    and carries its message type, also an error reply: strategies match replies so."""
+    from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+
+    from fmtl_flower.wire import to_array
+
+    problem = make_problem(num_tasks=3)
+
+    def client_fn(context: Context):
+        t = default_task_id(context)
+        return MochaNumPyClient(context, problem.Xs[t], problem.ys[t]).to_client()
+
+    grid = InProcessGrid(ClientApp(client_fn=client_fn), 3)
+    wrapped = LegacyGrid(grid, client_api)
+    nodes = list(grid.get_node_ids())
+    whoami = [grid.create_message(RecordDict({"config": ConfigRecord({})}), "query.whoami",
+                                  n, "0") for n in nodes]
+    replies = list(wrapped.send_and_receive(whoami, timeout=10.0))
+    assert sorted(r.metadata.reply_to_message_id for r in replies) == \
+        sorted(m.metadata.message_id for m in whoami)
+    assert all(m.metadata.message_id for m in whoami)
+    assert {r.metadata.message_type for r in replies} == {"query.whoami"}
+    assert all(not r.has_error() and "info" in r.content for r in replies)
+    # a train message the device rejects (no w): an error reply, tied and typed
+    bad = [grid.create_message(RecordDict({"config": ConfigRecord({"task-id": 0}),
+                                           "arrays": ArrayRecord({"v": to_array(np.zeros(2))})}),
+                               "train", nodes[0], "1")]
+    (error,) = list(wrapped.send_and_receive(bad, timeout=10.0))
+    assert error.has_error() and error.metadata.message_type == "train"
+    assert error.metadata.reply_to_message_id == bad[0].metadata.message_id != ""
