@@ -672,7 +672,7 @@ class FactoredMean(FactoredFormulation):
 
     def __init__(self, num_tasks: int, *, lam: float, lam2: float, gamma: float = 1.0) -> None:
         super().__init__(num_tasks, lam=lam, gamma=gamma)
-        self.lam2 = _positive(lam2, "lam2")
+        self.lam2 = _positive(lam2, "lambda2")
         self._u = np.full((self.num_tasks, 1), 1.0 / math.sqrt(self.num_tasks))
 
     # the same constructor arguments as the dense class: read its options the same way
@@ -727,7 +727,7 @@ class FactoredProbabilistic(FactoredFormulation):
     ) -> None:
         super().__init__(num_tasks, lam=lam, gamma=gamma)
         self.s2 = _positive(s2, "s2", allow_inf=True)
-        self.eps_rel = _positive(eps_rel, "eps_rel")
+        self.eps_rel = _positive(eps_rel, "omega-eps")
         self._sigma = FactoredMatrix.scaled_identity(self.num_tasks, 1.0 / self.num_tasks)
 
     # the same constructor arguments as the dense class: read its options the same way
@@ -810,9 +810,9 @@ class FactoredClustered(FactoredFormulation):
     ) -> None:
         super().__init__(num_tasks, lam=lam, gamma=gamma)
         self.eta = _positive(eta, "eta")
-        self.k = _positive(k, "k")
+        self.k = _positive(k, "clusters")
         if self.k > self.num_tasks:
-            raise ValueError(f"k must be in (0, num_tasks={self.num_tasks}], got {k}")
+            raise ValueError(f"clusters must be in (0, num_tasks={self.num_tasks}], got {k}")
         self._omega = FactoredMatrix.scaled_identity(self.num_tasks, self.k / self.num_tasks)
 
     # the same constructor arguments as the dense class: read its options the same way
@@ -915,8 +915,8 @@ def make_factored_formulation(
         )
     if isinstance(num_tasks, bool) or not isinstance(num_tasks, numbers.Integral) or num_tasks < 1:
         raise ValueError(f"num_tasks must be an integer >= 1, got {num_tasks!r}")
-    _positive(lam, "lam")
-    _positive(eps_rel, "eps_rel")
+    _positive(lam, "lambda")
+    _positive(eps_rel, "omega-eps")
     _gamma(gamma)
     return cls.from_options(
         int(num_tasks), lam=lam, lam2=lam2, s2=s2, eta=eta, k=k, eps_rel=eps_rel, gamma=gamma

@@ -10,9 +10,16 @@ the diagonal ``m_tt = M_tt`` is what task t's local solver needs, and the aggreg
 parameter sigma' (appendix D, inequality (28)) is set from M.
 
 Scaling convention: the factor 1/2 above is the package's (``core/objective.py``); the paper
-writes its regularisers without it, so every lambda here is twice the paper's
-(e.g. eq. (11)'s lambda1 tr(W Omega W^T) + lambda2 |W|_F^2 is ``lam = 2 lambda1``,
-``lam2 = 2 lambda2``).
+writes its quadratic terms without it, so every lambda that multiplies a term in W is twice
+the paper's (e.g. eq. (11)'s lambda1 tr(W Omega W^T) + lambda2 |W|_F^2 is ``lam = 2 lambda1``,
+``lam2 = 2 lambda2``; eq. (12)'s and eq. (14)'s lambda is ``lam / 2``). The one exception is
+``graphical``'s ``lam2``, the weight of the Omega-only term lambda2 |Omega|_1 of eq. (15):
+it is not halved, so ``lam2`` equals the paper's lambda2 while ``lam`` is twice the paper's
+lambda (see :class:`GraphicalFormulation`).
+
+Errors name the run-config keys (``lambda``, ``lambda2``, ``s2``, ``eta``, ``clusters``,
+``omega-eps``, ``gamma``) that set the keyword arguments ``lam``, ``lam2``, ``s2``, ``eta``,
+``k``, ``eps_rel`` and ``gamma``.
 
 Interface (what the server state relies on)
 -------------------------------------------
@@ -30,14 +37,17 @@ Each formulation object has
 * ``omega_step(W)`` -> None: update Omega from the models W (d, m) (no-op for fixed ones).
   After it the caller recomputes W = B @ inverse_matrix();
 * ``objective(W)`` -> float: R(W) including the terms without W, for the current Omega;
-  ``objective(W) - (1/2) tr(W K W^T)`` does not depend on W (it is ``objective`` at W = 0
-  with the same d). This is the regulariser of the primal whose duality gap the server
-  reports;
+  ``objective(W) = (1/2) tr(W K W^T) + omega_objective(d)``;
+* ``omega_objective(d)`` -> float: c(Omega), the terms of R without W for models of
+  dimension d (0 for every formulation except ``graphical``, whose c(Omega) is
+  -(lam/2) d log det Omega + lam2 |Omega|_1). The server's primal, whose duality gap it
+  reports, has (1/2) tr(W K W^T) as its regulariser (the W-step's objective for fixed
+  Omega); adding ``omega_objective(d)`` gives the whole objective of the paper's equation;
 * ``step_objective(W)`` -> float: the function of Omega that ``omega_step(W)`` minimises
   exactly (for fixed W). It equals ``objective(W)`` except where the step perturbs W^T W by
-  eps I (``probabilistic``, ``graphical``; see there). For every formulation,
-  ``step_objective(W)`` after ``omega_step(W)`` is <= before (up to the graphical lasso's
-  certified tolerance);
+  eps I (``probabilistic``; ``graphical`` with ``lam2 = 0`` only; see there). For every
+  formulation, ``step_objective(W)`` after ``omega_step(W)`` is <= before (up to the
+  graphical lasso's certified tolerance);
 * ``sigma_prime(mode)`` -> (m,) for ``mode`` in ``SIGMA_MODES`` (see :func:`sigma_prime`);
 * adaptive formulations also have ``omega`` (the paper's Omega for that equation, a copy) and
   ``set_omega(Omega)`` (validated), e.g. to restore a checkpoint.
@@ -55,9 +65,11 @@ Formulations
 ``clustered``     eq. (12): K = lam (eta I + Omega)^-1, M = (eta I + Omega) / lam, Omega in
                   {0 <= Q <= I, tr Q = k}; closed-form step derived in
                   :func:`clustered_eigenvalues`. Starts at Omega = (k/m) I.
-``graphical``     eq. (15) with lambda1 = 0: K = lam (Omega + I/s2), s2 finite; the step is
-                  the graphical lasso on S = W^T W / d, penalty 2 lam2 / (lam d) on the
-                  off-diagonal entries. Starts at Omega = m I.
+``graphical``     eq. (15) with lambda1 = 0: K = lam (Omega + I/s2), s2 finite, penalty
+                  lam2 |Omega|_1 on every entry (diagonal included); the step is the
+                  graphical lasso on S + alpha I, S = W^T W / d, alpha = 2 lam2 / (lam d),
+                  with alpha on the off-diagonal entries. ``lam2`` is the paper's lambda2,
+                  ``lam`` twice the paper's lambda. Starts at Omega = m I.
 
 sigma' (appendix D) for a symmetric positive definite M with D = diag(M):
 
@@ -248,7 +260,7 @@ class Formulation(ABC):
 
     def __init__(self, num_tasks: int, *, lam: float, gamma: float = 1.0) -> None:
         self.num_tasks = _num_tasks(num_tasks)
-        self.lam = _positive(lam, "lam")
+        self.lam = _positive(lam, "lambda")
         self.gamma = _gamma(gamma)
 
     @classmethod
@@ -271,6 +283,10 @@ class Formulation(ABC):
     def omega_step(self, W: np.ndarray) -> None:
         """Update Omega from the models W (d, m). No-op for fixed formulations."""
         self._check_W(W)
+
+    def omega_objective(self, dim: int) -> float:
+        """c(Omega): the terms of R without W, for models of dimension ``dim`` (here 0)."""
+        return 0.0
 
     def step_objective(self, W: np.ndarray) -> float:
         """The function of Omega that :meth:`omega_step` minimises (here: :meth:`objective`)."""
@@ -339,13 +355,14 @@ class MeanFormulation(Formulation):
 
     def __init__(self, num_tasks: int, *, lam: float, lam2: float, gamma: float = 1.0) -> None:
         super().__init__(num_tasks, lam=lam, gamma=gamma)
-        self.lam2 = _positive(lam2, "lam2")
+        self.lam2 = _positive(lam2, "lambda2")
         m = self.num_tasks
         self._P = np.full((m, m), 1.0 / m)  # projection onto span(1)
 
     @classmethod
     def from_options(cls, num_tasks: int, **options: Any) -> MeanFormulation:
-        lam2 = _required(options.get("lam2"), "lam2 (> 0; K is singular without it)", cls.name)
+        lam2 = _required(options.get("lam2"), "lambda2 (> 0; K is singular without it)",
+                         cls.name)
         return cls(num_tasks, lam=options["lam"], lam2=lam2, gamma=options.get("gamma", 1.0))
 
     @property
@@ -398,7 +415,7 @@ class ProbabilisticFormulation(Formulation):
     ) -> None:
         super().__init__(num_tasks, lam=lam, gamma=gamma)
         self.s2 = _positive(s2, "s2", allow_inf=True)
-        self.eps_rel = _positive(eps_rel, "eps_rel")
+        self.eps_rel = _positive(eps_rel, "omega-eps")
         self._set_sigma(sigma_identity(self.num_tasks))
 
     @classmethod
@@ -547,9 +564,9 @@ class ClusteredFormulation(Formulation):
     ) -> None:
         super().__init__(num_tasks, lam=lam, gamma=gamma)
         self.eta = _positive(eta, "eta")
-        self.k = _positive(k, "k")
+        self.k = _positive(k, "clusters")
         if self.k > self.num_tasks:
-            raise ValueError(f"k must be in (0, num_tasks={self.num_tasks}], got {k}")
+            raise ValueError(f"clusters must be in (0, num_tasks={self.num_tasks}], got {k}")
         m = self.num_tasks
         self._evecs = np.eye(m)
         self._q = np.full(m, self.k / m)
@@ -557,7 +574,8 @@ class ClusteredFormulation(Formulation):
     @classmethod
     def from_options(cls, num_tasks: int, **options: Any) -> ClusteredFormulation:
         eta = _required(options.get("eta"), "eta (> 0)", cls.name)
-        k = _required(options.get("k"), "k (the number of clusters, in (0, num_tasks])", cls.name)
+        k = _required(options.get("k"), "clusters (the number k of clusters, in (0, num_tasks])",
+                      cls.name)
         return cls(num_tasks, lam=options["lam"], eta=eta, k=k, gamma=options.get("gamma", 1.0))
 
     @property
@@ -728,26 +746,46 @@ def solve_graphical_lasso(
 class GraphicalFormulation(Formulation):
     """MTL with a sparse task precision matrix, eq. (15) with lambda1 = 0.
 
-    R(W) = (lam/2) (tr(W Omega W^T) - d log det Omega + |W|_F^2 / s2) + lam2 |Omega|_off,
-    so K = lam (Omega + I/s2) (s2 finite: without the |W|_F^2 term a singular Omega would
-    leave K singular), M = K^-1 by a Cholesky solve. lambda1 = 0 (no l1 term on W, which
-    would make W(alpha) non-linear).
+    R(W) = (lam/2) (tr(W Omega W^T) - d log det Omega + |W|_F^2 / s2) + lam2 |Omega|_1,
 
-    Penalty: eq. (15) penalises all entries, lam2 |Omega|_1; we penalise only the
-    off-diagonal ones, |Omega|_off = sum_{i != j} |Omega_ij|, as
-    ``sklearn.covariance.graphical_lasso`` does. (For positive definite Omega the diagonal
-    part is lam2 tr(Omega), so eq. (15) exactly would be the same solver on S + alpha I.)
-    For fixed W with d rows the Omega-step minimises
+    |Omega|_1 = sum_{i,j} |Omega_ij| over every entry, the diagonal included, as in eq. (15).
+    K = lam (Omega + I/s2) (s2 finite: without the |W|_F^2 term a singular Omega would leave
+    K singular), M = K^-1 by a Cholesky solve. lambda1 = 0 (no l1 term on W, which would make
+    W(alpha) non-linear).
 
-        (lam d / 2) (tr(S Omega) - log det Omega + alpha |Omega|_off),
-        S = (W^T W + eps I) / d,  alpha = 2 lam2 / (lam d),
+    Scaling against the paper. Eq. (15) reads lambda (|W|^2 / sigma^2 + tr(W Omega W^T)
+    - d log|Omega|) + lambda2 |Omega|_1. The package's 1/2 in front of the terms in W makes
+    ``lam`` = 2 lambda (twice the paper's), while ``lam2`` multiplies |Omega|_1 directly:
+    ``lam2`` = lambda2 (equal to the paper's), and ``s2`` = sigma^2. (The run-config keys
+    ``lambda`` and ``lambda2`` are ``lam`` and ``lam2``.)
 
-    with eps = eps_rel lambda_max(W^T W) as in the probabilistic step: without it a task
-    with w_t = 0 (S_tt = 0) has no minimiser and m > d makes S singular. This function of
-    Omega plus the Omega-free terms is ``step_objective(W)`` (= ``objective(W)`` +
-    (lam/2) eps tr Omega). Solved by :func:`solve_graphical_lasso` (scikit-learn, ADMM when
-    scikit-learn fails) to a certified duality gap; ``last_solver`` and ``last_gap`` record
-    how. For W = 0 the step has no minimiser (log det is unbounded) and Omega is kept.
+    Omega-step, lam2 > 0. For fixed W (d rows) the terms with Omega are
+
+        (lam d / 2) (tr(S Omega) - log det Omega + alpha |Omega|_1),
+        S = W^T W / d,  alpha = 2 lam2 / (lam d).
+
+    Every positive definite Omega has a positive diagonal, so the diagonal part of the
+    penalty is alpha sum_i Omega_ii = tr(alpha I Omega): the step is exactly the
+    off-diagonal graphical lasso (scikit-learn's convention, which leaves the diagonal free)
+    on S + alpha I with penalty alpha,
+
+        min_{Omega > 0} tr((S + alpha I) Omega) - log det Omega + alpha sum_{i != j} |Omega_ij|,
+
+    solved by :func:`solve_graphical_lasso` (scikit-learn, ADMM when scikit-learn fails) to a
+    certified duality gap (``last_solver``, ``last_gap``; the gap is the same for both
+    forms). At the optimum diag(Omega^-1) = diag(S) + alpha (Friedman, Hastie and Tibshirani
+    2008, who penalise the diagonal the same way). S + alpha I is positive definite, so the
+    step is well posed for every W, also W = 0 (Omega = I / alpha) and m > d, and needs no
+    perturbation: ``step_objective(W) == objective(W)``, and the Omega-step never increases
+    the objective for fixed W (up to (lam d / 2) times the certified gap). The penalty on the
+    diagonal is what bounds the objective below: with it free (the package before issue 20)
+    Omega = c I at W = 0 sends -log det Omega, and the objective, to minus infinity.
+
+    Omega-step, lam2 = 0. Omega = S^-1, which exists only if W^T W is nonsingular (m <= d and
+    no w_t = 0); so, as in the probabilistic step, S = (W^T W + eps I) / d with
+    eps = eps_rel lambda_max(W^T W) (``omega-eps``), and ``step_objective(W)`` =
+    ``objective(W)`` + (lam/2) eps tr Omega. For W = 0 Omega is kept.
+
     Starts at Omega = m I.
     """
 
@@ -766,11 +804,11 @@ class GraphicalFormulation(Formulation):
         tol: float = 1e-8,
     ) -> None:
         super().__init__(num_tasks, lam=lam, gamma=gamma)
-        self.lam2 = _real(lam2, "lam2")
+        self.lam2 = _real(lam2, "lambda2")
         if not (0.0 <= self.lam2 < math.inf):
-            raise ValueError(f"lam2 must be a finite number >= 0, got {lam2}")
+            raise ValueError(f"lambda2 must be a finite number >= 0, got {lam2}")
         self.s2 = _positive(s2, "s2")
-        self.eps_rel = _positive(eps_rel, "eps_rel")
+        self.eps_rel = _positive(eps_rel, "omega-eps")
         self.tol = _positive(tol, "tol")
         self.last_solver: str | None = None
         self.last_gap: float | None = None
@@ -778,7 +816,7 @@ class GraphicalFormulation(Formulation):
 
     @classmethod
     def from_options(cls, num_tasks: int, **options: Any) -> GraphicalFormulation:
-        lam2 = _required(options.get("lam2"), "lam2 (>= 0, the penalty on Omega)", cls.name)
+        lam2 = _required(options.get("lam2"), "lambda2 (>= 0, the penalty on Omega)", cls.name)
         s2 = _required(options.get("s2"), "a finite s2 (> 0)", cls.name)
         return cls(
             num_tasks,
@@ -794,7 +832,6 @@ class GraphicalFormulation(Formulation):
         self._omega = omega
         self._K = _sym(K)
         self._chol = scipy.linalg.cho_factor(self._K, lower=True)
-        self._logdet = _logdet_pd(omega)
 
     @property
     def omega(self) -> np.ndarray:
@@ -808,16 +845,29 @@ class GraphicalFormulation(Formulation):
             raise ValueError("Omega must be positive definite")
         self._set_omega(omega)
 
+    def _eps(self, W: np.ndarray) -> float:
+        """The perturbation eps of W^T W (0 when lam2 > 0)."""
+        if self.lam2 > 0.0:
+            return 0.0
+        return self.eps_rel * float(_gram_eig(W)[0][-1])
+
     def omega_step(self, W: np.ndarray) -> None:
         W = self._check_W(W)
         d, m = W.shape
-        evals, _ = _gram_eig(W)
-        top = float(evals[-1])
-        if top <= 0.0:
-            return
-        S = _sym(W.T @ W + self.eps_rel * top * np.eye(m)) / d
-        alpha = 2.0 * self.lam2 / (self.lam * d)
-        omega, self.last_solver, self.last_gap = solve_graphical_lasso(S, alpha, tol=self.tol)
+        gram = _sym(W.T @ W)
+        if self.lam2 > 0.0:
+            alpha = 2.0 * self.lam2 / (self.lam * d)
+            shifted = gram / d + alpha * np.eye(m)  # the diagonal penalty, see the docstring
+            omega, self.last_solver, self.last_gap = solve_graphical_lasso(
+                shifted, alpha, tol=self.tol
+            )
+        else:
+            eps = self._eps(W)
+            if eps <= 0.0:  # W = 0: no minimiser, Omega is kept
+                return
+            omega, self.last_solver, self.last_gap = solve_graphical_lasso(
+                (gram + eps * np.eye(m)) / d, 0.0
+            )
         self._set_omega(omega)
 
     def inverse_matrix(self) -> np.ndarray:
@@ -826,19 +876,19 @@ class GraphicalFormulation(Formulation):
     def regulariser_matrix(self) -> np.ndarray:
         return self._K.copy()
 
-    def _penalty(self) -> float:
-        return float(np.abs(self._omega).sum() - np.abs(np.diag(self._omega)).sum())
+    def omega_objective(self, dim: int) -> float:
+        """c(Omega) = -(lam/2) d log det Omega + lam2 |Omega|_1 (every entry), d = ``dim``."""
+        logdet = _logdet_pd(self._omega)
+        return -0.5 * self.lam * dim * logdet + self.lam2 * float(np.abs(self._omega).sum())
 
     def objective(self, W: np.ndarray) -> float:
         W = self._check_W(W)
-        d = W.shape[0]
         quad = self._quad(W, self._omega) + float(np.einsum("ij,ij->", W, W)) / self.s2
-        return 0.5 * self.lam * (quad - d * self._logdet) + self.lam2 * self._penalty()
+        return 0.5 * self.lam * quad + self.omega_objective(W.shape[0])
 
     def step_objective(self, W: np.ndarray) -> float:
         W = self._check_W(W)
-        evals, _ = _gram_eig(W)
-        eps = self.eps_rel * float(evals[-1])
+        eps = self._eps(W)
         return self.objective(W) + 0.5 * self.lam * eps * float(np.trace(self._omega))
 
 
@@ -890,8 +940,9 @@ def make_formulation(
     lam : float
         lambda > 0 (every formulation).
     lam2 : float, optional
-        ``mean``: the |W|_F^2 weight, required > 0; ``graphical``: the penalty on Omega's
-        off-diagonal entries, required >= 0.
+        ``mean``: the |W|_F^2 weight, required > 0 (run-config key ``lambda2``);
+        ``graphical``: the weight of lam2 |Omega|_1 (every entry), required >= 0 (0: Omega
+        is the perturbed inverse of W^T W / d), equal to eq. (15)'s lambda2.
     s2 : float, optional
         sigma^2 of eqs. (14)/(15): ``probabilistic`` (default inf, no |W|_F^2 term);
         ``graphical`` (required, finite).
@@ -915,8 +966,8 @@ def make_formulation(
             f"unknown omega formulation name {name!r}; expected one of {tuple(FORMULATIONS)}"
         )
     _num_tasks(num_tasks)
-    _positive(lam, "lam")
-    _positive(eps_rel, "eps_rel")
+    _positive(lam, "lambda")
+    _positive(eps_rel, "omega-eps")
     _gamma(gamma)
     return cls.from_options(
         num_tasks, lam=lam, lam2=lam2, s2=s2, eta=eta, k=k, eps_rel=eps_rel, gamma=gamma

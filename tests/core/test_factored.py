@@ -263,9 +263,9 @@ def test_make_factored_formulation_validates():
         make_factored_formulation("graphical", 10, lam=0.1, lam2=0.0, s2=1.0)
     with pytest.raises(ValueError, match="unknown omega"):
         make_factored_formulation("nope", 10, lam=0.1)
-    with pytest.raises(ValueError, match="lam2"):
+    with pytest.raises(ValueError, match="lambda2"):
         make_factored_formulation("mean", 10, lam=0.1)
-    with pytest.raises(ValueError, match="k must be"):
+    with pytest.raises(ValueError, match="clusters must be"):
         make_factored_formulation("clustered", 10, lam=0.1, eta=1.0, k=11)
     with pytest.raises(ValueError, match="num_tasks"):
         make_factored_formulation("identity", 0, lam=0.1)

@@ -87,34 +87,41 @@ def test_inverse_is_spd_and_inverts_k(name, d, m, seed):
     for _ in range(2):
         f.omega_step(W)
         check_inverse(f, m)
-        # the terms without W do not depend on W: R(W) - (1/2) tr(W K W^T) = R(0)
+        # R(W) = (1/2) tr(W K W^T) + c(Omega): the W part and the Omega-only part
         K = f.regulariser_matrix()
         quad = 0.5 * np.trace(W @ K @ W.T)
-        rest = f.objective(np.zeros_like(W))
+        rest = f.omega_objective(d)
+        assert rest == f.objective(np.zeros_like(W))
+        if name != "graphical":
+            assert rest == 0.0
         assert np.isclose(
             f.objective(W) - quad, rest, rtol=1e-9, atol=1e-9 * (abs(quad) + abs(rest) + 1e-300)
         )
         W = random_models(rng, d, m)
 
 
-@pytest.mark.parametrize("name", ["probabilistic", "clustered", "graphical"])
+@pytest.mark.parametrize("name", NAMES)
 @settings(max_examples=20, deadline=None)
 @given(d=st.integers(1, 8), m=st.integers(1, 9), seed=st.integers(0, 10**6))
 def test_omega_step_does_not_increase_the_objective(name, d, m, seed):
-    """For fixed W the Omega-step minimises step_objective(W) (= objective for clustered)."""
+    """For fixed W the Omega-step minimises step_objective(W); that is the whole objective
+    R(W) = (1/2) tr(W K W^T) + c(Omega) except for the eps-perturbed steps (probabilistic,
+    graphical with lam2 = 0), so R(W) never increases (graphical: up to the certified gap)."""
     rng = np.random.default_rng(seed)
     f = build(name, m, rng)
     W = random_models(rng, d, m)
     f.omega_step(random_models(rng, d, m))  # some other data-driven Omega to start from
-    # the graphical lasso is solved to a certified duality gap tol * m (normalised problem)
-    slack = 0.5 * f.lam * d * f.tol * m if name == "graphical" else 0.0
+    exact = name in ("identity", "mean", "clustered") or (name == "graphical" and f.lam2 > 0)
     for _ in range(2):  # from another Omega, then from the optimum itself
-        before = f.step_objective(W)
+        before, whole_before = f.step_objective(W), f.objective(W)
         f.omega_step(W)
-        after = f.step_objective(W)
+        after, whole_after = f.step_objective(W), f.objective(W)
+        # the graphical lasso is solved to a certified duality gap (lam d / 2) * last_gap
+        slack = 0.5 * f.lam * d * f.last_gap if name == "graphical" and f.last_gap else 0.0
         assert after <= before + 1e-11 * abs(before) + slack + 1e-300
-    if name == "clustered":
-        assert f.step_objective(W) == f.objective(W)
+        if exact:
+            assert after == whole_after
+            assert whole_after <= whole_before + 1e-11 * abs(whole_before) + slack + 1e-300
 
 
 @settings(max_examples=40, deadline=None)
@@ -263,20 +270,88 @@ def test_graphical_matches_the_inverse_gram_without_penalty_and_sklearn_with_it(
     S = (G + eps_rel * np.linalg.eigvalsh(G)[-1] * np.eye(m)) / d
     np.testing.assert_allclose(f.omega, np.linalg.inv(S), rtol=1e-10)
     np.testing.assert_allclose(f.regulariser_matrix(), lam * (f.omega + np.eye(m) / s2))
-    # lam2 > 0: scikit-learn's graphical lasso with alpha = 2 lam2 / (lam d)
+    # lam2 = 0, W = 0: no minimiser (log det unbounded); Omega is kept
+    before = f.omega
+    f.omega_step(np.zeros((d, m)))
+    np.testing.assert_array_equal(f.omega, before)
+    # lam2 > 0: scikit-learn's graphical lasso (diagonal free) on S + alpha I, alpha on the
+    # off-diagonal entries, alpha = 2 lam2 / (lam d); no eps
     from sklearn.covariance import graphical_lasso
 
     lam2 = 0.5
+    alpha = 2 * lam2 / (lam * d)
     g = make_formulation("graphical", m, lam=lam, lam2=lam2, s2=s2, eps_rel=eps_rel)
     g.omega_step(W)
     assert g.last_solver == "sklearn" and g.last_gap <= g.tol * m
-    _, prec = graphical_lasso(S, 2 * lam2 / (lam * d), tol=1e-12, enet_tol=1e-12, max_iter=1000)
+    _, prec = graphical_lasso(G / d + alpha * np.eye(m), alpha, tol=1e-12, enet_tol=1e-12,
+                              max_iter=1000)
     np.testing.assert_allclose(g.omega, prec, atol=1e-5 * np.abs(prec).max())
     assert np.sum(g.omega == 0) > 0  # sparse
-    # W = 0: no minimiser (log det unbounded); Omega is kept
-    before = g.omega
+    assert g.step_objective(W) == g.objective(W)
+    # W = 0 has a minimiser once the diagonal is penalised: Omega = I / alpha
     g.omega_step(np.zeros((d, m)))
-    np.testing.assert_array_equal(g.omega, before)
+    np.testing.assert_allclose(g.omega, np.eye(m) / alpha, rtol=1e-7)
+
+
+def eq15(W, omega, *, paper_lambda, paper_lambda2, sigma2):
+    """Eq. (15) of the MOCHA paper with lambda1 = 0, written as the paper writes it:
+    lambda (|W|^2 / sigma^2 + tr(W Omega W^T) - d log|Omega|) + lambda2 |Omega|_1."""
+    d = W.shape[0]
+    return paper_lambda * (
+        np.sum(W * W) / sigma2 + np.trace(W @ omega @ W.T) - d * np.linalg.slogdet(omega)[1]
+    ) + paper_lambda2 * np.abs(omega).sum()
+
+
+@settings(max_examples=25, deadline=None)
+@given(d=st.integers(1, 8), m=st.integers(1, 8), seed=st.integers(0, 10**6))
+def test_graphical_objective_is_eq_15_with_lam_twice_and_lam2_equal_to_the_papers(d, m, seed):
+    """objective = eq. (15) with the paper's lambda = lam / 2 and lambda2 = lam2 (every entry
+    of Omega penalised, the diagonal included)."""
+    rng = np.random.default_rng(seed)
+    f = build("graphical", m, rng, lam2=10.0 ** rng.uniform(-3, 0))
+    W = random_models(rng, d, m)
+    for _ in range(2):
+        value = eq15(W, f.omega, paper_lambda=f.lam / 2, paper_lambda2=f.lam2, sigma2=f.s2)
+        assert np.isclose(f.objective(W), value, rtol=1e-9, atol=1e-9 * (1 + abs(value)))
+        f.omega_step(random_models(rng, d, m))
+
+
+@settings(max_examples=25, deadline=None)
+@given(d=st.integers(1, 8), m=st.integers(1, 8), seed=st.integers(0, 10**6))
+def test_graphical_step_satisfies_the_optimality_conditions_of_eq_15(d, m, seed):
+    """Subgradient of eq. (15) in Omega for fixed W: (lam/2)(W^T W - d Omega^-1) + lam2 Z = 0
+    with Z_ij = sign(Omega_ij) where Omega_ij != 0 and |Z_ij| <= 1 elsewhere. The diagonal
+    is positive, so Z_ii = 1: (Omega^-1)_ii = (W^T W)_ii / d + 2 lam2 / (lam d)."""
+    rng = np.random.default_rng(seed)
+    f = build("graphical", m, rng, lam2=10.0 ** rng.uniform(-2, 0) * 0.1)
+    W = random_models(rng, d, m)
+    f.omega_step(W)
+    omega = f.omega
+    Z = (f.lam / (2 * f.lam2)) * (d * np.linalg.inv(omega) - W.T @ W)
+    tol = 1e-3
+    np.testing.assert_allclose(np.diag(Z), 1.0, atol=tol)
+    assert np.all(np.abs(Z) <= 1 + tol)
+    big = np.abs(omega) > 1e-6 * np.abs(omega).max()
+    np.testing.assert_allclose(Z[big], np.sign(omega[big]), atol=tol)
+
+
+@settings(max_examples=25, deadline=None)
+@given(d=st.integers(1, 8), m=st.integers(1, 8), seed=st.integers(0, 10**6),
+       scale=st.sampled_from([0.0, 1e-8, 1e-3, 1.0]))
+def test_graphical_objective_is_bounded_below(d, m, seed, scale):
+    """With the diagonal penalised, c(Omega) >= sum over the eigenvalues mu of Omega of
+    min_mu (lam2 mu - (lam d / 2) log mu) = m (lam d / 2) (1 - log(lam d / (2 lam2))), for
+    every W, also W -> 0 (where the unpenalised diagonal let Omega, and -log det, blow up)."""
+    rng = np.random.default_rng(seed)
+    f = build("graphical", m, rng, lam2=10.0 ** rng.uniform(-3, 0))
+    W = scale * rng.normal(size=(d, m))
+    f.omega_step(W)
+    c = 0.5 * f.lam * d
+    bound = m * c * (1 - np.log(c / f.lam2))
+    assert f.omega_objective(d) >= bound - 1e-9 * abs(bound)
+    assert f.objective(W) >= bound - 1e-9 * abs(bound)
+    # at the optimum tr((S + alpha I) Omega) + alpha |Omega|_off = m, so tr Omega <= m / alpha
+    assert np.linalg.eigvalsh(f.omega)[-1] <= 1.0001 * m * c / f.lam2
 
 
 def test_graphical_lasso_falls_back_to_admm_where_sklearn_fails():
@@ -406,25 +481,28 @@ def test_make_formulation_validates_arguments_by_name():
     cases = [
         (("nope", 3), ok, "formulation"),
         (("identity", 0), ok, "num_tasks"),
-        (("identity", 3), {"lam": 0.0}, "lam"),
-        (("identity", 3), {"lam": math.inf}, "lam"),
+        (("identity", 3), {"lam": 0.0}, "lambda"),
+        (("identity", 3), {"lam": math.inf}, "lambda"),
         (("identity", 3), {"lam": 1.0, "gamma": 0.0}, "gamma"),
-        (("identity", 3), {"lam": 1.0, "eps_rel": -1.0}, "eps_rel"),
-        (("mean", 3), ok, "lam2"),
-        (("mean", 3), {"lam": 1.0, "lam2": 0.0}, "lam2"),
+        (("identity", 3), {"lam": 1.0, "eps_rel": -1.0}, "omega-eps"),
+        (("mean", 3), ok, "lambda2"),
+        (("mean", 3), {"lam": 1.0, "lam2": 0.0}, "lambda2"),
         (("probabilistic", 3), {"lam": 1.0, "s2": 0.0}, "s2"),
         (("clustered", 3), {"lam": 1.0, "k": 1}, "eta"),
-        (("clustered", 3), {"lam": 1.0, "eta": 1.0}, "k"),
-        (("clustered", 3), {"lam": 1.0, "eta": 1.0, "k": 4}, "k"),
+        (("clustered", 3), {"lam": 1.0, "eta": 1.0}, "clusters"),
+        (("clustered", 3), {"lam": 1.0, "eta": 1.0, "k": 4}, "clusters"),
         (("clustered", 3), {"lam": 1.0, "eta": -1.0, "k": 1}, "eta"),
         (("graphical", 3), {"lam": 1.0, "lam2": 0.1}, "s2"),
         (("graphical", 3), {"lam": 1.0, "lam2": 0.1, "s2": math.inf}, "s2"),
-        (("graphical", 3), {"lam": 1.0, "s2": 1.0}, "lam2"),
-        (("graphical", 3), {"lam": 1.0, "lam2": -0.1, "s2": 1.0}, "lam2"),
+        (("graphical", 3), {"lam": 1.0, "s2": 1.0}, "lambda2"),
+        (("graphical", 3), {"lam": 1.0, "lam2": -0.1, "s2": 1.0}, "lambda2"),
     ]
     for args, kwargs, word in cases:
-        with pytest.raises(ValueError, match=word):
+        with pytest.raises(ValueError, match=word) as err:
             make_formulation(*args, **kwargs)
+        assert "lam2" not in str(err.value) and "eps_rel" not in str(err.value)
+    # lambda2 = 0 is a value where the formulation allows it
+    assert make_formulation("graphical", 3, lam=1.0, lam2=0.0, s2=1.0).lam2 == 0.0
     # arguments a formulation does not use are ignored
     f = make_formulation("identity", 3, lam=1.0, lam2=5.0, s2=1.0, eta=1.0, k=2)
     assert f.fixed
