@@ -112,9 +112,15 @@ class RunConfig:
         Rounds between Omega-steps (0: never).
     omega_eps : float
         Relative eigenvalue perturbation of the probabilistic Omega-step, in (0, 1).
-    lambda2, s2, eta, clusters : float, float, float, int
-        Formulation parameters (0: unset; s2 unset = infinity): ``mean``'s lambda2,
-        ``graphical``'s s2 and off-diagonal penalty lambda2, ``clustered``'s eta and k.
+    lambda2 : float or None
+        ``mean``'s weight of |W|_F^2 (> 0) and ``graphical``'s weight of lambda2 |Omega|_1
+        (>= 0, every entry of Omega; equal to the MOCHA paper's lambda2 of eq. 15, while
+        ``lambda`` is twice the paper's lambda there). None ("" on the wire, the default):
+        unset; 0 is a value (``graphical``: Omega is the inverse of the perturbed Gram
+        matrix), not "unset".
+    s2, eta, clusters : float, float, int
+        Formulation parameters (0: unset; s2 unset = infinity): ``probabilistic``'s and
+        ``graphical``'s s2, ``clustered``'s eta and k.
     gamma : float
         Aggregation parameter in (0, 1] (appendix D.1).
     theta : float
@@ -231,7 +237,7 @@ class RunConfig:
     omega: str = "probabilistic"
     omega_every: int = 10
     omega_eps: float = 1e-3
-    lambda2: float = 0.0
+    lambda2: float | None = None
     s2: float = 0.0
     eta: float = 0.0
     clusters: int = 0
@@ -341,7 +347,7 @@ _PARSE = {
     "lambda": _as_lambda,
     "omega": lambda k, v: _as_choice(
         k, v, ("identity", "mean", "probabilistic", "clustered", "graphical")),
-    "lambda2": lambda k, v: as_float(k, v, lo=0.0),
+    "lambda2": lambda k, v: _optional_float(k, v, lo=0.0),
     "s2": lambda k, v: as_float(k, v, lo=0.0),
     "eta": lambda k, v: as_float(k, v, lo=0.0),
     "clusters": lambda k, v: as_int(k, v, 0),
@@ -422,6 +428,13 @@ def _arrivals(key: str, value: Any) -> str:
     if sorted(order) != list(range(len(order))):
         raise ConfigError(f"{key}: must be a permutation of 0..{len(order) - 1}, got {out!r}")
     return ",".join(map(str, order))
+
+
+def _optional_float(key: str, value: Any, lo: float) -> float | None:
+    """None for an unset key (None, or "" as the wire's default), else a float >= ``lo``."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    return as_float(key, value, lo=lo)
 
 
 def _skew(key: str, value: Any) -> float:

@@ -361,8 +361,9 @@ def ofmtl_from_config(cfg: RunConfig, num_tasks: int,
 
 
 def formulation_options(cfg: RunConfig) -> dict[str, Any]:
-    """The formulation keys of ``cfg`` as keyword arguments (0 means unset)."""
-    return {"lam2": cfg.lambda2 or None, "s2": cfg.s2 or None, "eta": cfg.eta or None,
+    """The formulation keys of ``cfg`` as keyword arguments (None, and 0 except for
+    ``lambda2``, mean unset)."""
+    return {"lam2": cfg.lambda2, "s2": cfg.s2 or None, "eta": cfg.eta or None,
             "clusters": cfg.clusters or None, "gamma": cfg.gamma}
 
 

@@ -502,6 +502,8 @@ class MbSgd(TaskStrategy):
             "accuracy_bottom_decile": None, "num_replies": None, "num_dropped": None,
             "samples": None, "step_size": None, "omega_step": None, "estimated_time_s": None,
             "wall_time_s": None, "tasks_missing": None,
+            "objective_omega": self.formulation.omega_objective(self.W.shape[0]),
+            "objective": None,
             "_reg": self.regulariser(self.W),
         }
         self.records.append(record)
@@ -515,6 +517,7 @@ class MbSgd(TaskStrategy):
         if not missing:
             loss = np.array([accepted[t]["loss-mean"] for t in range(self.num_tasks)])
             record["primal"] = float(loss.sum()) + reg
+            record["objective"] = record["primal"] + record["objective_omega"]
         evaluated = [t for t in accepted if "test-n" in accepted[t]]
         if evaluated and not missing:
             errors = np.array([accepted[t]["test-errors"] for t in evaluated])

@@ -120,13 +120,15 @@ class Mocha(TaskStrategy):
     omega_every : int
         Rounds between Omega-steps (0: never; never after the last round).
     omega_eps : float
-        Relative eigenvalue perturbation of the ``probabilistic`` and ``graphical``
-        Omega-steps (> 0), see :func:`fmtl_flower.core.omega.sigma_probabilistic`.
+        Relative eigenvalue perturbation of the ``probabilistic`` Omega-step and of the
+        ``graphical`` one with ``lam2 = 0`` (> 0), see
+        :func:`fmtl_flower.core.omega.sigma_probabilistic`.
     lam2, s2, eta, clusters : optional
         Formulation parameters: ``mean``'s lambda2 (> 0), ``probabilistic``'s and
         ``graphical``'s s2 (the variance term I/s2; inf by default for ``probabilistic``,
-        required for ``graphical``, whose off-diagonal penalty is also ``lam2``),
-        ``clustered``'s eta and number of clusters k.
+        required for ``graphical``, whose penalty lam2 |Omega|_1 on every entry of Omega
+        (>= 0) is also ``lam2``: the paper's lambda2, while ``lam`` is twice eq. (15)'s
+        lambda), ``clustered``'s eta and number of clusters k.
     gamma : float
         Aggregation parameter in (0, 1] (appendix D.1): devices apply gamma * d_alpha and the
         server gamma * d_b; sigma' scales with gamma.
@@ -606,6 +608,8 @@ class Mocha(TaskStrategy):
             "test_error_pooled": None, "accuracy_mean": None, "accuracy_mean_unweighted": None,
             "accuracy_bottom_decile": None, "num_replies": None, "num_dropped": None,
             "wall_time_s": None, "tasks_missing": None,
+            "objective_omega": self.state.formulation.omega_objective(self.state.dim),
+            "objective": None,
             "_reg": self.state.regulariser(),
         }
         self.records.append(record)
@@ -623,6 +627,7 @@ class Mocha(TaskStrategy):
             record["primal"] = float(loss.sum()) + reg
             record["dual"] = float(dual.sum()) - reg
             record["gap"] = record["primal"] - record["dual"]
+            record["objective"] = record["primal"] + record["objective_omega"]
         evaluated = [t for t in ok if "test-n" in accepted[t]]
         if evaluated and not missing:
             errors = np.array([accepted[t]["test-errors"] for t in evaluated])
