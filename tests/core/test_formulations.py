@@ -323,9 +323,14 @@ def test_graphical_step_satisfies_the_optimality_conditions_of_eq_15(d, m, seed)
     with Z_ij = sign(Omega_ij) where Omega_ij != 0 and |Z_ij| <= 1 elsewhere. The diagonal
     is positive, so Z_ii = 1: (Omega^-1)_ii = (W^T W)_ii / d + 2 lam2 / (lam d)."""
     rng = np.random.default_rng(seed)
-    f = build("graphical", m, rng, lam2=10.0 ** rng.uniform(-2, 0) * 0.1)
     W = random_models(rng, d, m)
+    # alpha = 2 lam2 / (lam d) from 1e-2 to 1 times the mean of diag(W^T W) / d: where the
+    # solvers certify their gap (for alpha << S, ADMM can stop early; ``last_gap`` says so)
+    lam = 10.0 ** rng.uniform(-3, 0)
+    alpha = 10.0 ** rng.uniform(-2, 0) * np.sum(W * W) / (d * m)
+    f = build("graphical", m, rng, lam=lam, lam2=alpha * lam * d / 2)
     f.omega_step(W)
+    assert f.last_gap <= f.tol * m
     omega = f.omega
     Z = (f.lam / (2 * f.lam2)) * (d * np.linalg.inv(omega) - W.T @ W)
     tol = 1e-3
