@@ -133,6 +133,7 @@ def make_client_app(config: RunConfig | None = None) -> ClientApp:
     app.train("ofmtl")(lambda msg, ctx: handlers.get("ofmtl").newcomer(msg, ctx))
     app.evaluate("ofmtl")(lambda msg, ctx: handlers.get("ofmtl").evaluate_model(msg, ctx))
     app.query("fsvrg_stats")(lambda msg, ctx: handlers.get("fsvrg").stats(msg, ctx))
+    app.query("fsvrg_gram")(lambda msg, ctx: handlers.get("fsvrg").gram(msg, ctx))
     app.query("fsvrg_gradient")(lambda msg, ctx: handlers.get("fsvrg").gradient(msg, ctx))
     # packed messages when tasks-per-node > 1; MOCHA's family stacked
     return packed_client_app(app, tasks_for, {p: handlers.stacked(p) for p in ("mocha", "mb-sgd")})

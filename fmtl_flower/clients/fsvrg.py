@@ -19,6 +19,8 @@ Handlers:
 
 * ``query.whoami``: task id, ``n-train``, ``n-test``, ``dim``;
 * ``query.fsvrg_stats``: ``(n_k, counts_k)`` (:func:`~fmtl_flower.core.fsvrg.node_feature_counts`);
+* ``query.fsvrg_gram``: ``X_k^T (X_k v)`` (:func:`~fmtl_flower.core.fsvrg.local_gram_product`;
+  GD's power iteration for ``L``);
 * ``query.fsvrg_gradient``: ``(loss_sum_k, grad_sum_k)`` at ``w_t``
   (:func:`~fmtl_flower.core.fsvrg.local_loss_grad_sums`), and test errors on request;
 * ``train``: the local pass (:func:`~fmtl_flower.core.fsvrg.fsvrg_local_pass` with
@@ -49,6 +51,7 @@ from ..core.fsvrg import (
     dane_local_solve,
     fsvrg_local_pass,
     local_error_count,
+    local_gram_product,
     local_loss_grad_sums,
     logistic_dual_sum,
     naive_fsvrg_local_pass,
@@ -178,6 +181,16 @@ class FsvrgClient:
         metrics = MetricRecord({"task-id": task.task_id, "n-train": task.n})
         return Message(RecordDict({"metrics": metrics,
                                    "arrays": ArrayRecord({"counts": to_array(task.counts)})}),
+                       reply_to=msg)
+
+    def gram(self, msg: Message, context: Context) -> Message:
+        """Send ``X_k^T (X_k v)`` (float64, (d,)): the node's share of the Gram operator."""
+        task = self.local_task(context)
+        self._check_task(msg, task)
+        u = local_gram_product(task.X, self._vector(msg, "v", task.dim))
+        metrics = MetricRecord({"task-id": task.task_id, "n-train": task.n})
+        return Message(RecordDict({"metrics": metrics,
+                                   "arrays": ArrayRecord({"gram-v": to_array(u)})}),
                        reply_to=msg)
 
     def gradient(self, msg: Message, context: Context) -> Message:
@@ -359,7 +372,8 @@ def make_fsvrg_client_app(load_data: SparseLoader, task_id: TaskIdFn | None = No
                           state_dir: str | None = None) -> ClientApp:
     """Build an FSVRG / naive FSVRG / GD / CoCoA+ / DANE ClientApp over your own sparse data.
 
-    Routes ``query.whoami``, ``query.fsvrg_stats``, ``query.fsvrg_gradient``, ``train`` and
+    Routes ``query.whoami``, ``query.fsvrg_stats``, ``query.fsvrg_gram``,
+    ``query.fsvrg_gradient``, ``train`` and
     ``evaluate`` to :class:`FsvrgClient`'s handlers. CoCoA+ devices keep their duals in state
     files under ``state_dir`` unless the node or run config sets ``client-state-dir``.
     """
@@ -367,6 +381,7 @@ def make_fsvrg_client_app(load_data: SparseLoader, task_id: TaskIdFn | None = No
     app = ClientApp()
     app.query("whoami")(client.whoami)
     app.query("fsvrg_stats")(client.stats)
+    app.query("fsvrg_gram")(client.gram)
     app.query("fsvrg_gradient")(client.gradient)
     app.train()(client.train)
     app.evaluate()(client.evaluate)

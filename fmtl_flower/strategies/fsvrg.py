@@ -8,6 +8,11 @@ objective ``f(w) = (1/n) sum_i log(1 + exp(-y_i x_i^T w)) + (lam/2)|w|^2``, are 
 * setup (``fsvrg`` only, once, in round 1 after discovery): query ``fsvrg_stats``; the server
   combines the nodes' counts into :class:`~fmtl_flower.core.fsvrg.FeatureStats` (``n``,
   ``phi``, ``A``);
+* setup (``gd`` without a given ``step``, once, in round 1 after discovery): power iteration
+  on the pooled Gram operator ``X^T X``, one ``fsvrg_gram`` query per iteration
+  (:func:`~fmtl_flower.core.fsvrg.power_estimate`, at most ``GD_POWER_MAX_ITER``, until the
+  estimate of ``sigma_max(X)^2`` grows by less than ``GD_POWER_TOL``); the step is
+  ``1/L``, ``L = gd_smoothness(estimate, n, lam)``;
 * exchange 1 of round r (inside ``configure_train``; all methods but ``cocoa-plus``): query
   ``fsvrg_gradient`` with ``w_t``; the server sums the nodes' loss and gradient sums (in task
   order) and computes ``f(w_t)`` and ``g = grad f(w_t)``. GD takes ``w <- gd_step(w, g,
@@ -45,6 +50,10 @@ query ``whoami``: as :mod:`fmtl_flower.strategies.discovery` (``task-id``, ``n-t
 query ``fsvrg_stats`` (server -> node): config ``task-id``. Reply: metrics ``task-id``,
     ``n-train`` (ints, matching whoami); arrays ``counts``: integer (d,), ``counts[j] = n_k^j``
     in ``[0, n-train]``. Nothing else leaves the node.
+
+query ``fsvrg_gram`` (server -> node, GD's setup): arrays ``v`` float64 (d,) (unit norm);
+    config ``task-id``. Reply: metrics ``task-id``, ``n-train`` (ints); arrays ``gram-v``
+    float64 (d,), ``X_k^T (X_k v)``.
 
 query ``fsvrg_gradient`` (server -> node): arrays ``w`` float64 (d,); config ``task-id``,
     ``server-round`` (int >= 1), ``eval`` (bool). Reply: metrics ``task-id``, ``round``,
@@ -93,13 +102,16 @@ Records
 -------
 Record k (state after k rounds, k = 0 .. R): ``round``, ``exchanges`` (server-client round
 trips used to reach ``w_k``: 1 setup for ``fsvrg`` plus 2 per round for ``fsvrg``/naive/DANE,
-1 per round for GD and CoCoA+; the measurement-only final ``evaluate`` is not counted),
+the power iterations for GD's default step plus 1 per round for GD, 1 per round for CoCoA+;
+the measurement-only final ``evaluate`` is not counted),
 ``objective`` (``f(w_k)``, from round k + 1's exchange 1 (CoCoA+: its ``train`` replies), or
 the final ``evaluate``), ``test_error`` (pooled misclassification over the test sets, every
 ``eval_every`` rounds and at k = R), ``num_replies`` (accepted replies of the round that
 produced ``w_k``: exchange 2, or exchange 1 for GD), ``wall_time_s`` (of that round),
 ``tasks_missing``. CoCoA+ adds ``dual`` (``D(alpha_k)``), ``gap`` (``objective - dual >= 0``;
-both None unless every task reported with ``state-ok``) and ``num_resets``.
+both None unless every task reported with ``state-ok``) and ``num_resets``. GD's ``final``
+adds ``step`` (the step used), ``L_estimate`` (``L`` of the default step; None for a given
+``step``) and ``power_iterations`` (its round trips, 0 for a given ``step``).
 """
 
 from __future__ import annotations
@@ -116,16 +128,21 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from ..core.fsvrg import (
+    GD_POWER_MAX_ITER,
+    GD_POWER_TOL,
     FeatureCountAccumulator,
     FeatureStats,
     cocoa_plus_aggregate,
     dane_aggregate,
     dual_objective,
     fsvrg_aggregate,
+    gd_smoothness,
     gd_step,
     global_gradient,
     global_objective,
+    gram_power_start,
     naive_fsvrg_aggregate,
+    power_estimate,
 )
 from ..wire import from_array, to_array
 from .base import ReplyBoundary, TaskStrategy
@@ -236,11 +253,11 @@ class Fsvrg(TaskStrategy):
         (the best of 8/16/32 at K = 1000 in :mod:`fmtl_flower.core.fsvrg`). ``fsvrg-naive``:
         the stepsize itself, required (no safe default is known without the data).
     step : float, optional
-        GD stepsize; default ``1/L_F`` with ``L_F = sum_i |x_i|^2 / (4 n) + lam``, an upper
-        bound on the smoothness constant ``L = sigma_max(X)^2/(4n) + lam`` (Frobenius >=
-        spectral norm) computable from the nodes' ``sq-norm-sum`` (fixed from the first round
-        with replies, over the nodes that replied). Pass ``1/L`` from ``sigma_max`` when a
-        centralised estimate is available (it is larger, so faster). ``dane``: the SVRG
+        GD stepsize; default ``1/L`` with ``L = sigma_max(X)^2/(4n) + lam`` (the smoothness
+        constant of ``f``), ``sigma_max(X)^2`` of the pooled rows estimated by power iteration
+        on the pooled Gram operator before round 1 (``fsvrg_gram`` round trips, counted in
+        ``exchanges``; the estimate is a lower bound that never decreases, so the step is
+        at least ``1/L``, and ``1/L`` once it has converged). ``dane``: the SVRG
         stepsize of the local solver; default each node's
         :func:`~fmtl_flower.core.fsvrg.default_dane_step` ``1/(4 L_max,k)``.
     mu : float
@@ -313,6 +330,7 @@ class Fsvrg(TaskStrategy):
         self.n_total: int | None = None
         self.lam: float | None = self.lam_arg
         self.step: float | None = self.step_arg
+        self.gd_estimate: dict[str, Any] | None = None  # GD's L from power iteration
         self.exchanges = 0
         self._g: np.ndarray | None = None
         self._gd_replies = 0
@@ -334,7 +352,7 @@ class Fsvrg(TaskStrategy):
     def _solver_summary(self) -> str:
         step = None if self.step_arg is None else f"{self.step_arg:g}"
         if self.method == "gd":
-            return f"step={step or '1/L_F'}"
+            return f"step={step or '1/L (L by power iteration)'}"
         if self.method == "dane":
             return (f"step={step or '1/(4 L_max,k)'}, mu={self.mu:g}, "
                     f"SVRG epochs={self.local_epochs}")
@@ -353,6 +371,8 @@ class Fsvrg(TaskStrategy):
             self._init_model()
         if self.method == "fsvrg" and self.stats is None:
             self._setup(grid)
+        if self.method == "gd" and self.step is None:
+            self._estimate_step(grid)
         if len(self.records) < server_round:
             self._new_record(server_round - 1)
         evaluate = (server_round - 1) % self.eval_every == 0
@@ -374,9 +394,7 @@ class Fsvrg(TaskStrategy):
         assert self.lam is not None and self.w is not None
         self._g = global_gradient(self.w, grad_sum, n_rep, self.lam)
         if self.method == "gd":
-            if self.step is None:
-                sq = float(sum(r["sq-norm-sum"] for r in accepted.values()))
-                self.step = 1.0 / (sq / (4.0 * n_rep) + self.lam)
+            assert self.step is not None
             self.w = gd_step(self.w, self._g, self.step)
             self._gd_replies = len(accepted)
             return []
@@ -494,6 +512,36 @@ class Fsvrg(TaskStrategy):
         log(INFO, "%s: statistics from %d of %d nodes (n = %d)", _NAME, self.stats.num_nodes,
             self.num_tasks, self.stats.n)
 
+    def _estimate_step(self, grid: Grid) -> None:
+        """GD's default step 1/L: power iteration on the pooled Gram operator, one round trip
+        per iteration (see the module docstring)."""
+        assert self.dim is not None and self.lam is not None and self.n_total is not None
+        v, estimate, iterations = gram_power_start(self.seed, self.dim), 0.0, 0
+        while iterations < GD_POWER_MAX_ITER:
+            self.replies.begin()
+            messages = []
+            for task, node in sorted(self.task_to_node.items()):
+                messages.append(self.replies.track(task, node, Message(
+                    RecordDict({"arrays": ArrayRecord({"v": to_array(v)}),
+                                "config": ConfigRecord({"task-id": task})}),
+                    dst_node_id=node, message_type=f"{MessageType.QUERY}.fsvrg_gram")))
+            replies = grid.send_and_receive(messages, timeout=self.round_timeout)
+            accepted = self._read_replies(0, replies, kind="gram")
+            self.exchanges += 1
+            iterations += 1
+            u = np.zeros(self.dim)
+            for task in sorted(accepted):
+                u += accepted[task]["gram-v"]
+            previous = estimate
+            estimate, v = power_estimate(v, u)
+            if estimate <= previous * (1.0 + GD_POWER_TOL):
+                break
+        L = gd_smoothness(estimate, self.n_total, self.lam)
+        self.step = 1.0 / L
+        self.gd_estimate = {"L_estimate": L, "power_iterations": iterations}
+        log(INFO, "%s: GD step 1/L = %.6g, L = %.6g from %d power iterations", _NAME, self.step,
+            L, iterations)
+
     def _exchange(self, grid: Grid, server_round: int, message_type: str, evaluate: bool,
                   kind: str) -> dict[int, dict[str, Any]]:
         messages = self._loss_messages(server_round, message_type, evaluate)
@@ -567,7 +615,7 @@ class Fsvrg(TaskStrategy):
         def on_accept(task: int) -> None:
             self.ever_replied[task] = True
 
-        where = "setup" if kind == "stats" else f"round {server_round} ({kind})"
+        where = "setup" if kind in ("stats", "gram") else f"round {server_round} ({kind})"
         return self.replies.read(
             where, replies,
             lambda reply, task: self._parse_reply(reply, task, server_round, kind),
@@ -588,7 +636,7 @@ class Fsvrg(TaskStrategy):
 
     def _parse_reply(self, reply: Message, task: int, server_round: int,
                      kind: str) -> dict[str, Any]:
-        if kind == "stats":
+        if kind in ("stats", "gram"):
             out = read_metrics(reply, ints=("task-id", "n-train"))
             if out["task-id"] != task:
                 raise ReplyError(f"reply for task {out['task-id']}, expected {task}")
@@ -602,6 +650,8 @@ class Fsvrg(TaskStrategy):
             if np.any(counts < 0) or np.any(counts > out["n-train"]):
                 raise ReplyError(f"counts must be in [0, n-train = {out['n-train']}]")
             out["counts"] = counts
+        elif kind == "gram":
+            out["gram-v"] = self._array(reply, "gram-v")
         elif kind == "gradient":
             out["grad-sum"] = self._array(reply, "grad-sum")
         elif kind == "train":
@@ -679,6 +729,7 @@ class Fsvrg(TaskStrategy):
         arrays: dict[str, np.ndarray] = {"w": self.w, "n_train": self.n_train}
         meta: dict[str, Any] = {"records": self.records, "exchanges": self.exchanges,
                                 "n_total": self.n_total, "lam": self.lam, "step": self.step,
+                                "gd_estimate": self.gd_estimate,
                                 "gd_replies": self._gd_replies}
         if self.stats is not None:
             arrays.update(stats_n_j=self.stats.n_j, stats_omega=self.stats.omega)
@@ -700,6 +751,7 @@ class Fsvrg(TaskStrategy):
         self.exchanges = int(meta["exchanges"])
         self.n_total = meta["n_total"]
         self.lam, self.step = meta["lam"], meta["step"]
+        self.gd_estimate = meta.get("gd_estimate")
         self._gd_replies = int(meta["gd_replies"])
         if "stats" in meta:
             self.stats = FeatureStats(num_nodes=int(meta["stats"]["num_nodes"]),
@@ -718,4 +770,7 @@ class Fsvrg(TaskStrategy):
         final["tasks_never_replied"] = sorted(int(t) for t in np.flatnonzero(~self.ever_replied))
         final["complete"] = bool(rounds) and not final.get("tasks_missing")
         final["method"] = self.method
+        if self.method == "gd":
+            final["step"] = self.step
+            final.update(self.gd_estimate or {"L_estimate": None, "power_iterations": 0})
         return {"rounds": rounds, "final": final}

@@ -347,6 +347,42 @@ def test_naive_fsvrg_makes_progress(federation):
     assert values[-1] < values[0] and values[-1] > f_star
 
 
+def test_local_gram_products_sum_to_the_pooled_gram_operator(federation):
+    ds, X, _, _, _, _ = federation
+    rng = np.random.default_rng(1)
+    v = rng.normal(size=X.shape[1])
+    u = sum(F.local_gram_product(t.X_train, v) for t in ds.tasks)
+    Xd = X.toarray()
+    np.testing.assert_allclose(u, Xd.T @ (Xd @ v), rtol=1e-10, atol=1e-10 * np.abs(u).max())
+    with pytest.raises(ValueError, match="v"):
+        F.local_gram_product(X, np.ones(X.shape[1] + 1))
+
+
+def test_power_estimates_are_increasing_lower_bounds_of_sigma_max_squared(federation):
+    """Each estimate |u|^2 / (v . u) <= sigma_max(X)^2, never decreasing, and within
+    GD_POWER_TOL of it when the stopping rule fires (here, and on the 40-node federation)."""
+    ds, X, _, lam, _, _ = federation
+    top = float(svds(X, k=1, return_singular_vectors=False)[0]) ** 2
+    v = F.gram_power_start(0, X.shape[1])
+    assert np.isclose(np.linalg.norm(v), 1.0)
+    np.testing.assert_array_equal(v, F.gram_power_start(0, X.shape[1]))
+    estimates, stopped = [], None
+    for _ in range(F.GD_POWER_MAX_ITER):
+        u = sum(F.local_gram_product(t.X_train, v) for t in ds.tasks)
+        rayleigh = float(v @ u)
+        estimate, v = F.power_estimate(v, u)
+        assert rayleigh <= estimate * (1 + 1e-12) and estimate <= top * (1 + 1e-12)
+        if stopped is None and estimates and estimate <= estimates[-1] * (1 + F.GD_POWER_TOL):
+            stopped = estimate
+        estimates.append(estimate)
+    assert np.all(np.diff(estimates) >= -1e-12 * top)
+    assert stopped is not None and stopped >= top * (1 - F.GD_POWER_TOL)
+    L = F.gd_smoothness(estimates[-1], X.shape[0], lam)
+    assert L == pytest.approx(top / (4 * X.shape[0]) + lam, rel=1e-6)
+    zero, same = F.power_estimate(v, np.zeros_like(v))
+    assert zero == 0.0 and same is not None and np.array_equal(same, v)
+
+
 def test_gd_rounds_decrease_the_objective(federation):
     ds, X, y, lam, _, f_star = federation
     L = svds(X, k=1, return_singular_vectors=False)[0] ** 2 / (4 * X.shape[0]) + lam

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid, ServerApp
+from scipy.sparse.linalg import svds
 from sklearn.linear_model import LogisticRegression
 
 from fmtl_flower.clients.fsvrg import (
@@ -29,6 +30,8 @@ from fmtl_flower.clients.fsvrg import (
 )
 from fmtl_flower.clients.mocha import default_task_id
 from fmtl_flower.core.fsvrg import (
+    GD_POWER_MAX_ITER,
+    GD_POWER_TOL,
     cocoa_plus_aggregate,
     cocoa_plus_local_sdca,
     combine_feature_counts,
@@ -39,11 +42,13 @@ from fmtl_flower.core.fsvrg import (
     fsvrg_local_pass,
     global_gradient,
     global_objective,
+    gram_power_start,
     local_loss_grad_sums,
     logistic_objective,
     naive_fsvrg_aggregate,
     naive_fsvrg_local_pass,
     node_feature_counts,
+    power_estimate,
     primal_from_dual,
     uniform_sample_order,
 )
@@ -267,23 +272,43 @@ def test_fsvrg_reaches_the_sklearn_optimum(data):
 
 
 def test_gd_decreases_monotonically(data):
+    """GD's default step is 1/L, L = sigma_max(X)^2 / (4n) + lam with sigma_max estimated by
+    power-iteration round trips on the pooled Gram operator (counted in ``exchanges``); it was
+    1/L_F (a Frobenius bound, several times smaller)."""
     lam = 0.01
     strategy = run(data, 10, method="gd", lam=lam)
-    rounds = strategy.results()["rounds"]
+    results = strategy.results()
+    rounds, final = results["rounds"], results["final"]
     objectives = [r["objective"] for r in rounds]
     assert all(b < a for a, b in zip(objectives, objectives[1:], strict=False))
-    assert [r["exchanges"] for r in rounds] == list(range(11))
+    p = final["power_iterations"]
+    assert 2 <= p <= GD_POWER_MAX_ITER
+    assert [r["exchanges"] for r in rounds] == [p + k for k in range(11)]
     X, y = data.pooled_train()
-    L_F = float(X.multiply(X).sum()) / (4 * X.shape[0]) + lam
-    assert strategy.step == pytest.approx(1.0 / L_F, rel=1e-12)
+    n = X.shape[0]
+    L = float(svds(X, k=1, return_singular_vectors=False)[0]) ** 2 / (4 * n) + lam
+    L_F = float(X.multiply(X).sum()) / (4 * n) + lam
+    assert final["step"] == strategy.step == 1.0 / final["L_estimate"]
+    assert L * (1 - GD_POWER_TOL) <= final["L_estimate"] <= L * (1 + 1e-12)
+    assert strategy.step > 2.0 / L_F  # not the Frobenius step
+    # the estimate is the centralised power iteration from the same start, to rounding
+    v, estimate = gram_power_start(0, data.dim), 0.0
+    for _ in range(p):
+        estimate, v = power_estimate(v, X.T @ (X @ v))
+    assert final["L_estimate"] == pytest.approx(estimate / (4 * n) + lam, rel=1e-12)
     # the last state is gd_step applied 10 times with that step
     w = np.zeros(data.dim)
     for _ in range(10):
         loss, grad = local_loss_grad_sums(X, y, w)
-        w = w - strategy.step * global_gradient(w, grad, X.shape[0], lam)
+        w = w - strategy.step * global_gradient(w, grad, n, lam)
     np.testing.assert_allclose(strategy.w, w, rtol=1e-10, atol=1e-12)
     assert objectives[-1] == pytest.approx(global_objective(w, local_loss_grad_sums(X, y, w)[0],
-                                                            X.shape[0], lam), rel=1e-10)
+                                                            n, lam), rel=1e-10)
+    # a given step: no power iteration, recorded as given
+    given = run(data, 3, method="gd", lam=lam, step=0.5).results()
+    assert given["final"]["step"] == 0.5 and given["final"]["L_estimate"] is None
+    assert given["final"]["power_iterations"] == 0
+    assert [r["exchanges"] for r in given["rounds"]] == [0, 1, 2, 3]
 
 
 def test_cocoa_plus_dual_ascends_with_a_nonnegative_gap(data):
