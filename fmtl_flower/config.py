@@ -196,9 +196,11 @@ class RunConfig:
         ``sparse-federated``: reshuffle the rows IID across the same node sizes (FSVRGR).
     step_size : float
         FSVRG family: FSVRG's / naive FSVRG's stepsize h, GD's step, DANE's SVRG step (0: the
-        method's default: h = 16 for fsvrg, 1/L for gd, each device's 1/(4 L_max) for dane;
-        fsvrg-naive needs one). The family uses the paper's lambda = 1/n (the ``lambda`` key
-        is MOCHA's).
+        method's default: h = 16 for fsvrg; 1/L for gd, L = sigma_max(X)^2 / (4 n) + lambda
+        with sigma_max(X) of the pooled rows estimated by power iteration on the pooled Gram
+        operator, round trips counted in ``exchanges``, the step used and L in the results'
+        ``final``; each device's 1/(4 L_max) for dane; fsvrg-naive needs one). The family
+        uses the paper's lambda = 1/n (the ``lambda`` key is MOCHA's).
     dane_mu : float
         DANE's proximal parameter mu >= 0 (the paper's default 0).
     checkpoint_dir : str
