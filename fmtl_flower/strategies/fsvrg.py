@@ -529,6 +529,8 @@ class Fsvrg(TaskStrategy):
             accepted = self._read_replies(0, replies, kind="gram")
             self.exchanges += 1
             iterations += 1
+            if not accepted:
+                raise RuntimeError(f"{_NAME}: no node answered GD's power iteration for L")
             u = np.zeros(self.dim)
             for task in sorted(accepted):
                 u += accepted[task]["gram-v"]
