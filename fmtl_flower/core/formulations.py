@@ -775,8 +775,9 @@ class GraphicalFormulation(Formulation):
     certified duality gap (``last_solver``, ``last_gap``; the gap is the same for both
     forms). For alpha far below the scale of S (measured: alpha / mean(diag S) ~ 1e-4, m > d)
     S + alpha I is ill-conditioned, scikit-learn fails and ADMM can stop at its iteration
-    limit above the target gap; ``last_gap`` then says how far. At the optimum diag(Omega^-1) = diag(S) + alpha (Friedman, Hastie and Tibshirani
-    2008, who penalise the diagonal the same way). S + alpha I is positive definite, so the
+    limit above the target gap; ``last_gap`` then says how far. At the optimum
+    diag(Omega^-1) = diag(S) + alpha (Friedman, Hastie and Tibshirani 2008, who penalise the
+    diagonal the same way). S + alpha I is positive definite, so the
     step is well posed for every W, also W = 0 (Omega = I / alpha) and m > d, and needs no
     perturbation: ``step_objective(W) == objective(W)``, and the Omega-step never increases
     the objective for fixed W (up to (lam d / 2) times the certified gap). The penalty on the
