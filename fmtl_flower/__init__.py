@@ -9,7 +9,8 @@ Strategies (``flwr.serverapp.strategy.Strategy`` subclasses, driven by ``start()
     :class:`OFMTL`, :class:`Fsvrg` (also GD, naive FSVRG, CoCoA+, DANE: ``method=``).
 ClientApp factories over your own ``load_data(context)``
     :func:`make_mocha_client_app` (also serves CoCoA and Mb-SDCA), :func:`make_mbsgd_client_app`,
-    :func:`make_fedem_client_app`, :func:`make_ofmtl_client_app`, :func:`make_fsvrg_client_app`.
+    :func:`make_fedem_client_app`, :func:`make_ofmtl_client_app`, :func:`make_fsvrg_client_app`;
+    :func:`make_fedem_torch_client_app` (FedEM over a PyTorch ``nn.Module``, extra ``torch``).
 NumPyClients for ``ClientApp(client_fn=...)`` projects
     :class:`MochaNumPyClient`, :class:`FedEMNumPyClient`; the server reaches them through
     :class:`LegacyGrid` (``strategy.start(grid=LegacyGrid(grid), ...)``).
@@ -41,6 +42,7 @@ _EXPORTS = {
     "make_mocha_client_app": "fmtl_flower.clients.mocha",
     "make_mbsgd_client_app": "fmtl_flower.clients.mbsgd",
     "make_fedem_client_app": "fmtl_flower.clients.fedem",
+    "make_fedem_torch_client_app": "fmtl_flower.clients.fedem_torch",
     "make_ofmtl_client_app": "fmtl_flower.clients.ofmtl",
     "make_fsvrg_client_app": "fmtl_flower.clients.fsvrg",
     # NumPyClients and the server side's translation

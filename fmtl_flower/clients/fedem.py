@@ -43,7 +43,7 @@ from ..core.fedem import (
     local_update,
     mixture_proba,
 )
-from ..core.local_sgd import SGDConfig, sgd_epochs
+from ..core.local_sgd import SGDConfig
 from ..core.models import Model, make_model
 from ..wire import from_array, to_array
 from .common import client_app_for, config_value, state_file_for
@@ -221,8 +221,8 @@ class FedEMClient:
                                  weight_decay=config_value(config, "weight-decay", float),
                                  batch_size=config_value(config, "batch-size", int),
                                  epochs=epochs)
-                tuned, _, _ = sgd_epochs(model, components[0], np.zeros_like(components[0]),
-                                         data.X, data.y, np.ones(data.n), tune, rng)
+                tuned, _, _ = model.sgd_epochs(components[0], np.zeros_like(components[0]),
+                                               data.X, data.y, np.ones(data.n), tune, rng)
                 components = tuned[None, :]
         losses = component_losses(model, components, data.X, data.y)
         if method == "clustered":

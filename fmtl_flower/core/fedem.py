@@ -17,6 +17,11 @@ the client's mixture weights pi (a point of the simplex),
   participation);
 * **prediction**: the pi-weighted mixture of the components' class probabilities (eq. 6).
 
+The model is any :class:`fmtl_flower.core.backend.ModelBackend` (the numpy models of
+:mod:`fmtl_flower.core.models`, or a torch module through
+:class:`fmtl_flower.core.torch_backend.TorchBackend`); components are its flat float64
+parameter vectors, stacked (M, P).
+
 The same machinery runs the baselines: FedAvg / FedProx / FedAvg+ are M = 1 (q = 1), and
 clustered FL (IFCA) trains, per client, only the component of lowest training loss.
 """
@@ -29,8 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import logsumexp
 
-from .local_sgd import SGDConfig, sgd_epochs
-from .models import Model
+from .backend import ModelBackend
+from .local_sgd import SGDConfig
 
 __all__ = [
     "AGGREGATIONS", "LR_SCHEDULES", "PI_FLOOR", "LocalUpdate", "aggregate_components",
@@ -105,7 +110,7 @@ def update_pi(q: np.ndarray, floor: float = PI_FLOOR) -> np.ndarray:
     return pi / pi.sum()
 
 
-def component_losses(model: Model, components: np.ndarray, X: np.ndarray,
+def component_losses(model: ModelBackend, components: np.ndarray, X: np.ndarray,
                      y: np.ndarray) -> np.ndarray:
     """Per-sample losses (M, n) of every component on (X, y)."""
     return np.stack([model.per_sample_loss(theta, X, y) for theta in components])
@@ -117,13 +122,16 @@ def mixture_log_likelihood(pi: np.ndarray, losses: np.ndarray) -> np.ndarray:
         return logsumexp(np.log(np.asarray(pi, dtype=np.float64))[:, None] - losses, axis=0)
 
 
-def mixture_proba(model: Model, components: np.ndarray, pi: np.ndarray,
+def mixture_proba(model: ModelBackend, components: np.ndarray, pi: np.ndarray,
                   X: np.ndarray) -> np.ndarray:
     """Class probabilities (n, C) of the pi-weighted mixture of the components (eq. 6)."""
-    out = np.zeros((X.shape[0], model.num_classes))
+    out = None
     for theta, weight in zip(components, pi, strict=True):
         if weight > 0:
-            out += weight * model.predict_proba(theta, X)
+            part = weight * model.predict_proba(theta, X)
+            out = part if out is None else out + part
+    if out is None:
+        raise ValueError("pi has no positive weight")
     return out
 
 
@@ -180,14 +188,14 @@ class LocalUpdate:
     train_s: float = 0.0
 
 
-def local_update(model: Model, components: np.ndarray, pi: np.ndarray, momentum: np.ndarray,
+def local_update(model: ModelBackend, components: np.ndarray, pi: np.ndarray, momentum: np.ndarray,
                  X: np.ndarray, y: np.ndarray, config: SGDConfig, rng: np.random.Generator,
                  *, mode: str = "mixture", pi_floor: float = PI_FLOOR) -> LocalUpdate:
     """One client's round: E-step, pi update, then weighted local SGD on every component.
 
     Parameters
     ----------
-    model : Model
+    model : ModelBackend
     components : ndarray of shape (M, P)
         The components received from the server.
     pi : ndarray of shape (M,)
@@ -208,7 +216,7 @@ def local_update(model: Model, components: np.ndarray, pi: np.ndarray, momentum:
     started = time.perf_counter()
     M = components.shape[0]
     losses = component_losses(model, components, X, y)
-    n = X.shape[0]
+    n = losses.shape[1]
     if mode == "mixture":
         q = e_step(pi, losses)
         new_pi = update_pi(q, pi_floor) if M > 1 else np.ones(1)
@@ -228,8 +236,8 @@ def local_update(model: Model, components: np.ndarray, pi: np.ndarray, momentum:
     buffers = np.array(momentum, dtype=np.float64, copy=True)
     weights = np.zeros(M)
     for m in chosen:
-        out[m], buffers[m], _ = sgd_epochs(model, components[m], momentum[m], X, y, q[m],
-                                           config, rng)
+        out[m], buffers[m], _ = model.sgd_epochs(components[m], momentum[m], X, y, q[m],
+                                                 config, rng)
         weights[m] = n
     return LocalUpdate(out, buffers, new_pi, weights, train_loss, estep_s,
                        time.perf_counter() - started - estep_s)

@@ -19,6 +19,10 @@ Layouts of the flat parameter vector (row-major):
 
 Initialisation follows torch's ``nn.Linear``: every weight and bias of a layer with ``fan_in``
 inputs is drawn from U(-1/sqrt(fan_in), 1/sqrt(fan_in)), layer by layer, weights first.
+
+Every model implements :class:`fmtl_flower.core.backend.ModelBackend` (FedEM's model
+interface; :class:`fmtl_flower.core.torch_backend.TorchBackend` is the other implementation):
+its named arrays are one array ``params``, the flat vector itself.
 """
 
 from __future__ import annotations
@@ -217,6 +221,22 @@ class Model:
         X = self.check_X(X)
         n = X.shape[0]
         return self._loss_grad(params, X, self.check_y(y, n), self.check_weights(sample_weight, n))
+
+    def sgd_epochs(self, params: np.ndarray, momentum_buf: np.ndarray, X: np.ndarray,
+                   y: np.ndarray, sample_weight: np.ndarray, config, rng: np.random.Generator,
+                   anchor: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, float]:
+        """Weighted local SGD with momentum: :func:`fmtl_flower.core.local_sgd.sgd_epochs`."""
+        from .local_sgd import sgd_epochs
+
+        return sgd_epochs(self, params, momentum_buf, X, y, sample_weight, config, rng, anchor)
+
+    def layout(self) -> list[tuple[str, tuple[int, ...], str]]:
+        """One named array, ``params`` (num_params,) float64."""
+        return [("params", (self.num_params,), "float64")]
+
+    def param_arrays(self, params: np.ndarray) -> dict[str, np.ndarray]:
+        """``{"params": params}`` (checked)."""
+        return {"params": self.check_params(params)}
 
     # -- to implement (inputs already validated) -------------------------------------------
     def _layers(self) -> list[tuple[int, int]]:

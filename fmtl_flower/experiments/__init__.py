@@ -23,6 +23,7 @@ REPRODUCTIONS = {
     "mocha-fig2": "fmtl_flower.experiments.mocha_fig2",
     "mocha-fig3": "fmtl_flower.experiments.mocha_fig3",
     "fedem-table1": "fmtl_flower.experiments.fedem_table1",
+    "fedem-images": "fmtl_flower.experiments.fedem_images",
     "ofmtl-arrivals": "fmtl_flower.experiments.ofmtl_arrivals",
     "fsvrg-fig2": "fmtl_flower.experiments.fsvrg_fig2",
 }

@@ -17,6 +17,14 @@ clustered  clustered FL (IFCA): M models, each device trains and uses the one of
 local      each device trains its own model alone (the server only relays the start model)
 ========== ============================================================================
 
+PyTorch models: ``model="torch"`` with ``initial_components=[ArrayRecord(net.state_dict()),
+...]`` (M independently initialised modules; or ``start(initial_arrays=ArrayRecord(...))``
+for one component) and the ClientApp of
+:func:`fmtl_flower.clients.fedem_torch.make_fedem_torch_client_app`. The components are then
+the modules' state_dicts (weights and BatchNorm buffers) flattened to float64 vectors, and
+:meth:`FedEM.component_records` gives them back as ArrayRecords
+(``net.load_state_dict(record.to_torch_state_dict())``).
+
 Held-out (unseen) clients never train; at each evaluation they receive the components and
 (FedEM) fit only pi on their own training split by EM to convergence, then are evaluated.
 Their metrics are reported separately (``unseen_accuracy_*``).
@@ -32,7 +40,9 @@ query ``whoami`` (server -> node): empty ``config``. Reply ConfigRecord ``info``
     config ``task-id``, ``server-round``, ``seed`` (ints), ``method`` (str), ``model`` (str),
     ``num-classes``, ``hidden``, ``batch-size``, ``local-epochs`` (ints), ``lr``, ``momentum``,
     ``weight-decay``, ``prox-mu``, ``pi-floor`` (floats), ``unseen`` (bool, false),
-    ``finetune-epochs`` (int).
+    ``finetune-epochs`` (int); with ``model`` ``"torch"`` also ``layout`` (str, the
+    signature of the state_dict's keys, shapes and dtypes,
+    :func:`fmtl_flower.core.backend.layout_signature`), P being the state_dict's size.
     Reply: arrays ``components`` float64 (M, P), finite, the locally trained components, and
     ``weights`` float64 (M,): n-train for each trained component, 0 for an untouched one
     (every component for fedem / fedavg / fedprox / fedavg-ft / local, exactly one for
@@ -64,6 +74,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from ..core.backend import flatten_arrays, layout_of, layout_signature, unflatten_arrays
 from ..core.fedem import (
     AGGREGATIONS,
     LR_SCHEDULES,
@@ -106,8 +117,13 @@ class FedEM(TaskStrategy):
     num_components : int
         M, the number of components (fedem) or cluster models (clustered); the single-model
         methods use 1 whatever is given.
-    model : {"logistic", "softmax", "mlp"}
-        Component model family (:func:`fmtl_flower.core.models.make_model`).
+    model : {"logistic", "softmax", "mlp", "torch"}
+        Component model family (:func:`fmtl_flower.core.models.make_model`), or ``"torch"``:
+        the clients' torch module (needs ``initial_components``, or ``start(initial_arrays=)``
+        when there is one component).
+    initial_components : sequence of ArrayRecord, optional
+        ``model="torch"``: one ``ArrayRecord(net.state_dict())`` per component (M of them; 1
+        for the single-model methods), independently initialised, all of one layout.
     num_classes, hidden : int
         Classes (2 for logistic) and hidden units (mlp).
     lr, batch_size, local_epochs, momentum, weight_decay : float / int
@@ -153,13 +169,16 @@ class FedEM(TaskStrategy):
                  unseen_tasks: Sequence[int] = (), pi_floor: float = PI_FLOOR,
                  max_abs_param: float = 1e6, eval_every: int = 1, seed: int = 0,
                  discovery_timeout: float = 120.0,
-                 on_round: RoundCallback | None = None) -> None:
+                 on_round: RoundCallback | None = None,
+                 initial_components: Sequence[ArrayRecord] | None = None) -> None:
         if isinstance(num_tasks, bool) or int(num_tasks) != num_tasks or num_tasks < 1:
             raise ValueError(f"num_tasks must be an integer >= 1, got {num_tasks!r}")
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-        if model not in MODELS:
-            raise ValueError(f"model must be one of {MODELS}, got {model!r}")
+        if model not in (*MODELS, "torch"):
+            raise ValueError(f"model must be one of {(*MODELS, 'torch')}, got {model!r}")
+        if initial_components is not None and model != "torch":
+            raise ValueError("initial_components is for model='torch'")
         for name, value, low in (("num_components", num_components, 1),
                                  ("num_classes", num_classes, 2), ("hidden", hidden, 1),
                                  ("eval_every", eval_every, 1),
@@ -185,7 +204,9 @@ class FedEM(TaskStrategy):
         self.method = method
         self.name = _NAMES[method]
         self.num_components = 1 if method in SINGLE_MODEL else int(num_components)
-        self.model = make_model(model, 1, num_classes=int(num_classes), hidden=int(hidden))
+        self.model = None if model == "torch" else make_model(
+            model, 1, num_classes=int(num_classes), hidden=int(hidden))
+        self.layout: list[tuple[str, tuple[int, ...], str]] | None = None
         self.model_name, self.num_classes, self.hidden = model, int(num_classes), int(hidden)
         self.lr_schedule = lr_schedule
         self.fraction = float(fraction)
@@ -207,6 +228,8 @@ class FedEM(TaskStrategy):
         self.components: np.ndarray | None = None
         self.replies = ReplyBoundary(self.name)
         self._round_start = 0.0
+        if initial_components is not None:
+            self._set_initial(list(initial_components), "initial_components")
 
     # ------------------------------------------------------------------ Strategy interface
     def summary(self) -> None:
@@ -223,6 +246,13 @@ class FedEM(TaskStrategy):
         """``train`` messages to the round's sampled training clients."""
         self._round_start = time.perf_counter()
         self.discover(grid, wait=server_round == self.first_round)
+        if self.components is None and self.model_name == "torch":
+            if self.num_components != 1 or len(arrays) == 0:
+                raise ValueError(f"{self.name} with model='torch' needs initial_components "
+                                 f"({self.num_components} ArrayRecords of state_dicts), or "
+                                 "start(initial_arrays=ArrayRecord(net.state_dict())) for one "
+                                 "component")
+            self._set_initial([arrays], "initial_arrays")
         if self.components is None:
             raise RuntimeError(f"{self.name} found no usable node: check that the ClientApp "
                                "is FedEM's and that nodes report a task id")
@@ -312,22 +342,37 @@ class FedEM(TaskStrategy):
                 "sgd": [self.sgd.lr, self.sgd.momentum, self.sgd.weight_decay,
                         self.sgd.batch_size, self.sgd.epochs, self.sgd.prox_mu],
                 "fraction": self.fraction, "aggregation": self.aggregation,
-                "unseen": np.flatnonzero(self.unseen).tolist()}
+                "unseen": np.flatnonzero(self.unseen).tolist(),
+                **({"layout": layout_signature(self.layout)} if self.layout is not None
+                   else {})}
 
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """The components, the tasks' sizes and the records (client sampling and the
         learning rate derive from the seed and the round; pi stays on the devices)."""
         assert self.components is not None
-        return ({"components": self.components, "n_train": self.n_train},
-                {"records": self.records, "dim": self.directory.dim})
+        meta: dict[str, Any] = {"records": self.records, "dim": self.directory.dim}
+        if self.layout is not None:
+            meta["layout"] = [[k, list(shape), dtype] for k, shape, dtype in self.layout]
+        return {"components": self.components, "n_train": self.n_train}, meta
 
     def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
         """Load :meth:`checkpoint_state`'s output."""
         dim = int(meta["dim"])
-        model = make_model(self.model_name, dim, num_classes=self.num_classes,
-                           hidden=self.hidden)
         components = np.asarray(arrays["components"], dtype=np.float64)
-        expected = (self.num_components, model.init_params(np.random.default_rng(0)).shape[0])
+        if self.model_name == "torch":
+            model = None
+            layout = [(str(k), tuple(int(x) for x in shape), str(dtype))
+                      for k, shape, dtype in meta["layout"]]
+            if self.layout is not None and layout != self.layout:
+                raise ValueError("checkpoint components have another state_dict layout than "
+                                 "initial_components")
+            self.layout = layout
+            size = sum(int(np.prod(shape, dtype=np.int64)) for _, shape, _ in layout)
+        else:
+            model = make_model(self.model_name, dim, num_classes=self.num_classes,
+                               hidden=self.hidden)
+            size = model.num_params
+        expected = (self.num_components, size)
         if components.shape != expected or not np.all(np.isfinite(components)):
             raise ValueError(f"checkpoint components must be finite of shape {expected}, got "
                              f"{components.shape}")
@@ -341,12 +386,53 @@ class FedEM(TaskStrategy):
         known (component m from its own seeded stream, so components differ)."""
         self.directory.discover(grid, wait=self.discovery_timeout if wait else 0.0,
                                 query_timeout=max(self.round_timeout, 60.0))
-        if self.components is None and self.directory.dim is not None:
+        if self.components is None and self.directory.dim is not None and self.model is not None:
             self.model = make_model(self.model_name, self.directory.dim,
                                     num_classes=self.num_classes, hidden=self.hidden)
             self.components = np.stack([
                 self.model.init_params(np.random.default_rng([self.seed, m, TAG_INIT]))
                 for m in range(self.num_components)])
+
+    # ------------------------------------------------------------------ torch components
+    def _set_initial(self, records: list[ArrayRecord], name: str) -> None:
+        """Components from state_dict ArrayRecords (``model="torch"``), one per component."""
+        if len(records) != self.num_components:
+            raise ValueError(f"{name} has {len(records)} ArrayRecords, expected "
+                             f"{self.num_components} (num_components; 1 for {self.method})")
+        flats, layout = [], None
+        for m, record in enumerate(records):
+            if not isinstance(record, ArrayRecord):
+                raise ValueError(f"{name}[{m}] must be an ArrayRecord, got "
+                                 f"{type(record).__name__}")
+            try:
+                arrays = {key: np.asarray(array.numpy()) for key, array in record.items()}
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"{name}[{m}] cannot be decoded: {err}") from None
+            if not arrays:
+                raise ValueError(f"{name}[{m}] is empty")
+            this = layout_of(arrays)
+            if layout is not None and this != layout:
+                raise ValueError(f"{name}[{m}] has another layout (keys, shapes, dtypes) than "
+                                 f"{name}[0]")
+            layout = this
+            flat = flatten_arrays(arrays)
+            if not np.all(np.isfinite(flat)):
+                raise ValueError(f"{name}[{m}] has non-finite values")
+            flats.append(flat)
+        self.layout = layout
+        self.components = np.stack(flats)
+
+    def component_records(self) -> list[ArrayRecord]:
+        """The current components as ArrayRecords: for ``model="torch"`` state_dicts in
+        their own dtypes (``net.load_state_dict(rec.to_torch_state_dict())``), else one
+        array ``params`` each."""
+        if self.components is None:
+            raise RuntimeError("no components yet (the federation has not started)")
+        if self.layout is None:
+            return [ArrayRecord({"params": to_array(theta)}) for theta in self.components]
+        return [ArrayRecord({k: to_array(v) for k, v in
+                             unflatten_arrays(theta, self.layout).items()})
+                for theta in self.components]
 
     # ------------------------------------------------------------------ helpers
     def _evaluation_due(self, server_round: int) -> bool:
@@ -366,6 +452,8 @@ class FedEM(TaskStrategy):
                 "momentum": self.sgd.momentum, "weight-decay": self.sgd.weight_decay,
                 "prox-mu": self.sgd.prox_mu if self.method == "fedprox" else 0.0,
                 "pi-floor": self.pi_floor, "finetune-epochs": self.finetune_epochs}
+        if self.layout is not None:
+            base["layout"] = layout_signature(self.layout)
         self.replies.begin()
         out = []
         for task in tasks:
