@@ -174,6 +174,26 @@ def test_small_cnn_fedem_beats_fedavg_on_a_relabelled_mixture():
     assert all(em_iterations[t] == 0 for t in range(tasks.num_tasks) if t not in unseen)
 
 
+def test_readme_torch_snippet_runs(tmp_path, capsys):
+    import re
+    from pathlib import Path
+
+    from fmtl_flower.data.fedem_images import relabelled_mixture
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    (snippet,) = re.findall(r"```py\n(.*?)```", readme, flags=re.S)
+    tasks = relabelled_mixture(num_clients=10, samples=30, size=12, seed=0)
+    for t in range(10):
+        np.savez(tmp_path / f"task{t}.npz", X=tasks.X[t], y=tasks.y[t], X_test=tasks.X_test[t],
+                 y_test=tasks.y_test[t])
+    ns: dict = {}
+    exec(snippet.replace("/data/", f"{tmp_path}/").replace("num_rounds=20", "num_rounds=2"),
+         ns)  # noqa: S102
+    run_inprocess(ns["server_app"], ns["client_app"], 10,
+                  node_configs=[{"task-id": t} for t in range(10)])
+    assert 0.0 <= float(capsys.readouterr().out.split()[-1]) <= 1.0
+
+
 def test_importing_the_package_and_numpy_fedem_does_not_import_torch():
     code = ("import sys; import fmtl_flower, fmtl_flower.clients.fedem, "
             "fmtl_flower.clients.fedem_torch, fmtl_flower.strategies.fedem, "
