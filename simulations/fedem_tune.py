@@ -5,13 +5,17 @@ training and evaluates on the other 20 % (a fixed, per-client random split); eve
 the poster's Table 1 is run, as a real in-process Flower federation of 100 rounds with seed 0,
 over the grid lr x batch size below (one local epoch, momentum 0.9, weight decay 5e-4, as the
 authors' scripts), and for ``fedem`` / ``clustered`` over the number of components M
-(``--components``, default 3). The best setting per method (highest weighted validation
+(``--components``, default 3), and for ``fedprox`` over its mu (``--mus``, default 0.1).
+``--momentum`` sets the momentum of every run (0.9; the authors' FedProx uses 0). The best
+setting per method (highest weighted validation
 accuracy) is what ``fmtl_flower.experiments.fedem_table1.TUNED`` and the run-config
 defaults (FedEM's) hold.
 
 Usage: python simulations/fedem_tune.py [--jobs 2] [--rounds 100] [--methods ...] [--lrs ...]
-       [--batches ...] [--components ...] [--out results/fedem-tune.json]
-Prints one JSON line last: {"best": {method: {"lr", "batch-size", "M", "validation_accuracy"}}}.
+       [--batches ...] [--components ...] [--mus ...] [--momentum 0.9]
+       [--out results/fedem-tune.json]
+Prints one JSON line last: {"best": {method: {"lr", "batch-size", "M", "prox-mu", "momentum",
+"validation_accuracy"}}}.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ LRS = (0.03, 0.1, 0.3)
 BATCHES = (32, 128)
 
 
-def validation_run(job: tuple[str, float, int, int, int]) -> dict:
+def validation_run(job: tuple[str, float, int, int, int, float, float]) -> dict:
     """One federation on the 80/20 split of every client's training set."""
     import flwr.common.logger  # noqa: F401
 
@@ -42,10 +46,11 @@ def validation_run(job: tuple[str, float, int, int, int]) -> dict:
     from fmtl_flower.engine import run_inprocess
 
     logging.getLogger("flwr").setLevel(logging.ERROR)
-    method, lr, batch, components, rounds = job
+    method, lr, batch, components, rounds, mu, momentum = job
     cfg = RunConfig.from_mapping({"strategy": method, "dataset": "fedem-synthetic", "lr": lr,
                                   "batch-size": batch, "M": components,
-                                  "num-server-rounds": rounds, "eval-every": 1000})
+                                  "num-server-rounds": rounds, "eval-every": 1000,
+                                  "prox-mu": mu, "momentum": momentum})
     data = dataset_for(cfg)
 
     def load(context):
@@ -62,7 +67,7 @@ def validation_run(job: tuple[str, float, int, int, int]) -> dict:
                   data.num_tasks)
     final = box["final"]
     return {"method": method, "lr": lr, "batch-size": batch, "M": components,
-            "validation_accuracy": final["accuracy_mean"],
+            "prox-mu": mu, "momentum": momentum, "validation_accuracy": final["accuracy_mean"],
             "validation_bottom_decile": final["accuracy_bottom_decile"],
             "wall_time_s": time.perf_counter() - started}
 
@@ -76,16 +81,21 @@ def main() -> None:
     parser.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))
     parser.add_argument("--components", nargs="+", type=int, default=[3],
                         help="M values tried for fedem and clustered")
+    parser.add_argument("--mus", nargs="+", type=float, default=[0.1],
+                        help="FedProx mu values tried (fedprox only)")
+    parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--out", default="results/fedem-tune.json")
     args = parser.parse_args()
-    jobs = [(m, lr, b, k, args.rounds)
+    jobs = [(m, lr, b, k, args.rounds, mu, args.momentum)
             for m, lr, b in itertools.product(args.methods, args.lrs, args.batches)
-            for k in (args.components if m in ("fedem", "clustered") else [3])]
+            for k in (args.components if m in ("fedem", "clustered") else [3])
+            for mu in (args.mus if m == "fedprox" else [0.1])]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         results = []
         for r in pool.map(validation_run, jobs):
             results.append(r)
-            print(f"{r['method']:10s} lr {r['lr']:<5g} batch {r['batch-size']:4d} M {r['M']}: "
+            print(f"{r['method']:10s} lr {r['lr']:<5g} batch {r['batch-size']:4d} M {r['M']} "
+                  f"mu {r['prox-mu']:g} momentum {r['momentum']:g}: "
                   f"validation "
                   f"accuracy {r['validation_accuracy']:.4f} / bottom decile "
                   f"{r['validation_bottom_decile']:.4f} [{r['wall_time_s']:.0f} s]", flush=True)
@@ -93,7 +103,8 @@ def main() -> None:
     for method in args.methods:
         top = max((r for r in results if r["method"] == method),
                   key=lambda r: r["validation_accuracy"])
-        best[method] = {k: top[k] for k in ("lr", "batch-size", "M", "validation_accuracy")}
+        best[method] = {k: top[k] for k in ("lr", "batch-size", "M", "prox-mu", "momentum",
+                                            "validation_accuracy")}
     payload = {"best": best, "runs": results, "rounds": args.rounds}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(payload, indent=1))

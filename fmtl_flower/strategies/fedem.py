@@ -125,7 +125,8 @@ class FedEM(TaskStrategy):
         ``model="torch"``: one ``ArrayRecord(net.state_dict())`` per component (M of them; 1
         for the single-model methods), independently initialised, all of one layout.
     num_classes, hidden : int
-        Classes (2 for logistic) and hidden units (mlp).
+        Classes (2 for logistic) and hidden units (mlp); not used by ``model="torch"`` (the
+        module fixes both).
     lr, batch_size, local_epochs, momentum, weight_decay : float / int
         The local solver: epochs of mini-batch SGD with momentum and weight decay (torch's
         rule), one optimiser state per component kept on the device across rounds.
