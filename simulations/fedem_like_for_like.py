@@ -14,7 +14,8 @@ sets. Parts (``--parts``):
   on the released data (``fedem_table1.TUNED``).
 
 Usage: python simulations/fedem_like_for_like.py [--jobs 2] [--seeds 0 1 2] [--parts ...]
-       [--fedprox-lr 0.3] [--fedprox-mu 0.1] [--out results/fedem-like-for-like.json]
+       [--fedprox-lr 0.3] [--fedprox-mu 0.1] [--fixed-methods ...]
+       [--out results/fedem-like-for-like.json]
 Prints one line per run and a JSON summary (mean and standard error over seeds) last.
 """
 
@@ -33,8 +34,11 @@ from fmtl_flower.experiments.fedem_table1 import TUNED, run_one
 PARTS = ("m3", "fedprox-m0", "fixed")
 
 
-def plan(parts: list[str], seeds: list[int], fedprox_lr: float, fedprox_mu: float
-         ) -> list[tuple[str, dict]]:
+FIXED_METHODS = ("local", "fedavg", "fedavg-ft", "clustered", "fedem")
+
+
+def plan(parts: list[str], seeds: list[int], fedprox_lr: float, fedprox_mu: float,
+         fixed_methods: tuple[str, ...] = FIXED_METHODS) -> list[tuple[str, dict]]:
     jobs: list[tuple[str, dict]] = []
     base = {"eval-every": 1000}
     for seed in seeds:
@@ -45,7 +49,7 @@ def plan(parts: list[str], seeds: list[int], fedprox_lr: float, fedprox_mu: floa
                                         "momentum": 0.0, "lr": fedprox_lr,
                                         "prox-mu": fedprox_mu, "batch-size": 32}))
         if "fixed" in parts:
-            for method in ("local", "fedavg", "fedavg-ft", "clustered", "fedem"):
+            for method in fixed_methods:
                 extra = {**TUNED[method], **({"M": 3} if method == "fedem" else {})}
                 jobs.append(("fixed", {**base, **extra, "strategy": method, "seed": seed,
                                        "generator": "fixed"}))
@@ -59,9 +63,12 @@ def main() -> None:
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--fedprox-lr", type=float, default=0.3)
     parser.add_argument("--fedprox-mu", type=float, default=0.1)
+    parser.add_argument("--fixed-methods", nargs="+", choices=FIXED_METHODS,
+                        default=list(FIXED_METHODS))
     parser.add_argument("--out", default="results/fedem-like-for-like.json")
     args = parser.parse_args()
-    jobs = plan(args.parts, args.seeds, args.fedprox_lr, args.fedprox_mu)
+    jobs = plan(args.parts, args.seeds, args.fedprox_lr, args.fedprox_mu,
+                tuple(args.fixed_methods))
     started = time.perf_counter()
     rows = []
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
