@@ -95,7 +95,11 @@ class TorchFedEMClient(FedEMClient):
     def backend(self) -> Any:
         """The :class:`TorchBackend` of ``model_fn`` (built on first use; imports torch)."""
         if self._backend is None:
-            from ..core.torch_backend import TorchBackend
+            try:
+                from ..core.torch_backend import TorchBackend
+            except ImportError as err:
+                raise ImportError(f"FedEM's torch backend needs torch ({err}): pip install "
+                                  '"fmtl-flower[torch]"') from err
 
             self._backend = TorchBackend(self._model_fn, self._device, self._eval_batch_size)
         return self._backend

@@ -158,6 +158,11 @@ def run(out_dir: Path, quick: bool = False, shuffles: int | None = None,
     """
     if datasets:
         raise ValueError("fedem-images takes its data from --set dataset=...")
+    try:
+        import torch  # noqa: F401
+    except ImportError as err:
+        raise ValueError(f"fedem-images needs torch ({err}): pip install "
+                         '"fmtl-flower[torch]"') from err
     rounds = rounds or (10 if quick else 50)
     clients = clients or (10 if quick else 24)
     samples = samples or (120 if quick else 200)

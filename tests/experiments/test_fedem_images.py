@@ -40,3 +40,13 @@ def test_options_are_checked():
         parse_options("fedem-images", ["dataset=mnist"])
     with pytest.raises(ValueError, match="lr"):
         parse_options("fedem-images", ["lr=0"])
+
+
+def test_without_torch_the_error_names_the_extra(tmp_path, monkeypatch):
+    import sys
+
+    from fmtl_flower.experiments.fedem_images import run
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # as if torch were not installed
+    with pytest.raises(ValueError, match=r"fmtl-flower\[torch\]"):
+        run(tmp_path, quick=True)
