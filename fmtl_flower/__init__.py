@@ -6,7 +6,9 @@ so that ``import fmtl_flower`` stays cheap):
 Strategies (``flwr.serverapp.strategy.Strategy`` subclasses, driven by ``start()``)
     :class:`Mocha` (also CoCoA and mini-batch SDCA: ``method=``), :class:`MbSgd`,
     :class:`FedEM` (also FedAvg, FedProx, FedAvg+, clustered FL, local: ``method=``),
-    :class:`OFMTL`, :class:`Fsvrg` (also GD, naive FSVRG, CoCoA+, DANE: ``method=``).
+    :class:`OFMTL`, :class:`Fsvrg` (also GD, naive FSVRG, CoCoA+, DANE: ``method=``);
+    :class:`DiscoveryError` (too few tasks showed up) and :class:`NoValidReplies` (rounds
+    in a row without a valid reply): the ``RuntimeError`` subclasses ``start()`` stops with.
 ClientApp factories over your own ``load_data(context)``
     :func:`make_mocha_client_app` (also serves CoCoA and Mb-SDCA), :func:`make_mbsgd_client_app`,
     :func:`make_fedem_client_app`, :func:`make_ofmtl_client_app`, :func:`make_fsvrg_client_app`;
@@ -38,6 +40,8 @@ _EXPORTS = {
     "FedEM": "fmtl_flower.strategies.fedem",
     "OFMTL": "fmtl_flower.strategies.ofmtl",
     "Fsvrg": "fmtl_flower.strategies.fsvrg",
+    "DiscoveryError": "fmtl_flower.strategies.discovery",
+    "NoValidReplies": "fmtl_flower.strategies.base",
     # ClientApp factories
     "make_mocha_client_app": "fmtl_flower.clients.mocha",
     "make_mbsgd_client_app": "fmtl_flower.clients.mbsgd",

@@ -306,6 +306,14 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError, ValueError) as err:
         print(f"fmtl: error: {err}", file=sys.stderr)
         return 2
+    except RuntimeError as err:  # the run could not go on (DiscoveryError, NoValidReplies)
+        from .strategies.base import NoValidReplies
+        from .strategies.discovery import DiscoveryError
+
+        if not isinstance(err, DiscoveryError | NoValidReplies):
+            raise
+        print(f"fmtl: run failed: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

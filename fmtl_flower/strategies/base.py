@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
@@ -37,6 +38,18 @@ from .discovery import ReplyError, TaskDirectory
 StackParser = Callable[[Message, StackGroup], tuple[dict[int, dict[str, Any]], dict[int, str]]]
 
 
+class NoValidReplies(RuntimeError):
+    """Several rounds in a row every reply that arrived was an error or was rejected: the
+    devices cannot run this configuration (the message names their most common reason)."""
+
+    def __init__(self, name: str, rounds: int, reasons: dict[int, str]) -> None:
+        self.reasons = dict(reasons)
+        common = Counter(reasons.values()).most_common(1)
+        reason, count = common[0] if common else ("no reply", 0)
+        super().__init__(f"{name}: no valid reply in {rounds} rounds in a row; {count} of "
+                         f"{len(reasons)} tasks failed with: {reason}")
+
+
 class TaskStrategy(Strategy):
     """Base of the strategies that keep one model per task (MOCHA and its baselines).
 
@@ -53,6 +66,9 @@ class TaskStrategy(Strategy):
     checkpoint_dir: Path | None = None
     checkpoint_every: int = 1
     resume: bool = True
+    #: Rounds in a row in which replies arrive but none is valid before ``start`` stops
+    #: with :class:`NoValidReplies` (0: never stop).
+    max_failed_rounds: int = 3
     resumed_from: int = 0  # round of the checkpoint this run continued from (0: none)
     last_checkpoint_round: int = 0  # round of the newest checkpoint written or resumed from
 
@@ -68,9 +84,16 @@ class TaskStrategy(Strategy):
               ) -> Result:
         """Run rounds up to ``num_rounds`` plus a final metrics round, as ``Strategy.start``
         does, after resuming from the newest checkpoint when enabled (the rounds it covers are
-        not run again). A checkpoint is written after a round's train and evaluate phases."""
+        not run again). A checkpoint is written after a round's train and evaluate phases.
+
+        ``timeout`` bounds every exchange, the first round's discovery included (the
+        strategy's ``discovery_timeout`` is lowered to it). Raises
+        :class:`~fmtl_flower.strategies.discovery.DiscoveryError` (a ``RuntimeError``) when
+        fewer than :attr:`min_tasks` tasks have a node by then."""
         self.num_rounds = int(num_rounds)
         self.round_timeout = float(timeout)
+        if getattr(self, "discovery_timeout", None) is not None:  # timeout bounds discovery
+            self.discovery_timeout = min(float(self.discovery_timeout), self.round_timeout)
         if self.checkpoint_dir is not None and self.resume:
             self._resume()
         log(INFO, "Starting %s strategy:", type(self).__name__)
@@ -80,14 +103,27 @@ class TaskStrategy(Strategy):
         train_config = ConfigRecord() if train_config is None else train_config
         evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
         started = time.time()
+        failed_rounds = 0
         for server_round in range(self.first_round, self.num_rounds + 1):
             log(INFO, "")
             log(INFO, "[ROUND %s/%s]", server_round, self.num_rounds)
+            boundary = getattr(self, "replies", None)
+            if boundary is not None:
+                boundary.last = None
             replies = grid.send_and_receive(
-                as_taken_by(grid, self.configure_train(server_round, arrays, train_config, grid)),
+                as_taken_by(grid, with_config(
+                    self.configure_train(server_round, arrays, train_config, grid),
+                    train_config)),
                 timeout=timeout)
             new_arrays, metrics = self.aggregate_train(server_round, replies)
             drain(replies)
+            last = getattr(boundary, "last", None)
+            if last is not None and last.failed and not last.accepted:
+                failed_rounds += 1
+                if self.max_failed_rounds and failed_rounds >= self.max_failed_rounds:
+                    raise NoValidReplies(type(self).__name__, failed_rounds, last.failed)
+            elif last is not None and last.accepted:
+                failed_rounds = 0
             if new_arrays is not None:
                 arrays = result.arrays = new_arrays
             if metrics is not None:
@@ -110,7 +146,8 @@ class TaskStrategy(Strategy):
                         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None
                         ) -> None:
         replies = grid.send_and_receive(
-            as_taken_by(grid, self.configure_evaluate(server_round, arrays, config, grid)),
+            as_taken_by(grid, with_config(
+                self.configure_evaluate(server_round, arrays, config, grid), config)),
             timeout=timeout)
         metrics = self.aggregate_evaluate(server_round, replies)
         drain(replies)
@@ -176,6 +213,23 @@ class TaskStrategy(Strategy):
             checkpoint.path, checkpoint.server_round)
 
     @property
+    def min_tasks(self) -> int:
+        """Tasks the first round's discovery must find, else
+        :class:`~fmtl_flower.strategies.discovery.DiscoveryError` (default: all). Set it
+        below ``num_tasks`` to run with the tasks that show up; ``results()["final"]`` then
+        names the absent ones (``tasks_never_replied``)."""
+        value = self.directory.min_tasks
+        return self.directory.num_tasks if value is None else value
+
+    @min_tasks.setter
+    def min_tasks(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) \
+                or not 1 <= value <= self.directory.num_tasks:
+            raise ValueError(f"min_tasks must be an int in 1..{self.directory.num_tasks}, "
+                             f"got {value!r}")
+        self.directory.min_tasks = value
+
+    @property
     def node_to_task(self) -> dict[int, int]:
         return self.directory.node_to_task
 
@@ -199,6 +253,29 @@ class TaskStrategy(Strategy):
         final["tasks_never_replied"] = sorted(int(t) for t in np.flatnonzero(~self.ever_replied))
         final["complete"] = bool(rounds) and not final.get("tasks_missing")
         return {"rounds": rounds, "final": final}
+
+
+def with_config(messages: Iterable[Message], extra: ConfigRecord) -> Iterable[Message]:
+    """``messages`` with the entries of ``extra`` (``start``'s ``train_config`` /
+    ``evaluate_config``) added to each one's ``config`` record, so that they reach the
+    ClientApp in every message (lazily: a generator stays one). An entry that the wire
+    contract already sets to another value is an error naming the key."""
+    if not extra:
+        return messages
+    items = list(extra.items())
+
+    def merged() -> Iterable[Message]:
+        for message in messages:
+            if "config" in message.content:
+                config = message.content["config"]
+                for key, value in items:
+                    if key in config and config[key] != value:
+                        raise ValueError(f"config entry {key!r} is part of the strategy's "
+                                         "wire contract; choose another name")
+                    config[key] = value
+            yield message
+
+    return merged()
 
 
 def drain(replies: Iterable[Message]) -> None:
@@ -271,6 +348,7 @@ class ReplyBoundary:
     def __init__(self, name: str) -> None:
         self.name = name
         self.sent: dict[int, int] = {}  # node -> task of the current exchange
+        self.last: RoundReplies | None = None  # the newest exchange read
         self._by_id: dict[str, tuple[int, int, str]] = {}  # message id -> (task, node, type)
         self._pending: list[tuple[int, int, Message]] = []  # sent, id not indexed yet
         self._stacks: list[tuple[StackGroup, Message]] = []  # stacked messages sent
@@ -392,6 +470,7 @@ class ReplyBoundary:
                 on_accept(task)
         out.accepted = dict(sorted(accepted.items()))
         silent = sorted(set(self.sent.values()) - set(accepted) - set(out.failed))
+        self.last = out  # what the exchange came to (TaskStrategy.start stops a dead run)
         if silent:
             names = ", ".join(str(t) for t in silent[:20]) + (", ..." if len(silent) > 20 else "")
             log(WARNING, "%s %s: no reply from task%s %s within the timeout; counted as "

@@ -19,6 +19,13 @@ answered) without that, a strict majority of the tasks that answered. Until then
 wait; a node reporting another ``dim`` than the one fixed, or sizes beyond the limits, is
 excluded with one log line and not asked again while it stays online. The limits are checked
 before anything is allocated from a reported size.
+
+A waiting discovery (the first round) lasts at most its ``wait`` (the strategies bound it by
+``start``'s ``timeout``). If fewer than ``min_tasks`` tasks (default: all of them) have a node
+by then, it raises :class:`DiscoveryError` naming the missing task ids; with ``min_tasks``
+below ``num_tasks`` the run goes on with the tasks found and logs the absent ones. A node
+whose ``whoami`` fails is logged once (again only when its reason changes) and asked again at
+most every ``retry_failed`` seconds, not at every poll.
 """
 
 from __future__ import annotations
@@ -38,6 +45,41 @@ from flwr.serverapp import Grid
 
 class ReplyError(ValueError):
     """A node's reply broke the wire contract."""
+
+
+def describe_tasks(tasks: Iterable[int], shown: int = 20) -> str:
+    """Task ids for a message: all of them when few, else the count, the first ``shown`` and
+    the range."""
+    ids = sorted(int(t) for t in tasks)
+    if len(ids) <= shown:
+        return ", ".join(map(str, ids))
+    return (f"{len(ids)} tasks: {', '.join(map(str, ids[:shown]))}, ... "
+            f"(ids {ids[0]}..{ids[-1]})")
+
+
+class DiscoveryError(RuntimeError):
+    """Fewer tasks than required found a node within the discovery time.
+
+    Attributes
+    ----------
+    missing : list of int
+        The task ids without a node.
+    found, required : int
+        Tasks found, and the ``min_tasks`` the run needed.
+    reasons : dict of int to str
+        The last error of nodes whose ``whoami`` failed (node id -> reason).
+    """
+
+    def __init__(self, name: str, missing: list[int], found: int, required: int,
+                 waited: float, reasons: dict[int, str]) -> None:
+        self.missing, self.found, self.required = missing, found, required
+        self.reasons = dict(reasons)
+        message = (f"{name}: {found} of {found + len(missing)} tasks found within {waited:.0f} s"
+                   f" ({required} required); missing task ids: {describe_tasks(missing)}")
+        if reasons:
+            node, reason = next(iter(reasons.items()))
+            message += f"; {len(reasons)} node(s) failed whoami, e.g. node {node}: {reason}"
+        super().__init__(message)
 
 
 class OutsideTaskRange(ReplyError):
@@ -137,14 +179,20 @@ class TaskDirectory:
         self._excluded: set[int] = set()  # nodes that disagree with the run or its limits
         self._candidates: dict[int, dict[str, Any]] = {}  # node -> whoami, dim not fixed yet
         self._gone: dict[int, int] = {}  # task -> node it had when that node went offline
+        self._failed: dict[int, tuple[float, str]] = {}  # node -> (when, reason) of its failure
         self.outside_level = WARNING
+        #: Tasks a waiting discovery must find (None: all ``num_tasks``).
+        self.min_tasks: int | None = None
+        #: Seconds before a node whose whoami failed is asked again.
+        self.retry_failed = 5.0
 
     def discover(self, grid: Grid, *, wait: float = 0.0, query_timeout: float = 60.0,
                  settle: bool = True) -> None:
         """Map new node ids to tasks, waiting up to ``wait`` seconds for every task; with
         ``settle``, end by fixing ``dim`` from the answers if they have a majority
         (:meth:`settle`; pass False to keep waiting for a majority of the federation)."""
-        deadline = time.monotonic() + wait
+        started = time.monotonic()
+        deadline = started + wait
         while True:
             online = set(grid.get_node_ids())
             for node in [n for n in self.node_to_task if n not in online]:
@@ -158,10 +206,16 @@ class TaskDirectory:
             self._outside &= online
             self._excluded &= online
             self._candidates = {n: c for n, c in self._candidates.items() if n in online}
+            now = time.monotonic()
+            self._failed = {n: f for n, f in self._failed.items() if n in online}
+            resting = {n for n, (when, _) in self._failed.items()
+                       if now - when < self.retry_failed}
             unknown = sorted(online - set(self.node_to_task) - set(self._duplicates)
-                             - self._outside - self._excluded - set(self._candidates))
+                             - self._outside - self._excluded - set(self._candidates) - resting)
             if unknown:
-                self._query(grid, unknown, online, query_timeout)
+                left = deadline - now
+                self._query(grid, unknown, online,
+                            min(query_timeout, max(left, 1.0)) if wait else query_timeout)
             answered = {c["task-id"] for c in self._candidates.values()}
             if (len(self.task_to_node) >= self.num_tasks or len(answered) >= self.num_tasks
                     or time.monotonic() >= deadline):
@@ -171,8 +225,14 @@ class TaskDirectory:
             self.settle(online)
         if wait and len(self.task_to_node) < self.num_tasks:
             missing = sorted(set(range(self.num_tasks)) - set(self.task_to_node))
-            log(WARNING, "%s: %d of %d tasks found after %.0f s; missing task ids %s", self.name,
-                len(self.task_to_node), self.num_tasks, wait, missing[:20])
+            required = self.num_tasks if self.min_tasks is None else self.min_tasks
+            waited = time.monotonic() - started
+            if len(self.task_to_node) < required:
+                raise DiscoveryError(self.name, missing, len(self.task_to_node), required,
+                                     waited, {n: r for n, (_, r) in self._failed.items()})
+            log(WARNING, "%s: %d of %d tasks found after %.0f s (min_tasks %d); running "
+                "without task ids %s", self.name, len(self.task_to_node), self.num_tasks,
+                waited, required, describe_tasks(missing))
 
     def settle(self, online: set[int] | None = None) -> None:
         """Fix ``dim`` from the answers so far if a strict majority of the tasks that answered
@@ -219,8 +279,12 @@ class TaskDirectory:
                 if node not in asked:
                     continue  # not an answer to this query
                 if reply.has_error():
-                    log(WARNING, "%s: whoami failed on node %s: %s", self.name, node,
-                        reply.error.reason)
+                    reason = str(reply.error.reason)
+                    if self._failed.get(node, (0.0, None))[1] != reason:  # once per reason
+                        log(WARNING, "%s: whoami failed on node %s: %s (asked again every "
+                            "%.0f s, logged again only if the reason changes)", self.name,
+                            node, reason, self.retry_failed)
+                    self._failed[node] = (time.monotonic(), reason)
                     continue
                 info = self.read_whoami(reply)
             except OutsideTaskRange as err:
@@ -238,6 +302,7 @@ class TaskDirectory:
                 log(WARNING, "%s: node %s: bad whoami reply: %s", self.name, node, reason)
                 continue
             asked.discard(node)
+            self._failed.pop(node, None)
             if self.dim is None:
                 self._candidates[node] = info
             else:

@@ -332,7 +332,27 @@ class OFMTL(Strategy):
                 continue
             if self.m - self.tasks_at_training >= self.retrain_ratio * self.tasks_at_training:
                 self._retrain(grid, self.m, "retrain")
-        return Result()
+        return self.result()
+
+    def result(self) -> Result:
+        """Flower's ``Result`` of the run: per event (keyed by its ``round``), the event's
+        numbers as train metrics (devices, floats communicated, times, newcomer gap) and the
+        test errors and accuracies as evaluate metrics; ``arrays``: ``W`` (d, m)."""
+        result = Result()
+        if self.W is not None:
+            result.arrays = ArrayRecord({"W": to_array(np.ascontiguousarray(self.W))})
+        for record in self.records:
+            numbers = {k: float(v) if isinstance(v, float) else v for k, v in record.items()
+                       if isinstance(v, int | float) and not isinstance(v, bool)
+                       and math.isfinite(v)}
+            evaluated = {k: v for k, v in numbers.items()
+                         if k.startswith(("test_error", "accuracy"))}
+            rnd = int(record["round"])
+            result.train_metrics_clientapp[rnd] = MetricRecord(
+                {k: v for k, v in numbers.items() if k not in evaluated})
+            if evaluated:
+                result.evaluate_metrics_clientapp[rnd] = MetricRecord(evaluated)
+        return result
 
     def _wait_for(self, grid: Grid, task: int) -> int | None:
         return self._poll(grid, lambda: self.directory.task_to_node.get(task),
