@@ -270,7 +270,8 @@ class Fsvrg(TaskStrategy):
     seed : int
         Seed of the nodes' orders.
     discovery_timeout : float
-        Seconds to wait, at round 1, for ``num_tasks`` nodes.
+        Seconds to wait, at round 1, for ``num_tasks`` nodes (at most ``start``'s
+        ``timeout``; fewer than ``min_tasks`` raise ``DiscoveryError``).
     on_round : callable, optional
         Called with each completed record.
 

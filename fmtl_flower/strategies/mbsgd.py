@@ -144,7 +144,8 @@ class MbSgd(TaskStrategy):
     seed : int
         Seed of budgets, drops and the devices' sample orders.
     discovery_timeout : float
-        Seconds to wait, at the first round, for ``num_tasks`` nodes to appear.
+        Seconds to wait, at the first round, for ``num_tasks`` nodes to appear (at most
+        ``start``'s ``timeout``; fewer than ``min_tasks`` raise ``DiscoveryError``).
     on_round : callable, optional
         Called with each completed round record (a dict).
 

@@ -166,7 +166,8 @@ class Mocha(TaskStrategy):
     seed : int
         Seed of budgets, drops and the devices' coordinate orders.
     discovery_timeout : float
-        Seconds to wait, at the first round, for ``num_tasks`` nodes to appear.
+        Seconds to wait, at the first round, for ``num_tasks`` nodes to appear (at most
+        ``start``'s ``timeout``; fewer than ``min_tasks`` raise ``DiscoveryError``).
     server_path : {"auto", "dense", "factored"}
         How the server keeps M = K^-1: an m x m matrix, or factored as V diag(s) V^T + c I
         (O(m d) memory; :mod:`fmtl_flower.core.mocha_factored`); ``auto`` factors when
