@@ -123,8 +123,11 @@ def run_federation(problem: Problem, num_rounds: int, *,
     """Run a fresh MOCHA ClientApp (wrapped by ``wrap``) and a ServerApp in-process."""
     app = make_mocha_client_app(problem.load)  # fresh: the app caches data per node
     client = wrap(app) if wrap is not None else app
+    min_tasks = strategy_kwargs.pop("min_tasks", None)
     strategy = TracingMocha(num_tasks or problem.num_tasks,
                             discovery_timeout=discovery_timeout, **strategy_kwargs)
+    if min_tasks is not None:
+        strategy.min_tasks = min_tasks
     server_app = ServerApp()
 
     @server_app.main()

@@ -87,7 +87,10 @@ def run_federation(problem: Problem, num_rounds: int, *,
     """A fresh Mb-SGD ClientApp (wrapped by ``wrap``) and a ServerApp calling ``start``."""
     app = make_mbsgd_client_app(problem.load)
     client = wrap(app) if wrap is not None else app
+    min_tasks = strategy_kwargs.pop("min_tasks", None)
     strategy = MbSgd(problem.num_tasks, discovery_timeout=discovery_timeout, **strategy_kwargs)
+    if min_tasks is not None:
+        strategy.min_tasks = min_tasks
     server_app = ServerApp()
 
     @server_app.main()
@@ -399,7 +402,8 @@ def test_node_that_never_replies_is_reported(problem, caplog, how):
         return client
 
     with caplog.at_level(logging.WARNING, logger="flwr"):
-        run = run_federation(problem, rounds, wrap=wrap, discovery_timeout=0.3, **FAULT_RUN)
+        run = run_federation(problem, rounds, wrap=wrap, discovery_timeout=0.3,
+                             min_tasks=problem.num_tasks - 1, **FAULT_RUN)
     final = run.final
     assert final["tasks_never_replied"] == [silent_task]
     assert final["complete"] is False and final["primal"] is None
@@ -407,7 +411,7 @@ def test_node_that_never_replies_is_reported(problem, caplog, how):
     assert all(r["tasks_missing"] == [silent_task] and r["primal"] is None for r in run.rounds)
     warnings = warnings_of(caplog)
     if how == "silent":
-        assert any("missing task ids [4]" in w for w in warnings), warnings
+        assert any("running without task ids 4" in w for w in warnings), warnings
         assert any("whoami failed on node 1005" in w for w in warnings), warnings
     else:
         assert any("node 1005 failed: ConnectionError: node down" in w for w in warnings)
