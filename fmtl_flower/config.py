@@ -229,6 +229,14 @@ class RunConfig:
         reproductions then pack by :func:`fmtl_flower.packing.auto_tasks_per_node` (MOCHA,
         CoCoA+, Mb-SDCA and Mb-SGD on the in-process and Ray engines) and say so in the run header;
         a Flower app (``flwr run``) takes 0 as 1.
+    max_row_norm : float
+        The server's bound on every task's training-row norms, used to reject dual updates
+        no feasible step can produce (MOCHA, CoCoA, Mb-SDCA, Mb-SGD; see the wire contract of
+        :mod:`fmtl_flower.strategies.mocha`); 0: each device's ``max-row-norm`` reported at
+        discovery.
+    max_update_ratio : float
+        FedEM and FSVRG families: a reply's model (component) may move at most this times
+        max(|model|, 1) from the one sent (> 0).
     """
 
     strategy: str = "mocha"
@@ -292,6 +300,8 @@ class RunConfig:
     max_failures: int = 3
     probe_every: int = 5
     tasks_per_node: int = 0
+    max_row_norm: float = 0.0
+    max_update_ratio: float = 1e4
 
     @property
     def model_family(self) -> str:
@@ -404,6 +414,8 @@ _PARSE = {
     "max-failures": lambda k, v: as_int(k, v, 0),
     "probe-every": lambda k, v: as_int(k, v, 1),
     "tasks-per-node": lambda k, v: as_int(k, v, 0),
+    "max-row-norm": lambda k, v: as_float(k, v, lo=0.0),
+    "max-update-ratio": lambda k, v: as_float(k, v, lo=0.0, lo_open=True),
 }
 
 

@@ -42,17 +42,29 @@ def to_array(values: np.ndarray) -> Array:
 
 
 def from_array(array: Array) -> np.ndarray:
-    """The numpy array an ``Array`` holds (read-only when decoded on the fast path)."""
+    """The numpy array an ``Array`` holds (read-only when decoded on the fast path).
+
+    Strict: the payload must be exactly the array its ``dtype`` and ``shape`` announce (a
+    payload with this module's header and another length, or any payload decoding to
+    another dtype or shape, is a ValueError), and only ``stype="numpy.ndarray"`` is read
+    (TypeError otherwise).
+    """
     if array.stype != NUMPY_STYPE:
         raise TypeError(f"unsupported array serialisation {array.stype!r}")
     try:
         header = _npy_header(array.dtype, tuple(array.shape))
     except (TypeError, ValueError):
-        return array.numpy()
+        header = None
     data = array.data
-    if data.startswith(header):
+    if header is not None and data.startswith(header):
         dtype = np.dtype(array.dtype)
         expected = int(np.prod(array.shape, dtype=np.int64)) * dtype.itemsize
-        if len(data) - len(header) == expected:
-            return np.frombuffer(data, dtype=dtype, offset=len(header)).reshape(array.shape)
-    return array.numpy()
+        if len(data) - len(header) != expected:
+            raise ValueError(f"array payload of {len(data) - len(header)} bytes, its header "
+                             f"announces {expected}")
+        return np.frombuffer(data, dtype=dtype, offset=len(header)).reshape(array.shape)
+    out = array.numpy()
+    if out.shape != tuple(array.shape) or str(out.dtype) != array.dtype:
+        raise ValueError(f"array payload holds {out.dtype} {out.shape}, its record announces "
+                         f"{array.dtype} {tuple(array.shape)}")
+    return out

@@ -28,3 +28,23 @@ def test_fortran_order_and_bad_stype_fall_back_or_fail():
         from_array(bad)
     with pytest.raises(TypeError):
         to_array(np.array([object()]))
+
+
+@pytest.mark.parametrize("tail", [b"\1\2\3", b"\0" * 8])
+def test_trailing_bytes_are_rejected(tail):
+    """Issue 15: np.load reads a payload with trailing bytes; the wire decoder refuses it."""
+    good = to_array(np.arange(5.0))
+    bad = Array(dtype=good.dtype, shape=tuple(good.shape), stype=good.stype, data=good.data + tail)
+    with pytest.raises(ValueError, match="payload"):
+        from_array(bad)
+
+
+def test_payload_must_match_its_record():
+    """A payload decoding to another shape or dtype than the record announces is refused."""
+    other = Array(np.arange(6.0).reshape(2, 3))  # Flower's own bytes
+    lying = Array(dtype="float64", shape=(6,), stype=other.stype, data=other.data)
+    with pytest.raises(ValueError, match="announces"):
+        from_array(lying)
+    lying = Array(dtype="int64", shape=(2, 3), stype=other.stype, data=other.data)
+    with pytest.raises(ValueError, match="announces"):
+        from_array(lying)

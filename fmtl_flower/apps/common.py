@@ -275,7 +275,7 @@ def strategy_from_config(cfg: RunConfig, num_tasks: int,
                       step=step if own_step else None, mu=cfg.dane_mu,
                       local_epochs=cfg.local_epochs, eval_every=cfg.eval_every,
                       seed=cfg.seed, discovery_timeout=max(cfg.round_timeout, 60.0),
-                      on_round=on_round)
+                      max_update_ratio=cfg.max_update_ratio, on_round=on_round)
         if cfg.checkpoint_dir:
             fsvrg.enable_checkpoints(cfg.checkpoint_dir, every=cfg.checkpoint_every)
         return fsvrg
@@ -293,7 +293,8 @@ def strategy_from_config(cfg: RunConfig, num_tasks: int,
                       sys_het=cfg.sys_het, sys_het_base=cfg.sys_het_base,
                       drop_prob=cfg.drop_prob, eval_every=cfg.eval_every, network=cfg.network,
                       time_model=cfg.time_model, seed=cfg.seed,
-                      discovery_timeout=max(cfg.round_timeout, 60.0), on_round=on_round)
+                      discovery_timeout=max(cfg.round_timeout, 60.0),
+                      max_row_norm=cfg.max_row_norm or None, on_round=on_round)
         if cfg.checkpoint_dir:
             mbsgd.enable_checkpoints(cfg.checkpoint_dir, every=cfg.checkpoint_every)
         return mbsgd
@@ -309,7 +310,7 @@ def strategy_from_config(cfg: RunConfig, num_tasks: int,
                   discovery_timeout=max(cfg.round_timeout, 60.0), server_path=cfg.server_path,
                   min_replies=cfg.min_replies,
                   max_failures=cfg.max_failures, probe_every=cfg.probe_every,
-                  on_round=on_round)
+                  max_row_norm=cfg.max_row_norm or None, on_round=on_round)
     if cfg.checkpoint_dir:
         mocha.enable_checkpoints(cfg.checkpoint_dir, every=cfg.checkpoint_every)
     return mocha
@@ -334,7 +335,7 @@ def fedem_from_config(cfg: RunConfig, num_tasks: int,
                   finetune_epochs=cfg.finetune_epochs,
                   unseen_tasks=unseen_tasks(cfg, num_tasks), eval_every=cfg.eval_every,
                   seed=cfg.seed, discovery_timeout=max(cfg.round_timeout, 60.0),
-                  on_round=on_round)
+                  max_update_ratio=cfg.max_update_ratio, on_round=on_round)
     if cfg.checkpoint_dir:
         fedem.enable_checkpoints(cfg.checkpoint_dir, every=cfg.checkpoint_every)
     return fedem

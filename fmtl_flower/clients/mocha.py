@@ -169,7 +169,8 @@ class MochaClient:
         """Reply with the task id and the sizes the server needs (no data)."""
         task = self.local_task(context)
         info = ConfigRecord({"task-id": task.task_id, "n-train": task.n,
-                             "n-test": int(task.X_test.shape[0]), "dim": task.dim})
+                             "n-test": int(task.X_test.shape[0]), "dim": task.dim,
+                             "max-row-norm": float(np.sqrt(task.sqnorm.max()))})
         return Message(RecordDict({"info": info}), reply_to=msg)
 
     def train(self, msg: Message, context: Context) -> Message:

@@ -223,7 +223,8 @@ class PackedMocha:
         task = self._local_task(context, slot, task_id)
         return RecordDict({"info": ConfigRecord({"task-id": task.task_id, "n-train": task.n,
                                                  "n-test": int(task.X_test.shape[0]),
-                                                 "dim": task.dim})})
+                                                 "dim": task.dim, "max-row-norm": float(
+                                                     np.sqrt(task.sqnorm.max()))})})
 
     # -- one slot ---------------------------------------------------------------------------
     def _slot(self, context: Context, state: StackedState, slot: int, task: LocalTask,

@@ -16,6 +16,7 @@ state to store: a resumed run draws the same numbers as an uninterrupted one.
 from __future__ import annotations
 
 import io
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -297,6 +298,60 @@ def as_taken_by(grid: Grid, messages: Iterable[Message]) -> Iterable[Message]:
 
 
 # ---------------------------------------------------------------------------- trust boundary
+#: Relative slack of every bound a reply is checked against (the devices' rounding).
+BOUND_SLACK = 1.0 + 1e-6
+
+
+def norm(values: np.ndarray, axis: int | None = None) -> Any:
+    """Euclidean norm (of a vector, or along ``axis``); inf where it overflows, without a
+    warning."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        if axis is None and values.ndim == 1:
+            return math.sqrt(float(np.dot(values, values)))
+        return np.linalg.norm(values, axis=axis)
+
+
+def check_bound(what: str, size: float, limit: float, why: str, *args: Any) -> None:
+    """:class:`ReplyError` unless ``size <= limit`` (with :data:`BOUND_SLACK`); the reason
+    ``why % args`` is formatted only then."""
+    if not size <= limit * BOUND_SLACK:
+        raise ReplyError(f"{what} = {size:.6g} above its bound {limit:.6g} ({why % args})")
+
+
+def guarded(step: Callable[[], None], objects: Iterable[Any],
+            check: Callable[[], bool]) -> str | None:
+    """Run a server step that replaces attributes of ``objects``; if it raises or ``check()``
+    fails afterwards, put every attribute back as it was and return the reason (None: the
+    step stands). The steps guarded this way assign new arrays, never write into them, so a
+    shallow copy of the attributes is the snapshot."""
+    objects = list(objects)
+    saved = [dict(vars(obj)) for obj in objects]
+    try:
+        step()
+        reason = None if check() else "it left non-finite values"
+    except Exception as err:  # noqa: BLE001 - a failed step is undone, not fatal
+        reason = f"{type(err).__name__}: {err}"
+    if reason is not None:
+        for obj, attributes in zip(objects, saved, strict=True):
+            vars(obj).clear()
+            vars(obj).update(attributes)
+    return reason
+
+
+def reject_rows(accepted: dict[int, dict[str, Any]], rejected: dict[int, str],
+                tasks: np.ndarray, bad: np.ndarray, reason: str) -> None:
+    """Move the rows of ``tasks`` flagged in ``bad`` from ``accepted`` to ``rejected`` (the
+    stacked replies' vectorised bounds)."""
+    for task in tasks[bad].tolist():
+        accepted.pop(task, None)
+        rejected.setdefault(task, reason)
+
+
+def all_finite(*arrays: np.ndarray) -> bool:
+    """Whether every value of every array is finite."""
+    return all(bool(np.isfinite(a).all()) for a in arrays)
+
+
 @dataclass
 class RoundReplies:
     """What one exchange's replies came to, as :meth:`ReplyBoundary.read` found them.

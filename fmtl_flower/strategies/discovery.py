@@ -38,7 +38,7 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -105,6 +105,8 @@ def read_metrics(reply: Message, *, ints: Iterable[str] = (), numbers: Iterable[
     if "metrics" not in reply.content:
         raise ReplyError("no 'metrics' record")
     metrics = reply.content["metrics"]
+    if not isinstance(metrics, MetricRecord):
+        raise ReplyError(f"'metrics' must be a MetricRecord, got a {type(metrics).__name__}")
     out: dict[str, Any] = {}
     int_keys = [*ints, *optional_ints]
     required = {*ints, *numbers}
@@ -123,6 +125,17 @@ def read_metrics(reply: Message, *, ints: Iterable[str] = (), numbers: Iterable[
             raise ReplyError(f"metric {key!r} is not finite: {value!r}")
         out[key] = value
     return out
+
+
+def arrays_of(reply: Message) -> ArrayRecord | None:
+    """The reply's ``arrays`` record (None if absent); :class:`ReplyError` if it is another
+    kind of record."""
+    if "arrays" not in reply.content:
+        return None
+    arrays = reply.content["arrays"]
+    if not isinstance(arrays, ArrayRecord):
+        raise ReplyError(f"'arrays' must be an ArrayRecord, got a {type(arrays).__name__}")
+    return arrays
 
 
 def check_task_and_round(values: dict[str, Any], task: int, server_round: int,

@@ -60,13 +60,21 @@ Every reply is validated (presence, types, shapes, finiteness, weights in {0, n-
 matching task and round, the largest absolute parameter below ``max_abs_param``); a reply
 that fails is logged with its reason and counts as a dropped client; the components are
 untouched by it.
+
+Bounds: each returned component theta_m must stay within ``max_update_ratio`` times
+max(|theta_m|_2, 1) of the component theta_m it was sent (Euclidean norms over the
+parameters); ``train-loss`` in [0, ``MAX_LOSS`` = 1e6]; ``e-step-s``, ``train-s`` in
+[0, the round timeout];
+``test-n`` at most the discovery limit ``max_n`` and ``0 <= test-correct <= test-n``;
+``em-iterations`` >= 0. An aggregate that is not finite is not taken (components kept, the
+round's replies rejected).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -88,8 +96,14 @@ from ..core.models import MODELS, make_model
 from ..core.rng import round_rng
 from ..metrics import error_summary
 from ..wire import from_array, to_array
-from .base import ReplyBoundary, TaskStrategy
-from .discovery import ReplyError, TaskDirectory, check_task_and_round, read_metrics
+from .base import ReplyBoundary, TaskStrategy, all_finite, check_bound, norm
+from .discovery import (
+    ReplyError,
+    TaskDirectory,
+    arrays_of,
+    check_task_and_round,
+    read_metrics,
+)
 
 __all__ = ["METHODS", "FedEM", "ReplyError"]
 
@@ -98,6 +112,9 @@ METHODS = ("fedem", "fedavg", "fedprox", "fedavg-ft", "clustered", "local")
 SINGLE_MODEL = ("fedavg", "fedprox", "fedavg-ft", "local")
 TAG_SAMPLE = 31
 TAG_INIT = 37
+#: Largest ``train-loss`` a reply may report (a mean negative log-likelihood beyond it is
+#: divergence or hostility, and would overflow the round's sums).
+MAX_LOSS = 1e6
 _NAMES = {"fedem": "FedEM", "fedavg": "FedAvg", "fedprox": "FedProx", "fedavg-ft": "FedAvg+",
           "clustered": "Clustered FL", "local": "Local"}
 
@@ -151,6 +168,11 @@ class FedEM(TaskStrategy):
         Smallest mixture weight after a pi update.
     max_abs_param : float
         Replies with a parameter of larger magnitude are rejected (divergence or hostility).
+    max_update_ratio : float
+        Replies whose component m moved farther than this times max(|theta_m|, 1) from the
+        component sent are rejected (> 0).
+    dim : int, optional
+        The feature dimension when configured (None: by majority of the nodes).
     eval_every : int
         Rounds between evaluations (the final model is always evaluated).
     seed : int
@@ -170,8 +192,8 @@ class FedEM(TaskStrategy):
                  aggregation: str = "all", prox_mu: float = 0.0, finetune_epochs: int = 1,
                  unseen_tasks: Sequence[int] = (), pi_floor: float = PI_FLOOR,
                  max_abs_param: float = 1e6, eval_every: int = 1, seed: int = 0,
-                 discovery_timeout: float = 120.0,
-                 on_round: RoundCallback | None = None,
+                 discovery_timeout: float = 120.0, max_update_ratio: float = 1e4,
+                 dim: int | None = None, on_round: RoundCallback | None = None,
                  initial_components: Sequence[ArrayRecord] | None = None) -> None:
         if isinstance(num_tasks, bool) or int(num_tasks) != num_tasks or num_tasks < 1:
             raise ValueError(f"num_tasks must be an integer >= 1, got {num_tasks!r}")
@@ -216,6 +238,10 @@ class FedEM(TaskStrategy):
         self.finetune_epochs = int(finetune_epochs)
         self.pi_floor = float(pi_floor)
         self.max_abs_param = float(max_abs_param)
+        if not (isinstance(max_update_ratio, int | float) and 0 < max_update_ratio < np.inf):
+            raise ValueError(f"max_update_ratio must be a finite number > 0, got "
+                             f"{max_update_ratio!r}")
+        self.max_update_ratio = float(max_update_ratio)
         self.eval_every = int(eval_every)
         self.seed = int(seed)
         self.discovery_timeout = float(discovery_timeout)
@@ -224,7 +250,7 @@ class FedEM(TaskStrategy):
         self.unseen[unseen] = True
         if method == "local":
             self.unseen[:] = False  # no sharing: every device trains its own model
-        self.directory = TaskDirectory(self.num_tasks, self.name)
+        self.directory = TaskDirectory(self.num_tasks, self.name, dim=dim)
         self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
         self.records: list[dict[str, Any]] = []
         self.components: np.ndarray | None = None
@@ -276,7 +302,13 @@ class FedEM(TaskStrategy):
             total = None
             if self.aggregation == "all" and self.method != "clustered":
                 total = float(self.n_train[~self.unseen].sum())
-            self.components = aggregate_components(self.components, updates, total)
+            components = aggregate_components(self.components, updates, total)
+            if all_finite(components):
+                self.components = components
+            else:  # the bounds make this unreachable: belt and braces
+                log(WARNING, "%s round %d: the aggregate is not finite; not taken, the replies "
+                    "of tasks %s rejected", self.name, server_round, list(accepted)[:20])
+                accepted = {}
         aggregate_s = time.perf_counter() - started
         n = np.array([accepted[t]["n-train"] for t in accepted], dtype=float)
         loss = np.array([accepted[t]["train-loss"] for t in accepted])
@@ -484,7 +516,6 @@ class FedEM(TaskStrategy):
     def _parse_reply(self, reply: Message, task: int, server_round: int,
                      train: bool) -> dict[str, Any]:
         assert self.components is not None
-        content = reply.content
         ints = ("task-id", "round", "n-train")
         if not train:
             ints += ("test-correct", "test-n", "em-iterations")
@@ -493,16 +524,20 @@ class FedEM(TaskStrategy):
         check_task_and_round(out, task, server_round)
         if out["n-train"] != self.n_train[task]:
             raise ReplyError(f"n-train {out['n-train']} differs from {self.n_train[task]}")
-        if out["train-loss"] < 0:
-            raise ReplyError(f"train-loss must be >= 0, got {out['train-loss']}")
+        if not 0 <= out["train-loss"] <= MAX_LOSS:
+            raise ReplyError(f"train-loss must be in [0, {MAX_LOSS:g}], got {out['train-loss']}")
         if not train:
-            if not 0 <= out["test-correct"] <= out["test-n"]:
-                raise ReplyError("test-correct outside 0..test-n")
+            if not 0 <= out["test-correct"] <= out["test-n"] <= self.directory.max_n:
+                raise ReplyError(f"test-correct, test-n outside 0 <= test-correct <= test-n <= "
+                                 f"{self.directory.max_n}")
+            if out["em-iterations"] < 0:
+                raise ReplyError("em-iterations must be >= 0")
             return out
         for key in ("e-step-s", "train-s"):
-            if out.get(key, 0.0) < 0:
-                raise ReplyError(f"metric {key!r} must be >= 0")
-        arrays = content["arrays"] if "arrays" in content else None
+            if not 0 <= out.get(key, 0.0) <= max(self.round_timeout, 1.0):
+                raise ReplyError(f"metric {key!r} must be in [0, the round timeout "
+                                 f"{self.round_timeout:g} s]")
+        arrays = arrays_of(reply)
         if arrays is None or "components" not in arrays or "weights" not in arrays:
             raise ReplyError("arrays 'components' and 'weights' required")
         theta = from_array(arrays["components"])
@@ -518,6 +553,12 @@ class FedEM(TaskStrategy):
             raise ReplyError("'components' has non-finite values")
         if np.max(np.abs(theta)) > self.max_abs_param:
             raise ReplyError(f"'components' has |values| above {self.max_abs_param:g}")
+        moved = norm(theta - self.components, axis=1)
+        limits = self.max_update_ratio * np.maximum(norm(self.components, axis=1), 1.0)
+        worst = int(np.argmax(moved / limits))
+        check_bound("|theta_m - theta_m sent|", float(moved[worst]), float(limits[worst]),
+                    "component %d; max_update_ratio %g x max(|theta_m|, 1)", worst,
+                    self.max_update_ratio)
         n = float(out["n-train"])
         if not np.all((weights == 0) | (weights == n)):
             raise ReplyError("'weights' entries must be 0 or n-train")

@@ -98,6 +98,16 @@ model (``fsvrg``: weight ``n_k/n`` with the full ``n``, so the node contributes 
 naive and ``dane``: the mean over the accepted nodes; ``cocoa-plus``: no ``d_w_k``, no reset,
 L_k unchanged). ``w`` is never touched by a rejected reply.
 
+Bounds (each violation rejects the reply). With ``S_k`` the reply's ``sq-norm-sum`` (at most
+``n-train`` times the discovery limit ``max_row_norm`` squared) and ``sum_i |x_i| <=
+sqrt(n_k S_k)``: a logistic loss gradient has norm at most ``|x_i|``, so
+``|grad-sum|_2 <= sqrt(n_k S_k)``; a loss is at most ``log 2 + |x_i| |w|``, so
+``loss-sum <= n_k log 2 + |w_t| sqrt(n_k S_k)``; CoCoA+'s ``y_i alpha_i`` stay in [0, 1], so
+``|d-w|_2 <= sqrt(n_k S_k) / (lam n)``. Local models and ``d-w`` must stay within
+``max_update_ratio`` times ``max(|w_t|, 1)`` of ``w_t`` (``|w-local - w_t|``, ``|d-w|``).
+A server step whose result is not finite is not taken (``w`` kept, the round's replies
+rejected).
+
 Records
 -------
 Record k (state after k rounds, k = 0 .. R): ``round``, ``exchanges`` (server-client round
@@ -145,8 +155,14 @@ from ..core.fsvrg import (
     power_estimate,
 )
 from ..wire import from_array, to_array
-from .base import ReplyBoundary, TaskStrategy
-from .discovery import ReplyError, TaskDirectory, check_task_and_round, read_metrics
+from .base import ReplyBoundary, TaskStrategy, all_finite, check_bound, norm
+from .discovery import (
+    ReplyError,
+    TaskDirectory,
+    arrays_of,
+    check_task_and_round,
+    read_metrics,
+)
 
 __all__ = ["METHODS", "DualLedger", "Fsvrg", "ReplyError"]
 
@@ -272,6 +288,11 @@ class Fsvrg(TaskStrategy):
     discovery_timeout : float
         Seconds to wait, at round 1, for ``num_tasks`` nodes (at most ``start``'s
         ``timeout``; fewer than ``min_tasks`` raise ``DiscoveryError``).
+    max_update_ratio : float
+        Bound on a local model's (or ``d-w``'s) distance to ``w_t`` relative to
+        max(|w_t|, 1) (> 0; module docstring).
+    dim : int, optional
+        The feature dimension when configured (None: by majority of the nodes).
     on_round : callable, optional
         Called with each completed record.
 
@@ -290,10 +311,11 @@ class Fsvrg(TaskStrategy):
     def __init__(self, num_tasks: int, *, method: str = "fsvrg", lam: float | None = None,
                  h: float | None = None, step: float | None = None, mu: float = 0.0,
                  local_epochs: int = 1, eval_every: int = 1, seed: int = 0,
-                 discovery_timeout: float = 120.0,
-                 on_round: RoundCallback | None = None) -> None:
+                 discovery_timeout: float = 120.0, max_update_ratio: float = 1e4,
+                 dim: int | None = None, on_round: RoundCallback | None = None) -> None:
         if isinstance(num_tasks, bool) or int(num_tasks) != num_tasks or num_tasks < 1:
             raise ValueError(f"num_tasks must be an integer >= 1, got {num_tasks!r}")
+        self.max_update_ratio = _positive_or_none("max_update_ratio", max_update_ratio)
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
         self.lam_arg = _positive_or_none("lam", lam)
@@ -322,7 +344,7 @@ class Fsvrg(TaskStrategy):
         self.seed = int(seed)
         self.discovery_timeout = float(discovery_timeout)
         self.on_round = on_round
-        self.directory = TaskDirectory(self.num_tasks, _NAME)
+        self.directory = TaskDirectory(self.num_tasks, _NAME, dim=dim)
         self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
         self.records: list[dict[str, Any]] = []
         self.w: np.ndarray | None = None
@@ -396,8 +418,13 @@ class Fsvrg(TaskStrategy):
         self._g = global_gradient(self.w, grad_sum, n_rep, self.lam)
         if self.method == "gd":
             assert self.step is not None
-            self.w = gd_step(self.w, self._g, self.step)
+            w = gd_step(self.w, self._g, self.step)
             self._gd_replies = len(accepted)
+            if all_finite(w):
+                self.w = w
+            else:  # the bounds make this unreachable: belt and braces
+                self._reject_round(server_round, accepted)
+                self._gd_replies = 0
             return []
         return self._train_messages(server_round)
 
@@ -414,7 +441,11 @@ class Fsvrg(TaskStrategy):
         else:
             self.exchanges += 1
             accepted = self._read_replies(server_round, replies, kind="train")
-            self.w = self._aggregate_models(accepted)
+            w = self._aggregate_models(accepted)
+            if not all_finite(w):  # the bounds make this unreachable: belt and braces
+                self._reject_round(server_round, accepted)
+                w, accepted = self.w, {}
+            self.w = w
             num_replies = len(accepted)
         record = self._new_record(server_round)
         record.update(num_replies=num_replies,
@@ -479,17 +510,30 @@ class Fsvrg(TaskStrategy):
         self._complete_record(server_round - 1, accepted)  # describes the w_t sent
         tasks = sorted(accepted)
         resets = [t for t in tasks if not accepted[t]["state-ok"]]
+        w = self.w
         for task in resets:
-            self.w = self.w - self.ledger.reset(task)
-        if resets:
-            log(WARNING, "%s round %d: tasks %s lost their dual state and restarted from "
-                "alpha = 0; their shares of w were removed", _NAME, server_round, resets[:20])
+            w = w - self.ledger.share(task)
         d_w_sum = np.zeros(self.ledger.dim)
         for task in tasks:
             d_w_sum += accepted[task]["d-w"]
+        w = cocoa_plus_aggregate(w, d_w_sum)
+        if not all_finite(w):  # the bounds make this unreachable: belt and braces
+            self._reject_round(server_round, accepted)
+            return 0, 0
+        for task in resets:
+            self.ledger.reset(task)
+        if resets:
+            log(WARNING, "%s round %d: tasks %s lost their dual state and restarted from "
+                "alpha = 0; their shares of w were removed", _NAME, server_round, resets[:20])
+        for task in tasks:
             self.ledger.add(task, accepted[task]["d-w"], server_round)
-        self.w = cocoa_plus_aggregate(self.w, d_w_sum)
+        self.w = w
         return len(tasks), len(resets)
+
+    @staticmethod
+    def _reject_round(server_round: int, accepted: dict[int, dict[str, Any]]) -> None:
+        log(WARNING, "%s round %d: the step left w non-finite; not taken, the replies of tasks "
+            "%s rejected", _NAME, server_round, sorted(accepted)[:20])
 
     # ------------------------------------------------------------------ exchanges
     def _setup(self, grid: Grid) -> None:
@@ -625,10 +669,10 @@ class Fsvrg(TaskStrategy):
             on_accept).accepted
 
     def _array(self, reply: Message, key: str, integer: bool = False) -> np.ndarray:
-        content = reply.content
-        if "arrays" not in content or key not in content["arrays"]:
+        arrays = arrays_of(reply)
+        if arrays is None or key not in arrays:
             raise ReplyError(f"array {key!r} missing")
-        v = from_array(content["arrays"][key])
+        v = from_array(arrays[key])
         ok_dtype = v.dtype.kind in "iu" if integer else v.dtype == np.float64
         if not ok_dtype or v.shape != (self.dim,):
             raise ReplyError(f"{key!r} must be {'integer' if integer else 'float64'} of shape "
@@ -657,9 +701,22 @@ class Fsvrg(TaskStrategy):
             out["gram-v"] = self._array(reply, "gram-v")
         elif kind == "gradient":
             out["grad-sum"] = self._array(reply, "grad-sum")
+            check_bound("|grad-sum|", norm(out["grad-sum"]), out["data-norm"],
+                        "sqrt(n-train sq-norm-sum) >= sum_i |x_i|")
         elif kind == "train":
             key = "d-w" if self.method == "cocoa-plus" else "w-local"
             out[key] = self._array(reply, key)
+            assert self.w is not None
+            limit = self.max_update_ratio * max(float(norm(self.w)), 1.0)
+            why = "max_update_ratio %g x max(|w|, 1)"
+            if key == "w-local":
+                check_bound("|w-local - w|", norm(out[key] - self.w), limit, why,
+                            self.max_update_ratio)
+            else:
+                assert self.lam is not None and self.n_total is not None
+                check_bound("|d-w|", norm(out[key]), limit, why, self.max_update_ratio)
+                check_bound("|d-w|", norm(out[key]), out["data-norm"] / (self.lam * self.n_total),
+                            "sqrt(n-train sq-norm-sum) / (lambda n) for y alpha in [0, 1]")
         return out
 
     def _round_metrics(self, reply: Message, kind: str) -> dict[str, Any]:
@@ -672,6 +729,15 @@ class Fsvrg(TaskStrategy):
                            optional_ints=("test-errors", "test-n"))
         if out["loss-sum"] < 0 or out["sq-norm-sum"] < 0:
             raise ReplyError("loss-sum and sq-norm-sum must be >= 0")
+        n = out["n-train"]
+        check_bound("sq-norm-sum", out["sq-norm-sum"], n * self.directory.max_row_norm ** 2,
+                    "n-train x the max-row-norm limit squared")
+        out["data-norm"] = math.sqrt(n * out["sq-norm-sum"])
+        w_norm = 0.0 if self.w is None else float(norm(self.w))
+        check_bound("loss-sum", out["loss-sum"], n * _LN2 + w_norm * out["data-norm"],
+                    "n-train log 2 + |w| sqrt(n-train sq-norm-sum)")
+        if "test-n" in out and out["test-n"] > self.directory.max_n:
+            raise ReplyError(f"test-n {out['test-n']} above the limit {self.directory.max_n}")
         if ("test-errors" in out) != ("test-n" in out) or (
                 "test-n" in out and not 0 <= out["test-errors"] <= out["test-n"]):
             raise ReplyError("test-errors/test-n inconsistent")

@@ -23,7 +23,8 @@ Every message to a task's node carries a ``config`` ConfigRecord and an ``arrays
 query ``whoami`` (server -> node): empty ``config``. Reply (MOCHA's,
     :meth:`fmtl_flower.clients.mocha.MochaClient.whoami`): ConfigRecord ``info`` with
     ``task-id`` (int, 0 <= id < num_tasks), ``n-train`` (int >= 1), ``n-test`` (int >= 0),
-    ``dim`` (int, the same on every node).
+    ``dim`` (int, the same on every node), ``max-row-norm`` (float, the largest training-row
+    norm; bounds ``grad``, below).
 
 ``train`` (server -> node):
     arrays ``w``: float64 (d,), the task's current model w_t = W[:, t];
@@ -47,6 +48,11 @@ Every reply is validated (record and key presence, int metrics typed as ints, fi
 ``grad`` float64 of shape (d,) and finite, matching task, round and n-train,
 ``count <= budget``, ``count == 0`` when dropped, ``grad == 0`` when ``count == 0``); a reply
 that fails counts as a dropped node with a logged reason and leaves W untouched by its term.
+Bounds: each hinge subgradient is ``-y_i x_i`` or 0, so ``|grad|_2 <= count R_t`` with R_t
+the task's ``max-row-norm`` from ``whoami`` (or the run's ``max_row_norm``, which overrides
+it; a task with neither is rejected); ``loss-mean <= 1 + R_t |w_t|``; ``test-n`` at most the
+discovery limit ``max_n``. A step that leaves W non-finite is not taken (W kept, the
+round's replies rejected).
 
 Round bookkeeping
 -----------------
@@ -63,7 +69,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -81,8 +87,23 @@ from ..packing import StackGroup
 from ..systems.heterogeneity import drop_mask, local_budgets
 from ..systems.timing import get_network, round_time
 from ..wire import from_array, to_array
-from .base import ReplyBoundary, TaskStrategy
-from .discovery import ReplyError, TaskDirectory, check_task_and_round, read_metrics
+from .base import (
+    BOUND_SLACK,
+    ReplyBoundary,
+    TaskStrategy,
+    all_finite,
+    check_bound,
+    guarded,
+    norm,
+    reject_rows,
+)
+from .discovery import (
+    ReplyError,
+    TaskDirectory,
+    arrays_of,
+    check_task_and_round,
+    read_metrics,
+)
 from .packed_mbsgd import PROTOCOL as STACKING_PROTOCOL
 from .packed_mbsgd import read_stacked_reply as read_stacked_mbsgd
 from .packed_mocha import stacked_message
@@ -146,6 +167,11 @@ class MbSgd(TaskStrategy):
     discovery_timeout : float
         Seconds to wait, at the first round, for ``num_tasks`` nodes to appear (at most
         ``start``'s ``timeout``; fewer than ``min_tasks`` raise ``DiscoveryError``).
+    max_row_norm : float, optional
+        The bound R on every task's row norms (module docstring); None: each task's
+        ``max-row-norm`` from discovery.
+    dim : int, optional
+        The feature dimension when configured (None: by majority of the nodes).
     on_round : callable, optional
         Called with each completed round record (a dict).
 
@@ -184,6 +210,8 @@ class MbSgd(TaskStrategy):
         time_model: str = "physical",
         seed: int = 0,
         discovery_timeout: float = 120.0,
+        max_row_norm: float | None = None,
+        dim: int | None = None,
         on_round: RoundCallback | None = None,
     ) -> None:
         if isinstance(num_tasks, bool) or int(num_tasks) != num_tasks or num_tasks < 1:
@@ -217,6 +245,12 @@ class MbSgd(TaskStrategy):
         drop_mask(1, drop_prob, seed=0, server_round=1)
         if not discovery_timeout >= 0:
             raise ValueError(f"discovery_timeout must be >= 0, got {discovery_timeout!r}")
+        if max_row_norm is not None and not (
+                isinstance(max_row_norm, int | float) and not isinstance(max_row_norm, bool)
+                and math.isfinite(max_row_norm) and max_row_norm >= 0):
+            raise ValueError(f"max-row-norm (max_row_norm) must be a finite number >= 0 or "
+                             f"None, got {max_row_norm!r}")
+        self.max_row_norm = None if max_row_norm is None else float(max_row_norm)
         self.num_tasks = int(num_tasks)
         self.lam = float(lam)
         self.omega = omega
@@ -238,11 +272,12 @@ class MbSgd(TaskStrategy):
         self.round_timeout = 120.0
         self.num_rounds: int | None = None
         self.W: np.ndarray | None = None
-        self.directory = TaskDirectory(self.num_tasks, _NAME)
+        self.directory = TaskDirectory(self.num_tasks, _NAME, dim=dim)
         self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
         self.records: list[dict[str, Any]] = []
         self.replies = ReplyBoundary(_NAME)
         self._budgets = np.zeros(self.num_tasks, dtype=np.int64)
+        self._w_norm = np.zeros(self.num_tasks)  # |w_t| sent this round
         self._dropped_now = np.zeros(self.num_tasks, dtype=bool)
         self._round_start = 0.0
         self._refresh_matrices()
@@ -308,12 +343,24 @@ class MbSgd(TaskStrategy):
             G[:, task] = reply["grad"]
             counts[task] = reply["count"]
         step = mbsgd_step_size(server_round, beta=self.step_scale, schedule=self.schedule)
-        self.W = mbsgd_server_step(self.W, G, self.K, counts=counts, step=step,
-                                   radius=self.radius)
+        W = mbsgd_server_step(self.W, G, self.K, counts=counts, step=step, radius=self.radius)
+        if all_finite(W):
+            self.W = W
+        else:  # the bounds make this unreachable: belt and braces
+            log(WARNING, "%s round %d: the step left W non-finite; not taken, the replies of "
+                "tasks %s rejected", _NAME, server_round, sorted(accepted)[:20])
+            accepted, counts = {}, np.zeros_like(counts)
         omega_step = omega_step_due(server_round, self.omega_every, self.num_rounds)
         if omega_step:
-            self.formulation.omega_step(self.W)
-            self._refresh_matrices()
+            def omega_update() -> None:
+                self.formulation.omega_step(self.W)
+                self._refresh_matrices()
+
+            reason = guarded(omega_update, (self.formulation, self), lambda: all_finite(self.K))
+            if reason is not None:
+                log(WARNING, "%s round %d: the Omega-step failed (%s); undone, Omega kept",
+                    _NAME, server_round, reason)
+                omega_step = False
         record = self._new_record(server_round)
         used = int(np.count_nonzero(counts))
         record.update(num_replies=len(accepted), num_dropped=self.num_tasks - used,
@@ -423,7 +470,9 @@ class MbSgd(TaskStrategy):
             if with_budget:
                 config["budget"] = int(self._budgets[task])
                 config["dropped"] = bool(self._dropped_now[task])
-            content = RecordDict({"arrays": ArrayRecord({"w": to_array(self.W[:, task])}),
+            w_t = np.ascontiguousarray(self.W[:, task])
+            self._w_norm[task] = norm(w_t)  # the reply's loss bound
+            content = RecordDict({"arrays": ArrayRecord({"w": to_array(w_t)}),
                                   "config": ConfigRecord(config)})
             messages.append(self.replies.track(task, node, Message(
                 content, dst_node_id=node, message_type=message_type,
@@ -454,14 +503,38 @@ class MbSgd(TaskStrategy):
                      with_grad: bool) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
         """The rows of a stacked reply as :meth:`_parse_reply` gives one reply's values, and
         the rejected tasks with their reasons (checked in vectorised form)."""
-        assert self.dim is not None
-        return read_stacked_mbsgd(reply, group, server_round, self.n_train, self.dim,
-                                  with_grad, self._budgets, self._dropped_now)
+        assert self.dim is not None and self.W is not None
+        accepted, rejected = read_stacked_mbsgd(reply, group, server_round, self.n_train,
+                                                self.dim, with_grad, self._budgets,
+                                                self._dropped_now)
+        if accepted:  # the bounds of the module docstring, vectorised over the rows
+            tasks = np.fromiter(accepted, dtype=np.int64, count=len(accepted))
+            bound = (np.full(len(tasks), self.max_row_norm) if self.max_row_norm is not None
+                     else self.directory.row_norm[tasks])
+            reject_rows(accepted, rejected, tasks, np.isnan(bound), "its device reported no "
+                        "max-row-norm at discovery and the run configures none")
+            loss = np.array([accepted.get(t, {}).get("loss-mean", 0.0) for t in tasks])
+            w_norm = norm(self.W[:, tasks], axis=0)
+            reject_rows(accepted, rejected, tasks, loss > (1.0 + bound * w_norm) * BOUND_SLACK,
+                        "loss-mean above 1 + max-row-norm |w_t|")
+            if with_grad and accepted:
+                size = np.array([norm(accepted[t]["grad"]) if t in accepted else 0.0
+                                 for t in tasks.tolist()])
+                count = np.array([accepted[t]["count"] if t in accepted else 0
+                                  for t in tasks.tolist()])
+                reject_rows(accepted, rejected, tasks, size > count * bound * BOUND_SLACK,
+                            "|grad| above count x max-row-norm")
+        return accepted, rejected
+
+    def _row_norm(self, task: int) -> float:
+        """R_t: the configured max-row-norm, else the task's report (NaN: none)."""
+        if self.max_row_norm is not None:
+            return self.max_row_norm
+        return float(self.directory.row_norm[task])
 
     def _parse_reply(self, reply: Message, task: int, server_round: int,
                      with_grad: bool) -> dict[str, Any]:
         assert self.dim is not None
-        content = reply.content
         ints = ("task-id", "round", "n-train") + (("count",) if with_grad else ())
         out = read_metrics(reply, ints=ints, numbers=("loss-mean",),
                            optional_ints=("test-errors", "test-n"))
@@ -470,6 +543,12 @@ class MbSgd(TaskStrategy):
             raise ReplyError(f"n-train {out['n-train']} differs from {self.n_train[task]}")
         if out["loss-mean"] < 0:
             raise ReplyError(f"loss-mean must be >= 0, got {out['loss-mean']}")
+        bound = self._row_norm(task)
+        if not math.isnan(bound):
+            check_bound("loss-mean", out["loss-mean"], 1.0 + bound * float(self._w_norm[task]),
+                        "1 + max-row-norm |w_t| >= hinge(y x^T w_t)")
+        if out.get("test-n", 0) > self.directory.max_n:
+            raise ReplyError(f"test-n {out['test-n']} above the limit {self.directory.max_n}")
         if ("test-errors" in out) != ("test-n" in out) or (
                 "test-n" in out and not 0 <= out["test-errors"] <= out["test-n"]):
             raise ReplyError("test-errors/test-n inconsistent")
@@ -479,7 +558,7 @@ class MbSgd(TaskStrategy):
                 raise ReplyError(f"count {out['count']} outside 0..{limit} (budget "
                                  f"{int(self._budgets[task])}"
                                  f"{', dropped' if self._dropped_now[task] else ''})")
-            arrays = content["arrays"] if "arrays" in content else None
+            arrays = arrays_of(reply)
             if arrays is None or "grad" not in arrays:
                 raise ReplyError("array 'grad' missing")
             grad = from_array(arrays["grad"])
@@ -490,6 +569,11 @@ class MbSgd(TaskStrategy):
                 raise ReplyError("'grad' has non-finite values")
             if out["count"] == 0 and np.any(grad != 0.0):
                 raise ReplyError("'grad' must be zero when count is 0")
+            if math.isnan(bound):
+                raise ReplyError("its device reported no max-row-norm at discovery and the run "
+                                 "configures none (max-row-norm): grad cannot be bounded")
+            check_bound("|grad|", norm(grad), out["count"] * bound,
+                        "count %d x max-row-norm %g", out["count"], bound)
             out["grad"] = grad
         return out
 

@@ -6,7 +6,10 @@ Every message to a task's node carries a ``config`` ConfigRecord and an ``arrays
 
 query ``whoami`` (server -> node): empty ``config``. Reply: ConfigRecord ``info`` with
     ``task-id`` (int, 0 <= id < num_tasks), ``n-train`` (int >= 1), ``n-test`` (int >= 0),
-    ``dim`` (int, the same on every node).
+    ``dim`` (int, the same on every node), ``max-row-norm`` (float, max_i |x_ti|_2 over the
+    training rows; bounds the task's ``delta-b``, below). Sizes beyond the discovery limits
+    and a ``dim`` other than the majority's exclude the node
+    (:mod:`fmtl_flower.strategies.discovery`).
 
 ``train`` (server -> node):
     arrays ``w``: float64 (d,), the task's model w_t = W(alpha)[:, t];
@@ -39,6 +42,21 @@ same ``train`` and ``evaluate`` contents for all of their tasks in ONE message, 
 as a (K, d) array, every per-task value as a vector) and reply with the stacked metrics and
 ``delta-b``; contract in :mod:`fmtl_flower.clients.packed_mocha`. Each row is validated as
 above, in vectorised form; a bad row or failed slot drops only its task.
+
+Bounds (what a feasible dual step can send; each violation rejects the reply). With
+R_t the largest row norm of task t's training data (``max-row-norm`` of its ``whoami``
+reply, or the run's ``max_row_norm`` when configured, which overrides the devices'), every
+dual variable stays in its feasible range (y_ti alpha_ti in [0, 1]), so one step changes each
+alpha_ti by at most 1 and touches at most min(budget, n_t) of them:
+
+* ``|delta-b|_2 <= R_t min(budget, n_t) / n_t`` (0 when ``dropped``);
+* a task whose device reported no ``max-row-norm`` cannot be bounded: its replies are
+  rejected unless the run configures ``max_row_norm``;
+* ``0 <= loss-mean <= 1 + R_t |w_t|`` (a hinge loss at the w_t sent), ``dual-mean`` in
+  [0, 1], ``0 <= test-errors <= test-n <=`` the discovery limit ``max_n``.
+
+After the round's updates W must be finite (else they are rolled back and the round's replies
+rejected); an Omega-step that raises or leaves W or M non-finite is undone (Omega kept).
 
 Round bookkeeping
 -----------------
@@ -83,8 +101,23 @@ from ..packing import StackGroup
 from ..systems.heterogeneity import check_drop_prob, drop_mask, local_budgets
 from ..systems.timing import deadline_budgets, get_network, round_time
 from ..wire import from_array, to_array
-from .base import ReplyBoundary, TaskStrategy
-from .discovery import ReplyError, TaskDirectory, check_task_and_round, read_metrics
+from .base import (
+    BOUND_SLACK,
+    ReplyBoundary,
+    TaskStrategy,
+    all_finite,
+    check_bound,
+    guarded,
+    norm,
+    reject_rows,
+)
+from .discovery import (
+    ReplyError,
+    TaskDirectory,
+    arrays_of,
+    check_task_and_round,
+    read_metrics,
+)
 from .faults import TaskHealth
 from .packed_mocha import PROTOCOL as STACKING_PROTOCOL
 from .packed_mocha import read_stacked_reply, stacked_message
@@ -181,6 +214,12 @@ class Mocha(TaskStrategy):
         deadline) in ``max_failures`` consecutive rounds is excluded and only probed every
         ``probe_every`` rounds; it is readmitted when it answers or reconnects
         (:class:`~fmtl_flower.strategies.faults.TaskHealth`; ``max_failures=0``: never).
+    max_row_norm : float, optional
+        The bound R on every task's training-row norms used to check ``delta-b`` (module
+        docstring); None: each task's ``max-row-norm`` reported at discovery.
+    dim : int, optional
+        The feature dimension, when the configuration fixes it (None: the one a majority of
+        the discovered nodes report, :class:`~fmtl_flower.strategies.discovery.TaskDirectory`).
     on_round : callable, optional
         Called with each completed round record (a dict), e.g. to print progress.
     """
@@ -216,6 +255,8 @@ class Mocha(TaskStrategy):
         min_replies: int = 1,
         max_failures: int = 3,
         probe_every: int = 5,
+        max_row_norm: float | None = None,
+        dim: int | None = None,
         on_round: RoundCallback | None = None,
     ) -> None:
         if int(num_tasks) < 1:
@@ -255,6 +296,12 @@ class Mocha(TaskStrategy):
                              f"number of tasks ({int(num_tasks)}): no round could count")
         self.health = TaskHealth(int(num_tasks), max_failures=max_failures,
                                  probe_every=probe_every, name="MOCHA")
+        if max_row_norm is not None and not (
+                isinstance(max_row_norm, int | float) and not isinstance(max_row_norm, bool)
+                and math.isfinite(max_row_norm) and max_row_norm >= 0):
+            raise ValueError(f"max-row-norm (max_row_norm) must be a finite number >= 0 or "
+                             f"None, got {max_row_norm!r}")
+        self.max_row_norm = None if max_row_norm is None else float(max_row_norm)
         self.min_replies = min_replies
         self.num_tasks = int(num_tasks)
         self.lam = float(lam)
@@ -280,7 +327,9 @@ class Mocha(TaskStrategy):
         self.round_timeout = 120.0
         self.num_rounds: int | None = None
         self.state: MochaServerState | FactoredMochaServerState | None = None
-        self.directory = TaskDirectory(self.num_tasks, "MOCHA")
+        self.directory = TaskDirectory(self.num_tasks, "MOCHA", dim=dim)
+        self._budgets = np.zeros(self.num_tasks, dtype=np.int64)
+        self._w_norm = np.zeros(self.num_tasks)  # |w_t| sent this round
         self.last_accepted = np.zeros(self.num_tasks, dtype=np.int64)
         self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
         self.records: list[dict[str, Any]] = []
@@ -323,6 +372,7 @@ class Mocha(TaskStrategy):
         if self.method == "mb-sdca":  # distinct samples; s = min(1, beta / total steps)
             budgets = np.minimum(budgets, self.n_train)
             self._scale = mbsdca_scale(self.beta, int(budgets[~self._dropped_now].sum()))
+        self._budgets = budgets
         evaluate = (server_round - 1) % self.eval_every == 0
         chosen = self.health.select(server_round, self.task_to_node)
         return self._instructions(server_round, MessageType.TRAIN, evaluate, budgets, chosen,
@@ -348,13 +398,20 @@ class Mocha(TaskStrategy):
                 "state-ok 0, it restarted from alpha = 0 (new device, lost or mismatched "
                 "state)", server_round, "s" if len(resets) > 1 else "",
                 ", ".join(str(t) for t in resets[:20]))
+        saved_B = self.state.B[:, tasks].copy()
         self.state.reset_tasks(resets)
         if len(tasks):
             self.state.add_updates(tasks, np.stack([accepted[t]["delta-b"] for t in tasks], 1))
+            if not all_finite(self.state.W):  # the bounds make this unreachable: belt and braces
+                log(WARNING, "MOCHA round %d: the update left W non-finite; rolled back, the "
+                    "replies of tasks %s rejected", server_round, tasks.tolist()[:20])
+                self.state.B[:, tasks] = saved_B
+                self.state.recompute_models()
+                tasks = resets = tasks[:0]
             self.last_accepted[tasks] = server_round
         omega_step = omega_step_due(server_round, self.omega_every, self.num_rounds)
         if omega_step:
-            self.state.omega_step()
+            omega_step = self._omega_step(server_round)
         record = self._new_record(server_round)
         updated = tasks[~self._dropped_now[tasks]] if len(tasks) else tasks
         record.update(num_replies=len(tasks), num_dropped=self.num_tasks - len(updated),
@@ -364,6 +421,19 @@ class Mocha(TaskStrategy):
                       wall_time_s=time.perf_counter() - self._round_start)
         metrics = MetricRecord({"num-replies": len(tasks), "num-dropped": record["num_dropped"]})
         return ArrayRecord({"W": to_array(self.state.W)}), metrics
+
+    def _omega_step(self, server_round: int) -> bool:
+        """The Omega-step, undone (Omega, M and W kept) if it raises or leaves W or M
+        non-finite; whether it stood."""
+        state = self.state
+        assert state is not None
+        dense = isinstance(state, MochaServerState)
+        reason = guarded(state.omega_step, (state, state.formulation),
+                         lambda: all_finite(state.W, *((state.M,) if dense else ())))
+        if reason is not None:
+            log(WARNING, "MOCHA round %d: the Omega-step failed (%s); undone, Omega kept",
+                server_round, reason)
+        return reason is None
 
     def _estimated_time(self, accepted: dict[int, dict[str, Any]]) -> float:
         """Eq. (30): the round lasts as long as its slowest replying node (or the deadline).
@@ -509,7 +579,9 @@ class Mocha(TaskStrategy):
             if budgets is not None:
                 config["budget"] = int(budgets[task])
                 config["dropped"] = bool(self._dropped_now[task])
-            content = RecordDict({"arrays": ArrayRecord({"w": to_array(W[:, task])}),
+            w_t = np.ascontiguousarray(W[:, task])
+            self._w_norm[task] = norm(w_t)  # the reply's loss bound
+            content = RecordDict({"arrays": ArrayRecord({"w": to_array(w_t)}),
                                   "config": ConfigRecord(config)})
             yield self.replies.track(task, node, Message(
                 content, dst_node_id=node, message_type=message_type,
@@ -565,13 +637,31 @@ class Mocha(TaskStrategy):
         """The rows of a stacked reply as :meth:`_parse_reply` gives one reply's values, and
         the rejected tasks with their reasons (checked in vectorised form)."""
         assert self.state is not None
-        return read_stacked_reply(reply, group, server_round, self.n_train, self.state.dim,
-                                  with_delta)
+        accepted, rejected = read_stacked_reply(reply, group, server_round, self.n_train,
+                                                self.state.dim, with_delta)
+        if accepted:  # the bounds of the module docstring, vectorised over the rows
+            tasks = np.fromiter(accepted, dtype=np.int64, count=len(accepted))
+            bound = (np.full(len(tasks), self.max_row_norm) if self.max_row_norm is not None
+                     else self.directory.row_norm[tasks])
+            reject_rows(accepted, rejected, tasks, np.isnan(bound), "its device reported no "
+                        "max-row-norm at discovery and the run configures none")
+            loss = np.array([accepted.get(t, {}).get("loss-mean", 0.0) for t in tasks])
+            w_norm = norm(self.state.W[:, tasks], axis=0)
+            reject_rows(accepted, rejected, tasks, loss > (1.0 + bound * w_norm) * BOUND_SLACK,
+                        "loss-mean above 1 + max-row-norm |w_t|")
+            if with_delta and accepted:
+                n = self.n_train[tasks]
+                budget = np.where(self._dropped_now[tasks], 0, self._budgets[tasks])
+                size = np.array([norm(accepted[t]["delta-b"]) if t in accepted else 0.0
+                                 for t in tasks.tolist()])
+                reject_rows(accepted, rejected, tasks,
+                            size > bound * np.minimum(budget, n) / n * BOUND_SLACK,
+                            "|delta-b| above max-row-norm x min(budget, n-train) / n-train")
+        return accepted, rejected
 
     def _parse_reply(self, reply: Message, task: int, server_round: int,
                      with_delta: bool) -> dict[str, Any]:
         assert self.state is not None
-        content = reply.content
         out = read_metrics(reply, ints=("task-id", "round", "n-train", "state-ok"),
                            numbers=("loss-mean", "dual-mean"),
                            optional_ints=("test-errors", "test-n", "steps"))
@@ -584,11 +674,18 @@ class Mocha(TaskStrategy):
             raise ReplyError(f"n-train {out['n-train']} differs from {self.n_train[task]}")
         if out["loss-mean"] < 0 or not 0 <= out["dual-mean"] <= 1 + 1e-9:
             raise ReplyError("loss-mean must be >= 0 and dual-mean in [0, 1]")
+        bound = self._row_norm(task)
+        if not math.isnan(bound):
+            check_bound("loss-mean", out["loss-mean"],
+                        1.0 + bound * float(self._w_norm[task]),
+                        "1 + max-row-norm |w_t| >= hinge(y x^T w_t)")
+        if out.get("test-n", 0) > self.directory.max_n:
+            raise ReplyError(f"test-n {out['test-n']} above the limit {self.directory.max_n}")
         if ("test-errors" in out) != ("test-n" in out) or (
                 "test-n" in out and not 0 <= out["test-errors"] <= out["test-n"]):
             raise ReplyError("test-errors/test-n inconsistent")
         if with_delta:
-            arrays = content["arrays"] if "arrays" in content else None
+            arrays = arrays_of(reply)
             if arrays is None or "delta-b" not in arrays:
                 raise ReplyError("array 'delta-b' missing")
             delta = from_array(arrays["delta-b"])
@@ -597,8 +694,27 @@ class Mocha(TaskStrategy):
                                  f"got {delta.dtype} {delta.shape}")
             if not np.all(np.isfinite(delta)):
                 raise ReplyError("'delta-b' has non-finite values")
+            self._check_delta(task, delta)
             out["delta-b"] = delta
         return out
+
+    def _row_norm(self, task: int) -> float:
+        """R_t: the configured max-row-norm, else the task's report (NaN: none)."""
+        if self.max_row_norm is not None:
+            return self.max_row_norm
+        return float(self.directory.row_norm[task])
+
+    def _check_delta(self, task: int, delta: np.ndarray) -> None:
+        """The bounds of a feasible dual step (module docstring); ReplyError if broken."""
+        assert self.state is not None
+        bound = self._row_norm(task)
+        if math.isnan(bound):
+            raise ReplyError("its device reported no max-row-norm at discovery and the run "
+                             "configures none (max-row-norm): delta-b cannot be bounded")
+        n = int(self.n_train[task])
+        budget = 0 if self._dropped_now[task] else int(self._budgets[task])
+        check_bound("|delta-b|", norm(delta), bound * min(budget, n) / n,
+                    "max-row-norm %g x min(budget %d, n-train %d) / n-train", bound, budget, n)
 
     # ------------------------------------------------------------------ records
     def _new_record(self, k: int) -> dict[str, Any]:

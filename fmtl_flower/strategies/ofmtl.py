@@ -37,7 +37,12 @@ Wire contract (besides MOCHA's, :mod:`fmtl_flower.strategies.mocha`)
 ``step`` (0 .. outer - 1), ``inner-rounds``, ``seed`` (ints), ``omega``, ``lambda``,
 ``local-frac`` (floats). Reply: arrays ``w`` float64 (d,), finite; metrics ``task-id``,
 ``step``, ``n-train``, ``state-ok`` (ints; state-ok 0: the device restarted from alpha = 0),
-``gap`` (float >= 0, the subproblem's duality gap).
+``gap`` (float >= 0, the subproblem's duality gap). Bound: ``w = (b - lambda c) / (lambda
+omega)`` with ``b = X^T alpha / n`` and ``|b| <= R`` (the newcomer's ``max-row-norm`` from
+``whoami``; a newcomer without one is rejected) for a feasible alpha, so
+``|lambda omega w + lambda c|_2 <= R``, and ``gap <= 1 + R |w| + (lambda omega / 2) |w|^2 +
+lambda |c| |w|`` (the subproblem's primal at w). The newcomer's protocol works on a copy of W and
+Sigma; a step that raises or leaves them non-finite fails the attempt (W, Sigma unchanged).
 
 ``evaluate.ofmtl`` (server -> every present device, after each event, for the metrics only):
 arrays ``w`` float64 (d,): the device's column of W; config ``task-id``, ``server-round``.
@@ -66,8 +71,14 @@ from ..core.ofmtl_factored import server_ops
 from ..core.omega import DEFAULT_OMEGA_EPS
 from ..metrics import error_summary
 from ..wire import from_array, to_array
-from .base import ReplyBoundary
-from .discovery import ReplyError, TaskDirectory, check_task_and_round, read_metrics
+from .base import ReplyBoundary, all_finite, check_bound, norm
+from .discovery import (
+    ReplyError,
+    TaskDirectory,
+    arrays_of,
+    check_task_and_round,
+    read_metrics,
+)
 from .mocha import Mocha
 
 __all__ = ["OFMTL"]
@@ -403,7 +414,13 @@ class OFMTL(Strategy):
             floats += 2 * d + 1
             W_ext[:, m] = w
             if step < self.outer - 1:  # never end on an Omega-step: w is optimal for Sigma
-                sigma, omega_mat = ops.omega_step(W_ext, self.omega_eps)
+                try:
+                    sigma, omega_mat = ops.omega_step(W_ext, self.omega_eps)
+                except Exception as err:  # noqa: BLE001 - the attempt fails, W and Sigma kept
+                    raise NewcomerFailed(f"the Omega-step after step {step} failed: "
+                                         f"{type(err).__name__}: {err}") from None
+        if not all_finite(W_ext, *((sigma,) if isinstance(sigma, np.ndarray) else ())):
+            raise NewcomerFailed("the protocol left W or Sigma non-finite")
         self.W, self.Sigma = W_ext, sigma
         self.newcomer_floats.append(floats)
         self.floats_total += floats
@@ -420,28 +437,43 @@ class OFMTL(Strategy):
         self.replies.track(task, node, msg)
         out = self.replies.read(f"newcomer {task} step {step}",
                                 grid.send_and_receive([msg], timeout=self.round_timeout),
-                                lambda reply, t: {"w-gap": self._read_newcomer(reply, t, step)})
+                                lambda reply, t: {"w-gap": self._read_newcomer(
+                                    reply, t, step, omega, c)})
         if task in out.accepted:
             return out.accepted[task]["w-gap"]
         if task in out.failed:
             raise NewcomerFailed(f"step {step}: {out.failed[task]}")
         raise NewcomerFailed(f"no reply to step {step} within {self.round_timeout:.0f} s")
 
-    def _read_newcomer(self, reply: Message, task: int, step: int) -> tuple[np.ndarray, float]:
+    def _read_newcomer(self, reply: Message, task: int, step: int, omega: float,
+                       c: np.ndarray) -> tuple[np.ndarray, float]:
         assert self.W is not None
-        content = reply.content
         metrics = read_metrics(reply, ints=("task-id", "step", "state-ok"), numbers=("gap",))
         check_task_and_round(metrics, task, step, round_key="step")
-        if "arrays" not in content or "w" not in content["arrays"]:
+        arrays = arrays_of(reply)
+        if arrays is None or "w" not in arrays:
             raise ReplyError("array 'w' missing")
         gap = metrics["gap"]
         if step > 0 and metrics["state-ok"] != 1:
             raise ReplyError("the device lost its dual state mid-protocol")
-        w = from_array(content["arrays"]["w"])
+        w = from_array(arrays["w"])
         d = self.W.shape[0]
         if w.dtype != np.float64 or w.shape != (d,) or not np.all(np.isfinite(w)):
             raise ReplyError(f"'w' must be finite float64 of shape ({d},), got {w.dtype} "
                              f"{w.shape}")
+        bound = float(self.directory.row_norm[task])
+        if math.isnan(bound):
+            raise ReplyError("the newcomer reported no max-row-norm at discovery: its w cannot "
+                             "be bounded")
+        lam_omega = self.lam * omega
+        w_norm, c_norm = float(norm(w)), float(norm(c))
+        if not math.isfinite(w_norm):
+            raise ReplyError("|w| overflows")
+        rounding = 1e-9 * (lam_omega * w_norm + self.lam * c_norm)
+        check_bound("|lambda omega w + lambda c|", norm(lam_omega * w + self.lam * c),
+                    bound + rounding, "max-row-norm %g >= |X^T alpha / n|", bound)
+        primal = 1.0 + bound * w_norm + 0.5 * lam_omega * w_norm ** 2 + self.lam * c_norm * w_norm
+        check_bound("gap", gap, primal, "the subproblem's primal at w, which bounds the gap")
         return np.array(w), float(gap)
 
     # ------------------------------------------------------------------ records

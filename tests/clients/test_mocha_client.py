@@ -150,6 +150,8 @@ def test_whoami_reports_task_id_from_node_config_and_sizes(app):
     reply = app(whoami_msg(), context)
     assert not reply.has_error()
     info = dict(reply.content["info"])
+    row_norm = info.pop("max-row-norm")  # the server bounds delta-b with it (issue 15)
+    assert row_norm == float(np.sqrt(np.einsum("ij,ij->i", X, X).max()))
     assert info == {"task-id": 3, "n-train": N, "n-test": N_TEST, "dim": D}
     assert all(type(v) is int for v in info.values())
     assert len(context.state.keys()) == 0  # whoami writes no state

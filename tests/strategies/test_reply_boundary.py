@@ -25,8 +25,9 @@ from flwr.app import (
 
 from fmtl_flower.clients.mocha import make_mocha_client_app
 from fmtl_flower.engine import FIRST_NODE_ID, InProcessGrid
+from fmtl_flower.strategies.base import NoValidReplies
 from fmtl_flower.strategies.mocha import Mocha
-from fmtl_flower.wire import to_array
+from fmtl_flower.wire import from_array, to_array
 
 from .helpers import Problem, make_problem
 from .hostile import HostileGrid, Tamper, untouched
@@ -232,3 +233,52 @@ def test_resets_and_rejoins_are_logged_with_their_reason(problem, caplog):
     text = caplog.text
     assert f"task {task} rejoined on node {new} (its node {old} went offline)" in text
     assert f"round 3: task {task} reset (b_t = 0)" in text
+
+
+# ------------------------------------------------------------------------------ bounds
+def shifted_delta(value: float) -> Any:
+    def make(message: Message, reply: Message) -> Message:
+        delta = np.array(from_array(reply.content["arrays"]["delta-b"]))
+        delta[0] += value
+        return with_arrays(reply, message, ArrayRecord({"delta-b": to_array(delta)}))
+    return make
+
+
+@pytest.mark.parametrize("value", [1e150, 1.7e308, 1e200])
+def test_delta_b_no_feasible_step_can_send_is_rejected(problem, lost_run, caplog, value):
+    """Issue 15: 1e150 was accepted (gap 1e302), 1.7e308 overflowed W for good, 1e200 made
+    the next Omega-step raise. Round 3 is followed by an Omega-step (omega_every 2: round 4)."""
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        strategy = run_mocha(problem, replace_with(shifted_delta(value)))
+    assert "|delta-b|" in caplog.text and "above its bound" in caplog.text
+    assert np.array_equal(strategy.state.W, lost_run.state.W)
+    assert np.array_equal(strategy.state.B, lost_run.state.B)
+    final = strategy.results()["final"]
+    assert final["complete"] and 0 <= final["gap"] < 1
+
+
+def test_whoami_reports_the_largest_row_norm(problem):
+    strategy = run_mocha(problem, rounds=1)
+    expected = [np.linalg.norm(X, axis=1).max() for X in problem.Xs]
+    np.testing.assert_allclose(strategy.directory.row_norm, expected, rtol=1e-15)
+
+
+def test_without_a_row_norm_the_run_config_bound_is_used(problem):
+    """A device that reports no max-row-norm: its updates cannot be bounded and are rejected
+    (with every device so, the run stops: no valid reply), unless the run configures
+    max-row-norm (here the true bound: the same run as usual)."""
+    app = make_mocha_client_app(problem.load)
+
+    def client(msg: Message, context: Context) -> Message:
+        reply = app(msg, context)
+        if "whoami" in msg.metadata.message_type:
+            info = dict(reply.content["info"])
+            del info["max-row-norm"]
+            return Message(RecordDict({"info": ConfigRecord(info)}), reply_to=msg)
+        return reply
+
+    with pytest.raises(NoValidReplies, match="no max-row-norm"):  # every reply rejected
+        run_mocha(problem, client=client)
+    largest = max(float(np.linalg.norm(X, axis=1).max()) for X in problem.Xs)
+    configured = run_mocha(problem, client=client, max_row_norm=largest)
+    assert np.array_equal(configured.state.W, run_mocha(problem).state.W)
