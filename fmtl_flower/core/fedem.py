@@ -32,10 +32,10 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import logsumexp
 
 from .backend import ModelBackend
 from .local_sgd import SGDConfig
+from .special import logsumexp  # numpy: a device needs no scipy
 
 __all__ = [
     "AGGREGATIONS", "LR_SCHEDULES", "PI_FLOOR", "LocalUpdate", "aggregate_components",

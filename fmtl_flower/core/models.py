@@ -30,7 +30,8 @@ from __future__ import annotations
 import operator
 
 import numpy as np
-from scipy.special import expit
+
+from .special import expit  # numpy: a device needs no scipy
 
 __all__ = ["MODELS", "LogisticModel", "MLPModel", "Model", "SoftmaxModel", "make_model"]
 

@@ -69,14 +69,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .factored import FactoredMatrix
 from .hinge import hinge_loss
 from .omega import DEFAULT_OMEGA_EPS, sigma_probabilistic
 from .rng import coordinate_order
 from .sdca import _sdca_kernel
+
+if TYPE_CHECKING:  # annotations only: a device's newcomer imports neither it nor scipy
+    from .factored import FactoredMatrix
 
 __all__ = [
     "NewcomerFit",

@@ -5,7 +5,8 @@ BLOCKED STRATEGY STATE_DIR``.
 e.g. ``scipy,sklearn,ray,matplotlib`` and, for a device without numba, ``numba,llvmlite``).
 The process imports the ``flwr run`` ClientApp (:mod:`fmtl_flower.apps.client_app`), answers
 ``whoami`` and two ``train`` messages of STRATEGY's run over the synthetic dataset and prints
-one JSON line: the replies' figures and which modules it loaded.
+one JSON line: the replies' figures and which modules it loaded. STRATEGY
+``import:mod1,mod2`` only imports those modules.
 """
 
 from __future__ import annotations
@@ -77,5 +78,17 @@ def main() -> None:
                       "fmtl_modules": fmtl, "warnings": caught}))
 
 
+def import_only(modules: list[str]) -> None:
+    """``STRATEGY`` = ``import:mod1,mod2``: import those modules only."""
+    import importlib
+
+    for name in modules:
+        importlib.import_module(name)
+    print(json.dumps({"top_level": sorted({m.split(".")[0] for m in sys.modules})}))
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[2].startswith("import:"):
+        import_only(sys.argv[2].removeprefix("import:").split(","))
+    else:
+        main()

@@ -53,6 +53,16 @@ def test_dual_client_on_base_install_imports_no_server_packages(strategy: str,
     assert not [m for m in out["fmtl_modules"] if m.startswith(OTHER_FAMILIES)]
     # numba's compiled kernels are kept under the client-state-dir for the next process
     assert list((tmp_path / "numba-cache").rglob("*.nbi"))
+def test_every_dense_client_imports_on_a_base_install(tmp_path: Path) -> None:
+    """MOCHA's, OFMTL's, Mb-SGD's and FedEM's ClientApps (FSVRG's data are scipy matrices:
+    its devices install the simulation extra), with and without numba."""
+    modules = "import:" + ",".join(f"fmtl_flower.clients.{name}"
+                                   for name in ("mocha", "ofmtl", "mbsgd", "fedem"))
+    for blocked in (SERVER_ONLY, SERVER_ONLY + NO_NUMBA):
+        out = run_device(blocked, modules, tmp_path)
+        assert not set(out["top_level"]) & set(blocked)
+
+
 def test_mocha_client_trains_without_numba(tmp_path: Path) -> None:
     out = run_device(SERVER_ONLY + NO_NUMBA, "mocha", tmp_path)
     check_trained(out)
