@@ -20,7 +20,7 @@ from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from ..clients.mocha import default_task_id
+from ..clients.common import default_task_id
 from ..config import FEDERATED, FSVRG_FAMILY, ConfigError, RunConfig
 from ..packing import PackedGrid, packed_client_app, tasks_of_node
 

@@ -10,7 +10,6 @@ from flwr.app import ConfigRecord, Context
 from flwr.clientapp import ClientApp
 
 from ..checkpoint import state_file_path
-from ..core import jit
 
 
 def config_value(config: ConfigRecord, key: str, kind: type) -> Any:
@@ -31,6 +30,21 @@ def config_value(config: ConfigRecord, key: str, kind: type) -> Any:
     if kind is bool and not isinstance(value, bool):
         raise ValueError(f"message config {key!r} must be a bool, got {value!r}")
     return value
+
+
+def default_task_id(context: Context) -> int:
+    """``task-id`` from the node config (deployments), else ``partition-id`` (simulation)."""
+    for key in ("task-id", "partition-id"):
+        if key in context.node_config:
+            value = context.node_config[key]
+            try:
+                return int(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"node config {key}={value!r} is not an integer") from None
+    raise ValueError(
+        "this node has no task id: start the SuperNode with --node-config \"task-id=N\" "
+        "(or partition-id=N)"
+    )
 
 
 def client_app_for(client: Any) -> ClientApp:
@@ -64,6 +78,8 @@ def use_kernel_cache(context: Context, default_dir: str | None = None) -> None:
     """Keep numba's compiled kernels in ``<client-state-dir>/numba-cache`` when the device has
     a state directory (a fresh ClientApp process per message then loads them instead of
     compiling); without one numba's default cache is used (:mod:`fmtl_flower.core.jit`)."""
+    from ..core import jit  # the kernels' module (numba); FedEM's clients never load it
+
     directory = state_dir_of(context, default_dir)
     if directory is not None:
         jit.use_cache_dir(directory / "numba-cache")

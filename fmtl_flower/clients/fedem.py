@@ -46,8 +46,7 @@ from ..core.fedem import (
 from ..core.local_sgd import SGDConfig
 from ..core.models import Model, make_model
 from ..wire import from_array, to_array
-from .common import client_app_for, config_value, state_file_for
-from .mocha import default_task_id
+from .common import client_app_for, config_value, default_task_id, state_file_for
 
 STATE_ARRAYS = "fedem.arrays"
 STATE_META = "fedem.meta"

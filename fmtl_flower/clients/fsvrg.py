@@ -61,7 +61,13 @@ from ..core.fsvrg import (
 )
 from ..core.rng import coordinate_order
 from ..wire import from_array, to_array
-from .common import config_value, protocol_rounds, state_file_for, use_kernel_cache
+from .common import (
+    config_value,
+    default_task_id,
+    protocol_rounds,
+    state_file_for,
+    use_kernel_cache,
+)
 from .dual_state import (
     DualState,
     data_fingerprint,
@@ -71,7 +77,6 @@ from .dual_state import (
     reconcile,
     write_dual_file,
 )
-from .mocha import default_task_id
 
 __all__ = ["COCOA_STATE_ARRAYS", "COCOA_STATE_META", "FsvrgClient", "SparseLocalTask",
            "make_fsvrg_client_app"]

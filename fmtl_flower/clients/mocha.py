@@ -44,9 +44,10 @@ from ..core.rng import coordinate_order
 from ..core.sdca import sdca_local_update
 from ..data.validation import validate_task
 from ..wire import from_array, to_array
-from .common import (
+from .common import (  # default_task_id: re-exported (it used to live here)
     client_app_for,
     config_value,
+    default_task_id,
     protocol_rounds,
     state_file_for,
     use_kernel_cache,
@@ -87,21 +88,6 @@ class LocalTask:
     @property
     def dim(self) -> int:
         return self.X.shape[1]
-
-
-def default_task_id(context: Context) -> int:
-    """``task-id`` from the node config (deployments), else ``partition-id`` (simulation)."""
-    for key in ("task-id", "partition-id"):
-        if key in context.node_config:
-            value = context.node_config[key]
-            try:
-                return int(value)
-            except (TypeError, ValueError):
-                raise ValueError(f"node config {key}={value!r} is not an integer") from None
-    raise ValueError(
-        "this node has no task id: start the SuperNode with --node-config \"task-id=N\" "
-        "(or partition-id=N)"
-    )
 
 
 class MochaClient:

@@ -61,6 +61,10 @@ def test_every_dense_client_imports_on_a_base_install(tmp_path: Path) -> None:
     for blocked in (SERVER_ONLY, SERVER_ONLY + NO_NUMBA):
         out = run_device(blocked, modules, tmp_path)
         assert not set(out["top_level"]) & set(blocked)
+    # the ClientApp module and FedEM's client (no SDCA kernels) do not even load numba
+    out = run_device(SERVER_ONLY, "import:fmtl_flower.apps.client_app,fmtl_flower.clients.fedem",
+                     tmp_path)
+    assert "numba" not in out["top_level"]
 
 
 def test_mocha_client_trains_without_numba(tmp_path: Path) -> None:
