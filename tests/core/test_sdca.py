@@ -254,3 +254,38 @@ def test_numpy_coordinate_order_is_the_compiled_permutation(seed, task, server_r
 
     keys = [np.uint64(k) for k in (seed, task, server_round, rng.TAG_ORDER)]
     np.testing.assert_array_equal(rng._permutation_numpy(*keys, n), rng._permutation(*keys, n))
+
+
+@compiled_only
+def test_fsvrg_kernels_run_interpreted_without_numba():
+    """FSVRG's and CoCoA+'s sparse kernels have no separate numpy version: without numba
+    they run as Python (same code); the same results as compiled on a small problem."""
+    import scipy.sparse as sp
+
+    from fmtl_flower.core import fsvrg
+
+    rng = np.random.default_rng(3)
+    X = sp.random(15, 6, density=0.4, random_state=3, format="csr")
+    y = rng.choice([-1.0, 1.0], size=15)
+    w, grad = rng.normal(size=6) * 0.1, rng.normal(size=6) * 0.01
+    order = coordinate_order(0, 1, 2, 15)
+
+    def run():
+        return (fsvrg.fsvrg_local_pass(X, y, w, grad, lam=0.1, h=0.5, s=np.ones(6),
+                                       order=order),
+                *fsvrg.cocoa_plus_local_sdca(X, y, np.zeros(15), w, lam=0.1, n=15,
+                                             sigma_prime=1.0, order=order))
+
+    compiled = run()
+    names = ("_svrg_pass_kernel", "_cocoa_kernel", "_logistic_coordinate", "_sigmoid",
+             "_dloss")
+    saved = {name: getattr(fsvrg, name) for name in names}
+    try:
+        for name in names:
+            setattr(fsvrg, name, saved[name].py_func)
+        plain = run()
+    finally:
+        for name, value in saved.items():
+            setattr(fsvrg, name, value)
+    for a, b in zip(compiled, plain, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-10, atol=1e-13)
