@@ -40,7 +40,16 @@ TASK = 3
 def child(kind: str, state_dir: str, server_round: int, samples: int, dim: int) -> None:
     """One message in this (fresh) process; prints the reply's size and the steps done."""
     import flwr.supernode.runtime.run_clientapp  # noqa: F401  - what flwr-clientapp imports
-    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+    import numpy as np
+    from flwr.app import (
+        Array,
+        ArrayRecord,
+        ConfigRecord,
+        Context,
+        Message,
+        MessageType,
+        RecordDict,
+    )
     from flwr.supercore.task_identity import TaskIdentity
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 7, server_round
@@ -53,10 +62,6 @@ def child(kind: str, state_dir: str, server_round: int, samples: int, dim: int) 
                                                         "client-state-dir": state_dir},
                       state=RecordDict(), run_config=run_config)
     meta = json.loads((Path(state_dir) / "task.json").read_text())
-    import numpy as np
-
-    from flwr.app import Array
-
     config = {"task-id": TASK, "server-round": server_round,
               "last-accepted-round": server_round - 1, "m-tt": 2.0, "sigma-prime": 1.0,
               "budget": meta["n"], "seed": 0, "dropped": False, "eval": True,
