@@ -22,7 +22,7 @@ from .core.formulations import Formulation, make_formulation
 from .core.hinge import classification_errors, hinge_conjugate_value, mean_hinge_loss
 from .core.mocha import MochaServerState
 from .core.omega import DEFAULT_OMEGA_EPS
-from .core.rng import coordinate_order
+from .core.rng import TAG_POOLED_INIT, coordinate_order
 from .core.sdca import sdca_local_update
 from .metrics import error_summary
 from .systems.heterogeneity import drop_mask, local_budgets
@@ -204,7 +204,7 @@ def fit_pooled_model(cfg, data, unseen: Sequence[int] = ()) -> dict:
     y = labels_as_classes(np.concatenate([data.tasks[t].y_train for t in train]), "pooled")
     classes = max(2, int(y.max()) + 1)
     model = make_model(cfg.model_family, data.dim, num_classes=classes, hidden=cfg.hidden)
-    rng = np.random.default_rng([cfg.seed, 41])
+    rng = np.random.default_rng([cfg.seed, TAG_POOLED_INIT])
     params = model.init_params(rng)
     config = SGDConfig(lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
                        batch_size=cfg.batch_size,

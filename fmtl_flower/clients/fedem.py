@@ -45,14 +45,14 @@ from ..core.fedem import (
 )
 from ..core.local_sgd import SGDConfig
 from ..core.models import Model, make_model
+from ..core.rng import TAG_FEDEM_FINETUNE, TAG_FEDEM_TRAIN
 from ..wire import from_array, to_array
 from .common import client_app_for, config_value, default_task_id, state_file_for
 
 STATE_ARRAYS = "fedem.arrays"
 STATE_META = "fedem.meta"
 PREVIOUS = "fedem.previous"  # prefix of the older slot's records
-TAG_TRAIN = 23
-TAG_FINETUNE = 29
+TAG_TRAIN, TAG_FINETUNE = TAG_FEDEM_TRAIN, TAG_FEDEM_FINETUNE
 METHODS = ("fedem", "fedavg", "fedprox", "fedavg-ft", "clustered", "local")
 
 DataLoader = Callable[[Context], tuple[np.ndarray, ...]]

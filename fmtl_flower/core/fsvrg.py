@@ -138,7 +138,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from fmtl_flower.core.jit import kernel
-from fmtl_flower.core.rng import coordinate_order
+from fmtl_flower.core.rng import TAG_DANE_EPOCH, TAG_UNIFORM_SAMPLE, coordinate_order
 
 __all__ = [
     "GD_POWER_MAX_ITER",
@@ -181,10 +181,6 @@ __all__ = [
     "uniform_sample_order",
 ]
 
-#: Tag of the Generator ``[seed, task, round, tag]`` of :func:`uniform_sample_order`.
-TAG_UNIFORM_SAMPLE = 41
-#: Tag of the Generators ``[seed, task, round, tag, epoch]`` of :func:`dane_epoch_orders`.
-TAG_DANE_EPOCH = 43
 
 #: ``alpha`` below this in the implicit iterate ``w = alpha v + beta G`` triggers a rescale.
 _RESCALE_BELOW = 1e-120

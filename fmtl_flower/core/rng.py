@@ -1,7 +1,11 @@
 """Explicit randomness (design decision 5): every stream is derived from the run's one seed.
 
-Each stream is a ``numpy.random.Generator`` seeded by a tuple (seed, ..., tag); the tag names
-the purpose, so streams never collide and results repeat on every engine.
+Each stream is a ``numpy.random.Generator`` seeded by a tuple (seed, ..., tag), or (for the
+coordinate orders) a splitmix64 shuffle keyed the same way; the tag names the purpose, so
+streams never collide and results repeat on every engine. Every tag of the package lives
+here, and :data:`STREAMS` lists every stream's seed layout: the tags are pairwise distinct
+and no two layouts can produce the same seed (``tests/core/test_rng.py``), with the one
+documented exception of :data:`KNOWN_OVERLAPS`.
 """
 
 from __future__ import annotations
@@ -15,6 +19,78 @@ TAG_DROP = 13
 TAG_ORDER = 17
 TAG_CV = 19
 TAG_ARRIVALS = 43
+#: The per-task train/test split, ``[seed, task, TAG_SPLIT]`` (:mod:`fmtl_flower.data.split`).
+TAG_SPLIT = 7
+#: The skewed task sizes ``[seed, TAG_SKEW]`` and task ``t``'s kept samples
+#: ``[seed, t, TAG_SKEW]`` (:mod:`fmtl_flower.data.skew`). It was 11, the value of
+#: :data:`TAG_BUDGET` with the same tuple shape: task t's skew and round t's budgets shared
+#: one stream.
+TAG_SKEW = 47
+#: FedEM's client minibatches ``[seed, task, round, TAG_FEDEM_TRAIN]`` and fine-tuning
+#: ``[seed, task, round, TAG_FEDEM_FINETUNE]`` (:mod:`fmtl_flower.clients.fedem`).
+TAG_FEDEM_TRAIN = 23
+TAG_FEDEM_FINETUNE = 29
+#: FedEM's server: the clients sampled in a round ``[seed, round, TAG_FEDEM_SAMPLE]`` and
+#: component ``m``'s initial parameters ``[seed, m, TAG_FEDEM_INIT]``.
+TAG_FEDEM_SAMPLE = 31
+TAG_FEDEM_INIT = 37
+#: Naive FSVRG's uniform sample ``[seed, task, round, TAG_UNIFORM_SAMPLE]`` and DANE's SVRG
+#: epochs ``e >= 1`` ``[seed, task, round, TAG_DANE_EPOCH, e]`` (:mod:`fmtl_flower.core.fsvrg`;
+#: DANE's was 43, the value of :data:`TAG_ARRIVALS`, in a longer tuple).
+TAG_UNIFORM_SAMPLE = 41
+TAG_DANE_EPOCH = 53
+#: The pooled model's initialisation and SGD ``[seed, TAG_POOLED_INIT]``
+#: (:func:`fmtl_flower.centralized.fit_pooled_model`; was 41, :data:`TAG_UNIFORM_SAMPLE`'s value
+#: in a shorter tuple).
+TAG_POOLED_INIT = 59
+#: The MOCHA-style synthetic generator: cluster centres ``[seed, TAG_SYNTHETIC_CENTRES]``,
+#: task ``t`` ``[seed, TAG_SYNTHETIC_TASK, t]`` (:mod:`fmtl_flower.data.synthetic`).
+TAG_SYNTHETIC_CENTRES = 0x5C
+TAG_SYNTHETIC_TASK = 0x5E
+#: The sparse federated generator: shared structure ``[seed, TAG_SPARSE_GLOBAL]``, node ``t``
+#: ``[seed, t, TAG_SPARSE_TASK]``, the IID reshuffle ``[seed, TAG_SPARSE_IID]``
+#: (:mod:`fmtl_flower.data.sparse_federated`).
+TAG_SPARSE_GLOBAL = 0x5F0
+TAG_SPARSE_TASK = 0x5F1
+TAG_SPARSE_IID = 0x5F2
+
+#: Every stream: name -> seed layout. An int is a fixed word, ``"seed"`` the run seed and the
+#: other names ids that range over ``0, 1, 2, ...`` (``"round"`` and ``"epoch"`` from 1).
+#: ``"numpy"`` layouts seed ``np.random.default_rng(list)``; ``"splitmix"`` layouts key
+#: :func:`coordinate_order`'s shuffle (a separate family: it never meets a numpy seed).
+STREAMS: dict[str, tuple[str, tuple[int | str, ...]]] = {
+    "split": ("numpy", ("seed", "task", TAG_SPLIT)),
+    "budget": ("numpy", ("seed", "round", TAG_BUDGET)),
+    "drop": ("numpy", ("seed", "round", TAG_DROP)),
+    "cv-folds": ("numpy", ("seed", "task", TAG_CV)),
+    "fedem-train": ("numpy", ("seed", "task", "round", TAG_FEDEM_TRAIN)),
+    "fedem-finetune": ("numpy", ("seed", "task", "round", TAG_FEDEM_FINETUNE)),
+    "fedem-sample": ("numpy", ("seed", "round", TAG_FEDEM_SAMPLE)),
+    "fedem-init": ("numpy", ("seed", "component", TAG_FEDEM_INIT)),
+    "uniform-sample": ("numpy", ("seed", "task", "round", TAG_UNIFORM_SAMPLE)),
+    "arrivals": ("numpy", ("seed", TAG_ARRIVALS)),
+    "skew-sizes": ("numpy", ("seed", TAG_SKEW)),
+    "skew-task": ("numpy", ("seed", "task", TAG_SKEW)),
+    "dane-epoch": ("numpy", ("seed", "task", "round", TAG_DANE_EPOCH, "epoch")),
+    "pooled-init": ("numpy", ("seed", TAG_POOLED_INIT)),
+    "synthetic-centres": ("numpy", ("seed", TAG_SYNTHETIC_CENTRES)),
+    "synthetic-task": ("numpy", ("seed", TAG_SYNTHETIC_TASK, "task")),
+    "sparse-global": ("numpy", ("seed", TAG_SPARSE_GLOBAL)),
+    "sparse-task": ("numpy", ("seed", "task", TAG_SPARSE_TASK)),
+    "sparse-iid": ("numpy", ("seed", TAG_SPARSE_IID)),
+    "coordinate-order": ("splitmix", ("seed", "task", "round", TAG_ORDER)),
+    "global-svm-epoch": ("splitmix", ("seed", "epoch", 0, TAG_ORDER)),
+}
+
+#: Pairs of streams that can meet, kept because moving them would redraw every committed
+#: synthetic dataset: the synthetic generator puts its tag second (``[seed, 0x5E, t]``), so
+#: its task ``t`` shares the seed of id ``0x5E`` = 94 of every ``[seed, id, tag]`` stream
+#: with ``t == tag`` (e.g. synthetic task 13 and round 94's drops).
+KNOWN_OVERLAPS = frozenset(
+    frozenset(("synthetic-task", name))
+    for name in ("split", "budget", "drop", "cv-folds", "fedem-sample", "fedem-init",
+                 "skew-task", "sparse-task")
+)
 
 
 def arrival_permutation(seed: int, num_tasks: int) -> np.ndarray:

@@ -69,6 +69,7 @@ import numpy as np
 
 from fmtl_flower._lazy import lazy_module
 
+from ..core.rng import TAG_SPARSE_GLOBAL, TAG_SPARSE_IID, TAG_SPARSE_TASK
 from .dataset import TaskCollection
 
 sp = lazy_module("scipy.sparse")  # loaded when a sparse dataset is built
@@ -86,9 +87,9 @@ __all__ = [
     "linear_model_error",
 ]
 
-_GLOBAL_TAG = 0x5F0
-_TASK_TAG = 0x5F1
-_IID_TAG = 0x5F2
+_GLOBAL_TAG = TAG_SPARSE_GLOBAL
+_TASK_TAG = TAG_SPARSE_TASK
+_IID_TAG = TAG_SPARSE_IID
 
 #: Default shape parameters of the generator (keyword arguments of :func:`make_sparse_task`).
 SPARSE_DEFAULTS: dict[str, Any] = {

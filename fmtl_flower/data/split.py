@@ -17,14 +17,15 @@ from typing import Any
 
 import numpy as np
 
+from fmtl_flower.core.rng import TAG_SPLIT
 from fmtl_flower.data.dataset import MultiTaskDataset, TaskData
 from fmtl_flower.data.validation import _validate_arrays
 
 __all__ = ["SPLIT_TAG", "split_task", "split_tasks", "num_test_samples", "train_test_split_task"]
 
-#: Fixed tag in the per-task split seed ``[seed, task, SPLIT_TAG]``; it keeps the split's
-#: random stream apart from other per-task streams derived from the same run seed.
-SPLIT_TAG = 7
+#: Fixed tag in the per-task split seed ``[seed, task, SPLIT_TAG]`` (the registry's
+#: :data:`~fmtl_flower.core.rng.TAG_SPLIT`, kept under this name).
+SPLIT_TAG = TAG_SPLIT
 
 
 def _check_test_frac(test_frac: float) -> float:

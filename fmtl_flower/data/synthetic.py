@@ -31,10 +31,12 @@ from typing import Any
 
 import numpy as np
 
+from fmtl_flower.core.rng import TAG_SYNTHETIC_CENTRES, TAG_SYNTHETIC_TASK
+
 __all__ = ["SyntheticSource", "make_synthetic_tasks", "synthetic_source"]
 
-_CENTRE_TAG = 0x5C
-_TASK_TAG = 0x5E
+_CENTRE_TAG = TAG_SYNTHETIC_CENTRES
+_TASK_TAG = TAG_SYNTHETIC_TASK
 #: Standard deviation of log(n_t / samples_per_task).
 _SIZE_LOG_STD = 0.6
 _MAX_DRAWS = 100

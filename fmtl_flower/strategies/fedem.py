@@ -93,7 +93,7 @@ from ..core.fedem import (
 )
 from ..core.local_sgd import SGDConfig
 from ..core.models import MODELS, make_model
-from ..core.rng import round_rng
+from ..core.rng import TAG_FEDEM_INIT, TAG_FEDEM_SAMPLE, round_rng
 from ..metrics import error_summary
 from ..wire import from_array, to_array
 from .base import ReplyBoundary, TaskStrategy, all_finite, check_bound, norm
@@ -110,8 +110,7 @@ __all__ = ["METHODS", "FedEM", "ReplyError"]
 RoundCallback = Callable[[dict[str, Any]], None]
 METHODS = ("fedem", "fedavg", "fedprox", "fedavg-ft", "clustered", "local")
 SINGLE_MODEL = ("fedavg", "fedprox", "fedavg-ft", "local")
-TAG_SAMPLE = 31
-TAG_INIT = 37
+TAG_SAMPLE, TAG_INIT = TAG_FEDEM_SAMPLE, TAG_FEDEM_INIT
 #: Largest ``train-loss`` a reply may report (a mean negative log-likelihood beyond it is
 #: divergence or hostility, and would overflow the round's sums).
 MAX_LOSS = 1e6

@@ -147,3 +147,17 @@ def test_skew_matches_synthetic_generator_sizes() -> None:
     Xs, ys = make_synthetic_tasks(num_tasks=6, samples_per_task=120, seed=0)
     X1, _ = skew_tasks(Xs, ys, ratio=20, seed=0)
     assert sorted(x.shape[0] for x in X1)[0] == round(max(x.shape[0] for x in Xs) / 20)
+
+
+def test_skew_streams_are_not_the_budget_streams() -> None:
+    """Task t's kept samples do not come from round t's budget stream (the skew's tag was
+    11 = TAG_BUDGET: one Generator for both)."""
+    from fmtl_flower.core.rng import TAG_BUDGET, round_rng
+    from fmtl_flower.data.skew import _keep_indices, _skew_task
+
+    seed, t, n, size = 3, 5, 400, 40
+    X = np.arange(n, dtype=float).reshape(n, 1)
+    y = np.where(np.arange(n) % 3 == 0, 1.0, -1.0)
+    kept, _ = _skew_task(X, y, size, seed, t)
+    budget_stream = _keep_indices(y, size, round_rng(seed, t, TAG_BUDGET))
+    assert not np.array_equal(kept[:, 0].astype(int), budget_stream)
