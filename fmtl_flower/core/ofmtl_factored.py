@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .factored import FactoredMatrix, sigma_probabilistic_factored
-from .ofmtl import (
+from .ofmtl_server import (
     _TRACE_TOL,
     _positive,
     extend_sigma,
