@@ -197,9 +197,9 @@ def _unseen(cfg: RunConfig, num_tasks: int) -> list[int]:
 
 def run_federation(cfg: RunConfig, data, engine: str, print_every: int,
                    quiet: bool, ray_address: str | None = None) -> dict[str, Any]:
-    """Run the federation of ``cfg.strategy`` on ``engine``; return the results dict."""
-    from .apps.common import make_client_app, make_server_app
-    from .engine import run_inprocess, run_ray
+    """:func:`fmtl_flower.apps.run.run_federation` with a progress line every ``print_every``
+    rounds (0: about 50 lines in all) unless ``quiet``; return the results dict."""
+    from .apps.run import run_federation as run
 
     m = data.num_tasks
     every = print_every or max(1, math.ceil(cfg.num_server_rounds / 50))
@@ -215,17 +215,7 @@ def run_federation(cfg: RunConfig, data, engine: str, print_every: int,
         if not quiet and ("event" in record or k % every == 0 or k == cfg.num_server_rounds):
             print(progress_line(record, m), flush=True)
 
-    box: dict[str, Any] = {}
-    server_app = make_server_app(cfg, on_round=on_round, on_done=box.update)
-    client_app = make_client_app(cfg)
-    nodes = math.ceil(m / cfg.tasks_per_node)  # task packing: K tasks per Flower node
-    if engine == "inprocess":
-        run_inprocess(server_app, client_app, nodes)
-    else:
-        run_ray(server_app, client_app, nodes, address=ray_address)
-    if not box:
-        raise RuntimeError("the federation ended without results (see the log above)")
-    return box
+    return run(cfg, data, engine, on_round=on_round, ray_address=ray_address)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

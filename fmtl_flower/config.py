@@ -49,6 +49,11 @@ def as_int(key: str, value: Any, minimum: int | None = None) -> int:
     return out
 
 
+def positive_int(key: str, value: Any) -> int:
+    """``value`` as an int >= 1 (:func:`as_int`); the reproductions' ``OPTIONS`` parser."""
+    return as_int(key, value, 1)
+
+
 def as_float(key: str, value: Any, lo: float | None = None, hi: float | None = None,
              lo_open: bool = False, hi_open: bool = False, finite: bool = True) -> float:
     """``value`` as a float in the given bounds; a ConfigError naming ``key``.

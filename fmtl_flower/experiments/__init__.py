@@ -15,7 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ..config import as_int, split_set_option
+from ..config import split_set_option
 
 REPRODUCTIONS = {
     "mocha-table1": "fmtl_flower.experiments.mocha_table1",
@@ -39,11 +39,6 @@ def module_of(name: str) -> ModuleType:
 def reproduce(name: str, out_dir: str | Path, quick: bool = False, **options: Any) -> dict:
     """Run reproduction ``name`` and write its files to ``out_dir``; return its JSON dict."""
     return module_of(name).run(Path(out_dir), quick=quick, **options)
-
-
-def positive_int(key: str, text: str) -> int:
-    """An ``OPTIONS`` parser: an integer >= 1."""
-    return as_int(key, text, 1)
 
 
 def parse_options(name: str, pairs: Sequence[str]) -> dict[str, Any]:

@@ -33,8 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config import RunConfig
-from . import positive_int
+from ..config import RunConfig, positive_int
 from .output import write_outputs
 
 #: ``fmtl reproduce ... --set KEY=VALUE``: jobs (worker processes).
@@ -61,12 +60,12 @@ def run_one(settings: dict[str, Any]) -> dict[str, Any]:
     import flwr.common.logger  # noqa: F401  - configure Flower's logger, then quieten it
 
     from ..apps.common import dataset_for
-    from ..cli import run_federation
+    from ..apps.run import run_federation
 
     logging.getLogger("flwr").setLevel(logging.ERROR)
     cfg = RunConfig.from_mapping({"dataset": "fedem-synthetic", **settings})
     started = time.perf_counter()
-    results = run_federation(cfg, dataset_for(cfg), "inprocess", 0, quiet=True)
+    results = run_federation(cfg, dataset_for(cfg), "inprocess")
     final = results["final"]
     return {**{k: final.get(k) for k in KEYS}, "rounds": final.get("round"),
             "wall_time_s": time.perf_counter() - started}

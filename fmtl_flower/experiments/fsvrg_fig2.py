@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 from scipy.sparse.linalg import svds
 
+from ..config import positive_int
 from ..core.fsvrg import (
     cocoa_plus_aggregate,
     cocoa_plus_local_sdca,
@@ -48,7 +49,6 @@ from ..core.fsvrg import (
     relative_suboptimality,
 )
 from ..core.rng import coordinate_order
-from . import positive_int
 from .output import write_outputs
 
 #: ``fmtl reproduce ... --set KEY=VALUE``: num_tasks (default 1000) and rounds (default 200).

@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 
 from ..centralized import evaluate_models
+from ..config import positive_int
 from ..data import available_datasets, load_dataset
 from ..model_selection import cross_validate_lambda, make_fitter
-from . import positive_int
 from .output import write_outputs
 
 #: ``fmtl reproduce ... --set KEY=VALUE``: rounds (default 1000) and omega_every (default 100).

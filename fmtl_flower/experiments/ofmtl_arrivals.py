@@ -72,14 +72,13 @@ from typing import Any
 import numpy as np
 
 from ..centralized import evaluate_models, fit_mocha
-from ..config import as_float, as_int
+from ..config import as_float, as_int, positive_int
 from ..core.ofmtl import add_task
 from ..core.omega import DEFAULT_OMEGA_EPS
 from ..core.rng import arrival_permutation
 from ..core.svm import fit_global_svm, fit_linear_svm, fit_local_svms
 from ..data import available_datasets, load_dataset
 from ..model_selection import cross_validate_lambda
-from . import positive_int
 from .output import write_outputs
 
 NAME = "ofmtl-arrivals"

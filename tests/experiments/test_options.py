@@ -5,7 +5,8 @@ import math
 import pytest
 
 from fmtl_flower.cli import main
-from fmtl_flower.experiments import REPRODUCTIONS, parse_options, positive_int
+from fmtl_flower.config import positive_int
+from fmtl_flower.experiments import REPRODUCTIONS, parse_options
 
 
 def test_kebab_and_snake_keys_are_parsed_to_their_types():

@@ -1,0 +1,60 @@
+"""Run one federation from a :class:`~fmtl_flower.config.RunConfig`, on an engine.
+
+What ``fmtl run`` and the reproductions share: the ServerApp and ClientApp built from the
+run config (:mod:`fmtl_flower.apps.common`), run in-process or on Ray
+(:mod:`fmtl_flower.engine`), with ``ceil(m / tasks-per-node)`` Flower nodes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from ..config import RunConfig
+from ..engine import run_inprocess, run_ray
+from .common import make_client_app, make_server_app
+
+__all__ = ["run_federation"]
+
+
+def run_federation(cfg: RunConfig, data, engine: str = "inprocess", *,
+                   on_round: Callable[[dict[str, Any]], None] | None = None,
+                   ray_address: str | None = None) -> dict[str, Any]:
+    """Run the federation of ``cfg.strategy`` over ``data`` on ``engine``.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The run config (strategy, rounds, task packing, ...).
+    data : dataset
+        What :func:`~fmtl_flower.apps.common.dataset_for` returns for ``cfg``; only its
+        ``num_tasks`` is read here (the ClientApp loads each task itself).
+    engine : {"inprocess", "ray"}
+        Where the apps run.
+    on_round : callable, optional
+        Called with every per-round record as the ServerApp makes it.
+    ray_address : str, optional
+        A Ray cluster to join (``engine="ray"``).
+
+    Returns
+    -------
+    dict
+        The results dict (``config``, ``rounds``, ``final``, ...).
+
+    Raises
+    ------
+    RuntimeError
+        If the federation ended without results.
+    """
+    box: dict[str, Any] = {}
+    server_app = make_server_app(cfg, on_round=on_round, on_done=box.update)
+    client_app = make_client_app(cfg)
+    nodes = math.ceil(data.num_tasks / cfg.tasks_per_node)  # task packing: K tasks per node
+    if engine == "inprocess":
+        run_inprocess(server_app, client_app, nodes)
+    else:
+        run_ray(server_app, client_app, nodes, address=ray_address)
+    if not box:
+        raise RuntimeError("the federation ended without results (see the log above)")
+    return box
