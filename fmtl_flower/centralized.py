@@ -20,7 +20,7 @@ import numpy as np
 from .core.baselines import cocoa_local_update, mbsdca_local_update, mbsdca_scale
 from .core.formulations import Formulation, make_formulation
 from .core.hinge import classification_errors, hinge_conjugate_value, mean_hinge_loss
-from .core.mocha import MochaServerState
+from .core.mocha import MochaServerState, omega_step_due
 from .core.omega import DEFAULT_OMEGA_EPS
 from .core.rng import TAG_POOLED_INIT, coordinate_order
 from .core.sdca import sdca_local_update
@@ -159,17 +159,6 @@ def fit_mocha(
     return fit
 
 
-def omega_step_due(server_round: int, omega_every: int, num_rounds: int | None) -> bool:
-    """Whether an Omega-step follows the W-step of ``server_round``.
-
-    Every ``omega_every`` rounds, but never after the last round: the final models are those
-    the last W-steps optimised, not W(alpha) for a Sigma the dual variables never saw.
-    """
-    if omega_every <= 0 or server_round % omega_every != 0:
-        return False
-    return num_rounds is None or server_round < num_rounds
-
-
 def _record(fit: MochaFit, k: int, tasks: Sequence[TaskArrays],
             test: Sequence[TaskArrays] | None) -> None:
     primal, dual = _objective(fit.state, tasks, fit.alphas)
@@ -194,7 +183,7 @@ def fit_pooled_model(cfg, data, unseen: Sequence[int] = ()) -> dict:
     ``num_server_rounds * local_epochs`` epochs (seeded by ``cfg.seed``); every task is then
     evaluated with it, held-out tasks reported as ``unseen_accuracy_*``.
     """
-    from .clients.fedem import labels_as_classes
+    from .core.labels import labels_as_classes
     from .core.local_sgd import SGDConfig, sgd_epochs
     from .core.models import make_model
 

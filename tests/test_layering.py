@@ -161,3 +161,20 @@ def test_the_checks_see_what_they_look_for():
         assert [f"{ROOT}.core.ofmtl", f"{ROOT}.core.rng"] in _cycles()
     finally:
         GRAPH[f"{ROOT}.core.rng"] = saved
+
+
+def _closure(module: str) -> set[str]:
+    seen, todo = set(), [module]
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo += GRAPH[m]
+    return seen
+
+
+def test_the_flower_free_loop_reaches_no_flwr():
+    """``centralized`` (MOCHA and the pooled model without Flower) and everything it imports,
+    at any depth, import no flwr (it imported the FedEM client for its label helper)."""
+    reach = _closure(f"{ROOT}.centralized")
+    assert sorted(m for m in reach if "flwr" in imports_of(m)[1]) == []

@@ -16,6 +16,17 @@ from .formulations import Formulation, make_formulation
 from .objective import regulariser_value
 
 
+def omega_step_due(server_round: int, omega_every: int, num_rounds: int | None) -> bool:
+    """Whether an Omega-step follows the W-step of ``server_round``.
+
+    Every ``omega_every`` rounds, but never after the last round: the final models are those
+    the last W-steps optimised, not W(alpha) for a Sigma the dual variables never saw.
+    """
+    if omega_every <= 0 or server_round % omega_every != 0:
+        return False
+    return num_rounds is None or server_round < num_rounds
+
+
 class ServerStateBasics:
     """What the dense and factored server states share: sizes from B, lambda from the
     formulation, and the alpha = 0 start."""

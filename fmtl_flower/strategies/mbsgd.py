@@ -77,10 +77,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from ..centralized import omega_step_due
 from ..core.baselines import mbsgd_radius, mbsgd_server_step, mbsgd_step_size
 from ..core.formulations import FORMULATIONS, Formulation, make_formulation
-from ..core.mocha import formulation_arrays, set_formulation_arrays
+from ..core.mocha import formulation_arrays, omega_step_due, set_formulation_arrays
 from ..core.omega import DEFAULT_OMEGA_EPS
 from ..metrics import error_summary
 from ..packing import StackGroup

@@ -80,7 +80,6 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from ..centralized import omega_step_due
 from ..core.baselines import mbsdca_scale
 from ..core.formulations import (
     FORMULATIONS,
@@ -88,7 +87,7 @@ from ..core.formulations import (
     make_formulation,
     options_check_size,
 )
-from ..core.mocha import MochaServerState
+from ..core.mocha import MochaServerState, omega_step_due
 from ..core.mocha_factored import (
     FactoredMochaServerState,
     choose_server_path,

@@ -21,7 +21,7 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from fmtl_flower.centralized import evaluate_models, fit_mocha, omega_step_due
+from fmtl_flower.centralized import evaluate_models, fit_mocha
 from fmtl_flower.clients.mbsgd import make_mbsgd_client_app
 from fmtl_flower.clients.mocha import make_mocha_client_app
 from fmtl_flower.core.baselines import (
@@ -32,6 +32,7 @@ from fmtl_flower.core.baselines import (
     mbsgd_step_size,
 )
 from fmtl_flower.core.formulations import make_formulation
+from fmtl_flower.core.mocha import omega_step_due
 from fmtl_flower.core.rng import coordinate_order
 from fmtl_flower.engine import FIRST_NODE_ID, InProcessGrid, run_inprocess
 from fmtl_flower.strategies.mbsgd import MbSgd
