@@ -109,20 +109,15 @@ def fit_mocha(
         formulation = make_formulation(omega, m, lam=lam, lam2=lam2, s2=s2, eta=eta,
                                        k=clusters, eps_rel=omega_eps, gamma=gamma)
     state = MochaServerState.zeros(dim, formulation)
-    alphas = [np.zeros(k) for k in n]
-    fit = MochaFit(state, alphas)
-    all_tasks = np.arange(m)
+    fit = MochaFit(state, [np.zeros(k) for k in n])
+    systems = _Systems(n=n, dim=dim, method=method, beta=beta, local_frac=local_frac,
+                       sys_het=sys_het, sys_het_base=sys_het_base, drop_prob=drop_prob,
+                       clock_cycle=clock_cycle, network=network, time_model=time_model,
+                       seed=seed)
     for r in range(1, rounds + 1):
         if record_every and (r - 1) % record_every == 0:
             _record(fit, r - 1, tasks, test)
-        budgets = local_budgets(n, local_frac=local_frac, sys_het=sys_het, base=sys_het_base,
-                                seed=seed, server_round=r)
-        budgets = deadline_budgets(budgets, clock_cycle, dim, method, network, model=time_model,
-                                   n=n if method == "cocoa" else None)
-        dropped = drop_mask(m, drop_prob, seed=seed, server_round=r)
-        if method == "mb-sdca":
-            budgets = np.minimum(budgets, n)
-            scale = mbsdca_scale(beta, int(budgets[~dropped].sum()))
+        budgets, dropped, scale = systems.draw(r)
         m_diag = state.m_diag()
         sigma_p = state.sigma_prime(sigma_mode)
         delta_B = np.zeros((dim, m))
@@ -130,33 +125,72 @@ def fit_mocha(
         for t, (X, y) in enumerate(tasks):
             if dropped[t] or budgets[t] == 0:
                 continue
-            w_t = state.W[:, t].copy()
             order = coordinate_order(seed, t, r, int(n[t]))
-            if method == "mocha":
-                d_alpha, d_b = sdca_local_update(
-                    X, y, alphas[t], w_t, budget=int(budgets[t]), m_tt=float(m_diag[t]),
-                    sigma_prime=float(sigma_p[t]), order=order, sqnorm=sqnorms[t])
-            elif method == "cocoa":
-                d_alpha, d_b, steps[t], _ = cocoa_local_update(
-                    X, y, alphas[t], w_t, m_tt=float(m_diag[t]), sigma_prime=float(sigma_p[t]),
-                    theta=theta, max_steps=int(budgets[t]), order=order, sqnorm=sqnorms[t])
-            else:
-                d_alpha, d_b = mbsdca_local_update(X, y, alphas[t], w_t, m_tt=float(m_diag[t]),
-                                                   budget=int(budgets[t]), order=order,
-                                                   sqnorm=sqnorms[t])
-                d_alpha, d_b = scale * d_alpha, scale * d_b
-            if method != "cocoa":
-                steps[t] = budgets[t]
+            d_alpha, d_b, steps[t] = _local_update(
+                method, X, y, fit.alphas[t], state.W[:, t].copy(), budget=int(budgets[t]),
+                m_tt=float(m_diag[t]), sigma_prime=float(sigma_p[t]), theta=theta,
+                order=order, sqnorm=sqnorms[t], scale=scale)
             if gamma != 1.0:
                 d_alpha, d_b = gamma * d_alpha, gamma * d_b
             delta_B[:, t] = d_b
-            alphas[t] = alphas[t] + d_alpha
+            fit.alphas[t] = fit.alphas[t] + d_alpha
         fit.steps.append(steps)
-        state.add_updates(all_tasks, delta_B)
+        state.add_updates(np.arange(m), delta_B)
         if omega_step_due(r, omega_every, rounds):
             state.omega_step()
     _record(fit, rounds, tasks, test)
     return fit
+
+
+@dataclass(frozen=True)
+class _Systems:
+    """The per-round budgets and drops of :func:`fit_mocha`, drawn as the strategy draws them."""
+
+    n: np.ndarray
+    dim: int
+    method: str
+    beta: float
+    local_frac: float
+    sys_het: str
+    sys_het_base: str
+    drop_prob: float | Sequence[float]
+    clock_cycle: float | None
+    network: str
+    time_model: str
+    seed: int
+
+    def draw(self, r: int) -> tuple[np.ndarray, np.ndarray, float]:
+        """Round ``r``'s (budgets, dropped mask, Mb-SDCA scale (1.0 for the others))."""
+        budgets = local_budgets(self.n, local_frac=self.local_frac, sys_het=self.sys_het,
+                                base=self.sys_het_base, seed=self.seed, server_round=r)
+        budgets = deadline_budgets(budgets, self.clock_cycle, self.dim, self.method,
+                                   self.network, model=self.time_model,
+                                   n=self.n if self.method == "cocoa" else None)
+        dropped = drop_mask(self.n.size, self.drop_prob, seed=self.seed, server_round=r)
+        scale = 1.0
+        if self.method == "mb-sdca":
+            budgets = np.minimum(budgets, self.n)
+            scale = mbsdca_scale(self.beta, int(budgets[~dropped].sum()))
+        return budgets, dropped, scale
+
+
+def _local_update(method: str, X: np.ndarray, y: np.ndarray, alpha: np.ndarray,
+                  w_t: np.ndarray, *, budget: int, m_tt: float, sigma_prime: float,
+                  theta: float, order: np.ndarray, sqnorm: np.ndarray,
+                  scale: float) -> tuple[np.ndarray, np.ndarray, int]:
+    """One task's local solver of ``method``: (Delta alpha_t, Delta b_t, steps taken)."""
+    if method == "mocha":
+        d_alpha, d_b = sdca_local_update(X, y, alpha, w_t, budget=budget, m_tt=m_tt,
+                                         sigma_prime=sigma_prime, order=order, sqnorm=sqnorm)
+        return d_alpha, d_b, budget
+    if method == "cocoa":
+        d_alpha, d_b, steps, _ = cocoa_local_update(
+            X, y, alpha, w_t, m_tt=m_tt, sigma_prime=sigma_prime, theta=theta,
+            max_steps=budget, order=order, sqnorm=sqnorm)
+        return d_alpha, d_b, steps
+    d_alpha, d_b = mbsdca_local_update(X, y, alpha, w_t, m_tt=m_tt, budget=budget, order=order,
+                                       sqnorm=sqnorm)
+    return scale * d_alpha, scale * d_b, budget
 
 
 def _record(fit: MochaFit, k: int, tasks: Sequence[TaskArrays],

@@ -186,98 +186,128 @@ def run_order(dataset: str, order: int, settings: Settings,
     perm = arrival_order(data.num_tasks, order)
     train = [(data.tasks[t].X_train, data.tasks[t].y_train) for t in perm]
     test = [(data.tasks[t].X_test, data.tasks[t].y_test) for t in perm]
-    T, d = len(train), data.dim
+    T = len(train)
     m0 = INITIAL_TASKS.get(dataset, DEFAULT_INITIAL) if initial is None else int(initial)
     if not 1 <= m0 < T:
         raise ValueError(f"{dataset}: initial tasks must be in [1, {T - 1}], got {m0}")
-    mocha_kw = settings.mocha_kwargs()
-    cv_kw = {"folds": settings.folds, "seed": order}
+    run = _OrderRun(settings, order, data.dim, m0)
+    run.choose_initial_lambdas(train[:m0])
+    for m in range(m0, T + 1):
+        errors = run.devices(train[:m], test[:m])
+        run.rows += [{"dataset": dataset, "order": int(order), "devices": int(m),
+                      "method": method, "test_error": float(errors[method]),
+                      "cumulative_time_s": float(run.time_s[method]),
+                      "floats_communicated": int(run.floats[method])} for method in METHODS]
+    return {"rows": run.rows, "retrainings": run.retrainings, "dim": int(data.dim),
+            "num_tasks": int(T), "initial": int(m0), "arrival_order": [int(t) for t in perm],
+            "lambdas": {k: v if run.every else v[0] for k, v in run.chosen.items()},
+            "cv_time_s": run.cv_time, "newcomer_final_gaps": run.gaps,
+            "cumulative_sdca_steps": run.steps}
 
-    def choose(method: str, tasks: list) -> tuple[float, float]:
-        extra = mocha_kw if method == "mtl" else {}
-        (lam, _), seconds = _timed(cross_validate_lambda, method, tasks, **cv_kw, **extra)
+
+class _OrderRun:
+    """:func:`run_order`'s state over device counts: lambdas, OFMTL's (W, Sigma), and the
+    per-method time, floats, SDCA steps and rows accumulated so far."""
+
+    def __init__(self, settings: Settings, order: int, dim: int, initial: int) -> None:
+        self.settings, self.order, self.d = settings, order, dim
+        self.mocha_kw = settings.mocha_kwargs()
+        self.every = settings.lambda_mode == "every"
+        self.lambdas: dict[str, float] = {}
+        self.chosen: dict[str, list[float]] = {"mtl": [], "local": [], "global": []}
+        self.cv_time = 0.0
+        self.time_s = dict.fromkeys(METHODS, 0.0)
+        self.floats = dict.fromkeys(METHODS, 0)
+        self.steps: dict[str, list[int]] = {"ofmtl": [], "mocha": []}  # cumulative per count
+        self.rows: list[dict[str, Any]] = []
+        self.retrainings: list[int] = []
+        self.gaps: list[float] = []
+        self.W = self.Sigma = None
+        self.lam_ofmtl = math.nan
+        self.initial = initial
+        self.tasks_at_training, self.since = initial, 0
+
+    def _choose(self, method: str, tasks: list) -> tuple[float, float]:
+        extra = self.mocha_kw if method == "mtl" else {}
+        (lam, _), seconds = _timed(cross_validate_lambda, method, tasks,
+                                   folds=self.settings.folds, seed=self.order, **extra)
         return lam, seconds
 
-    every = settings.lambda_mode == "every"
-    lambdas: dict[str, float] = {}
-    cv_time = 0.0
-    if not every:
-        for method in ("mtl", "local", "global"):
-            lambdas[method], seconds = choose(method, train[:m0])
-            cv_time += seconds
-    chosen: dict[str, list[float]] = {"mtl": [], "local": [], "global": []}
+    def choose_initial_lambdas(self, initial_tasks: list) -> None:
+        """lambda-mode ``initial``: each method's lambda by CV on the initial tasks, once."""
+        if not self.every:
+            for method in ("mtl", "local", "global"):
+                self.lambdas[method], seconds = self._choose(method, initial_tasks)
+                self.cv_time += seconds
 
-    time_s = dict.fromkeys(METHODS, 0.0)
-    floats = dict.fromkeys(METHODS, 0)
-    steps = {"ofmtl": [], "mocha": []}  # cumulative SDCA coordinate steps per device count
-    rows: list[dict[str, Any]] = []
-    retrainings: list[int] = []
-    gaps: list[float] = []
-    W = Sigma = None
-    lam_ofmtl = math.nan
-    tasks_at_training, since = m0, 0
-    for m in range(m0, T + 1):
-        present, present_test = train[:m], test[:m]
-        errors: dict[str, float] = {}
-        # MOCHA from scratch (CV first in "every" mode, charged to it)
-        lam_cv = {}
+    def _add_steps(self, method: str, count: int) -> None:
+        self.steps[method].append((self.steps[method][-1] if self.steps[method] else 0) + count)
+
+    def devices(self, present: list, present_test: list) -> dict[str, float]:
+        """Every method on the m = len(present) tasks present now; their test errors."""
+        m = len(present)
+        lam_cv = {}  # CV seconds per method ("every" mode), charged to the method
         for method in ("mtl", "local", "global"):
             seconds = 0.0
-            if every:
-                lambdas[method], seconds = choose(method, present)
+            if self.every:
+                self.lambdas[method], seconds = self._choose(method, present)
             lam_cv[method] = seconds
-            chosen[method].append(lambdas[method])
-        fit, seconds = _timed(fit_mocha, present, lam=lambdas["mtl"], seed=order, **mocha_kw)
+            self.chosen[method].append(self.lambdas[method])
+        errors: dict[str, float] = {}
+        fit, seconds = _timed(fit_mocha, present, lam=self.lambdas["mtl"], seed=self.order,
+                              **self.mocha_kw)
         mocha_seconds = lam_cv["mtl"] + seconds
-        time_s["mocha"] += mocha_seconds
-        floats["mocha"] += mocha_floats(m, d, settings.rounds)
+        self.time_s["mocha"] += mocha_seconds
+        self.floats["mocha"] += mocha_floats(m, self.d, self.settings.rounds)
         errors["mocha"] = evaluate_models(fit.W, present_test)["test_error"]
         mocha_steps = int(sum(int(s.sum()) for s in fit.steps))
-        steps["mocha"].append((steps["mocha"][-1] if steps["mocha"] else 0) + mocha_steps)
-        ofmtl_steps = mocha_steps
-        # OFMTL: initial training, newcomer, or full retraining (= the MOCHA fit above)
-        if m == m0 or since + 1 >= settings.retrain_ratio * tasks_at_training:
-            if m > m0:
-                retrainings.append(m)
-            W = np.array(fit.W, copy=True)
-            Sigma = np.array(fit.state.formulation.sigma, copy=True)
-            lam_ofmtl = lambdas["mtl"]
-            tasks_at_training, since = m, 0
-            time_s["ofmtl"] += mocha_seconds
-            floats["ofmtl"] += mocha_floats(m, d, settings.rounds)
-        else:
-            X_new, y_new = present[-1]
-            res, seconds = _timed(add_task, W, Sigma, X_new, y_new, lam=lam_ofmtl,
-                                  outer=settings.outer, inner=settings.inner,
-                                  local_frac=settings.newcomer_frac,
-                                  omega_eps=settings.omega_eps, seed=order, task_id=m - 1)
-            W, Sigma = res.W, res.Sigma
-            since += 1
-            time_s["ofmtl"] += seconds
-            floats["ofmtl"] += res.floats_communicated
-            gaps.append(float(res.gaps[-1]))
-            ofmtl_steps = settings.outer * settings.inner * int(
-                np.floor(settings.newcomer_frac * X_new.shape[0]))
-        steps["ofmtl"].append((steps["ofmtl"][-1] if steps["ofmtl"] else 0) + ofmtl_steps)
-        errors["ofmtl"] = evaluate_models(W, present_test)["test_error"]
-        # the SVM baselines, retrained on all present tasks
-        W_loc, seconds = _timed(fit_local_svms, present, lambdas["local"], seed=order)
-        time_s["local"] += lam_cv["local"] + seconds
-        errors["local"] = evaluate_models(W_loc, present_test)["test_error"]
-        W_glob, seconds = _timed(fit_global_svm, present, lambdas["global"], seed=order)
-        time_s["global"] += lam_cv["global"] + seconds
-        uploads = sum(X.shape[0] * (d + 1) for X, _ in (present if m == m0 else present[-1:]))
-        floats["global"] += uploads + m * d
-        errors["global"] = evaluate_models(W_glob, present_test)["test_error"]
-        for method in METHODS:
-            rows.append({"dataset": dataset, "order": int(order), "devices": int(m),
-                         "method": method, "test_error": float(errors[method]),
-                         "cumulative_time_s": float(time_s[method]),
-                         "floats_communicated": int(floats[method])})
-    return {"rows": rows, "retrainings": retrainings, "dim": int(d), "num_tasks": int(T),
-            "initial": int(m0), "arrival_order": [int(t) for t in perm],
-            "lambdas": {k: v if every else v[0] for k, v in chosen.items()},
-            "cv_time_s": cv_time, "newcomer_final_gaps": gaps, "cumulative_sdca_steps": steps}
+        self._add_steps("mocha", mocha_steps)
+        self._add_steps("ofmtl", self._ofmtl(present, fit, mocha_seconds, mocha_steps))
+        errors["ofmtl"] = evaluate_models(self.W, present_test)["test_error"]
+        errors.update(self._svms(present, present_test, lam_cv))
+        return errors
+
+    def _ofmtl(self, present: list, fit: Any, mocha_seconds: float, mocha_steps: int) -> int:
+        """OFMTL at m tasks: initial training, full retraining (= the MOCHA fit), or the
+        newcomer's protocol; its SDCA steps."""
+        m, settings = len(present), self.settings
+        if m == self.initial or self.since + 1 >= settings.retrain_ratio * self.tasks_at_training:
+            if m > self.initial:
+                self.retrainings.append(m)
+            self.W = np.array(fit.W, copy=True)
+            self.Sigma = np.array(fit.state.formulation.sigma, copy=True)
+            self.lam_ofmtl = self.lambdas["mtl"]
+            self.tasks_at_training, self.since = m, 0
+            self.time_s["ofmtl"] += mocha_seconds
+            self.floats["ofmtl"] += mocha_floats(m, self.d, settings.rounds)
+            return mocha_steps
+        X_new, y_new = present[-1]
+        res, seconds = _timed(add_task, self.W, self.Sigma, X_new, y_new, lam=self.lam_ofmtl,
+                              outer=settings.outer, inner=settings.inner,
+                              local_frac=settings.newcomer_frac, omega_eps=settings.omega_eps,
+                              seed=self.order, task_id=m - 1)
+        self.W, self.Sigma = res.W, res.Sigma
+        self.since += 1
+        self.time_s["ofmtl"] += seconds
+        self.floats["ofmtl"] += res.floats_communicated
+        self.gaps.append(float(res.gaps[-1]))
+        return settings.outer * settings.inner * int(
+            np.floor(settings.newcomer_frac * X_new.shape[0]))
+
+    def _svms(self, present: list, present_test: list,
+              lam_cv: dict[str, float]) -> dict[str, float]:
+        """The SVM baselines, retrained on all present tasks; their test errors."""
+        m, d = len(present), self.d
+        W_loc, seconds = _timed(fit_local_svms, present, self.lambdas["local"], seed=self.order)
+        self.time_s["local"] += lam_cv["local"] + seconds
+        W_glob, seconds = _timed(fit_global_svm, present, self.lambdas["global"],
+                                 seed=self.order)
+        self.time_s["global"] += lam_cv["global"] + seconds
+        uploads = sum(X.shape[0] * (d + 1) for X, _ in
+                      (present if m == self.initial else present[-1:]))
+        self.floats["global"] += uploads + m * d
+        return {"local": evaluate_models(W_loc, present_test)["test_error"],
+                "global": evaluate_models(W_glob, present_test)["test_error"]}
 
 
 def summarise(rows: list[dict[str, Any]], per_order: list[dict[str, Any]],
