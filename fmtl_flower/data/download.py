@@ -382,6 +382,24 @@ def download_dataset(
     if final.exists() and not force:
         log.info("%s: already in the cache at %s", name, final)
         return final
+    mirrors, archive = _mirrors_and_archive(name, src, url, sha256)
+    open_url = opener if opener is not None else urllib.request.urlopen
+    cache.mkdir(parents=True, exist_ok=True)
+    part = cache / f".{archive}.part"
+    _download_first(name, mirrors, part, open_url, timeout)
+    archive_path = cache / archive
+    os.replace(part, archive_path)
+    try:
+        _unpack(name, src, archive_path, final)
+    finally:
+        archive_path.unlink(missing_ok=True)
+    log.info("%s: unpacked into %s", name, final)
+    return final
+
+
+def _mirrors_and_archive(name: str, src: DatasetSource, url: str | None,
+                         sha256: str | None) -> tuple[tuple[Mirror, ...], str]:
+    """The URLs to try and the archive's file name (from ``url`` when it tells the type)."""
     archive = src.archive
     if url is not None:
         mirrors: tuple[Mirror, ...] = (Mirror(url, sha256=sha256),)
@@ -394,9 +412,16 @@ def download_dataset(
         mirrors = src.mirrors
     if archive_kind(archive) is None:
         raise ValueError(f"{name}: cannot tell the archive type of {archive!r} (.zip or .tar.gz)")
-    open_url = opener if opener is not None else urllib.request.urlopen
-    cache.mkdir(parents=True, exist_ok=True)
-    part = cache / f".{archive}.part"
+    return mirrors, archive
+
+
+def _download_first(name: str, mirrors: tuple[Mirror, ...], part: Path, open_url: Opener,
+                    timeout: float) -> None:
+    """Fetch the first mirror that answers into ``part`` and check its checksums.
+
+    A failing URL is skipped (an OSError lists every URL when all fail); a checksum
+    mismatch is a ValueError at once.
+    """
     errors: list[str] = []
     for mirror in mirrors:
         u = mirror.url
@@ -418,12 +443,14 @@ def download_dataset(
         if mismatch:
             part.unlink(missing_ok=True)
             raise ValueError(f"{name}: checksum mismatch for {u}: {'; '.join(mismatch)}")
-        break
-    else:
-        raise OSError(f"{name}: download failed (offline?); tried:\n  " + "\n  ".join(errors))
-    archive_path = cache / archive
-    os.replace(part, archive_path)
-    work = Path(tempfile.mkdtemp(prefix=f".{name}-unpack-", dir=cache))
+        return
+    raise OSError(f"{name}: download failed (offline?); tried:\n  " + "\n  ".join(errors))
+
+
+def _unpack(name: str, src: DatasetSource, archive_path: Path, final: Path) -> None:
+    """Unpack ``archive_path`` (and its nested archive, if any) in a scratch folder beside
+    it and move the dataset's root (the folder holding ``src.marker``) to ``final``."""
+    work = Path(tempfile.mkdtemp(prefix=f".{name}-unpack-", dir=archive_path.parent))
     try:
         extract_archive(archive_path, work / "outer")
         unpacked = work / "outer"
@@ -445,6 +472,3 @@ def download_dataset(
         shutil.move(str(root), str(final))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-        archive_path.unlink(missing_ok=True)
-    log.info("%s: unpacked into %s", name, final)
-    return final
