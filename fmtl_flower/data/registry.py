@@ -38,6 +38,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -450,82 +451,141 @@ def load_dataset(
     FileNotFoundError
         If the data cannot be found (the message says where it looked and how to get it).
     """
-    seed = _check_seed(seed)
-    test_frac = _check_test_frac(test_frac)
-    ratio = None if skew is None else check_skew_ratio(skew)
-    overrides = {
-        k: v
-        for k, v in zip(_GENERATOR_KEYS, (num_tasks, dim, samples_per_task), strict=True)
-        if v is not None
-    }
-    fedem_args = [k for k, v in zip(_FEDEM_KEYS, (generator, n_test), strict=True) if v is not None]
-    is_synthetic = isinstance(name_or_path, str) and name_or_path == SYNTHETIC
-    is_fedem = _is_fedem(name_or_path)
-    is_named = isinstance(name_or_path, str) and name_or_path in NAMED_FILES
-    is_paper = _is_paper(name_or_path)
-    is_sparse = _is_sparse(name_or_path)
-    if not (
-        is_synthetic or is_fedem or is_named or is_paper or is_sparse or _is_path_like(name_or_path)
-    ):
-        raise _unknown(name_or_path)
-    if iid is not None and not is_sparse:
-        raise ValueError(f"iid only applies to {SPARSE_FEDERATED!r}, not to {str(name_or_path)!r}")
-    if fedem_args and not is_fedem:
-        raise ValueError(
-            f"{', '.join(fedem_args)} only apply to {FEDEM_SYNTHETIC!r}, "
-            f"not to {str(name_or_path)!r}"
-        )
-    if generator is not None:
-        _check_generator(generator)
-    if download and not is_paper:
-        raise ValueError(
-            f"download=True only applies to the paper datasets {list(PAPER_DATASETS)}, "
-            f"not to {str(name_or_path)!r}"
-        )
-    if data_path is not None and not (is_named or is_paper):
-        raise ValueError(
-            f"data_path only applies to named datasets ({[*NAMED_FILES, *PAPER_DATASETS]}), "
-            f"not to {str(name_or_path)!r}"
-        )
+    return _load(_Request(name_or_path, seed, test_frac, num_tasks, dim, samples_per_task, skew,
+                          data_path, download, generator, n_test, iid, lazy).checked())
+
+
+@dataclass(frozen=True)
+class _Request:
+    """The arguments of :func:`load_dataset` (and of :func:`load_dataset_cached`), one value:
+    the cache's key and what :func:`_load` reads."""
+
+    name_or_path: Any
+    seed: Any
+    test_frac: Any
+    num_tasks: Any
+    dim: Any
+    samples_per_task: Any
+    skew: Any
+    data_path: Any
+    download: Any
+    generator: Any
+    n_test: Any
+    iid: Any
+    lazy: Any
+
+    def checked(self) -> _Request:
+        """``seed``, ``test_frac`` and ``skew`` validated (ValueError naming the argument)."""
+        skew = None if self.skew is None else check_skew_ratio(self.skew)
+        return replace(self, seed=_check_seed(self.seed),
+                       test_frac=_check_test_frac(self.test_frac), skew=skew)
+
+    def cache_key(self) -> _Request:
+        """The request with what equivalent calls spell differently made equal: for
+        ``"fedem-synthetic"`` no seed or fraction and its defaults spelled out, for
+        ``"sparse-federated"`` its defaults spelled out, ``lazy`` the choice it stands for
+        (kept as given when it is invalid: :func:`load_dataset` raises, errors are not
+        cached)."""
+        key = replace(self, download=bool(self.download))
+        if _is_fedem(key.name_or_path):
+            key = replace(key, seed=0, test_frac=0.0, **{
+                k: _FEDEM_DEFAULTS[k] if getattr(key, k) is None else getattr(key, k)
+                for k in ("num_tasks", "dim", "n_test", "generator")})
+        if _is_sparse(key.name_or_path):
+            key = replace(key, **{
+                k: SPARSE_FEDERATED_DEFAULTS[k] if getattr(key, k) is None else getattr(key, k)
+                for k in ("num_tasks", "dim", "iid")})
+        try:
+            return replace(key, lazy=_resolve_lazy(key.name_or_path, key.num_tasks, key.lazy,
+                                                   key.iid))
+        except ValueError:
+            return key
+
+
+def _kind(name_or_path: Any) -> str:
+    """``"synthetic"``, ``"fedem"``, ``"sparse"``, ``"named"``, ``"paper"`` or ``"path"``;
+    ValueError (listing the names) for anything else."""
+    named = isinstance(name_or_path, str)
+    for kind, hit in (("synthetic", named and name_or_path == SYNTHETIC),
+                      ("fedem", _is_fedem(name_or_path)), ("sparse", _is_sparse(name_or_path)),
+                      ("named", named and name_or_path in NAMED_FILES),
+                      ("paper", _is_paper(name_or_path)),
+                      ("path", _is_path_like(name_or_path))):
+        if hit:
+            return kind
+    raise _unknown(name_or_path)
+
+
+def _check_applicable(req: _Request, kind: str) -> None:
+    """The arguments that apply to some datasets only: a ValueError naming the first that
+    ``req`` gives to a dataset it does not apply to (and an invalid ``generator`` or
+    ``lazy``)."""
+    shown = str(req.name_or_path)
+    fedem_args = [k for k in _FEDEM_KEYS if getattr(req, k) is not None]
+    if req.iid is not None and kind != "sparse":
+        raise ValueError(f"iid only applies to {SPARSE_FEDERATED!r}, not to {shown!r}")
+    if fedem_args and kind != "fedem":
+        raise ValueError(f"{', '.join(fedem_args)} only apply to {FEDEM_SYNTHETIC!r}, "
+                         f"not to {shown!r}")
+    if req.generator is not None:
+        _check_generator(req.generator)
+    if req.download and kind != "paper":
+        raise ValueError(f"download=True only applies to the paper datasets "
+                         f"{list(PAPER_DATASETS)}, not to {shown!r}")
+    if req.data_path is not None and kind not in ("named", "paper"):
+        raise ValueError(f"data_path only applies to named datasets "
+                         f"({[*NAMED_FILES, *PAPER_DATASETS]}), not to {shown!r}")
     # validate lazy now (sparse-federated decides once its arguments are checked): raises
     # for a non-bool, or for lazy=True and a dataset that cannot be lazy (saying why)
-    _resolve_lazy(name_or_path, 0, lazy)
-    if is_fedem:
-        return _load_fedem(num_tasks, dim, samples_per_task, skew, generator, n_test)
-    if is_sparse:
-        return _load_sparse(seed, test_frac, num_tasks, dim, samples_per_task, skew, iid, lazy)
-    if is_synthetic:
-        source = synthetic_source(**overrides, seed=seed)
-        if _resolve_lazy(SYNTHETIC, source.num_tasks, lazy):
-            return lazy_synthetic(
-                source, test_frac=test_frac, seed=seed, name=SYNTHETIC, skew=ratio
-            )
+    _resolve_lazy(req.name_or_path, 0, req.lazy)
+
+
+def _load(req: _Request) -> MultiTaskDataset | SparseFederatedDataset:
+    """:func:`load_dataset` for a checked request."""
+    kind = _kind(req.name_or_path)
+    _check_applicable(req, kind)
+    if kind == "fedem":
+        return _load_fedem(req.num_tasks, req.dim, req.samples_per_task, req.skew,
+                           req.generator, req.n_test)
+    if kind == "sparse":
+        return _load_sparse(req.seed, req.test_frac, req.num_tasks, req.dim,
+                            req.samples_per_task, req.skew, req.iid, req.lazy)
+    overrides = {k: getattr(req, k) for k in _GENERATOR_KEYS if getattr(req, k) is not None}
+    if kind == "synthetic":
+        source = synthetic_source(**overrides, seed=req.seed)
+        if _resolve_lazy(SYNTHETIC, source.num_tasks, req.lazy):
+            return lazy_synthetic(source, test_frac=req.test_frac, seed=req.seed,
+                                  name=SYNTHETIC, skew=req.skew)
         Xs, ys = source.draw_all()
-        dataset = split_tasks(Xs, ys, test_frac, seed, SYNTHETIC)
+        dataset = split_tasks(Xs, ys, req.test_frac, req.seed, SYNTHETIC)
     else:
         if overrides:
             raise ValueError(
                 f"{', '.join(overrides)} only apply to generated datasets "
                 f"({SYNTHETIC!r}, {FEDEM_SYNTHETIC!r}), "
-                f"not to the file dataset {str(name_or_path)!r}"
+                f"not to the file dataset {str(req.name_or_path)!r}"
             )
-        if is_paper:
-            name = str(name_or_path)
-            loaded = PAPER_DATASETS[name](data_path, download=download)
-            Xs, ys = loaded.Xs, loaded.ys
-        else:
-            if data_path is not None:
-                path = Path(data_path).expanduser()
-                if not path.exists():
-                    raise FileNotFoundError(f"data file not found: {path}")
-            else:
-                path = resolve_data_file(name_or_path)
-            name = str(name_or_path) if is_named else path.stem
-            Xs, ys = load_mat_tasks(path)
-        dataset = split_tasks(Xs, ys, test_frac, seed, name)
-    if ratio is not None:
-        dataset = skew_dataset(dataset, ratio=ratio, seed=seed)
+        name, Xs, ys = _read_files(req, kind)
+        dataset = split_tasks(Xs, ys, req.test_frac, req.seed, name)
+    if req.skew is not None:
+        dataset = skew_dataset(dataset, ratio=req.skew, seed=req.seed)
     return dataset
+
+
+def _read_files(req: _Request, kind: str) -> tuple[str, list, list]:
+    """(name, Xs, ys) of a paper dataset's local copy, a named ``.mat`` file or a path."""
+    if kind == "paper":
+        loaded = PAPER_DATASETS[str(req.name_or_path)](req.data_path, download=req.download)
+        return str(req.name_or_path), loaded.Xs, loaded.ys
+    if req.data_path is not None:
+        path = Path(req.data_path).expanduser()
+        if not path.exists():
+            raise FileNotFoundError(f"data file not found: {path}")
+    else:
+        path = resolve_data_file(req.name_or_path)
+    name = str(req.name_or_path) if kind == "named" else path.stem
+    Xs, ys = load_mat_tasks(path)
+    return name, Xs, ys
 
 
 def _freeze(
@@ -541,38 +601,8 @@ def _freeze(
 
 
 @functools.lru_cache(maxsize=_CACHE_SIZE)
-def _load_cached(
-    name_or_path: str | os.PathLike[str],
-    seed: int,
-    test_frac: float,
-    num_tasks: int | None,
-    dim: int | None,
-    samples_per_task: int | None,
-    skew: float | None,
-    data_path: str | os.PathLike[str] | None,
-    download: bool,
-    generator: str | None,
-    n_test: int | None,
-    iid: bool | None = None,
-    lazy: bool | None = None,
-) -> MultiTaskDataset | SparseFederatedDataset:
-    return _freeze(
-        load_dataset(
-            name_or_path,
-            seed=seed,
-            test_frac=test_frac,
-            num_tasks=num_tasks,
-            dim=dim,
-            samples_per_task=samples_per_task,
-            skew=skew,
-            data_path=data_path,
-            download=download,
-            generator=generator,
-            n_test=n_test,
-            iid=iid,
-            lazy=lazy,
-        )
-    )
+def _load_cached(req: _Request) -> MultiTaskDataset | SparseFederatedDataset:
+    return _freeze(_load(req))
 
 
 def load_dataset_cached(
@@ -622,41 +652,9 @@ def load_dataset_cached(
     ValueError, FileNotFoundError
         As for :func:`load_dataset` (errors are not cached).
     """
-    # Normalise the key (positional, validated seed/fraction/skew) so that equivalent calls
-    # hit the same entry; the generator overrides are validated by load_dataset.
-    seed = _check_seed(seed)
-    test_frac = _check_test_frac(test_frac)
-    if _is_fedem(name_or_path):
-        # the data are the same for every run seed and test fraction; explicit defaults
-        # are the same data as unset ones
-        seed, test_frac = 0, 0.0
-        num_tasks = _FEDEM_DEFAULTS["num_tasks"] if num_tasks is None else num_tasks
-        dim = _FEDEM_DEFAULTS["dim"] if dim is None else dim
-        n_test = _FEDEM_DEFAULTS["n_test"] if n_test is None else n_test
-        generator = _FEDEM_DEFAULTS["generator"] if generator is None else generator
-    if _is_sparse(name_or_path):
-        num_tasks = SPARSE_FEDERATED_DEFAULTS["num_tasks"] if num_tasks is None else num_tasks
-        dim = SPARSE_FEDERATED_DEFAULTS["dim"] if dim is None else dim
-        iid = SPARSE_FEDERATED_DEFAULTS["iid"] if iid is None else iid
-    try:  # the key's lazy is the choice lazy=None stands for
-        lazy = _resolve_lazy(name_or_path, num_tasks, lazy, iid)
-    except ValueError:
-        pass  # kept as given: load_dataset raises it (errors are not cached)
-    return _load_cached(
-        name_or_path,
-        seed,
-        test_frac,
-        num_tasks,
-        dim,
-        samples_per_task,
-        None if skew is None else check_skew_ratio(skew),
-        data_path,
-        bool(download),
-        generator,
-        n_test,
-        iid,
-        lazy,
-    )
+    return _load_cached(_Request(name_or_path, seed, test_frac, num_tasks, dim,
+                                 samples_per_task, skew, data_path, download, generator, n_test,
+                                 iid, lazy).checked().cache_key())
 
 
 def clear_dataset_cache() -> None:
