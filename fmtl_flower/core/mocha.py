@@ -29,10 +29,60 @@ def omega_step_due(server_round: int, omega_every: int, num_rounds: int | None) 
 
 class ServerStateBasics:
     """What the dense and factored server states share: sizes from B, lambda from the
-    formulation, and the alpha = 0 start."""
+    formulation, the alpha = 0 start, and the updates of B and W (a state supplies how W
+    follows a change of B, ``_add_to_models``, and how it takes the new M after an
+    Omega-step, ``_take_inverse``)."""
 
     B: np.ndarray
     formulation: Formulation
+    W: np.ndarray
+
+    def _check_B(self) -> None:
+        if self.B.ndim != 2 or self.B.shape[1] != self.formulation.num_tasks:
+            raise ValueError(f"B must be (d, {self.formulation.num_tasks}), got {self.B.shape}")
+
+    def _add_to_models(self, tasks: np.ndarray, delta_B: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def _take_inverse(self) -> None:
+        raise NotImplementedError
+
+    def recompute_models(self) -> None:
+        raise NotImplementedError
+
+    def add_updates(self, tasks: np.ndarray, delta_B: np.ndarray) -> None:
+        """Add the dual-image changes of some tasks: b_t += delta_b_t, and W accordingly.
+
+        Parameters
+        ----------
+        tasks : ndarray of shape (k,), int
+            Distinct task indices.
+        delta_B : ndarray of shape (d, k)
+            Column j is the change of b_{tasks[j]}.
+        """
+        if len(tasks) == 0:
+            return
+        self.B[:, tasks] += delta_B
+        self._add_to_models(tasks, delta_B)
+
+    def reset_tasks(self, tasks: np.ndarray) -> None:
+        """Set b_t = 0 (alpha_t = 0) for the given tasks and update W."""
+        tasks = np.asarray(tasks, dtype=np.int64)
+        if len(tasks):
+            self.add_updates(tasks, -self.B[:, tasks].copy())
+            self.B[:, tasks] = 0.0
+
+    def omega_step(self) -> None:
+        """Omega-step of the formulation for the current W, then W <- B M."""
+        if self.formulation.fixed:
+            return
+        self.formulation.omega_step(self.W)
+        self._take_inverse()
+        self.recompute_models()
+
+    def regulariser(self) -> float:
+        """(1/2) tr(W K W^T) of the current consistent pair."""
+        return regulariser_value(self.W, self.B)
 
     @classmethod
     def zeros(cls, dim: int, formulation: Formulation):  # noqa: ANN206 - the subclass
@@ -74,9 +124,8 @@ class MochaServerState(ServerStateBasics):
     W: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.B.ndim != 2 or self.B.shape[1] != self.formulation.num_tasks:
-            raise ValueError(f"B must be (d, {self.formulation.num_tasks}), got {self.B.shape}")
-        self.M = self.formulation.inverse_matrix()
+        self._check_B()
+        self._take_inverse()
         self.recompute_models()
 
     @classmethod
@@ -97,35 +146,11 @@ class MochaServerState(ServerStateBasics):
         """W <- B M."""
         self.W = self.B @ self.M
 
-    def add_updates(self, tasks: np.ndarray, delta_B: np.ndarray) -> None:
-        """Add the dual-image changes of some tasks: b_t += delta_b_t, and W accordingly.
-
-        Parameters
-        ----------
-        tasks : ndarray of shape (k,), int
-            Distinct task indices.
-        delta_B : ndarray of shape (d, k)
-            Column j is the change of b_{tasks[j]}.
-        """
-        if len(tasks) == 0:
-            return
-        self.B[:, tasks] += delta_B
+    def _add_to_models(self, tasks: np.ndarray, delta_B: np.ndarray) -> None:
         self.W += delta_B @ self.M[tasks, :]
 
-    def reset_tasks(self, tasks: np.ndarray) -> None:
-        """Set b_t = 0 (alpha_t = 0) for the given tasks and update W."""
-        tasks = np.asarray(tasks, dtype=np.int64)
-        if len(tasks):
-            self.add_updates(tasks, -self.B[:, tasks].copy())
-            self.B[:, tasks] = 0.0
-
-    def omega_step(self) -> None:
-        """Omega-step of the formulation for the current W, then W <- B M."""
-        if self.formulation.fixed:
-            return
-        self.formulation.omega_step(self.W)
+    def _take_inverse(self) -> None:
         self.M = self.formulation.inverse_matrix()
-        self.recompute_models()
 
     def state_arrays(self) -> dict[str, np.ndarray]:
         """Everything needed to continue bit for bit: B, W, M and the formulation's arrays.
@@ -171,10 +196,6 @@ class MochaServerState(ServerStateBasics):
         state.M = np.array(arrays["M"], dtype=np.float64)
         state.W = np.array(arrays["W"], dtype=np.float64)
         return state
-
-    def regulariser(self) -> float:
-        """(1/2) tr(W K W^T) of the current consistent pair."""
-        return regulariser_value(self.W, self.B)
 
 
 def formulation_arrays(formulation: Formulation) -> dict[str, np.ndarray]:

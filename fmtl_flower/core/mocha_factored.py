@@ -35,7 +35,6 @@ from .factored import (
 )
 from .formulations import FORMULATIONS, SIGMA_MODES, make_formulation
 from .mocha import MochaServerState, ServerStateBasics
-from .objective import regulariser_value
 
 __all__ = [
     "FACTORED_MIN_TASKS",
@@ -135,9 +134,8 @@ class FactoredMochaServerState(ServerStateBasics):
             raise ValueError(
                 "formulation must be a FactoredFormulation (make_factored_formulation)"
             )
-        if self.B.ndim != 2 or self.B.shape[1] != self.formulation.num_tasks:
-            raise ValueError(f"B must be (d, {self.formulation.num_tasks}), got {self.B.shape}")
-        self._set_M(self.formulation.inverse_factor())
+        self._check_B()
+        self._take_inverse()
         self.recompute_models()
 
     @classmethod
@@ -174,39 +172,11 @@ class FactoredMochaServerState(ServerStateBasics):
         """W <- B M."""
         self.W = self.M.right_multiply(self.B)
 
-    def add_updates(self, tasks: np.ndarray, delta_B: np.ndarray) -> None:
-        """Add the dual-image changes of some tasks: b_t += delta_b_t, and W accordingly.
-
-        Parameters
-        ----------
-        tasks : ndarray of shape (k,), int
-            Distinct task indices.
-        delta_B : ndarray of shape (d, k)
-            Column j is the change of b_{tasks[j]}.
-        """
-        if len(tasks) == 0:
-            return
-        self.B[:, tasks] += delta_B
+    def _add_to_models(self, tasks: np.ndarray, delta_B: np.ndarray) -> None:
         self.M.add_rows_product(self.W, delta_B, tasks)
 
-    def reset_tasks(self, tasks: np.ndarray) -> None:
-        """Set b_t = 0 (alpha_t = 0) for the given tasks and update W."""
-        tasks = np.asarray(tasks, dtype=np.int64)
-        if len(tasks):
-            self.add_updates(tasks, -self.B[:, tasks].copy())
-            self.B[:, tasks] = 0.0
-
-    def omega_step(self) -> None:
-        """Omega-step of the formulation for the current W, then W <- B M."""
-        if self.formulation.fixed:
-            return
-        self.formulation.omega_step(self.W)
+    def _take_inverse(self) -> None:
         self._set_M(self.formulation.inverse_factor())
-        self.recompute_models()
-
-    def regulariser(self) -> float:
-        """(1/2) tr(W K W^T) of the current consistent pair."""
-        return regulariser_value(self.W, self.B)
 
     def state_arrays(self) -> dict[str, np.ndarray]:
         """Everything needed to continue bit for bit: B, W, M's factor and the formulation's.

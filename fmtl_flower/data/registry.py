@@ -308,30 +308,11 @@ def _load_sparse(
 
 
 def _resolve_lazy(name_or_path: Any, num_tasks: Any, lazy: Any, iid: Any = None) -> bool:
-    """Whether :func:`load_dataset` builds the dataset lazily
-    (:func:`~fmtl_flower.data.lazy.use_lazy`).
-
-    Parameters
-    ----------
-    name_or_path : str or os.PathLike
-        As for :func:`load_dataset`.
-    num_tasks : int, optional
-        None: the generator's default; a value that is not an int counts as 0 (the
-        generator's own validation reports it when the dataset is built).
-    lazy : bool, optional
-        As for :func:`load_dataset`.
-    iid : bool, optional
-        For ``"sparse-federated"``; None: False.
-
-    Returns
-    -------
-    bool
-
-    Raises
-    ------
-    ValueError
-        As :func:`~fmtl_flower.data.lazy.use_lazy`: ``lazy`` not a bool or None, or
-        ``lazy=True`` for a dataset that cannot be lazy.
+    """Whether :func:`load_dataset` builds the dataset lazily: the answer of
+    :func:`~fmtl_flower.data.lazy.use_lazy` (and its ValueError for a ``lazy`` that is not a
+    bool or None, or ``lazy=True`` for a dataset that cannot be lazy) for ``num_tasks`` tasks
+    (None: the generator's default; not an int: 0, which the generator's own validation
+    reports when the dataset is built) and ``iid`` (``"sparse-federated"``; None: False).
     """
     if num_tasks is None:
         if isinstance(name_or_path, str) and name_or_path == SYNTHETIC:

@@ -29,8 +29,7 @@ from typing import Any
 
 from ..centralized import fit_mocha
 from ..data import load_dataset
-from .optimization import NETWORKS, network_curves, optimum, run_mbsgd
-from .output import write_outputs
+from .optimization import NETWORKS, network_curves, optimum, plot_panels, run_mbsgd, write_curves
 
 NAME = "mocha-fig1"
 METHODS = ("mocha", "cocoa", "mb-sdca", "mb-sgd")
@@ -75,29 +74,14 @@ def run(out_dir: Path, quick: bool = False, datasets: list[str] | None = None,
         logger.info("%s: P* = %.6f; %s", dataset, p_star, ", ".join(
             f"{m} {(tr['primal'][-1] - p_star) / p_star:.1e} after {len(tr['primal']) - 1} "
             "rounds" for m, tr in traj.items()))
-    payload = {"rows": rows, "optimum": optima, "summary": summary,
-               "config": {"datasets": datasets, "lambda": LAM, "rounds": rounds,
-                          "time_model": "reference", "quick": quick}}
-    write_outputs(Path(out_dir), NAME, payload, plot)
-    return payload
+    return write_curves(out_dir, NAME, plot, rows=rows, optima=optima, summary=summary,
+                        datasets=datasets, lam=LAM, rounds=rounds, quick=quick)
 
 
 def plot(fig: Any, payload: dict[str, Any]) -> None:
     """One panel per network: relative primal sub-optimality vs estimated time, log scale."""
-    dataset = payload["config"]["datasets"][0]
-    for i, network in enumerate(NETWORKS):
-        ax = fig.add_subplot(1, len(NETWORKS), i + 1)
-        for method in METHODS:
-            pts = [r for r in payload["rows"] if r["dataset"] == dataset
-                   and r["method"] == method and r["network"] == network
-                   and r["primal_suboptimality"] > 0]
-            ax.semilogy([r["estimated_time_s"] for r in pts],
-                        [r["primal_suboptimality"] for r in pts], label=method)
-        ax.set_title(f"{dataset}: {network}")
-        ax.set_xlabel("estimated time (s)")
-        if i == 0:
-            ax.set_ylabel("(P - P*) / P*")
-            ax.legend(fontsize=7)
+    plot_panels(fig, payload, [(f": {network}", {"network": network}) for network in NETWORKS],
+                [(method, {"method": method}) for method in METHODS])
 
 
 def format_table(payload: dict[str, Any]) -> str:

@@ -28,8 +28,7 @@ from ..systems.heterogeneity import local_budgets
 from ..systems.timing import DEFAULT_CLOCK_RATE
 from .mocha_fig1 import LAM, METHODS, trajectories
 from .mocha_fig1 import format_table as _format_table
-from .optimization import network_curves, optimum
-from .output import write_outputs
+from .optimization import network_curves, optimum, plot_panels, write_curves
 
 NAME = "mocha-fig2"
 LEVELS = ("low", "high")
@@ -71,29 +70,16 @@ def run(out_dir: Path, quick: bool = False, datasets: list[str] | None = None,
                 rows.extend(new_rows)
                 summary.extend(new_summary)
         logger.info("%s: P* = %.6f", dataset, p_star)
-    payload = {"rows": rows, "optimum": optima, "summary": summary,
-               "config": {"datasets": datasets, "lambda": LAM, "rounds": rounds,
-                          "time_model": "reference", "quick": quick}}
-    write_outputs(Path(out_dir), NAME, payload, plot)
-    return payload
+    return write_curves(out_dir, NAME, plot, rows=rows, optima=optima, summary=summary,
+                        datasets=datasets, lam=LAM, rounds=rounds, quick=quick)
 
 
 def plot(fig: Any, payload: dict[str, Any]) -> None:
     """lte: one panel per heterogeneity level."""
-    dataset = payload["config"]["datasets"][0]
-    for i, level in enumerate(LEVELS):
-        ax = fig.add_subplot(1, len(LEVELS), i + 1)
-        for method in METHODS:
-            pts = [r for r in payload["rows"] if r["dataset"] == dataset
-                   and r["method"] == method and r["network"] == "lte"
-                   and r["sys_het"] == level and r["primal_suboptimality"] > 0]
-            ax.semilogy([r["estimated_time_s"] for r in pts],
-                        [r["primal_suboptimality"] for r in pts], label=method)
-        ax.set_title(f"{dataset}, lte: {level} heterogeneity")
-        ax.set_xlabel("estimated time (s)")
-        if i == 0:
-            ax.set_ylabel("(P - P*) / P*")
-            ax.legend(fontsize=7)
+    plot_panels(fig, payload, [(f", lte: {level} heterogeneity", {"network": "lte",
+                                                                   "sys_het": level})
+                               for level in LEVELS],
+                [(method, {"method": method}) for method in METHODS])
 
 
 def format_table(payload: dict[str, Any]) -> str:

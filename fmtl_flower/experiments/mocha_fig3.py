@@ -25,8 +25,7 @@ from ..centralized import fit_mocha
 from ..data import load_dataset
 from ..systems.heterogeneity import drop_mask
 from .mocha_fig1 import LAM
-from .optimization import network_curves, optimum
-from .output import write_outputs
+from .optimization import network_curves, optimum, plot_panels, write_curves
 
 NAME = "mocha-fig3"
 DROPS = (0.0, 0.1, 0.3, 0.5, "never")
@@ -72,30 +71,17 @@ def run(out_dir: Path, quick: bool = False, datasets: list[str] | None = None,
                 summary.extend(new_summary)
                 logger.info("%s %s drop %s: final (P - P*)/P* = %.2e", dataset, method, p,
                             (primal[-1] - p_star) / p_star)
-    payload = {"rows": rows, "optimum": optima, "summary": summary,
-               "config": {"datasets": datasets, "lambda": LAM, "rounds": rounds,
-                          "time_model": "reference", "quick": quick}}
-    write_outputs(Path(out_dir), NAME, payload, plot)
-    return payload
+    return write_curves(out_dir, NAME, plot, rows=rows, optima=optima, summary=summary,
+                        datasets=datasets, lam=LAM, rounds=rounds, quick=quick)
 
 
 def plot(fig: Any, payload: dict[str, Any]) -> None:
     """lte: W-update (left) and full method (right), one curve per drop probability."""
-    dataset = payload["config"]["datasets"][0]
-    for i, method in enumerate(("mocha", "mocha-full")):
-        ax = fig.add_subplot(1, 2, i + 1)
-        for p in DROPS:
-            pts = [r for r in payload["rows"] if r["dataset"] == dataset
-                   and r["method"] == method and r["network"] == "lte"
-                   and r["drop_prob"] == p and r["primal_suboptimality"] > 0]
-            ax.semilogy([r["estimated_time_s"] for r in pts],
-                        [r["primal_suboptimality"] for r in pts],
-                        label="one device never sends" if p == "never" else f"p = {p}")
-        ax.set_title(f"{dataset}, lte: {'W-update' if method == 'mocha' else 'full method'}")
-        ax.set_xlabel("estimated time (s)")
-        if i == 0:
-            ax.set_ylabel("relative primal sub-optimality")
-            ax.legend(fontsize=7)
+    plot_panels(fig, payload,
+                [(f", lte: {'W-update' if m == 'mocha' else 'full method'}",
+                  {"method": m, "network": "lte"}) for m in ("mocha", "mocha-full")],
+                [("one device never sends" if p == "never" else f"p = {p}", {"drop_prob": p})
+                 for p in DROPS], ylabel="relative primal sub-optimality")
 
 
 def format_table(payload: dict[str, Any]) -> str:

@@ -20,7 +20,6 @@ the CSV of the rows, and a bar chart.
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from ..centralized import evaluate_models
 from ..config import positive_int
 from ..data import available_datasets, load_dataset
 from ..model_selection import cross_validate_lambda, make_fitter
-from .output import write_outputs
+from .output import runs_per_dataset, write_outputs
 
 #: ``fmtl reproduce ... --set KEY=VALUE``: rounds (default 1000) and omega_every (default 100).
 OPTIONS = {"rounds": positive_int, "omega_every": positive_int}
@@ -97,22 +96,13 @@ def run(out_dir: Path, quick: bool = False, datasets: list[str] | None = None,
     if unknown:
         raise ValueError(f"unknown datasets {unknown}; available: {available_datasets()}")
     per_shuffle, skipped = [], {}
-    for dataset in datasets:
-        for seed in range(shuffles):
-            started = time.perf_counter()
-            try:
-                result = fit_and_score(dataset, seed, rounds, omega_every)
-            except FileNotFoundError as err:
-                skipped[dataset] = str(err).splitlines()[0]
-                logger.warning("%s: skipped (%s)", dataset, skipped[dataset])
-                break
-            for method, r in result.items():
-                per_shuffle.append({"dataset": dataset, "seed": seed, "method": method, **r})
-            logger.info("%s shuffle %d: %s [%.1f s]", dataset, seed, ", ".join(
-                f"{m} {r['test_error']:.4f} (lambda {r['lambda']:g})"
-                for m, r in result.items()), time.perf_counter() - started)
-    if not per_shuffle:
-        raise FileNotFoundError(f"no dataset could be loaded: {skipped}")
+    for dataset, seed, result, seconds in runs_per_dataset(
+            datasets, shuffles, lambda ds, s: fit_and_score(ds, s, rounds, omega_every), skipped):
+        for method, r in result.items():
+            per_shuffle.append({"dataset": dataset, "seed": seed, "method": method, **r})
+        logger.info("%s shuffle %d: %s [%.1f s]", dataset, seed, ", ".join(
+            f"{m} {r['test_error']:.4f} (lambda {r['lambda']:g})"
+            for m, r in result.items()), seconds)
     payload = {"rows": summarise(per_shuffle), "per_shuffle": per_shuffle, "skipped": skipped,
                "config": {"datasets": datasets, "shuffles": shuffles, "rounds": rounds,
                           "omega_every": omega_every, "quick": quick}}

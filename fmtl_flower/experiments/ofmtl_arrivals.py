@@ -79,7 +79,7 @@ from ..core.rng import arrival_permutation
 from ..core.svm import fit_global_svm, fit_linear_svm, fit_local_svms
 from ..data import available_datasets, load_dataset
 from ..model_selection import cross_validate_lambda
-from .output import write_outputs
+from .output import runs_per_dataset, write_outputs
 
 NAME = "ofmtl-arrivals"
 METHODS = ("ofmtl", "mocha", "local", "global")
@@ -439,25 +439,16 @@ def run(out_dir: Path, quick: bool = False, datasets: list[str] | None = None,
     per_order: list[dict[str, Any]] = []
     retrainings: dict[str, dict[str, list[int]]] = {}
     skipped: dict[str, str] = {}
-    for dataset in datasets:
-        for order in range(shuffles):
-            started = time.perf_counter()
-            try:
-                result = run_order(dataset, order, settings, initial_tasks)
-            except FileNotFoundError as err:
-                skipped[dataset] = str(err).splitlines()[0]
-                logger.warning("%s: skipped (%s)", dataset, skipped[dataset])
-                break
-            rows.extend(result.pop("rows"))
-            per_order.append({"dataset": dataset, "order": order, **result})
-            retrainings.setdefault(dataset, {})[str(order)] = result["retrainings"]
-            last = [r for r in rows if r["dataset"] == dataset and r["order"] == order
-                    and r["devices"] == result["num_tasks"]]
-            logger.info("%s order %d: %s; retrained at %s [%.1f s]", dataset, order, ", ".join(
-                f"{r['method']} {r['test_error']:.4f} ({r['cumulative_time_s']:.2f} s)"
-                for r in last), result["retrainings"], time.perf_counter() - started)
-    if not rows:
-        raise FileNotFoundError(f"no dataset could be loaded: {skipped}")
+    for dataset, order, result, seconds in runs_per_dataset(
+            datasets, shuffles, lambda ds, o: run_order(ds, o, settings, initial_tasks), skipped):
+        rows.extend(result.pop("rows"))
+        per_order.append({"dataset": dataset, "order": order, **result})
+        retrainings.setdefault(dataset, {})[str(order)] = result["retrainings"]
+        last = [r for r in rows if r["dataset"] == dataset and r["order"] == order
+                and r["devices"] == result["num_tasks"]]
+        logger.info("%s order %d: %s; retrained at %s [%.1f s]", dataset, order, ", ".join(
+            f"{r['method']} {r['test_error']:.4f} ({r['cumulative_time_s']:.2f} s)"
+            for r in last), result["retrainings"], seconds)
     payload = {"rows": rows, "retrainings": retrainings,
                "summary": summarise(rows, per_order, settings), "per_order": per_order,
                "skipped": skipped,

@@ -7,7 +7,8 @@ primal sub-optimality (P - P*) / P* against the estimated time of eq. (30)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from ..core.rng import coordinate_order
 from ..core.svm import fit_linear_svm
 from ..systems.heterogeneity import local_budgets
 from ..systems.timing import round_time
+from .output import write_outputs
 
 NETWORKS = ("wifi", "lte", "3g")
 TARGETS = (1e-2, 1e-3)
@@ -83,6 +85,40 @@ def curve_rows(base: dict[str, Any], primal: Sequence[float], times: np.ndarray,
                         "time_s": float(times[hit[0]]) if len(hit) else None,
                         "rounds": int(hit[0]) if len(hit) else None})
     return rows, summary
+
+
+def write_curves(out_dir: Path, name: str, plot: Callable[[Any, dict[str, Any]], None], *,
+                 rows: list, optima: dict, summary: list, datasets: list[str], lam: float,
+                 rounds: Any, quick: bool) -> dict[str, Any]:
+    """The payload of a sub-optimality-vs-time figure (rows, optima, summary, config), written
+    with :func:`~fmtl_flower.experiments.output.write_outputs`; returned."""
+    payload = {"rows": rows, "optimum": optima, "summary": summary,
+               "config": {"datasets": datasets, "lambda": lam, "rounds": rounds,
+                          "time_model": "reference", "quick": quick}}
+    write_outputs(Path(out_dir), name, payload, plot)
+    return payload
+
+
+def plot_panels(fig: Any, payload: dict[str, Any], panels: Sequence[tuple[str, dict]],
+                curves: Sequence[tuple[str, dict]], ylabel: str = "(P - P*) / P*") -> None:
+    """Relative primal sub-optimality vs estimated time of the first dataset, log scale: one
+    panel per ``(title, match)`` of ``panels``, one curve per ``(label, match)`` of
+    ``curves``, each showing the rows whose fields equal its ``match``."""
+    dataset = payload["config"]["datasets"][0]
+    for i, (title, in_panel) in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), i + 1)
+        for label, in_curve in curves:
+            match = {**in_panel, **in_curve}
+            pts = [r for r in payload["rows"] if r["dataset"] == dataset
+                   and all(r[k] == v for k, v in match.items())
+                   and r["primal_suboptimality"] > 0]
+            ax.semilogy([r["estimated_time_s"] for r in pts],
+                        [r["primal_suboptimality"] for r in pts], label=label)
+        ax.set_title(f"{dataset}{title}")
+        ax.set_xlabel("estimated time (s)")
+        if i == 0:
+            ax.set_ylabel(ylabel)
+            ax.legend(fontsize=7)
 
 
 def cumulative_time(steps_per_round: Sequence[np.ndarray], dim: int, method: str,

@@ -5,11 +5,36 @@ from __future__ import annotations
 import csv
 import json
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger("fmtl_flower")
+
+
+def runs_per_dataset(datasets: Sequence[str], seeds: int, run_one: Callable[[str, int], Any],
+                     skipped: dict[str, str]) -> Iterator[tuple[str, int, Any, float]]:
+    """``(dataset, seed, run_one(dataset, seed), seconds)`` for every dataset and seed
+    ``0 .. seeds - 1``.
+
+    A dataset whose data are missing (``FileNotFoundError``) is skipped with a warning and
+    its reason recorded in ``skipped``; FileNotFoundError at the end if no run succeeded.
+    """
+    done = 0
+    for dataset in datasets:
+        for seed in range(seeds):
+            started = time.perf_counter()
+            try:
+                result = run_one(dataset, seed)
+            except FileNotFoundError as err:
+                skipped[dataset] = str(err).splitlines()[0]
+                logger.warning("%s: skipped (%s)", dataset, skipped[dataset])
+                break
+            done += 1
+            yield dataset, seed, result, time.perf_counter() - started
+    if not done:
+        raise FileNotFoundError(f"no dataset could be loaded: {skipped}")
 
 
 def write_outputs(out_dir: Path, name: str, payload: dict[str, Any],
