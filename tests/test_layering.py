@@ -46,11 +46,25 @@ def _enclosing(name: str) -> str | None:
     return name or None
 
 
+def _typing_only(tree: ast.AST) -> set[int]:
+    """ids of the nodes under ``if TYPE_CHECKING:`` (annotations only, never run)."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            out.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return out
+
+
 def imports_of(module: str) -> tuple[set[str], set[str]]:
-    """(package modules, top-level outside packages) that ``module`` imports anywhere."""
+    """(package modules, top-level outside packages) that ``module`` imports anywhere but
+    under ``if TYPE_CHECKING:``."""
     path, is_package = MODULES[module]
     inside, outside = set(), set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    skip = _typing_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Constant) and isinstance(node.value, str) \
                 and node.value in MODULES:
             names = [node.value]

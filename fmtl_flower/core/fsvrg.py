@@ -138,7 +138,12 @@ import numpy as np
 import scipy.sparse as sp
 
 from fmtl_flower.core.jit import kernel
-from fmtl_flower.core.rng import TAG_DANE_EPOCH, TAG_UNIFORM_SAMPLE, coordinate_order
+from fmtl_flower.core.rng import (
+    TAG_DANE_EPOCH,
+    TAG_GD_POWER,
+    TAG_UNIFORM_SAMPLE,
+    coordinate_order,
+)
 
 __all__ = [
     "GD_POWER_MAX_ITER",
@@ -331,8 +336,6 @@ def gd_step(w: Any, grad: Any, step: float) -> np.ndarray:
 GD_POWER_TOL = 1e-2
 #: At most this many power-iteration round trips for GD's ``L``.
 GD_POWER_MAX_ITER = 10
-#: Tag of the Generator ``[seed, tag]`` of :func:`gram_power_start`.
-TAG_GD_POWER = 47
 
 
 def local_gram_product(X: Any, v: Any) -> np.ndarray:

@@ -22,10 +22,12 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .models import Model
+if TYPE_CHECKING:  # models.Model.sgd_epochs calls this module: no import back at run time
+    from .models import Model
 
 __all__ = ["SGDConfig", "sgd_epochs"]
 
@@ -124,7 +126,7 @@ def sgd_epochs(model: Model, params: np.ndarray, momentum_buf: np.ndarray, X: np
         each evaluated at the parameters before that batch's step (without the weight-decay
         and proximal terms).
     """
-    if not isinstance(model, Model):
+    if not callable(getattr(model, "_loss_grad", None)):  # a core.models.Model
         raise ValueError(f"model must be a Model, got {type(model).__name__}")
     if not isinstance(config, SGDConfig):
         raise ValueError(f"config must be an SGDConfig, got {type(config).__name__}")

@@ -25,7 +25,7 @@ TAG_SPLIT = 7
 #: ``[seed, t, TAG_SKEW]`` (:mod:`fmtl_flower.data.skew`). It was 11, the value of
 #: :data:`TAG_BUDGET` with the same tuple shape: task t's skew and round t's budgets shared
 #: one stream.
-TAG_SKEW = 47
+TAG_SKEW = 61
 #: FedEM's client minibatches ``[seed, task, round, TAG_FEDEM_TRAIN]`` and fine-tuning
 #: ``[seed, task, round, TAG_FEDEM_FINETUNE]`` (:mod:`fmtl_flower.clients.fedem`).
 TAG_FEDEM_TRAIN = 23
@@ -53,6 +53,16 @@ TAG_SYNTHETIC_TASK = 0x5E
 TAG_SPARSE_GLOBAL = 0x5F0
 TAG_SPARSE_TASK = 0x5F1
 TAG_SPARSE_IID = 0x5F2
+#: GD's power iteration start ``[seed, TAG_GD_POWER]``
+#: (:func:`fmtl_flower.core.fsvrg.gram_power_start`).
+TAG_GD_POWER = 47
+#: The FedEM image reproduction: the generated images and their split
+#: ``[seed, TAG_IMAGES]`` (:mod:`fmtl_flower.data.fedem_images`), the CIFAR-10/EMNIST subsample
+#: ``[seed, TAG_IMAGES_SUBSAMPLE]`` and the unseen clients ``[seed, TAG_IMAGES_UNSEEN]``
+#: (:mod:`fmtl_flower.experiments.fedem_images`).
+TAG_IMAGES = 4242
+TAG_IMAGES_SUBSAMPLE = 4243
+TAG_IMAGES_UNSEEN = 77
 
 #: Every stream: name -> seed layout. An int is a fixed word, ``"seed"`` the run seed and the
 #: other names ids that range over ``0, 1, 2, ...`` (``"round"`` and ``"epoch"`` from 1).
@@ -78,6 +88,10 @@ STREAMS: dict[str, tuple[str, tuple[int | str, ...]]] = {
     "sparse-global": ("numpy", ("seed", TAG_SPARSE_GLOBAL)),
     "sparse-task": ("numpy", ("seed", "task", TAG_SPARSE_TASK)),
     "sparse-iid": ("numpy", ("seed", TAG_SPARSE_IID)),
+    "gd-power": ("numpy", ("seed", TAG_GD_POWER)),
+    "images": ("numpy", ("seed", TAG_IMAGES)),
+    "images-subsample": ("numpy", ("seed", TAG_IMAGES_SUBSAMPLE)),
+    "images-unseen": ("numpy", ("seed", TAG_IMAGES_UNSEEN)),
     "coordinate-order": ("splitmix", ("seed", "task", "round", TAG_ORDER)),
     "global-svm-epoch": ("splitmix", ("seed", "epoch", 0, TAG_ORDER)),
 }

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.rng import TAG_IMAGES
 from .paths import default_cache_dir, default_data_dirs
 
 __all__ = ["ImageTasks", "dirichlet_label_split", "find_local_copy", "generated_images",
@@ -211,7 +212,7 @@ def relabelled_mixture(num_clients: int = 24, num_components: int = 3, num_class
     """
     if split not in ("dirichlet", "pachinko"):
         raise ValueError(f"split must be 'dirichlet' or 'pachinko', got {split!r}")
-    rng = np.random.default_rng([seed, 4242])
+    rng = np.random.default_rng([seed, TAG_IMAGES])
     total = samples * num_clients
     X, base, _ = generated_images(total, num_classes, rng, size=size, noise=noise)
     if split == "dirichlet":

@@ -2,7 +2,7 @@
 
 The generated datasets seed every task on its own (``"synthetic"``: task ``t`` from
 ``default_rng([seed, 0x5E, t])``, its split from ``default_rng([seed, t, 7])``, its skew from
-``default_rng([seed, t, 47])``; non-IID ``"sparse-federated"``: node ``t`` and its split from
+``default_rng([seed, t, 61])``; non-IID ``"sparse-federated"``: node ``t`` and its split from
 ``default_rng([seed, t, 0x5F1])``), so task ``t`` can be drawn without the others, and
 bit-identically to the same task of the eagerly built dataset. For a large federation (10^5
 tasks) the lazy dataset never holds all tasks at once; memory stays flat in ``num_tasks``:
@@ -374,7 +374,7 @@ class SkewSource:
 
     The target sizes (:func:`~fmtl_flower.data.skew.skew_sizes`) need every task's training
     size: they are computed on first use by one streaming pass over ``base`` (flat memory) and
-    kept; task ``t`` then keeps the samples drawn from ``default_rng([seed, t, 47])``.
+    kept; task ``t`` then keeps the samples drawn from ``default_rng([seed, t, 61])``.
 
     Parameters
     ----------

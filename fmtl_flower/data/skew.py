@@ -12,7 +12,7 @@ How sizes are drawn here (:func:`skew_sizes`), for tasks of sizes ``n_0 .. n_{m-
    ``s_k = round(N * ratio ** (-k / (m - 1)))``, ``k = 0 .. m-1`` (``s_0 = N``);
 2. the largest task (the first one if several tie) gets ``s_0``, i.e. stays whole; the other
    tasks get ``s_1 .. s_{m-1}`` in a random order (a permutation drawn from
-   ``np.random.default_rng([seed, 47])``);
+   ``np.random.default_rng([seed, 61])``);
 3. each size is then clipped to ``[min(min_size, n_t), n_t]`` (a task cannot grow).
 
 So, with ``min_size <= N / ratio`` and tasks at least as large as their ladder size (as in
@@ -20,7 +20,7 @@ the paper's data), the largest size is ``N`` and the smallest ``round(N / ratio)
 min and max are reproduced exactly from Table 2's maxima.
 
 Which samples are kept (:func:`skew_tasks`): for task ``t`` with target ``s < n_t``, using
-``np.random.default_rng([seed, t, 47])``: one sample of each class first (so that a task keeps
+``np.random.default_rng([seed, t, 61])``: one sample of each class first (so that a task keeps
 both labels whenever ``s`` is at least its number of classes), in increasing label order, then
 ``s - (number of classes)`` more uniformly without replacement from the rest; the kept samples
 stay in their original order. A task with ``s = n_t`` is returned unchanged.
@@ -46,7 +46,7 @@ from fmtl_flower.data.validation import _validate_arrays
 __all__ = ["SKEW_TAG", "check_skew_ratio", "skew_dataset", "skew_sizes", "skew_tasks"]
 
 #: Fixed tag in the skew seeds ``[seed, SKEW_TAG]`` and ``[seed, t, SKEW_TAG]`` (the registry's
-#: :data:`~fmtl_flower.core.rng.TAG_SKEW`, 47; it was 11, the systems budgets' tag).
+#: :data:`~fmtl_flower.core.rng.TAG_SKEW`, 61; it was 11, the systems budgets' tag).
 SKEW_TAG = TAG_SKEW
 
 

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from ..config import as_float
-from . import positive_int
+from ..config import as_float, positive_int
+from ..core.rng import TAG_IMAGES_SUBSAMPLE, TAG_IMAGES_UNSEEN
 from .output import write_outputs
 
 NAME = "fedem-images"
@@ -76,7 +76,7 @@ def load_tasks(dataset: str, split: str, clients: int, samples: int, seed: int):
                                      seed=seed)
     X, y, X_test, y_test = fi.load_cifar10() if dataset == "cifar10" else fi.load_emnist()
     X, y = np.concatenate([X, X_test]), np.concatenate([y, y_test])
-    rng = np.random.default_rng([seed, 4243])
+    rng = np.random.default_rng([seed, TAG_IMAGES_SUBSAMPLE])
     keep = rng.permutation(y.size)[:clients * samples]
     X, y = X[keep], y[keep]
     parts = fi.dirichlet_label_split(y, clients, 0.4, rng)
@@ -176,7 +176,7 @@ def run(out_dir: Path, quick: bool = False, shuffles: int | None = None,
     for seed in range(seeds):
         for sp in splits:
             tasks = load_tasks(dataset, sp, clients, samples, seed)
-            unseen = np.random.default_rng([seed, 77]).permutation(tasks.num_tasks)[
+            unseen = np.random.default_rng([seed, TAG_IMAGES_UNSEEN]).permutation(tasks.num_tasks)[
                 :max(1, tasks.num_tasks // 5)].tolist()
             for method in METHODS:
                 result = run_one(tasks, method, rounds, lr, seed, sorted(unseen))
