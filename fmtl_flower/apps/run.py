@@ -26,7 +26,8 @@ def run_federation(cfg: RunConfig, data, engine: str = "inprocess", *,
     Parameters
     ----------
     cfg : RunConfig
-        The run config (strategy, rounds, task packing, ...).
+        The run config (strategy, rounds, task packing, ...); ``tasks-per-node = 0`` packs
+        automatically (:func:`fmtl_flower.packing.auto_packing`).
     data : dataset
         What :func:`~fmtl_flower.apps.common.dataset_for` returns for ``cfg``; only its
         ``num_tasks`` is read here (the ClientApp loads each task itself).
@@ -47,6 +48,10 @@ def run_federation(cfg: RunConfig, data, engine: str = "inprocess", *,
     RuntimeError
         If the federation ended without results.
     """
+    if cfg.tasks_per_node == 0:  # automatic task packing (the documented rule)
+        from ..packing import auto_packing
+
+        cfg, _ = auto_packing(cfg, data.num_tasks, engine)
     box: dict[str, Any] = {}
     server_app = make_server_app(cfg, on_round=on_round, on_done=box.update)
     client_app = make_client_app(cfg)
