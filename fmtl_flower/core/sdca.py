@@ -31,20 +31,33 @@ import numpy as np
 
 from .jit import kernel
 
+#: numba's fast-math flags of every SDCA-family kernel. Reassociation lets LLVM vectorise the
+#: dot product and the axpy (SIMD); no other fast-math flag is set, so NaN/inf semantics are
+#: IEEE (inputs are validated finite anyway).
+FASTMATH = {"reassoc", "contract"}
 
-def _sdca_kernel_numpy(X, y, alpha, sqnorm, w, order, budget, scale, d_alpha, v):
-    """:func:`_sdca_kernel` with numpy (one coordinate step per Python iteration)."""
+
+@kernel(inline="always")
+def _zero_row_delta(yi, a_old):  # pragma: no cover - compiled
+    """The one zero-row rule of every SDCA kernel: a row with ``|x_i| = 0`` goes to its exact
+    coordinate maximiser ``y_i a_i = 1`` (its only term is ``y_i d_alpha_i / n``; module
+    docstring); the change of ``d_alpha_i`` from ``a_old = y_i (alpha_i + d_alpha_i)``."""
+    return yi * (1.0 - a_old)
+
+
+def _sdca_steps_numpy(X, y, alpha, sqnorm, order, start, count, scale, d_alpha, v):
+    """:func:`_sdca_steps` with numpy (one coordinate step per Python iteration)."""
     n = X.shape[0]
     inv_n = 1.0 / n
     ys, xxs, base, idx = y.tolist(), sqnorm.tolist(), alpha.tolist(), order.tolist()
-    for s in range(budget):
+    for s in range(start, start + count):
         i = idx[s % n]
         yi = ys[i]
         d_old = float(d_alpha[i])
         a_old = yi * (base[i] + d_old)
         xx = xxs[i]
         if xx <= 0.0:
-            d_alpha[i] = d_old + yi * (1.0 - a_old)
+            d_alpha[i] = d_old + _zero_row_delta(yi, a_old)
             continue
         row = X[i]
         inv_q = 1.0 / (scale * xx * inv_n)
@@ -56,23 +69,25 @@ def _sdca_kernel_numpy(X, y, alpha, sqnorm, w, order, budget, scale, d_alpha, v)
             v += (scale * delta * inv_n) * row
 
 
-# Reassociation lets LLVM vectorise the dot product and the axpy (SIMD); no other fast-math
-# flag is set, so NaN/inf semantics are IEEE (inputs are validated finite anyway).
-@kernel(_sdca_kernel_numpy, boundscheck=False, fastmath={"reassoc", "contract"})
-def _sdca_kernel(X, y, alpha, sqnorm, w, order, budget, scale, d_alpha, v):  # pragma: no cover
+@kernel(_sdca_steps_numpy, boundscheck=False, fastmath=FASTMATH)
+def _sdca_steps(X, y, alpha, sqnorm, order, start, count, scale, d_alpha, v):  # pragma: no cover
+    """Steps ``start .. start+count-1`` of SDCA on the local subproblem: step s visits
+    ``order[s % n]``; keeps ``v = w + scale * X^T d_alpha / n``. The one SDCA kernel: MOCHA's
+    (:func:`_sdca_kernel`, from step 0), CoCoA's (in blocks between its gap checks), OFMTL's
+    newcomer and the global SVM run it."""
     n, d = X.shape
     inv_n = 1.0 / n
-    for s in range(budget):
+    for s in range(start, start + count):
         i = order[s % n]
         yi = y[i]
+        a_old = yi * (alpha[i] + d_alpha[i])
         xx = sqnorm[i]
-        if xx <= 0.0:  # the exact maximiser of a zero row: y_i a_i = 1 (module docstring)
-            d_alpha[i] += yi * (1.0 - yi * (alpha[i] + d_alpha[i]))
+        if xx <= 0.0:
+            d_alpha[i] += _zero_row_delta(yi, a_old)
             continue
         dot = 0.0
         for j in range(d):
             dot += X[i, j] * v[j]
-        a_old = yi * (alpha[i] + d_alpha[i])
         # 1/q does not depend on the model: computed apart from the dot product, it keeps the
         # division off the step-to-step dependency chain (v -> dot -> a_new -> v).
         inv_q = 1.0 / (scale * xx * inv_n)
@@ -87,6 +102,18 @@ def _sdca_kernel(X, y, alpha, sqnorm, w, order, budget, scale, d_alpha, v):  # p
             c = scale * delta * inv_n
             for j in range(d):
                 v[j] += c * X[i, j]
+
+
+def _sdca_kernel_numpy(X, y, alpha, sqnorm, w, order, budget, scale, d_alpha, v):
+    """:func:`_sdca_kernel` with numpy."""
+    _sdca_steps_numpy(X, y, alpha, sqnorm, order, 0, budget, scale, d_alpha, v)
+
+
+@kernel(_sdca_kernel_numpy, boundscheck=False, fastmath=FASTMATH)
+def _sdca_kernel(X, y, alpha, sqnorm, w, order, budget, scale, d_alpha, v):  # pragma: no cover
+    """MOCHA's local SDCA: ``budget`` steps of :func:`_sdca_steps` from step 0 (``w`` is the
+    start model, already in ``v``)."""
+    _sdca_steps(X, y, alpha, sqnorm, order, 0, budget, scale, d_alpha, v)
 
 
 def sdca_local_update(

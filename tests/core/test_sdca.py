@@ -213,6 +213,7 @@ def test_numpy_mocha_kernel_equals_compiled(problem):
 @given(problems(), st.sampled_from([0.0, 0.3, 0.9]), st.integers(1, 7))
 def test_numpy_baseline_kernels_equal_compiled(problem, theta, check_every):
     from fmtl_flower.core import baselines as bl
+    from fmtl_flower.core.baselines import _common, cocoa, mbsdca, mbsgd
 
     X, y, alpha, w, budget, m_tt, sigma_p, order = problem
     n = X.shape[0]
@@ -226,15 +227,19 @@ def test_numpy_baseline_kernels_equal_compiled(problem, theta, check_every):
                 bl.mbsgd_local_gradient(X, y, w, budget=batch, order=order))
 
     compiled = run()
-    names = ("_cocoa_kernel", "_mbsdca_kernel", "_mbsgd_kernel", "_sub_dalpha", "_local_gap")
-    saved = {name: getattr(bl, name) for name in names}
+    # each compiled kernel, in every module that calls it, swapped for its numpy version
+    numpy_of = {name: getattr(home, name + "_numpy") for home, name in (
+        (cocoa, "_cocoa_kernel"), (cocoa, "_local_gap"), (mbsdca, "_mbsdca_kernel"),
+        (mbsgd, "_mbsgd_kernel"), (_common, "_sub_dalpha"))}
+    saved = {(mod, name): getattr(mod, name) for mod in (cocoa, mbsdca, mbsgd)
+             for name in numpy_of if hasattr(mod, name)}
     try:
-        for name in names:
-            setattr(bl, name, getattr(bl, name + "_numpy"))
+        for mod, name in saved:
+            setattr(mod, name, numpy_of[name])
         plain = run()
     finally:
-        for name, value in saved.items():
-            setattr(bl, name, value)
+        for (mod, name), value in saved.items():
+            setattr(mod, name, value)
     (ca, cb, cs, cg), (pa, pb, ps, pg) = compiled[0], plain[0]
     assert cs == ps  # the same number of steps (the gap test is at the same block ends)
     np.testing.assert_allclose(pa, ca, rtol=1e-9, atol=1e-12)

@@ -1,0 +1,132 @@
+"""Mb-SDCA: every coordinate step at the stale model w_t, the server scaling the update by
+beta / b (see :mod:`fmtl_flower.core.baselines`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..jit import kernel
+from ..sdca import FASTMATH, _zero_row_delta
+from ._common import _check_positive, _check_steps, _sqnorm, _sub_dalpha, _validate
+
+
+def _mbsdca_kernel_numpy(X, y, alpha, sqnorm, w, order, budget, inv_m_tt, d_alpha):
+    """:func:`_mbsdca_kernel` with numpy (every step at the stale w: one vector step)."""
+    n = X.shape[0]
+    idx = order[:budget]
+    yi = y[idx]
+    a_old = yi * (alpha[idx] + d_alpha[idx])
+    xx = sqnorm[idx]
+    zero = xx <= 0.0
+    margins = yi * (X[idx] @ w)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a_new = a_old + (1.0 - margins) * (n * inv_m_tt / np.where(zero, 1.0, xx))
+    a_new = np.where(zero, 1.0, np.clip(a_new, 0.0, 1.0))
+    d_alpha[idx] += yi * (a_new - a_old)
+
+
+@kernel(_mbsdca_kernel_numpy, boundscheck=False, fastmath=FASTMATH)
+def _mbsdca_kernel(X, y, alpha, sqnorm, w, order, budget, inv_m_tt, d_alpha):  # pragma: no cover
+    n, d = X.shape
+    fn = float(n)
+    for s in range(budget):
+        i = order[s]
+        yi = y[i]
+        a_old = yi * (alpha[i] + d_alpha[i])
+        xx = sqnorm[i]
+        if xx <= 0.0:
+            d_alpha[i] += _zero_row_delta(yi, a_old)
+            continue
+        dot = 0.0
+        for j in range(d):
+            dot += X[i, j] * w[j]
+        a_new = a_old + (1.0 - yi * dot) * (fn * inv_m_tt / xx)
+        if a_new < 0.0:
+            a_new = 0.0
+        elif a_new > 1.0:
+            a_new = 1.0
+        d_alpha[i] += yi * (a_new - a_old)
+
+
+def mbsdca_local_update(
+    X: np.ndarray,
+    y: np.ndarray,
+    alpha: np.ndarray,
+    w: np.ndarray,
+    *,
+    m_tt: float,
+    budget: int,
+    order: np.ndarray,
+    sqnorm: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Mini-batch SDCA's local step: ``budget`` coordinate steps, all at the stale model w_t.
+
+    For the samples ``i = order[0 .. budget-1]`` (a mini-batch of distinct samples)::
+
+        a_i <- clip(a_i + (1 - y_i x_i^T w_t) * n / (m_tt |x_i|^2), 0, 1),   a_i = y_i alpha_i,
+
+    the exact maximiser of the local subproblem G over coordinate i alone, at ``d_alpha = 0``
+    and sigma' = 1 (no local model progress: every margin uses the w_t the server sent,
+    Takac et al. 2013, "Mini-batch primal and dual methods for SVMs"). Rows with
+    ``|x_i| = 0`` are set to their maximiser ``a_i = 1``.
+
+    The update is *not* applied as is: the server scales every task's update by
+    ``s = mbsdca_scale(beta, b)`` (b = the round's total coordinate steps over the nodes that
+    replied), i.e. ``b_t += s * d_b`` and the device commits ``alpha += s * d_alpha``, so s
+    must reach the device with the next message. ``0 < s <= 1`` keeps
+    ``y * (alpha + s d_alpha)`` in [0, 1] (a convex combination of two feasible points).
+
+    Parameters
+    ----------
+    X, y, alpha, w, order
+        As for :func:`cocoa_local_update`.
+    m_tt : float
+        ``(K^-1)_tt`` (> 0).
+    budget : int
+        Mini-batch size ``0 <= budget <= n``: samples ``order[:budget]`` are visited once.
+    sqnorm : ndarray of shape (n,), optional
+        Precomputed squared row norms of X.
+
+    Returns
+    -------
+    d_alpha : ndarray of shape (n,)
+        Unscaled change of the dual variables (non-zero only on the mini-batch).
+    d_b : ndarray of shape (d,)
+        ``X^T d_alpha / n`` (unscaled), the vector sent to the server.
+    """
+    X, y, w, order, alpha = _validate(X, y, w, order, alpha)
+    n, d = X.shape
+    _check_positive("m_tt", float(m_tt))
+    budget = _check_steps("budget", budget, n)
+    sqnorm = _sqnorm(X, sqnorm)
+    d_alpha = np.zeros(n)
+    d_b = np.zeros(d)
+    if budget == 0:
+        return d_alpha, d_b
+    _mbsdca_kernel(X, y, alpha, sqnorm, w, order, budget, 1.0 / float(m_tt), d_alpha)
+    _sub_dalpha(X, d_alpha, d_b)
+    return d_alpha, d_b
+
+
+def mbsdca_scale(beta: float, total_steps: int) -> float:
+    """Server-side scaling ``s = min(1, beta / b)`` of Mb-SDCA's updates.
+
+    Parameters
+    ----------
+    beta : float
+        The aggregation parameter (> 0); the paper tunes beta in [1, b].
+    total_steps : int
+        b, the total number of coordinate steps of the round summed over the nodes whose
+        updates are applied (as in the reference, ``sum_t H_t``; dropped nodes count 0).
+
+    Returns
+    -------
+    float
+        s in [0, 1]: ``beta / b`` clipped at 1 so that the scaled dual update stays feasible
+        when b < beta (e.g. most nodes dropped); 0.0 when b == 0 (nothing to apply).
+    """
+    _check_positive("beta", float(beta))
+    b = _check_steps("total_steps", total_steps)
+    if b == 0:
+        return 0.0
+    return min(1.0, float(beta) / b)
