@@ -2,7 +2,49 @@
 
 from __future__ import annotations
 
+from typing import Any, TypedDict
+
 import numpy as np
+
+#: The keys :func:`error_summary` fills, in every strategy's per-round record.
+ERROR_KEYS = ("test_error", "test_error_pooled", "accuracy_mean", "accuracy_mean_unweighted",
+              "accuracy_bottom_decile")
+
+
+class RoundRecord(TypedDict, total=False):
+    """One per-round record, the same for every strategy (README, "Results JSON").
+
+    Every strategy's record has ``round``, the :data:`ERROR_KEYS` (from
+    :func:`error_summary`: ``test_error`` is always the mean of per-task error rates and
+    ``test_error_pooled`` the error over all test samples pooled), ``num_replies``,
+    ``wall_time_s`` and ``tasks_missing``; a value not measured in that round is None. The
+    other keys belong to some families: the objective (``primal``, ``dual``, ``gap``; FSVRG's
+    ``objective``), counts and times, FedEM's training loss and unseen clients, OFMTL's event.
+    """
+
+    round: int
+    test_error: float | None
+    test_error_pooled: float | None
+    accuracy_mean: float | None
+    accuracy_mean_unweighted: float | None
+    accuracy_bottom_decile: float | None
+    num_replies: int | None
+    wall_time_s: float | None
+    tasks_missing: list[int] | None
+    primal: float | None
+    dual: float | None
+    gap: float | None
+    objective: float | None
+    num_dropped: int | None
+
+
+def round_record(k: int, **fields: Any) -> RoundRecord:
+    """A new record of round ``k``: the keys every strategy has, unmeasured (None), then
+    ``fields`` (the family's own keys, or values known already)."""
+    record: dict[str, Any] = {"round": k, **dict.fromkeys(ERROR_KEYS), "num_replies": None,
+                              "wall_time_s": None, "tasks_missing": None}
+    record.update(fields)
+    return record  # type: ignore[return-value]
 
 
 def error_summary(errors: np.ndarray, counts: np.ndarray) -> dict[str, float | None]:
@@ -28,9 +70,7 @@ def error_summary(errors: np.ndarray, counts: np.ndarray) -> dict[str, float | N
     counts = np.asarray(counts, dtype=np.float64)
     keep = counts > 0
     if not np.any(keep):
-        return dict.fromkeys(
-            ("test_error", "test_error_pooled", "accuracy_mean", "accuracy_mean_unweighted",
-             "accuracy_bottom_decile"))
+        return dict.fromkeys(ERROR_KEYS)
     rates = errors[keep] / counts[keep]
     pooled = float(errors[keep].sum() / counts[keep].sum())
     return {

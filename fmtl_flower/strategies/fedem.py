@@ -94,7 +94,7 @@ from ..core.fedem import (
 from ..core.local_sgd import SGDConfig
 from ..core.models import MODELS, make_model
 from ..core.rng import TAG_FEDEM_INIT, TAG_FEDEM_SAMPLE, round_rng
-from ..metrics import error_summary
+from ..metrics import error_summary, round_record
 from ..wire import from_array, to_array
 from .base import ReplyBoundary, TaskStrategy, all_finite, check_bound, norm
 from .discovery import (
@@ -313,18 +313,14 @@ class FedEM(TaskStrategy):
         loss = np.array([accepted[t]["train-loss"] for t in accepted])
         timing = {key: float(sum(r.get(key, 0.0) for r in accepted.values()))
                   for key in ("e-step-s", "train-s")}
-        record = {
-            "round": server_round, "primal": None, "dual": None, "gap": None,
-            "train_loss": float(loss @ n / n.sum()) if n.size else None,
-            "test_error": None, "test_error_pooled": None, "accuracy_mean": None,
-            "accuracy_mean_unweighted": None, "accuracy_bottom_decile": None,
-            "unseen_accuracy_mean": None, "unseen_accuracy_bottom_decile": None,
-            "num_sampled": len(self._sampled), "num_replies": len(accepted),
-            "num_dropped": len(self._sampled) - len(accepted), "lr": self._lr(server_round),
-            "client_estep_s": timing["e-step-s"], "client_train_s": timing["train-s"],
-            "aggregate_s": aggregate_s, "wall_time_s": None, "tasks_missing": None,
-            "_reg": None,
-        }
+        record = round_record(
+            server_round, primal=None, dual=None, gap=None,
+            train_loss=float(loss @ n / n.sum()) if n.size else None,
+            unseen_accuracy_mean=None, unseen_accuracy_bottom_decile=None,
+            num_sampled=len(self._sampled), num_replies=len(accepted),
+            num_dropped=len(self._sampled) - len(accepted), lr=self._lr(server_round),
+            client_estep_s=timing["e-step-s"], client_train_s=timing["train-s"],
+            aggregate_s=aggregate_s, _reg=None)
         self.records.append(record)
         metrics = MetricRecord({"num-replies": len(accepted),
                                 "num-dropped": record["num_dropped"]})

@@ -115,8 +115,10 @@ trips used to reach ``w_k``: 1 setup for ``fsvrg`` plus 2 per round for ``fsvrg`
 the power iterations for GD's default step plus 1 per round for GD, 1 per round for CoCoA+;
 the measurement-only final ``evaluate`` is not counted),
 ``objective`` (``f(w_k)``, from round k + 1's exchange 1 (CoCoA+: its ``train`` replies), or
-the final ``evaluate``), ``test_error`` (pooled misclassification over the test sets, every
-``eval_every`` rounds and at k = R), ``num_replies`` (accepted replies of the round that
+the final ``evaluate``), the keys of :func:`fmtl_flower.metrics.error_summary` (``test_error``
+the mean of the nodes' test error rates, as for every strategy; ``test_error_pooled``
+misclassification over all test sets pooled; the accuracies), every ``eval_every`` rounds and
+at k = R, ``num_replies`` (accepted replies of the round that
 produced ``w_k``: exchange 2, or exchange 1 for GD), ``wall_time_s`` (of that round),
 ``tasks_missing``. CoCoA+ adds ``dual`` (``D(alpha_k)``), ``gap`` (``objective - dual >= 0``;
 both None unless every task reported with ``state-ok``) and ``num_resets``. GD's ``final``
@@ -154,6 +156,7 @@ from ..core.fsvrg import (
     naive_fsvrg_aggregate,
     power_estimate,
 )
+from ..metrics import error_summary, round_record
 from ..wire import from_array, to_array
 from .base import ReplyBoundary, TaskStrategy, all_finite, check_bound, norm
 from .discovery import (
@@ -750,10 +753,8 @@ class Fsvrg(TaskStrategy):
     # ------------------------------------------------------------------ records
     def _new_record(self, k: int) -> dict[str, Any]:
         assert len(self.records) == k
-        record: dict[str, Any] = {
-            "round": k, "exchanges": self.exchanges, "objective": None, "test_error": None,
-            "num_replies": None, "wall_time_s": None, "tasks_missing": None, "_open": True,
-        }
+        record: dict[str, Any] = round_record(k, exchanges=self.exchanges, objective=None,
+                                              _open=True)
         if self.method == "cocoa-plus":
             record.update(dual=None, gap=None, num_resets=None)
         self.records.append(record)
@@ -770,11 +771,11 @@ class Fsvrg(TaskStrategy):
             loss = float(sum(accepted[t]["loss-sum"] for t in sorted(accepted)))
             if not missing:
                 record["objective"] = global_objective(self.w, loss, n_rep, self.lam)
-            evaluated = [t for t in accepted if "test-n" in accepted[t]]
-            tested = sum(accepted[t]["test-n"] for t in evaluated)
-            if evaluated and not missing and tested > 0:
-                record["test_error"] = sum(accepted[t]["test-errors"]
-                                           for t in evaluated) / tested
+            evaluated = sorted(t for t in accepted if "test-n" in accepted[t])
+            if evaluated and not missing:
+                record.update(error_summary(
+                    np.array([accepted[t]["test-errors"] for t in evaluated]),
+                    np.array([accepted[t]["test-n"] for t in evaluated])))
         if self.method == "cocoa-plus" and record["objective"] is not None and all(
                 accepted[t]["state-ok"] for t in accepted):  # a consistent (w, alpha) pair
             assert self.n_total is not None

@@ -81,7 +81,7 @@ from ..core.baselines import mbsgd_radius, mbsgd_server_step, mbsgd_step_size
 from ..core.formulations import FORMULATIONS, Formulation, make_formulation
 from ..core.mocha import formulation_arrays, omega_step_due, set_formulation_arrays
 from ..core.omega import DEFAULT_OMEGA_EPS
-from ..metrics import error_summary
+from ..metrics import error_summary, round_record
 from ..packing import StackGroup
 from ..systems.heterogeneity import drop_mask, local_budgets
 from ..systems.timing import get_network, round_time
@@ -580,16 +580,11 @@ class MbSgd(TaskStrategy):
     def _new_record(self, k: int) -> dict[str, Any]:
         """Create the record of the state after k rounds (W and K as they are now)."""
         assert self.W is not None and len(self.records) == k
-        record: dict[str, Any] = {
-            "round": k, "primal": None, "dual": None, "gap": None, "test_error": None,
-            "test_error_pooled": None, "accuracy_mean": None, "accuracy_mean_unweighted": None,
-            "accuracy_bottom_decile": None, "num_replies": None, "num_dropped": None,
-            "samples": None, "step_size": None, "omega_step": None, "estimated_time_s": None,
-            "wall_time_s": None, "tasks_missing": None,
-            "objective_omega": self.formulation.omega_objective(self.W.shape[0]),
-            "objective": None,
-            "_reg": self.regulariser(self.W),
-        }
+        record: dict[str, Any] = round_record(
+            k, primal=None, dual=None, gap=None, num_dropped=None, samples=None,
+            step_size=None, omega_step=None, estimated_time_s=None,
+            objective_omega=self.formulation.omega_objective(self.W.shape[0]),
+            objective=None, _reg=self.regulariser(self.W))
         self.records.append(record)
         return record
 

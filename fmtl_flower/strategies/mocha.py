@@ -95,7 +95,7 @@ from ..core.mocha_factored import (
     restore_server_state,
 )
 from ..core.omega import DEFAULT_OMEGA_EPS
-from ..metrics import error_summary
+from ..metrics import error_summary, round_record
 from ..packing import StackGroup
 from ..systems.heterogeneity import check_drop_prob, drop_mask, local_budgets
 from ..systems.timing import deadline_budgets, get_network, round_time
@@ -719,15 +719,10 @@ class Mocha(TaskStrategy):
     def _new_record(self, k: int) -> dict[str, Any]:
         """Create the record of the state after k rounds (W, B, Sigma as they are now)."""
         assert self.state is not None and len(self.records) == k
-        record: dict[str, Any] = {
-            "round": k, "primal": None, "dual": None, "gap": None, "test_error": None,
-            "test_error_pooled": None, "accuracy_mean": None, "accuracy_mean_unweighted": None,
-            "accuracy_bottom_decile": None, "num_replies": None, "num_dropped": None,
-            "wall_time_s": None, "tasks_missing": None,
-            "objective_omega": self.state.formulation.omega_objective(self.state.dim),
-            "objective": None,
-            "_reg": self.state.regulariser(),
-        }
+        record: dict[str, Any] = round_record(
+            k, primal=None, dual=None, gap=None, num_dropped=None,
+            objective_omega=self.state.formulation.omega_objective(self.state.dim),
+            objective=None, _reg=self.state.regulariser())
         self.records.append(record)
         return record
 

@@ -69,7 +69,7 @@ from ..core.factored import FactoredMatrix, _factor_arrays, _factor_from_arrays
 from ..core.mocha_factored import choose_server_path
 from ..core.ofmtl_factored import server_ops
 from ..core.omega import DEFAULT_OMEGA_EPS
-from ..metrics import error_summary
+from ..metrics import error_summary, round_record
 from ..wire import from_array, to_array
 from .base import ReplyBoundary, all_finite, check_bound, norm
 from .discovery import (
@@ -483,13 +483,11 @@ class OFMTL(Strategy):
         assert self.W is not None
         errors, counts = self._evaluate(grid)
         self._ever_replied.update(int(t) for t in errors)
-        record: dict[str, Any] = {
-            "round": len(self.records), "event": event, "devices": self.m,
-            "floats_communicated": int(floats), "cumulative_floats": int(self.floats_total),
-            "event_time_s": seconds, "wall_time_s": time.perf_counter() - self._started,
-            "retrainings": self.retrainings, "newcomer_gap": gap,
-            "tasks_missing": sorted(set(range(self.m)) - set(errors)),
-        }
+        record: dict[str, Any] = round_record(
+            len(self.records), event=event, devices=self.m, floats_communicated=int(floats),
+            cumulative_floats=int(self.floats_total), event_time_s=seconds,
+            wall_time_s=time.perf_counter() - self._started, retrainings=self.retrainings,
+            newcomer_gap=gap, tasks_missing=sorted(set(range(self.m)) - set(errors)))
         if errors and not record["tasks_missing"]:
             tasks = sorted(errors)
             record.update(error_summary(np.array([errors[t] for t in tasks]),
