@@ -228,9 +228,13 @@ def test_numpy_baseline_kernels_equal_compiled(problem, theta, check_every):
 
     compiled = run()
     # each compiled kernel, in every module that calls it, swapped for its numpy version
+    # (CoCoA's driver runs as Python, its py_func, over the numpy gap and SDCA steps)
+    from fmtl_flower.core import sdca as sd
+
     numpy_of = {name: getattr(home, name + "_numpy") for home, name in (
-        (cocoa, "_cocoa_kernel"), (cocoa, "_local_gap"), (mbsdca, "_mbsdca_kernel"),
-        (mbsgd, "_mbsgd_kernel"), (_common, "_sub_dalpha"))}
+        (cocoa, "_local_gap"), (mbsdca, "_mbsdca_kernel"), (mbsgd, "_mbsgd_kernel"),
+        (_common, "_sub_dalpha"), (sd, "_sdca_steps"))}
+    numpy_of["_cocoa_kernel"] = cocoa._cocoa_kernel.py_func
     saved = {(mod, name): getattr(mod, name) for mod in (cocoa, mbsdca, mbsgd)
              for name in numpy_of if hasattr(mod, name)}
     try:

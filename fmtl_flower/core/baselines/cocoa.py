@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..jit import kernel
-from ..sdca import FASTMATH, _sdca_steps, _sdca_steps_numpy
+from ..sdca import FASTMATH, _sdca_steps
 from ._common import _check_positive, _check_steps, _sqnorm, _sub_dalpha, _validate
 
 
@@ -18,25 +18,6 @@ def _local_gap_numpy(X, y, alpha, d_alpha, v):
     r = 1.0 - y * (X @ v)
     terms = np.where(r > 0.0, (1.0 - a) * r, -a * r)
     return float(terms.sum()) / n
-
-
-def _cocoa_kernel_numpy(X, y, alpha, sqnorm, order, scale, theta, max_steps, check_every,
-                        d_alpha, v):
-    """:func:`_cocoa_kernel` with numpy."""
-    gap0 = _local_gap_numpy(X, y, alpha, d_alpha, v)
-    if gap0 <= 0.0:
-        return 0, 0.0
-    target = theta * gap0
-    steps = 0
-    gap = gap0
-    while steps < max_steps:
-        block = min(check_every, max_steps - steps)
-        _sdca_steps_numpy(X, y, alpha, sqnorm, order, steps, block, scale, d_alpha, v)
-        steps += block
-        gap = _local_gap_numpy(X, y, alpha, d_alpha, v)
-        if gap <= target:
-            break
-    return steps, gap / gap0
 
 
 @kernel(_local_gap_numpy, boundscheck=False, fastmath=FASTMATH)
@@ -61,9 +42,12 @@ def _local_gap(X, y, alpha, d_alpha, v):  # pragma: no cover
     return total / n
 
 
-@kernel(_cocoa_kernel_numpy, boundscheck=False, fastmath=FASTMATH)
+@kernel(boundscheck=False, fastmath=FASTMATH)
 def _cocoa_kernel(X, y, alpha, sqnorm, order, scale, theta, max_steps, check_every,
                   d_alpha, v):  # pragma: no cover
+    """SDCA blocks of ``check_every`` steps until the local gap is <= theta times its start
+    value or ``max_steps``: (steps, final gap / start gap). Without numba it runs as Python
+    over the numpy :func:`_local_gap` and :func:`~fmtl_flower.core.sdca._sdca_steps`."""
     gap0 = _local_gap(X, y, alpha, d_alpha, v)
     if gap0 <= 0.0:
         return 0, 0.0
