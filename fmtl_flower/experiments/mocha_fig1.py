@@ -52,17 +52,29 @@ def trajectories(tasks, rounds: dict[str, int], seed: int) -> dict[str, dict[str
     return out
 
 
-def run(out_dir: Path, quick: bool = False, datasets: list[str] | None = None,
-        shuffles: int | None = None) -> dict[str, Any]:
-    """Run the experiment and write the outputs (see the module docstring)."""
+def settings(datasets: list[str] | None, quick: bool) -> tuple[list[str], dict[str, int]]:
+    """The datasets (default: small, and synthetic unless ``quick``) and rounds per method of
+    Figures 1 and 2."""
     datasets = list(datasets or (["small"] if quick else ["small", "synthetic"]))
     rounds = ({"mocha": 60, "cocoa": 30, "mb-sdca": 100, "mb-sgd": 100} if quick else
               {"mocha": 2000, "cocoa": 500, "mb-sdca": 5000, "mb-sgd": 5000})
+    return datasets, rounds
+
+
+def problem(dataset: str) -> tuple[Any, list, float]:
+    """``dataset`` unsplit: (data, training tasks, P* of the identity formulation at LAM)."""
+    data = load_dataset(dataset, seed=0, test_frac=0.0)
+    tasks = [(t.X_train, t.y_train) for t in data.tasks]
+    return data, tasks, optimum(tasks, LAM)
+
+
+def run(out_dir: Path, quick: bool = False, datasets: list[str] | None = None,
+        shuffles: int | None = None) -> dict[str, Any]:
+    """Run the experiment and write the outputs (see the module docstring)."""
+    datasets, rounds = settings(datasets, quick)
     rows, optima, summary = [], {}, []
     for dataset in datasets:
-        data = load_dataset(dataset, seed=0, test_frac=0.0)
-        tasks = [(t.X_train, t.y_train) for t in data.tasks]
-        p_star = optimum(tasks, LAM)
+        data, tasks, p_star = problem(dataset)
         optima[dataset] = p_star
         traj = trajectories(tasks, rounds, seed=0)
         for method, tr in traj.items():

@@ -23,12 +23,11 @@ from typing import Any
 import numpy as np
 
 from ..centralized import fit_mocha
-from ..data import load_dataset
 from ..systems.heterogeneity import local_budgets
 from ..systems.timing import DEFAULT_CLOCK_RATE
-from .mocha_fig1 import LAM, METHODS, trajectories
+from .mocha_fig1 import LAM, METHODS, problem, settings, trajectories
 from .mocha_fig1 import format_table as _format_table
-from .optimization import network_curves, optimum, plot_panels, write_curves
+from .optimization import network_curves, plot_panels, write_curves
 
 NAME = "mocha-fig2"
 LEVELS = ("low", "high")
@@ -45,14 +44,10 @@ def speed_factors(n: np.ndarray, level: str, rounds: int, seed: int) -> list[np.
 def run(out_dir: Path, quick: bool = False, datasets: list[str] | None = None,
         shuffles: int | None = None) -> dict[str, Any]:
     """Run the experiment and write the outputs (see the module docstring)."""
-    datasets = list(datasets or (["small"] if quick else ["small", "synthetic"]))
-    rounds = ({"mocha": 60, "cocoa": 30, "mb-sdca": 100, "mb-sgd": 100} if quick else
-              {"mocha": 2000, "cocoa": 500, "mb-sdca": 5000, "mb-sgd": 5000})
+    datasets, rounds = settings(datasets, quick)
     rows, optima, summary = [], {}, []
     for dataset in datasets:
-        data = load_dataset(dataset, seed=0, test_frac=0.0)
-        tasks = [(t.X_train, t.y_train) for t in data.tasks]
-        p_star = optimum(tasks, LAM)
+        data, tasks, p_star = problem(dataset)
         optima[dataset] = p_star
         others = trajectories(tasks, rounds, seed=0)
         for level in LEVELS:
