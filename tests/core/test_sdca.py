@@ -286,15 +286,17 @@ def test_fsvrg_kernels_run_interpreted_without_numba():
                                              sigma_prime=1.0, order=order))
 
     compiled = run()
-    names = ("_svrg_pass_kernel", "_cocoa_kernel", "_logistic_coordinate", "_sigmoid",
-             "_dloss")
-    saved = {name: getattr(fsvrg, name) for name in names}
+    from fmtl_flower.core.fsvrg import cocoa_plus, svrg  # the kernels' modules
+
+    homes = {"_svrg_pass_kernel": svrg, "_dloss": svrg, "_cocoa_kernel": cocoa_plus,
+             "_logistic_coordinate": cocoa_plus, "_sigmoid": cocoa_plus}
+    saved = {name: getattr(home, name) for name, home in homes.items()}
     try:
-        for name in names:
-            setattr(fsvrg, name, saved[name].py_func)
+        for name, home in homes.items():
+            setattr(home, name, saved[name].py_func)
         plain = run()
     finally:
         for name, value in saved.items():
-            setattr(fsvrg, name, value)
+            setattr(homes[name], name, value)
     for a, b in zip(compiled, plain, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-10, atol=1e-13)
