@@ -74,7 +74,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .hinge import hinge_loss
-from .ofmtl_factored import server_ops
 from .ofmtl_server import (
     _positive,
     extend_sigma,
@@ -529,6 +528,8 @@ def add_task(W_old: np.ndarray, Sigma_old: np.ndarray | FactoredMatrix, X: np.nd
         raise ValueError("the newcomer needs at least one training sample")
     if not np.all(np.isfinite(X)):
         raise ValueError("X has non-finite entries")
+    from .ofmtl_factored import server_ops  # the server's side (scipy): not on a device
+
     ops = server_ops(Sigma_old)
     shape = np.shape(Sigma_old)
     if shape != (m, m):
