@@ -211,12 +211,14 @@ class LoopbackFederation:
                              f"{STARTUP_TIMEOUT_S:.0f} s")
 
     def clear_state(self) -> None:
-        """Delete the devices' state files (before a run that must start from scratch)."""
+        """Delete the devices' state files (before a run that must start from scratch); numba's
+        compiled-kernel cache (``numba-cache/``) is a cache, not state, and stays."""
         for task in range(self.num_nodes):
             directory = self.state_dir(task)
             if directory.is_dir():
                 for path in directory.iterdir():
-                    path.unlink()
+                    if path.is_file():
+                        path.unlink()
 
     def start_node(self, task: int) -> subprocess.Popen:
         """Start the SuperNode of ``task`` (a fresh Runtime API port each time)."""
