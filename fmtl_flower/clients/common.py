@@ -3,13 +3,40 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from flwr.app import ConfigRecord, Context
 from flwr.clientapp import ClientApp
 
 from ..checkpoint import state_file_path
+
+DataLoader = Callable[[Context], tuple[np.ndarray, ...]]
+TaskIdFn = Callable[[Context], int]
+
+
+@dataclass(frozen=True)
+class LocalTask:
+    """The data one device holds for its task (validated, float64, labels in {-1, +1})."""
+
+    task_id: int
+    X: np.ndarray
+    y: np.ndarray
+    X_test: np.ndarray
+    y_test: np.ndarray
+    sqnorm: np.ndarray
+    fingerprint: str = ""  # of (X, y): the dual state is bound to it
+
+    @property
+    def n(self) -> int:
+        return self.X.shape[0]
+
+    @property
+    def dim(self) -> int:
+        return self.X.shape[1]
 
 
 def config_value(config: ConfigRecord, key: str, kind: type) -> Any:

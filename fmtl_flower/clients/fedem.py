@@ -24,7 +24,6 @@ Build a FedEM ClientApp over your own data with :func:`make_fedem_client_app`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from logging import WARNING
 from pathlib import Path
@@ -48,7 +47,14 @@ from ..core.local_sgd import SGDConfig
 from ..core.models import Model, make_model
 from ..core.rng import TAG_FEDEM_FINETUNE, TAG_FEDEM_TRAIN
 from ..wire import from_array, to_array
-from .common import client_app_for, config_value, default_task_id, state_file_for
+from .common import (
+    DataLoader,
+    TaskIdFn,
+    client_app_for,
+    config_value,
+    default_task_id,
+    state_file_for,
+)
 
 STATE_ARRAYS = "fedem.arrays"
 STATE_META = "fedem.meta"
@@ -56,8 +62,6 @@ PREVIOUS = "fedem.previous"  # prefix of the older slot's records
 TAG_TRAIN, TAG_FINETUNE = TAG_FEDEM_TRAIN, TAG_FEDEM_FINETUNE
 METHODS = ("fedem", "fedavg", "fedprox", "fedavg-ft", "clustered", "local")
 
-DataLoader = Callable[[Context], tuple[np.ndarray, ...]]
-TaskIdFn = Callable[[Context], int]
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,7 @@ from ..core.fsvrg import (
 from ..core.rng import coordinate_order
 from ..wire import from_array, to_array
 from .common import (
+    TaskIdFn,
     config_value,
     default_task_id,
     protocol_rounds,
@@ -82,7 +83,6 @@ __all__ = ["COCOA_STATE_ARRAYS", "COCOA_STATE_META", "FsvrgClient", "SparseLocal
            "make_fsvrg_client_app"]
 
 SparseLoader = Callable[[Context], tuple[Any, Any, Any, Any]]
-TaskIdFn = Callable[[Context], int]
 LOCAL_METHODS = ("fsvrg", "fsvrg-naive", "dane", "cocoa-plus")
 COCOA_STATE_ARRAYS = "cocoa-plus.arrays"
 COCOA_STATE_META = "cocoa-plus.meta"

@@ -25,8 +25,8 @@ from ..core.baselines import mbsgd_local_gradient
 from ..core.hinge import classification_errors, mean_hinge_loss
 from ..core.rng import coordinate_order
 from ..wire import from_array, to_array
-from .common import client_app_for, config_value
-from .mocha import DataLoader, LocalTask, MochaClient, TaskIdFn, default_task_id
+from .common import DataLoader, LocalTask, TaskIdFn, client_app_for, config_value, default_task_id
+from .mocha import MochaClient
 
 __all__ = ["MbSgdClient", "default_task_id", "make_mbsgd_client_app"]
 

@@ -30,8 +30,6 @@ Build a MOCHA ClientApp over your own data with :func:`make_mocha_client_app`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -44,7 +42,10 @@ from ..core.rng import coordinate_order
 from ..core.sdca import sdca_local_update
 from ..data.validation import validate_task
 from ..wire import from_array, to_array
-from .common import (  # default_task_id: re-exported (it used to live here)
+from .common import (  # DataLoader, LocalTask, TaskIdFn, default_task_id: re-exported
+    DataLoader,
+    LocalTask,
+    TaskIdFn,
     client_app_for,
     config_value,
     default_task_id,
@@ -64,31 +65,6 @@ from .dual_state import (
 
 STATE_ARRAYS = "mocha.arrays"
 STATE_META = "mocha.meta"
-
-DataLoader = Callable[[Context], tuple[np.ndarray, ...]]
-TaskIdFn = Callable[[Context], int]
-
-
-@dataclass(frozen=True)
-class LocalTask:
-    """The data one device holds for its task (validated, float64, labels in {-1, +1})."""
-
-    task_id: int
-    X: np.ndarray
-    y: np.ndarray
-    X_test: np.ndarray
-    y_test: np.ndarray
-    sqnorm: np.ndarray
-    fingerprint: str = ""  # of (X, y): the dual state is bound to it
-
-    @property
-    def n(self) -> int:
-        return self.X.shape[0]
-
-    @property
-    def dim(self) -> int:
-        return self.X.shape[1]
-
 
 class MochaClient:
     """MOCHA's device-side handlers over a user-supplied data loader.

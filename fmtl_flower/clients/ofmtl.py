@@ -21,8 +21,8 @@ from flwr.clientapp import ClientApp
 from ..core.hinge import classification_errors
 from ..core.ofmtl import newcomer_duality_gap, newcomer_fit
 from ..wire import from_array, to_array
-from .common import config_value
-from .mocha import DataLoader, LocalTask, MochaClient, TaskIdFn
+from .common import DataLoader, LocalTask, TaskIdFn, config_value
+from .mocha import MochaClient
 
 STATE_ARRAYS = "ofmtl.arrays"
 STATE_META = "ofmtl.meta"

@@ -46,7 +46,7 @@ from flwr.common.logger import log
 
 from ..checkpoint import CheckpointError
 from ..wire import from_array, to_array
-from .common import config_value, state_file_for
+from .common import LocalTask, config_value, state_file_for
 from .dual_state import (
     META_KEYS,
     DualState,
@@ -56,7 +56,7 @@ from .dual_state import (
     reconcile,
     write_dual_file,
 )
-from .mocha import LocalTask, MochaClient
+from .mocha import MochaClient
 
 PROTOCOL = "mocha"
 STATE = "mocha.stack"
