@@ -13,6 +13,7 @@ from flwr.app import ConfigRecord, Context
 from flwr.clientapp import ClientApp
 
 from ..checkpoint import state_file_path
+from ..data.validation import node_task_id
 
 DataLoader = Callable[[Context], tuple[np.ndarray, ...]]
 TaskIdFn = Callable[[Context], int]
@@ -61,16 +62,10 @@ def config_value(config: ConfigRecord, key: str, kind: type) -> Any:
 
 def default_task_id(context: Context) -> int:
     """``task-id`` from the node config (deployments), else ``partition-id`` (simulation)."""
-    for key in ("task-id", "partition-id"):
-        if key in context.node_config:
-            value = context.node_config[key]
-            try:
-                return int(value)
-            except (TypeError, ValueError):
-                raise ValueError(f"node config {key}={value!r} is not an integer") from None
-    raise ValueError(
+    return node_task_id(
+        context.node_config,
         "this node has no task id: start the SuperNode with --node-config \"task-id=N\" "
-        "(or partition-id=N)"
+        "(or partition-id=N)",
     )
 
 

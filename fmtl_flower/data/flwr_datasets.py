@@ -45,6 +45,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from fmtl_flower.data.split import SPLIT_TAG, train_test_split_task
+from fmtl_flower.data.validation import node_task_id
 
 __all__ = ["LABEL_MODES", "partition_arrays", "partition_loader", "relabel"]
 
@@ -151,15 +152,9 @@ def partition_arrays(partitioner: Partitioner, partition_id: int, *,
 
 def _partition_of(context: Any) -> int:
     """The node's partition: ``task-id`` of the node config, else ``partition-id``."""
-    for key in ("task-id", "partition-id"):
-        if key in context.node_config:
-            value = context.node_config[key]
-            try:
-                return int(value)
-            except (TypeError, ValueError):
-                raise ValueError(f"node config {key}={value!r} is not an integer") from None
-    raise ValueError("this node has no partition: simulation sets partition-id; start a "
-                     "SuperNode with --node-config \"partition-id=N\"")
+    return node_task_id(context.node_config,
+                        "this node has no partition: simulation sets partition-id; start a "
+                        "SuperNode with --node-config \"partition-id=N\"")
 
 
 def partition_loader(partitioner: Partitioner, *, features: str | Sequence[str] = "x",

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LABEL_SETS", "check_same_dim", "validate_task"]
+__all__ = ["LABEL_SETS", "check_same_dim", "node_task_id", "validate_task"]
 
 #: Accepted label conventions and their allowed values.
 LABEL_SETS: dict[str, tuple[float, float]] = {"pm1": (-1.0, 1.0), "01": (0.0, 1.0)}
@@ -175,3 +175,28 @@ def check_same_dim(tasks: Sequence[Any], *, name: str = "dataset") -> int:
                 "all tasks must share the same feature dimension"
             )
     return d0
+
+
+def node_task_id(node_config: Any, missing: str) -> int:
+    """The node's task id: ``task-id`` of its node config, else ``partition-id``.
+
+    Parameters
+    ----------
+    node_config : mapping
+        A Flower ``context.node_config``.
+    missing : str
+        The error message when neither key is set.
+
+    Raises
+    ------
+    ValueError
+        If the value is not an integer, or neither key is set (``missing``).
+    """
+    for key in ("task-id", "partition-id"):
+        if key in node_config:
+            value = node_config[key]
+            try:
+                return int(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"node config {key}={value!r} is not an integer") from None
+    raise ValueError(missing)
