@@ -61,6 +61,11 @@ TAG_GD_POWER = 47
 TAG_IMAGES = 4242
 TAG_IMAGES_SUBSAMPLE = 4243
 TAG_IMAGES_UNSEEN = 77
+#: The devices a strategy trains in a round when ``fraction_train`` / ``min_train_nodes``
+#: sample them ``[seed, round, 0, TAG_TRAIN_SAMPLE]``
+#: (:meth:`fmtl_flower.strategies.base.TaskStrategy.sample_train_tasks`; four words, so it
+#: meets no ``[seed, id, tag]`` stream).
+TAG_TRAIN_SAMPLE = 67
 
 #: Every stream: name -> seed layout. An int is a fixed word, ``"seed"`` the run seed and the
 #: other names ids that range over ``0, 1, 2, ...`` (``"round"`` and ``"epoch"`` from 1).
@@ -90,6 +95,7 @@ STREAMS: dict[str, tuple[str, tuple[int | str, ...]]] = {
     "images": ("numpy", ("seed", TAG_IMAGES)),
     "images-subsample": ("numpy", ("seed", TAG_IMAGES_SUBSAMPLE)),
     "images-unseen": ("numpy", ("seed", TAG_IMAGES_UNSEEN)),
+    "train-sample": ("numpy", ("seed", "round", 0, TAG_TRAIN_SAMPLE)),
     "coordinate-order": ("splitmix", ("seed", "task", "round", TAG_ORDER)),
     "global-svm-epoch": ("splitmix", ("seed", "epoch", 0, TAG_ORDER)),
 }
@@ -113,6 +119,11 @@ def arrival_permutation(seed: int, num_tasks: int) -> np.ndarray:
 def round_rng(seed: int, server_round: int, tag: int) -> np.random.Generator:
     """The server's Generator for one purpose in one round."""
     return np.random.default_rng([int(seed), int(server_round), int(tag)])
+
+
+def train_sample_rng(seed: int, server_round: int) -> np.random.Generator:
+    """The Generator of the devices sampled to train in one round (``train-sample``)."""
+    return np.random.default_rng([int(seed), int(server_round), 0, TAG_TRAIN_SAMPLE])
 
 
 _SPLITMIX_NAMES = ("_splitmix64", "_splitmix64_numpy", "_permutation", "_permutation_numpy")

@@ -11,6 +11,31 @@ server's by each strategy's commit protocol. A checkpoint written with other set
 ``fingerprint``: strategy, number of tasks, lambda, ...) is refused with an error naming the
 difference. Randomness is derived from (seed, task, round) everywhere, so there is no RNG
 state to store: a resumed run draws the same numbers as an uninterrupted one.
+
+Flower's strategy knobs
+-----------------------
+:class:`TaskStrategy` has Flower's usual knobs as attributes (class-level defaults that a
+constructor or settings object may override; read when ``start`` runs):
+
+``min_available_nodes`` (int, default 0)
+    Before the first round's discovery, wait until the grid has at least this many nodes,
+    within the discovery time (``discovery_timeout``, at most ``start``'s ``timeout``); else
+    :class:`~fmtl_flower.strategies.discovery.DiscoveryError` naming how many were online.
+``fraction_train`` (float in (0, 1], default 1.0) and ``min_train_nodes`` (int, default 0)
+    For the strategies that sample devices per round (``samples_devices``): each training
+    round trains ``max(1, floor(fraction_train * K), min_train_nodes)`` (at most K) of the K
+    reachable tasks, drawn uniformly without replacement from the seeded stream
+    ``train-sample`` of :mod:`fmtl_flower.core.rng` (FedEM: its ``fedem-sample`` stream). What
+    an unsampled device does depends on the method (each strategy's docstring). A strategy
+    that does not sample refuses other values with a ``ValueError``.
+``train_metrics_aggr_fn`` / ``evaluate_metrics_aggr_fn`` (callable or None, default None)
+    None: the strategy's own metrics (the round's record). Otherwise called as Flower's
+    ``FedAvg`` calls them, ``fn(contents, weighted_by_key) -> MetricRecord``, with one
+    ``RecordDict({"metrics": MetricRecord})`` per task whose reply the trust boundary
+    accepted (in task order; the reply's validated scalar metrics, also for the tasks of a
+    stacked reply) and ``weighted_by_key`` = ``"n-train"`` (the devices' example count); its
+    result replaces the strategy's own in ``Result.train_metrics_clientapp`` /
+    ``evaluate_metrics_clientapp`` for that round. Not called when no reply was accepted.
 """
 
 from __future__ import annotations
@@ -26,17 +51,21 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import FLOWER_LOGGER, log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from ..checkpoint import check_fingerprint, read_checkpoint, write_checkpoint
+from ..core.rng import train_sample_rng
 from ..packing import StackGroup
-from .discovery import ReplyError, TaskDirectory
+from .discovery import ReplyError, TaskDirectory, wait_for_nodes
 
 #: ``parse_stack(reply, group) -> ({task: values}, {task: reason})``: a stacked reply's rows.
 StackParser = Callable[[Message, StackGroup], tuple[dict[int, dict[str, Any]], dict[int, str]]]
+#: Flower's ``train_metrics_aggr_fn`` / ``evaluate_metrics_aggr_fn``:
+#: ``fn(reply contents, weighted_by_key) -> MetricRecord``.
+MetricsAggrFn = Callable[[list[RecordDict], str], MetricRecord]
 
 
 class NoValidReplies(RuntimeError):
@@ -72,6 +101,17 @@ class TaskStrategy(Strategy):
     max_failed_rounds: int = 3
     resumed_from: int = 0  # round of the checkpoint this run continued from (0: none)
     last_checkpoint_round: int = 0  # round of the newest checkpoint written or resumed from
+    # Flower's knobs (module docstring): class-level defaults, overridden per instance.
+    min_available_nodes: int = 0
+    fraction_train: float = 1.0
+    min_train_nodes: int = 0
+    train_metrics_aggr_fn: MetricsAggrFn | None = None
+    evaluate_metrics_aggr_fn: MetricsAggrFn | None = None
+    #: The reply metric that counts a device's examples (Flower's ``weighted_by_key``).
+    weighted_by_key: str = "n-train"
+    #: Whether the strategy samples devices per round (honours ``fraction_train`` and
+    #: ``min_train_nodes``); the others refuse values other than the defaults.
+    samples_devices: bool = False
 
     @property
     def first_round(self) -> int:
@@ -91,6 +131,7 @@ class TaskStrategy(Strategy):
         strategy's ``discovery_timeout`` is lowered to it). Raises
         :class:`~fmtl_flower.strategies.discovery.DiscoveryError` (a ``RuntimeError``) when
         fewer than :attr:`min_tasks` tasks have a node by then."""
+        self.check_knobs()
         self.num_rounds = int(num_rounds)
         self.round_timeout = float(timeout)
         if getattr(self, "discovery_timeout", None) is not None:  # timeout bounds discovery
@@ -100,6 +141,16 @@ class TaskStrategy(Strategy):
         log(INFO, "Starting %s strategy:", type(self).__name__)
         self.summary()
         result = Result()
+        self._evaluations = []
+        if initial_arrays is not None and self.first_round == 1:
+            self.seed_model(initial_arrays)
+        elif initial_arrays is not None:
+            log(INFO, "%s: resumed from the checkpoint of round %d; initial_arrays not used",
+                type(self).__name__, self.resumed_from)
+        if self.min_available_nodes and self.first_round <= self.num_rounds:
+            wait_for_nodes(grid, self.min_available_nodes,
+                           float(getattr(self, "discovery_timeout", None) or timeout),
+                           type(self).__name__)
         arrays = ArrayRecord() if initial_arrays is None else initial_arrays
         train_config = ConfigRecord() if train_config is None else train_config
         evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
@@ -119,6 +170,9 @@ class TaskStrategy(Strategy):
             new_arrays, metrics = self.aggregate_train(server_round, replies)
             drain(replies)
             last = getattr(boundary, "last", None)
+            if self.train_metrics_aggr_fn is not None and last is not None and last.accepted:
+                metrics = aggregate_with(self.train_metrics_aggr_fn, last.accepted,
+                                         self.weighted_by_key)
             if last is not None and last.failed and not last.accepted:
                 failed_rounds += 1
                 if self.max_failed_rounds and failed_rounds >= self.max_failed_rounds:
@@ -130,6 +184,7 @@ class TaskStrategy(Strategy):
             if metrics is not None:
                 log(INFO, "\t└──> Aggregated MetricRecord: %s", metrics)
                 result.train_metrics_clientapp[server_round] = metrics
+            self._take_evaluations(result)  # evaluations that came with the train replies
             self._evaluate_phase(grid, server_round, arrays, evaluate_config, timeout, result,
                                  evaluate_fn)
             self.maybe_checkpoint(server_round)  # after the round's evaluation, if any
@@ -146,12 +201,21 @@ class TaskStrategy(Strategy):
                         config: ConfigRecord, timeout: float, result: Result,
                         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None
                         ) -> None:
+        boundary = getattr(self, "replies", None)
+        if boundary is not None:
+            boundary.last = None
         replies = grid.send_and_receive(
             as_taken_by(grid, with_config(
                 self.configure_evaluate(server_round, arrays, config, grid), config)),
             timeout=timeout)
         metrics = self.aggregate_evaluate(server_round, replies)
         drain(replies)
+        self._take_evaluations(result)
+        last = getattr(boundary, "last", None)
+        if (metrics is not None and self.evaluate_metrics_aggr_fn is not None
+                and last is not None and last.accepted):
+            metrics = aggregate_with(self.evaluate_metrics_aggr_fn, last.accepted,
+                                     self.weighted_by_key)
         if metrics is not None:
             log(INFO, "\t└──> Aggregated MetricRecord: %s", metrics)
             result.evaluate_metrics_clientapp[server_round] = metrics
@@ -159,6 +223,81 @@ class TaskStrategy(Strategy):
             served = evaluate_fn(server_round, arrays)
             if served is not None:
                 result.evaluate_metrics_serverapp[server_round] = served
+
+    # ------------------------------------------------------------------ Flower's knobs
+    def check_knobs(self) -> None:
+        """ValueError naming the first of Flower's knobs (module docstring) with a bad value,
+        or one this strategy does not honour."""
+        name = type(self).__name__
+        for key in ("min_available_nodes", "min_train_nodes"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{key} must be an int >= 0, got {value!r}")
+        fraction = self.fraction_train
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float) \
+                or not 0.0 < fraction <= 1.0:
+            raise ValueError(f"fraction_train must be a number in (0, 1], got {fraction!r}")
+        if not self.samples_devices and (fraction != 1.0 or self.min_train_nodes):
+            raise ValueError(f"{name} trains every device in every round; fraction_train and "
+                             "min_train_nodes are for the strategies that sample devices "
+                             f"(got fraction_train={fraction!r}, "
+                             f"min_train_nodes={self.min_train_nodes!r})")
+        for key in ("train_metrics_aggr_fn", "evaluate_metrics_aggr_fn"):
+            value = getattr(self, key)
+            if value is not None and not callable(value):
+                raise ValueError(f"{key} must be callable or None, got {value!r}")
+
+    def train_sample_size(self, eligible: int) -> int:
+        """How many of ``eligible`` tasks a training round samples: ``max(1, floor(
+        fraction_train * eligible), min_train_nodes)``, at most ``eligible``."""
+        if eligible <= 0:
+            return 0
+        count = max(1, math.floor(self.fraction_train * eligible), self.min_train_nodes)
+        return min(count, eligible)
+
+    def sample_train_tasks(self, eligible: Iterable[int], server_round: int,
+                           seed: int) -> list[int]:
+        """The tasks of ``eligible`` that train in ``server_round`` (all of them unless
+        ``fraction_train`` < 1 or ``min_train_nodes`` cut them; sorted), drawn from the
+        seeded stream ``train-sample`` (:mod:`fmtl_flower.core.rng`)."""
+        tasks = np.array(sorted(int(t) for t in eligible), dtype=np.int64)
+        count = self.train_sample_size(len(tasks))
+        if count >= len(tasks):
+            return tasks.tolist()
+        rng = train_sample_rng(seed, server_round)
+        return sorted(int(t) for t in rng.choice(tasks, size=count, replace=False))
+
+    def seed_model(self, initial_arrays: ArrayRecord) -> None:
+        """Take ``start``'s ``initial_arrays`` as the model to start from (strategies with one
+        global start override this); by default a ValueError: the method has none."""
+        if len(initial_arrays) == 0:
+            return
+        raise ValueError(f"{type(self).__name__} has no single global start to seed: "
+                         f"initial_arrays must be None or empty, got keys "
+                         f"{sorted(initial_arrays)}")
+
+    def report_evaluation(self, server_round: int, record: dict[str, Any],
+                          accepted: dict[int, dict[str, Any]]) -> None:
+        """Queue the evaluation of the state after ``server_round`` that arrived with a
+        round's train replies (``accepted``): ``start`` puts it in
+        ``Result.evaluate_metrics_clientapp[server_round]`` (the record's numbers, or
+        ``evaluate_metrics_aggr_fn`` of the replies)."""
+        if not hasattr(self, "_evaluations"):
+            self._evaluations = []
+        self._evaluations.append((server_round, record_metrics(record), dict(accepted)))
+
+    def _take_evaluations(self, result: Result) -> None:
+        queued = getattr(self, "_evaluations", None)
+        if not queued:
+            return
+        for server_round, own, accepted in queued:
+            metrics = own
+            if self.evaluate_metrics_aggr_fn is not None and accepted:
+                metrics = aggregate_with(self.evaluate_metrics_aggr_fn, accepted,
+                                         self.weighted_by_key)
+            if metrics is not None:
+                result.evaluate_metrics_clientapp[server_round] = metrics
+        queued.clear()
 
     # ------------------------------------------------------------------ checkpoints
     def enable_checkpoints(self, directory: str | Path, every: int = 1,
@@ -254,6 +393,36 @@ class TaskStrategy(Strategy):
         final["tasks_never_replied"] = sorted(int(t) for t in np.flatnonzero(~self.ever_replied))
         final["complete"] = bool(rounds) and not final.get("tasks_missing")
         return {"rounds": rounds, "final": final}
+
+
+def record_metrics(record: dict[str, Any]) -> MetricRecord:
+    """The numbers of a round record (not its flags, lists or None values) as a MetricRecord."""
+    return MetricRecord({k: float(v) for k, v in record.items()
+                         if not k.startswith("_") and isinstance(v, int | float | np.number)
+                         and not isinstance(v, bool | np.bool_)})
+
+
+def reply_records(accepted: dict[int, dict[str, Any]]) -> list[RecordDict]:
+    """One ``RecordDict({"metrics": MetricRecord})`` per accepted reply (task order), with
+    its validated scalar values: what Flower's metrics aggregation functions take."""
+    out = []
+    for values in accepted.values():
+        scalars = {k: (int(v) if isinstance(v, int | np.integer) else float(v))
+                   for k, v in values.items()
+                   if isinstance(v, int | float | np.number) and not isinstance(v, bool | np.bool_)}
+        out.append(RecordDict({"metrics": MetricRecord(scalars)}))
+    return out
+
+
+def aggregate_with(fn: MetricsAggrFn, accepted: dict[int, dict[str, Any]],
+                   weighted_by_key: str) -> MetricRecord:
+    """``fn(reply_records(accepted), weighted_by_key)``; a TypeError unless it returns a
+    MetricRecord."""
+    metrics = fn(reply_records(accepted), weighted_by_key)
+    if not isinstance(metrics, MetricRecord):
+        raise TypeError(f"the metrics aggregation function {fn!r} returned a "
+                        f"{type(metrics).__name__}, not a MetricRecord")
+    return metrics
 
 
 def with_config(messages: Iterable[Message], extra: ConfigRecord) -> Iterable[Message]:

@@ -82,6 +82,37 @@ class DiscoveryError(RuntimeError):
         super().__init__(message)
 
 
+class TooFewNodes(DiscoveryError):
+    """Fewer nodes than ``min_available_nodes`` connected within the discovery time (a
+    :class:`DiscoveryError`; ``missing`` is empty: no task could be asked yet)."""
+
+    def __init__(self, name: str, online: int, required: int, waited: float) -> None:
+        self.missing, self.found, self.required = [], online, required
+        self.reasons: dict[int, str] = {}
+        RuntimeError.__init__(self, f"{name}: {online} node(s) online after {waited:.0f} s, "
+                              f"min_available_nodes = {required} required")
+
+
+def wait_for_nodes(grid: Grid, required: int, timeout: float, name: str,
+                   poll: float = 0.2) -> int:
+    """Wait until ``grid`` has at least ``required`` nodes (Flower's ``min_available_nodes``),
+    at most ``timeout`` seconds; the number online, else :class:`TooFewNodes`."""
+    started = time.monotonic()
+    logged = -1
+    while True:
+        online = len(list(grid.get_node_ids()))
+        if online >= required:
+            return online
+        waited = time.monotonic() - started
+        if waited >= timeout:
+            raise TooFewNodes(name, online, required, waited)
+        if online != logged:  # once per change, not per poll
+            log(INFO, "%s: waiting for nodes: %d connected, min_available_nodes = %d",
+                name, online, required)
+            logged = online
+        time.sleep(min(poll, max(timeout - waited, 0.0)))
+
+
 class OutsideTaskRange(ReplyError):
     """A node serves a task id outside this federation's 0..num_tasks-1."""
 

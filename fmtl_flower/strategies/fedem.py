@@ -125,6 +125,10 @@ def _is_int(value: Any) -> bool:
 class FedEM(TaskStrategy):
     """Federated EM over M shared components, and its baselines (see the module docstring).
 
+    Flower's knobs (:mod:`fmtl_flower.strategies.base`): ``fraction_train`` is ``fraction``
+    (set one), ``min_train_nodes`` raises the round's sample to at least that many training
+    clients; unsampled clients get no message in that round.
+
     Parameters
     ----------
     num_tasks : int
@@ -259,6 +263,8 @@ class FedEM(TaskStrategy):
             self._set_initial(list(initial_components), "initial_components")
 
     # ------------------------------------------------------------------ Strategy interface
+    samples_devices = True
+
     def summary(self) -> None:
         """Log the configuration."""
         log(INFO, "\t├── %s: %d clients (%d held out), M=%d, model=%s", self.name,
@@ -285,9 +291,32 @@ class FedEM(TaskStrategy):
                                "is FedEM's and that nodes report a task id")
         known = np.array(sorted(t for t in self.task_to_node if not self.unseen[t]), dtype=int)
         rng = round_rng(self.seed, server_round, TAG_SAMPLE)
-        sampled = sample_clients(known, self.fraction, rng)
+        fraction = self._train_fraction()
+        if max(1, int(np.floor(fraction * known.size))) >= self.min_train_nodes:
+            sampled = sample_clients(known, fraction, rng)
+        else:  # min_train_nodes raises the count (capped at the eligible clients)
+            sampled = np.sort(rng.choice(known, size=min(self.min_train_nodes, known.size),
+                                         replace=False))
         self._sampled = [int(t) for t in sampled]
         return self._messages(server_round, MessageType.TRAIN, self._sampled)
+
+    def _train_fraction(self) -> float:
+        """The sampling rate: Flower's ``fraction_train`` when set below 1, else ``fraction``
+        (the paper's name of the same knob); both below 1 and different is an error."""
+        if self.fraction_train != 1.0 and self.fraction != 1.0 \
+                and self.fraction_train != self.fraction:
+            raise ValueError(f"{self.name}: fraction ({self.fraction:g}) and fraction_train "
+                             f"({self.fraction_train:g}) are the same knob; set one")
+        return float(self.fraction_train) if self.fraction_train != 1.0 else self.fraction
+
+    def seed_model(self, initial_arrays: ArrayRecord) -> None:
+        """``model="torch"``: the one component's state_dict, taken at the first round (see
+        ``initial_components``); the other models start from their seeded initialisation,
+        so a non-empty ``initial_arrays`` is an error."""
+        if len(initial_arrays) and self.model_name != "torch":
+            raise ValueError(f"{self.name} with model={self.model_name!r} starts from its "
+                             "seeded initialisation; initial_arrays (a torch state_dict) is "
+                             "for model='torch'")
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord]:
@@ -370,7 +399,7 @@ class FedEM(TaskStrategy):
                 "num_classes": self.num_classes, "hidden": self.hidden, "seed": self.seed,
                 "sgd": [self.sgd.lr, self.sgd.momentum, self.sgd.weight_decay,
                         self.sgd.batch_size, self.sgd.epochs, self.sgd.prox_mu],
-                "fraction": self.fraction, "aggregation": self.aggregation,
+                "fraction": self._train_fraction(), "aggregation": self.aggregation,
                 "unseen": np.flatnonzero(self.unseen).tolist(),
                 **({"layout": layout_signature(self.layout)} if self.layout is not None
                    else {})}

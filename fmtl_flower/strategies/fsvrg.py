@@ -362,6 +362,7 @@ class Fsvrg(TaskStrategy):
         self._gd_replies = 0
         self.replies = ReplyBoundary(_NAME)
         self._round_start = 0.0
+        self._evaluating = False
 
     @property
     def dim(self) -> int | None:
@@ -402,12 +403,15 @@ class Fsvrg(TaskStrategy):
         if len(self.records) < server_round:
             self._new_record(server_round - 1)
         evaluate = (server_round - 1) % self.eval_every == 0
+        self._evaluating = evaluate
         if self.method == "cocoa-plus":  # one exchange; its replies complete the record
             return self._train_messages(server_round, evaluate)
         accepted = self._exchange(grid, server_round, f"{MessageType.QUERY}.fsvrg_gradient",
                                   evaluate, kind="gradient")
         self.exchanges += 1
-        self._complete_record(server_round - 1, accepted)
+        completed = self._complete_record(server_round - 1, accepted)
+        if evaluate and accepted:  # f(w_{r-1}) and its test errors came with exchange 1
+            self.report_evaluation(server_round - 1, completed, accepted)
         self._g = None
         if not accepted:
             log(WARNING, "%s round %d: no gradient reply; the model is kept", _NAME,
@@ -510,7 +514,9 @@ class Fsvrg(TaskStrategy):
         assert self.w is not None and self.ledger is not None
         self.exchanges += 1
         accepted = self._read_replies(server_round, replies, kind="train")
-        self._complete_record(server_round - 1, accepted)  # describes the w_t sent
+        completed = self._complete_record(server_round - 1, accepted)  # the w_t sent
+        if self._evaluating and accepted:
+            self.report_evaluation(server_round - 1, completed, accepted)
         tasks = sorted(accepted)
         resets = [t for t in tasks if not accepted[t]["state-ok"]]
         w = self.w

@@ -297,6 +297,10 @@ class MbSgd(TaskStrategy):
         return 0.5 * float(np.einsum("ij,ij->", W @ self.K, W))
 
     # ------------------------------------------------------------------ Strategy interface
+    samples_devices = True
+    _num_sampled = 0
+    _evaluating = False
+
     def summary(self) -> None:
         """Log the configuration."""
         log(INFO, "\t├── %s: %d tasks, lambda=%g, omega=%s every %d rounds", _NAME,
@@ -326,7 +330,14 @@ class MbSgd(TaskStrategy):
             self.n_train[known])
         self._dropped_now = drop_mask(self.num_tasks, self.drop_prob, seed=self.seed,
                                       server_round=server_round)
+        sampled = self.sample_train_tasks(self.task_to_node, server_round, self.seed)
+        if len(sampled) < len(self.task_to_node):  # fraction_train: the others sit it out
+            resting = np.ones(self.num_tasks, dtype=bool)
+            resting[sampled] = False
+            self._dropped_now = self._dropped_now | resting
+        self._num_sampled = len(sampled)
         evaluate = (server_round - 1) % self.eval_every == 0
+        self._evaluating = evaluate
         return self._instructions(server_round, MessageType.TRAIN, evaluate, with_budget=True,
                                   grid=grid)
 
@@ -335,7 +346,9 @@ class MbSgd(TaskStrategy):
         """Validate replies, complete the previous state's record, take the W-step."""
         assert self.W is not None and self.dim is not None
         accepted, arrived = self._read_replies(server_round, replies, with_grad=True)
-        self._complete_record(server_round - 1, accepted)
+        completed = self._complete_record(server_round - 1, accepted)
+        if getattr(self, "_evaluating", False) and accepted:  # state r - 1's test errors
+            self.report_evaluation(server_round - 1, completed, accepted)
         G = np.zeros((self.dim, self.num_tasks))
         counts = np.zeros(self.num_tasks, dtype=np.int64)
         for task, reply in accepted.items():
@@ -366,7 +379,8 @@ class MbSgd(TaskStrategy):
                       samples=int(counts.sum()), step_size=step, omega_step=omega_step,
                       estimated_time_s=self._estimated_time(accepted, arrived),
                       wall_time_s=time.perf_counter() - self._round_start)
-        metrics = MetricRecord({"num-replies": len(accepted), "num-dropped": record["num_dropped"]})
+        metrics = MetricRecord({"num-replies": len(accepted), "num-dropped": record["num_dropped"],
+                                "num-sampled": self._num_sampled})
         return ArrayRecord({"W": to_array(self.W)}), metrics
 
     def _estimated_time(self, accepted: dict[int, dict[str, Any]], arrived: int) -> float:

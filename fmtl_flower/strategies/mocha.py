@@ -337,8 +337,12 @@ class Mocha(TaskStrategy):
         self._dropped_now = np.zeros(self.num_tasks, dtype=bool)
         self._scale = 1.0
         self._checkpoint_n_train: np.ndarray | None = None
+        self._num_sampled = 0
+        self._evaluating = False
 
     # ------------------------------------------------------------------ Strategy interface
+    samples_devices = True
+
     def summary(self) -> None:
         """Log the configuration."""
         log(INFO, "\t├── MOCHA: %d tasks, lambda=%g, omega=%s every %d rounds, sigma'=%s",
@@ -368,12 +372,19 @@ class Mocha(TaskStrategy):
                                           else None)
         self._dropped_now = drop_mask(self.num_tasks, self.drop_prob, seed=self.seed,
                                       server_round=server_round)
+        chosen = self.health.select(server_round, self.task_to_node)
+        sampled = self.sample_train_tasks(chosen, server_round, self.seed)
+        if len(sampled) < len(chosen):  # fraction_train: the others sit the round out
+            resting = np.ones(self.num_tasks, dtype=bool)
+            resting[sampled] = False
+            self._dropped_now = self._dropped_now | resting
+        self._num_sampled = len(sampled)
         if self.method == "mb-sdca":  # distinct samples; s = min(1, beta / total steps)
             budgets = np.minimum(budgets, self.n_train)
             self._scale = mbsdca_scale(self.beta, int(budgets[~self._dropped_now].sum()))
         self._budgets = budgets
         evaluate = (server_round - 1) % self.eval_every == 0
-        chosen = self.health.select(server_round, self.task_to_node)
+        self._evaluating = evaluate
         return self._instructions(server_round, MessageType.TRAIN, evaluate, budgets, chosen,
                                   grid)
 
@@ -382,7 +393,9 @@ class Mocha(TaskStrategy):
         """Validate replies, complete the previous state's record, add delta b to B."""
         assert self.state is not None
         accepted = self._read_replies(server_round, replies, with_delta=True)
-        self._complete_record(server_round - 1, accepted)
+        completed = self._complete_record(server_round - 1, accepted)
+        if self._evaluating and accepted:  # the test errors of state r - 1 came along
+            self.report_evaluation(server_round - 1, completed, accepted)
         self.health.update(server_round, self._sent.values(), accepted)
         counted = len(accepted) >= self.min_replies
         if not counted:
@@ -418,7 +431,8 @@ class Mocha(TaskStrategy):
                       tasks_excluded=[int(t) for t in np.flatnonzero(self.health.excluded)],
                       estimated_time_s=self._estimated_time(accepted),
                       wall_time_s=time.perf_counter() - self._round_start)
-        metrics = MetricRecord({"num-replies": len(tasks), "num-dropped": record["num_dropped"]})
+        metrics = MetricRecord({"num-replies": len(tasks), "num-dropped": record["num_dropped"],
+                                "num-sampled": self._num_sampled})
         return ArrayRecord({"W": to_array(self.state.W)}), metrics
 
     def _omega_step(self, server_round: int) -> bool:

@@ -78,6 +78,7 @@ from .discovery import (
     arrays_of,
     check_task_and_round,
     read_metrics,
+    wait_for_nodes,
 )
 from .mocha import Mocha
 
@@ -95,6 +96,10 @@ class NewcomerFailed(RuntimeError):
 
 class OFMTL(Strategy):
     """MOCHA over the initial tasks, then O(1)-communication newcomers (module docstring).
+
+    Of Flower's knobs, ``min_available_nodes`` (wait for that many nodes before discovery)
+    is honoured; ``initial_arrays``, ``fraction_train``, ``min_train_nodes`` and the metrics
+    aggregation functions are refused with a ValueError (``OFMTL._check_knobs``).
 
     Parameters
     ----------
@@ -303,6 +308,13 @@ class OFMTL(Strategy):
                 return None
             time.sleep(0.5)
 
+    # Flower's knobs (class-level defaults; see :meth:`_check_knobs`)
+    min_available_nodes: int = 0
+    fraction_train: float = 1.0
+    min_train_nodes: int = 0
+    train_metrics_aggr_fn: Callable[..., MetricRecord] | None = None
+    evaluate_metrics_aggr_fn: Callable[..., MetricRecord] | None = None
+
     @property
     def m(self) -> int:
         """Tasks in the federation now."""
@@ -318,6 +330,11 @@ class OFMTL(Strategy):
         none arrives within ``arrival_timeout``); ``num_rounds`` > 0 caps the newcomers."""
         if timeout is not None:
             self.round_timeout = float(timeout)
+        self._check_knobs(initial_arrays)
+        if self.min_available_nodes:
+            wait_for_nodes(grid, self.min_available_nodes,
+                           min(self.mocha_options["discovery_timeout"], self.round_timeout),
+                           _NAME)
         self._started = time.perf_counter()
         resumed = (self.checkpoint_dir is not None and self._resume and self._restore())
         if not resumed:
@@ -344,6 +361,25 @@ class OFMTL(Strategy):
             if self.m - self.tasks_at_training >= self.retrain_ratio * self.tasks_at_training:
                 self._retrain(grid, self.m, "retrain")
         return self.result()
+
+    def _check_knobs(self, initial_arrays: ArrayRecord | None) -> None:
+        """Of Flower's knobs (:mod:`fmtl_flower.strategies.base`) OFMTL honours
+        ``min_available_nodes``; it has no single global start (MOCHA retrains from
+        alpha = 0 at each event), trains every device and reports its own per-event metrics,
+        so the others are a ValueError unless left at their defaults."""
+        if initial_arrays is not None and len(initial_arrays):
+            raise ValueError(f"{_NAME} has no single global start to seed: initial_arrays "
+                             f"must be None or empty, got keys {sorted(initial_arrays)}")
+        value = self.min_available_nodes
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"min_available_nodes must be an int >= 0, got {value!r}")
+        if self.fraction_train != 1.0 or self.min_train_nodes:
+            raise ValueError(f"{_NAME} trains every device; fraction_train and "
+                             "min_train_nodes must keep their defaults (1.0, 0)")
+        for key in ("train_metrics_aggr_fn", "evaluate_metrics_aggr_fn"):
+            if getattr(self, key) is not None:
+                raise ValueError(f"{_NAME} reports its own per-event metrics; {key} is not "
+                                 "supported")
 
     def result(self) -> Result:
         """Flower's ``Result`` of the run: per event (keyed by its ``round``), the event's
