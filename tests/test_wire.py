@@ -2,9 +2,17 @@
 
 import numpy as np
 import pytest
-from flwr.app import Array
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from fmtl_flower.wire import from_array, to_array
+from fmtl_flower import wire
+from fmtl_flower.wire import (
+    array_record,
+    config_record,
+    from_array,
+    metric_record,
+    record_dict,
+    to_array,
+)
 
 
 @pytest.mark.parametrize("values", [
@@ -48,3 +56,52 @@ def test_payload_must_match_its_record():
     lying = Array(dtype="int64", shape=(2, 3), stype=other.stype, data=other.data)
     with pytest.raises(ValueError, match="announces"):
         from_array(lying)
+
+
+CONFIG = {"task-id": 3, "server-round": 7, "m-tt": 2.5, "eval": True, "method": "mocha"}
+METRICS = {"task-id": 3, "loss-mean": 0.25, "steps": 10}
+
+
+def _flowers_and_ours() -> list[tuple[object, object]]:
+    w = np.arange(4.0)
+    ours = [config_record(CONFIG), metric_record(METRICS), array_record({"w": w})]
+    flowers = [ConfigRecord(CONFIG), MetricRecord(METRICS), ArrayRecord({"w": Array(w)})]
+    keys = ("config", "metrics", "arrays")
+    ours.append(record_dict(dict(zip(keys, ours, strict=True))))
+    flowers.append(RecordDict(dict(zip(keys, flowers, strict=True))))
+    return list(zip(ours, flowers, strict=True))
+
+
+@pytest.mark.parametrize("bulk", [True, False])
+def test_bulk_built_records_are_flowers_records(monkeypatch, bulk):
+    """Issue 17: the records built in one step equal Flower's own, to the bytes on the wire
+    (object_id), and so do the ones built by the fallback (a Flower whose layout changed)."""
+    assert wire._bulk_ok()
+    if not bulk:
+        monkeypatch.setattr(wire, "_BULK", [False])
+    for ours, flowers in _flowers_and_ours():
+        assert type(ours) is type(flowers) and ours == flowers
+        assert ours.object_id == flowers.object_id
+    record = config_record(CONFIG)
+    record["later"] = 1  # later writes go through Flower's checks
+    with pytest.raises(TypeError):
+        record["bad"] = object()  # type: ignore[assignment]
+
+
+def test_values_of_other_types_take_flowers_checks():
+    """Only exact bool/int/float/str skip Flower's checks; numpy scalars are still accepted
+    as Flower accepts them, anything else is Flower's TypeError."""
+    assert metric_record({"x": np.float64(0.5)}) == MetricRecord({"x": np.float64(0.5)})
+    with pytest.raises(TypeError):
+        config_record({"x": object()})
+    with pytest.raises(TypeError):
+        metric_record({"x": "text"})
+    with pytest.raises(TypeError):
+        record_dict({"x": {"not": "a record"}})  # type: ignore[dict-item]
+
+
+def test_inputs_are_not_shared_with_the_records():
+    values = dict(CONFIG)
+    record = config_record(values)
+    values["task-id"] = 99
+    assert record["task-id"] == 3

@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from ..core.baselines import cocoa_local_update, mbsdca_local_update
@@ -41,7 +41,14 @@ from ..core.hinge import classification_errors, hinge_conjugate_value, mean_hing
 from ..core.rng import coordinate_order
 from ..core.sdca import sdca_local_update
 from ..data.validation import validate_task
-from ..wire import from_array, to_array
+from ..wire import (
+    array_record,
+    config_record,
+    from_array,
+    metric_record,
+    record_dict,
+    to_array,
+)
 from .common import (  # DataLoader, LocalTask, TaskIdFn, default_task_id: re-exported
     DataLoader,
     LocalTask,
@@ -130,10 +137,10 @@ class MochaClient:
     def whoami(self, msg: Message, context: Context) -> Message:
         """Reply with the task id and the sizes the server needs (no data)."""
         task = self.local_task(context)
-        info = ConfigRecord({"task-id": task.task_id, "n-train": task.n,
+        info = config_record({"task-id": task.task_id, "n-train": task.n,
                              "n-test": int(task.X_test.shape[0]), "dim": task.dim,
                              "max-row-norm": float(np.sqrt(task.sqnorm.max()))})
-        return Message(RecordDict({"info": info}), reply_to=msg)
+        return Message(record_dict({"info": info}), reply_to=msg)
 
     def train(self, msg: Message, context: Context) -> Message:
         """Commit or roll back, report the objective's sums, run local SDCA, reply d_b."""
@@ -161,8 +168,8 @@ class MochaClient:
                                                      m_tt, sigma_p, seed, server_round)
         metrics["round"] = server_round
         metrics["steps"] = steps
-        reply = RecordDict({"arrays": ArrayRecord({"delta-b": to_array(d_b)}),
-                            "metrics": MetricRecord(metrics)})
+        reply = record_dict({"arrays": array_record({"delta-b": d_b}),
+                             "metrics": metric_record(metrics)})
         self._write_state(context, task, state, d_alpha, server_round)  # last
         return Message(reply, reply_to=msg)
 
@@ -174,7 +181,7 @@ class MochaClient:
         metrics = self._metrics(task, w, state.alpha, config, state.ok)
         metrics["round"] = config_value(config, "server-round", int)
         self._write_state(context, task, state, None, -1)
-        return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+        return Message(record_dict({"metrics": metric_record(metrics)}), reply_to=msg)
 
     @staticmethod
     def _local_update(method: str, task: LocalTask, alpha: np.ndarray, w: np.ndarray,
@@ -211,11 +218,13 @@ class MochaClient:
 
     # -- helpers ----------------------------------------------------------------------------
     @staticmethod
-    def _read_instruction(msg: Message, task: LocalTask) -> tuple[ConfigRecord, np.ndarray]:
+    def _read_instruction(msg: Message, task: LocalTask) -> tuple[dict[str, Any], np.ndarray]:
+        """The message's config values (a plain dict: read once, each key checked where it
+        is used) and its checked ``w``."""
         content = msg.content
         if "config" not in content or "arrays" not in content:
             raise ValueError("MOCHA message needs 'config' and 'arrays' records")
-        config = content["config"]
+        config = dict(content["config"].items())
         tid = config_value(config, "task-id", int)
         if tid != task.task_id:
             raise ValueError(f"message for task {tid} reached the node of task {task.task_id}")
@@ -273,12 +282,28 @@ class MochaClient:
 
     def _write_state(self, context: Context, task: LocalTask, state: DualState,
                      pending: np.ndarray | None, pending_round: int) -> None:
+        """Keep the reconciled state in ``context.state`` (and the state file): the records
+        written by the previous message are updated in place (only the entries that changed;
+        the arrays record holds ``duals`` alone), other contents replaced."""
         duals, meta = encode(state, task.task_id, pending, pending_round, task.fingerprint)
         duals.setflags(write=False)
-        array = to_array(duals)
-        record = ArrayRecord({"duals": array})
-        context.state[STATE_ARRAYS] = record
-        context.state[STATE_META] = ConfigRecord(meta)
+        stored = context.state
+        record = stored[STATE_ARRAYS] if STATE_ARRAYS in stored else None
+        if type(record) is ArrayRecord and list(record.keys()) == ["duals"]:
+            array = to_array(duals)
+            record["duals"] = array
+        else:
+            record = array_record({"duals": duals})
+            array = record["duals"]
+            stored[STATE_ARRAYS] = record
+        old = stored[STATE_META] if STATE_META in stored else None
+        values = dict(old.items()) if type(old) is ConfigRecord else None
+        if values is not None and values.keys() == meta.keys():
+            for key, value in meta.items():
+                if values[key] != value or type(values[key]) is not type(value):
+                    old[key] = value
+        else:
+            stored[STATE_META] = config_record(meta)
         key = (int(context.run_id), int(context.node_id))
         if len(self._decoded) > 4096:
             self._decoded.clear()

@@ -138,6 +138,7 @@ def read_metrics(reply: Message, *, ints: Iterable[str] = (), numbers: Iterable[
     metrics = reply.content["metrics"]
     if not isinstance(metrics, MetricRecord):
         raise ReplyError(f"'metrics' must be a MetricRecord, got a {type(metrics).__name__}")
+    metrics = dict(metrics.items())  # one read; plain-dict lookups below
     out: dict[str, Any] = {}
     int_keys = [*ints, *optional_ints]
     required = {*ints, *numbers}

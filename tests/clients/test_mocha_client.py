@@ -619,6 +619,26 @@ def test_in_place_change_of_stored_duals_is_seen(app):
     assert np.array_equal(duals(context)[0], stored[0] + stored[1])
 
 
+def test_state_records_are_updated_in_place_or_replaced_when_foreign(app):
+    """The lean state write: the records of the previous message are updated in place (the
+    values a fresh write would hold); a record with other contents is replaced whole."""
+    context = make_context()
+    app(train_msg(1, 0, random_w(1)), context)
+    arrays, meta_record = context.state[STATE_ARRAYS], context.state[STATE_META]
+    app(train_msg(2, 1, random_w(2)), context)
+    assert context.state[STATE_ARRAYS] is arrays and context.state[STATE_META] is meta_record
+    assert meta(context) == {"task-id": TASK, "committed-round": 1, "pending-round": 2,
+                             "stable-round": -1}
+    kept = duals(context)
+    arrays["junk"] = to_array(np.zeros(2))  # foreign contents: rewritten, not patched
+    meta_record["extra"] = 1
+    app(train_msg(3, 1, random_w(3)), context)  # round 2 not accepted: rolled back
+    assert list(context.state[STATE_ARRAYS].keys()) == ["duals"]
+    assert meta(context) == {"task-id": TASK, "committed-round": 1, "pending-round": 3,
+                             "stable-round": -1}
+    assert np.array_equal(duals(context)[0], kept[0])
+
+
 def test_client_app_reused_across_inprocess_runs_loads_new_data():
     def load(context: Context) -> tuple[np.ndarray, ...]:
         Xs, ys = make_synthetic_tasks(num_tasks=3, dim=4, samples_per_task=20,
