@@ -1,6 +1,7 @@
-"""MOCHA rounds at scale on an engine: seconds per round and peak memory.
+"""MOCHA (or FedEM's family) rounds at scale on an engine: seconds per round and peak memory.
 
-Runs ``fmtl run mocha`` on the ``synthetic`` dataset with ``nodes x tasks-per-node`` tasks
+Runs ``fmtl run mocha`` (``--strategy``: any strategy of MOCHA's or FedEM's family) on the
+``synthetic`` dataset with ``nodes x tasks-per-node`` tasks
 (lazy per-task generation above 2,000 tasks) on the in-process engine or Flower's Ray
 simulation, with task packing when ``--tasks-per-node`` > 1 (one Flower message per node and
 round carries all of its tasks, :mod:`fmtl_flower.packing`).
@@ -13,7 +14,12 @@ Figures (one JSON line, printed last):
 * ``peak_mb``: the largest resident size of this process plus all its descendants (Ray's
   raylet, GCS and workers; descendants only on Ray), sampled every 0.5 s with psutil;
   ``peak_self_mb``: this process's ``ru_maxrss``;
-* ``final_primal``, ``final_gap``, ``num_replies`` (of the final metrics round);
+* ``final_primal``, ``final_gap``, ``num_replies`` (of the final metrics round; FedEM's
+  family: ``final_train_loss`` and ``final_test_error``);
+* with ``--versus-unpacked``: the same run again with one task per node (``unpacked``: its
+  figures) and ``packed_vs_unpacked``, unpacked seconds per round / packed seconds per round,
+  both measured in this process one after the other, and ``same_results`` (the two runs'
+  records equal, measured durations aside);
 * ``cpu_seconds_per_round``: the median over rounds 2..R of the CPU time (user + system) of
   this process and, on Ray, its descendants, sampled as each round's progress line is
   printed: what a round costs the machine, which a loaded machine inflates far less than
@@ -21,6 +27,7 @@ Figures (one JSON line, printed last):
 
 Usage: python benchmarks/engine_scale.py --nodes 200 --engine ray --tasks-per-node 50
        [--rounds 20] [--dim 20] [--samples-per-task 20] [--lam 1e-5] [--ray-address H:P]
+       [--strategy fedem] [--versus-unpacked]
 """
 
 from __future__ import annotations
@@ -114,24 +121,50 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples-per-task", type=int, default=20)
     parser.add_argument("--lam", type=float, default=None,
                         help="lambda (default 0.03 / m: with tr(Sigma) = 1, Omega ~ m I)")
+    parser.add_argument("--strategy", default="mocha",
+                        help="mocha, cocoa, mb-sdca, mb-sgd, or FedEM's family (fedem, fedavg, "
+                        "fedprox, fedavg-ft, clustered, local: logistic model, M = 3)")
+    parser.add_argument("--versus-unpacked", action="store_true",
+                        help="also run one task per node and print the ratio")
     parser.add_argument("--ray-address", default=None)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.nodes < 1 or args.tasks_per_node < 1 or args.rounds < 2:
         parser.error("--nodes and --tasks-per-node must be >= 1, --rounds >= 2")
 
-    from fmtl_flower.apps.common import dataset_for
-    from fmtl_flower.cli import run_federation
     from fmtl_flower.config import RunConfig
 
     logging.getLogger("flwr").setLevel(logging.ERROR)
     m = args.nodes * args.tasks_per_node
     lam = args.lam if args.lam is not None else 0.03 / m
-    cfg = RunConfig.from_mapping({
-        "strategy": "mocha", "dataset": "synthetic", "num-tasks": m, "dim": args.dim,
-        "samples-per-task": args.samples_per_task, "num-server-rounds": args.rounds,
-        "lambda": lam, "tasks-per-node": args.tasks_per_node, "seed": args.seed,
-        "round-timeout": 3600.0})
+    values = {"strategy": args.strategy, "dataset": "synthetic", "num-tasks": m,
+              "dim": args.dim, "samples-per-task": args.samples_per_task,
+              "num-server-rounds": args.rounds, "tasks-per-node": args.tasks_per_node,
+              "seed": args.seed, "round-timeout": 3600.0}
+    fedem = RunConfig.from_mapping({**values, "model": "logistic"}).is_fedem_family
+    values.update({"model": "logistic", "M": 3} if fedem else {"lambda": lam})
+    out = {"benchmark": "engine_scale", "engine": args.engine, "strategy": args.strategy,
+           "nodes": args.nodes, "tasks_per_node": args.tasks_per_node, "tasks": m,
+           "dim": args.dim, "samples_per_task": args.samples_per_task,
+           **({} if fedem else {"lambda": lam}), "rounds": args.rounds,
+           **_measure(RunConfig.from_mapping(values), args)}
+    if args.versus_unpacked:
+        unpacked = _measure(RunConfig.from_mapping({**values, "tasks-per-node": 1}), args)
+        out["packed_vs_unpacked"] = (unpacked["seconds_per_round"]
+                                     / out["seconds_per_round"])
+        out["same_results"] = unpacked.pop("_records") == out["_records"]
+        out["unpacked"] = unpacked
+    out.pop("_records")
+    out["load_average_1min"] = os.getloadavg()[0]
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+def _measure(cfg, args: argparse.Namespace) -> dict:
+    """One run of ``cfg``: its figures (see the module docstring)."""
+    from fmtl_flower.apps.common import dataset_for
+    from fmtl_flower.cli import run_federation
+
     started = time.perf_counter()
     cpu = RoundCPU(sys.stdout, children=args.engine == "ray")
     with PeakMemory(children=args.engine == "ray") as memory:
@@ -145,26 +178,23 @@ def main(argv: list[str] | None = None) -> int:
     total = time.perf_counter() - started
     rounds = [r for r in results["rounds"] if r["round"] >= 1 and r.get("wall_time_s")]
     final = results["final"]
-    out = {
-        "benchmark": "engine_scale", "engine": args.engine, "nodes": args.nodes,
-        "tasks_per_node": args.tasks_per_node, "tasks": m, "dim": args.dim,
-        "samples_per_task": args.samples_per_task, "lambda": lam, "rounds": args.rounds,
+    return {
         "seconds_per_round": statistics.median(r["wall_time_s"] for r in rounds[1:]),
         "first_round_s": rounds[0]["wall_time_s"],
         "round_s": [round(r["wall_time_s"], 3) for r in rounds],
         "total_s": total, "peak_mb": memory.peak / 2**20,
         "peak_self_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "final_primal": final["primal"], "final_gap": final["gap"],
-        "final_test_error": final["test_error"], "num_replies": final["num_replies"],
+        "final_primal": final.get("primal"), "final_gap": final.get("gap"),
+        "final_train_loss": final.get("train_loss"),
+        "final_test_error": final.get("test_error"), "num_replies": final.get("num_replies"),
         # marks: record k is printed in round k + 1 (k < R), record R after the final
         # metrics round; round r (2 <= r <= R) runs from mark r - 2 to mark r - 1
         "cpu_seconds_per_round": statistics.median(
             b - a for a, b in zip(cpu.marks[:-2], cpu.marks[1:-1], strict=True))
         if len(cpu.marks) >= 3 else None,
-        "load_average_1min": os.getloadavg()[0],
+        "_records": [{k: v for k, v in r.items() if not k.endswith("_s")}
+                     for r in results["rounds"]],
     }
-    print(json.dumps(out), flush=True)
-    return 0
 
 
 if __name__ == "__main__":

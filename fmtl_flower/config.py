@@ -232,7 +232,8 @@ class RunConfig:
         p K .. p K + K - 1 (so ceil(m / K) nodes); a deployed node hosts the tasks of its
         ``--node-config "task-ids='3,4,5'"``. 0 (default): automatic; ``fmtl run`` and the
         reproductions then pack by :func:`fmtl_flower.packing.auto_tasks_per_node` (MOCHA,
-        CoCoA+, Mb-SDCA and Mb-SGD on the in-process and Ray engines) and say so in the run header;
+        CoCoA+, Mb-SDCA, Mb-SGD and FedEM's family on the in-process and Ray engines) and say
+        so in the run header;
         a Flower app (``flwr run``) takes 0 as 1.
     max_row_norm : float
         The server's bound on every task's training-row norms, used to reject dual updates

@@ -43,22 +43,25 @@ import itertools
 import math
 import os
 import time
-from collections import defaultdict
+import uuid
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from logging import WARNING
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
-from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, MessageType, RecordDict
 from flwr.app.message.message import make_message
 from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 
+from .config import FEDEM_FAMILY, MOCHA_FAMILY
 from .engine import CLIENT_APP_RAISED, create_message, raised_reason
 
-__all__ = ["STACK", "STACK_ERRORS", "PackedGrid", "SLOTS_QUERY", "StackGroup", "StackedHandler",
-           "packed_client_app", "read_stack", "read_stack_errors", "tasks_of_node"]
+__all__ = ["STACK", "STACK_ERRORS", "PackedGrid", "SLOTS_QUERY", "SlotFailed", "SlotTaskCache",
+           "StackGroup", "StackedHandler", "each_slot", "packed_client_app", "read_stack",
+           "read_stack_errors", "stacked_is_train", "tasks_of_node"]
 
 #: Message type of the server's "how many task slots do you host" query.
 SLOTS_QUERY = "query.fmtl_slots"
@@ -389,9 +392,94 @@ def _split_reply(reply: Message, subs: dict[int, Message]) -> list[Message]:
     return out
 
 
+# ------------------------------------------------------------------------------ stacked handlers
+T = TypeVar("T")
+
+
+class SlotFailed(ValueError):
+    """A slot's instruction or work failed (only that task fails)."""
+
+
+def stacked_is_train(message: Message, family: str) -> bool:
+    """Whether a stacked message of ``family`` is a ``train`` message (else ``evaluate``);
+    ValueError (the whole message fails) for any other message type."""
+    kind = message.metadata.message_type
+    if kind not in (MessageType.TRAIN, MessageType.EVALUATE):
+        raise ValueError(f"stacked {family} messages are train or evaluate, not {kind!r}")
+    return kind == MessageType.TRAIN
+
+
+def each_slot(slot_tasks: Sequence[tuple[int, int | None]],
+              work: Callable[[int, int, int], T]) -> tuple[list[tuple[int, T]], dict[int, str]]:
+    """``work(i, slot, task)`` for row i of a stacked message, every slot in turn:
+    ``([(slot, result), ...] in row order, {slot: reason})``. A slot whose work raises, or
+    that the node does not host, fails alone (its reason: the exception's type and text)."""
+    done: list[tuple[int, T]] = []
+    errors: dict[int, str] = {}
+    for i, (slot, task_id) in enumerate(slot_tasks):
+        try:
+            if task_id is None:
+                raise SlotFailed(f"slot {slot}: this node hosts no such slot")
+            done.append((slot, work(i, slot, task_id)))
+        except Exception as ex:  # noqa: BLE001 - one slot's failure is its task's error
+            errors[slot] = f"{type(ex).__name__}: {ex}"
+    return done, errors
+
+
+#: The tasks loaded in this process, per handler token (the newest few handlers only).
+_TASK_CACHES: OrderedDict[str, dict[tuple[int, int, int], Any]] = OrderedDict()
+_KEEP_CACHES = 4
+
+
+def _task_cache(token: str) -> dict[tuple[int, int, int], Any]:
+    cache = _TASK_CACHES.get(token)
+    if cache is None:
+        cache = _TASK_CACHES[token] = {}
+        while len(_TASK_CACHES) > _KEEP_CACHES:
+            _TASK_CACHES.popitem(last=False)
+    _TASK_CACHES.move_to_end(token)
+    return cache
+
+
+class SlotTaskCache:
+    """The slots' data of a stacked handler, loaded once per node, run and task.
+
+    Flower's Ray engine ships the ClientApp to its worker with every message (a fresh copy
+    each time), so the loaded tasks live in the worker process, keyed by the handler's
+    token: a copy finds the data its original's earlier copies loaded there.
+    """
+
+    def __init__(self) -> None:
+        self._token = uuid.uuid4().hex
+        self._tasks = _task_cache(self._token)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_tasks"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._tasks = _task_cache(self._token)
+
+    def slot_task(self, context: Context, task_id: int, build: Callable[[Context], T]) -> T:
+        """Task ``task_id``'s data: ``build(context)`` over a Context whose node config names
+        the task (``task-id``), called once per node, run and task."""
+        key = (int(context.run_id), int(context.node_id), int(task_id))
+        task = self._tasks.get(key)
+        if task is None:
+            node_config = {k: v for k, v in context.node_config.items() if k != "task-ids"}
+            node_config["task-id"] = int(task_id)
+            sub = Context(run_id=context.run_id, node_id=context.node_id, state=RecordDict(),
+                          node_config=node_config, run_config=context.run_config)
+            task = build(sub)
+            self._tasks[key] = task
+        return task
+
+
 # ------------------------------------------------------------------------------ auto packing
-#: Strategies whose messages stack (:mod:`fmtl_flower.clients.packed_mocha`): packing pays.
-STACKING_STRATEGIES = ("mocha", "cocoa", "mb-sdca", "mb-sgd")
+#: Strategies whose messages stack (:mod:`fmtl_flower.clients.packed_mocha`,
+#: :mod:`~fmtl_flower.clients.packed_fedem`): packing pays. (``local`` is FedEM's local
+#: baseline here: with the svm model it is a centralised baseline, never a federation.)
+STACKING_STRATEGIES = (*MOCHA_FAMILY, *FEDEM_FAMILY, "local")
 #: At most this many tasks per node when packing automatically (bounds one message's size).
 AUTO_MAX_TASKS_PER_NODE = 1000
 
@@ -400,8 +488,9 @@ def auto_tasks_per_node(strategy: str, num_tasks: int, engine: str,
                         cores: int | None = None) -> tuple[int, str]:
     """``(K, rule)``: the tasks per node ``fmtl run`` uses when ``tasks-per-node`` is unset.
 
-    The rule: only strategies whose messages stack (MOCHA, CoCoA+, Mb-SDCA, Mb-SGD) are packed,
-    since packing only pays there (the others keep one task per node). The in-process
+    The rule: only strategies whose messages stack (MOCHA, CoCoA+, Mb-SDCA, Mb-SGD, and
+    FedEM's family: FedEM and its baselines) are packed, since packing only pays there (the
+    others keep one task per node). The in-process
     engine calls its nodes one after another, so it uses as few nodes as it can:
     K = min(m, 1000). Ray runs nodes in parallel, so it uses one node per core (``cores``,
     default the machine's CPUs) and packs the rest: K = min(ceil(m / cores), 1000).

@@ -120,7 +120,7 @@ def make_client_app(config: RunConfig | None = None) -> ClientApp:
         app = _client_app_of(config, load)
         if config.tasks_per_node <= 1:  # 0 (automatic) is resolved by `fmtl run`; here 1
             return app
-        stacked = _stacked_handler(app)  # MOCHA's family, Mb-SGD: stacked messages
+        stacked = _stacked_handler(app)  # MOCHA's family, Mb-SGD, FedEM's: stacked messages
         if stacked is None:
             return packed_client_app(app, tasks_for)
         return packed_client_app(app, tasks_for, {stacked.protocol: stacked},
@@ -135,8 +135,9 @@ def make_client_app(config: RunConfig | None = None) -> ClientApp:
     app.query("fsvrg_stats")(lambda msg, ctx: handlers.get("fsvrg").stats(msg, ctx))
     app.query("fsvrg_gram")(lambda msg, ctx: handlers.get("fsvrg").gram(msg, ctx))
     app.query("fsvrg_gradient")(lambda msg, ctx: handlers.get("fsvrg").gradient(msg, ctx))
-    # packed messages when tasks-per-node > 1; MOCHA's family stacked
-    return packed_client_app(app, tasks_for, {p: handlers.stacked(p) for p in ("mocha", "mb-sgd")})
+    # packed messages when tasks-per-node > 1; MOCHA's and FedEM's families stacked
+    return packed_client_app(app, tasks_for, {p: handlers.stacked(p)
+                                              for p in ("mocha", "mb-sgd", "fedem")})
 
 
 def _stacked_handler(app: ClientApp) -> Any:
@@ -150,6 +151,10 @@ def _stacked_handler(app: ClientApp) -> Any:
         from ..clients.packed_mbsgd import PackedMbSgd
 
         return PackedMbSgd(app.mbsgd_client)
+    if hasattr(app, "fedem_client"):
+        from ..clients.packed_fedem import PackedFedEM
+
+        return PackedFedEM(app.fedem_client)
     return None
 
 
@@ -174,12 +179,19 @@ class _LazyHandlers:
         return self.get("ofmtl" if cfg.strategy == "ofmtl" else "mocha")
 
     def stacked(self, protocol: str) -> Callable[..., Any]:
-        """The stacked handler of ``protocol`` ("mocha" or "mb-sgd",
+        """The stacked handler of ``protocol`` ("mocha", "mb-sgd" or "fedem",
         :mod:`fmtl_flower.packing`) over the run's handlers, built on first use."""
         def handle(message: Any, context: Context, slot_tasks: Any) -> Any:
             client = self.of(context)
             key = ("stacked", protocol, id(client))
             packed = self._clients.get(key)
+            if packed is None and protocol == "fedem":
+                from ..clients.fedem import FedEMClient
+                from ..clients.packed_fedem import PackedFedEM
+
+                if not isinstance(client, FedEMClient):
+                    raise ValueError("a stacked fedem message in a run of another strategy")
+                packed = self._clients[key] = PackedFedEM(client)
             if packed is None:
                 from ..clients.mbsgd import MbSgdClient
                 from ..clients.mocha import MochaClient

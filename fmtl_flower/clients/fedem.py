@@ -24,9 +24,11 @@ Build a FedEM ClientApp over your own data with :func:`make_fedem_client_app`.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from logging import WARNING
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -114,32 +116,36 @@ class FedEMClient:
         key = (int(context.run_id), int(context.node_id))
         data = self._cache.get(key)
         if data is None:
-            tid = int(self._task_id(context))
-            loaded = self._load_data(context)
-            if len(loaded) == 2:
-                X, y = loaded
-                X_test, y_test = np.zeros((0, np.shape(X)[1])), np.zeros(0)
-            else:
-                X, y, X_test, y_test = loaded
-            name = f"task {tid}"
-            X = np.ascontiguousarray(X, dtype=np.float64)
-            X_test = np.ascontiguousarray(X_test, dtype=np.float64)
-            if X.ndim != 2 or X.shape[0] < 1 or X_test.ndim != 2 or X_test.shape[1] != X.shape[1]:
-                raise ValueError(f"{name}: X must be (n >= 1, d) and X_test (n_test, d); got "
-                                 f"{X.shape} and {X_test.shape}")
-            if not (np.all(np.isfinite(X)) and np.all(np.isfinite(X_test))):
-                raise ValueError(f"{name}: features must be finite")
-            y = labels_as_classes(y, name)
-            y_test = labels_as_classes(y_test, name + " (test)")
-            if y.shape[0] != X.shape[0] or y_test.shape[0] != X_test.shape[0]:
-                raise ValueError(f"{name}: X and y lengths differ")
-            data = ClientData(tid, X, y, X_test, y_test)
+            data = self.read_client_data(context)
             if len(self._cache) > 4096:
                 self._cache.clear()
             self._cache[key] = data
         return data
 
-    def model(self, config: ConfigRecord, dim: int) -> Model:
+    def read_client_data(self, context: Context) -> ClientData:
+        """The node's data, loaded and validated (not cached)."""
+        tid = int(self._task_id(context))
+        loaded = self._load_data(context)
+        if len(loaded) == 2:
+            X, y = loaded
+            X_test, y_test = np.zeros((0, np.shape(X)[1])), np.zeros(0)
+        else:
+            X, y, X_test, y_test = loaded
+        name = f"task {tid}"
+        X = np.ascontiguousarray(X, dtype=np.float64)
+        X_test = np.ascontiguousarray(X_test, dtype=np.float64)
+        if X.ndim != 2 or X.shape[0] < 1 or X_test.ndim != 2 or X_test.shape[1] != X.shape[1]:
+            raise ValueError(f"{name}: X must be (n >= 1, d) and X_test (n_test, d); got "
+                             f"{X.shape} and {X_test.shape}")
+        if not (np.all(np.isfinite(X)) and np.all(np.isfinite(X_test))):
+            raise ValueError(f"{name}: features must be finite")
+        y = labels_as_classes(y, name)
+        y_test = labels_as_classes(y_test, name + " (test)")
+        if y.shape[0] != X.shape[0] or y_test.shape[0] != X_test.shape[0]:
+            raise ValueError(f"{name}: X and y lengths differ")
+        return ClientData(tid, X, y, X_test, y_test)
+
+    def model(self, config: Mapping[str, Any], dim: int) -> Model:
         """The model family the message names (cached)."""
         name = config_value(config, "model", str)
         classes = config_value(config, "num-classes", int)
@@ -164,8 +170,32 @@ class FedEMClient:
         data = self.client_data(context)
         config, components, method, model = self._read_instruction(msg, data)
         rnd = config_value(config, "server-round", int)
+        stored = self._state(context, method, components, before=rnd)
+        metrics, arrays, state = self.train_task(data, config, components, method, model,
+                                                 stored)
+        self._write_state(context, method, state, rnd)
+        reply = {k: to_array(v) for k, v in arrays.items()}
+        return Message(RecordDict({"arrays": ArrayRecord(reply),
+                                   "metrics": MetricRecord(metrics)}), reply_to=msg)
+
+    def evaluate(self, msg: Message, context: Context) -> Message:
+        """Test accuracy of the device's personalised predictor (:meth:`evaluate_task`)."""
+        data = self.client_data(context)
+        config, components, method, model = self._read_instruction(msg, data)
+        rnd = config_value(config, "server-round", int)
+        stored = self._state(context, method, components, before=rnd + 1)
+        metrics = self.evaluate_task(data, config, components, method, model, stored)
+        return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+
+    # -- one task's work (the unpacked handlers and the stacked ones of packed_fedem) --------
+    def train_task(self, data: ClientData, config: Mapping[str, Any], components: np.ndarray,
+                   method: str, model: Model, stored: StoredState
+                   ) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """One task's ``train`` work from its checked instruction and stored state:
+        ``(reply metrics, reply arrays, state arrays to store)``; touches no record."""
+        rnd = config_value(config, "server-round", int)
         sgd = self._sgd_config(config)
-        pi, momentum, own = self._state(context, method, components, before=rnd)
+        pi, momentum, own = stored
         if method == "local":
             components = own if own is not None else components
         rng = np.random.default_rng([config_value(config, "seed", int), data.task_id, rnd,
@@ -173,28 +203,27 @@ class FedEMClient:
         update = local_update(model, components, pi, momentum, data.X, data.y, sgd, rng,
                               mode="cluster" if method == "clustered" else "mixture",
                               pi_floor=config_value(config, "pi-floor", float))
-        self._write_state(context, method, update.pi, update.momentum,
-                          update.components if method == "local" else None, rnd)
-        metrics = MetricRecord({"task-id": data.task_id, "round": rnd, "n-train": data.n,
-                                "train-loss": update.train_loss, "e-step-s": update.estep_s,
-                                "train-s": update.train_s})
-        arrays = ArrayRecord({"components": to_array(update.components),
-                              "weights": to_array(update.weights)})
-        return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+        state = {"pi": update.pi, "momentum": update.momentum}
+        if method == "local":
+            state["own"] = update.components
+        metrics = {"task-id": data.task_id, "round": rnd, "n-train": data.n,
+                   "train-loss": update.train_loss, "e-step-s": update.estep_s,
+                   "train-s": update.train_s}
+        return metrics, {"components": update.components, "weights": update.weights}, state
 
-    def evaluate(self, msg: Message, context: Context) -> Message:
-        """Test accuracy of the device's personalised predictor.
+    def evaluate_task(self, data: ClientData, config: Mapping[str, Any],
+                      components: np.ndarray, method: str, model: Model,
+                      stored: StoredState) -> dict[str, Any]:
+        """One task's ``evaluate`` metrics from its checked instruction and stored state.
 
         fedem: the pi-weighted mixture (an ``unseen`` device first fits pi by EM on its own
         training split, to convergence); fedavg / fedprox: the global model; fedavg-ft: the
         global model fine-tuned locally; clustered: the component of lowest training loss;
         local: the device's own model.
         """
-        data = self.client_data(context)
-        config, components, method, model = self._read_instruction(msg, data)
         rnd = config_value(config, "server-round", int)
         unseen = config_value(config, "unseen", bool)
-        pi, _, own = self._state(context, method, components, before=rnd + 1)
+        pi, _, own = stored
         iterations = 0
         losses = None
         if method == "local" and own is not None:
@@ -228,10 +257,9 @@ class FedEMClient:
         if data.X_test.shape[0]:
             proba = mixture_proba(model, components, pi, data.X_test)
             correct = int(np.count_nonzero(np.argmax(proba, axis=1) == data.y_test))
-        metrics = MetricRecord({"task-id": data.task_id, "round": rnd, "n-train": data.n,
-                                "train-loss": train_loss, "test-correct": correct,
-                                "test-n": int(data.X_test.shape[0]), "em-iterations": iterations})
-        return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+        return {"task-id": data.task_id, "round": rnd, "n-train": data.n,
+                "train-loss": train_loss, "test-correct": correct,
+                "test-n": int(data.X_test.shape[0]), "em-iterations": iterations}
 
     # -- helpers -----------------------------------------------------------------------------
     def _read_instruction(self, msg: Message, data: ClientData
@@ -239,24 +267,33 @@ class FedEMClient:
         if "config" not in msg.content or "arrays" not in msg.content:
             raise ValueError("message lacks the 'config' or 'arrays' record")
         config = msg.content["config"]
+        arrays = msg.content["arrays"]
+        components, method, model = self.check_instruction(
+            config, arrays["components"] if "components" in arrays else None, data)
+        return config, components, method, model
+
+    def check_instruction(self, config: Mapping[str, Any], components: Any, data: ClientData
+                          ) -> tuple[np.ndarray, str, Model]:
+        """``(components float64 (M, P), method, model)`` of an instruction for ``data``'s
+        task (``components`` an Array or an ndarray; None: missing); ValueError if wrong."""
         if config_value(config, "task-id", int) != data.task_id:
             raise ValueError(f"message for task {config['task-id']} reached task {data.task_id}")
         method = config_value(config, "method", str)
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
         model = self.model(config, data.X.shape[1])
-        arrays = msg.content["arrays"]
-        if "components" not in arrays:
+        if components is None:
             raise ValueError("array 'components' missing")
-        components = from_array(arrays["components"])
+        if not isinstance(components, np.ndarray):
+            components = from_array(components)
         if components.ndim != 2 or components.shape[0] < 1:
             raise ValueError(f"'components' must be (M, P), got shape {components.shape}")
         for theta in components:
             model.check_params(theta)
-        return config, np.asarray(components, dtype=np.float64), method, model
+        return np.asarray(components, dtype=np.float64), method, model
 
     @staticmethod
-    def _sgd_config(config: ConfigRecord) -> SGDConfig:
+    def _sgd_config(config: Mapping[str, Any]) -> SGDConfig:
         return SGDConfig(lr=config_value(config, "lr", float),
                          momentum=config_value(config, "momentum", float),
                          weight_decay=config_value(config, "weight-decay", float),
@@ -266,62 +303,39 @@ class FedEMClient:
 
     @staticmethod
     def _signature(method: str, components: np.ndarray) -> str:
-        return f"{method}|{components.shape[0]}|{components.shape[1]}"
+        return state_signature(method, components)
 
     def _state(self, context: Context, method: str, components: np.ndarray, before: int
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+               ) -> StoredState:
         """(pi, momentum, own models or None) of the newest slot written before round
         ``before``; fresh when there is none, or it was written under another setting."""
-        M, P = components.shape
-        fresh = (np.full(M, 1.0 / M), np.zeros((M, P)), None)
         if STATE_META not in context.state:
             self._load_state_file(context)
-        for arrays_key, meta_key in ((STATE_ARRAYS, STATE_META),
-                                     (f"{PREVIOUS}.arrays", f"{PREVIOUS}.meta")):
-            if meta_key in context.state and arrays_key in context.state:
-                rnd = context.state[meta_key].get("round", None)
-                if isinstance(rnd, int) and not isinstance(rnd, bool) and rnd < before:
-                    break
-        else:
-            return fresh
-        meta = context.state[meta_key]
-        if meta.get("signature") != self._signature(method, components):
-            return fresh
+        keys = ((STATE_ARRAYS, STATE_META), (f"{PREVIOUS}.arrays", f"{PREVIOUS}.meta"))
+        present = [meta_key in context.state and arrays_key in context.state
+                   for arrays_key, meta_key in keys]
+        newest = newest_before([context.state[meta_key].get("round", None) if ok else None
+                                for ok, (_, meta_key) in zip(present, keys, strict=True)],
+                               before)
+        if newest is None:
+            return fresh_state(components)
+        arrays_key, meta_key = keys[newest]
         arrays = context.state[arrays_key]
-        try:
-            pi = np.array(from_array(arrays["pi"]), dtype=np.float64)
-            momentum = np.array(from_array(arrays["momentum"]), dtype=np.float64)
-            own = np.array(from_array(arrays["own"]), dtype=np.float64) if "own" in arrays \
-                else None
-        except (KeyError, TypeError, ValueError):
-            return fresh
-        try:
-            check_simplex(pi, M)
-            if momentum.shape != (M, P) or (own is not None and own.shape != (M, P)):
-                raise ValueError(f"stored optimiser state has shape {momentum.shape}, "
-                                 f"expected {(M, P)}")
-            if not (np.all(np.isfinite(momentum)) and (own is None or np.all(np.isfinite(own)))):
-                raise ValueError("stored optimiser state or model is not finite")
-        except ValueError as err:
-            log(WARNING, "FedEM client: stored state rejected (%s); starting afresh", err)
-            return fresh
-        return pi, momentum, own
+        return stored_state(context.state[meta_key].get("signature"),
+                            lambda name: from_array(arrays[name]) if name in arrays else None,
+                            method, components)
 
-    def _write_state(self, context: Context, method: str, pi: np.ndarray,
-                     momentum: np.ndarray, own: np.ndarray | None, rnd: int) -> None:
+    def _write_state(self, context: Context, method: str, state: dict[str, np.ndarray],
+                     rnd: int) -> None:
         """Store the state after round ``rnd`` as the newest slot; the newest slot of an
         earlier round becomes the older one (a repeated round replaces its own slot)."""
         if STATE_META in context.state and STATE_ARRAYS in context.state:
-            old = context.state[STATE_META].get("round", None)
-            if isinstance(old, int) and old < rnd:
+            if replaces_previous(context.state[STATE_META].get("round", None), rnd):
                 context.state[f"{PREVIOUS}.arrays"] = context.state[STATE_ARRAYS]
                 context.state[f"{PREVIOUS}.meta"] = context.state[STATE_META]
-        arrays = {"pi": to_array(pi), "momentum": to_array(momentum)}
-        if own is not None:
-            arrays["own"] = to_array(own)
-        context.state[STATE_ARRAYS] = ArrayRecord(arrays)
+        context.state[STATE_ARRAYS] = ArrayRecord({k: to_array(v) for k, v in state.items()})
         context.state[STATE_META] = ConfigRecord(
-            {"signature": self._signature(method, momentum), "round": rnd})
+            {"signature": self._signature(method, state["momentum"]), "round": rnd})
         path = self._state_path(context)
         if path is not None:
             self._save_state_file(context, path)
@@ -332,40 +346,126 @@ class FedEMClient:
 
     @staticmethod
     def _save_state_file(context: Context, path: Path) -> None:
-        arrays, meta = {}, {}
-        for slot, (arrays_key, meta_key) in (("latest", (STATE_ARRAYS, STATE_META)),
-                                             ("previous", (f"{PREVIOUS}.arrays",
-                                                           f"{PREVIOUS}.meta"))):
-            if meta_key not in context.state or arrays_key not in context.state:
-                continue
-            for name, array in context.state[arrays_key].items():
-                arrays[f"{slot}.{name}"] = from_array(array)
-            meta[slot] = dict(context.state[meta_key])
-        write_state_file(path, arrays, meta)
+        generations = {}
+        for name, (arrays_key, meta_key) in zip(GENERATIONS, (
+                (STATE_ARRAYS, STATE_META), (f"{PREVIOUS}.arrays", f"{PREVIOUS}.meta")),
+                strict=True):
+            if meta_key in context.state and arrays_key in context.state:
+                generations[name] = ({k: from_array(v) for k, v in
+                                      context.state[arrays_key].items()},
+                                     dict(context.state[meta_key]))
+        write_state_file(path, *state_file_content(generations))
 
     def _load_state_file(self, context: Context) -> None:
         """Fill an empty ``context.state`` from the device's state file, if there is one."""
-        path = self._state_path(context)
-        if path is None or not path.exists():
-            return
-        try:
-            arrays, meta = read_state_file(path)
-        except CheckpointError as err:
-            log(WARNING, "FedEM client: state file unusable (%s); starting afresh", err)
-            return
-        for slot, (arrays_key, meta_key) in (("latest", (STATE_ARRAYS, STATE_META)),
-                                             ("previous", (f"{PREVIOUS}.arrays",
-                                                           f"{PREVIOUS}.meta"))):
-            names = [k for k in arrays if k.startswith(f"{slot}.")]
-            info = meta.get(slot)
-            if not names or not isinstance(info, dict) or not isinstance(
-                    info.get("round"), int) or not isinstance(info.get("signature"), str):
-                continue
-            context.state[arrays_key] = ArrayRecord(
-                {k[len(slot) + 1:]: to_array(np.asarray(arrays[k], dtype=np.float64))
-                 for k in names})
-            context.state[meta_key] = ConfigRecord({"signature": info["signature"],
-                                                    "round": info["round"]})
+        found = read_generations_file(self._state_path(context))
+        for name, (arrays_key, meta_key) in zip(GENERATIONS, (
+                (STATE_ARRAYS, STATE_META), (f"{PREVIOUS}.arrays", f"{PREVIOUS}.meta")),
+                strict=True):
+            if name in found:
+                values, info = found[name]
+                context.state[arrays_key] = ArrayRecord({k: to_array(v)
+                                                         for k, v in values.items()})
+                context.state[meta_key] = ConfigRecord(info)
+
+
+# -- the device state, free of records (shared with the stacked handler of packed_fedem) -----
+#: A task's stored state as the handlers use it: pi (M,), momentum (M, P), own models
+#: (M, P) or None.
+StoredState = tuple[np.ndarray, np.ndarray, "np.ndarray | None"]
+#: The two stored generations of a task's state, newest first.
+GENERATIONS = ("latest", "previous")
+#: ``{generation: (arrays, {"signature": str, "round": int})}``
+Generations = dict[str, tuple[dict[str, np.ndarray], dict[str, Any]]]
+
+
+def state_signature(method: str, components: np.ndarray) -> str:
+    """The setting a stored state belongs to (method, M, P)."""
+    return f"{method}|{components.shape[0]}|{components.shape[1]}"
+
+
+def fresh_state(components: np.ndarray) -> StoredState:
+    """The state of a device with nothing stored: pi uniform, no momentum, no own models."""
+    M, P = components.shape
+    return np.full(M, 1.0 / M), np.zeros((M, P)), None
+
+
+def newest_before(rounds: Sequence[Any], before: int) -> int | None:
+    """Index of the newest generation (``rounds`` newest first; None: absent) written
+    before round ``before``; None if there is none."""
+    for i, rnd in enumerate(rounds):
+        if isinstance(rnd, int) and not isinstance(rnd, bool) and rnd < before:
+            return i
+    return None
+
+
+def replaces_previous(latest_round: Any, rnd: int) -> bool:
+    """Whether storing round ``rnd``'s state moves the newest generation (of round
+    ``latest_round``) to the older one (a repeated round replaces its own)."""
+    return isinstance(latest_round, int) and latest_round < rnd
+
+
+def stored_state(signature: Any, array: Callable[[str], np.ndarray | None], method: str,
+                 components: np.ndarray) -> StoredState:
+    """The stored generation (its ``signature`` and ``array(name)``, None when absent) as
+    (pi, momentum, own); fresh when written under another setting or unusable."""
+    M, P = components.shape
+    if signature != state_signature(method, components):
+        return fresh_state(components)
+    try:
+        found = {name: array(name) for name in ("pi", "momentum", "own")}
+        if found["pi"] is None or found["momentum"] is None:
+            raise KeyError("pi or momentum")
+        pi = np.array(found["pi"], dtype=np.float64)
+        momentum = np.array(found["momentum"], dtype=np.float64)
+        own = np.array(found["own"], dtype=np.float64) if found["own"] is not None else None
+    except (KeyError, TypeError, ValueError):
+        return fresh_state(components)
+    try:
+        check_simplex(pi, M)
+        if momentum.shape != (M, P) or (own is not None and own.shape != (M, P)):
+            raise ValueError(f"stored optimiser state has shape {momentum.shape}, "
+                             f"expected {(M, P)}")
+        if not (np.all(np.isfinite(momentum)) and (own is None or np.all(np.isfinite(own)))):
+            raise ValueError("stored optimiser state or model is not finite")
+    except ValueError as err:
+        log(WARNING, "FedEM client: stored state rejected (%s); starting afresh", err)
+        return fresh_state(components)
+    return pi, momentum, own
+
+
+def state_file_content(generations: Generations
+                       ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """``(arrays, meta)`` of a device state file (``<generation>.<name>`` arrays)."""
+    arrays: dict[str, np.ndarray] = {}
+    meta: dict[str, Any] = {}
+    for name, (values, info) in generations.items():
+        for key, value in values.items():
+            arrays[f"{name}.{key}"] = value
+        meta[name] = dict(info)
+    return arrays, meta
+
+
+def read_generations_file(path: Path | None) -> Generations:
+    """The generations stored in a device state file (none if absent or unusable)."""
+    if path is None or not path.exists():
+        return {}
+    try:
+        arrays, meta = read_state_file(path)
+    except CheckpointError as err:
+        log(WARNING, "FedEM client: state file unusable (%s); starting afresh", err)
+        return {}
+    out: Generations = {}
+    for name in GENERATIONS:
+        names = [k for k in arrays if k.startswith(f"{name}.")]
+        info = meta.get(name)
+        if not names or not isinstance(info, dict) or not isinstance(
+                info.get("round"), int) or not isinstance(info.get("signature"), str):
+            continue
+        out[name] = ({k[len(name) + 1:]: np.asarray(arrays[k], dtype=np.float64)
+                      for k in names},
+                     {"signature": info["signature"], "round": info["round"]})
+    return out
 
 
 def make_fedem_client_app(load_data: DataLoader, task_id: TaskIdFn | None = None,
@@ -379,7 +479,10 @@ def make_fedem_client_app(load_data: DataLoader, task_id: TaskIdFn | None = None
     ...     return my_X, my_y, my_X_test, my_y_test
     >>> app = make_fedem_client_app(load)  # doctest: +SKIP
     """
-    return client_app_for(FedEMClient(load_data, task_id, state_dir))
+    client = FedEMClient(load_data, task_id, state_dir)
+    app = client_app_for(client)
+    app.fedem_client = client  # type: ignore[attr-defined]  # packing's stacked handler
+    return app
 
 
 __all__ = ["METHODS", "PI_FLOOR", "ClientData", "FedEMClient", "labels_as_classes",

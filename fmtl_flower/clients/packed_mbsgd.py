@@ -23,14 +23,15 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from ..core.baselines import mbsgd_local_gradient
 from ..core.rng import coordinate_order
+from ..packing import SlotFailed, each_slot, stacked_is_train
 from ..wire import from_array, to_array
 from .common import config_value
 from .mbsgd import MbSgdClient
-from .packed_mocha import PackedMocha, SlotFailed
+from .packed_mocha import PackedMocha
 
 PROTOCOL = "mb-sgd"
 
@@ -54,61 +55,50 @@ class PackedMbSgd:
     def __call__(self, message: Message, context: Context,
                  slot_tasks: list[tuple[int, int | None]]
                  ) -> tuple[RecordDict, list[int], dict[int, str]]:
-        kind = message.metadata.message_type
-        if kind not in (MessageType.TRAIN, MessageType.EVALUATE):
-            raise ValueError(f"stacked Mb-SGD messages are train or evaluate, not {kind!r}")
-        train = kind == MessageType.TRAIN
+        train = stacked_is_train(message, "Mb-SGD")
         config, arrays, w_all = _read(message.content, len(slot_tasks), train)
         server_round = config_value(config, "server-round", int)
         seed = config_value(config, "seed", int) if train else 0
         if train and server_round < 1:
             raise ValueError(f"server-round must be >= 1, got {server_round}")
         evaluate = "eval" in config and config_value(config, "eval", bool)
-        rows: list[dict[str, Any]] = []
-        grads: list[np.ndarray] = []
-        done: list[int] = []
-        errors: dict[int, str] = {}
-        for i, (slot, task_id) in enumerate(slot_tasks):
-            try:
-                if task_id is None:
-                    raise SlotFailed(f"slot {slot}: this node hosts no such slot")
-                task = self._data._local_task(context, slot, task_id)
-                if int(arrays["task-id"][i]) != task.task_id:
-                    raise SlotFailed(f"message for task {int(arrays['task-id'][i])} reached "
-                                     f"the slot of task {task.task_id}")
-                w = w_all[i]
-                if w.shape != (task.dim,) or not np.all(np.isfinite(w)):
-                    raise SlotFailed(f"'w' must be finite float64 of shape ({task.dim},)")
-                if train:
-                    budget = int(arrays["budget"][i])
-                    if not 0 <= budget <= task.n:
-                        raise SlotFailed(f"budget must be in 0..n-train ({task.n}), got "
-                                         f"{budget}")
-                metrics = MbSgdClient._metrics(task, w, config)
-                metrics["round"] = server_round
-                if train:
-                    if bool(arrays["dropped"][i]) or budget == 0:
-                        grad, count = np.zeros(task.dim), 0
-                    else:
-                        order = coordinate_order(seed, task.task_id, server_round, task.n)
-                        grad, count = mbsgd_local_gradient(task.X, task.y, w, budget=budget,
-                                                           order=order)
-                    metrics["count"] = int(count)
-            except Exception as ex:  # noqa: BLE001 - one slot's failure is its task's error
-                errors[slot] = f"{type(ex).__name__}: {ex}"
-                continue
-            rows.append(metrics)
+
+        def work(i: int, slot: int, task_id: int) -> tuple[dict[str, Any], np.ndarray | None]:
+            task = self._data._local_task(context, slot, task_id)
+            if int(arrays["task-id"][i]) != task.task_id:
+                raise SlotFailed(f"message for task {int(arrays['task-id'][i])} reached "
+                                 f"the slot of task {task.task_id}")
+            w = w_all[i]
+            if w.shape != (task.dim,) or not np.all(np.isfinite(w)):
+                raise SlotFailed(f"'w' must be finite float64 of shape ({task.dim},)")
             if train:
-                grads.append(grad)
-            done.append(slot)
+                budget = int(arrays["budget"][i])
+                if not 0 <= budget <= task.n:
+                    raise SlotFailed(f"budget must be in 0..n-train ({task.n}), got {budget}")
+            metrics = MbSgdClient._metrics(task, w, config)
+            metrics["round"] = server_round
+            if not train:
+                return metrics, None
+            if bool(arrays["dropped"][i]) or budget == 0:
+                grad, count = np.zeros(task.dim), 0
+            else:
+                order = coordinate_order(seed, task.task_id, server_round, task.n)
+                grad, count = mbsgd_local_gradient(task.X, task.y, w, budget=budget,
+                                                   order=order)
+            metrics["count"] = int(count)
+            return metrics, grad
+
+        results, errors = each_slot(slot_tasks, work)
+        rows = [metrics for _, (metrics, _) in results]
         ints = ["task-id", "round", "n-train"] + (["count"] if train else [])
         if evaluate:
             ints += ["test-errors", "test-n"]
         out = {k: to_array(np.array([r[k] for r in rows], dtype=np.int64)) for k in ints}
         out["loss-mean"] = to_array(np.array([r["loss-mean"] for r in rows], dtype=np.float64))
         if train:
+            grads = [grad for _, (_, grad) in results]
             out["grad"] = to_array(np.stack(grads) if grads else np.zeros((0, w_all.shape[1])))
-        return RecordDict({"arrays": ArrayRecord(out)}), done, errors
+        return RecordDict({"arrays": ArrayRecord(out)}), [slot for slot, _ in results], errors
 
 
 def _read(content: RecordDict, k: int, train: bool

@@ -34,17 +34,16 @@ with ``client-state-dir`` each task's state file is the unpacked one (``mocha-ta
 from __future__ import annotations
 
 import math
-import uuid
-from collections import OrderedDict
 from collections.abc import Sequence
 from logging import WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.common.logger import log
 
 from ..checkpoint import CheckpointError
+from ..packing import SlotFailed, SlotTaskCache, each_slot, stacked_is_train
 from ..wire import from_array, to_array
 from .common import LocalTask, config_value, state_file_for
 from .dual_state import (
@@ -58,6 +57,9 @@ from .dual_state import (
 )
 from .mocha import MochaClient
 
+__all__ = ["INSTRUCTION_ARRAYS", "PROTOCOL", "STATE", "PackedMocha", "SlotFailed",
+           "StackedState"]
+
 PROTOCOL = "mocha"
 STATE = "mocha.stack"
 
@@ -65,10 +67,6 @@ STATE = "mocha.stack"
 INSTRUCTION_ARRAYS = {"task-id": (np.int64, False), "last-accepted-round": (np.int64, False),
                       "m-tt": (np.float64, False), "sigma-prime": (np.float64, False),
                       "budget": (np.int64, True), "dropped": (np.bool_, True)}
-
-
-class SlotFailed(ValueError):
-    """A slot's instruction or work failed (only that task fails)."""
 
 
 class StackedState:
@@ -123,22 +121,7 @@ class StackedState:
                             "meta": to_array(meta), "data": to_array(data)})
 
 
-#: The tasks loaded in this process, per handler token (the newest few handlers only).
-_TASK_CACHES: OrderedDict[str, dict[tuple[int, int, int], LocalTask]] = OrderedDict()
-_KEEP_CACHES = 4
-
-
-def _task_cache(token: str) -> dict[tuple[int, int, int], LocalTask]:
-    cache = _TASK_CACHES.get(token)
-    if cache is None:
-        cache = _TASK_CACHES[token] = {}
-        while len(_TASK_CACHES) > _KEEP_CACHES:
-            _TASK_CACHES.popitem(last=False)
-    _TASK_CACHES.move_to_end(token)
-    return cache
-
-
-class PackedMocha:
+class PackedMocha(SlotTaskCache):
     """The ``"mocha"`` stacking protocol's client side over a :class:`MochaClient`'s data
     loader and local solver (:func:`fmtl_flower.packing.packed_client_app`'s ``stacked``).
 
@@ -151,28 +134,13 @@ class PackedMocha:
     protocol = PROTOCOL
 
     def __init__(self, client: MochaClient) -> None:
+        super().__init__()
         self.client = client
-        self._token = uuid.uuid4().hex
-        self._tasks = _task_cache(self._token)
-
-    # Flower's Ray engine ships the ClientApp to its worker with every message (a fresh copy
-    # each time), so the loaded tasks live in the worker process, keyed by this handler's
-    # token: a copy finds the data its original's earlier copies loaded there.
-    def __getstate__(self) -> dict[str, Any]:
-        return {"client": self.client, "_token": self._token}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.client = state["client"]
-        self._token = state["_token"]
-        self._tasks = _task_cache(self._token)
 
     def __call__(self, message: Message, context: Context,
                  slot_tasks: list[tuple[int, int | None]]
                  ) -> tuple[RecordDict, list[int], dict[int, str]]:
-        kind = message.metadata.message_type
-        if kind not in (MessageType.TRAIN, MessageType.EVALUATE):
-            raise ValueError(f"stacked MOCHA messages are train or evaluate, not {kind!r}")
-        train = kind == MessageType.TRAIN
+        train = stacked_is_train(message, "MOCHA")
         config, vectors, w = _read_stacked_instruction(message.content, len(slot_tasks), train)
         # Python numbers (the values a one-task message's ConfigRecord holds), read once
         arrays: dict[str, list[Any]] = {k: v.tolist() for k, v in vectors.items()}
@@ -184,37 +152,26 @@ class PackedMocha:
         checkpoint_round = (config_value(config, "checkpoint-round", int)
                             if "checkpoint-round" in config else -1)
         state = StackedState(context.state[STATE] if STATE in context.state else None)
-        rows: list[dict[str, Any]] = []
-        deltas: list[np.ndarray] = []
-        done: list[int] = []
-        errors: dict[int, str] = {}
-        writes: list[tuple[int, LocalTask, np.ndarray, dict[str, int | str]]] = []
-        for i, (slot, task_id) in enumerate(slot_tasks):
-            try:
-                if task_id is None:
-                    raise SlotFailed(f"slot {slot}: this node hosts no such slot")
-                task = self._local_task(context, slot, task_id)
-                row, delta, duals, meta = self._slot(
-                    context, state, slot, task, config, arrays, w, i, server_round,
-                    checkpoint_round, seed, method, evaluate, train)
-            except Exception as ex:  # noqa: BLE001 - one slot's failure is its task's error
-                errors[slot] = f"{type(ex).__name__}: {ex}"
-                continue
-            rows.append(row)
-            if train:
-                deltas.append(delta)
-            done.append(slot)
-            writes.append((slot, task, duals, meta))
+
+        def work(i: int, slot: int, task_id: int) -> tuple[Any, ...]:
+            task = self._local_task(context, slot, task_id)
+            return task, *self._slot(context, state, slot, task, config, arrays, w, i,
+                                     server_round, checkpoint_round, seed, method, evaluate,
+                                     train)
+
+        results, errors = each_slot(slot_tasks, work)
+        rows = [r[1] for _, r in results]
+        deltas = [r[2] for _, r in results] if train else []
         content = RecordDict({"arrays": _reply_arrays(rows, deltas, train, evaluate,
                                                       w.shape[1])})
-        for slot, task, duals, meta in writes:  # last: the state after every slot's work
+        for slot, (task, _, _, duals, meta) in results:  # last: the state after every slot
             state.set(slot, duals, meta)
             path = state_file_for(context, "mocha", task.task_id, self.client._state_dir)
             if path is not None:
                 write_dual_file(path, duals, meta)
-        if writes:
+        if results:
             context.state[STATE] = state.record()
-        return content, done, errors
+        return content, [slot for slot, _ in results], errors
 
     def whoami(self, content: RecordDict, context: Context, slot: int, task_id: int
                ) -> RecordDict:
@@ -292,16 +249,7 @@ class PackedMocha:
 
     def _local_task(self, context: Context, slot: int, task_id: int) -> LocalTask:
         """The slot's validated data, loaded once per node, run and task."""
-        key = (int(context.run_id), int(context.node_id), int(task_id))
-        task = self._tasks.get(key)
-        if task is None:
-            node_config = {k: v for k, v in context.node_config.items() if k != "task-ids"}
-            node_config["task-id"] = int(task_id)
-            sub = Context(run_id=context.run_id, node_id=context.node_id, state=RecordDict(),
-                          node_config=node_config, run_config=context.run_config)
-            task = self.client._build_task(sub)
-            self._tasks[key] = task
-        return task
+        return self.slot_task(context, task_id, self.client._build_task)
 
 
 def _read_stacked_instruction(content: RecordDict, k: int, train: bool

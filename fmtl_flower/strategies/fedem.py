@@ -95,6 +95,7 @@ from ..core.local_sgd import SGDConfig
 from ..core.models import MODELS, make_model
 from ..core.rng import TAG_FEDEM_INIT, TAG_FEDEM_SAMPLE, round_rng
 from ..metrics import error_summary, round_record
+from ..packing import StackGroup
 from ..wire import from_array, to_array
 from .base import ReplyBoundary, TaskStrategy, all_finite, check_bound, norm
 from .discovery import (
@@ -104,6 +105,8 @@ from .discovery import (
     check_task_and_round,
     read_metrics,
 )
+from .packed_fedem import PROTOCOL as STACKING_PROTOCOL
+from .packed_fedem import read_stacked_reply, stacked_message
 
 __all__ = ["METHODS", "FedEM", "ReplyError"]
 
@@ -298,7 +301,7 @@ class FedEM(TaskStrategy):
             sampled = np.sort(rng.choice(known, size=min(self.min_train_nodes, known.size),
                                          replace=False))
         self._sampled = [int(t) for t in sampled]
-        return self._messages(server_round, MessageType.TRAIN, self._sampled)
+        return self._messages(server_round, MessageType.TRAIN, self._sampled, grid)
 
     def _train_fraction(self) -> float:
         """The sampling rate: Flower's ``fraction_train`` when set below 1, else ``fraction``
@@ -360,7 +363,8 @@ class FedEM(TaskStrategy):
         """``evaluate`` messages to every known client, on evaluation rounds."""
         if not self._evaluation_due(server_round):
             return []
-        return self._messages(server_round, MessageType.EVALUATE, sorted(self.task_to_node))
+        return self._messages(server_round, MessageType.EVALUATE, sorted(self.task_to_node),
+                              grid)
 
     def aggregate_evaluate(self, server_round: int,
                            replies: Iterable[Message]) -> MetricRecord | None:
@@ -500,9 +504,20 @@ class FedEM(TaskStrategy):
         return learning_rate(self.sgd.lr, server_round, self.num_rounds or server_round,
                              self.lr_schedule)
 
-    def _messages(self, server_round: int, message_type: str, tasks: list[int]) -> list[Message]:
+    def _messages(self, server_round: int, message_type: str, tasks: list[int],
+                  grid: Grid | None = None) -> list[Message]:
+        """One message per task; one stacked message per packed node that speaks FedEM's
+        stacking protocol (:mod:`~fmtl_flower.strategies.packed_fedem`; numpy models)."""
         assert self.components is not None
-        components = to_array(self.components)
+        encoded: dict[int, Any] = {}  # the components each task is sent, encoded once
+
+        def sent(task: int) -> tuple[int, Any]:
+            """(key, encoding) of the components sent to ``task`` (every task: the same)."""
+            key = -1
+            if key not in encoded:
+                encoded[key] = to_array(self.components)
+            return key, encoded[key]
+
         base = {"server-round": server_round, "seed": self.seed, "method": self.method,
                 "model": self.model_name, "num-classes": self.num_classes,
                 "hidden": self.hidden, "batch-size": self.sgd.batch_size,
@@ -514,11 +529,19 @@ class FedEM(TaskStrategy):
             base["layout"] = layout_signature(self.layout)
         self.replies.begin()
         out = []
+        stacked_groups = getattr(grid, "stacked_groups", None)
+        if callable(stacked_groups) and self.layout is None:
+            groups, rest = stacked_groups(STACKING_PROTOCOL, {t: self.task_to_node[t]
+                                                             for t in tasks})
+            out = [self.replies.track_stack(group, stacked_message(
+                group, message_type, server_round, base, [sent(t) for t in group.tasks],
+                self.unseen)) for group in groups]
+            tasks = [t for t in tasks if t in rest]
         for task in tasks:
             node = self.task_to_node[task]
             config = ConfigRecord({**base, "task-id": int(task),
                                    "unseen": bool(self.unseen[task])})
-            content = RecordDict({"arrays": ArrayRecord({"components": components}),
+            content = RecordDict({"arrays": ArrayRecord({"components": sent(task)[1]}),
                                   "config": config})
             out.append(self.replies.track(int(task), node, Message(
                 content, dst_node_id=node, message_type=message_type,
@@ -535,16 +558,46 @@ class FedEM(TaskStrategy):
         return self.replies.read(
             f"round {server_round}", replies,
             lambda reply, task: self._parse_reply(reply, task, server_round, train),
-            on_accept).accepted
+            on_accept,
+            lambda reply, group: self._parse_stack(reply, group, server_round, train)).accepted
 
     def _parse_reply(self, reply: Message, task: int, server_round: int,
                      train: bool) -> dict[str, Any]:
+        ints, numbers, optional = self._reply_keys(train)
+        out = read_metrics(reply, ints=ints, numbers=numbers, optional_numbers=optional)
+        self._check_metrics(out, task, server_round, train)
+        if not train:
+            return out
+        arrays = arrays_of(reply)
+        if arrays is None or "components" not in arrays or "weights" not in arrays:
+            raise ReplyError("arrays 'components' and 'weights' required")
+        return self._check_arrays(out, from_array(arrays["components"]),
+                                  from_array(arrays["weights"]))
+
+    def _parse_stack(self, reply: Message, group: StackGroup, server_round: int,
+                     train: bool) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
+        """The rows of a stacked reply (:mod:`~fmtl_flower.strategies.packed_fedem`), each
+        checked as :meth:`_parse_reply` checks one reply, and the rejected tasks."""
         assert self.components is not None
-        ints = ("task-id", "round", "n-train")
+
+        def check(row: dict[str, Any], task: int) -> None:
+            self._check_metrics(row, task, server_round, train)
+            if train:
+                self._check_arrays(row, row["components"], row["weights"])
+
+        return read_stacked_reply(reply, group, self._reply_keys(train),
+                                  ("components", "weights") if train else (), check)
+
+    @staticmethod
+    def _reply_keys(train: bool) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+        """The reply's int metrics, number metrics and optional number metrics."""
+        ints: tuple[str, ...] = ("task-id", "round", "n-train")
         if not train:
             ints += ("test-correct", "test-n", "em-iterations")
-        out = read_metrics(reply, ints=ints, numbers=("train-loss",),
-                           optional_numbers=() if not train else ("e-step-s", "train-s"))
+        return ints, ("train-loss",), ("e-step-s", "train-s") if train else ()
+
+    def _check_metrics(self, out: dict[str, Any], task: int, server_round: int,
+                       train: bool) -> None:
         check_task_and_round(out, task, server_round)
         if out["n-train"] != self.n_train[task]:
             raise ReplyError(f"n-train {out['n-train']} differs from {self.n_train[task]}")
@@ -556,16 +609,15 @@ class FedEM(TaskStrategy):
                                  f"{self.directory.max_n}")
             if out["em-iterations"] < 0:
                 raise ReplyError("em-iterations must be >= 0")
-            return out
+            return
         for key in ("e-step-s", "train-s"):
             if not 0 <= out.get(key, 0.0) <= max(self.round_timeout, 1.0):
                 raise ReplyError(f"metric {key!r} must be in [0, the round timeout "
                                  f"{self.round_timeout:g} s]")
-        arrays = arrays_of(reply)
-        if arrays is None or "components" not in arrays or "weights" not in arrays:
-            raise ReplyError("arrays 'components' and 'weights' required")
-        theta = from_array(arrays["components"])
-        weights = from_array(arrays["weights"])
+
+    def _check_arrays(self, out: dict[str, Any], theta: np.ndarray, weights: np.ndarray
+                      ) -> dict[str, Any]:
+        assert self.components is not None
         M, P = self.components.shape
         if theta.dtype != np.float64 or theta.shape != (M, P):
             raise ReplyError(f"'components' must be float64 of shape ({M}, {P}), got "
