@@ -44,12 +44,7 @@ class OFMTLClient(MochaClient):
         lam = config_value(config, "lambda", float)
         if step < 0 or inner < 0:
             raise ValueError("step and inner-rounds must be >= 0")
-        arrays = msg.content["arrays"] if "arrays" in msg.content else None
-        if arrays is None or "c" not in arrays:
-            raise ValueError("array 'c' missing")
-        c = np.asarray(from_array(arrays["c"]), dtype=np.float64)
-        if c.shape != (task.dim,) or not np.all(np.isfinite(c)):
-            raise ValueError(f"'c' must be finite of shape ({task.dim},), got {c.shape}")
+        c = self._vector(msg, "c", task.dim)
         alpha, state_ok = self._stored_alpha(context, task, step)
         fit = newcomer_fit(task.X, task.y, omega=omega, c=c, lam=lam, rounds=inner,
                            local_frac=config_value(config, "local-frac", float),
@@ -67,12 +62,7 @@ class OFMTLClient(MochaClient):
         """Test errors of the model ``w`` the server sends (no state is touched)."""
         task = self.local_task(context)
         config = self._check_task(msg, task)
-        arrays = msg.content["arrays"] if "arrays" in msg.content else None
-        if arrays is None or "w" not in arrays:
-            raise ValueError("array 'w' missing")
-        w = np.asarray(from_array(arrays["w"]), dtype=np.float64)
-        if w.shape != (task.dim,) or not np.all(np.isfinite(w)):
-            raise ValueError(f"'w' must be finite of shape ({task.dim},), got {w.shape}")
+        w = self._vector(msg, "w", task.dim)
         errors = classification_errors(task.X_test, task.y_test, w) if task.X_test.shape[0] else 0
         metrics = MetricRecord({"task-id": task.task_id,
                                 "round": config_value(config, "server-round", int),
@@ -89,6 +79,17 @@ class OFMTLClient(MochaClient):
             raise ValueError(f"message for task {config['task-id']} reached task "
                              f"{task.task_id}")
         return config
+
+    @staticmethod
+    def _vector(msg: Message, name: str, dim: int) -> np.ndarray:
+        """The message's array ``name``: finite, of shape ``(dim,)``, float64."""
+        arrays = msg.content["arrays"] if "arrays" in msg.content else None
+        if arrays is None or name not in arrays:
+            raise ValueError(f"array {name!r} missing")
+        v = np.asarray(from_array(arrays[name]), dtype=np.float64)
+        if v.shape != (dim,) or not np.all(np.isfinite(v)):
+            raise ValueError(f"{name!r} must be finite of shape ({dim},), got {v.shape}")
+        return v
 
     @staticmethod
     def _stored_alpha(context: Context, task: LocalTask, step: int
