@@ -24,6 +24,7 @@ a CSV of the rows and a plot (one panel per network).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,26 +69,51 @@ def problem(dataset: str) -> tuple[Any, list, float]:
     return data, tasks, optimum(tasks, LAM)
 
 
-def run(out_dir: Path, quick: bool = False, datasets: list[str] | None = None,
-        shuffles: int | None = None) -> dict[str, Any]:
-    """Run the experiment and write the outputs (see the module docstring)."""
+#: One curve of a figure: the row fields besides ``dataset`` (``method`` among them), the
+#: trajectory (``primal`` per round, ``steps`` per round and device) and further keyword
+#: arguments of :func:`~.optimization.network_curves`.
+Curve = tuple[dict[str, Any], dict[str, Any], dict[str, Any]]
+#: ``curves(dataset, data, tasks, p_star, rounds)``: a figure's curves on one dataset.
+CurvesFn = Callable[[str, Any, list, float, dict[str, int]], Iterable[Curve]]
+
+
+def run_figure(out_dir: Path, name: str, plot: Callable[[Any, dict[str, Any]], None],
+               quick: bool, datasets: list[str] | None, curves: CurvesFn) -> dict[str, Any]:
+    """Figures 1 and 2: on each dataset (:func:`settings`) its problem and P*
+    (:func:`problem`), the rows and summary of every curve ``curves`` yields (each on every
+    network, :func:`~.optimization.network_curves`; CoCoA's gap checks charged with the
+    tasks' sizes), written by :func:`~.optimization.write_curves`."""
     datasets, rounds = settings(datasets, quick)
     rows, optima, summary = [], {}, []
     for dataset in datasets:
         data, tasks, p_star = problem(dataset)
         optima[dataset] = p_star
-        traj = trajectories(tasks, rounds, seed=0)
-        for method, tr in traj.items():
+        for fields, tr, options in curves(dataset, data, tasks, p_star, rounds):
+            method = fields["method"]
             new_rows, new_summary = network_curves(
-                {"dataset": dataset, "method": method}, tr["primal"], tr["steps"], data.dim,
-                method, p_star, n=data.n_train if method == "cocoa" else None)
+                {"dataset": dataset, **fields}, tr["primal"], tr["steps"], data.dim, method,
+                p_star, n=data.n_train if method == "cocoa" else None, **options)
             rows.extend(new_rows)
             summary.extend(new_summary)
-        logger.info("%s: P* = %.6f; %s", dataset, p_star, ", ".join(
-            f"{m} {(tr['primal'][-1] - p_star) / p_star:.1e} after {len(tr['primal']) - 1} "
-            "rounds" for m, tr in traj.items()))
-    return write_curves(out_dir, NAME, plot, rows=rows, optima=optima, summary=summary,
+    return write_curves(out_dir, name, plot, rows=rows, optima=optima, summary=summary,
                         datasets=datasets, lam=LAM, rounds=rounds, quick=quick)
+
+
+def _curves(dataset: str, data: Any, tasks: list, p_star: float,
+            rounds: dict[str, int]) -> Iterator[Curve]:
+    """Every method's trajectory (Omega fixed, no heterogeneity); logs how far each got."""
+    traj = trajectories(tasks, rounds, seed=0)
+    for method, tr in traj.items():
+        yield {"method": method}, tr, {}
+    logger.info("%s: P* = %.6f; %s", dataset, p_star, ", ".join(
+        f"{m} {(tr['primal'][-1] - p_star) / p_star:.1e} after {len(tr['primal']) - 1} "
+        "rounds" for m, tr in traj.items()))
+
+
+def run(out_dir: Path, quick: bool = False, datasets: list[str] | None = None,
+        shuffles: int | None = None) -> dict[str, Any]:
+    """Run the experiment and write the outputs (see the module docstring)."""
+    return run_figure(out_dir, NAME, plot, quick, datasets, _curves)
 
 
 def plot(fig: Any, payload: dict[str, Any]) -> None:

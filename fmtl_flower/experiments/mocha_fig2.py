@@ -17,6 +17,7 @@ Otherwise as :mod:`.mocha_fig1` (Omega fixed, lambda = 1e-4, P* from per-task SV
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,9 @@ import numpy as np
 from ..centralized import fit_mocha
 from ..systems.heterogeneity import local_budgets
 from ..systems.timing import DEFAULT_CLOCK_RATE
-from .mocha_fig1 import LAM, METHODS, problem, settings, trajectories
+from .mocha_fig1 import LAM, METHODS, Curve, run_figure, trajectories
 from .mocha_fig1 import format_table as _format_table
-from .optimization import network_curves, plot_panels, write_curves
+from .optimization import plot_panels
 
 NAME = "mocha-fig2"
 LEVELS = ("low", "high")
@@ -41,32 +42,26 @@ def speed_factors(n: np.ndarray, level: str, rounds: int, seed: int) -> list[np.
             for r in range(1, rounds + 1)]
 
 
+def _curves(dataset: str, data: Any, tasks: list, p_star: float,
+            rounds: dict[str, int]) -> Iterator[Curve]:
+    """At each level: MOCHA with its budgets, the others' work at the devices' speeds."""
+    others = trajectories(tasks, rounds, seed=0)
+    for level in LEVELS:
+        mocha = fit_mocha(tasks, lam=LAM, rounds=rounds["mocha"], omega="identity",
+                          omega_every=0, sys_het=level, seed=0, record_every=1)
+        traj = {**others, "mocha": {"primal": [h["primal"] for h in mocha.history],
+                                    "steps": mocha.steps}}
+        for method, tr in traj.items():
+            factors = speed_factors(data.n_train, level, len(tr["steps"]), seed=0)
+            yield ({"method": method, "sys_het": level}, tr,
+                   {"clock_rate": [DEFAULT_CLOCK_RATE * f for f in factors]})
+    logger.info("%s: P* = %.6f", dataset, p_star)
+
+
 def run(out_dir: Path, quick: bool = False, datasets: list[str] | None = None,
         shuffles: int | None = None) -> dict[str, Any]:
     """Run the experiment and write the outputs (see the module docstring)."""
-    datasets, rounds = settings(datasets, quick)
-    rows, optima, summary = [], {}, []
-    for dataset in datasets:
-        data, tasks, p_star = problem(dataset)
-        optima[dataset] = p_star
-        others = trajectories(tasks, rounds, seed=0)
-        for level in LEVELS:
-            mocha = fit_mocha(tasks, lam=LAM, rounds=rounds["mocha"], omega="identity",
-                              omega_every=0, sys_het=level, seed=0, record_every=1)
-            traj = {**others, "mocha": {"primal": [h["primal"] for h in mocha.history],
-                                        "steps": mocha.steps}}
-            for method, tr in traj.items():
-                factors = speed_factors(data.n_train, level, len(tr["steps"]), seed=0)
-                new_rows, new_summary = network_curves(
-                    {"dataset": dataset, "method": method, "sys_het": level}, tr["primal"],
-                    tr["steps"], data.dim, method, p_star,
-                    n=data.n_train if method == "cocoa" else None,
-                    clock_rate=[DEFAULT_CLOCK_RATE * f for f in factors])
-                rows.extend(new_rows)
-                summary.extend(new_summary)
-        logger.info("%s: P* = %.6f", dataset, p_star)
-    return write_curves(out_dir, NAME, plot, rows=rows, optima=optima, summary=summary,
-                        datasets=datasets, lam=LAM, rounds=rounds, quick=quick)
+    return run_figure(out_dir, NAME, plot, quick, datasets, _curves)
 
 
 def plot(fig: Any, payload: dict[str, Any]) -> None:
