@@ -12,13 +12,16 @@ clashes with ``flwr_datasets.FederatedDataset``, still works for one release and
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
 import numpy as np
 
-__all__ = ["LoadedTasks", "MultiTaskDataset", "TaskCollection", "TaskData"]
+__all__ = ["LoadedTasks", "MultiTaskDataset", "TaskCollection", "TaskData", "TrainTestParts"]
+
+#: A design matrix's type: ``np.ndarray`` (dense) or ``scipy.sparse.csr_matrix``.
+XT = TypeVar("XT")
 
 #: Names kept for one release after a rename: old name -> new name.
 DEPRECATED_NAMES = {"FederatedDataset": "MultiTaskDataset"}
@@ -71,8 +74,67 @@ class LoadedTasks(NamedTuple):
     task_names: list[str]
 
 
+class TrainTestParts(Generic[XT]):
+    """What a task's train and test parts (``X_train``, ``y_train``, ``X_test``, ``y_test``)
+    give, dense (:class:`TaskData`) or sparse
+    (:class:`~fmtl_flower.data.sparse_federated.SparseTaskData`): the sizes, ``d``,
+    :meth:`arrays` and the shape checks of their ``__post_init__``."""
+
+    X_train: XT
+    y_train: np.ndarray
+    X_test: XT
+    y_test: np.ndarray
+
+    def _check_parts(self, check_X: Callable[[Any, str], Any],
+                     check_y: Callable[[np.ndarray, str], None] | None = None) -> None:
+        """Per part (train, then test): ``check_X(X, "X_part")``, ``y`` 1-D, as many rows
+        as ``X``, then ``check_y(y, "y_part")``; then train and test with the same ``d``.
+        ValueError naming the array."""
+        for part in ("train", "test"):
+            X = getattr(self, f"X_{part}")
+            y = getattr(self, f"y_{part}")
+            check_X(X, f"X_{part}")
+            if np.ndim(y) != 1:
+                raise ValueError(f"y_{part} must be 1-D, got shape {np.shape(y)}")
+            if np.shape(X)[0] != np.shape(y)[0]:
+                raise ValueError(
+                    f"X_{part} has {np.shape(X)[0]} rows but y_{part} has {np.shape(y)[0]}"
+                )
+            if check_y is not None:
+                check_y(y, f"y_{part}")
+        if np.shape(self.X_train)[1] != np.shape(self.X_test)[1]:
+            raise ValueError(
+                f"X_train has {np.shape(self.X_train)[1]} features but X_test has "
+                f"{np.shape(self.X_test)[1]}"
+            )
+
+    @property
+    def n_train(self) -> int:
+        """Number of training samples (rows)."""
+        return int(self.X_train.shape[0])
+
+    @property
+    def n_test(self) -> int:
+        """Number of test samples (may be 0)."""
+        return int(self.X_test.shape[0])
+
+    @property
+    def dim(self) -> int:
+        """Number of features ``d``."""
+        return int(self.X_train.shape[1])
+
+    def arrays(self) -> tuple[XT, np.ndarray, XT, np.ndarray]:
+        """Return ``(X_train, y_train, X_test, y_test)``."""
+        return self.X_train, self.y_train, self.X_test, self.y_test
+
+
+def _check_2d(X: Any, what: str) -> None:
+    if np.ndim(X) != 2:
+        raise ValueError(f"{what} must be 2-D, got shape {np.shape(X)}")
+
+
 @dataclass(frozen=True, eq=False)
-class TaskData:
+class TaskData(TrainTestParts[np.ndarray]):
     """Train and test data of one task.
 
     Parameters
@@ -99,41 +161,7 @@ class TaskData:
     y_test: np.ndarray
 
     def __post_init__(self) -> None:
-        for part in ("train", "test"):
-            X = getattr(self, f"X_{part}")
-            y = getattr(self, f"y_{part}")
-            if np.ndim(X) != 2:
-                raise ValueError(f"X_{part} must be 2-D, got shape {np.shape(X)}")
-            if np.ndim(y) != 1:
-                raise ValueError(f"y_{part} must be 1-D, got shape {np.shape(y)}")
-            if np.shape(X)[0] != np.shape(y)[0]:
-                raise ValueError(
-                    f"X_{part} has {np.shape(X)[0]} rows but y_{part} has {np.shape(y)[0]}"
-                )
-        if np.shape(self.X_train)[1] != np.shape(self.X_test)[1]:
-            raise ValueError(
-                f"X_train has {np.shape(self.X_train)[1]} features but X_test has "
-                f"{np.shape(self.X_test)[1]}"
-            )
-
-    @property
-    def n_train(self) -> int:
-        """Number of training samples."""
-        return int(self.X_train.shape[0])
-
-    @property
-    def n_test(self) -> int:
-        """Number of test samples (may be 0)."""
-        return int(self.X_test.shape[0])
-
-    @property
-    def dim(self) -> int:
-        """Number of features ``d``."""
-        return int(self.X_train.shape[1])
-
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Return ``(X_train, y_train, X_test, y_test)``."""
-        return self.X_train, self.y_train, self.X_test, self.y_test
+        self._check_parts(_check_2d)
 
 
 class TaskCollection:
@@ -198,6 +226,24 @@ class TaskCollection:
             )
         return self.tasks[int(t)]
 
+    def _store_tasks(self, task_type: type) -> None:
+        """Store ``tasks`` as a tuple (a frozen dataclass's ``__post_init__``): ValueError if
+        there are none or their ``d`` differ, TypeError for an entry not a ``task_type``."""
+        tasks = tuple(self.tasks)
+        object.__setattr__(self, "tasks", tasks)
+        if not tasks:
+            raise ValueError(f"dataset {self.name!r}: no tasks")
+        for t, task in enumerate(tasks):
+            if not isinstance(task, task_type):
+                raise TypeError(f"dataset {self.name!r}: task {t} is {type(task).__name__}, "
+                                f"not {task_type.__name__}")
+        d0 = tasks[0].dim
+        for t, task in enumerate(tasks):
+            if task.dim != d0:
+                raise ValueError(
+                    f"dataset {self.name!r}: task {t} has {task.dim} features but task 0 has {d0}"
+                )
+
     def _parts(self, part: str) -> tuple[tuple[Any, ...], tuple[np.ndarray, ...]]:
         """``(Xs, ys)``: every task's ``X_{part}`` and ``y_{part}`` (``part`` is ``"train"`` or
         ``"test"``), task 0 first, reading ``tasks`` once (a lazy dataset generates each task
@@ -232,21 +278,7 @@ class MultiTaskDataset(TaskCollection):
     tasks: tuple[TaskData, ...]
 
     def __post_init__(self) -> None:
-        tasks = tuple(self.tasks)
-        object.__setattr__(self, "tasks", tasks)
-        if not tasks:
-            raise ValueError(f"dataset {self.name!r}: no tasks")
-        for t, task in enumerate(tasks):
-            if not isinstance(task, TaskData):
-                raise TypeError(
-                    f"dataset {self.name!r}: task {t} is {type(task).__name__}, not TaskData"
-                )
-        d0 = tasks[0].dim
-        for t, task in enumerate(tasks):
-            if task.dim != d0:
-                raise ValueError(
-                    f"dataset {self.name!r}: task {t} has {task.dim} features but task 0 has {d0}"
-                )
+        self._store_tasks(TaskData)
 
     def pooled_train(self) -> tuple[np.ndarray, np.ndarray]:
         """Stack all tasks' training data (task 0 first).

@@ -70,7 +70,7 @@ import numpy as np
 from fmtl_flower._lazy import lazy_module
 
 from ..core.rng import TAG_SPARSE_GLOBAL, TAG_SPARSE_IID, TAG_SPARSE_TASK
-from .dataset import TaskCollection
+from .dataset import TaskCollection, TrainTestParts
 
 sp = lazy_module("scipy.sparse")  # loaded when a sparse dataset is built
 
@@ -121,8 +121,13 @@ def _check_csr(X: Any, what: str) -> sp.csr_matrix:
     return X
 
 
+def _check_pm1(y: np.ndarray, what: str) -> None:
+    if np.size(y) and not np.all(np.abs(np.asarray(y)) == 1.0):
+        raise ValueError(f"{what} must be in {{-1, +1}}")
+
+
 @dataclass(frozen=True, eq=False)
-class SparseTaskData:
+class SparseTaskData(TrainTestParts["sp.csr_matrix"]):  # a string: scipy stays unloaded
     """Train and test data of one node, with CSR design matrices.
 
     Parameters
@@ -150,44 +155,13 @@ class SparseTaskData:
     y_test: np.ndarray
 
     def __post_init__(self) -> None:
-        for part in ("train", "test"):
-            X = _check_csr(getattr(self, f"X_{part}"), f"X_{part}")
-            y = getattr(self, f"y_{part}")
-            if np.ndim(y) != 1:
-                raise ValueError(f"y_{part} must be 1-D, got shape {np.shape(y)}")
-            if X.shape[0] != np.shape(y)[0]:
-                raise ValueError(f"X_{part} has {X.shape[0]} rows but y_{part} has "
-                                 f"{np.shape(y)[0]}")
-            if np.size(y) and not np.all(np.abs(np.asarray(y)) == 1.0):
-                raise ValueError(f"y_{part} must be in {{-1, +1}}")
-        if self.X_train.shape[1] != self.X_test.shape[1]:
-            raise ValueError(f"X_train has {self.X_train.shape[1]} features but X_test has "
-                             f"{self.X_test.shape[1]}")
-
-    @property
-    def n_train(self) -> int:
-        """Number of training rows ``n_k``."""
-        return int(self.X_train.shape[0])
-
-    @property
-    def n_test(self) -> int:
-        """Number of test rows (may be 0)."""
-        return int(self.X_test.shape[0])
-
-    @property
-    def dim(self) -> int:
-        """Number of features ``d``."""
-        return int(self.X_train.shape[1])
+        self._check_parts(_check_csr, _check_pm1)
 
     @property
     def nbytes(self) -> int:
         """Bytes held by the arrays (CSR data, indices, indptr and labels)."""
         return sum(_csr_nbytes(X) for X in (self.X_train, self.X_test)) + int(
             self.y_train.nbytes + self.y_test.nbytes)
-
-    def arrays(self) -> tuple[sp.csr_matrix, np.ndarray, sp.csr_matrix, np.ndarray]:
-        """Return ``(X_train, y_train, X_test, y_test)``."""
-        return self.X_train, self.y_train, self.X_test, self.y_test
 
 
 def _csr_nbytes(X: sp.csr_matrix) -> int:
@@ -217,17 +191,7 @@ class SparseFederatedDataset(TaskCollection):
     params: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        tasks = tuple(self.tasks)
-        object.__setattr__(self, "tasks", tasks)
-        if not tasks:
-            raise ValueError(f"dataset {self.name!r}: no tasks")
-        for t, task in enumerate(tasks):
-            if not isinstance(task, SparseTaskData):
-                raise TypeError(f"dataset {self.name!r}: task {t} is {type(task).__name__}, "
-                                "not SparseTaskData")
-            if task.dim != tasks[0].dim:
-                raise ValueError(f"dataset {self.name!r}: task {t} has {task.dim} features "
-                                 f"but task 0 has {tasks[0].dim}")
+        self._store_tasks(SparseTaskData)
 
     @property
     def nbytes(self) -> int:
