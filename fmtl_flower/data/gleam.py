@@ -66,14 +66,14 @@ import logging
 import os
 import re
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from fmtl_flower.data.archive import FileTree, open_tree
 from fmtl_flower.data.dataset import LoadedTasks
 from fmtl_flower.data.download import locate_dataset
-from fmtl_flower.data.validation import check_same_dim, validate_task
+from fmtl_flower.data.validation import loaded_tasks
 
 __all__ = [
     "GLEAM_AXES",
@@ -419,7 +419,14 @@ def _load_tree(tree: FileTree, **options: object) -> LoadedTasks:
             f"columns {', '.join(_SENSOR_COLS)}; and an annotation CSV: "
             f"{', '.join(_ANNOTATION_COLS)})"
         )
-    Xs, ys, names = [], [], []
+    return loaded_tasks(_participant_tasks(tree, participants, options), name=tree.label,
+                        empty="no participant has a usable window")
+
+
+def _participant_tasks(tree: FileTree, participants: list[tuple[str, str, str, str]],
+                       options: dict[str, object]) -> Iterator[tuple]:
+    """Every participant with a usable window, in order: ``(X, y, where, name)`` as
+    :func:`loaded_tasks` reads them (the others skipped with a warning)."""
     for directory, label, sf, af in sorted(participants, key=lambda p: _participant_key(p[0])):
         streams = _parse_sensor(tree.read_text(sf), tree.where(sf))
         intervals = _parse_annotation(tree.read_text(af), tree.where(af))
@@ -431,14 +438,7 @@ def _load_tree(tree: FileTree, **options: object) -> LoadedTasks:
         if X.shape[0] == 0:
             log.warning("%s: participant skipped (no usable window)", label)
             continue
-        Xt, yt = validate_task(X, y, labels="pm1", name=label)
-        Xs.append(Xt)
-        ys.append(yt)
-        names.append(directory.rsplit("/", 1)[-1] if directory else "participant")
-    if not Xs:
-        raise ValueError(f"{tree.label}: no participant has a usable window")
-    check_same_dim(Xs, name=tree.label)
-    return LoadedTasks(Xs, ys, names)
+        yield X, y, label, directory.rsplit("/", 1)[-1] if directory else "participant"
 
 
 def load_gleam_tasks(

@@ -38,7 +38,7 @@ from fmtl_flower.data.archive import FileTree, open_tree
 from fmtl_flower.data.dataset import LoadedTasks
 from fmtl_flower.data.download import locate_dataset
 from fmtl_flower.data.textfiles import parse_int_column, parse_table
-from fmtl_flower.data.validation import check_same_dim, validate_task
+from fmtl_flower.data.validation import loaded_tasks
 
 __all__ = ["HAR_NUM_FEATURES", "HAR_SITTING", "load_har_tasks"]
 
@@ -119,18 +119,14 @@ def _load_tree(tree: FileTree) -> LoadedTasks:
     X = np.vstack([p[0] for p in parts])
     y = np.concatenate([p[1] for p in parts])
     s = np.concatenate([p[2] for p in parts])
-    Xs, ys, names = [], [], []
-    for subject in np.unique(s):
-        rows = s == subject
-        label = np.where(y[rows] == sitting, 1.0, -1.0)
-        Xt, yt = validate_task(
-            X[rows], label, labels="pm1", name=f"{tree.label}: subject {subject}"
-        )
-        Xs.append(Xt)
-        ys.append(yt)
-        names.append(f"subject {subject}")
-    check_same_dim(Xs, name=tree.label)
-    return LoadedTasks(Xs, ys, names)
+
+    def subjects():
+        for subject in np.unique(s):
+            rows = s == subject
+            yield (X[rows], np.where(y[rows] == sitting, 1.0, -1.0),
+                   f"{tree.label}: subject {subject}", f"subject {subject}")
+
+    return loaded_tasks(subjects(), name=tree.label)
 
 
 def load_har_tasks(

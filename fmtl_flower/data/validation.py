@@ -14,12 +14,14 @@ Errors are ``ValueError`` and always start with the ``name`` given by the caller
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["LABEL_SETS", "check_same_dim", "node_task_id", "validate_task"]
+from .dataset import LoadedTasks
+
+__all__ = ["LABEL_SETS", "check_same_dim", "loaded_tasks", "node_task_id", "validate_task"]
 
 #: Accepted label conventions and their allowed values.
 LABEL_SETS: dict[str, tuple[float, float]] = {"pm1": (-1.0, 1.0), "01": (0.0, 1.0)}
@@ -175,6 +177,37 @@ def check_same_dim(tasks: Sequence[Any], *, name: str = "dataset") -> int:
                 "all tasks must share the same feature dimension"
             )
     return d0
+
+
+def loaded_tasks(tasks: Iterable[tuple[Any, Any, str, str]], *, name: str,
+                 empty: str | None = None) -> LoadedTasks:
+    """The tasks a paper dataset's reader yields, validated: what its loader returns.
+
+    Parameters
+    ----------
+    tasks : iterable of (X, y, where, task_name)
+        Each task's arrays (labels in ``{-1, +1}``), checked by :func:`validate_task` with
+        ``name=where`` as they come, and what it is in the source.
+    name : str
+        Identifies the dataset in error messages (:func:`check_same_dim`).
+    empty : str, optional
+        If given, the ValueError ``"{name}: {empty}"`` when ``tasks`` yields none (else
+        :func:`check_same_dim`'s).
+
+    Returns
+    -------
+    LoadedTasks
+    """
+    Xs, ys, names = [], [], []
+    for X, y, where, task_name in tasks:
+        Xt, yt = validate_task(X, y, labels="pm1", name=where)
+        Xs.append(Xt)
+        ys.append(yt)
+        names.append(task_name)
+    if empty is not None and not Xs:
+        raise ValueError(f"{name}: {empty}")
+    check_same_dim(Xs, name=name)
+    return LoadedTasks(Xs, ys, names)
 
 
 def node_task_id(node_config: Any, missing: str) -> int:

@@ -39,6 +39,7 @@ from __future__ import annotations
 import os
 import re
 from collections import defaultdict
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -46,7 +47,7 @@ from fmtl_flower.data.archive import FileTree, open_tree
 from fmtl_flower.data.dataset import LoadedTasks
 from fmtl_flower.data.download import locate_dataset
 from fmtl_flower.data.textfiles import parse_table
-from fmtl_flower.data.validation import check_same_dim, validate_task
+from fmtl_flower.data.validation import loaded_tasks
 
 __all__ = [
     "VEHICLE_FEATURE_FILE",
@@ -107,8 +108,13 @@ def _load_tree(tree: FileTree, feature_file: str) -> LoadedTasks:
             f"{tree.label}: no Vehicle feature files found; expected <run>/n<NN>/{feature_file} "
             f"(e.g. AAV3/n1/{example}) with run AAV<k> or DW<k>; see fmtl_flower.data.vehicle"
         )
+    return loaded_tasks(_node_tasks(tree, feature_file, nodes), name=tree.label,
+                        empty="the Vehicle feature files hold no rows")
+
+
+def _node_tasks(tree: FileTree, feature_file: str, nodes: dict) -> Iterator[tuple]:
+    """Every node with rows: ``(X, y, where, name)`` as :func:`loaded_tasks` reads them."""
     d = VEHICLE_FEATURES_PER_MODALITY
-    Xs, ys, names = [], [], []
     for node in sorted(nodes):
         blocks, labels = [], []
         for run in sorted(nodes[node], key=_run_key):
@@ -133,16 +139,7 @@ def _load_tree(tree: FileTree, feature_file: str) -> LoadedTasks:
         X = np.vstack(blocks)
         if X.shape[0] == 0:
             continue
-        Xt, yt = validate_task(
-            X, np.concatenate(labels), labels="pm1", name=f"{tree.label}: n{node}"
-        )
-        Xs.append(Xt)
-        ys.append(yt)
-        names.append(f"n{node}")
-    if not Xs:
-        raise ValueError(f"{tree.label}: the Vehicle feature files hold no rows")
-    check_same_dim(Xs, name=tree.label)
-    return LoadedTasks(Xs, ys, names)
+        yield X, np.concatenate(labels), f"{tree.label}: n{node}", f"n{node}"
 
 
 def load_vehicle_tasks(
