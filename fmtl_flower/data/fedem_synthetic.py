@@ -45,6 +45,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .arguments import takes_arguments_of
+
 __all__ = [
     "FEDEM_GENERATORS",
     "FedEMSynthetic",
@@ -355,17 +357,8 @@ def iter_fedem_synthetic(
     return FedEMSyntheticStream(sizes, weights, components, tasks)
 
 
-def make_fedem_synthetic(
-    num_tasks: int = 300,
-    *,
-    num_components: int = 3,
-    dim: int = 150,
-    noise_level: float = 0.1,
-    n_test: int = 5000,
-    alpha: float = 0.4,
-    seed: int = 12345,
-    generator: str = "released",
-) -> FedEMSynthetic:
+@takes_arguments_of(iter_fedem_synthetic)
+def make_fedem_synthetic(**arguments: Any) -> FedEMSynthetic:
     """Generate FedEM's synthetic mixture dataset (the defaults are the paper's settings).
 
     Parameters
@@ -404,21 +397,12 @@ def make_fedem_synthetic(
         Naming the argument, if an argument has the wrong type or is out of range, or if
         ``generator`` is not one of :data:`FEDEM_GENERATORS`.
     """
-    stream = iter_fedem_synthetic(
-        num_tasks,
-        num_components=num_components,
-        dim=dim,
-        noise_level=noise_level,
-        n_test=n_test,
-        alpha=alpha,
-        seed=seed,
-        generator=generator,
-    )
+    stream = iter_fedem_synthetic(**arguments)
     tasks = [(task.train.X, task.train.y, task.test.X, task.test.y) for task in stream.tasks]
     return FedEMSynthetic(
         tasks=tasks,
         mixture_weights=stream.mixture_weights,
         components=stream.components,
-        generator=generator,
-        seed=int(seed),
+        generator=arguments["generator"],
+        seed=int(arguments["seed"]),
     )

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fmtl_flower.data.arguments import takes_arguments_of
 from fmtl_flower.data.dataset import LoadedTasks, MultiTaskDataset, TaskData, _freeze_task
 from fmtl_flower.data.download import locate_dataset
 from fmtl_flower.data.fedem_synthetic import _check_generator, make_fedem_synthetic
@@ -586,22 +587,8 @@ def _load_cached(req: _Request) -> MultiTaskDataset | SparseFederatedDataset:
     return _freeze(_load(req))
 
 
-def load_dataset_cached(
-    name_or_path: str | os.PathLike[str] = SYNTHETIC,
-    *,
-    seed: int = 0,
-    test_frac: float = 0.25,
-    num_tasks: int | None = None,
-    dim: int | None = None,
-    samples_per_task: int | None = None,
-    skew: float | None = None,
-    data_path: str | os.PathLike[str] | None = None,
-    download: bool = False,
-    generator: str | None = None,
-    n_test: int | None = None,
-    iid: bool | None = None,
-    lazy: bool | None = None,
-) -> MultiTaskDataset | SparseFederatedDataset:
+@takes_arguments_of(load_dataset)
+def load_dataset_cached(**arguments: Any) -> MultiTaskDataset | SparseFederatedDataset:
     """Like :func:`load_dataset`, but memoised in-process, with read-only arrays.
 
     The last 8 distinct argument combinations are kept (LRU); a repeated call returns the
@@ -633,9 +620,7 @@ def load_dataset_cached(
     ValueError, FileNotFoundError
         As for :func:`load_dataset` (errors are not cached).
     """
-    return _load_cached(_Request(name_or_path, seed, test_frac, num_tasks, dim,
-                                 samples_per_task, skew, data_path, download, generator, n_test,
-                                 iid, lazy).checked().cache_key())
+    return _load_cached(_Request(**arguments).checked().cache_key())
 
 
 def clear_dataset_cache() -> None:

@@ -33,6 +33,8 @@ import numpy as np
 
 from fmtl_flower.core.rng import TAG_SYNTHETIC_CENTRES, TAG_SYNTHETIC_TASK
 
+from .arguments import takes_arguments_of
+
 __all__ = ["SyntheticSource", "make_synthetic_tasks", "synthetic_source"]
 
 _CENTRE_TAG = TAG_SYNTHETIC_CENTRES
@@ -74,62 +76,6 @@ def _cluster_centres(num_clusters: int, dim: int, seed: int) -> np.ndarray:
         U -= U.mean(axis=0, keepdims=True)
     norms = np.linalg.norm(U, axis=1, keepdims=True)
     return U / np.maximum(norms, np.finfo(np.float64).tiny)
-
-
-def make_synthetic_tasks(
-    num_tasks: int = 30,
-    dim: int = 20,
-    samples_per_task: int = 60,
-    num_clusters: int = 3,
-    task_noise: float = 0.3,
-    label_noise: float = 0.05,
-    seed: int = 0,
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Generate clustered linear classification tasks.
-
-    Parameters
-    ----------
-    num_tasks : int, default 30
-        Number of tasks ``m`` (positive).
-    dim : int, default 20
-        Number of features ``d`` (positive).
-    samples_per_task : int, default 60
-        Median number of samples per task (positive); actual ``n_t`` are log-normal around it,
-        clipped to ``[max(10, samples_per_task // 4), 4 * samples_per_task]``.
-    num_clusters : int, default 3
-        Number of task clusters (positive); task ``t`` is in cluster ``t mod num_clusters``.
-    task_noise : float, default 0.3
-        Spread of the tasks around their cluster's unit-norm centre (finite, >= 0): the
-        deviation is ``task_noise`` times a Gaussian vector with unit expected norm, so
-        ``w_t`` is about ``atan(task_noise)`` away from its centre (17 degrees for 0.3).
-    label_noise : float, default 0.05
-        Fraction of each task's labels that are flipped (``round(label_noise * n_t)``
-        labels), in [0, 0.5).
-    seed : int, default 0
-        Non-negative seed; the output is a deterministic function of all arguments.
-
-    Returns
-    -------
-    Xs : list of np.ndarray
-        Per-task float64 design matrices with ``N(0, I_d)`` rows, each ``(n_t, d)``.
-    ys : list of np.ndarray
-        Per-task float64 labels in ``{-1, +1}``, each ``(n_t,)``; every task has both labels.
-
-    Raises
-    ------
-    ValueError
-        Naming the argument, if an argument is out of range.
-    """
-    source = synthetic_source(
-        num_tasks,
-        dim=dim,
-        samples_per_task=samples_per_task,
-        num_clusters=num_clusters,
-        task_noise=task_noise,
-        label_noise=label_noise,
-        seed=seed,
-    )
-    return source.draw_all()
 
 
 @dataclass(frozen=True, eq=False)
@@ -233,3 +179,43 @@ def synthetic_source(
     return SyntheticSource(
         num_tasks, dim, samples_per_task, num_clusters, task_noise, label_noise, seed, centres
     )
+
+
+@takes_arguments_of(synthetic_source)
+def make_synthetic_tasks(**arguments: Any) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Generate clustered linear classification tasks.
+
+    Parameters
+    ----------
+    num_tasks : int, default 30
+        Number of tasks ``m`` (positive).
+    dim : int, default 20
+        Number of features ``d`` (positive).
+    samples_per_task : int, default 60
+        Median number of samples per task (positive); actual ``n_t`` are log-normal around it,
+        clipped to ``[max(10, samples_per_task // 4), 4 * samples_per_task]``.
+    num_clusters : int, default 3
+        Number of task clusters (positive); task ``t`` is in cluster ``t mod num_clusters``.
+    task_noise : float, default 0.3
+        Spread of the tasks around their cluster's unit-norm centre (finite, >= 0): the
+        deviation is ``task_noise`` times a Gaussian vector with unit expected norm, so
+        ``w_t`` is about ``atan(task_noise)`` away from its centre (17 degrees for 0.3).
+    label_noise : float, default 0.05
+        Fraction of each task's labels that are flipped (``round(label_noise * n_t)``
+        labels), in [0, 0.5).
+    seed : int, default 0
+        Non-negative seed; the output is a deterministic function of all arguments.
+
+    Returns
+    -------
+    Xs : list of np.ndarray
+        Per-task float64 design matrices with ``N(0, I_d)`` rows, each ``(n_t, d)``.
+    ys : list of np.ndarray
+        Per-task float64 labels in ``{-1, +1}``, each ``(n_t,)``; every task has both labels.
+
+    Raises
+    ------
+    ValueError
+        Naming the argument, if an argument is out of range.
+    """
+    return synthetic_source(**arguments).draw_all()
