@@ -67,9 +67,11 @@ Use it to compare with the paper's figures.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -296,6 +298,18 @@ def round_time(
     return slowest if clock_cycle is None else min(float(clock_cycle), slowest)
 
 
+def _node_options(caller: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` given to ``caller`` as :func:`node_times`'s keyword arguments, with its
+    defaults for the others (its signature is their one definition); TypeError for a key it
+    does not take."""
+    defaults = {p.name: p.default for p in inspect.signature(node_times).parameters.values()
+                if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    for key in options:
+        if key not in defaults:
+            raise TypeError(f"{caller}() got an unexpected keyword argument {key!r}")
+    return {**defaults, **options}
+
+
 def _check_deadline(clock_cycle):
     if not (math.isfinite(clock_cycle) and clock_cycle > 0):
         raise ValueError(f"clock_cycle must be a finite number of seconds > 0, got {clock_cycle}")
@@ -309,13 +323,7 @@ def steps_within_deadline(
     *,
     num_nodes: int | None = None,
     budgets: np.ndarray | None = None,
-    clock_rate: float | np.ndarray = DEFAULT_CLOCK_RATE,
-    n=None,
-    check_every=None,
-    floats_down: float | None = None,
-    floats_up: float | None = None,
-    bytes_per_float: int = BYTES_PER_FLOAT,
-    model: str = "physical",
+    **options: Any,
 ) -> np.ndarray:
     """The most local steps each node can do and still reply by the deadline.
 
@@ -329,19 +337,23 @@ def steps_within_deadline(
     ----------
     clock_cycle : float
         Deadline in seconds (> 0).
-    dim, method, network, clock_rate, n, check_every, floats_down, floats_up,
-    bytes_per_float, model
+    dim, method, network
         As for :func:`node_times`.
     num_nodes : int, optional
         Number of nodes k (or taken from ``budgets`` / per-node arrays).
     budgets : array_like of shape (k,), optional
         Work each node would do without a deadline; the result never exceeds it.
+    **options
+        :func:`node_times`'s keyword arguments (``clock_rate``, ``n``, ``check_every``,
+        ``floats_down``, ``floats_up``, ``bytes_per_float``, ``model``), same defaults.
 
     Returns
     -------
     ndarray of shape (k,), int64
     """
     _check_deadline(clock_cycle)
+    o = _node_options("steps_within_deadline", options)
+    clock_rate, n = o["clock_rate"], o["n"]
     a, b, c = _method(method)
     d = _dim(dim)
     k = num_nodes
@@ -353,10 +365,11 @@ def steps_within_deadline(
     if k is None:
         raise ValueError("give num_nodes, budgets, or per-node clock_rate / n / network")
     rate = _per_node(clock_rate, k, "clock_rate")
-    comm = _comm(network, k, d, floats_down, floats_up, model, bytes_per_float)
+    comm = _comm(network, k, d, o["floats_down"], o["floats_up"], o["model"],
+                 o["bytes_per_float"])
     avail = (clock_cycle - comm) * rate - c * d
     per_step = np.full(k, float(a * d + b))
-    n_arr, ce = _cocoa_args(method, k, n, check_every)
+    n_arr, ce = _cocoa_args(method, k, n, o["check_every"])
     if n_arr is not None:
         check = n_arr * (_CHECK[0] * d + _CHECK[1])
         avail = avail - 2.0 * check

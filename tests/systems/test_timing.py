@@ -124,3 +124,17 @@ def test_errors():
         steps_within_deadline(1.0, 5, "mocha", "lte")
     with pytest.raises(ValueError, match="budgets"):
         steps_within_deadline(1.0, 5, "mocha", "lte", budgets=np.array([-1, 2]))
+
+
+def test_steps_within_deadline_takes_node_times_options():
+    """Its per-node options are node_times's keyword arguments, with their defaults."""
+    rates = np.array([1e6, 2e6])
+    explicit = steps_within_deadline(0.5, 20, "cocoa", "lte", clock_rate=rates, n=[40, 50],
+                                     check_every=None, floats_down=20, floats_up=20,
+                                     bytes_per_float=8, model="physical")
+    np.testing.assert_array_equal(
+        explicit, steps_within_deadline(0.5, 20, "cocoa", "lte", clock_rate=rates, n=[40, 50]))
+    fits = node_times(explicit, 20, "cocoa", "lte", clock_rate=rates, n=[40, 50])
+    assert np.all(fits <= 0.5)
+    with pytest.raises(TypeError, match="steps_within_deadline.*'clock_rates'"):
+        steps_within_deadline(0.5, 20, "mocha", "lte", clock_rates=rates)
