@@ -705,9 +705,10 @@ class Mocha(TaskStrategy):
             if delta.dtype != np.float64 or delta.shape != (self.state.dim,):
                 raise ReplyError(f"'delta-b' must be float64 of shape ({self.state.dim},), "
                                  f"got {delta.dtype} {delta.shape}")
-            if not np.all(np.isfinite(delta)):
+            size = norm(delta)  # finite: so is every value (else look at each)
+            if not math.isfinite(size) and not np.all(np.isfinite(delta)):
                 raise ReplyError("'delta-b' has non-finite values")
-            self._check_delta(task, delta)
+            self._check_delta(task, size)
             out["delta-b"] = delta
         return out
 
@@ -717,8 +718,9 @@ class Mocha(TaskStrategy):
             return self.max_row_norm
         return float(self.directory.row_norm[task])
 
-    def _check_delta(self, task: int, delta: np.ndarray) -> None:
-        """The bounds of a feasible dual step (module docstring); ReplyError if broken."""
+    def _check_delta(self, task: int, size: float) -> None:
+        """The bounds of a feasible dual step (module docstring) on ``size`` = |delta-b|;
+        ReplyError if broken."""
         assert self.state is not None
         bound = self._row_norm(task)
         if math.isnan(bound):
@@ -726,7 +728,7 @@ class Mocha(TaskStrategy):
                              "configures none (max-row-norm): delta-b cannot be bounded")
         n = int(self.n_train[task])
         budget = 0 if self._dropped_now[task] else int(self._budgets[task])
-        check_bound("|delta-b|", norm(delta), bound * min(budget, n) / n,
+        check_bound("|delta-b|", size, bound * min(budget, n) / n,
                     "max-row-norm %g x min(budget %d, n-train %d) / n-train", bound, budget, n)
 
     # ------------------------------------------------------------------ records
