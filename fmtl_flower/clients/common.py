@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import ConfigRecord, Context
+from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from ..checkpoint import state_file_path
+from ..core.hinge import classification_errors
 from ..data.validation import node_task_id
+from ..wire import from_array
 
 DataLoader = Callable[[Context], tuple[np.ndarray, ...]]
 TaskIdFn = Callable[[Context], int]
@@ -40,7 +42,38 @@ class LocalTask:
         return self.X.shape[1]
 
 
-def config_value(config: ConfigRecord, key: str, kind: type) -> Any:
+def read_instruction(msg: Message, task: LocalTask, name: str
+                     ) -> tuple[dict[str, Any], np.ndarray]:
+    """A MOCHA or Mb-SGD instruction to ``task``'s node: its ``config`` values (a plain dict,
+    read once; each key is checked where it is used, :func:`config_value`) and its model
+    ``w`` (finite float64 of the task's dimension); ValueError naming what is wrong."""
+    content = msg.content
+    if "config" not in content or "arrays" not in content:
+        raise ValueError(f"{name} message needs 'config' and 'arrays' records")
+    config = dict(content["config"].items())
+    tid = config_value(config, "task-id", int)
+    if tid != task.task_id:
+        raise ValueError(f"message for task {tid} reached the node of task {task.task_id}")
+    arrays = content["arrays"]
+    if "w" not in arrays:
+        raise ValueError(f"{name} message lacks array 'w'")
+    w = from_array(arrays["w"])
+    if w.dtype != np.float64 or w.shape != (task.dim,) or not np.all(np.isfinite(w)):
+        raise ValueError(f"'w' must be finite float64 of shape ({task.dim},), "
+                         f"got {w.dtype} {w.shape}")
+    return config, w
+
+
+def eval_metrics(task: LocalTask, w: np.ndarray, config: Mapping[str, Any]) -> dict[str, int]:
+    """``test-errors`` and ``test-n`` of ``w`` on the task's test data when the instruction
+    says ``eval``; nothing otherwise."""
+    if "eval" in config and config_value(config, "eval", bool):
+        return {"test-errors": classification_errors(task.X_test, task.y_test, w),
+                "test-n": int(task.X_test.shape[0])}
+    return {}
+
+
+def config_value(config: Mapping[str, Any], key: str, kind: type) -> Any:
     """``config[key]`` checked to be of ``kind`` (int, float, str or bool; no bool for numbers)."""
     if key not in config:
         raise ValueError(f"message config lacks {key!r}")
@@ -107,7 +140,7 @@ def use_kernel_cache(context: Context, default_dir: str | None = None) -> None:
         jit.use_cache_dir(directory / "numba-cache")
 
 
-def protocol_rounds(config: ConfigRecord) -> tuple[int, int]:
+def protocol_rounds(config: Mapping[str, Any]) -> tuple[int, int]:
     """``(last-accepted-round, checkpoint-round or -1)`` of a dual-protocol message, checked
     against ``server-round``."""
     last_accepted = config_value(config, "last-accepted-round", int)

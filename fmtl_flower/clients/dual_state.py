@@ -20,10 +20,10 @@ alpha = 0 and the server resets b_t, as for a lagging state. A message with L = 
 holds nothing of the task: a new run reusing a ``client-state-dir``, or a task the server
 reset) starts clean without counting as a reset.
 
-Functions over numpy arrays and plain dicts; the handlers keep the result in
+Functions over numpy arrays and plain dicts; :class:`DualStore` keeps the result in
 ``context.state`` and, with a ``client-state-dir``, in a state file
 (:mod:`fmtl_flower.checkpoint`), which :func:`load_into_context` reads back into an empty
-``context.state``.
+``context.state`` (MOCHA's and CoCoA+'s handlers each hold one).
 """
 
 from __future__ import annotations
@@ -40,10 +40,11 @@ from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.common.logger import log
 
 from ..checkpoint import CheckpointError, read_state_file, write_state_file
-from ..wire import to_array
+from ..wire import array_record, config_record, from_array, to_array
+from .common import protocol_rounds, state_file_for
 
-__all__ = ["DualState", "data_fingerprint", "encode", "load_into_context", "log_reconciled",
-           "read_dual_file", "reconcile", "write_dual_file"]
+__all__ = ["DualState", "DualStore", "data_fingerprint", "encode", "load_into_context",
+           "log_reconciled", "read_dual_file", "reconcile", "write_dual_file"]
 
 META_KEYS = ("task-id", "committed-round", "pending-round", "stable-round")
 
@@ -184,3 +185,92 @@ def load_into_context(context: Context, path: Path | None, keys: tuple[str, str]
     if stored is not None:
         context.state[keys[0]] = ArrayRecord({"duals": to_array(stored[0])})
         context.state[keys[1]] = ConfigRecord(stored[1])
+
+
+class DualStore:
+    """A device's dual state in ``context.state`` (records ``<prefix>.arrays``: ``duals``,
+    and ``<prefix>.meta``) and, with a ``client-state-dir``, in its state file
+    ``<dir>/<prefix>-task-<id>.npz``; the protocol applied by :meth:`reconcile`.
+
+    Parameters
+    ----------
+    prefix : str
+        ``"mocha"`` or ``"cocoa-plus"``: the records' and the state file's names.
+    name : str
+        The method named in log lines (``"MOCHA"``, ``"CoCoA+"``).
+    state_dir : str, optional
+        The default ``client-state-dir`` (None: the node's or run's config, else none).
+    """
+
+    def __init__(self, prefix: str, name: str, state_dir: str | None = None) -> None:
+        self.prefix, self.name, self.state_dir = prefix, name, state_dir
+        self.arrays_key, self.meta_key = f"{prefix}.arrays", f"{prefix}.meta"
+        # Decoded duals by node: (record written, its Array, that Array's bytes, decoded).
+        # Used only while context.state still holds those very objects (in-process engines);
+        # any replacement of the record, the Array or its bytes falls back to decoding.
+        self._decoded: dict[tuple[int, int], tuple[ArrayRecord, Any, bytes, np.ndarray]] = {}
+
+    def reconcile(self, context: Context, task_id: int, n: int, fingerprint: str,
+                  config: Mapping[str, Any]) -> DualState:
+        """The protocol over the stored state (read from the state file when
+        ``context.state`` holds none) and the message's rounds; logs a state not resumed."""
+        last_accepted, checkpoint_round = protocol_rounds(config)
+        stored = context.state
+        if self.meta_key not in stored:
+            load_into_context(context, self._file(context, task_id),
+                              (self.arrays_key, self.meta_key), task_id, n, self.name)
+        duals = meta = None
+        if self.meta_key in stored and self.arrays_key in stored:
+            meta = dict(stored[self.meta_key].items())
+            duals = self._stored_duals(context, stored[self.arrays_key])
+        state = reconcile(duals, meta, task_id=task_id, n=n, last_accepted=last_accepted,
+                          checkpoint_round=checkpoint_round, fingerprint=fingerprint)
+        log_reconciled(self.name, task_id, state, last_accepted)
+        return state
+
+    def write(self, context: Context, task_id: int, fingerprint: str, state: DualState,
+              pending: np.ndarray | None, pending_round: int) -> None:
+        """Keep the reconciled state and this message's change ``pending`` (of round
+        ``pending_round``). The records written by the previous message are updated in place
+        (only the meta entries that changed; the arrays record holds ``duals`` alone); other
+        contents are replaced whole."""
+        duals, meta = encode(state, task_id, pending, pending_round, fingerprint)
+        duals.setflags(write=False)
+        stored = context.state
+        record = stored[self.arrays_key] if self.arrays_key in stored else None
+        if type(record) is ArrayRecord and list(record.keys()) == ["duals"]:
+            array = to_array(duals)
+            record["duals"] = array
+        else:
+            record = array_record({"duals": duals})
+            array = record["duals"]
+            stored[self.arrays_key] = record
+        old = stored[self.meta_key] if self.meta_key in stored else None
+        values = dict(old.items()) if type(old) is ConfigRecord else None
+        if old is not None and values is not None and values.keys() == meta.keys():
+            for key, value in meta.items():
+                if values[key] != value or type(values[key]) is not type(value):
+                    old[key] = value
+        else:
+            stored[self.meta_key] = config_record(meta)
+        if len(self._decoded) > 4096:
+            self._decoded.clear()
+        self._decoded[(int(context.run_id), int(context.node_id))] = (record, array,
+                                                                      array.data, duals)
+        path = self._file(context, task_id)
+        if path is not None:
+            write_dual_file(path, duals, meta)
+
+    def _stored_duals(self, context: Context, record: Any) -> np.ndarray | None:
+        if not isinstance(record, ArrayRecord) or "duals" not in record:
+            return None
+        array = record["duals"]
+        cached = self._decoded.get((int(context.run_id), int(context.node_id)))
+        if (cached is not None and cached[0] is record and cached[1] is array
+                and cached[2] is array.data):
+            return cached[3]
+        duals = from_array(array)
+        return duals if duals.dtype == np.float64 else None
+
+    def _file(self, context: Context, task_id: int) -> Path | None:
+        return state_file_for(context, self.prefix, task_id, self.state_dir)

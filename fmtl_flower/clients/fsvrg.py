@@ -65,19 +65,9 @@ from .common import (
     TaskIdFn,
     config_value,
     default_task_id,
-    protocol_rounds,
-    state_file_for,
     use_kernel_cache,
 )
-from .dual_state import (
-    DualState,
-    data_fingerprint,
-    encode,
-    load_into_context,
-    log_reconciled,
-    reconcile,
-    write_dual_file,
-)
+from .dual_state import DualState, DualStore, data_fingerprint
 
 __all__ = ["COCOA_STATE_ARRAYS", "COCOA_STATE_META", "FsvrgClient", "SparseLocalTask",
            "make_fsvrg_client_app"]
@@ -146,6 +136,7 @@ class FsvrgClient:
         self.load_data = load_data
         self.task_id = task_id or default_task_id
         self._cache: dict[tuple[int, int], SparseLocalTask] = {}
+        self._duals = DualStore("cocoa-plus", "CoCoA+", self.state_dir)
 
     # -- data -------------------------------------------------------------------------------
     def local_task(self, context: Context) -> SparseLocalTask:
@@ -295,36 +286,12 @@ class FsvrgClient:
     # -- CoCoA+'s dual state (the protocol of fmtl_flower.clients.dual_state) -----------------
     def _reconcile(self, context: Context, task: SparseLocalTask,
                    config: ConfigRecord) -> DualState:
-        last_accepted, checkpoint_round = protocol_rounds(config)
-        if COCOA_STATE_META not in context.state:
-            self._load_duals(context, task)
-        duals = meta = None
-        if COCOA_STATE_META in context.state and COCOA_STATE_ARRAYS in context.state:
-            meta = dict(context.state[COCOA_STATE_META])
-            arrays = context.state[COCOA_STATE_ARRAYS]
-            duals = from_array(arrays["duals"]) if "duals" in arrays else None
-            if duals is not None and duals.dtype != np.float64:
-                duals = None
-        state = reconcile(duals, meta, task_id=task.task_id, n=task.n,
-                          last_accepted=last_accepted, checkpoint_round=checkpoint_round,
-                          fingerprint=task.fingerprint)
-        log_reconciled("CoCoA+", task.task_id, state, last_accepted)
-        return state
+        return self._duals.reconcile(context, task.task_id, task.n, task.fingerprint, config)
 
     def _write_duals(self, context: Context, task: SparseLocalTask, state: DualState,
                      pending: np.ndarray | None, pending_round: int) -> None:
-        duals, meta = encode(state, task.task_id, pending, pending_round, task.fingerprint)
-        context.state[COCOA_STATE_ARRAYS] = ArrayRecord({"duals": to_array(duals)})
-        context.state[COCOA_STATE_META] = ConfigRecord(meta)
-        path = state_file_for(context, "cocoa-plus", task.task_id, self.state_dir)
-        if path is not None:
-            write_dual_file(path, duals, meta)
-
-    def _load_duals(self, context: Context, task: SparseLocalTask) -> None:
-        load_into_context(context, state_file_for(context, "cocoa-plus", task.task_id,
-                                                  self.state_dir),
-                          (COCOA_STATE_ARRAYS, COCOA_STATE_META), task.task_id, task.n,
-                          "CoCoA+")
+        self._duals.write(context, task.task_id, task.fingerprint, state, pending,
+                          pending_round)
 
     # -- helpers ----------------------------------------------------------------------------
     def _loss_reply(self, msg: Message, context: Context, with_grad: bool) -> Message:

@@ -17,15 +17,27 @@ Build an Mb-SGD ClientApp over your own data with :func:`make_mbsgd_client_app`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from ..core.baselines import mbsgd_local_gradient
-from ..core.hinge import classification_errors, mean_hinge_loss
+from ..core.hinge import mean_hinge_loss
 from ..core.rng import coordinate_order
-from ..wire import from_array, to_array
-from .common import DataLoader, LocalTask, TaskIdFn, client_app_for, config_value, default_task_id
+from ..wire import array_record, metric_record, record_dict
+from .common import (
+    DataLoader,
+    LocalTask,
+    TaskIdFn,
+    client_app_for,
+    config_value,
+    default_task_id,
+    eval_metrics,
+    read_instruction,
+)
 from .mocha import MochaClient
 
 __all__ = ["MbSgdClient", "default_task_id", "make_mbsgd_client_app"]
@@ -78,8 +90,8 @@ class MbSgdClient:
             grad, count = mbsgd_local_gradient(task.X, task.y, w, budget=budget, order=order)
         metrics["round"] = server_round
         metrics["count"] = int(count)
-        reply = RecordDict({"arrays": ArrayRecord({"grad": to_array(grad)}),
-                            "metrics": MetricRecord(metrics)})
+        reply = record_dict({"arrays": array_record({"grad": grad}),
+                             "metrics": metric_record(metrics)})
         return Message(reply, reply_to=msg)
 
     def evaluate(self, msg: Message, context: Context) -> Message:
@@ -88,37 +100,22 @@ class MbSgdClient:
         config, w = self._read_instruction(msg, task)
         metrics = self._metrics(task, w, config)
         metrics["round"] = config_value(config, "server-round", int)
-        return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+        return Message(record_dict({"metrics": metric_record(metrics)}), reply_to=msg)
 
     # -- helpers ----------------------------------------------------------------------------
     @staticmethod
-    def _read_instruction(msg: Message, task: LocalTask) -> tuple[ConfigRecord, np.ndarray]:
-        content = msg.content
-        if "config" not in content or "arrays" not in content:
-            raise ValueError("Mb-SGD message needs 'config' and 'arrays' records")
-        config = content["config"]
-        tid = config_value(config, "task-id", int)
-        if tid != task.task_id:
-            raise ValueError(f"message for task {tid} reached the node of task {task.task_id}")
-        arrays = content["arrays"]
-        if "w" not in arrays:
-            raise ValueError("Mb-SGD message lacks array 'w'")
-        w = from_array(arrays["w"])
-        if w.dtype != np.float64 or w.shape != (task.dim,) or not np.all(np.isfinite(w)):
-            raise ValueError(f"'w' must be finite float64 of shape ({task.dim},), "
-                             f"got {w.dtype} {w.shape}")
-        return config, w
+    def _read_instruction(msg: Message, task: LocalTask) -> tuple[dict[str, Any], np.ndarray]:
+        return read_instruction(msg, task, "Mb-SGD")
 
     @staticmethod
-    def _metrics(task: LocalTask, w: np.ndarray, config: ConfigRecord) -> dict[str, int | float]:
+    def _metrics(task: LocalTask, w: np.ndarray,
+                 config: Mapping[str, Any]) -> dict[str, int | float]:
         out: dict[str, int | float] = {
             "task-id": task.task_id,
             "n-train": task.n,
             "loss-mean": mean_hinge_loss(task.X, task.y, w),
         }
-        if "eval" in config and config_value(config, "eval", bool):
-            out["test-errors"] = classification_errors(task.X_test, task.y_test, w)
-            out["test-n"] = int(task.X_test.shape[0])
+        out.update(eval_metrics(task, w, config))
         return out
 
 

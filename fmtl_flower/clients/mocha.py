@@ -30,25 +30,19 @@ Build a MOCHA ClientApp over your own data with :func:`make_mocha_client_app`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message
+from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from ..core.baselines import cocoa_local_update, mbsdca_local_update
-from ..core.hinge import classification_errors, hinge_conjugate_value, mean_hinge_loss
+from ..core.hinge import hinge_conjugate_value, mean_hinge_loss
 from ..core.rng import coordinate_order
 from ..core.sdca import sdca_local_update
 from ..data.validation import validate_task
-from ..wire import (
-    array_record,
-    config_record,
-    from_array,
-    metric_record,
-    record_dict,
-    to_array,
-)
+from ..wire import array_record, config_record, metric_record, record_dict
 from .common import (  # DataLoader, LocalTask, TaskIdFn, default_task_id: re-exported
     DataLoader,
     LocalTask,
@@ -56,19 +50,11 @@ from .common import (  # DataLoader, LocalTask, TaskIdFn, default_task_id: re-ex
     client_app_for,
     config_value,
     default_task_id,
-    protocol_rounds,
-    state_file_for,
+    eval_metrics,
+    read_instruction,
     use_kernel_cache,
 )
-from .dual_state import (
-    DualState,
-    data_fingerprint,
-    encode,
-    load_into_context,
-    log_reconciled,
-    reconcile,
-    write_dual_file,
-)
+from .dual_state import DualState, DualStore, data_fingerprint
 
 STATE_ARRAYS = "mocha.arrays"
 STATE_META = "mocha.meta"
@@ -94,10 +80,7 @@ class MochaClient:
         self._load_data = load_data
         self._task_id = task_id or default_task_id
         self._cache: dict[tuple[int, int], LocalTask] = {}
-        # Decoded dual state by node: (record written, its Array, that Array's bytes, decoded).
-        # Used only while context.state still holds those very objects (in-process engines);
-        # any replacement of the record, the Array or its bytes falls back to decoding.
-        self._decoded: dict[tuple[int, int], tuple[ArrayRecord, Any, bytes, np.ndarray]] = {}
+        self._duals = DualStore("mocha", "MOCHA", self._state_dir)
 
     # -- data -------------------------------------------------------------------------------
     def local_task(self, context: Context) -> LocalTask:
@@ -185,8 +168,8 @@ class MochaClient:
 
     @staticmethod
     def _local_update(method: str, task: LocalTask, alpha: np.ndarray, w: np.ndarray,
-                      config: ConfigRecord, budget: int, m_tt: float, sigma_p: float, seed: int,
-                      server_round: int) -> tuple[np.ndarray, np.ndarray, int]:
+                      config: Mapping[str, Any], budget: int, m_tt: float, sigma_p: float,
+                      seed: int, server_round: int) -> tuple[np.ndarray, np.ndarray, int]:
         """The local solver of ``method``; returns (d_alpha, d_b, steps done), scaled."""
         order = coordinate_order(seed, task.task_id, server_round, task.n)
         if method == "mocha":
@@ -219,54 +202,16 @@ class MochaClient:
     # -- helpers ----------------------------------------------------------------------------
     @staticmethod
     def _read_instruction(msg: Message, task: LocalTask) -> tuple[dict[str, Any], np.ndarray]:
-        """The message's config values (a plain dict: read once, each key checked where it
-        is used) and its checked ``w``."""
-        content = msg.content
-        if "config" not in content or "arrays" not in content:
-            raise ValueError("MOCHA message needs 'config' and 'arrays' records")
-        config = dict(content["config"].items())
-        tid = config_value(config, "task-id", int)
-        if tid != task.task_id:
-            raise ValueError(f"message for task {tid} reached the node of task {task.task_id}")
-        arrays = content["arrays"]
-        if "w" not in arrays:
-            raise ValueError("MOCHA message lacks array 'w'")
-        w = from_array(arrays["w"])
-        if w.dtype != np.float64 or w.shape != (task.dim,) or not np.all(np.isfinite(w)):
-            raise ValueError(f"'w' must be finite float64 of shape ({task.dim},), "
-                             f"got {w.dtype} {w.shape}")
-        return config, w
+        return read_instruction(msg, task, "MOCHA")
 
     def _reconcile(self, context: Context, task: LocalTask,
-                   config: ConfigRecord) -> DualState:
+                   config: Mapping[str, Any]) -> DualState:
         """Apply the dual commit protocol (:mod:`fmtl_flower.clients.dual_state`) to the
         stored state, read from the state file when ``context.state`` is empty."""
-        last_accepted, checkpoint_round = protocol_rounds(config)
-        if STATE_META not in context.state:
-            self._load_state_file(context, task)
-        meta = dict(context.state[STATE_META]) if STATE_META in context.state else None
-        duals = self._stored_duals(context) if meta is not None else None
-        state = reconcile(duals, meta, task_id=task.task_id, n=task.n,
-                          last_accepted=last_accepted, checkpoint_round=checkpoint_round,
-                          fingerprint=task.fingerprint)
-        log_reconciled("MOCHA", task.task_id, state, last_accepted)
-        return state
-
-    def _stored_duals(self, context: Context) -> np.ndarray | None:
-        if STATE_ARRAYS not in context.state:
-            return None
-        record = context.state[STATE_ARRAYS]
-        if "duals" not in record:
-            return None
-        array = record["duals"]
-        cached = self._decoded.get((int(context.run_id), int(context.node_id)))
-        if (cached is not None and cached[0] is record and cached[1] is array
-                and cached[2] is array.data):
-            return cached[3]
-        return from_array(array)
+        return self._duals.reconcile(context, task.task_id, task.n, task.fingerprint, config)
 
     @staticmethod
-    def _metrics(task: LocalTask, w: np.ndarray, alpha: np.ndarray, config: ConfigRecord,
+    def _metrics(task: LocalTask, w: np.ndarray, alpha: np.ndarray, config: Mapping[str, Any],
                  state_ok: bool) -> dict[str, int | float]:
         out: dict[str, int | float] = {
             "task-id": task.task_id,
@@ -275,48 +220,13 @@ class MochaClient:
             "loss-mean": mean_hinge_loss(task.X, task.y, w),
             "dual-mean": hinge_conjugate_value(alpha, task.y),
         }
-        if "eval" in config and config_value(config, "eval", bool):
-            out["test-errors"] = classification_errors(task.X_test, task.y_test, w)
-            out["test-n"] = int(task.X_test.shape[0])
+        out.update(eval_metrics(task, w, config))
         return out
 
     def _write_state(self, context: Context, task: LocalTask, state: DualState,
                      pending: np.ndarray | None, pending_round: int) -> None:
-        """Keep the reconciled state in ``context.state`` (and the state file): the records
-        written by the previous message are updated in place (only the entries that changed;
-        the arrays record holds ``duals`` alone), other contents replaced."""
-        duals, meta = encode(state, task.task_id, pending, pending_round, task.fingerprint)
-        duals.setflags(write=False)
-        stored = context.state
-        record = stored[STATE_ARRAYS] if STATE_ARRAYS in stored else None
-        if type(record) is ArrayRecord and list(record.keys()) == ["duals"]:
-            array = to_array(duals)
-            record["duals"] = array
-        else:
-            record = array_record({"duals": duals})
-            array = record["duals"]
-            stored[STATE_ARRAYS] = record
-        old = stored[STATE_META] if STATE_META in stored else None
-        values = dict(old.items()) if type(old) is ConfigRecord else None
-        if values is not None and values.keys() == meta.keys():
-            for key, value in meta.items():
-                if values[key] != value or type(values[key]) is not type(value):
-                    old[key] = value
-        else:
-            stored[STATE_META] = config_record(meta)
-        key = (int(context.run_id), int(context.node_id))
-        if len(self._decoded) > 4096:
-            self._decoded.clear()
-        self._decoded[key] = (record, array, array.data, duals)
-        path = state_file_for(context, "mocha", task.task_id, self._state_dir)
-        if path is not None:
-            write_dual_file(path, duals, meta)
-
-    def _load_state_file(self, context: Context, task: LocalTask) -> None:
-        """Fill an empty ``context.state`` from the device's state file, if it has one."""
-        load_into_context(context, state_file_for(context, "mocha", task.task_id,
-                                                  self._state_dir),
-                          (STATE_ARRAYS, STATE_META), task.task_id, task.n, "MOCHA")
+        self._duals.write(context, task.task_id, task.fingerprint, state, pending,
+                          pending_round)
 
 
 def make_mocha_client_app(load_data: DataLoader, task_id: TaskIdFn | None = None,
