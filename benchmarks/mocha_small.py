@@ -5,7 +5,10 @@ eval-every=1, 29 tasks = 29 simulated nodes (``tasks-per-node=1``), and packed o
 Reported, in seconds (wall, and CPU time where noted: a loaded machine inflates wall time):
 
 * ``whole_process``: wall time of the command `fmtl run mocha ... --quiet` in a subprocess;
-* ``interpreter``: `python -c pass`; ``imports``: importing the CLI, Flower and the package;
+* ``interpreter``: `python -c pass`; ``imports``: importing what `fmtl run mocha` imports (the
+  CLI, Flower, the app builders, MOCHA's strategy and ClientApp with numba and the kernels'
+  module); ``heavy_modules_imported``: any of Ray, torch, scikit-learn, matplotlib, pandas,
+  TensorFlow that a short `fmtl run` loaded (none expected);
 * ``jit``: the first calls of the compiled kernels in a fresh process (numba cache load, or
   compilation when the cache is cold);
 * ``rounds``: the federation itself in this process (engine + compute), after warm-up;
@@ -40,6 +43,11 @@ import time
 import numpy as np
 
 MATLAB_SECONDS_500 = 28.1
+#: What `fmtl run mocha` imports before its first round (cli imports the rest lazily).
+IMPORTS = ("import fmtl_flower.cli, fmtl_flower.apps.common, flwr.serverapp, flwr.clientapp, "
+           "fmtl_flower.strategies.mocha, fmtl_flower.clients.mocha, fmtl_flower.core.jit")
+#: Modules a MOCHA run on the in-process engine has no use for.
+HEAVY = frozenset({"ray", "torch", "sklearn", "matplotlib", "pandas", "tensorflow"})
 
 
 def timed_subprocess(args: list[str]) -> float:
@@ -55,6 +63,19 @@ def cpu_subprocess(args: list[str]) -> tuple[float, float]:
     wall = timed_subprocess(args)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def modules_loaded_by_run(cli_args: list[str]) -> list[str]:
+    """The heavy top-level modules (:data:`HEAVY`) loaded by a short `fmtl run` (run in a
+    subprocess through ``runpy``, then ``sys.modules`` read)."""
+    code = ("import runpy, sys\n"
+            f"sys.argv = ['fmtl', *{cli_args!r}]\n"
+            "try:\n    runpy.run_module('fmtl_flower.cli', run_name='__main__')\n"
+            "except SystemExit:\n    pass\n"
+            f"print(' '.join(sorted({{m.split('.')[0] for m in sys.modules}} & {HEAVY!r})))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True).stdout.split("\n")
+    return [m for line in out[-2:] for m in line.split()]
 
 
 def flower_floor(num_nodes: int, rounds: int, dim: int) -> float:
@@ -99,9 +120,9 @@ def main() -> None:
                "--rounds", str(args.rounds), "--quiet", *sets]
     whole, whole_cpu = cpu_subprocess([*run_cmd, "--set", "tasks-per-node=1"])
     interpreter, interpreter_cpu = cpu_subprocess([py, "-c", "pass"])
-    imports, imports_cpu = cpu_subprocess([py, "-c", "import fmtl_flower.cli, "
-                                           "fmtl_flower.apps.common, flwr.serverapp, "
-                                           "flwr.clientapp"])
+    load_start = os.getloadavg()[0]
+    imports, imports_cpu = cpu_subprocess([py, "-c", IMPORTS])
+    heavy = modules_loaded_by_run([*run_cmd[3:7], "--rounds", "2", *run_cmd[9:]])
     imports, imports_cpu = imports - interpreter, imports_cpu - interpreter_cpu
     jit, jit_cpu = (float(v) for v in subprocess.run([py, "-c", (
         "import time, numpy as np\n"
@@ -180,6 +201,8 @@ def main() -> None:
         "rounds_cpu_s": rounds_cpu, "packed_rounds_cpu_s": rounds_packed_cpu,
         "compute_cpu_s": compute_cpu,
         "engine_overhead_vs_floor_cpu": (rounds_cpu - compute_cpu) / node_rounds / floor_cpu,
+        "heavy_modules_imported": heavy,
+        "load_average_1min_start": load_start,
         "load_average_1min": os.getloadavg()[0],
     }
     print(f"whole `fmtl run` process: {whole:.2f} s = interpreter {interpreter:.2f} + imports "
@@ -199,7 +222,9 @@ def main() -> None:
           f"{whole_packed_cpu:.2f} s packed = interpreter {interpreter_cpu:.2f} + imports "
           f"{imports_cpu:.2f} + JIT {jit_cpu:.2f} + rounds {rounds_packed_cpu:.2f} (+ data, "
           f"CLI); engine overhead vs floor {out['engine_overhead_vs_floor_cpu']:.2f}")
-    print(f"load average (1 min) at the end: {out['load_average_1min']:.2f}")
+    print(f"heavy modules imported: {out['heavy_modules_imported'] or 'none'}")
+    print(f"load average (1 min) at the start: {load_start:.2f}, at the end: "
+          f"{out['load_average_1min']:.2f}")
     print(json.dumps(out))
 
 
