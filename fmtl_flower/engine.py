@@ -50,6 +50,21 @@ def create_message(content: RecordDict, message_type: str, dst_node_id: int, gro
     return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
 
+class GridWrapper(Grid):
+    """Base of a ``Grid`` in front of another one (``inner``): the run is the wrapped
+    grid's (:class:`fmtl_flower.packing.PackedGrid`, :class:`fmtl_flower.legacy.LegacyGrid`)."""
+
+    def __init__(self, grid: Grid) -> None:
+        self.inner = grid
+
+    def set_run(self, run_id: int) -> None:  # noqa: D102
+        self.inner.set_run(run_id)
+
+    @property
+    def run(self) -> Run:  # noqa: D102
+        return self.inner.run
+
+
 class InProcessGrid(Grid):
     """A Flower ``Grid`` whose nodes are ClientApp calls in this process.
 

@@ -56,8 +56,8 @@ from flwr.app import (
 from flwr.app.message.message import make_message
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.supercore.run import Run
 
+from .engine import GridWrapper
 from .wire import NUMPY_STYPE, from_array, to_array
 
 __all__ = ["ARRAY_NAMES", "CLIENT_APIS", "QUERY_KEY", "LegacyGrid", "from_legacy_reply",
@@ -298,7 +298,7 @@ class _Replies(Iterator[Message]):
             finish()
 
 
-class LegacyGrid(Grid):
+class LegacyGrid(GridWrapper):
     """A ``Grid`` through which a strategy talks to NumPyClient devices (or to both kinds).
 
     Parameters
@@ -319,7 +319,7 @@ class LegacyGrid(Grid):
     def __init__(self, grid: Grid, client_api: str = "numpyclient") -> None:
         if client_api not in CLIENT_APIS:
             raise ValueError(f"client_api must be one of {CLIENT_APIS}, got {client_api!r}")
-        self.inner = grid
+        super().__init__(grid)
         self.client_api = client_api
         self.legacy_nodes: set[int] = set()  # auto: nodes found to speak the legacy layout
         self.native_nodes: set[int] = set()  # auto: nodes found to speak the Message API
@@ -328,13 +328,6 @@ class LegacyGrid(Grid):
     @property
     def streams_messages(self) -> bool:  # noqa: D102 - as the wrapped grid
         return bool(getattr(self.inner, "streams_messages", False))
-
-    def set_run(self, run_id: int) -> None:  # noqa: D102
-        self.inner.set_run(run_id)
-
-    @property
-    def run(self) -> Run:  # noqa: D102
-        return self.inner.run
 
     def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
                        group_id: str, ttl: float | None = None) -> Message:  # noqa: D102

@@ -54,10 +54,9 @@ from flwr.app.message.message import make_message
 from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.supercore.run import Run
 
 from .config import FEDEM_FAMILY, MOCHA_FAMILY
-from .engine import CLIENT_APP_RAISED, create_message, raised_reason
+from .engine import CLIENT_APP_RAISED, GridWrapper, create_message, raised_reason
 
 __all__ = ["STACK", "STACK_ERRORS", "PackedGrid", "SLOTS_QUERY", "SlotFailed", "SlotTaskCache",
            "StackGroup", "StackedHandler", "each_slot", "packed_client_app", "read_stack",
@@ -179,7 +178,7 @@ def unpack_content(content: RecordDict) -> dict[int, RecordDict]:
 
 
 # ------------------------------------------------------------------------------ server side
-class PackedGrid(Grid):
+class PackedGrid(GridWrapper):
     """A ``Grid`` presenting one virtual node per task slot of the wrapped grid's nodes.
 
     Parameters
@@ -203,7 +202,7 @@ class PackedGrid(Grid):
 
     def __init__(self, grid: Grid, *, query_timeout: float = 60.0,
                  retry_after: float = 30.0) -> None:
-        self.inner = grid
+        super().__init__(grid)
         self.query_timeout = float(query_timeout)
         self.retry_after = float(retry_after)
         self._virtual = itertools.count(1)
@@ -213,14 +212,7 @@ class PackedGrid(Grid):
         self._protocols: dict[int, frozenset[str]] = {}  # physical node -> stacking protocols
         self.messages_sent = 0  # physical messages, for benchmarks and tests
 
-    # delegated parts of Grid's interface --------------------------------------------------
-    def set_run(self, run_id: int) -> None:  # noqa: D102
-        self.inner.set_run(run_id)
-
-    @property
-    def run(self) -> Run:  # noqa: D102
-        return self.inner.run
-
+    # Grid's interface (set_run and run: the wrapped grid's) -------------------------------
     def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
                        group_id: str, ttl: float | None = None) -> Message:  # noqa: D102
         return create_message(content, message_type, dst_node_id, group_id, ttl)
