@@ -49,7 +49,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from logging import WARNING
 from typing import Any, NamedTuple, TypeVar
 
-from flwr.app import ConfigRecord, Context, Error, Message, MessageType, RecordDict
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, RecordDict
 from flwr.app.message.message import make_message
 from flwr.clientapp import ClientApp
 from flwr.common.logger import log
@@ -57,10 +58,12 @@ from flwr.serverapp import Grid
 
 from .config import FEDEM_FAMILY, MOCHA_FAMILY
 from .engine import CLIENT_APP_RAISED, GridWrapper, create_message, raised_reason
+from .wire import from_array
 
 __all__ = ["STACK", "STACK_ERRORS", "PackedGrid", "SLOTS_QUERY", "SlotFailed", "SlotTaskCache",
            "StackGroup", "StackedHandler", "each_slot", "packed_client_app", "read_stack",
-           "read_stack_errors", "stacked_is_train", "tasks_of_node"]
+           "read_stack_errors", "read_stacked_instruction", "stacked_content", "stacked_is_train",
+           "tasks_of_node"]
 
 #: Message type of the server's "how many task slots do you host" query.
 SLOTS_QUERY = "query.fmtl_slots"
@@ -416,6 +419,40 @@ def each_slot(slot_tasks: Sequence[tuple[int, int | None]],
         except Exception as ex:  # noqa: BLE001 - one slot's failure is its task's error
             errors[slot] = f"{type(ex).__name__}: {ex}"
     return done, errors
+
+
+def stacked_content(protocol: str, slots: Sequence[int], config: Mapping[str, Any],
+                    arrays: Mapping[str, Any]) -> RecordDict:
+    """The records of a stacked message: ``stack``, ``config`` (the values every task
+    shares) and ``arrays`` (Arrays: per-task vectors, stacked rows, shared arrays)."""
+    return RecordDict({"stack": ConfigRecord({"protocol": protocol, "slots": list(slots)}),
+                       "config": ConfigRecord(dict(config)),
+                       "arrays": ArrayRecord(dict(arrays))})
+
+
+def read_stacked_instruction(content: RecordDict, k: int, family: str,
+                             vectors: Mapping[str, Any], rows: Sequence[str] = ()
+                             ) -> tuple[ConfigRecord, dict[str, np.ndarray]]:
+    """The shared config and the arrays of a stacked message of k rows: each of ``vectors``
+    (name -> dtype) of shape (k,), each of ``rows`` float64 (k, d); ValueError (the whole
+    message fails) names the first missing or malformed one."""
+    if "config" not in content or "arrays" not in content:
+        raise ValueError(f"stacked {family} message needs 'config' and 'arrays' records")
+    record = content["arrays"]
+    out: dict[str, np.ndarray] = {}
+    for name in [*vectors, *rows]:
+        if name not in record:
+            raise ValueError(f"stacked {family} message lacks array {name!r}")
+        values = from_array(record[name])
+        if name in vectors:
+            if values.dtype != vectors[name] or values.shape != (k,):
+                raise ValueError(f"array {name!r} must be {np.dtype(vectors[name])} of shape "
+                                 f"({k},), got {values.dtype} {values.shape}")
+        elif values.dtype != np.float64 or values.ndim != 2 or values.shape[0] != k:
+            raise ValueError(f"{name!r} must be float64 of shape ({k}, d), got "
+                             f"{values.dtype} {values.shape}")
+        out[name] = values
+    return content["config"], out
 
 
 #: The tasks loaded in this process, per handler token (the newest few handlers only).

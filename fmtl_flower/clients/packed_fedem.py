@@ -45,7 +45,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from ..checkpoint import write_state_file
-from ..packing import SlotTaskCache, each_slot, stacked_is_train
+from ..packing import SlotTaskCache, each_slot, read_stacked_instruction, stacked_is_train
 from ..wire import from_array, to_array
 from .common import config_value, state_file_for
 from .fedem import (
@@ -257,27 +257,19 @@ def _read_instruction(content: RecordDict, k: int
     """The shared config (a dict), the sets of components, each row's set and the per-task
     ``task-id`` and ``unseen`` (Python values) of a stacked message; ValueError (the whole
     message fails) when its records are malformed."""
-    if "config" not in content or "arrays" not in content:
-        raise ValueError("stacked FedEM message needs 'config' and 'arrays' records")
+    config, vectors = read_stacked_instruction(
+        content, k, "FedEM", {"components-of": np.int64, "task-id": np.int64,
+                              "unseen": np.bool_})
     record = content["arrays"]
-    vectors = []
-    for name, dtype in (("components-of", np.int64), ("task-id", np.int64),
-                        ("unseen", np.bool_)):
-        if name not in record:
-            raise ValueError(f"stacked FedEM message lacks array {name!r}")
-        values = from_array(record[name])
-        if values.dtype != dtype or values.shape != (k,):
-            raise ValueError(f"array {name!r} must be {np.dtype(dtype)} of shape ({k},), got "
-                             f"{values.dtype} {values.shape}")
-        vectors.append(values.tolist())
     sets = sum(1 for name in record if name.startswith("components-")) - 1
     if not all(f"components-{g}" in record for g in range(sets)):
         raise ValueError("stacked FedEM message: components sets must be components-0 .. "
                          f"components-{sets - 1}")
-    if any(not 0 <= g < sets for g in vectors[0]):
+    of, task_ids, unseen = (vectors[name].tolist() for name in vectors)
+    if any(not 0 <= g < sets for g in of):
         raise ValueError(f"'components-of' must index the {sets} components sets")
     components = [from_array(record[f"components-{g}"]) for g in range(sets)]
-    return dict(content["config"].items()), components, *vectors
+    return dict(config.items()), components, of, task_ids, unseen
 
 
 def _reply_arrays(rows: list[tuple[Any, ...]], train: bool) -> ArrayRecord:

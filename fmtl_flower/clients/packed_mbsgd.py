@@ -27,8 +27,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from ..core.baselines import mbsgd_local_gradient
 from ..core.rng import coordinate_order
-from ..packing import SlotFailed, each_slot, stacked_is_train
-from ..wire import from_array, to_array
+from ..packing import SlotFailed, each_slot, read_stacked_instruction, stacked_is_train
+from ..wire import to_array
 from .common import config_value
 from .mbsgd import MbSgdClient
 from .packed_mocha import PackedMocha
@@ -103,22 +103,7 @@ class PackedMbSgd:
 
 def _read(content: RecordDict, k: int, train: bool
           ) -> tuple[ConfigRecord, dict[str, np.ndarray], np.ndarray]:
-    if "config" not in content or "arrays" not in content:
-        raise ValueError("stacked Mb-SGD message needs 'config' and 'arrays' records")
-    config, record = content["config"], content["arrays"]
-    wanted = {"task-id": np.int64, **({"budget": np.int64, "dropped": np.bool_} if train
-                                      else {})}
-    arrays = {}
-    for name, dtype in wanted.items():
-        if name not in record:
-            raise ValueError(f"stacked Mb-SGD message lacks array {name!r}")
-        values = from_array(record[name])
-        if values.dtype != dtype or values.shape != (k,):
-            raise ValueError(f"array {name!r} must be {np.dtype(dtype)} of shape ({k},)")
-        arrays[name] = values
-    if "w" not in record:
-        raise ValueError("stacked Mb-SGD message lacks array 'w'")
-    w = from_array(record["w"])
-    if w.dtype != np.float64 or w.ndim != 2 or w.shape[0] != k:
-        raise ValueError(f"'w' must be float64 of shape ({k}, d), got {w.dtype} {w.shape}")
-    return config, arrays, w
+    vectors = {"task-id": np.int64, **({"budget": np.int64, "dropped": np.bool_} if train
+                                       else {})}
+    config, arrays = read_stacked_instruction(content, k, "Mb-SGD", vectors, ["w"])
+    return config, arrays, arrays.pop("w")

@@ -43,7 +43,13 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.common.logger import log
 
 from ..checkpoint import CheckpointError
-from ..packing import SlotFailed, SlotTaskCache, each_slot, stacked_is_train
+from ..packing import (
+    SlotFailed,
+    SlotTaskCache,
+    each_slot,
+    read_stacked_instruction,
+    stacked_is_train,
+)
 from ..wire import from_array, to_array
 from .common import LocalTask, config_value, state_file_for
 from .dual_state import (
@@ -256,26 +262,10 @@ def _read_stacked_instruction(content: RecordDict, k: int, train: bool
                               ) -> tuple[ConfigRecord, dict[str, np.ndarray], np.ndarray]:
     """The shared config, the per-task vectors and the (K, d) models of a stacked message;
     ValueError (the whole message fails) when its records are malformed."""
-    if "config" not in content or "arrays" not in content:
-        raise ValueError("stacked MOCHA message needs 'config' and 'arrays' records")
-    config, record = content["config"], content["arrays"]
-    arrays: dict[str, np.ndarray] = {}
-    for name, (dtype, train_only) in INSTRUCTION_ARRAYS.items():
-        if train_only and not train:
-            continue
-        if name not in record:
-            raise ValueError(f"stacked MOCHA message lacks array {name!r}")
-        values = from_array(record[name])
-        if values.dtype != dtype or values.shape != (k,):
-            raise ValueError(f"array {name!r} must be {np.dtype(dtype)} of shape ({k},), got "
-                             f"{values.dtype} {values.shape}")
-        arrays[name] = values
-    if "w" not in record:
-        raise ValueError("stacked MOCHA message lacks array 'w'")
-    w = from_array(record["w"])
-    if w.dtype != np.float64 or w.ndim != 2 or w.shape[0] != k:
-        raise ValueError(f"'w' must be float64 of shape ({k}, d), got {w.dtype} {w.shape}")
-    return config, arrays, w
+    config, arrays = read_stacked_instruction(
+        content, k, "MOCHA", {name: dtype for name, (dtype, train_only)
+                              in INSTRUCTION_ARRAYS.items() if train or not train_only}, ["w"])
+    return config, arrays, arrays.pop("w")
 
 
 def _reply_arrays(rows: Sequence[dict[str, Any]], deltas: Sequence[np.ndarray], train: bool,

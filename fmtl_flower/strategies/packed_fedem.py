@@ -17,9 +17,9 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, Message
 
-from ..packing import StackGroup
+from ..packing import StackGroup, stacked_content
 from ..wire import from_array, to_array
 from .packed_mocha import read_stacked_rows
 
@@ -47,12 +47,8 @@ def stacked_message(group: StackGroup, message_type: str, server_round: int,
         of[i] = index[key]
     arrays.update({"components-of": to_array(of), "task-id": to_array(tasks),
                    "unseen": to_array(np.asarray(unseen[tasks], dtype=bool))})
-    content = RecordDict({
-        "stack": ConfigRecord({"protocol": PROTOCOL, "slots": list(group.slots)}),
-        "config": ConfigRecord(dict(config)),
-        "arrays": ArrayRecord(arrays),
-    })
-    return Message(content, dst_node_id=group.node, message_type=message_type,
+    return Message(stacked_content(PROTOCOL, group.slots, config, arrays),
+                   dst_node_id=group.node, message_type=message_type,
                    group_id=str(server_round))
 
 

@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import Message, RecordDict
 
-from ..packing import STACK, StackGroup, read_stack, read_stack_errors
+from ..packing import STACK, StackGroup, read_stack, read_stack_errors, stacked_content
 from ..wire import from_array, to_array
 
 PROTOCOL = "mocha"
@@ -35,12 +35,8 @@ def stacked_message(group: StackGroup, message_type: str, server_round: int,
     arrays = {"w": to_array(W[:, tasks].T), "task-id": to_array(tasks)}
     for name, values in per_task.items():
         arrays[name] = to_array(values[tasks])
-    content = RecordDict({
-        "stack": ConfigRecord({"protocol": protocol, "slots": list(group.slots)}),
-        "config": ConfigRecord(dict(config)),
-        "arrays": ArrayRecord(arrays),
-    })
-    return Message(content, dst_node_id=group.node, message_type=message_type,
+    return Message(stacked_content(protocol, group.slots, config, arrays),
+                   dst_node_id=group.node, message_type=message_type,
                    group_id=str(server_round))
 
 
