@@ -272,10 +272,13 @@ class FedEMClient:
             config, arrays["components"] if "components" in arrays else None, data)
         return config, components, method, model
 
-    def check_instruction(self, config: Mapping[str, Any], components: Any, data: ClientData
+    def check_instruction(self, config: Mapping[str, Any], components: Any, data: ClientData,
+                          checked: set[tuple[int, int]] | None = None
                           ) -> tuple[np.ndarray, str, Model]:
         """``(components float64 (M, P), method, model)`` of an instruction for ``data``'s
-        task (``components`` an Array or an ndarray; None: missing); ValueError if wrong."""
+        task (``components`` an Array or an ndarray; None: missing); ValueError if wrong.
+        ``checked`` (the stacked handler's): (id(components), id(model)) pairs already
+        checked, skipped and added to."""
         if config_value(config, "task-id", int) != data.task_id:
             raise ValueError(f"message for task {config['task-id']} reached task {data.task_id}")
         method = config_value(config, "method", str)
@@ -288,8 +291,12 @@ class FedEMClient:
             components = from_array(components)
         if components.ndim != 2 or components.shape[0] < 1:
             raise ValueError(f"'components' must be (M, P), got shape {components.shape}")
-        for theta in components:
-            model.check_params(theta)
+        key = (id(components), id(model))
+        if checked is None or key not in checked:
+            for theta in components:
+                model.check_params(theta)
+            if checked is not None:
+                checked.add(key)
         return np.asarray(components, dtype=np.float64), method, model
 
     @staticmethod

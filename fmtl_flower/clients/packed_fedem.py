@@ -187,11 +187,13 @@ class PackedFedEM(SlotTaskCache):
         rnd = config_value(shared, "server-round", int)
         state = StackedGenerations(context.state[STATE] if STATE in context.state else None)
         client = self.client
+        checked_sets: set[tuple[int, int]] = set()  # each set checked once per model
 
         def work(i: int, slot: int, task_id: int) -> tuple[Any, ...]:
             data = self._data(context, task_id)
             config = ChainMap({"task-id": task_ids[i], "unseen": unseen[i]}, shared)
-            checked, method, model = client.check_instruction(config, components[of[i]], data)
+            checked, method, model = client.check_instruction(config, components[of[i]], data,
+                                                              checked_sets)
             generations = self._generations(context, state, slot, data)
             stored = self._stored(generations, method, checked, rnd + (0 if train else 1))
             if not train:
