@@ -131,6 +131,17 @@ def _bulk_ok() -> bool:
                 type(f) is type(s) and f == s and dict(f.items()) == dict(s.items())
                 and f.object_id == s.object_id for f, s in pairs)
             ok = ok and pairs[3][0].array_records == pairs[3][1].array_records
+            refilled = ConfigRecord({"a": 0})
+            before = refilled.object_id
+            _refill(refilled, dict(config))
+            ok = ok and refilled == pairs[0][1] and refilled.object_id == pairs[0][1].object_id \
+                and refilled.object_id != before
+            arrays = ArrayRecord({"w": Array(dtype="float64", shape=(0,), stype=NUMPY_STYPE,
+                                             data=_npy_header("float64", (0,)))})
+            before = arrays.object_id
+            _refill(arrays, {"w": fast_array})
+            ok = ok and arrays == pairs[2][1] and arrays.object_id == pairs[2][1].object_id \
+                and arrays.object_id != before
             probe = _filled(ConfigRecord, {})
             probe["k"] = 1  # later writes still go through Flower's checks
             try:
@@ -142,6 +153,33 @@ def _bulk_ok() -> bool:
         except Exception:  # noqa: BLE001 - any surprise: use Flower's constructors
             _BULK[0] = False
     return _BULK[0]
+
+
+def _refill(record: Any, values: dict[str, Any]) -> None:
+    record.__dict__["_data"] = values
+    if "_is_dirty" in record.__dict__:  # ArrayRecord: its object_id is recomputed
+        record.__dict__["_is_dirty"] = True
+
+
+def refill_config(record: ConfigRecord, values: dict[str, Any]) -> None:
+    """Make ``record`` hold exactly ``values`` (as :func:`config_record` would build it; in
+    one step under the same conditions, else key by key through Flower's checks)."""
+    if _bulk_ok() and type(record) is ConfigRecord and all(
+            type(k) is str and type(v) in _CONFIG_TYPES for k, v in values.items()):
+        _refill(record, dict(values))
+        return
+    record.clear()
+    record.update(values)
+
+
+def refill_arrays(record: ArrayRecord, arrays: dict[str, np.ndarray]) -> None:
+    """Make ``record`` hold exactly ``arrays``, each encoded once (:func:`array_record`)."""
+    encoded = {str(k): to_array(v) for k, v in arrays.items()}
+    if _bulk_ok() and type(record) is ArrayRecord:
+        _refill(record, encoded)
+        return
+    record.clear()
+    record.update(encoded)
 
 
 def config_record(values: dict[str, Any]) -> ConfigRecord:

@@ -11,6 +11,8 @@ from fmtl_flower.wire import (
     from_array,
     metric_record,
     record_dict,
+    refill_arrays,
+    refill_config,
     to_array,
 )
 
@@ -82,6 +84,16 @@ def test_bulk_built_records_are_flowers_records(monkeypatch, bulk):
     for ours, flowers in _flowers_and_ours():
         assert type(ours) is type(flowers) and ours == flowers
         assert ours.object_id == flowers.object_id
+    config = ConfigRecord({"old": 1, "task-id": 0})
+    old_id = config.object_id
+    refill_config(config, CONFIG)  # in place: exactly the new values, a new object_id
+    assert config == ConfigRecord(CONFIG) and config.object_id == ConfigRecord(CONFIG).object_id
+    assert config.object_id != old_id
+    arrays = ArrayRecord({"w": Array(np.zeros(2)), "junk": Array(np.ones(1))})
+    old_id = arrays.object_id
+    refill_arrays(arrays, {"w": np.arange(4.0)})
+    fresh = ArrayRecord({"w": Array(np.arange(4.0))})
+    assert arrays == fresh and arrays.object_id == fresh.object_id != old_id
     record = config_record(CONFIG)
     record["later"] = 1  # later writes go through Flower's checks
     with pytest.raises(TypeError):

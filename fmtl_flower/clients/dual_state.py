@@ -40,7 +40,14 @@ from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.common.logger import log
 
 from ..checkpoint import CheckpointError, read_state_file, write_state_file
-from ..wire import array_record, config_record, from_array, to_array
+from ..wire import (
+    array_record,
+    config_record,
+    from_array,
+    refill_arrays,
+    refill_config,
+    to_array,
+)
 from .common import protocol_rounds, state_file_for
 
 __all__ = ["DualState", "DualStore", "data_fingerprint", "encode", "load_into_context",
@@ -231,26 +238,22 @@ class DualStore:
     def write(self, context: Context, task_id: int, fingerprint: str, state: DualState,
               pending: np.ndarray | None, pending_round: int) -> None:
         """Keep the reconciled state and this message's change ``pending`` (of round
-        ``pending_round``). The records written by the previous message are updated in place
-        (only the meta entries that changed; the arrays record holds ``duals`` alone); other
-        contents are replaced whole."""
+        ``pending_round``). The records written by the previous message are refilled in place
+        (:func:`~fmtl_flower.wire.refill_config`, :func:`~fmtl_flower.wire.refill_arrays`:
+        afterwards they hold exactly the new ``duals`` and meta, nothing else)."""
         duals, meta = encode(state, task_id, pending, pending_round, fingerprint)
         duals.setflags(write=False)
         stored = context.state
         record = stored[self.arrays_key] if self.arrays_key in stored else None
-        if type(record) is ArrayRecord and list(record.keys()) == ["duals"]:
-            array = to_array(duals)
-            record["duals"] = array
+        if type(record) is ArrayRecord:
+            refill_arrays(record, {"duals": duals})
         else:
             record = array_record({"duals": duals})
-            array = record["duals"]
             stored[self.arrays_key] = record
+        array = record["duals"]
         old = stored[self.meta_key] if self.meta_key in stored else None
-        values = dict(old.items()) if type(old) is ConfigRecord else None
-        if old is not None and values is not None and values.keys() == meta.keys():
-            for key, value in meta.items():
-                if values[key] != value or type(values[key]) is not type(value):
-                    old[key] = value
+        if type(old) is ConfigRecord:
+            refill_config(old, meta)
         else:
             stored[self.meta_key] = config_record(meta)
         if len(self._decoded) > 4096:
