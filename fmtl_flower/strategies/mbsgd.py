@@ -73,7 +73,7 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -85,7 +85,7 @@ from ..metrics import error_summary, round_record
 from ..packing import StackGroup
 from ..systems.heterogeneity import drop_mask, local_budgets
 from ..systems.timing import get_network, round_time
-from ..wire import from_array, to_array
+from ..wire import array_record, config_record, from_array, record_dict, to_array
 from .base import (
     BOUND_SLACK,
     ReplyBoundary,
@@ -485,8 +485,8 @@ class MbSgd(TaskStrategy):
                 config["dropped"] = bool(self._dropped_now[task])
             w_t = np.ascontiguousarray(self.W[:, task])
             self._w_norm[task] = norm(w_t)  # the reply's loss bound
-            content = RecordDict({"arrays": ArrayRecord({"w": to_array(w_t)}),
-                                  "config": ConfigRecord(config)})
+            content = record_dict({"arrays": array_record({"w": w_t}),
+                                   "config": config_record(config)})
             messages.append(self.replies.track(task, node, Message(
                 content, dst_node_id=node, message_type=message_type,
                 group_id=str(server_round))))
