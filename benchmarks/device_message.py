@@ -8,9 +8,11 @@ previous round, run local SDCA, build the reply and write the state file. The sa
 measures a trivial ClientApp (the same runtime imports, a ``train`` handler that answers with
 an empty update of the same size) in fresh processes of its own.
 
-Variants: ``trivial``; ``mocha`` (numba, its on-disk cache warm: a first, unmeasured process
-compiled the kernels into ``<client-state-dir>/numba-cache``); ``mocha-numpy``
-(``FMTL_KERNELS=numpy``: numba is not imported, the numpy kernels run). Each figure is the
+Variants: ``trivial``; ``mocha`` (the default ``FMTL_KERNELS=auto``: numba only for a
+message whose local work passes the break-even of :mod:`fmtl_flower.core.jit`, else numpy
+without importing numba); ``mocha-numba`` (``FMTL_KERNELS=numba``, its on-disk cache warm: a
+first, unmeasured process compiled the kernels into ``<client-state-dir>/numba-cache``);
+``mocha-numpy`` (``FMTL_KERNELS=numpy``: numba is never imported). Each figure is the
 median over ``--repeats`` processes: wall time from spawn to exit, CPU time (user + system)
 and peak RSS of the process (``wait4``). Prints a table, the ratios to the trivial ClientApp,
 and one JSON line.
@@ -18,7 +20,8 @@ and one JSON line.
     python benchmarks/device_message.py [--repeats 7] [--samples-per-task N] [--dim D]
 
 Target (issue 15): the MOCHA client within 1.3x of the trivial ClientApp's time and RSS with
-a warm numba cache.
+numba installed and its cache warm (the ``mocha`` variant; ``mocha-numba`` shows what
+importing numba costs a message).
 """
 
 from __future__ import annotations
@@ -86,7 +89,7 @@ def child(kind: str, state_dir: str, server_round: int, samples: int, dim: int) 
     reply = app(msg, context)
     steps = int(reply.content["metrics"]["steps"])
     size = len(reply.content["arrays"]["delta-b"].data)
-    print(json.dumps({"steps": steps, "reply_bytes": size}))
+    print(json.dumps({"steps": steps, "reply_bytes": size, "numba": "numba" in sys.modules}))
 
 
 def prepare(state_dir: str, samples: int, dim: int) -> dict:
@@ -146,7 +149,8 @@ def main() -> None:
     base_env = {**os.environ, "PYTHONPATH": str(ROOT)}
     base_env.pop("FMTL_KERNELS", None)
     base_env.pop("PYTHONDONTWRITEBYTECODE", None)  # a device keeps its bytecode, like its cache
-    variants = {"trivial": {}, "mocha": {}, "mocha-numpy": {"FMTL_KERNELS": "numpy"}}
+    variants = {"trivial": {}, "mocha": {}, "mocha-numba": {"FMTL_KERNELS": "numba"},
+                "mocha-numpy": {"FMTL_KERNELS": "numpy"}}
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="fmtl-device-") as tmp:
         meta = None
@@ -163,9 +167,12 @@ def main() -> None:
             results[name] = {key: statistics.median(run[key] for run in runs)
                              for key in ("wall_s", "cpu_s", "rss_mb")}
             results[name]["steps"] = runs[-1]["steps"]
+            results[name]["numba_imported"] = runs[-1]["numba"]
     trivial = results["trivial"]
+    load = os.getloadavg()
     print(f"one train message per fresh process; task {TASK}: n={meta['n']}, d={meta['dim']}; "
-          f"median of {args.repeats} processes")
+          f"median of {args.repeats} processes; load average {load[0]:.2f} {load[1]:.2f} "
+          f"{load[2]:.2f}")
     print(f"{'variant':<12} {'wall s':>8} {'cpu s':>8} {'peak RSS MB':>12} {'wall x':>8} "
           f"{'cpu x':>7} {'RSS x':>7}")
     for name, res in results.items():
@@ -175,8 +182,9 @@ def main() -> None:
         print(f"{name:<12} {res['wall_s']:8.3f} {res['cpu_s']:8.3f} {res['rss_mb']:12.1f} "
               f"{res['wall_ratio']:8.2f} {res['cpu_ratio']:7.2f} {res['rss_ratio']:7.2f}")
     print(json.dumps({"benchmark": "device_message", "n": meta["n"], "dim": meta["dim"],
-                      "repeats": args.repeats,
-                      **{name: {k: round(v, 4) for k, v in res.items()}
+                      "repeats": args.repeats, "load": round(load[0], 2),
+                      **{name: {k: v if isinstance(v, bool) else round(v, 4)
+                                for k, v in res.items()}
                          for name, res in results.items()}}))
 
 

@@ -1,93 +1,258 @@
-"""The local solvers' kernels: compiled by numba when it is installed, numpy otherwise.
+"""The local solvers' kernels: numpy for small calls, numba (when installed) for large ones.
 
-Every per-step loop of the local solvers is decorated with :func:`kernel`. With numba (the
-base install on x86-64 and aarch64) the loop is compiled with ``cache=True``: the machine code
-is kept on disk and a fresh ClientApp process loads it instead of compiling again. Without
-numba (armv7, or ``FMTL_KERNELS=numpy``) the decorator returns the kernel's numpy
-implementation (``fallback``), which gives the same results up to rounding (numba's kernels
-reassociate sums); kernels without one run as plain Python.
+Every per-step loop of the local solvers is decorated with :func:`kernel`, which returns a
+:class:`Kernel`: a callable that decides **per call**, from the amount of work the call's
+arguments describe, whether it runs the kernel compiled by numba or its numpy implementation
+(``fallback``; a kernel without one runs its own code as plain Python).
 
-``FMTL_KERNELS`` (environment, read once per process): ``auto`` (default: numba when it
-imports, else numpy with one warning), ``numba`` (numba or an ImportError), ``numpy`` (never
-import numba: a ClientApp process then costs what numpy costs, see
-``benchmarks/device_message.py``).
+Why per call. Flower starts a fresh ClientApp process for every message. Importing numba and
+loading a message's compiled kernels from numba's on-disk cache costs such a process about
+as much as the rest of the message together (``benchmarks/device_message.py``), so a message
+with little local work is handled faster by numpy in a process that never imports numba;
+only a message with a lot of work pays that back. numba is therefore imported at the first
+call that chooses it, never at module import.
+
+Choice (``FMTL_KERNELS``, environment, read at the first kernel call of a process):
+
+* ``auto`` (default): numba iff the call's work estimate (see below) is at least
+  :data:`BREAK_EVEN` and numba is installed; else numpy. Without numba installed (armv7), one
+  warning and numpy at every size.
+* ``numba``: always numba (an ImportError when it is missing).
+* ``numpy``: never numba (numba is not imported).
+
+**Work estimate and break-even.** Each top-level kernel declares ``work(*args)``: the
+estimated run time of its numpy implementation in microseconds on a reference machine, from
+the call's sizes alone (a per-Python-step cost :data:`STEP_US` plus :data:`ELEMENT_US` per
+row entry a step touches; vectorised numpy kernels count only the entries). ``auto`` picks
+numba when that estimate reaches :data:`BREAK_EVEN`, the CPU time a fresh process spends
+importing numba and loading a kernel family from a warm cache. Measured by
+``benchmarks/kernel_breakeven.py`` (2026-11-25, x86-64, numba 0.68, numpy 2.4, load ~2.9 on 2
+cores): see the constants' comments. For MOCHA's SDCA (dense rows of d features) numba
+runs when ``budget * (STEP_US + ELEMENT_US * d) >= BREAK_EVEN``, about 4e5 coordinate steps
+for d up to a few hundred: a device's message with fewer steps than that (the common case:
+a budget of one pass over a few thousand rows) never imports numba. Kernels without an
+estimate (helpers called from compiled kernels) run numpy unless ``FMTL_KERNELS=numba``.
+While a kernel runs its Python implementation, every kernel it calls runs its Python
+implementation too (one choice per top-level call).
+
+**Results and determinism.** The numpy and numba implementations are *not* bit-identical:
+numba's SDCA-family kernels are compiled with the fast-math flags ``reassoc`` and
+``contract`` (:data:`fmtl_flower.core.sdca.FASTMATH`: SIMD dot products and fused
+multiply-adds), numpy sums in its own order, so they agree up to rounding (1e-9 relative in
+the tests, usually ~1e-15; the splitmix64 permutation is bit-identical). The choice is a pure
+function of ``FMTL_KERNELS``, whether numba is installed, and the sizes of the call's
+arguments -- never of the process's history (whether numba was imported by an earlier call,
+which Ray worker handles a message): the same configuration makes the same choice for every
+call, on every engine, in a deployment with one fresh process per message as in one
+simulation process, so their results stay identical. (Keeping numba for small calls once a
+process has imported it would be faster in a long simulation process, but would make a
+message's result depend on what its process ran before; it is not done.)
 
 :func:`use_cache_dir` moves numba's on-disk cache (e.g. under a device's
-``client-state-dir``) for the kernels not compiled yet in this process.
+``client-state-dir``); :func:`using` overrides the choice for a block (tests, benchmarks).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BACKEND", "KERNELS_ENV", "kernel", "use_cache_dir"]
+__all__ = ["BREAK_EVEN", "ELEMENT_US", "KERNELS_ENV", "STEP_US", "Kernel", "kernel", "mode",
+           "numba_available", "use_cache_dir", "using"]
 
 KERNELS_ENV = "FMTL_KERNELS"
 _CHOICES = ("auto", "numba", "numpy")
 
+#: Cost of one Python-level step of a numpy kernel (index, scalar arithmetic, two small numpy
+#: calls), microseconds: MOCHA's numpy SDCA step, fitted over d = 1..4000 (measured 1.04).
+STEP_US = 1.0
+#: Cost per row entry a numpy SDCA step touches (a dot product and an axpy), microseconds
+#: (measured 0.00035).
+ELEMENT_US = 0.00035
+#: A fresh process's CPU time to import numba and load MOCHA's kernels from a warm cache
+#: (measured 0.43 s), microseconds: ``auto`` runs numba for calls whose estimate reaches it.
+#: numba's own run time is neglected (tens of nanoseconds per step against the numpy step's
+#: microsecond). Break-even for MOCHA's SDCA: about 4.1e5 steps at d = 10, 4.0e5 at d = 100,
+#: 3.1e5 at d = 1000, 9.5e4 at d = 10000.
+BREAK_EVEN = 4.3e5
+
+_mode: str | None = None
+_numba: Any = None
+_available: bool | None = None
+_cache_dir: str | None = None
+_kernels: list[Kernel] = []
+_local = threading.local()
+
+
+def mode() -> str:
+    """``auto``, ``numba`` or ``numpy``: ``FMTL_KERNELS`` (read once per process) or the
+    innermost :func:`using` block."""
+    global _mode
+    if _mode is None:
+        choice = os.environ.get(KERNELS_ENV, "auto").strip().lower() or "auto"
+        if choice not in _CHOICES:
+            raise ValueError(f"{KERNELS_ENV}={choice!r}: expected one of {', '.join(_CHOICES)}")
+        _mode = choice
+    return _mode
+
+
+def numba_available() -> bool:
+    """Whether numba can be imported (checked without importing it; cached)."""
+    global _available
+    if _available is None:
+        if _numba is not None:
+            _available = True
+        else:
+            try:
+                _available = importlib.util.find_spec("numba") is not None
+            except (ImportError, ValueError):
+                _available = False
+            if not _available and mode() == "auto":
+                warnings.warn("numba is not installed: the local solvers run their numpy "
+                              f"implementations at every size (set {KERNELS_ENV}=numpy to "
+                              "choose them without this warning)", RuntimeWarning,
+                              stacklevel=3)
+    return _available
+
 
 def _load_numba() -> Any:
-    choice = os.environ.get(KERNELS_ENV, "auto").strip().lower() or "auto"
-    if choice not in _CHOICES:
-        raise ValueError(f"{KERNELS_ENV}={choice!r}: expected one of {', '.join(_CHOICES)}")
-    if choice == "numpy":
-        return None
-    try:
+    """Import numba (once), point its cache at :func:`use_cache_dir`'s directory and teach it
+    to compile calls to :class:`Kernel` objects from compiled code."""
+    global _numba, _available
+    if _numba is None:
         import numba
-    except ImportError:
-        if choice == "numba":
-            raise
-        warnings.warn("numba is not installed: the local solvers run their numpy "
-                      f"implementations (set {KERNELS_ENV}=numpy to choose them without "
-                      "this warning)", RuntimeWarning, stacklevel=2)
-        return None
-    return numba
+        from numba.core import types
+        from numba.extending import typeof_impl
+
+        @typeof_impl.register(Kernel)
+        def _typeof_kernel(value: Kernel, context: Any) -> Any:
+            return types.Dispatcher(value.compiled())
+
+        if _cache_dir is not None:
+            Path(_cache_dir).mkdir(parents=True, exist_ok=True)
+            numba.config.CACHE_DIR = _cache_dir
+        _numba = numba
+        _available = True
+    return _numba
 
 
-_numba = _load_numba()
-#: ``"numba"`` or ``"numpy"``: which implementation the kernels of this process run.
-BACKEND = "numba" if _numba is not None else "numpy"
-_dispatchers: list[Any] = []
-_cache_dir: str | None = None
+def _wants_numba(work: Callable[..., float] | None, args: tuple[Any, ...]) -> bool:
+    if getattr(_local, "python", 0):
+        return False  # inside a kernel that runs as Python: its callees follow it
+    choice = mode()
+    if choice == "numpy":
+        return False
+    if choice == "numba":
+        return True
+    if not numba_available():
+        return False
+    return work is not None and work(*args) >= BREAK_EVEN
 
 
-def kernel(fallback: Callable[..., Any] | None = None, **options: Any
-           ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorate a kernel: ``numba.njit(cache=True, nogil=True, **options)`` when numba is
-    available, else ``fallback`` (its numpy implementation, same signature and results) or,
-    without one, the function itself run by the interpreter."""
+class Kernel:
+    """A kernel and its numpy implementation; calling it runs the one :func:`kernel`'s rule
+    picks (module docstring). ``py_func`` is the kernel's own code, ``fallback`` its numpy
+    implementation (or ``py_func``), :meth:`compiled` numba's dispatcher (imports numba)."""
 
-    def wrap(func: Callable[..., Any]) -> Callable[..., Any]:
-        if _numba is None:
-            return func if fallback is None else fallback
-        dispatcher = _numba.njit(cache=True, nogil=True, **options)(func)
-        _dispatchers.append(dispatcher)
-        return dispatcher
+    def __init__(self, func: Callable[..., Any], fallback: Callable[..., Any] | None,
+                 work: Callable[..., float] | None, options: dict[str, Any]) -> None:
+        self.py_func = func
+        self.fallback = func if fallback is None else fallback
+        self.work = work
+        self.options = options
+        self._dispatcher: Any = None
+        self.__name__ = func.__name__
+        self.__qualname__ = func.__qualname__
+        self.__module__ = func.__module__
+        self.__doc__ = func.__doc__
+        _kernels.append(self)
+
+    def compiled(self) -> Any:
+        """numba's dispatcher of the kernel (``njit(cache=True, nogil=True, **options)``)."""
+        if self._dispatcher is None:
+            numba = _load_numba()
+            self._dispatcher = numba.njit(cache=True, nogil=True, **self.options)(self.py_func)
+        return self._dispatcher
+
+    def __call__(self, *args: Any) -> Any:
+        if _wants_numba(self.work, args):
+            return self.compiled()(*args)
+        _local.python = getattr(_local, "python", 0) + 1
+        try:
+            return self.fallback(*args)
+        finally:
+            _local.python -= 1
+
+    def __repr__(self) -> str:
+        return f"<kernel {self.__module__}.{self.__qualname__}>"
+
+
+def kernel(fallback: Callable[..., Any] | None = None, *,
+           work: Callable[..., float] | None = None, **options: Any
+           ) -> Callable[[Callable[..., Any]], Kernel]:
+    """Decorate a kernel: a :class:`Kernel` that runs ``numba.njit(cache=True, nogil=True,
+    **options)`` of the function or ``fallback`` (its numpy implementation, same signature
+    and results up to rounding; without one the function itself as Python), chosen per call
+    from ``work(*args)`` (the numpy implementation's estimated microseconds; module
+    docstring)."""
+
+    def wrap(func: Callable[..., Any]) -> Kernel:
+        return Kernel(func, fallback, work, options)
 
     return wrap
 
 
+def steps_work(steps: int, row_entries: float) -> float:
+    """The estimate of a numpy kernel taking ``steps`` Python-level steps, each touching
+    ``row_entries`` row entries (:data:`STEP_US`, :data:`ELEMENT_US`)."""
+    return float(steps) * (STEP_US + ELEMENT_US * float(row_entries))
+
+
+def vector_work(entries: float) -> float:
+    """The estimate of a vectorised numpy kernel touching ``entries`` entries."""
+    return ELEMENT_US * float(entries)
+
+
+@contextmanager
+def using(choice: str) -> Iterator[None]:
+    """Run the block's kernel calls with ``FMTL_KERNELS=choice`` (this process, all threads)."""
+    global _mode
+    if choice not in _CHOICES:
+        raise ValueError(f"choice must be one of {', '.join(_CHOICES)}, got {choice!r}")
+    saved = mode()
+    _mode = choice
+    try:
+        yield
+    finally:
+        _mode = saved
+
+
 def use_cache_dir(path: str | os.PathLike[str]) -> bool:
-    """Keep numba's compiled kernels under ``path`` (created if missing).
+    """Keep numba's compiled kernels under ``path`` (created when numba is first used).
 
     Applies to the kernels this process has not compiled or loaded yet (call it before the
-    first kernel runs; later calls with the same path are free). Returns whether numba is in
-    use (False: nothing to cache).
+    first kernel runs; later calls with the same path are free). Returns whether numba may be
+    used in this process (False under ``FMTL_KERNELS=numpy`` or without numba: nothing to
+    cache). numba is not imported here.
     """
     global _cache_dir
-    if _numba is None:
+    if mode() == "numpy" or not numba_available():
         return False
     path = str(Path(path))
     if path == _cache_dir:
         return True
-    Path(path).mkdir(parents=True, exist_ok=True)
-    _numba.config.CACHE_DIR = path
-    for dispatcher in _dispatchers:
-        if not dispatcher.overloads:  # not compiled/loaded yet: find its cache under path
-            dispatcher.enable_caching()
     _cache_dir = path
+    if _numba is not None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        _numba.config.CACHE_DIR = path
+        for k in _kernels:
+            dispatcher = k._dispatcher
+            if dispatcher is not None and not dispatcher.overloads:
+                dispatcher.enable_caching()  # not compiled/loaded yet: find its cache in path
     return True

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .jit import kernel
+from .jit import kernel, steps_work
 
 #: numba's fast-math flags of every SDCA-family kernel. Reassociation lets LLVM vectorise the
 #: dot product and the axpy (SIMD); no other fast-math flag is set, so NaN/inf semantics are
@@ -69,7 +69,8 @@ def _sdca_steps_numpy(X, y, alpha, sqnorm, order, start, count, scale, d_alpha, 
             v += (scale * delta * inv_n) * row
 
 
-@kernel(_sdca_steps_numpy, boundscheck=False, fastmath=FASTMATH)
+@kernel(_sdca_steps_numpy, boundscheck=False, fastmath=FASTMATH,
+        work=lambda X, y, alpha, sqnorm, order, start, count, *_: steps_work(count, X.shape[1]))
 def _sdca_steps(X, y, alpha, sqnorm, order, start, count, scale, d_alpha, v):  # pragma: no cover
     """Steps ``start .. start+count-1`` of SDCA on the local subproblem: step s visits
     ``order[s % n]``; keeps ``v = w + scale * X^T d_alpha / n``. The one SDCA kernel: MOCHA's
@@ -109,7 +110,8 @@ def _sdca_kernel_numpy(X, y, alpha, sqnorm, w, order, budget, scale, d_alpha, v)
     _sdca_steps_numpy(X, y, alpha, sqnorm, order, 0, budget, scale, d_alpha, v)
 
 
-@kernel(_sdca_kernel_numpy, boundscheck=False, fastmath=FASTMATH)
+@kernel(_sdca_kernel_numpy, boundscheck=False, fastmath=FASTMATH,
+        work=lambda X, y, alpha, sqnorm, w, order, budget, *_: steps_work(budget, X.shape[1]))
 def _sdca_kernel(X, y, alpha, sqnorm, w, order, budget, scale, d_alpha, v):  # pragma: no cover
     """MOCHA's local SDCA: ``budget`` steps of :func:`_sdca_steps` from step 0 (``w`` is the
     start model, already in ``v``)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .jit import kernel
+from .jit import kernel, steps_work
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MUL1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -46,7 +46,7 @@ def _splitmix64(state):  # pragma: no cover - compiled
     return z ^ (z >> np.uint64(31))
 
 
-@kernel(_permutation_numpy)
+@kernel(_permutation_numpy, work=lambda k0, k1, k2, k3, n: 0.5 * steps_work(n, 0))
 def _permutation(key0, key1, key2, key3, n):  # pragma: no cover - compiled
     state = _splitmix64(key0)
     state = _splitmix64(state ^ key1)

@@ -9,22 +9,24 @@ per-task regularisation of MOCHA's ``identity`` formulation (K = lambda m I, whe
 starts). So a lambda means the same for all three methods, ``local`` equals MOCHA with Omega
 fixed at m I, and one grid of lambdas covers the same range for each.
 
-Solved by SDCA (the same compiled kernel as MOCHA's local solver, with K = c, so
-m_tt = 1/c and sigma' = 1; whole epochs run compiled) until the duality gap is below
+Solved by SDCA (the same kernel as MOCHA's local solver, with K = c, so m_tt = 1/c and
+sigma' = 1; whole epochs run compiled, or as Python over the numpy SDCA steps when the work
+is small or numba missing, :mod:`fmtl_flower.core.jit`) until the duality gap is below
 ``tol`` relative to the primal. Unlike scikit-learn's LinearSVC this also handles a task
 whose labels are all one class (two tasks of small.mat have no positive sample).
 """
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from .jit import kernel, steps_work
 from .rng import TAG_ORDER, _permutation
 from .sdca import _sdca_kernel
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(work=lambda X, y, lam, tol, max_epochs, *_: steps_work(max_epochs * X.shape[0],
+                                                               X.shape[1]))
 def _svm_sdca(X, y, lam, tol, max_epochs, check_every, seed):  # pragma: no cover - compiled
     n, d = X.shape
     sqnorm = np.empty(n)

@@ -51,8 +51,13 @@ def test_dual_client_on_base_install_imports_no_server_packages(strategy: str,
     check_trained(out)
     assert not set(out["top_level"]) & set(SERVER_ONLY)
     assert not [m for m in out["fmtl_modules"] if m.startswith(OTHER_FAMILIES)]
-    # numba's compiled kernels are kept under the client-state-dir for the next process
-    assert list((tmp_path / "numba-cache").rglob("*.nbi"))
+    # a message this small (far below core.jit's break-even) runs numpy without loading numba
+    assert "numba" not in out["top_level"]
+    # with numba chosen, its compiled kernels are kept under the client-state-dir for the next
+    # process
+    out = run_device(SERVER_ONLY, strategy, tmp_path / "numba", env={"FMTL_KERNELS": "numba"})
+    check_trained(out)
+    assert list((tmp_path / "numba" / "numba-cache").rglob("*.nbi"))
 def test_every_dense_client_imports_on_a_base_install(tmp_path: Path) -> None:
     """MOCHA's, OFMTL's, Mb-SGD's and FedEM's ClientApps (FSVRG's data are scipy matrices:
     its devices install the simulation extra), with and without numba."""
@@ -78,7 +83,7 @@ def test_mocha_client_trains_without_numba(tmp_path: Path) -> None:
 
 def test_numpy_path_and_numba_path_agree(tmp_path: Path) -> None:
     """The same two messages on the numpy path (numba missing) and the compiled one."""
-    fast = run_device(SERVER_ONLY, "mocha", tmp_path / "numba")
+    fast = run_device(SERVER_ONLY, "mocha", tmp_path / "numba", env={"FMTL_KERNELS": "numba"})
     slow = run_device(SERVER_ONLY + NO_NUMBA, "mocha", tmp_path / "numpy")
     for a, b in zip(fast["rounds"], slow["rounds"], strict=True):
         assert a["steps"] == b["steps"] and a["state-ok"] == b["state-ok"]

@@ -231,6 +231,55 @@ def test_numba_pass_matches_scipy_row_reference(case):
     np.testing.assert_allclose(naive, fast_i, rtol=1e-12, atol=1e-12)
 
 
+def _numpy_and_compiled(run):
+    from fmtl_flower.core import jit
+
+    with jit.using("numba"):
+        compiled = run()
+    with jit.using("numpy"):
+        plain = run()
+    return compiled, plain
+
+
+@pytest.mark.skipif(not __import__("fmtl_flower.core.jit").core.jit.numba_available(),
+                    reason="numba is not installed")
+@pytest.mark.parametrize("case", range(8))
+def test_numpy_fsvrg_family_kernels_equal_compiled(case):
+    """The numpy FSVRG pass (FSVRG, naive FSVRG, DANE's epochs) and CoCoA+ SDCA equal the
+    compiled kernels to 1e-12 relative (not bit for bit: numpy's row dot products sum in
+    another order): empty rows, a duplicate entry (non-canonical CSR), an underflowing
+    implicit scale (step * lam = 0.9) and repeated samples included."""
+    rng = np.random.default_rng(300 + case)
+    n, d = int(rng.integers(2, 50)), int(rng.integers(1, 30))
+    X = random_csr(n, d, [0.05, 0.3, 0.8][case % 3], rng, empty_row=case % 2 == 0,
+                   scale=[0.3, 1.0, 3.0][case % 3])
+    if case == 3:  # a duplicated entry in row 0 (scipy keeps it; the kernels add both)
+        X = sp.csr_matrix((np.r_[1.5, 0.5, X.data], np.r_[0, 0, X.indices],
+                           np.r_[0, X.indptr + 2]), shape=(n + 1, d))
+        n += 1
+    assert X.nnz
+    y = rng.choice([-1.0, 1.0], size=n)
+    w_t, g = rng.normal(size=d) * 0.5, rng.normal(size=d) * 0.1
+    s = rng.uniform(0.1, 5.0, size=d)
+    lam = [1e-3, 0.5, 0.0, 0.9][case % 4]
+    order = coordinate_order(case, 3, 7, n)
+    repeated = F.uniform_sample_order(case, 2, 3, n, 4 * n)
+    alpha = y * rng.uniform(0, 1, size=n) * (case % 2)
+
+    def run():
+        return [F.fsvrg_local_pass(X, y, w_t, g, lam=lam, h=0.3 * n, s=s, order=order),
+                F.fsvrg_local_pass(X, y, w_t, g, lam=lam, h=0.3 * n, s=None, order=order),
+                F.naive_fsvrg_local_pass(X, y, w_t, g, lam=lam, h=1.0, order=repeated),
+                F.dane_local_solve(X, y, w_t, g, lam=lam + 0.01, step=0.2,
+                                   orders=F.dane_epoch_orders(case, 1, 2, n, 3)),
+                *F.cocoa_plus_local_sdca(X, y, alpha, w_t, lam=lam + 0.01, n=2 * n,
+                                         sigma_prime=2.0, order=repeated)]
+
+    compiled, plain = _numpy_and_compiled(run)
+    for a, b in zip(compiled, plain, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-14)
+
+
 def test_pass_with_underflowing_scale_and_repeated_samples():
     # step * lam = 0.9: the implicit scale alpha = 0.1^t underflows and is renormalised
     rng = np.random.default_rng(5)

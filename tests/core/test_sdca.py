@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fmtl_flower.core.jit import BACKEND
+from fmtl_flower.core import jit
+from fmtl_flower.core.jit import numba_available
 from fmtl_flower.core.rng import coordinate_order
 from fmtl_flower.core.sdca import sdca_local_update
 
@@ -183,27 +184,29 @@ def test_cocoa_plus_zero_row_takes_the_logistic_maximiser():
 
 
 # -- the numpy implementations (no numba) against the compiled kernels ------------------------
+# (fmtl_flower.core.jit: equal up to rounding, not bit for bit: numba's SDCA kernels reassociate
+# sums and fuse multiply-adds; the permutation is bit-identical)
 
 
-compiled_only = pytest.mark.skipif(BACKEND != "numba", reason="numba is not in use")
+compiled_only = pytest.mark.skipif(not numba_available(), reason="numba is not installed")
+
+
+def both(run):
+    """``run()`` with every kernel compiled, then with every kernel's numpy implementation."""
+    with jit.using("numba"):
+        compiled = run()
+    with jit.using("numpy"):
+        plain = run()
+    return compiled, plain
 
 
 @compiled_only
 @settings(max_examples=60, deadline=None)
 @given(problems())
 def test_numpy_mocha_kernel_equals_compiled(problem):
-    from fmtl_flower.core import sdca
-
     X, y, alpha, w, budget, m_tt, sigma_p, order = problem
-    compiled = sdca_local_update(X, y, alpha, w, budget=budget, m_tt=m_tt,
-                                 sigma_prime=sigma_p, order=order)
-    saved = sdca._sdca_kernel
-    sdca._sdca_kernel = sdca._sdca_kernel_numpy
-    try:
-        plain = sdca_local_update(X, y, alpha, w, budget=budget, m_tt=m_tt,
-                                  sigma_prime=sigma_p, order=order)
-    finally:
-        sdca._sdca_kernel = saved
+    compiled, plain = both(lambda: sdca_local_update(X, y, alpha, w, budget=budget, m_tt=m_tt,
+                                                     sigma_prime=sigma_p, order=order))
     for a, b in zip(compiled, plain, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
 
@@ -213,7 +216,6 @@ def test_numpy_mocha_kernel_equals_compiled(problem):
 @given(problems(), st.sampled_from([0.0, 0.3, 0.9]), st.integers(1, 7))
 def test_numpy_baseline_kernels_equal_compiled(problem, theta, check_every):
     from fmtl_flower.core import baselines as bl
-    from fmtl_flower.core.baselines import _common, cocoa, mbsdca, mbsgd
 
     X, y, alpha, w, budget, m_tt, sigma_p, order = problem
     n = X.shape[0]
@@ -226,24 +228,9 @@ def test_numpy_baseline_kernels_equal_compiled(problem, theta, check_every):
                 bl.mbsdca_local_update(X, y, alpha, w, m_tt=m_tt, budget=batch, order=order),
                 bl.mbsgd_local_gradient(X, y, w, budget=batch, order=order))
 
-    compiled = run()
-    # each compiled kernel, in every module that calls it, swapped for its numpy version
-    # (CoCoA's driver runs as Python, its py_func, over the numpy gap and SDCA steps)
-    from fmtl_flower.core import sdca as sd
-
-    numpy_of = {name: getattr(home, name + "_numpy") for home, name in (
-        (cocoa, "_local_gap"), (mbsdca, "_mbsdca_kernel"), (mbsgd, "_mbsgd_kernel"),
-        (_common, "_sub_dalpha"), (sd, "_sdca_steps"))}
-    numpy_of["_cocoa_kernel"] = cocoa._cocoa_kernel.py_func
-    saved = {(mod, name): getattr(mod, name) for mod in (cocoa, mbsdca, mbsgd)
-             for name in numpy_of if hasattr(mod, name)}
-    try:
-        for mod, name in saved:
-            setattr(mod, name, numpy_of[name])
-        plain = run()
-    finally:
-        for (mod, name), value in saved.items():
-            setattr(mod, name, value)
+    # CoCoA's driver has no numpy copy: without numba it runs as Python over the numpy gap
+    # and SDCA steps
+    compiled, plain = both(run)
     (ca, cb, cs, cg), (pa, pb, ps, pg) = compiled[0], plain[0]
     assert cs == ps  # the same number of steps (the gap test is at the same block ends)
     np.testing.assert_allclose(pa, ca, rtol=1e-9, atol=1e-12)
@@ -262,41 +249,6 @@ def test_numpy_coordinate_order_is_the_compiled_permutation(seed, task, server_r
     from fmtl_flower.core import rng
 
     keys = [np.uint64(k) for k in (seed, task, server_round, rng.TAG_ORDER)]
-    np.testing.assert_array_equal(rng._permutation_numpy(*keys, n), rng._permutation(*keys, n))
-
-
-@compiled_only
-def test_fsvrg_kernels_run_interpreted_without_numba():
-    """FSVRG's and CoCoA+'s sparse kernels have no separate numpy version: without numba
-    they run as Python (same code); the same results as compiled on a small problem."""
-    import scipy.sparse as sp
-
-    from fmtl_flower.core import fsvrg
-
-    rng = np.random.default_rng(3)
-    X = sp.random(15, 6, density=0.4, random_state=3, format="csr")
-    y = rng.choice([-1.0, 1.0], size=15)
-    w, grad = rng.normal(size=6) * 0.1, rng.normal(size=6) * 0.01
-    order = coordinate_order(0, 1, 2, 15)
-
-    def run():
-        return (fsvrg.fsvrg_local_pass(X, y, w, grad, lam=0.1, h=0.5, s=np.ones(6),
-                                       order=order),
-                *fsvrg.cocoa_plus_local_sdca(X, y, np.zeros(15), w, lam=0.1, n=15,
-                                             sigma_prime=1.0, order=order))
-
-    compiled = run()
-    from fmtl_flower.core.fsvrg import cocoa_plus, svrg  # the kernels' modules
-
-    homes = {"_svrg_pass_kernel": svrg, "_dloss": svrg, "_cocoa_kernel": cocoa_plus,
-             "_logistic_coordinate": cocoa_plus, "_sigmoid": cocoa_plus}
-    saved = {name: getattr(home, name) for name, home in homes.items()}
-    try:
-        for name, home in homes.items():
-            setattr(home, name, saved[name].py_func)
-        plain = run()
-    finally:
-        for name, value in saved.items():
-            setattr(homes[name], name, value)
-    for a, b in zip(compiled, plain, strict=True):
-        np.testing.assert_allclose(b, a, rtol=1e-10, atol=1e-13)
+    compiled, plain = both(lambda: rng._permutation(*keys, n))
+    np.testing.assert_array_equal(plain, compiled)
+    np.testing.assert_array_equal(rng._permutation_numpy(*keys, n), compiled)

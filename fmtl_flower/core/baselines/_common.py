@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from ..jit import kernel
+from ..jit import kernel, vector_work
 from ..sdca import FASTMATH
 
 
@@ -16,7 +16,8 @@ def _sub_dalpha_numpy(X, d_alpha, out):
     out *= 1.0 / X.shape[0]
 
 
-@kernel(_sub_dalpha_numpy, boundscheck=False, fastmath=FASTMATH)
+@kernel(_sub_dalpha_numpy, boundscheck=False, fastmath=FASTMATH,
+        work=lambda X, d_alpha, out: vector_work(X.size))
 def _sub_dalpha(X, d_alpha, out):  # pragma: no cover
     """out = X^T d_alpha / n, skipping zero entries (only visited rows are non-zero)."""
     n, d = X.shape

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..jit import kernel
+from ..jit import kernel, steps_work, vector_work
 from ..sdca import FASTMATH, _sdca_steps
 from ._common import _check_positive, _check_steps, _sqnorm, _sub_dalpha, _validate
 
@@ -20,7 +20,8 @@ def _local_gap_numpy(X, y, alpha, d_alpha, v):
     return float(terms.sum()) / n
 
 
-@kernel(_local_gap_numpy, boundscheck=False, fastmath=FASTMATH)
+@kernel(_local_gap_numpy, boundscheck=False, fastmath=FASTMATH,
+        work=lambda X, y, alpha, d_alpha, v: vector_work(X.size))
 def _local_gap(X, y, alpha, d_alpha, v):  # pragma: no cover
     """(1/n) sum_i [max(0, 1 - m_i) - a_i (1 - m_i)], m_i = y_i x_i^T v, a_i = y_i alpha_new_i.
 
@@ -42,7 +43,14 @@ def _local_gap(X, y, alpha, d_alpha, v):  # pragma: no cover
     return total / n
 
 
-@kernel(boundscheck=False, fastmath=FASTMATH)
+def _cocoa_work(X, y, alpha, sqnorm, order, scale, theta, max_steps, check_every, d_alpha,
+                v):
+    """At most ``max_steps`` SDCA steps and a gap check (n rows) every ``check_every``."""
+    checks = 1 + -(-max_steps // max(check_every, 1))
+    return steps_work(max_steps, X.shape[1]) + checks * vector_work(X.size)
+
+
+@kernel(boundscheck=False, fastmath=FASTMATH, work=_cocoa_work)
 def _cocoa_kernel(X, y, alpha, sqnorm, order, scale, theta, max_steps, check_every,
                   d_alpha, v):  # pragma: no cover
     """SDCA blocks of ``check_every`` steps until the local gap is <= theta times its start

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..jit import kernel
+from ..jit import kernel, vector_work
 from ..sdca import FASTMATH, _zero_row_delta
 from ._common import _check_positive, _check_steps, _sqnorm, _sub_dalpha, _validate
 
@@ -25,7 +25,8 @@ def _mbsdca_kernel_numpy(X, y, alpha, sqnorm, w, order, budget, inv_m_tt, d_alph
     d_alpha[idx] += yi * (a_new - a_old)
 
 
-@kernel(_mbsdca_kernel_numpy, boundscheck=False, fastmath=FASTMATH)
+@kernel(_mbsdca_kernel_numpy, boundscheck=False, fastmath=FASTMATH,
+        work=lambda X, y, alpha, sqnorm, w, order, budget, *_: vector_work(budget * X.shape[1]))
 def _mbsdca_kernel(X, y, alpha, sqnorm, w, order, budget, inv_m_tt, d_alpha):  # pragma: no cover
     n, d = X.shape
     fn = float(n)

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from ..jit import kernel
+from ..jit import kernel, vector_work
 from ..sdca import FASTMATH
 from ._common import _check_positive, _check_steps, _validate
 
@@ -21,7 +21,8 @@ def _mbsgd_kernel_numpy(X, y, w, order, budget, g):
     g -= (yi[active]) @ X[idx][active]
 
 
-@kernel(_mbsgd_kernel_numpy, boundscheck=False, fastmath=FASTMATH)
+@kernel(_mbsgd_kernel_numpy, boundscheck=False, fastmath=FASTMATH,
+        work=lambda X, y, w, order, budget, g: vector_work(budget * X.shape[1]))
 def _mbsgd_kernel(X, y, w, order, budget, g):  # pragma: no cover
     d = X.shape[1]
     for s in range(budget):

@@ -10,13 +10,14 @@ from typing import Any
 
 import numpy as np
 
-from fmtl_flower.core.jit import kernel
+from fmtl_flower.core.jit import kernel, steps_work
 
 from .logistic import (
     _as_csr,
     _as_labels,
     _as_order,
     _as_vector,
+    _csr_rows,
     _positive,
 )
 
@@ -64,7 +65,32 @@ def _logistic_coordinate(c0, q, beta0, max_newton, tol):  # pragma: no cover - c
     return _sigmoid(u)
 
 
-@kernel(boundscheck=False)
+def _cocoa_numpy(indptr, indices, data, y, alpha, sqnorm, order, scale, max_newton, tol,
+                 d_alpha, v):
+    """:func:`_cocoa_kernel` with numpy: one Python step per coordinate of ``order`` (its
+    Newton iterations in Python), the row's entries as numpy slices."""
+    rows, add = _csr_rows(indptr, indices, data, order)
+    ys, sq = y.tolist(), sqnorm.tolist()
+    for i, cols, vals in rows:
+        m = float(vals @ v[cols])
+        yi = ys[i]
+        beta0 = yi * (float(alpha[i]) + float(d_alpha[i]))
+        beta = _logistic_coordinate(yi * m, scale * sq[i], beta0, max_newton, tol)
+        delta = yi * (beta - beta0)
+        if delta != 0.0:
+            d_alpha[i] += delta
+            add(v, cols, (scale * delta) * vals)
+
+
+#: A CoCoA+ coordinate step (a few Newton iterations in Python) costs about this many numpy
+#: SDCA steps (:data:`fmtl_flower.core.jit.STEP_US`; measured 8.65 by
+#: ``benchmarks/kernel_breakeven.py``).
+_NEWTON_STEPS = 9.0
+
+
+@kernel(_cocoa_numpy, boundscheck=False,
+        work=lambda indptr, indices, data, y, alpha, sqnorm, order, *_: _NEWTON_STEPS
+        * steps_work(order.shape[0], data.shape[0] / max(indptr.shape[0] - 1, 1)))
 def _cocoa_kernel(indptr, indices, data, y, alpha, sqnorm, order, scale, max_newton, tol,
                   d_alpha, v):  # pragma: no cover - compiled
     for t in range(order.shape[0]):

@@ -74,6 +74,29 @@ def _pass_inputs(X: Any, y: Any, w_t: Any, full_grad: Any, lam: float
             _as_vector(full_grad, d, "full_grad"), _positive(lam, "lam", allow_zero=True))
 
 
+def _csr_rows(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, order: np.ndarray):
+    """The numpy kernels' row loop: ``(i, columns, values)`` of CSR row ``i`` for ``i`` in
+    ``order``, and whether ``v[columns] += ...`` must go entry by entry (some row lists a
+    column twice: a non-canonical matrix; the compiled kernels add both entries)."""
+    rows = np.repeat(np.arange(indptr.shape[0] - 1), np.diff(indptr))
+    keys = rows.astype(np.int64) * (int(indices.max(initial=0)) + 1) + indices
+    repeated = np.unique(keys).shape[0] != keys.shape[0]
+    bounds = indptr.tolist()
+
+    def add(v: np.ndarray, cols: np.ndarray, values: np.ndarray) -> None:
+        if repeated:
+            np.add.at(v, cols, values)
+        else:
+            v[cols] += values
+
+    def rows_of() -> Any:
+        for i in order.tolist():
+            start, stop = bounds[i], bounds[i + 1]
+            yield i, indices[start:stop], data[start:stop]
+
+    return rows_of(), add
+
+
 def _margins(X: sp.csr_matrix, w: np.ndarray) -> np.ndarray:
     return np.asarray(X @ w, dtype=np.float64).reshape(-1)
 

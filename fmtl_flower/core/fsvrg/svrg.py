@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from fmtl_flower.core.jit import kernel
+from fmtl_flower.core.jit import kernel, steps_work
 from fmtl_flower.core.rng import (
     TAG_UNIFORM_SAMPLE,
 )
@@ -22,6 +22,7 @@ from .logistic import (
     _as_labels,
     _as_order,
     _as_vector,
+    _csr_rows,
     _margins,
     _pass_inputs,
     _positive,
@@ -41,7 +42,39 @@ def _dloss(yi, z):  # pragma: no cover - compiled
     return -yi / (1.0 + math.exp(t))
 
 
-@kernel(boundscheck=False)
+def _svrg_pass_numpy(indptr, indices, data, y, order, z_snap, s, use_s, step, reg, G, w):
+    """:func:`_svrg_pass_kernel` with numpy: one Python step per row of ``order``, the row's
+    entries as numpy slices."""
+    rho = 1.0 - step * reg
+    alpha = 1.0
+    beta = 0.0
+    v = w
+    rows, add = _csr_rows(indptr, indices, data, order)
+    ys, zs = y.tolist(), z_snap.tolist()
+    for i, cols, vals in rows:
+        z = alpha * float(vals @ v[cols]) + beta * float(vals @ G[cols])
+        yi = ys[i]
+        gi = _dloss(yi, z) - _dloss(yi, zs[i])
+        alpha *= rho
+        beta = rho * beta - step
+        if alpha < _RESCALE_BELOW:
+            v *= alpha
+            alpha = 1.0
+        if gi != 0.0:
+            c = -step * gi / alpha
+            add(v, cols, c * s[cols] * vals if use_s else c * vals)
+    w[:] = alpha * v + beta * G
+
+
+#: A numpy FSVRG step (two sparse dot products, two loss derivatives, a scatter) costs about
+#: this many numpy SDCA steps (:data:`fmtl_flower.core.jit.STEP_US`; measured 4.95 by
+#: ``benchmarks/kernel_breakeven.py``).
+_PASS_STEPS = 5.0
+
+
+@kernel(_svrg_pass_numpy, boundscheck=False,
+        work=lambda indptr, indices, data, y, order, *_: _PASS_STEPS * steps_work(
+            order.shape[0], data.shape[0] / max(indptr.shape[0] - 1, 1)))
 def _svrg_pass_kernel(indptr, indices, data, y, order, z_snap, s, use_s, step, reg, G,
                       w):  # pragma: no cover - compiled
     """In place on ``w``: for i in order,
@@ -100,6 +133,22 @@ def _run_pass(X: sp.csr_matrix, y: np.ndarray, order: np.ndarray, snap: np.ndarr
                       float(reg), G, w)
 
 
+def _local_pass(X: Any, y: Any, w_t: Any, full_grad: Any, lam: float, h: float, order: Any,
+                s: Any, *, per_row: bool) -> np.ndarray:
+    """The FSVRG and naive FSVRG passes: checks, then one pass from ``w_t`` over ``order``
+    with the step ``h / n_k`` (``per_row``, FSVRG) or ``h`` (naive)."""
+    X, ya, wt, g, lam = _pass_inputs(X, y, w_t, full_grad, lam)
+    n_k, d = X.shape
+    h = _positive(h, "h")
+    o = _as_order(order, n_k)
+    s_arr = None if s is None else _as_vector(s, d, "s")
+    w = wt.copy()
+    if n_k == 0 or o.size == 0:
+        return w
+    _run_pass(X, ya, o, wt, s_arr, h / n_k if per_row else h, lam, g - lam * wt, w)
+    return w
+
+
 def fsvrg_local_pass(
     X: Any,
     y: Any,
@@ -145,16 +194,7 @@ def fsvrg_local_pass(
     w_k : ndarray (d,)
         The node's final iterate (the node sends it, or ``w_k - w_t``).
     """
-    X, ya, wt, g, lam = _pass_inputs(X, y, w_t, full_grad, lam)
-    n_k, d = X.shape
-    h = _positive(h, "h")
-    o = _as_order(order, n_k)
-    s_arr = None if s is None else _as_vector(s, d, "s")
-    w = wt.copy()
-    if n_k == 0 or o.size == 0:
-        return w
-    _run_pass(X, ya, o, wt, s_arr, h / n_k, lam, g - lam * wt, w)
-    return w
+    return _local_pass(X, y, w_t, full_grad, lam, h, order, s, per_row=True)
 
 
 def naive_fsvrg_local_pass(
@@ -172,15 +212,7 @@ def naive_fsvrg_local_pass(
     ``w_k <- w_k - h (grad f_i(w_k) - grad f_i(w_t) + grad f(w_t))`` for ``i`` in ``order``
     (Algorithm 3 samples ``m`` rows uniformly at random: :func:`uniform_sample_order`).
     """
-    X, ya, wt, g, lam = _pass_inputs(X, y, w_t, full_grad, lam)
-    n_k, d = X.shape
-    h = _positive(h, "h")
-    o = _as_order(order, n_k)
-    w = wt.copy()
-    if n_k == 0 or o.size == 0:
-        return w
-    _run_pass(X, ya, o, wt, None, h, lam, g - lam * wt, w)
-    return w
+    return _local_pass(X, y, w_t, full_grad, lam, h, order, None, per_row=False)
 
 
 def fsvrg_local_pass_reference(
