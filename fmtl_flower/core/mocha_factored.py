@@ -110,16 +110,10 @@ def choose_server_path(num_tasks: int, dim: int | None, omega: str,
 class FactoredMochaServerState(ServerStateBasics):
     """Server state of MOCHA for m tasks in d dimensions, M = K^-1 factored.
 
-    Attributes
-    ----------
-    B : ndarray of shape (d, m)
-        Accumulated dual images of the committed dual variables.
-    formulation : FactoredFormulation
-        The regulariser and its Omega-step (:mod:`fmtl_flower.core.factored`).
-    M : FactoredMatrix
-        K^-1 for the current Omega.
-    W : ndarray of shape (d, m)
-        Models W(alpha) = B M, kept in step with B and M.
+    The attributes of :class:`fmtl_flower.core.mocha.MochaServerState` (``B``,
+    ``formulation``, ``M``, ``W = B M``), with ``formulation`` a
+    :class:`~fmtl_flower.core.factored.FactoredFormulation` and ``M`` a
+    :class:`~fmtl_flower.core.factored.FactoredMatrix`.
     """
 
     B: np.ndarray

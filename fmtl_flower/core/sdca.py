@@ -45,6 +45,34 @@ def _zero_row_delta(yi, a_old):  # pragma: no cover - compiled
     return yi * (1.0 - a_old)
 
 
+@kernel(inline="always")
+def _step_start(X, y, alpha, sqnorm, d_alpha, v, i):  # pragma: no cover - compiled
+    """The start of every SDCA-family coordinate step on row ``i`` at the model ``v``:
+    ``(y_i, a_old, |x_i|^2, x_i^T v)`` with ``a_old = y_i (alpha_i + d_alpha_i)``. A zero row
+    is moved to its maximiser here (:func:`_zero_row_delta`) and returned with
+    ``|x_i|^2 = 0`` and no dot product: the caller's step ends there."""
+    yi = y[i]
+    a_old = yi * (alpha[i] + d_alpha[i])
+    xx = sqnorm[i]
+    if xx <= 0.0:
+        d_alpha[i] += _zero_row_delta(yi, a_old)
+        return yi, a_old, xx, 0.0
+    dot = 0.0
+    for j in range(X.shape[1]):
+        dot += X[i, j] * v[j]
+    return yi, a_old, xx, dot
+
+
+@kernel(inline="always")
+def _clip01(a):  # pragma: no cover - compiled
+    """``a`` clipped to the box [0, 1] of ``y_i alpha_i``."""
+    if a < 0.0:
+        return 0.0
+    if a > 1.0:
+        return 1.0
+    return a
+
+
 def _sdca_steps_numpy(X, y, alpha, sqnorm, order, start, count, scale, d_alpha, v):
     """:func:`_sdca_steps` with numpy (one coordinate step per Python iteration)."""
     n = X.shape[0]
@@ -80,23 +108,13 @@ def _sdca_steps(X, y, alpha, sqnorm, order, start, count, scale, d_alpha, v):  #
     inv_n = 1.0 / n
     for s in range(start, start + count):
         i = order[s % n]
-        yi = y[i]
-        a_old = yi * (alpha[i] + d_alpha[i])
-        xx = sqnorm[i]
+        yi, a_old, xx, dot = _step_start(X, y, alpha, sqnorm, d_alpha, v, i)
         if xx <= 0.0:
-            d_alpha[i] += _zero_row_delta(yi, a_old)
             continue
-        dot = 0.0
-        for j in range(d):
-            dot += X[i, j] * v[j]
         # 1/q does not depend on the model: computed apart from the dot product, it keeps the
         # division off the step-to-step dependency chain (v -> dot -> a_new -> v).
         inv_q = 1.0 / (scale * xx * inv_n)
-        a_new = a_old + (1.0 - yi * dot) * inv_q
-        if a_new < 0.0:
-            a_new = 0.0
-        elif a_new > 1.0:
-            a_new = 1.0
+        a_new = _clip01(a_old + (1.0 - yi * dot) * inv_q)
         if a_new != a_old:
             delta = yi * (a_new - a_old)
             d_alpha[i] += delta

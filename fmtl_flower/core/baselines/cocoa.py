@@ -123,8 +123,8 @@ def cocoa_local_update(
     (n dot products); :mod:`fmtl_flower.systems.timing` charges it.
 
     Each step is MOCHA's exact coordinate maximiser of G (see :mod:`fmtl_flower.core.sdca`);
-    unlike MOCHA's kernel, a row with ``|x_i| = 0`` is set to its exact maximiser
-    ``a_i = 1`` rather than skipped, so that the gap can close.
+    a row with ``|x_i| = 0`` is set to its exact maximiser ``a_i = 1`` (the one zero-row
+    rule of the SDCA kernels), so that the gap can close.
 
     Parameters
     ----------
@@ -154,10 +154,8 @@ def cocoa_local_update(
 
     Returns
     -------
-    d_alpha : ndarray of shape (n,)
-        The change of the dual variables; ``y * (alpha + d_alpha)`` stays in [0, 1].
-    d_b : ndarray of shape (d,)
-        ``X^T d_alpha / n``, the only vector sent to the server.
+    d_alpha, d_b : ndarray of shape (n,), ndarray of shape (d,)
+        As for :func:`fmtl_flower.core.sdca.sdca_local_update`.
     steps : int
         Coordinate steps taken (gap checks not counted). The number of gap checks is
         ``1 + ceil(steps / check_every)``.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..jit import kernel, vector_work
-from ..sdca import FASTMATH, _zero_row_delta
+from ..sdca import FASTMATH, _clip01, _step_start
 from ._common import _check_positive, _check_steps, _sqnorm, _sub_dalpha, _validate
 
 
@@ -28,24 +28,15 @@ def _mbsdca_kernel_numpy(X, y, alpha, sqnorm, w, order, budget, inv_m_tt, d_alph
 @kernel(_mbsdca_kernel_numpy, boundscheck=False, fastmath=FASTMATH,
         work=lambda X, y, alpha, sqnorm, w, order, budget, *_: vector_work(budget * X.shape[1]))
 def _mbsdca_kernel(X, y, alpha, sqnorm, w, order, budget, inv_m_tt, d_alpha):  # pragma: no cover
-    n, d = X.shape
-    fn = float(n)
+    """The SDCA family's coordinate step (:func:`~fmtl_flower.core.sdca._step_start`, its
+    zero-row rule) for ``order[:budget]``, every step at the stale ``w``."""
+    fn = float(X.shape[0])
     for s in range(budget):
         i = order[s]
-        yi = y[i]
-        a_old = yi * (alpha[i] + d_alpha[i])
-        xx = sqnorm[i]
+        yi, a_old, xx, dot = _step_start(X, y, alpha, sqnorm, d_alpha, w, i)
         if xx <= 0.0:
-            d_alpha[i] += _zero_row_delta(yi, a_old)
             continue
-        dot = 0.0
-        for j in range(d):
-            dot += X[i, j] * w[j]
-        a_new = a_old + (1.0 - yi * dot) * (fn * inv_m_tt / xx)
-        if a_new < 0.0:
-            a_new = 0.0
-        elif a_new > 1.0:
-            a_new = 1.0
+        a_new = _clip01(a_old + (1.0 - yi * dot) * (fn * inv_m_tt / xx))
         d_alpha[i] += yi * (a_new - a_old)
 
 
