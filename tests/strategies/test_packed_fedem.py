@@ -277,3 +277,93 @@ def test_tasks_sent_other_components_get_their_own_set_in_one_message():
     msg.content["arrays"]["components-of"] = to_array(np.array([0, 1, 2, 0]))
     with pytest.raises(ValueError, match="must index the 2 components sets"):
         packed_app(msg, ctx)
+
+
+def _set_row(arrays, key, task, change):
+    """``arrays[key]`` with the row of ``task`` changed by ``change(row) -> row``."""
+    tasks = from_array(arrays["task-id"]).tolist()
+    if task in tasks:
+        values = np.array(from_array(arrays[key]))
+        values[tasks.index(task)] = change(values[tasks.index(task)])
+        arrays[key] = to_array(values)
+
+
+ROW_CORRUPTIONS = {  # each makes task 5's row invalid and leaves the others valid
+    "huge component": ("components", lambda r: r + 1e7),
+    "far moved component": ("components", lambda r: r + 1e5),
+    "nan weight": ("weights", lambda r: r * np.nan),
+    "weight not 0 or n": ("weights", lambda r: r * 0.5),
+    "no trained component": ("weights", lambda r: r * 0.0),
+    "negative loss": ("train-loss", lambda r: -1.0),
+    "loss above the bound": ("train-loss", lambda r: 1e7),
+    "inf timing": ("e-step-s", lambda r: np.inf),
+    "timing above the timeout": ("train-s", lambda r: 1e9),
+    "wrong round": ("round", lambda r: r + 1),
+    "wrong n-train": ("n-train", lambda r: r + 1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ROW_CORRUPTIONS))
+def test_every_bad_row_of_a_stacked_fedem_reply_is_rejected_alone(case):
+    """Whatever is wrong with one row, the run equals the run in which that task's
+    replies were lost (its slot failed), and the other tasks of its node are accepted."""
+    key, change = ROW_CORRUPTIONS[case]
+    values = {**BASE, "strategy": "fedem", "fraction": 1.0, "train-tasks-frac": 1.0,
+              "tasks-per-node": 4, "num-server-rounds": 2}
+
+    def corrupt(client, message, context):
+        reply = client(message, context)
+        if "stack" in message.content and message.metadata.message_type == "train":
+            _set_row(reply.content["arrays"], key, 5, change)
+        return reply
+
+    box = _run(values, app_wrap=corrupt)
+    lost = _run(values, app_wrap=lambda c, m, x: _drop_rows(c(m, x), m, {5}))
+    assert [r["num_replies"] for r in box["rounds"]] == [9, 9]
+    assert [_untimed(r) for r in lost["rounds"]] == [_untimed(r) for r in box["rounds"]]
+
+
+@pytest.mark.parametrize("case", ["float ids", "short column", "no arrays", "wrong protocol",
+                                  "stranger slot"])
+def test_a_malformed_stacked_fedem_reply_rejects_its_nodes_tasks_only(case):
+    values = {**BASE, "strategy": "fedem", "fraction": 1.0, "train-tasks-frac": 1.0,
+              "tasks-per-node": 4, "num-server-rounds": 2}
+
+    def corrupt(client, message, context):
+        reply = client(message, context)
+        if ("stack" in message.content and message.metadata.message_type == "train"
+                and 5 in from_array(message.content["arrays"]["task-id"]).tolist()):
+            arrays = reply.content["arrays"]
+            if case == "float ids":
+                arrays["task-id"] = to_array(from_array(arrays["task-id"]).astype(float))
+            elif case == "short column":
+                arrays["train-loss"] = to_array(from_array(arrays["train-loss"])[:-1])
+            elif case == "no arrays":
+                del reply.content["arrays"]
+            elif case == "wrong protocol":
+                reply.content["stack"] = ConfigRecord({"protocol": "mocha",
+                                                       "slots": [0, 1, 2, 3]})
+            else:
+                reply.content["stack"] = ConfigRecord({"protocol": "fedem",
+                                                       "slots": [0, 1, 2, 9]})
+        return reply
+
+    box = _run(values, app_wrap=corrupt)
+    lost = _run(values, app_wrap=lambda c, m, x: _drop_rows(c(m, x), m, {4, 5, 6, 7}))
+    assert [r["num_replies"] for r in box["rounds"]] == [6, 6]  # node 1's four tasks lost
+    assert [_untimed(r) for r in lost["rounds"]] == [_untimed(r) for r in box["rounds"]]
+
+
+def test_fmtl_run_packs_fedem_automatically_and_says_so(tmp_path, capsys):
+    import json
+
+    from fmtl_flower.cli import main
+
+    args = ["run", "fedavg", "--dataset", "synthetic", "--rounds", "2", "--set", "num-tasks=7",
+            "--set", "dim=4", "--set", "samples-per-task=10"]
+    assert main([*args, "--out", str(tmp_path / "auto.json")]) == 0
+    assert "task packing: 7 tasks on 1 node, 7 per node (automatic" in capsys.readouterr().out
+    assert main([*args, "--set", "tasks-per-node=1", "--out", str(tmp_path / "one.json")]) == 0
+    auto, one = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("auto", "one"))
+    assert auto["config"]["tasks-per-node"] == 7
+    assert [_untimed(r) for r in auto["rounds"]] == [_untimed(r) for r in one["rounds"]]
