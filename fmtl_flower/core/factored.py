@@ -50,8 +50,11 @@ from .formulations import (
     IdentityFormulation,
     MeanFormulation,
     ProbabilisticFormulation,
+    _ClusteredParameters,
     _gamma,
+    _MeanParameters,
     _positive,
+    _ProbabilisticParameters,
     clustered_eigenvalues,
 )
 from .omega import DEFAULT_OMEGA_EPS
@@ -661,7 +664,7 @@ class FactoredIdentity(FactoredFormulation):
         return 0.5 * self.lam * self.num_tasks * float(np.einsum("ij,ij->", W, W))
 
 
-class FactoredMean(FactoredFormulation):
+class FactoredMean(_MeanParameters, FactoredFormulation):
     """Factored ``mean`` (eq. 11): K = (lam + lam2) I - lam 11^T/m (r = 1). Fixed.
 
     M = I / (lam + lam2) + (1/lam2 - 1/(lam + lam2)) 11^T / m.
@@ -670,9 +673,7 @@ class FactoredMean(FactoredFormulation):
     name = "mean"
     fixed = True
 
-    def __init__(self, num_tasks: int, *, lam: float, lam2: float, gamma: float = 1.0) -> None:
-        super().__init__(num_tasks, lam=lam, gamma=gamma)
-        self.lam2 = _positive(lam2, "lambda2")
+    def _start(self) -> None:
         self._u = np.full((self.num_tasks, 1), 1.0 / math.sqrt(self.num_tasks))
 
     # the same constructor arguments as the dense class: read its options the same way
@@ -695,16 +696,8 @@ class FactoredMean(FactoredFormulation):
     def regulariser_factor(self) -> FactoredMatrix:
         return FactoredMatrix(self._u, np.array([-self.lam]), self.lam + self.lam2)
 
-    def objective(self, W: np.ndarray) -> float:
-        W = self._check_W(W)
-        centred = W - W.mean(axis=1, keepdims=True)
-        return 0.5 * (
-            self.lam * float(np.einsum("ij,ij->", centred, centred))
-            + self.lam2 * float(np.einsum("ij,ij->", W, W))
-        )
 
-
-class FactoredProbabilistic(FactoredFormulation):
+class FactoredProbabilistic(_ProbabilisticParameters, FactoredFormulation):
     """Factored ``probabilistic`` (eq. 14): K = lam (Sigma^-1 + I/s2), Sigma factored.
 
     Same Omega-step, objective and step objective as
@@ -716,18 +709,7 @@ class FactoredProbabilistic(FactoredFormulation):
     name = "probabilistic"
     fixed = False
 
-    def __init__(
-        self,
-        num_tasks: int,
-        *,
-        lam: float,
-        s2: float = math.inf,
-        eps_rel: float = DEFAULT_OMEGA_EPS,
-        gamma: float = 1.0,
-    ) -> None:
-        super().__init__(num_tasks, lam=lam, gamma=gamma)
-        self.s2 = _positive(s2, "s2", allow_inf=True)
-        self.eps_rel = _positive(eps_rel, "omega-eps")
+    def _start(self) -> None:
         self._sigma = FactoredMatrix.scaled_identity(self.num_tasks, 1.0 / self.num_tasks)
 
     # the same constructor arguments as the dense class: read its options the same way
@@ -793,7 +775,7 @@ def _gram_top(W: np.ndarray) -> float:
     return max(0.0, float(np.linalg.eigvalsh(gram)[-1])) if gram.size else 0.0
 
 
-class FactoredClustered(FactoredFormulation):
+class FactoredClustered(_ClusteredParameters, FactoredFormulation):
     """Factored ``clustered`` (eq. 12): M = (eta I + Omega) / lam, Omega factored.
 
     Omega = V diag(q - q0) V^T + q0 I: q from
@@ -805,14 +787,7 @@ class FactoredClustered(FactoredFormulation):
     name = "clustered"
     fixed = False
 
-    def __init__(
-        self, num_tasks: int, *, lam: float, eta: float, k: float, gamma: float = 1.0
-    ) -> None:
-        super().__init__(num_tasks, lam=lam, gamma=gamma)
-        self.eta = _positive(eta, "eta")
-        self.k = _positive(k, "clusters")
-        if self.k > self.num_tasks:
-            raise ValueError(f"clusters must be in (0, num_tasks={self.num_tasks}], got {k}")
+    def _start(self) -> None:
         self._omega = FactoredMatrix.scaled_identity(self.num_tasks, self.k / self.num_tasks)
 
     # the same constructor arguments as the dense class: read its options the same way

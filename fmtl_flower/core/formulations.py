@@ -341,7 +341,25 @@ class IdentityFormulation(Formulation):
         return 0.5 * self.lam * self.num_tasks * float(np.einsum("ij,ij->", W, W))
 
 
-class MeanFormulation(Formulation):
+class _MeanParameters:
+    """What the dense and factored ``mean`` formulations share: ``lam2`` (checked), their
+    objective, and a start (``_start``) each makes in its own representation."""
+
+    def __init__(self, num_tasks: int, *, lam: float, lam2: float, gamma: float = 1.0) -> None:
+        super().__init__(num_tasks, lam=lam, gamma=gamma)
+        self.lam2 = _positive(lam2, "lambda2")
+        self._start()
+
+    def objective(self, W: np.ndarray) -> float:
+        W = self._check_W(W)
+        centred = W - W.mean(axis=1, keepdims=True)
+        return 0.5 * (
+            self.lam * float(np.einsum("ij,ij->", centred, centred))
+            + self.lam2 * float(np.einsum("ij,ij->", W, W))
+        )
+
+
+class MeanFormulation(_MeanParameters, Formulation):
     """Mean-regularised MTL, eq. (11): K = lam Omega + lam2 I, Omega = (I - 11^T/m)^2. Fixed.
 
     R(W) = (lam/2) sum_t |w_t - w_mean|^2 + (lam2/2) |W|_F^2 (Omega is the projection
@@ -353,9 +371,7 @@ class MeanFormulation(Formulation):
     name = "mean"
     fixed = True
 
-    def __init__(self, num_tasks: int, *, lam: float, lam2: float, gamma: float = 1.0) -> None:
-        super().__init__(num_tasks, lam=lam, gamma=gamma)
-        self.lam2 = _positive(lam2, "lambda2")
+    def _start(self) -> None:
         m = self.num_tasks
         self._P = np.full((m, m), 1.0 / m)  # projection onto span(1)
 
@@ -376,19 +392,31 @@ class MeanFormulation(Formulation):
     def regulariser_matrix(self) -> np.ndarray:
         return _sym(self.lam * self.omega + self.lam2 * np.eye(self.num_tasks))
 
-    def objective(self, W: np.ndarray) -> float:
-        W = self._check_W(W)
-        centred = W - W.mean(axis=1, keepdims=True)
-        return 0.5 * (
-            self.lam * float(np.einsum("ij,ij->", centred, centred))
-            + self.lam2 * float(np.einsum("ij,ij->", W, W))
-        )
-
 
 # ----------------------------------------------------------------------------- probabilistic
 
 
-class ProbabilisticFormulation(Formulation):
+class _ProbabilisticParameters:
+    """What the dense and factored ``probabilistic`` formulations share: ``s2`` and
+    ``eps_rel`` (checked), and a start (Sigma = I / m, ``_start``) each makes in its own
+    representation."""
+
+    def __init__(
+        self,
+        num_tasks: int,
+        *,
+        lam: float,
+        s2: float = math.inf,
+        eps_rel: float = DEFAULT_OMEGA_EPS,
+        gamma: float = 1.0,
+    ) -> None:
+        super().__init__(num_tasks, lam=lam, gamma=gamma)
+        self.s2 = _positive(s2, "s2", allow_inf=True)
+        self.eps_rel = _positive(eps_rel, "omega-eps")
+        self._start()
+
+
+class ProbabilisticFormulation(_ProbabilisticParameters, Formulation):
     """MTL with a matrix-normal prior, eq. (14): K = lam (Sigma^-1 + I/s2).
 
     R(W) = (lam/2) (tr(W Sigma^-1 W^T) + |W|_F^2 / s2), Sigma in {Sigma > 0, tr Sigma = 1}
@@ -404,18 +432,7 @@ class ProbabilisticFormulation(Formulation):
     name = "probabilistic"
     fixed = False
 
-    def __init__(
-        self,
-        num_tasks: int,
-        *,
-        lam: float,
-        s2: float = math.inf,
-        eps_rel: float = DEFAULT_OMEGA_EPS,
-        gamma: float = 1.0,
-    ) -> None:
-        super().__init__(num_tasks, lam=lam, gamma=gamma)
-        self.s2 = _positive(s2, "s2", allow_inf=True)
-        self.eps_rel = _positive(eps_rel, "omega-eps")
+    def _start(self) -> None:
         self._set_sigma(sigma_identity(self.num_tasks))
 
     @classmethod
@@ -546,7 +563,23 @@ def clustered_eigenvalues(mu: np.ndarray, eta: float, k: float) -> np.ndarray:
     return q
 
 
-class ClusteredFormulation(Formulation):
+class _ClusteredParameters:
+    """What the dense and factored ``clustered`` formulations share: ``eta`` and ``k``
+    (checked, ``k <= num_tasks``), and a start (Omega = (k/m) I, ``_start``) each makes in its
+    own representation."""
+
+    def __init__(
+        self, num_tasks: int, *, lam: float, eta: float, k: float, gamma: float = 1.0
+    ) -> None:
+        super().__init__(num_tasks, lam=lam, gamma=gamma)
+        self.eta = _positive(eta, "eta")
+        self.k = _positive(k, "clusters")
+        if self.k > self.num_tasks:
+            raise ValueError(f"clusters must be in (0, num_tasks={self.num_tasks}], got {k}")
+        self._start()
+
+
+class ClusteredFormulation(_ClusteredParameters, Formulation):
     """Clustered MTL (convex relaxation), eq. (12): K = lam (eta I + Omega)^-1.
 
     R(W) = (lam/2) tr(W (eta I + Omega)^-1 W^T), Omega in {0 <= Q <= I, tr Q = k}, k the
@@ -559,14 +592,7 @@ class ClusteredFormulation(Formulation):
     name = "clustered"
     fixed = False
 
-    def __init__(
-        self, num_tasks: int, *, lam: float, eta: float, k: float, gamma: float = 1.0
-    ) -> None:
-        super().__init__(num_tasks, lam=lam, gamma=gamma)
-        self.eta = _positive(eta, "eta")
-        self.k = _positive(k, "clusters")
-        if self.k > self.num_tasks:
-            raise ValueError(f"clusters must be in (0, num_tasks={self.num_tasks}], got {k}")
+    def _start(self) -> None:
         m = self.num_tasks
         self._evecs = np.eye(m)
         self._q = np.full(m, self.k / m)
