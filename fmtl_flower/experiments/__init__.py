@@ -10,12 +10,14 @@ its ``run`` that ``fmtl reproduce NAME --set KEY=VALUE`` may set (:func:`parse_o
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from ..config import split_set_option
+from ..core import jit
 
 REPRODUCTIONS = {
     "mocha-table1": "fmtl_flower.experiments.mocha_table1",
@@ -37,8 +39,22 @@ def module_of(name: str) -> ModuleType:
 
 
 def reproduce(name: str, out_dir: str | Path, quick: bool = False, **options: Any) -> dict:
-    """Run reproduction ``name`` and write its files to ``out_dir``; return its JSON dict."""
-    return module_of(name).run(Path(out_dir), quick=quick, **options)
+    """Run reproduction ``name`` and write its files to ``out_dir``; return its JSON dict.
+
+    The local solvers run compiled at every size (``FMTL_KERNELS=numba`` unless the
+    environment sets it; also for the Ray workers started from here), as when the committed
+    results were made: the default ``auto`` runs small calls with numpy, equal only up to
+    rounding (:mod:`fmtl_flower.core.jit`)."""
+    module = module_of(name)
+    saved = os.environ.get(jit.KERNELS_ENV)
+    choice = saved or "numba"
+    os.environ[jit.KERNELS_ENV] = choice
+    try:
+        with jit.using(choice):
+            return module.run(Path(out_dir), quick=quick, **options)
+    finally:
+        if saved is None:
+            os.environ.pop(jit.KERNELS_ENV, None)
 
 
 def parse_options(name: str, pairs: Sequence[str]) -> dict[str, Any]:
