@@ -5,7 +5,7 @@ so that ``import fmtl_flower`` stays cheap):
 
 Strategies (``flwr.serverapp.strategy.Strategy`` subclasses, driven by ``start()``)
     :class:`Mocha` (also CoCoA and mini-batch SDCA: ``method=``), :class:`MbSgd`,
-    :class:`FedEM` (also FedAvg, FedProx, FedAvg+, clustered FL, local: ``method=``),
+    :class:`FedEM` (also FedAvg, FedProx, FedAvg+, CFL, IFCA, pFedMe, local: ``method=``),
     :class:`OFMTL`, :class:`Fsvrg` (also GD, naive FSVRG, CoCoA+, DANE: ``method=``);
     :class:`DiscoveryError` (too few tasks showed up) and :class:`NoValidReplies` (rounds
     in a row without a valid reply): the ``RuntimeError`` subclasses ``start()`` stops with.

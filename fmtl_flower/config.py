@@ -16,11 +16,11 @@ from typing import Any
 
 STRATEGIES = ("mocha", "cocoa", "mb-sdca", "mb-sgd", "local", "global", "fedem", "fedavg",
               "fedprox", "fedavg-ft", "clustered", "ofmtl", "fsvrg", "fsvrg-naive", "gd",
-              "cocoa-plus", "dane")
+              "cocoa-plus", "dane", "cfl", "pfedme", "ifca")
 #: Strategies of MOCHA's primal-dual / primal family (one linear SVM per task).
 MOCHA_FAMILY = ("mocha", "cocoa", "mb-sdca", "mb-sgd")
 #: Strategies of FedEM's family (``local`` joins it with a model other than ``svm``).
-FEDEM_FAMILY = ("fedem", "fedavg", "fedprox", "fedavg-ft", "clustered")
+FEDEM_FAMILY = ("fedem", "fedavg", "fedprox", "fedavg-ft", "clustered", "cfl", "pfedme", "ifca")
 #: Strategies of FSVRG's family (one global sparse logistic-regression model).
 FSVRG_FAMILY = ("fsvrg", "fsvrg-naive", "gd", "cocoa-plus", "dane")
 FEDERATED = MOCHA_FAMILY + FEDEM_FAMILY + ("ofmtl",) + FSVRG_FAMILY
@@ -101,7 +101,8 @@ class RunConfig:
         machinery with another local solver; ``mb-sgd`` is the primal mini-batch subgradient
         baseline; ``local`` and ``global`` are the baselines without sharing / with one
         pooled model (SVMs by default, see ``model``); ``fedem``, ``fedavg``, ``fedprox``,
-        ``fedavg-ft`` and ``clustered`` are FedEM and its baselines.
+        ``fedavg-ft``, ``cfl`` (Sattler et al.'s clustered FL), ``clustered`` (IFCA; alias
+        ``ifca``) and ``pfedme`` are FedEM and its baselines.
     dataset : str
         ``synthetic`` (generated), ``small``, ``eat-voc`` or a path to a ``.mat`` file.
     num_server_rounds : int
@@ -181,6 +182,12 @@ class RunConfig:
         FedProx's mu.
     finetune_epochs : int
         FedAvg+'s local fine-tuning epochs before evaluation.
+    cfl_eps1, cfl_eps2 : float
+        CFL's split thresholds (mean and largest client update norm; the FedEM authors' 0.4
+        and 1.6).
+    pfedme_lambda, pfedme_lr, pfedme_steps, pfedme_beta : float / int / int / float
+        pFedMe's lambda, inner learning rate, inner steps K and server beta (``lr`` is its
+        eta).
     generator : {"released", "fixed"}
         ``fedem-synthetic``: keep the released generator's row-offset bug or fix it.
     train_tasks_frac : float
@@ -289,6 +296,12 @@ class RunConfig:
     aggregation: str = "all"
     prox_mu: float = 0.1
     finetune_epochs: int = 1
+    cfl_eps1: float = 0.4
+    cfl_eps2: float = 1.6
+    pfedme_lambda: float = 15.0
+    pfedme_lr: float = 0.05
+    pfedme_steps: int = 5
+    pfedme_beta: float = 1.0
     generator: str = "released"
     train_tasks_frac: float = 1.0
     n_test: int = 0
@@ -403,6 +416,12 @@ _PARSE = {
     "aggregation": lambda k, v: _as_choice(k, v, ("all", "sampled")),
     "prox-mu": lambda k, v: as_float(k, v, lo=0.0),
     "finetune-epochs": lambda k, v: as_int(k, v, 0),
+    "cfl-eps1": lambda k, v: as_float(k, v, lo=0.0),
+    "cfl-eps2": lambda k, v: as_float(k, v, lo=0.0),
+    "pfedme-lambda": lambda k, v: as_float(k, v, lo=0.0, lo_open=True),
+    "pfedme-lr": lambda k, v: as_float(k, v, lo=0.0, lo_open=True),
+    "pfedme-steps": lambda k, v: as_int(k, v, 1),
+    "pfedme-beta": lambda k, v: as_float(k, v, lo=0.0, lo_open=True),
     "generator": lambda k, v: _as_choice(k, v, ("released", "fixed")),
     "train-tasks-frac": lambda k, v: as_float(k, v, lo=0.0, hi=1.0, lo_open=True),
     "n-test": lambda k, v: as_int(k, v, 0),

@@ -6,7 +6,9 @@ the poster's Table 1 is run, as a real in-process Flower federation of 100 round
 over the grid lr x batch size below (one local epoch, momentum 0.9, weight decay 5e-4, as the
 authors' scripts), and for ``fedem`` / ``clustered`` over the number of components M
 (``--components``, default 3), and for ``fedprox`` over its mu (``--mus``, default 0.1).
-``--momentum`` sets the momentum of every run (0.9; the authors' FedProx uses 0). The best
+``--momentum`` sets the momentum of every run (0.9; the authors' FedProx uses 0); for
+``pfedme`` ``--pfedme-lrs`` is the grid of its inner learning rate, and ``--set KEY=VALUE``
+fixes any other run-config key for every run (e.g. ``pfedme-lambda=15``). The best
 setting per method (highest weighted validation
 accuracy) is what ``fmtl_flower.experiments.fedem_table1.TUNED`` and the run-config
 defaults (FedEM's) hold.
@@ -31,11 +33,14 @@ from pathlib import Path
 import numpy as np
 
 METHODS = ("local", "fedavg", "fedprox", "fedavg-ft", "clustered", "fedem")
+#: Also tunable: Sattler et al.'s CFL and pFedMe (``--methods cfl pfedme``).
+EXTRA_METHODS = ("cfl", "pfedme")
 LRS = (0.03, 0.1, 0.3)
 BATCHES = (32, 128)
 
 
-def validation_run(job: tuple[str, float, int, int, int, float, float]) -> dict:
+def validation_run(job: tuple[str, float, int, int, int, float, float, float,
+                                tuple[tuple[str, str], ...]]) -> dict:
     """One federation on the 80/20 split of every client's training set."""
     import flwr.common.logger  # noqa: F401
 
@@ -46,11 +51,12 @@ def validation_run(job: tuple[str, float, int, int, int, float, float]) -> dict:
     from fmtl_flower.engine import run_inprocess
 
     logging.getLogger("flwr").setLevel(logging.ERROR)
-    method, lr, batch, components, rounds, mu, momentum = job
+    method, lr, batch, components, rounds, mu, momentum, personal_lr, extra = job
     cfg = RunConfig.from_mapping({"strategy": method, "dataset": "fedem-synthetic", "lr": lr,
                                   "batch-size": batch, "M": components,
                                   "num-server-rounds": rounds, "eval-every": 1000,
-                                  "prox-mu": mu, "momentum": momentum})
+                                  "prox-mu": mu, "momentum": momentum,
+                                  "pfedme-lr": personal_lr, **dict(extra)})
     data = dataset_for(cfg)
 
     def load(context):
@@ -67,9 +73,16 @@ def validation_run(job: tuple[str, float, int, int, int, float, float]) -> dict:
                   data.num_tasks)
     final = box["final"]
     return {"method": method, "lr": lr, "batch-size": batch, "M": components,
-            "prox-mu": mu, "momentum": momentum, "validation_accuracy": final["accuracy_mean"],
+            "prox-mu": mu, "momentum": momentum,
+            **({"pfedme-lr": personal_lr} if method == "pfedme" else {}), **dict(extra),
+            "validation_accuracy": final["accuracy_mean"],
             "validation_bottom_decile": final["accuracy_bottom_decile"],
             "wall_time_s": time.perf_counter() - started}
+
+
+def personal(row: dict) -> str:
+    """pFedMe's inner learning rate for the progress line (empty for the other methods)."""
+    return f" personal lr {row['pfedme-lr']:g}" if "pfedme-lr" in row else ""
 
 
 def main() -> None:
@@ -84,18 +97,25 @@ def main() -> None:
     parser.add_argument("--mus", nargs="+", type=float, default=[0.1],
                         help="FedProx mu values tried (fedprox only)")
     parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--pfedme-lrs", nargs="+", type=float, default=[0.05],
+                        help="pFedMe inner learning rates tried (pfedme only)")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="run-config keys fixed for every run")
     parser.add_argument("--out", default="results/fedem-tune.json")
     args = parser.parse_args()
-    jobs = [(m, lr, b, k, args.rounds, mu, args.momentum)
+    extra = tuple(tuple(item.split("=", 1)) for item in args.set)
+    jobs = [(m, lr, b, k, args.rounds, mu, args.momentum, plr, extra)
             for m, lr, b in itertools.product(args.methods, args.lrs, args.batches)
             for k in (args.components if m in ("fedem", "clustered") else [3])
-            for mu in (args.mus if m == "fedprox" else [0.1])]
+            for mu in (args.mus if m == "fedprox" else [0.1])
+            for plr in (args.pfedme_lrs if m == "pfedme" else [0.05])]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         results = []
         for r in pool.map(validation_run, jobs):
             results.append(r)
             print(f"{r['method']:10s} lr {r['lr']:<5g} batch {r['batch-size']:4d} M {r['M']} "
-                  f"mu {r['prox-mu']:g} momentum {r['momentum']:g}: "
+                  f"mu {r['prox-mu']:g} momentum {r['momentum']:g}"
+                  f"{personal(r)}: "
                   f"validation "
                   f"accuracy {r['validation_accuracy']:.4f} / bottom decile "
                   f"{r['validation_bottom_decile']:.4f} [{r['wall_time_s']:.0f} s]", flush=True)
@@ -104,7 +124,7 @@ def main() -> None:
         top = max((r for r in results if r["method"] == method),
                   key=lambda r: r["validation_accuracy"])
         best[method] = {k: top[k] for k in ("lr", "batch-size", "M", "prox-mu", "momentum",
-                                            "validation_accuracy")}
+                                            "pfedme-lr", "validation_accuracy") if k in top}
     payload = {"best": best, "runs": results, "rounds": args.rounds}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(payload, indent=1))

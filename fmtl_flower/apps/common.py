@@ -347,7 +347,10 @@ def fedem_from_config(cfg: RunConfig, num_tasks: int,
                   finetune_epochs=cfg.finetune_epochs,
                   unseen_tasks=unseen_tasks(cfg, num_tasks), eval_every=cfg.eval_every,
                   seed=cfg.seed, discovery_timeout=max(cfg.round_timeout, 60.0),
-                  max_update_ratio=cfg.max_update_ratio, on_round=on_round)
+                  max_update_ratio=cfg.max_update_ratio, on_round=on_round,
+                  cfl_eps1=cfg.cfl_eps1, cfl_eps2=cfg.cfl_eps2,
+                  pfedme_lambda=cfg.pfedme_lambda, pfedme_lr=cfg.pfedme_lr,
+                  pfedme_steps=cfg.pfedme_steps, pfedme_beta=cfg.pfedme_beta)
     if cfg.checkpoint_dir:
         fedem.enable_checkpoints(cfg.checkpoint_dir, every=cfg.checkpoint_every)
     return fedem

@@ -1,4 +1,5 @@
-"""ClientApp handlers of FedEM and its baselines (FedAvg, FedProx, FedAvg+, clustered FL, local).
+"""ClientApp handlers of FedEM and its baselines (FedAvg, FedProx, FedAvg+, IFCA, CFL, pFedMe,
+local).
 
 The wire contract is documented in :mod:`fmtl_flower.strategies.fedem`. A device keeps in
 ``context.state`` (ArrayRecord ``fedem.arrays``; ConfigRecord ``fedem.meta``) its mixture
@@ -24,6 +25,7 @@ Build a FedEM ClientApp over your own data with :func:`make_fedem_client_app`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from logging import WARNING
@@ -38,6 +40,7 @@ from flwr.common.logger import log
 from ..checkpoint import CheckpointError, read_state_file, write_state_file
 from ..core.fedem import (
     PI_FLOOR,
+    LocalUpdate,
     check_simplex,
     component_losses,
     fit_mixture_weights,
@@ -47,6 +50,7 @@ from ..core.fedem import (
 from ..core.labels import labels_as_classes
 from ..core.local_sgd import SGDConfig
 from ..core.models import Model, make_model
+from ..core.pfedme import PFedMeConfig, local_pass
 from ..core.rng import TAG_FEDEM_FINETUNE, TAG_FEDEM_TRAIN
 from ..wire import from_array, to_array
 from .common import (
@@ -62,7 +66,10 @@ STATE_ARRAYS = "fedem.arrays"
 STATE_META = "fedem.meta"
 PREVIOUS = "fedem.previous"  # prefix of the older slot's records
 TAG_TRAIN, TAG_FINETUNE = TAG_FEDEM_TRAIN, TAG_FEDEM_FINETUNE
-METHODS = ("fedem", "fedavg", "fedprox", "fedavg-ft", "clustered", "local")
+METHODS = ("fedem", "fedavg", "fedprox", "fedavg-ft", "clustered", "ifca", "cfl", "pfedme",
+           "local")
+#: Methods whose device picks, among the components it receives, the one of lowest loss.
+PICK_BEST = ("clustered", "ifca")
 
 
 
@@ -165,8 +172,10 @@ class FedEMClient:
         return Message(RecordDict({"info": info}), reply_to=msg)
 
     def train(self, msg: Message, context: Context) -> Message:
-        """E-step, pi update and local SGD on the components (one component for clustered
-        FL; the device's own model for ``local``); reply the updated components."""
+        """E-step, pi update and local SGD on the components (one component for IFCA; the
+        device's own model for ``local``; CFL trains its cluster's model as FedAvg does;
+        pFedMe's local pass, :func:`fmtl_flower.core.pfedme.local_pass`, keeping theta_i);
+        reply the updated components."""
         data = self.client_data(context)
         config, components, method, model = self._read_instruction(msg, data)
         rnd = config_value(config, "server-round", int)
@@ -200,12 +209,17 @@ class FedEMClient:
             components = own if own is not None else components
         rng = np.random.default_rng([config_value(config, "seed", int), data.task_id, rnd,
                                      TAG_TRAIN])
-        update = local_update(model, components, pi, momentum, data.X, data.y, sgd, rng,
-                              mode="cluster" if method == "clustered" else "mixture",
-                              pi_floor=config_value(config, "pi-floor", float))
+        if method == "pfedme":
+            update = self._pfedme_update(model, components, config, data, rng)
+        else:
+            update = local_update(model, components, pi, momentum, data.X, data.y, sgd, rng,
+                                  mode="cluster" if method in PICK_BEST else "mixture",
+                                  pi_floor=config_value(config, "pi-floor", float))
         state = {"pi": update.pi, "momentum": update.momentum}
         if method == "local":
             state["own"] = update.components
+        if method == "pfedme":  # theta_i kept; pFedMe's steps have no optimiser state
+            state["own"], state["momentum"] = update.momentum, np.zeros_like(update.momentum)
         metrics = {"task-id": data.task_id, "round": rnd, "n-train": data.n,
                    "train-loss": update.train_loss, "e-step-s": update.estep_s,
                    "train-s": update.train_s}
@@ -218,8 +232,11 @@ class FedEMClient:
 
         fedem: the pi-weighted mixture (an ``unseen`` device first fits pi by EM on its own
         training split, to convergence); fedavg / fedprox: the global model; fedavg-ft: the
-        global model fine-tuned locally; clustered: the component of lowest training loss;
-        local: the device's own model.
+        global model fine-tuned locally; clustered / ifca: the component of lowest training
+        loss; cfl: its cluster's model (a held-out device receives every cluster's model and
+        takes the one of lowest training loss); pfedme: the personalised model theta_i of
+        its last training round (a device without one runs pFedMe's local pass from the
+        global model first); local: the device's own model.
         """
         rnd = config_value(config, "server-round", int)
         unseen = config_value(config, "unseen", bool)
@@ -227,6 +244,12 @@ class FedEMClient:
         iterations = 0
         losses = None
         if method == "local" and own is not None:
+            components = own
+        if method == "pfedme":  # the personalised model; a device that never trained
+            if own is None:     # (held out) personalises from the global model first
+                rng = np.random.default_rng([config_value(config, "seed", int), data.task_id,
+                                             rnd, TAG_FINETUNE])
+                own = self._pfedme_update(model, components, config, data, rng).momentum
             components = own
         if method == "fedavg-ft":
             rng = np.random.default_rng([config_value(config, "seed", int), data.task_id, rnd,
@@ -242,7 +265,7 @@ class FedEMClient:
                                                data.X, data.y, np.ones(data.n), tune, rng)
                 components = tuned[None, :]
         losses = component_losses(model, components, data.X, data.y)
-        if method == "clustered":
+        if method in PICK_BEST or (method == "cfl" and components.shape[0] > 1):
             pi = np.zeros(components.shape[0])
             pi[int(np.argmin(losses.mean(axis=1)))] = 1.0
         elif method == "fedem" and unseen:
@@ -298,6 +321,27 @@ class FedEMClient:
             if checked is not None:
                 checked.add(key)
         return np.asarray(components, dtype=np.float64), method, model
+
+    @staticmethod
+    def _pfedme_update(model: Model, components: np.ndarray, config: Mapping[str, Any],
+                       data: ClientData, rng: np.random.Generator) -> LocalUpdate:
+        """pFedMe's local pass from the global model, as a :class:`LocalUpdate` whose
+        ``momentum`` slot carries the personalised model theta_i (1, P)."""
+        if components.shape[0] != 1:
+            raise ValueError(f"pfedme expects one global model, got {components.shape[0]}")
+        settings = PFedMeConfig(lr=config_value(config, "lr", float),
+                                personal_lr=config_value(config, "pfedme-lr", float),
+                                lam=config_value(config, "pfedme-lambda", float),
+                                inner_steps=config_value(config, "pfedme-steps", int),
+                                batch_size=config_value(config, "batch-size", int),
+                                epochs=config_value(config, "local-epochs", int),
+                                weight_decay=config_value(config, "weight-decay", float))
+        started = time.perf_counter()
+        loss = float(model.per_sample_loss(components[0], data.X, data.y).mean())
+        estep_s = time.perf_counter() - started
+        update = local_pass(model, components[0], data.X, data.y, settings, rng)
+        return LocalUpdate(update.w[None, :], update.theta[None, :], np.ones(1),
+                           np.full(1, float(data.n)), loss, estep_s, update.train_s)
 
     @staticmethod
     def _sgd_config(config: Mapping[str, Any]) -> SGDConfig:

@@ -13,7 +13,16 @@ fedem      M components, E-step and pi on the device, components aggregated
 fedavg     one global model (M = 1)
 fedprox    FedAvg with the proximal term (mu / 2) ||theta - theta_global||^2 locally
 fedavg-ft  FedAvg+, FedAvg then local fine-tuning before evaluation
-clustered  clustered FL (IFCA): M models, each device trains and uses the one of lowest loss
+cfl        clustered FL of Sattler et al. (the paper's "clustered FL" column): one cluster
+           at first, trained as FedAvg; a cluster whose mean client update is small
+           (< ``cfl_eps1``) while its largest is not (> ``cfl_eps2``) is split in two by
+           the cosine similarity of the updates (:mod:`fmtl_flower.core.cfl`); each device
+           trains and uses its cluster's model
+clustered  IFCA (an extra, stronger clustered baseline; alias ``ifca``): M models, each
+           device trains and uses the one of lowest loss
+pfedme     pFedMe (Moreau envelopes, :mod:`fmtl_flower.core.pfedme`): the devices keep a
+           personalised theta_i, send their local copy w of the global model, and are
+           evaluated on theta_i; the server takes w <- (1 - beta) w + beta avg(w_k)
 local      each device trains its own model alone (the server only relays the start model)
 ========== ============================================================================
 
@@ -43,16 +52,20 @@ query ``whoami`` (server -> node): empty ``config``. Reply ConfigRecord ``info``
     ``finetune-epochs`` (int); with ``model`` ``"torch"`` also ``layout`` (str, the
     signature of the state_dict's keys, shapes and dtypes,
     :func:`fmtl_flower.core.backend.layout_signature`), P being the state_dict's size.
+    With ``method`` ``"pfedme"`` also ``pfedme-lambda``, ``pfedme-lr`` (floats) and
+    ``pfedme-steps`` (int). CFL sends each device only its cluster's model (M = 1).
     Reply: arrays ``components`` float64 (M, P), finite, the locally trained components, and
     ``weights`` float64 (M,): n-train for each trained component, 0 for an untouched one
-    (every component for fedem / fedavg / fedprox / fedavg-ft / local, exactly one for
-    clustered); metrics ``task-id``, ``round``, ``n-train`` (ints, matching the message) and
+    (every component for fedem / fedavg / fedprox / fedavg-ft / cfl / pfedme / local,
+    exactly one for clustered); metrics ``task-id``, ``round``, ``n-train`` (ints, matching
+    the message) and
     ``train-loss`` (float >= 0, the mixture's mean negative log-likelihood on the training
     set at the received components); optional ``e-step-s`` and ``train-s`` (floats >= 0, the
     device's seconds in the E-step and in local SGD, summed into the round's record).
 
 ``evaluate`` (server -> node), to every known client every ``eval_every`` rounds and after
-the last: the same arrays and config, ``unseen`` true for held-out clients. Reply: metrics
+the last: the same arrays and config, ``unseen`` true for held-out clients (CFL: a training
+client receives its cluster's model, a held-out one every cluster's model). Reply: metrics
 ``task-id``, ``round``, ``n-train``, ``test-correct``, ``test-n`` (0 <= correct <= n),
 ``em-iterations`` (ints), ``train-loss`` (float). No arrays.
 
@@ -83,6 +96,9 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from ..core.backend import flatten_arrays, layout_of, layout_signature, unflatten_arrays
+from ..core.cfl import EPS1 as CFL_EPS1
+from ..core.cfl import EPS2 as CFL_EPS2
+from ..core.cfl import split_clusters
 from ..core.fedem import (
     AGGREGATIONS,
     LR_SCHEDULES,
@@ -93,6 +109,7 @@ from ..core.fedem import (
 )
 from ..core.local_sgd import SGDConfig
 from ..core.models import MODELS, make_model
+from ..core.pfedme import PFedMeConfig
 from ..core.rng import TAG_FEDEM_INIT, TAG_FEDEM_SAMPLE, round_rng
 from ..metrics import error_summary, round_record
 from ..packing import StackGroup
@@ -111,14 +128,17 @@ from .packed_fedem import read_stacked_reply, stacked_message
 __all__ = ["METHODS", "FedEM", "ReplyError"]
 
 RoundCallback = Callable[[dict[str, Any]], None]
-METHODS = ("fedem", "fedavg", "fedprox", "fedavg-ft", "clustered", "local")
-SINGLE_MODEL = ("fedavg", "fedprox", "fedavg-ft", "local")
+METHODS = ("fedem", "fedavg", "fedprox", "fedavg-ft", "clustered", "ifca", "cfl", "pfedme",
+           "local")
+#: Method names that mean another (``ifca`` is IFCA, run as ``clustered``).
+ALIASES = {"ifca": "clustered"}
+SINGLE_MODEL = ("fedavg", "fedprox", "fedavg-ft", "local", "cfl", "pfedme")
 TAG_SAMPLE, TAG_INIT = TAG_FEDEM_SAMPLE, TAG_FEDEM_INIT
 #: Largest ``train-loss`` a reply may report (a mean negative log-likelihood beyond it is
 #: divergence or hostility, and would overflow the round's sums).
 MAX_LOSS = 1e6
 _NAMES = {"fedem": "FedEM", "fedavg": "FedAvg", "fedprox": "FedProx", "fedavg-ft": "FedAvg+",
-          "clustered": "Clustered FL", "local": "Local"}
+          "clustered": "IFCA", "cfl": "CFL", "pfedme": "pFedMe", "local": "Local"}
 
 
 def _is_int(value: Any) -> bool:
@@ -136,10 +156,12 @@ class FedEM(TaskStrategy):
     ----------
     num_tasks : int
         Number of clients (tasks) to wait for; task ids are 0 .. num_tasks - 1.
-    method : {"fedem", "fedavg", "fedprox", "fedavg-ft", "clustered", "local"}
+    method : {"fedem", "fedavg", "fedprox", "fedavg-ft", "cfl", "clustered", "ifca", "pfedme", \
+              "local"}
+        ``ifca`` is an alias of ``clustered`` (IFCA); ``cfl`` is Sattler et al.'s CFL.
     num_components : int
         M, the number of components (fedem) or cluster models (clustered); the single-model
-        methods use 1 whatever is given.
+        methods use 1 whatever is given (CFL starts with one cluster and splits).
     model : {"logistic", "softmax", "mlp", "torch"}
         Component model family (:func:`fmtl_flower.core.models.make_model`), or ``"torch"``:
         the clients' torch module (needs ``initial_components``, or ``start(initial_arrays=)``
@@ -177,6 +199,12 @@ class FedEM(TaskStrategy):
     max_update_ratio : float
         Replies whose component m moved farther than this times max(|theta_m|, 1) from the
         component sent are rejected (> 0).
+    cfl_eps1, cfl_eps2 : float
+        CFL's split thresholds on the norm of a cluster's mean update and on its largest
+        update (the FedEM authors' 0.4 and 1.6, :data:`fmtl_flower.core.cfl.EPS1` / ``EPS2``).
+    pfedme_lambda, pfedme_lr, pfedme_steps, pfedme_beta : float / int
+        pFedMe's lambda, the inner steps' learning rate, their number K, and the server's
+        beta (``lr`` is pFedMe's eta; pFedMe's steps use no momentum).
     dim : int, optional
         The feature dimension when configured (None: by majority of the nodes).
     eval_every : int
@@ -200,11 +228,25 @@ class FedEM(TaskStrategy):
                  max_abs_param: float = 1e6, eval_every: int = 1, seed: int = 0,
                  discovery_timeout: float = 120.0, max_update_ratio: float = 1e4,
                  dim: int | None = None, on_round: RoundCallback | None = None,
-                 initial_components: Sequence[ArrayRecord] | None = None) -> None:
+                 initial_components: Sequence[ArrayRecord] | None = None,
+                 cfl_eps1: float = CFL_EPS1, cfl_eps2: float = CFL_EPS2,
+                 pfedme_lambda: float = 15.0, pfedme_lr: float = 0.05, pfedme_steps: int = 5,
+                 pfedme_beta: float = 1.0) -> None:
         if isinstance(num_tasks, bool) or int(num_tasks) != num_tasks or num_tasks < 1:
             raise ValueError(f"num_tasks must be an integer >= 1, got {num_tasks!r}")
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        method = ALIASES.get(method, method)
+        for name, value in (("cfl_eps1", cfl_eps1), ("cfl_eps2", cfl_eps2)):
+            if not (isinstance(value, int | float) and 0 <= value < np.inf):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        self.pfedme = PFedMeConfig(lr=lr, personal_lr=pfedme_lr, lam=pfedme_lambda,
+                                   inner_steps=pfedme_steps, batch_size=batch_size,
+                                   epochs=local_epochs, weight_decay=weight_decay)
+        if not (isinstance(pfedme_beta, int | float) and 0 < pfedme_beta < np.inf):
+            raise ValueError(f"pfedme_beta must be a finite number > 0, got {pfedme_beta!r}")
+        self.cfl_eps = (float(cfl_eps1), float(cfl_eps2))
+        self.pfedme_beta = float(pfedme_beta)
         if model not in (*MODELS, "torch"):
             raise ValueError(f"model must be one of {(*MODELS, 'torch')}, got {model!r}")
         if initial_components is not None and model != "torch":
@@ -256,6 +298,8 @@ class FedEM(TaskStrategy):
         self.unseen[unseen] = True
         if method == "local":
             self.unseen[:] = False  # no sharing: every device trains its own model
+        #: CFL: the training clients (task ids) of each cluster, whose model is components[c].
+        self.clusters: list[np.ndarray] = [np.flatnonzero(~self.unseen)]
         self.directory = TaskDirectory(self.num_tasks, self.name, dim=dim)
         self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
         self.records: list[dict[str, Any]] = []
@@ -329,13 +373,20 @@ class FedEM(TaskStrategy):
         accepted = self._read_replies(server_round, replies, train=True)
         started = time.perf_counter()
         if self.method != "local" and accepted:
-            updates = [(r["components"], r["weights"]) for r in accepted.values()]
-            total = None
-            if self.aggregation == "all" and self.method != "clustered":
-                total = float(self.n_train[~self.unseen].sum())
-            components = aggregate_components(self.components, updates, total)
+            clusters = self.clusters
+            if self.method == "cfl":
+                components, clusters = self._cfl_aggregate(accepted)
+            else:
+                updates = [(r["components"], r["weights"]) for r in accepted.values()]
+                total = None
+                if self.aggregation == "all" and self.method != "clustered":
+                    total = float(self.n_train[~self.unseen].sum())
+                components = aggregate_components(self.components, updates, total)
+                if self.method == "pfedme" and self.pfedme_beta != 1.0:
+                    components = self.components + self.pfedme_beta * (
+                        components - self.components)
             if all_finite(components):
-                self.components = components
+                self.components, self.clusters = components, clusters
             else:  # the bounds make this unreachable: belt and braces
                 log(WARNING, "%s round %d: the aggregate is not finite; not taken, the replies "
                     "of tasks %s rejected", self.name, server_round, list(accepted)[:20])
@@ -352,7 +403,8 @@ class FedEM(TaskStrategy):
             num_sampled=len(self._sampled), num_replies=len(accepted),
             num_dropped=len(self._sampled) - len(accepted), lr=self._lr(server_round),
             client_estep_s=timing["e-step-s"], client_train_s=timing["train-s"],
-            aggregate_s=aggregate_s, _reg=None)
+            aggregate_s=aggregate_s, _reg=None,
+            **({"num_clusters": len(self.clusters)} if self.method == "cfl" else {}))
         self.records.append(record)
         metrics = MetricRecord({"num-replies": len(accepted),
                                 "num-dropped": record["num_dropped"]})
@@ -406,13 +458,19 @@ class FedEM(TaskStrategy):
                 "fraction": self._train_fraction(), "aggregation": self.aggregation,
                 "unseen": np.flatnonzero(self.unseen).tolist(),
                 **({"layout": layout_signature(self.layout)} if self.layout is not None
-                   else {})}
+                   else {}),
+                **({"cfl_eps": list(self.cfl_eps)} if self.method == "cfl" else {}),
+                **({"pfedme": [self.pfedme.lam, self.pfedme.personal_lr,
+                               self.pfedme.inner_steps, self.pfedme_beta]}
+                   if self.method == "pfedme" else {})}
 
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """The components, the tasks' sizes and the records (client sampling and the
         learning rate derive from the seed and the round; pi stays on the devices)."""
         assert self.components is not None
         meta: dict[str, Any] = {"records": self.records, "dim": self.directory.dim}
+        if self.method == "cfl":
+            meta["clusters"] = [[int(t) for t in c] for c in self.clusters]
         if self.layout is not None:
             meta["layout"] = [[k, list(shape), dtype] for k, shape, dtype in self.layout]
         return {"components": self.components, "n_train": self.n_train}, meta
@@ -434,11 +492,17 @@ class FedEM(TaskStrategy):
             model = make_model(self.model_name, dim, num_classes=self.num_classes,
                                hidden=self.hidden)
             size = model.num_params
-        expected = (self.num_components, size)
+        clusters = self.clusters
+        if self.method == "cfl":
+            clusters = [np.array(c, dtype=int) for c in meta["clusters"]]
+            if sorted(int(t) for c in clusters for t in c) != np.flatnonzero(
+                    ~self.unseen).tolist():
+                raise ValueError("checkpoint clusters do not partition the training tasks")
+        expected = (len(clusters) if self.method == "cfl" else self.num_components, size)
         if components.shape != expected or not np.all(np.isfinite(components)):
             raise ValueError(f"checkpoint components must be finite of shape {expected}, got "
                              f"{components.shape}")
-        self.model, self.components = model, components.copy()
+        self.model, self.components, self.clusters = model, components.copy(), clusters
         self.directory.dim = dim
         self.records = [dict(r) for r in meta["records"]]
 
@@ -496,6 +560,48 @@ class FedEM(TaskStrategy):
                              unflatten_arrays(theta, self.layout).items()})
                 for theta in self.components]
 
+    # ------------------------------------------------------------------ CFL
+    def cluster_of(self) -> np.ndarray:
+        """CFL: the cluster of every task (-1 for a held-out task), shape (num_tasks,)."""
+        out = np.full(self.num_tasks, -1, dtype=int)
+        for c, members in enumerate(self.clusters):
+            out[members] = c
+        return out
+
+    def _cfl_aggregate(self, accepted: dict[int, dict[str, Any]]
+                       ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """CFL's server step: the replying clients' updates dW_k = theta_k - theta_c(k),
+        the split test in every cluster (:func:`fmtl_flower.core.cfl.split_clusters`), then
+        every cluster's model moved by the n_k-weighted mean of its replying clients'
+        updates (a cluster none of whose clients replied keeps its model)."""
+        assert self.components is not None
+        owner = self.cluster_of()
+        updates = {t: r["components"][0] - self.components[owner[t]]
+                   for t, r in accepted.items()}
+        clusters = split_clusters(self.clusters, updates, *self.cfl_eps)
+        models = []
+        for members in clusters:
+            theta = self.components[owner[members[0]]].copy()
+            heard = [int(t) for t in members if int(t) in updates]
+            if heard:
+                n = np.array([accepted[t]["n-train"] for t in heard], dtype=float)
+                theta += (n @ np.stack([updates[t] for t in heard])) / n.sum()
+            models.append(theta)
+        if len(clusters) > len(self.clusters):
+            log(INFO, "CFL: %d clusters, sizes %s", len(clusters),
+                [int(c.size) for c in clusters])
+        return np.stack(models), clusters
+
+    def _sent(self, task: int) -> np.ndarray:
+        """The components a task receives: CFL's training clients their cluster's model
+        (1, P), everyone else every component."""
+        assert self.components is not None
+        if self.method == "cfl" and not self.unseen[task]:
+            c = int(self.cluster_of()[task])
+            if c >= 0:
+                return self.components[c:c + 1]
+        return self.components
+
     # ------------------------------------------------------------------ helpers
     def _evaluation_due(self, server_round: int) -> bool:
         return server_round % self.eval_every == 0 or server_round == self.num_rounds
@@ -510,12 +616,14 @@ class FedEM(TaskStrategy):
         stacking protocol (:mod:`~fmtl_flower.strategies.packed_fedem`; numpy models)."""
         assert self.components is not None
         encoded: dict[int, Any] = {}  # the components each task is sent, encoded once
+        owner = self.cluster_of() if self.method == "cfl" else None
 
         def sent(task: int) -> tuple[int, Any]:
-            """(key, encoding) of the components sent to ``task`` (every task: the same)."""
-            key = -1
+            """(key, encoding) of the components sent to ``task``: every component (key -1)
+            or, CFL's training clients, their cluster's model (key: the cluster)."""
+            key = -1 if owner is None or self.unseen[task] else int(owner[task])
             if key not in encoded:
-                encoded[key] = to_array(self.components)
+                encoded[key] = to_array(self._sent(task))
             return key, encoded[key]
 
         base = {"server-round": server_round, "seed": self.seed, "method": self.method,
@@ -525,6 +633,9 @@ class FedEM(TaskStrategy):
                 "momentum": self.sgd.momentum, "weight-decay": self.sgd.weight_decay,
                 "prox-mu": self.sgd.prox_mu if self.method == "fedprox" else 0.0,
                 "pi-floor": self.pi_floor, "finetune-epochs": self.finetune_epochs}
+        if self.method == "pfedme":
+            base.update({"pfedme-lambda": self.pfedme.lam, "pfedme-lr": self.pfedme.personal_lr,
+                         "pfedme-steps": self.pfedme.inner_steps})
         if self.layout is not None:
             base["layout"] = layout_signature(self.layout)
         self.replies.begin()
@@ -618,7 +729,8 @@ class FedEM(TaskStrategy):
     def _check_arrays(self, out: dict[str, Any], theta: np.ndarray, weights: np.ndarray
                       ) -> dict[str, Any]:
         assert self.components is not None
-        M, P = self.components.shape
+        sent = self._sent(int(out["task-id"]))
+        M, P = sent.shape
         if theta.dtype != np.float64 or theta.shape != (M, P):
             raise ReplyError(f"'components' must be float64 of shape ({M}, {P}), got "
                              f"{theta.dtype} {theta.shape}")
@@ -629,8 +741,8 @@ class FedEM(TaskStrategy):
             raise ReplyError("'components' has non-finite values")
         if np.max(np.abs(theta)) > self.max_abs_param:
             raise ReplyError(f"'components' has |values| above {self.max_abs_param:g}")
-        moved = norm(theta - self.components, axis=1)
-        limits = self.max_update_ratio * np.maximum(norm(self.components, axis=1), 1.0)
+        moved = norm(theta - sent, axis=1)
+        limits = self.max_update_ratio * np.maximum(norm(sent, axis=1), 1.0)
         worst = int(np.argmax(moved / limits))
         check_bound("|theta_m - theta_m sent|", float(moved[worst]), float(limits[worst]),
                     "component %d; max_update_ratio %g x max(|theta_m|, 1)", worst,
