@@ -204,3 +204,28 @@ def test_importing_the_package_and_numpy_fedem_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False", out.stderr
+
+
+@pytest.mark.parametrize("method, extra", [
+    ("cfl", {}), ("pfedme", {"pfedme_lambda": 1.0, "pfedme_lr": 0.3, "unseen_tasks": [11]})])
+def test_cfl_and_pfedme_run_on_torch_modules_as_on_numpy(method, extra):
+    from .test_fedem_cfl_pfedme import opposite_problem
+
+    data = opposite_problem(num_tasks=12) if method == "cfl" else mixture_problem()
+    d = data[0][0].shape[1]
+
+    def load(context):
+        return data[default_task_id(context)]
+
+    numpy_run = federate(make_fedem_client_app(load), len(data), 5, method=method, **extra)
+    init = make_model("logistic", d).init_params(np.random.default_rng([0, 0, 37]))
+    torch_run = federate(
+        make_fedem_torch_client_app(lambda: torch.nn.Linear(d, 1).double(), load),
+        len(data), 5, method=method, model="torch", initial_components=[linear_record(init)],
+        **extra)
+    np.testing.assert_allclose(torch_run.components, numpy_run.components, rtol=0, atol=1e-6)
+    assert [c.tolist() for c in torch_run.clusters] == [c.tolist() for c in numpy_run.clusters]
+    if method == "cfl":
+        assert len(torch_run.clusters) == 2
+    for a, b in zip(numpy_run.records, torch_run.records, strict=True):
+        assert a["accuracy_mean"] == pytest.approx(b["accuracy_mean"], abs=1e-3)
