@@ -9,13 +9,19 @@ sets. Parts (``--parts``):
 * ``m3``: FedEM with M = 3 (the paper's), lr 0.3 / batch 128 (FedEM's tuned solver);
 * ``fedprox-m0``: FedProx, momentum 0, ``--fedprox-lr`` / ``--fedprox-mu`` (the values the
   validation runs chose) and batch 32;
+* ``cfl``: Sattler et al.'s CFL (the FedEM authors' thresholds 0.4 / 1.6) with
+  ``--cfl-settings`` (JSON run-config keys: the lr and batch chosen by ``fedem_tune.py
+  --methods cfl``);
+* ``pfedme``: pFedMe with ``--pfedme-settings`` (likewise, ``fedem_tune.py --methods
+  pfedme``);
 * ``fixed``: ``generator=fixed`` (the row-offset bug of the released generator fixed) for
   Local, FedAvg, FedAvg+, clustered FL (IFCA) and FedEM (M = 3), each with the settings tuned
   on the released data (``fedem_table1.TUNED``), FedProx with the ``fedprox-m0`` settings
   (``--fixed-methods fedprox``) and FedEM with M = 4 (``fedem-m4``, part ``fixed-m4``).
 
 Usage: python simulations/fedem_like_for_like.py [--jobs 2] [--seeds 0 1 2] [--parts ...]
-       [--fedprox-lr 0.3] [--fedprox-mu 0.1] [--fixed-methods ...]
+       [--fedprox-lr 0.3] [--fedprox-mu 0.1] [--fixed-methods ...] [--cfl-settings JSON]
+       [--pfedme-settings JSON]
        [--out results/fedem-like-for-like.json]
 Prints one line per run and a JSON summary (mean and standard error over seeds) last.
 """
@@ -32,13 +38,14 @@ import numpy as np
 
 from fmtl_flower.experiments.fedem_table1 import TUNED, run_one
 
-PARTS = ("m3", "fedprox-m0", "fixed")
+PARTS = ("m3", "fedprox-m0", "fixed", "cfl", "pfedme")
 
 FIXED_METHODS = ("local", "fedavg", "fedavg-ft", "clustered", "fedem", "fedprox", "fedem-m4")
 
 
 def plan(parts: list[str], seeds: list[int], fedprox_lr: float, fedprox_mu: float,
-         fixed_methods: tuple[str, ...] = FIXED_METHODS) -> list[tuple[str, dict]]:
+         fixed_methods: tuple[str, ...] = FIXED_METHODS, cfl: dict | None = None,
+         pfedme: dict | None = None) -> list[tuple[str, dict]]:
     jobs: list[tuple[str, dict]] = []
     base = {"eval-every": 1000}
     for seed in seeds:
@@ -48,6 +55,9 @@ def plan(parts: list[str], seeds: list[int], fedprox_lr: float, fedprox_mu: floa
             jobs.append(("fedprox-m0", {**base, "strategy": "fedprox", "seed": seed,
                                         "momentum": 0.0, "lr": fedprox_lr,
                                         "prox-mu": fedprox_mu, "batch-size": 32}))
+        for part, extra in (("cfl", cfl), ("pfedme", pfedme)):
+            if part in parts:
+                jobs.append((part, {**base, **(extra or {}), "strategy": part, "seed": seed}))
         if "fixed" in parts:
             for method in fixed_methods:
                 if method == "fedprox":  # the authors' optimiser, as the fedprox-m0 part
@@ -72,10 +82,14 @@ def main() -> None:
     parser.add_argument("--fedprox-mu", type=float, default=0.1)
     parser.add_argument("--fixed-methods", nargs="+", choices=FIXED_METHODS,
                         default=list(FIXED_METHODS))
+    parser.add_argument("--cfl-settings", type=json.loads, default={},
+                        help="JSON run-config keys of the cfl part")
+    parser.add_argument("--pfedme-settings", type=json.loads, default={},
+                        help="JSON run-config keys of the pfedme part")
     parser.add_argument("--out", default="results/fedem-like-for-like.json")
     args = parser.parse_args()
     jobs = plan(args.parts, args.seeds, args.fedprox_lr, args.fedprox_mu,
-                tuple(args.fixed_methods))
+                tuple(args.fixed_methods), args.cfl_settings, args.pfedme_settings)
     started = time.perf_counter()
     rows = []
     partial = Path(args.out).with_suffix(".partial.jsonl")

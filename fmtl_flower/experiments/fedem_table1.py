@@ -67,7 +67,8 @@ def run_one(settings: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     results = run_federation(cfg, dataset_for(cfg), "inprocess")
     final = results["final"]
-    return {**{k: final.get(k) for k in KEYS}, "rounds": final.get("round"),
+    extra = {"num_clusters": final["num_clusters"]} if "num_clusters" in final else {}  # CFL
+    return {**{k: final.get(k) for k in KEYS}, **extra, "rounds": final.get("round"),
             "wall_time_s": time.perf_counter() - started}
 
 
