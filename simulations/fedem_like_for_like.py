@@ -22,6 +22,7 @@ sets. Parts (``--parts``):
 Usage: python simulations/fedem_like_for_like.py [--jobs 2] [--seeds 0 1 2] [--parts ...]
        [--fedprox-lr 0.3] [--fedprox-mu 0.1] [--fixed-methods ...] [--cfl-settings JSON]
        [--pfedme-settings JSON]
+       python simulations/fedem_like_for_like.py --merge a.json b.json --out c.json
        [--out results/fedem-like-for-like.json]
 Prints one line per run and a JSON summary (mean and standard error over seeds) last.
 """
@@ -73,6 +74,39 @@ def plan(parts: list[str], seeds: list[int], fedprox_lr: float, fedprox_mu: floa
     return jobs
 
 
+def summarise(rows: list[dict]) -> list[dict]:
+    """Mean and standard error (sd / sqrt(seeds)) over seeds per (part, method)."""
+    summary = []
+    for part in dict.fromkeys(r["part"] for r in rows):
+        for method in dict.fromkeys(r["method"] for r in rows if r["part"] == part):
+            sel = [r for r in rows if r["part"] == part and r["method"] == method]
+            entry = {"part": part, "method": method, "seeds": len(sel)}
+            for key in ("accuracy_mean", "accuracy_bottom_decile"):
+                v = np.array([r[key] for r in sel], dtype=float)
+                entry[key] = float(v.mean())
+                entry[f"{key}_se"] = (float(v.std(ddof=1) / np.sqrt(v.size)) if v.size > 1
+                                      else None)
+            summary.append(entry)
+    return summary
+
+
+def merge(paths: list[str], out: str) -> None:
+    """One payload from several runs' JSON files (rows concatenated, a (part, method, seed)
+    seen twice is an error), the summary recomputed."""
+    rows, seen = [], set()
+    for path in paths:
+        for row in json.loads(Path(path).read_text())["rows"]:
+            key = (row["part"], row["method"], row["seed"])
+            if key in seen:
+                raise ValueError(f"{path}: {key} is already in an earlier file")
+            seen.add(key)
+            rows.append(row)
+    rows.sort(key=lambda r: (r["part"], r["method"], r["seed"]))
+    payload = {"rows": rows, "summary": summarise(rows), "merged_from": len(paths)}
+    Path(out).write_text(json.dumps(payload, indent=1))
+    print(json.dumps({"summary": payload["summary"]}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=2)
@@ -87,7 +121,12 @@ def main() -> None:
     parser.add_argument("--pfedme-settings", type=json.loads, default={},
                         help="JSON run-config keys of the pfedme part")
     parser.add_argument("--out", default="results/fedem-like-for-like.json")
+    parser.add_argument("--merge", nargs="+", metavar="JSON",
+                        help="only merge these runs' files into --out (no run)")
     args = parser.parse_args()
+    if args.merge:
+        merge(args.merge, args.out)
+        return
     jobs = plan(args.parts, args.seeds, args.fedprox_lr, args.fedprox_mu,
                 tuple(args.fixed_methods), args.cfl_settings, args.pfedme_settings)
     started = time.perf_counter()
@@ -106,17 +145,7 @@ def main() -> None:
                   f"{row['accuracy_mean']:.4f} / bottom decile "
                   f"{row['accuracy_bottom_decile']:.4f} [{row['wall_time_s']:.0f} s]",
                   flush=True)
-    summary = []
-    for part in dict.fromkeys(r["part"] for r in rows):
-        for method in dict.fromkeys(r["method"] for r in rows if r["part"] == part):
-            sel = [r for r in rows if r["part"] == part and r["method"] == method]
-            entry = {"part": part, "method": method, "seeds": len(sel)}
-            for key in ("accuracy_mean", "accuracy_bottom_decile"):
-                v = np.array([r[key] for r in sel], dtype=float)
-                entry[key] = float(v.mean())
-                entry[f"{key}_se"] = (float(v.std(ddof=1) / np.sqrt(v.size)) if v.size > 1
-                                      else None)
-            summary.append(entry)
+    summary = summarise(rows)
     payload = {"rows": rows, "summary": summary, "wall_time_s": time.perf_counter() - started}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(payload, indent=1))

@@ -119,7 +119,8 @@ class FedEMClient:
 
     # -- data and model ----------------------------------------------------------------------
     def client_data(self, context: Context) -> ClientData:
-        """The node's validated data (loaded once per node and run)."""
+        """The node's validated data (:meth:`read_client_data`, loaded once per node and
+        run)."""
         key = (int(context.run_id), int(context.node_id))
         data = self._cache.get(key)
         if data is None:
@@ -130,15 +131,26 @@ class FedEMClient:
         return data
 
     def read_client_data(self, context: Context) -> ClientData:
-        """The node's data, loaded and validated (not cached)."""
+        """The node's data, loaded and validated (not cached): :meth:`features`, then the
+        labels as int64 classes."""
         tid = int(self._task_id(context))
-        loaded = self._load_data(context)
+        name = f"task {tid}"
+        X, y, X_test, y_test = self.features(self._load_data(context), name)
+        y = labels_as_classes(y, name)
+        y_test = labels_as_classes(y_test, name + " (test)")
+        if y.shape[0] != X.shape[0] or y_test.shape[0] != X_test.shape[0]:
+            raise ValueError(f"{name}: X and y lengths differ")
+        return ClientData(tid, X, y, X_test, y_test)
+
+    @staticmethod
+    def features(loaded, name: str) -> tuple[np.ndarray, Any, np.ndarray, Any]:
+        """``load_data``'s output as checked float64 (n, d) features and raw labels:
+        ``(X, y, X_test, y_test)`` or ``(X, y)`` (no test set)."""
         if len(loaded) == 2:
             X, y = loaded
             X_test, y_test = np.zeros((0, np.shape(X)[1])), np.zeros(0)
         else:
             X, y, X_test, y_test = loaded
-        name = f"task {tid}"
         X = np.ascontiguousarray(X, dtype=np.float64)
         X_test = np.ascontiguousarray(X_test, dtype=np.float64)
         if X.ndim != 2 or X.shape[0] < 1 or X_test.ndim != 2 or X_test.shape[1] != X.shape[1]:
@@ -146,11 +158,7 @@ class FedEMClient:
                              f"{X.shape} and {X_test.shape}")
         if not (np.all(np.isfinite(X)) and np.all(np.isfinite(X_test))):
             raise ValueError(f"{name}: features must be finite")
-        y = labels_as_classes(y, name)
-        y_test = labels_as_classes(y_test, name + " (test)")
-        if y.shape[0] != X.shape[0] or y_test.shape[0] != X_test.shape[0]:
-            raise ValueError(f"{name}: X and y lengths differ")
-        return ClientData(tid, X, y, X_test, y_test)
+        return X, y, X_test, y_test
 
     def model(self, config: Mapping[str, Any], dim: int) -> Model:
         """The model family the message names (cached)."""

@@ -30,11 +30,11 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from flwr.app import ConfigRecord, Context
+from flwr.app import ConfigRecord
 from flwr.clientapp import ClientApp
 
 from .common import client_app_for, config_value
-from .fedem import ClientData, DataLoader, FedEMClient, TaskIdFn, labels_as_classes
+from .fedem import DataLoader, FedEMClient, TaskIdFn
 
 __all__ = ["TorchFedEMClient", "make_fedem_torch_client_app"]
 
@@ -104,16 +104,12 @@ class TorchFedEMClient(FedEMClient):
             self._backend = TorchBackend(self._model_fn, self._device, self._eval_batch_size)
         return self._backend
 
-    def client_data(self, context: Context) -> ClientData:
-        """The node's data (loaded once per node and run): any sample shape, float inputs
-        kept in their dtype (float64 stays float64), labels as int64 classes."""
-        key = (int(context.run_id), int(context.node_id))
-        data = self._cache.get(key)
-        if data is not None:
-            return data
-        tid = int(self._task_id(context))
-        name = f"task {tid}"
-        loaded = tuple(self._load_data(context))
+    @staticmethod
+    def features(loaded, name: str) -> tuple[np.ndarray, Any, np.ndarray, Any]:
+        """``load_data``'s output as checked features of any sample shape (float inputs kept
+        in their dtype: float64 stays float64) and raw labels; torch Datasets are read into
+        arrays. The labels become int64 classes in :meth:`FedEMClient.client_data`."""
+        loaded = tuple(loaded)
         if len(loaded) == 2 and all(isinstance(_as_arrays(part, name), tuple)
                                     for part in loaded):
             (X, y), (X_test, y_test) = (_as_arrays(part, name) for part in loaded)
@@ -135,15 +131,7 @@ class TorchFedEMClient(FedEMClient):
                 raise ValueError(f"{name}: features must be finite")
         if X.ndim == 1:  # one feature per sample: a column
             X, X_test = X[:, None], X_test[:, None]
-        y = labels_as_classes(y, name)
-        y_test = labels_as_classes(y_test, name + " (test)")
-        if y.shape[0] != X.shape[0] or y_test.shape[0] != X_test.shape[0]:
-            raise ValueError(f"{name}: X and y lengths differ")
-        data = ClientData(tid, X, y, X_test, y_test)
-        if len(self._cache) > 4096:
-            self._cache.clear()
-        self._cache[key] = data
-        return data
+        return X, y, X_test, y_test
 
     def model(self, config: ConfigRecord, dim: int) -> Any:
         """The torch backend, after checking the message is for ``model="torch"`` with this

@@ -28,8 +28,8 @@ import numpy as np
 if TYPE_CHECKING:
     from .local_sgd import SGDConfig
 
-__all__ = ["LayoutEntry", "ModelBackend", "flatten_arrays", "layout_of", "layout_signature",
-           "unflatten_arrays"]
+__all__ = ["LayoutEntry", "ModelBackend", "check_flat_params", "flatten_arrays", "layout_of",
+           "layout_signature", "unflatten_arrays"]
 
 #: One named array of a parameter layout: (name, shape, numpy dtype name).
 LayoutEntry = tuple[str, tuple[int, ...], str]
@@ -81,6 +81,28 @@ class ModelBackend(Protocol):
     def layout(self) -> list[LayoutEntry]:
         """(name, shape, dtype) of every named array, in flattening order."""
         ...
+
+
+def check_flat_params(params, num_params: int, owner: object) -> np.ndarray:
+    """``params`` as a finite float64 (num_params,) array, no copy when it already is one
+    (every backend's ``check_params``; ``owner`` names the model in the messages).
+
+    Raises
+    ------
+    ValueError
+        Not numeric, not 1-D, wrong length or not finite.
+    """
+    try:
+        out = np.asarray(params, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"params is not a real numeric array: {err}") from None
+    if out.ndim != 1 or out.size != num_params:
+        raise ValueError(f"params must have shape ({num_params},) for {owner!r}, "
+                         f"got shape {out.shape}")
+    if not np.all(np.isfinite(out)):
+        raise ValueError(f"params has {np.count_nonzero(~np.isfinite(out))} non-finite "
+                         "entries")
+    return out
 
 
 def layout_of(arrays: Mapping[str, np.ndarray]) -> list[LayoutEntry]:

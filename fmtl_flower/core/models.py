@@ -31,6 +31,7 @@ import operator
 
 import numpy as np
 
+from .backend import check_flat_params
 from .special import expit  # numpy: a device needs no scipy
 
 __all__ = ["MODELS", "LogisticModel", "MLPModel", "Model", "SoftmaxModel", "make_model"]
@@ -115,17 +116,7 @@ class Model:
         ValueError
             Not numeric, not 1-D, wrong length or not finite.
         """
-        try:
-            out = np.asarray(params, dtype=np.float64)
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"params is not a real numeric array: {err}") from None
-        if out.ndim != 1 or out.size != self.num_params:
-            raise ValueError(f"params must have shape ({self.num_params},) for {self!r}, "
-                             f"got shape {out.shape}")
-        if not np.all(np.isfinite(out)):
-            raise ValueError(f"params has {np.count_nonzero(~np.isfinite(out))} non-finite "
-                             "entries")
-        return out
+        return check_flat_params(params, self.num_params, self)
 
     def check_X(self, X) -> np.ndarray:
         """``X`` as a float64 (n, dim) array (ValueError if not 2-D with ``dim`` columns)."""

@@ -33,7 +33,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .backend import LayoutEntry, flatten_arrays, layout_signature, unflatten_arrays
+from .backend import (
+    LayoutEntry,
+    check_flat_params,
+    flatten_arrays,
+    layout_signature,
+    unflatten_arrays,
+)
 from .local_sgd import SGDConfig
 
 __all__ = ["TorchBackend"]
@@ -115,17 +121,7 @@ class TorchBackend:
 
     def check_params(self, params) -> np.ndarray:
         """``params`` as a finite float64 (num_params,) array (ValueError otherwise)."""
-        try:
-            out = np.asarray(params, dtype=np.float64)
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"params is not a real numeric array: {err}") from None
-        if out.ndim != 1 or out.size != self.num_params:
-            raise ValueError(f"params must have shape ({self.num_params},) for {self!r}, "
-                             f"got shape {out.shape}")
-        if not np.all(np.isfinite(out)):
-            raise ValueError(f"params has {np.count_nonzero(~np.isfinite(out))} non-finite "
-                             "entries")
-        return out
+        return check_flat_params(params, self.num_params, self)
 
     def load(self, params: np.ndarray) -> None:
         """Write ``params`` into the module (in place, dtypes converted)."""
