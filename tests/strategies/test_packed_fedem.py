@@ -21,7 +21,10 @@ from fmtl_flower.wire import from_array, to_array
 BASE = {"dataset": "synthetic", "num-tasks": 10, "dim": 5, "samples-per-task": 30,
         "num-server-rounds": 3, "M": 2, "train-tasks-frac": 0.8, "fraction": 0.7,
         "local-epochs": 1, "batch-size": 8, "eval-every": 2, "model": "logistic"}
-METHODS = ["fedem", "fedavg", "fedprox", "fedavg-ft", "clustered", "local"]
+METHODS = ["fedem", "fedavg", "fedprox", "fedavg-ft", "clustered", "local", "cfl", "pfedme"]
+#: CFL with thresholds that split every cluster of more than two clients each round, so the
+#: tasks of one node receive different cluster models.
+EXTRA = {"cfl": {"cfl-eps1": 1e6, "cfl-eps2": 0.0}}
 
 
 @pytest.fixture(autouse=True)
@@ -50,7 +53,7 @@ def _run(values: dict, seen: list | None = None, app_wrap=None) -> dict:
 
 @pytest.mark.parametrize("method", METHODS)
 def test_stacked_fedem_runs_equal_unpacked_runs_bit_for_bit(method):
-    values = {**BASE, "strategy": method}
+    values = {**BASE, "strategy": method, **EXTRA.get(method, {})}
     one = _run({**values, "tasks-per-node": 1})
     seen: list = []
     packed = _run({**values, "tasks-per-node": 4}, seen)
