@@ -4,8 +4,8 @@ Each stream is a ``numpy.random.Generator`` seeded by a tuple (seed, ..., tag), 
 coordinate orders) a splitmix64 shuffle keyed the same way; the tag names the purpose, so
 streams never collide and results repeat on every engine. Every tag of the package lives
 here, and :data:`STREAMS` lists every stream's seed layout: the tags are pairwise distinct
-and no two layouts can produce the same seed (``tests/core/test_rng.py``), with the one
-documented exception of :data:`KNOWN_OVERLAPS`.
+and no two layouts can produce the same seed (``tests/core/test_rng.py``), for every seed and
+id below ``2**32`` (numpy turns a larger int into several 32-bit words).
 """
 
 from __future__ import annotations
@@ -42,7 +42,9 @@ TAG_DANE_EPOCH = 53
 #: in a shorter tuple).
 TAG_POOLED_INIT = 59
 #: The MOCHA-style synthetic generator: cluster centres ``[seed, TAG_SYNTHETIC_CENTRES]``,
-#: task ``t`` ``[seed, TAG_SYNTHETIC_TASK, t]`` (:mod:`fmtl_flower.data.synthetic`).
+#: task ``t`` ``[seed, t, TAG_SYNTHETIC_TASK]`` (:mod:`fmtl_flower.data.synthetic`). Task
+#: ``t`` was ``[seed, TAG_SYNTHETIC_TASK, t]``, the tag second: it met id 94 of every
+#: ``[seed, id, tag]`` stream with ``t == tag`` (synthetic task 13 drew round 94's drop mask).
 TAG_SYNTHETIC_CENTRES = 0x5C
 TAG_SYNTHETIC_TASK = 0x5E
 #: The sparse federated generator: shared structure ``[seed, TAG_SPARSE_GLOBAL]``, node ``t``
@@ -87,7 +89,7 @@ STREAMS: dict[str, tuple[str, tuple[int | str, ...]]] = {
     "dane-epoch": ("numpy", ("seed", "task", "round", TAG_DANE_EPOCH, "epoch")),
     "pooled-init": ("numpy", ("seed", TAG_POOLED_INIT)),
     "synthetic-centres": ("numpy", ("seed", TAG_SYNTHETIC_CENTRES)),
-    "synthetic-task": ("numpy", ("seed", TAG_SYNTHETIC_TASK, "task")),
+    "synthetic-task": ("numpy", ("seed", "task", TAG_SYNTHETIC_TASK)),
     "sparse-global": ("numpy", ("seed", TAG_SPARSE_GLOBAL)),
     "sparse-task": ("numpy", ("seed", "task", TAG_SPARSE_TASK)),
     "sparse-iid": ("numpy", ("seed", TAG_SPARSE_IID)),
@@ -99,17 +101,6 @@ STREAMS: dict[str, tuple[str, tuple[int | str, ...]]] = {
     "coordinate-order": ("splitmix", ("seed", "task", "round", TAG_ORDER)),
     "global-svm-epoch": ("splitmix", ("seed", "epoch", 0, TAG_ORDER)),
 }
-
-#: Pairs of streams that can meet, kept because moving them would redraw every committed
-#: synthetic dataset: the synthetic generator puts its tag second (``[seed, 0x5E, t]``), so
-#: its task ``t`` shares the seed of id ``0x5E`` = 94 of every ``[seed, id, tag]`` stream
-#: with ``t == tag`` (e.g. synthetic task 13 and round 94's drops).
-KNOWN_OVERLAPS = frozenset(
-    frozenset(("synthetic-task", name))
-    for name in ("split", "budget", "drop", "cv-folds", "fedem-sample", "fedem-init",
-                 "skew-task", "sparse-task")
-)
-
 
 def arrival_permutation(seed: int, num_tasks: int) -> np.ndarray:
     """The order in which tasks join for ``arrivals="shuffle"`` (OFMTL) under ``seed``."""

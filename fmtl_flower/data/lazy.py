@@ -1,7 +1,7 @@
 """Lazy federated datasets: task ``t`` is generated (and split) when it is accessed.
 
 The generated datasets seed every task on its own (``"synthetic"``: task ``t`` from
-``default_rng([seed, 0x5E, t])``, its split from ``default_rng([seed, t, 7])``, its skew from
+``default_rng([seed, t, 0x5E])``, its split from ``default_rng([seed, t, 7])``, its skew from
 ``default_rng([seed, t, 61])``; non-IID ``"sparse-federated"``: node ``t`` and its split from
 ``default_rng([seed, t, 0x5F1])``), so task ``t`` can be drawn without the others, and
 bit-identically to the same task of the eagerly built dataset. For a large federation (10^5

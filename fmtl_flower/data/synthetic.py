@@ -16,7 +16,7 @@ A model that shares within clusters (MOCHA with a learned task relationship) can
 purely local models (few samples per task relative to ``d``) and one global model.
 
 Randomness is explicit (design decision 5): the cluster centres come from
-``default_rng([seed, 0x5C])`` and task ``t`` from ``default_rng([seed, 0x5E, t])``, so task
+``default_rng([seed, 0x5C])`` and task ``t`` from ``default_rng([seed, t, 0x5E])``, so task
 ``t`` does not depend on ``num_tasks``. :func:`synthetic_source` returns the per-task
 generator (:class:`SyntheticSource`, ``source(t) -> (X_t, y_t)``) that
 :func:`make_synthetic_tasks` loops over, so one task can be drawn without the others (the lazy
@@ -98,7 +98,7 @@ class SyntheticSource:
     centres: np.ndarray
 
     def __call__(self, t: int) -> tuple[np.ndarray, np.ndarray]:
-        """Draw task ``t`` (``0 <= t < num_tasks``) from ``default_rng([seed, 0x5E, t])``."""
+        """Draw task ``t`` (``0 <= t < num_tasks``) from ``default_rng([seed, t, 0x5E])``."""
         if isinstance(t, bool) or not isinstance(t, int | np.integer):
             raise TypeError(f"task id must be an int, got {type(t).__name__}")
         t = int(t)
@@ -107,7 +107,7 @@ class SyntheticSource:
         dim = self.dim
         n_min = max(10, self.samples_per_task // 4)
         n_max = max(4 * self.samples_per_task, n_min)
-        rng = np.random.default_rng([self.seed, _TASK_TAG, t])
+        rng = np.random.default_rng([self.seed, t, _TASK_TAG])
         w = self.centres[t % self.num_clusters] + self.task_noise * rng.standard_normal(
             dim
         ) / math.sqrt(dim)

@@ -1,5 +1,5 @@
 """The stream registry of :mod:`fmtl_flower.core.rng`: every tag there, distinct, and no two
-streams that can draw from the same seed (beyond the documented :data:`KNOWN_OVERLAPS`)."""
+streams that can draw from the same seed."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from fmtl_flower.core import rng
-from fmtl_flower.core.rng import KNOWN_OVERLAPS, STREAMS
+from fmtl_flower.core.rng import STREAMS
 
 PACKAGE = Path(rng.__file__).resolve().parents[1]
 #: numpy's SeedSequence mixes its entropy into a pool of 4 words: a shorter entropy is padded
@@ -64,26 +64,39 @@ def meeting_streams() -> set[frozenset[str]]:
     return out
 
 
-def test_no_two_streams_meet_but_the_documented_ones():
-    assert meeting_streams() == set(KNOWN_OVERLAPS)
+def test_no_two_streams_meet():
+    assert meeting_streams() == set()
 
 
-def test_the_checker_sees_the_old_skew_budget_collision():
-    """With the skew's old tag 11 (= TAG_BUDGET), task t's skew and round t's budgets meet."""
-    old = dict(STREAMS, **{"skew-task": ("numpy", ("seed", "task", rng.TAG_BUDGET))})
+def _meeting_with(**changed) -> set[frozenset[str]]:
     saved = dict(STREAMS)
     try:
-        STREAMS.clear()
-        STREAMS.update(old)
-        assert frozenset(("skew-task", "budget")) in meeting_streams()
+        STREAMS.update(changed)
+        return meeting_streams()
     finally:
         STREAMS.clear()
         STREAMS.update(saved)
 
 
+def test_the_checker_sees_the_old_skew_budget_collision():
+    """With the skew's old tag 11 (= TAG_BUDGET), task t's skew and round t's budgets meet."""
+    met = _meeting_with(**{"skew-task": ("numpy", ("seed", "task", rng.TAG_BUDGET))})
+    assert met == {frozenset(("skew-task", "budget"))}
+
+
+def test_the_checker_sees_the_old_synthetic_layout():
+    """With the synthetic generator's old layout ``[seed, 0x5E, t]`` (the tag second), its task
+    t met id 94 of every ``[seed, id, tag]`` stream with ``t == tag``."""
+    met = _meeting_with(**{"synthetic-task": ("numpy", ("seed", rng.TAG_SYNTHETIC_TASK, "task"))})
+    assert met == {frozenset(("synthetic-task", name)) for name in (
+        "split", "budget", "drop", "cv-folds", "fedem-sample", "fedem-init", "skew-task",
+        "sparse-task")}
+
+
 def test_the_checker_models_numpy_seeding():
-    """Zero padding up to 4 words is the same seed, a fifth word is not; the documented
-    overlap is real (synthetic task 13 draws what round 94's drop mask draws)."""
+    """Zero padding up to 4 words is the same seed, a fifth word is not; the old synthetic
+    overlap was real (its task 13, ``[seed, 0x5E, 13]``, drew what round 94's drop mask draws)
+    and the new layout is not (task 13 is ``[seed, 13, 0x5E]``)."""
     def draw(entropy):
         return np.random.default_rng(entropy).random(4)
 
@@ -92,6 +105,7 @@ def test_the_checker_models_numpy_seeding():
     assert not np.array_equal(draw([5, 11, 3, 4]), draw([5, 11, 3, 4, 0]))
     np.testing.assert_array_equal(draw([5, rng.TAG_SYNTHETIC_TASK, rng.TAG_DROP]),
                                   rng.round_rng(5, 0x5E, rng.TAG_DROP).random(4))
+    assert rng.STREAMS["synthetic-task"][1] == ("seed", "task", rng.TAG_SYNTHETIC_TASK)
 
 
 def _int_literal(node: ast.AST) -> bool:

@@ -7,7 +7,9 @@ import warnings
 import numpy as np
 import pytest
 
+from fmtl_flower.core.rng import TAG_SYNTHETIC_TASK
 from fmtl_flower.data import load_dataset, make_synthetic_tasks
+from fmtl_flower.data.synthetic import synthetic_source
 
 
 def test_shapes_dtypes_labels() -> None:
@@ -26,6 +28,18 @@ def test_deterministic_from_seed() -> None:
     for xa, xb in zip(a[0] + a[1], b[0] + b[1], strict=True):
         np.testing.assert_array_equal(xa, xb)
     assert not np.array_equal(a[0][0][:5], c[0][0][:5])
+
+
+def test_task_t_draws_from_its_registered_stream() -> None:
+    """Task t comes from ``default_rng([seed, t, TAG_SYNTHETIC_TASK])`` (the registry's
+    layout), not the old ``[seed, TAG_SYNTHETIC_TASK, t]`` that met other streams: after the
+    d normals of its direction and the one of its size, its rows are the next normals."""
+    dim = 4
+    X, _ = synthetic_source(20, dim=dim, seed=5)(13)
+    rng = np.random.default_rng([5, 13, TAG_SYNTHETIC_TASK])
+    rng.standard_normal(dim)
+    rng.standard_normal()
+    np.testing.assert_array_equal(X, rng.standard_normal(X.shape))
 
 
 def test_task_does_not_depend_on_num_tasks() -> None:

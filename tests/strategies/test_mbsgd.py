@@ -251,8 +251,11 @@ def test_primal_decreases_to_mochas_optimum(problem, mocha_optimum, local_frac, 
                          local_frac=local_frac, eval_every=50)
     primal = np.array([r["primal"] for r in run.rounds])
     assert np.all(primal >= mocha_optimum * (1 - 1e-12))  # P* is the minimum
-    checkpoints = primal[[0, 5, 20, 50, 100, CONV_ROUNDS]]
-    assert np.all(np.diff(checkpoints) < 0), checkpoints
+    # Stochastic subgradient steps are not monotone (on the synthetic draw of issue 19 the
+    # primal at round 50 is 0.03 % above round 20's with local_frac 0.5): the best primal so
+    # far must improve between every two checkpoints.
+    best = np.minimum.accumulate(primal)[[0, 5, 20, 50, 100, CONV_ROUNDS]]
+    assert np.all(np.diff(best) < 0), best
     suboptimality = (primal[-1] - mocha_optimum) / mocha_optimum
     assert suboptimality < tolerance, suboptimality
     assert run.final["complete"]
