@@ -184,8 +184,8 @@ class FedEM(TaskStrategy):
         ``all``: the authors' rule, theta_m <- sum over all K training clients of
         (n_k / N) theta_{m,k}, a client not heard from counting as holding theta_m (the step
         shrinks with the sampling rate); ``sampled``: the n_k-weighted average over the
-        replying clients (unbiased under partial participation). Clustered FL always averages
-        each model over the clients that chose it.
+        replying clients (unbiased under partial participation). IFCA and CFL always average
+        each model over the replying clients that chose it (CFL: of its cluster).
     prox_mu : float
         FedProx's mu (``fedprox``; must be > 0 there, ignored elsewhere).
     finetune_epochs : int
