@@ -54,6 +54,7 @@ from .common import (  # DataLoader, LocalTask, TaskIdFn, default_task_id: re-ex
     read_instruction,
     use_kernel_cache,
 )
+from .dual_seed import read_seed_target, seed_duals
 from .dual_state import DualState, DualStore, data_fingerprint
 
 STATE_ARRAYS = "mocha.arrays"
@@ -144,7 +145,11 @@ class MochaClient:
         metrics = self._metrics(task, w, alpha, config, state.ok)
         method = config_value(config, "method", str) if "method" in config else "mocha"
         steps = 0 if dropped else budget
-        if steps == 0:
+        target = read_seed_target(msg.content["arrays"], task.dim)  # initial_arrays
+        if target is not None and steps:  # the seeding round: no solver, the seed step
+            d_alpha, d_b, steps = seed_duals(task, alpha, *target, m_tt=m_tt, seed=seed,
+                                             server_round=server_round)
+        elif steps == 0:
             d_alpha, d_b = np.zeros(task.n), np.zeros(task.dim)
         else:
             d_alpha, d_b, steps = self._local_update(method, task, alpha, w, config, budget,

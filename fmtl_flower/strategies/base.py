@@ -127,8 +127,11 @@ class TaskStrategy(Strategy):
         does, after resuming from the newest checkpoint when enabled (the rounds it covers are
         not run again). A checkpoint is written after a round's train and evaluate phases.
 
-        ``timeout`` bounds every exchange, the first round's discovery included (the
-        strategy's ``discovery_timeout`` is lowered to it). Raises
+        ``initial_arrays`` seeds the model where the method has one global start
+        (:meth:`seed_model`: MOCHA and its baselines, Mb-SGD ``{"W": (d, m) or (d,)}``, FSVRG
+        ``{"w": (d,)}``, FedEM ``model="torch"`` a state_dict); elsewhere a non-empty one is a
+        ValueError. ``timeout`` bounds every exchange, the first round's discovery included
+        (the strategy's ``discovery_timeout`` is lowered to it). Raises
         :class:`~fmtl_flower.strategies.discovery.DiscoveryError` (a ``RuntimeError``) when
         fewer than :attr:`min_tasks` tasks have a node by then."""
         self.check_knobs()
@@ -393,6 +396,41 @@ class TaskStrategy(Strategy):
         final["tasks_never_replied"] = sorted(int(t) for t in np.flatnonzero(~self.ever_replied))
         final["complete"] = bool(rounds) and not final.get("tasks_missing")
         return {"rounds": rounds, "final": final}
+
+
+def initial_model(initial_arrays: ArrayRecord, key: str, num_tasks: int | None,
+                  name: str, dim: int | None = None) -> np.ndarray:
+    """The model of ``start``'s ``initial_arrays``: exactly one array ``key``, of shape
+    (d, num_tasks) or (d,) (one model for every task; only (d,) when ``num_tasks`` is None),
+    finite, as float64; ValueError naming the expected key and shape otherwise. With ``dim``,
+    d must equal it (else :func:`check_initial_dim` checks it once the nodes report d)."""
+    shapes = "(d,)" if num_tasks is None else f"(d, {num_tasks}) or (d,)"
+    keys = sorted(initial_arrays)
+    if keys != [key]:
+        raise ValueError(f"{name}: initial_arrays must hold exactly one array {key!r} of "
+                         f"shape {shapes}, got keys {keys}")
+    try:
+        value = np.array(initial_arrays[key].numpy(), dtype=np.float64)
+    except Exception as err:  # noqa: BLE001 - any undecodable array is the user's error
+        raise ValueError(f"{name}: initial_arrays[{key!r}] is not a numeric array: "
+                         f"{err}") from err
+    ok = value.ndim == 1 or (num_tasks is not None and value.ndim == 2
+                             and value.shape[1] == num_tasks)
+    if not ok or value.shape[0] < 1:
+        raise ValueError(f"{name}: initial_arrays[{key!r}] must have shape {shapes}, got "
+                         f"{value.shape}")
+    if not np.all(np.isfinite(value)):
+        raise ValueError(f"{name}: initial_arrays[{key!r}] has non-finite values")
+    if dim is not None:
+        check_initial_dim(value, dim, key, name)
+    return value
+
+
+def check_initial_dim(value: np.ndarray, dim: int, key: str, name: str) -> None:
+    """ValueError unless the initial model has ``dim`` rows (the nodes' feature count)."""
+    if value.shape[0] != dim:
+        raise ValueError(f"{name}: initial_arrays[{key!r}] has shape {value.shape}, but the "
+                         f"nodes have dim = {dim} features (expected {dim} rows)")
 
 
 def record_metrics(record: dict[str, Any]) -> MetricRecord:

@@ -158,7 +158,15 @@ from ..core.fsvrg import (
 )
 from ..metrics import error_summary, round_record
 from ..wire import from_array, to_array
-from .base import ReplyBoundary, TaskStrategy, all_finite, check_bound, norm
+from .base import (
+    ReplyBoundary,
+    TaskStrategy,
+    all_finite,
+    check_bound,
+    check_initial_dim,
+    initial_model,
+    norm,
+)
 from .discovery import (
     ReplyError,
     TaskDirectory,
@@ -363,6 +371,7 @@ class Fsvrg(TaskStrategy):
         self.replies = ReplyBoundary(_NAME)
         self._round_start = 0.0
         self._evaluating = False
+        self._seed_w: np.ndarray | None = None  # start()'s initial w0, until discovery
 
     @property
     def dim(self) -> int | None:
@@ -486,11 +495,26 @@ class Fsvrg(TaskStrategy):
             raise RuntimeError(f"{_NAME} found no usable node: check the ClientApp and "
                                "the nodes' task ids")
         self.w = np.zeros(self.dim)
+        if self._seed_w is not None:  # start()'s initial_arrays: the primal start
+            check_initial_dim(self._seed_w, self.dim, "w", _NAME)
+            self.w, self._seed_w = self._seed_w, None
         self.n_total = int(self.n_train.sum())
         if self.lam is None:
             self.lam = 1.0 / float(self.n_total)
         if self.method == "cocoa-plus":
             self.ledger = DualLedger(self.num_tasks, self.dim)
+
+    def seed_model(self, initial_arrays: ArrayRecord) -> None:
+        """Start from ``initial_arrays`` = ``ArrayRecord({"w": w0})``, w0 of shape (d,): the
+        primal methods (``fsvrg``, ``fsvrg-naive``, ``gd``, ``dane``) take w = w0 before round
+        1. ``cocoa-plus`` keeps w = w(alpha) tied to the nodes' duals and is refused."""
+        if len(initial_arrays) == 0:
+            return
+        if self.method == "cocoa-plus":
+            raise ValueError(f"{_NAME} method 'cocoa-plus' keeps w tied to the nodes' dual "
+                             "variables (w = sum_k X_k^T alpha_k / (lam n)); it cannot start "
+                             "from initial_arrays. Use a primal method or start from w = 0")
+        self._seed_w = initial_model(initial_arrays, "w", None, _NAME, self.directory.dim)
 
     def _aggregate_models(self, accepted: dict[int, dict[str, Any]]) -> np.ndarray:
         """The next ``w`` from the accepted local models (``fsvrg`` / naive / ``dane``)."""

@@ -61,7 +61,9 @@ at the model after round r - 1, so record k (state after k rounds, k = 0 .. R) i
 by round k + 1's replies, and record R by the final ``evaluate`` round. ``primal`` is
 ``sum_t loss-mean_t + (1/2) tr(W K W^T)`` of that state (K as it is after any Omega-step of
 round k), and only when every task reported; otherwise None (``tasks_missing`` says which
-tasks were missing). ``dual`` and ``gap`` are always None.
+tasks were missing). ``dual`` and ``gap`` are always None. Flower's ``Result`` and
+``fraction_train`` / ``min_train_nodes`` as for MOCHA (``evaluate_metrics_clientapp[k]`` per
+evaluated state; unsampled tasks are sent ``dropped = true``).
 """
 
 from __future__ import annotations
@@ -92,7 +94,9 @@ from .base import (
     TaskStrategy,
     all_finite,
     check_bound,
+    check_initial_dim,
     guarded,
+    initial_model,
     norm,
     reject_rows,
 )
@@ -300,6 +304,7 @@ class MbSgd(TaskStrategy):
     samples_devices = True
     _num_sampled = 0
     _evaluating = False
+    _seed_W: np.ndarray | None = None  # start()'s initial W0, until discovery
 
     def summary(self) -> None:
         """Log the configuration."""
@@ -424,6 +429,18 @@ class MbSgd(TaskStrategy):
                                 query_timeout=max(self.round_timeout, 60.0))
         if self.W is None and self.directory.dim is not None:
             self.W = np.zeros((self.directory.dim, self.num_tasks))
+            if self._seed_W is not None:  # start()'s initial_arrays: the primal start
+                check_initial_dim(self._seed_W, self.directory.dim, "W", _NAME)
+                self.W[:] = self._seed_W if self._seed_W.ndim == 2 else self._seed_W[:, None]
+                self._seed_W = None
+
+    def seed_model(self, initial_arrays: ArrayRecord) -> None:
+        """Start from ``initial_arrays`` = ``ArrayRecord({"W": W0})``, W0 of shape (d, m) or
+        (d,) (one model for every task): Mb-SGD is primal, so W = W0 before round 1 (checked
+        here for shape and finiteness, d against the nodes' ``dim`` at discovery)."""
+        if len(initial_arrays):
+            self._seed_W = initial_model(initial_arrays, "W", self.num_tasks, _NAME,
+                                         self.directory.dim)
 
     @property
     def dim(self) -> int | None:

@@ -25,6 +25,12 @@ query ``whoami`` (server -> node): empty ``config``. Reply: ConfigRecord ``info`
     (``mocha`` by default; ``cocoa`` with ``theta`` float: SDCA until the local gap falls by
     theta, ``budget`` is the cap; ``mb-sdca`` with ``scale`` float: stale-model steps on
     ``budget`` distinct samples, update scaled by ``scale``).
+    Seeding round (round 1 of a fresh run started with ``initial_arrays``, see
+    :meth:`Mocha.seed_model`): also arrays ``seed-w`` and ``seed-b``, float64 (d,) each, the
+    target model W0[:, t] and dual image (W0 K)[:, t]; ``budget`` = n-train, ``dropped``
+    false. The device then runs no solver (``method``, ``gamma``, ``scale`` do not apply) but
+    moves its alpha to the seeding point of :mod:`fmtl_flower.clients.dual_seed`, a feasible
+    dual change like any other (same reply, ``steps`` = the seeding's coordinate steps).
     Reply: arrays ``delta-b`` float64 (d,) = X_t^T d_alpha / n_t; metrics ``task-id``,
     ``round`` (= server-round), ``n-train``, ``state-ok`` (0/1: 0 = the device restarted from
     alpha = 0), ``loss-mean`` (mean hinge loss at the w_t received), ``dual-mean``
@@ -65,6 +71,15 @@ received and its alpha after the commit), so record k (state after k rounds, k =
 completed by round k + 1's replies, and record R by the final ``evaluate`` round. Primal, dual
 and gap are reported only when every task reported for a consistent (W, alpha) pair; otherwise
 they are None (``tasks_missing`` says which tasks were missing).
+
+Flower's ``Result``: ``train_metrics_clientapp[r]`` holds round r's ``num-replies``,
+``num-dropped`` and ``num-sampled``; ``evaluate_metrics_clientapp[k]`` the numbers of record
+k (primal, dual, gap, objective, test errors) for every evaluated state k (every
+``eval_every`` rounds from k = 0, and the final one), taken from the train replies that
+complete it, so no extra message is sent. ``fraction_train`` / ``min_train_nodes``
+(:mod:`fmtl_flower.strategies.base`) sample the tasks that train in a round; the others are
+sent ``dropped = true`` like a simulated drop-out: they do no local work but still report,
+so W stays W(alpha) and the record's gap stays complete.
 """
 
 from __future__ import annotations
@@ -106,7 +121,9 @@ from .base import (
     TaskStrategy,
     all_finite,
     check_bound,
+    check_initial_dim,
     guarded,
+    initial_model,
     norm,
     reject_rows,
 )
@@ -221,6 +238,18 @@ class Mocha(TaskStrategy):
         the discovered nodes report, :class:`~fmtl_flower.strategies.discovery.TaskDirectory`).
     on_round : callable, optional
         Called with each completed round record (a dict), e.g. to print progress.
+
+    Notes
+    -----
+    ``start(initial_arrays=ArrayRecord({"W": W0}))``, W0 of shape (d, m) or (d,) (one model
+    broadcast to every task), seeds the run (all three methods). W is tied to the dual
+    variables (W = W(alpha)), so W0 is not written into W: round 1 is a seeding round in which
+    each device moves its alpha_t to the feasible dual point that best fits W0 (the dual
+    objective over alpha_t with a proximity penalty toward W0's dual image,
+    :mod:`fmtl_flower.clients.dual_seed`), without drops, sampling or solver steps; its record
+    says ``seeded: true``. W after round 1 is W(alpha) near W0, every gap stays a true bound,
+    and a W0 taken from a solved run restarts at its optimum. Not available for tasks on
+    packed nodes that speak the stacking protocol (ValueError).
     """
 
     def __init__(
@@ -339,6 +368,8 @@ class Mocha(TaskStrategy):
         self._checkpoint_n_train: np.ndarray | None = None
         self._num_sampled = 0
         self._evaluating = False
+        self._seed_W: np.ndarray | None = None  # start()'s initial W0, until round 1
+        self._seed_targets: tuple[np.ndarray, np.ndarray] | None = None  # (W0, W0 K)
 
     # ------------------------------------------------------------------ Strategy interface
     samples_devices = True
@@ -382,6 +413,11 @@ class Mocha(TaskStrategy):
         if self.method == "mb-sdca":  # distinct samples; s = min(1, beta / total steps)
             budgets = np.minimum(budgets, self.n_train)
             self._scale = mbsdca_scale(self.beta, int(budgets[~self._dropped_now].sum()))
+        if self._seed_W is not None and server_round == 1:  # the seeding round
+            self._seed_targets = self._seeding_targets()
+            budgets = self.n_train.astype(np.int64)  # bounds |delta-b| by max-row-norm
+            self._dropped_now = np.zeros(self.num_tasks, dtype=bool)
+            self._num_sampled = len(chosen)
         self._budgets = budgets
         evaluate = (server_round - 1) % self.eval_every == 0
         self._evaluating = evaluate
@@ -425,6 +461,9 @@ class Mocha(TaskStrategy):
         if omega_step:
             omega_step = self._omega_step(server_round)
         record = self._new_record(server_round)
+        if self._seed_targets is not None:
+            record["seeded"] = True  # round 1 moved the duals to initial_arrays' W0
+            self._seed_targets = self._seed_W = None
         updated = tasks[~self._dropped_now[tasks]] if len(tasks) else tasks
         record.update(num_replies=len(tasks), num_dropped=self.num_tasks - len(updated),
                       num_resets=len(resets), omega_step=omega_step, counted=counted,
@@ -522,6 +561,31 @@ class Mocha(TaskStrategy):
         out["health"] = self.health.summary(self.task_to_node)
         return out
 
+    # ------------------------------------------------------------------ initial_arrays
+    def seed_model(self, initial_arrays: ArrayRecord) -> None:
+        """Take ``initial_arrays`` = ``ArrayRecord({"W": W0})``, W0 of shape (d, m) or (d,)
+        (one model for every task), as the start: round 1 becomes the seeding round, in which
+        every reachable device moves its duals to the feasible point nearest W0 in the sense of
+        :mod:`fmtl_flower.clients.dual_seed` (no solver steps, no drops or sampling; W stays
+        W(alpha), so every gap stays valid). Shape and finiteness are checked here, d against
+        the nodes' ``dim`` at discovery."""
+        if len(initial_arrays) == 0:
+            return
+        self._seed_W = initial_model(initial_arrays, "W", self.num_tasks, "MOCHA",
+                                     self.directory.dim)
+
+    def _seeding_targets(self) -> tuple[np.ndarray, np.ndarray]:
+        """(W0, B0 = W0 K) for the seeding round, K = M^-1 of the starting Omega."""
+        assert self.state is not None and self._seed_W is not None
+        W0 = self._seed_W
+        if W0.ndim == 1:
+            W0 = np.repeat(W0[:, None], self.num_tasks, axis=1)
+        formulation = self.state.formulation
+        factor = getattr(formulation, "regulariser_factor", None)
+        B0 = factor().right_multiply(W0) if callable(factor) \
+            else W0 @ formulation.regulariser_matrix()
+        return W0, B0
+
     # ------------------------------------------------------------------ discovery
     def discover(self, grid: Grid, wait: bool = False) -> None:
         """Map new node ids to tasks (``whoami``); create the state once ``dim`` is known."""
@@ -531,6 +595,8 @@ class Mocha(TaskStrategy):
             self.state = make_server_state(self.directory.dim, self.num_tasks, self.omega,
                                            lam=self.lam, path=self.server_path,
                                            **self.formulation_options)
+        if self._seed_W is not None and self.state is not None:
+            check_initial_dim(self._seed_W, self.state.dim, "W", "MOCHA")
         if self._checkpoint_n_train is not None:  # resumed: a task whose data changed restarts
             known = self.n_train > 0
             changed = np.flatnonzero(known & (self.n_train != self._checkpoint_n_train))
@@ -557,6 +623,10 @@ class Mocha(TaskStrategy):
         stacked_groups = getattr(grid, "stacked_groups", None)
         if callable(stacked_groups):
             stacks, chosen = stacked_groups(STACKING_PROTOCOL, chosen)
+        if stacks and self._seed_targets is not None and message_type == MessageType.TRAIN:
+            raise ValueError("MOCHA: initial_arrays cannot seed tasks on packed nodes that "
+                             "speak the stacking protocol (their stacked state has no "
+                             "seeding step yet); start without initial_arrays")
         return self._message_stream(server_round, message_type, evaluate, budgets, chosen,
                                     m_diag, sigma_p, stacks)
 
@@ -594,7 +664,11 @@ class Mocha(TaskStrategy):
                 config["dropped"] = bool(self._dropped_now[task])
             w_t = np.ascontiguousarray(W[:, task])
             self._w_norm[task] = norm(w_t)  # the reply's loss bound
-            content = record_dict({"arrays": array_record({"w": w_t}),
+            arrays = {"w": w_t}
+            if self._seed_targets is not None and budgets is not None:
+                arrays["seed-w"] = np.ascontiguousarray(self._seed_targets[0][:, task])
+                arrays["seed-b"] = np.ascontiguousarray(self._seed_targets[1][:, task])
+            content = record_dict({"arrays": array_record(arrays),
                                    "config": config_record(config)})
             yield self.replies.track(task, node, Message(
                 content, dst_node_id=node, message_type=message_type,

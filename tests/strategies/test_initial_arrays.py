@@ -1,0 +1,149 @@
+"""``start(initial_arrays=...)`` seeds the methods that have one global start: MOCHA and its
+primal-dual baselines through the dual seeding round (:mod:`fmtl_flower.clients.dual_seed`:
+W stays W(alpha), gaps stay valid, a W0 at the optimum restarts near it), Mb-SGD and FSVRG
+directly; bad keys, shapes or values, and the methods without one start, are clear errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord
+
+from fmtl_flower import (
+    OFMTL,
+    FedEM,
+    Fsvrg,
+    MbSgd,
+    Mocha,
+    make_fedem_client_app,
+    make_fsvrg_client_app,
+    make_mbsgd_client_app,
+    make_mocha_client_app,
+)
+from fmtl_flower.clients.mocha import default_task_id
+from fmtl_flower.data import make_sparse_federated
+from fmtl_flower.engine import InProcessGrid
+from fmtl_flower.wire import to_array
+
+from .helpers import make_problem
+
+TASKS, DIM = 5, 4
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return make_problem(num_tasks=TASKS, dim=DIM, samples_per_task=40, seed=5)
+
+
+def record(**arrays: np.ndarray) -> ArrayRecord:
+    return ArrayRecord({k: to_array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+
+
+def run_mocha(problem, rounds: int, initial: ArrayRecord | None = None, **kwargs):
+    options = {"lam": 0.05, "omega": "mean", "lam2": 0.5, "omega_every": 0,
+               "discovery_timeout": 5.0, **kwargs}
+    strategy = Mocha(TASKS, **options)
+    result = strategy.start(grid=InProcessGrid(make_mocha_client_app(problem.load), TASKS),
+                            initial_arrays=initial, num_rounds=rounds, timeout=30.0)
+    return strategy, result
+
+
+@pytest.mark.parametrize("method", ["mocha", "cocoa", "mb-sdca"])
+def test_initial_arrays_change_round_one_and_keep_the_gap(problem, method):
+    rng = np.random.default_rng(0)
+    W0 = rng.normal(size=(DIM, TASKS))
+    plain, plain_result = run_mocha(problem, 4, method=method)
+    seeded, seeded_result = run_mocha(problem, 4, record(W=W0), method=method)
+    rounds = seeded.results()["rounds"]
+    assert rounds[1].get("seeded") is True and "seeded" not in plain.results()["rounds"][1]
+    assert not np.allclose(rounds[1]["primal"], plain.results()["rounds"][1]["primal"])
+    assert not np.array_equal(seeded_result.arrays["W"].numpy(),
+                              plain_result.arrays["W"].numpy())
+    assert all(r["gap"] >= -1e-9 for r in rounds), [r["gap"] for r in rounds]
+    assert seeded.results()["final"]["complete"]
+
+
+def test_a_broadcast_w0_moves_every_task_toward_it(problem):
+    w0 = np.array([0.5, -0.25, 0.1, 0.0])
+    strategy, _ = run_mocha(problem, 1, record(W=w0), omega="identity")
+    W = strategy.state.W
+    zero = np.linalg.norm(w0[:, None] - np.zeros_like(W))
+    assert np.linalg.norm(W - w0[:, None]) < zero  # closer to W0 than the zero start
+
+
+def test_w0_at_the_optimum_restarts_near_the_optimum(problem):
+    solved, solved_result = run_mocha(problem, 60)
+    W_star = solved_result.arrays["W"].numpy()
+    assert solved.results()["final"]["gap"] < 1e-2
+    _, cold = run_mocha(problem, 1)
+    warm_strategy, warm = run_mocha(problem, 1, record(W=W_star))
+    cold_gap = cold.evaluate_metrics_clientapp[1]["gap"]
+    warm_gap = warm.evaluate_metrics_clientapp[1]["gap"]
+    assert 0.0 <= warm_gap < 0.05 * cold_gap, (warm_gap, cold_gap)
+    W = warm.arrays["W"].numpy()
+    assert np.linalg.norm(W - W_star) < 0.05 * np.linalg.norm(W_star)
+
+
+@pytest.mark.parametrize(("arrays", "match"), [
+    ({"w": np.zeros((DIM, TASKS))}, r"exactly one array 'W' of shape \(d, 5\) or \(d,\)"),
+    ({"W": np.zeros((DIM, TASKS)), "b": np.zeros(DIM)}, "exactly one array 'W'"),
+    ({"W": np.zeros((DIM, TASKS + 1))}, r"must have shape \(d, 5\) or \(d,\), got \(4, 6\)"),
+    ({"W": np.zeros((DIM, TASKS, 1))}, "must have shape"),
+    ({"W": np.full((DIM, TASKS), np.nan)}, "non-finite"),
+    ({"W": np.zeros((DIM + 1, TASKS))}, r"dim = 4 features \(expected 4 rows\)"),
+])
+def test_bad_initial_arrays_are_clear_errors(problem, arrays, match):
+    with pytest.raises(ValueError, match=match):
+        run_mocha(problem, 1, record(**arrays))
+
+
+def test_mbsgd_starts_from_w0(problem):
+    W0 = np.random.default_rng(1).normal(size=(DIM, TASKS))
+
+    def run(initial):
+        strategy = MbSgd(TASKS, lam=0.05, discovery_timeout=5.0)
+        strategy.start(grid=InProcessGrid(make_mbsgd_client_app(problem.load), TASKS),
+                       initial_arrays=initial, num_rounds=1, timeout=30.0)
+        return strategy
+
+    seeded, plain = run(record(W=W0)), run(None)
+    # record 0 is the state before round 1: its loss is measured at W0
+    assert seeded.results()["rounds"][0]["primal"] != plain.results()["rounds"][0]["primal"]
+    assert not np.allclose(seeded.W, plain.W)
+    with pytest.raises(ValueError, match=r"dim = 4 features"):
+        run(record(W=np.zeros(DIM + 2)))
+
+
+def test_fsvrg_starts_from_w0():
+    data = make_sparse_federated(num_tasks=3, dim=300, seed=0)
+    app = make_fsvrg_client_app(lambda ctx: data.task(default_task_id(ctx)).arrays())
+    w0 = np.random.default_rng(2).normal(scale=0.1, size=300)
+
+    def run(initial, method="fsvrg"):
+        strategy = Fsvrg(3, method=method, discovery_timeout=5.0)
+        strategy.start(grid=InProcessGrid(app, 3), initial_arrays=initial, num_rounds=1,
+                       timeout=30.0)
+        return strategy
+
+    seeded, plain = run(record(w=w0)), run(None)
+    assert seeded.results()["rounds"][0]["objective"] != plain.results()["rounds"][0]["objective"]
+    assert not np.allclose(seeded.w, plain.w)
+    with pytest.raises(ValueError, match=r"exactly one array 'w' of shape \(d,\)"):
+        run(record(W=w0))
+    with pytest.raises(ValueError, match=r"\['w'\] must have shape \(d,\), got \(300, 3\)"):
+        run(record(w=np.zeros((300, 3))))
+    with pytest.raises(ValueError, match=r"dim = 300 features"):
+        run(record(w=np.zeros(301)))
+    with pytest.raises(ValueError, match="cocoa-plus"):
+        run(record(w=w0), method="cocoa-plus")
+
+
+def test_methods_without_one_global_start_refuse_initial_arrays(problem):
+    with pytest.raises(ValueError, match="initial_arrays"):
+        OFMTL(TASKS, initial_tasks=2, discovery_timeout=1.0).start(
+            grid=InProcessGrid(make_mocha_client_app(problem.load), TASKS),
+            initial_arrays=record(W=np.zeros((DIM, TASKS))))
+    with pytest.raises(ValueError, match="model='torch'"):
+        FedEM(TASKS, method="fedavg", discovery_timeout=1.0).start(
+            grid=InProcessGrid(make_fedem_client_app(problem.load), TASKS),
+            initial_arrays=record(W=np.zeros(DIM)), num_rounds=1)
