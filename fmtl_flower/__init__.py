@@ -24,6 +24,10 @@ Scale and engines
     :class:`PackedGrid` / :func:`packed_client_app` / :func:`tasks_of_node` (several tasks
     per Flower node), :func:`run_inprocess` (a ServerApp/ClientApp pair without Ray),
     :func:`fit_mocha` (MOCHA without Flower), :class:`RunConfig`.
+Settings
+    :class:`MochaSettings`, :class:`MbSgdSettings`, :class:`FedEMSettings`,
+    :class:`OFMTLSettings`, :class:`FsvrgSettings` (each extends :class:`CommonSettings`):
+    what each strategy's constructor takes, checked, from keywords or a run config.
 """
 
 from __future__ import annotations
@@ -65,6 +69,12 @@ _EXPORTS = {
     "run_inprocess": "fmtl_flower.engine",
     "fit_mocha": "fmtl_flower.centralized",
     "RunConfig": "fmtl_flower.config",
+    "CommonSettings": "fmtl_flower.settings",
+    "MochaSettings": "fmtl_flower.settings",
+    "MbSgdSettings": "fmtl_flower.settings",
+    "FedEMSettings": "fmtl_flower.settings",
+    "OFMTLSettings": "fmtl_flower.settings",
+    "FsvrgSettings": "fmtl_flower.settings",
 }
 __all__ = ["__version__", *_EXPORTS]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -21,10 +22,10 @@ from .core.baselines import cocoa_local_update, mbsdca_local_update, mbsdca_scal
 from .core.formulations import Formulation, make_formulation
 from .core.hinge import classification_errors, hinge_conjugate_value, mean_hinge_loss
 from .core.mocha import MochaServerState, omega_step_due
-from .core.omega import DEFAULT_OMEGA_EPS
 from .core.rng import TAG_POOLED_INIT, coordinate_order
 from .core.sdca import sdca_local_update
 from .metrics import error_summary
+from .settings import MochaSettings, drop_prob_of
 from .systems.heterogeneity import drop_mask, local_budgets
 from .systems.timing import deadline_budgets
 
@@ -55,32 +56,13 @@ def _objective(state: MochaServerState, tasks: Sequence[TaskArrays],
 
 def fit_mocha(
     tasks: Sequence[TaskArrays],
+    settings: MochaSettings | None = None,
     *,
-    lam: float,
     rounds: int,
-    omega: str = "probabilistic",
-    omega_every: int = 10,
-    omega_eps: float = DEFAULT_OMEGA_EPS,
-    lam2: float | None = None,
-    s2: float | None = None,
-    eta: float | None = None,
-    clusters: int | None = None,
-    gamma: float = 1.0,
-    method: str = "mocha",
-    theta: float = 0.5,
-    beta: float = 1.0,
-    local_frac: float = 1.0,
-    sigma_mode: str = "global",
-    sys_het: str = "none",
-    sys_het_base: str = "n_min",
-    drop_prob: float | Sequence[float] = 0.0,
-    clock_cycle: float | None = None,
-    network: str = "lte",
-    time_model: str = "physical",
-    seed: int = 0,
     record_every: int = 0,
     test: Sequence[TaskArrays] | None = None,
     formulation: Formulation | None = None,
+    **kwargs: Any,
 ) -> MochaFit:
     """Run ``rounds`` MOCHA rounds over in-memory tasks.
 
@@ -88,10 +70,12 @@ def fit_mocha(
     ----------
     tasks : sequence of (X, y)
         Training data per task (validated float64 arrays, labels in {-1, +1}).
-    lam, rounds, omega, omega_every, omega_eps, lam2, s2, eta, clusters, gamma, method, theta,
-    beta, local_frac, sigma_mode, sys_het, sys_het_base, drop_prob, clock_cycle, network,
-    time_model, seed
-        As for :class:`fmtl_flower.strategies.mocha.Mocha`.
+    settings : MochaSettings, optional
+        As for :class:`fmtl_flower.strategies.mocha.Mocha` (lambda, formulation, method,
+        local work, systems, seed); keyword arguments are its fields (``lam=1e-3``) and
+        override it. The discovery, fault and node settings do not apply here.
+    rounds : int
+        Rounds to run.
     record_every : int
         Record primal, dual, gap (and test errors when ``test`` is given) of the state after
         every ``record_every`` rounds, and of the final state (0: final state only).
@@ -101,25 +85,23 @@ def fit_mocha(
         A ready formulation (e.g. with a learned Omega) instead of building one from
         ``omega``, ``lam`` and the formulation options; it is used, and stepped, in place.
     """
+    s = MochaSettings.resolve(settings, kwargs)
     m = len(tasks)
     dim = tasks[0][0].shape[1]
     n = np.array([X.shape[0] for X, _ in tasks], dtype=np.int64)
     sqnorms = [np.einsum("ij,ij->i", X, X) for X, _ in tasks]
     if formulation is None:
-        formulation = make_formulation(omega, m, lam=lam, lam2=lam2, s2=s2, eta=eta,
-                                       k=clusters, eps_rel=omega_eps, gamma=gamma)
+        formulation = make_formulation(s.omega, m, lam=s.lam, **s.formulation_options)
     state = MochaServerState.zeros(dim, formulation)
     fit = MochaFit(state, [np.zeros(k) for k in n])
-    systems = _Systems(n=n, dim=dim, method=method, beta=beta, local_frac=local_frac,
-                       sys_het=sys_het, sys_het_base=sys_het_base, drop_prob=drop_prob,
-                       clock_cycle=clock_cycle, network=network, time_model=time_model,
-                       seed=seed)
+    systems = _Systems(n=n, dim=dim, s=s)
+    method, seed = s.method, s.seed
     for r in range(1, rounds + 1):
         if record_every and (r - 1) % record_every == 0:
             _record(fit, r - 1, tasks, test)
         budgets, dropped, scale = systems.draw(r)
         m_diag = state.m_diag()
-        sigma_p = state.sigma_prime(sigma_mode)
+        sigma_p = state.sigma_prime(s.sigma_mode)
         delta_B = np.zeros((dim, m))
         steps = np.zeros(m, dtype=np.int64)
         for t, (X, y) in enumerate(tasks):
@@ -128,15 +110,15 @@ def fit_mocha(
             order = coordinate_order(seed, t, r, int(n[t]))
             d_alpha, d_b, steps[t] = _local_update(
                 method, X, y, fit.alphas[t], state.W[:, t].copy(), budget=int(budgets[t]),
-                m_tt=float(m_diag[t]), sigma_prime=float(sigma_p[t]), theta=theta,
+                m_tt=float(m_diag[t]), sigma_prime=float(sigma_p[t]), theta=s.theta,
                 order=order, sqnorm=sqnorms[t], scale=scale)
-            if gamma != 1.0:
-                d_alpha, d_b = gamma * d_alpha, gamma * d_b
+            if s.gamma != 1.0:
+                d_alpha, d_b = s.gamma * d_alpha, s.gamma * d_b
             delta_B[:, t] = d_b
             fit.alphas[t] = fit.alphas[t] + d_alpha
         fit.steps.append(steps)
         state.add_updates(np.arange(m), delta_B)
-        if omega_step_due(r, omega_every, rounds):
+        if omega_step_due(r, s.omega_every, rounds):
             state.omega_step()
     _record(fit, rounds, tasks, test)
     return fit
@@ -148,29 +130,20 @@ class _Systems:
 
     n: np.ndarray
     dim: int
-    method: str
-    beta: float
-    local_frac: float
-    sys_het: str
-    sys_het_base: str
-    drop_prob: float | Sequence[float]
-    clock_cycle: float | None
-    network: str
-    time_model: str
-    seed: int
+    s: MochaSettings
 
     def draw(self, r: int) -> tuple[np.ndarray, np.ndarray, float]:
         """Round ``r``'s (budgets, dropped mask, Mb-SDCA scale (1.0 for the others))."""
-        budgets = local_budgets(self.n, local_frac=self.local_frac, sys_het=self.sys_het,
-                                base=self.sys_het_base, seed=self.seed, server_round=r)
-        budgets = deadline_budgets(budgets, self.clock_cycle, self.dim, self.method,
-                                   self.network, model=self.time_model,
-                                   n=self.n if self.method == "cocoa" else None)
-        dropped = drop_mask(self.n.size, self.drop_prob, seed=self.seed, server_round=r)
+        s = self.s
+        budgets = local_budgets(self.n, local_frac=s.local_frac, sys_het=s.sys_het,
+                                base=s.sys_het_base, seed=s.seed, server_round=r)
+        budgets = deadline_budgets(budgets, s.clock_cycle, self.dim, s.method, s.network,
+                                   model=s.time_model, n=self.n if s.method == "cocoa" else None)
+        dropped = drop_mask(self.n.size, drop_prob_of(s.drop_prob), seed=s.seed, server_round=r)
         scale = 1.0
-        if self.method == "mb-sdca":
+        if s.method == "mb-sdca":
             budgets = np.minimum(budgets, self.n)
-            scale = mbsdca_scale(self.beta, int(budgets[~dropped].sum()))
+            scale = mbsdca_scale(s.beta, int(budgets[~dropped].sum()))
         return budgets, dropped, scale
 
 

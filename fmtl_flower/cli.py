@@ -46,7 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
                           "HOST:PORT (`ray start --head --port PORT`) instead of starting Ray")
     run.add_argument("--out", default=None, help="write the results JSON here")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                     help="a run-config key (see `flwr run --run-config`); repeatable")
+                     help="a run-config key, dotted for a family's (mocha.theta=0.3); "
+                          "repeatable")
+    run.add_argument("--run-config", action="append", default=[], metavar="CONFIG",
+                     help="run-config overrides as `flwr run --run-config` takes them: "
+                          "\"mocha.theta=0.3 dataset='small'\" (TOML values) or a .toml file "
+                          "(nested tables become dotted keys); --set wins over it")
     run.add_argument("--print-every", type=int, default=0,
                      help="print every N-th round (default: about 50 lines per run)")
     run.add_argument("--quiet", action="store_true", help="print only the final table")
@@ -72,8 +77,23 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         values["num-server-rounds"] = args.rounds
     if args.seed is not None:
         values["seed"] = args.seed
+    values.update(run_config_overrides(args.run_config))
     values.update(parse_set_options(args.set))
     return RunConfig.from_mapping(values)
+
+
+def run_config_overrides(configs: list[str]) -> dict[str, Any]:
+    """``--run-config`` values parsed as Flower parses ``flwr run --run-config`` (TOML values,
+    or one .toml file; nested tables flattened into dotted keys)."""
+    if not configs:
+        return {}
+    import click
+    from flwr.common.config import parse_config_args
+
+    try:
+        return parse_config_args(configs)
+    except click.ClickException as err:
+        raise ConfigError(f"--run-config: {err.message}") from None
 
 
 def _fmt(value: Any, spec: str) -> str:
@@ -121,11 +141,11 @@ def final_table(results: dict[str, Any]) -> str:
     cfg = results["config"]
     rows = [("strategy", cfg["strategy"]), ("dataset", cfg["dataset"])]
     if "train_loss" in final or cfg.get("model", "auto") not in ("auto", "svm"):
-        rows += [("model", cfg.get("model")), ("M", cfg.get("M"))]
+        rows += [("model", cfg.get("model")), ("M", cfg.get("fedem.M", cfg.get("M")))]
     elif "exchanges" in final:
         rows.append(("lambda", "1/n (the paper's)"))
     else:
-        rows.append(("lambda", cfg["lambda"]))
+        rows.append(("lambda", cfg.get("mocha.lambda", cfg.get("lambda"))))
     rows.append(("rounds", final.get("round", "-")))
     for key in FINAL_KEYS:
         value = final.get(key)
@@ -154,17 +174,23 @@ def _resolve_lambda(cfg: RunConfig, data) -> tuple[RunConfig, dict[float, float]
         return cfg, None
     if cfg.strategy == "mb-sgd":
         raise ConfigError("lambda=cv is not available for mb-sgd; give a number")
-    from .apps.common import formulation_options
     from .model_selection import cross_validate_lambda
+    from .settings import MochaSettings
 
     method = {"local": "local", "global": "global"}.get(cfg.strategy, "mtl")
     tasks = [(t.X_train, t.y_train) for t in data.tasks]
-    mocha = {"rounds": cfg.num_server_rounds, "omega": cfg.omega, "omega_every": cfg.omega_every,
-             "omega_eps": cfg.omega_eps, **formulation_options(cfg), "method": cfg.strategy,
-             "theta": cfg.theta, "beta": cfg.beta or 1.0,
-             "local_frac": cfg.local_frac, "sigma_mode": cfg.sigma_mode}
-    best, scores = cross_validate_lambda(method, tasks, seed=cfg.seed,
-                                         **(mocha if method == "mtl" else {}))
+    mocha: dict[str, Any] = {}
+    if method == "mtl":  # the CV fits: the run's formulation and local solver, no systems
+        settings = MochaSettings.from_run_config(
+            {k: v for k, v in cfg.to_dict().items() if k != "mocha.lambda"},
+            method=cfg.strategy)
+        mocha = {"rounds": cfg.num_server_rounds, "omega": settings.omega,
+                 "omega_every": settings.omega_every, "omega_eps": settings.omega_eps,
+                 "lam2": settings.lam2, "s2": settings.s2, "eta": settings.eta,
+                 "clusters": settings.clusters, "gamma": settings.gamma,
+                 "method": settings.method, "theta": settings.theta, "beta": settings.beta,
+                 "local_frac": settings.local_frac, "sigma_mode": settings.sigma_mode}
+    best, scores = cross_validate_lambda(method, tasks, seed=cfg.seed, **mocha)
     return dataclasses.replace(cfg, lam=best), scores
 
 
@@ -190,7 +216,7 @@ def run_baseline(cfg: RunConfig, data) -> dict[str, Any]:
 
 
 def _unseen(cfg: RunConfig, num_tasks: int) -> list[int]:
-    from .apps.common import unseen_tasks
+    from .config import unseen_tasks
 
     return unseen_tasks(cfg, num_tasks)
 

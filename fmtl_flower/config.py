@@ -1,18 +1,57 @@
-"""Run configuration: the kebab-case keys of `flwr run --run-config` and `fmtl run --set`.
+"""Run configuration: the keys of `flwr run --run-config` and `fmtl run --set`.
 
-One dataclass, :class:`RunConfig`, holds every key; :meth:`RunConfig.from_mapping` validates a
-mapping of raw values (strings from the command line, or the typed values Flower passes in
-``context.run_config``) and raises :class:`ConfigError` naming the key on any bad value or
-unknown key.
+The keys are namespaced by strategy family, as ``pyproject.toml`` nests them
+(``[tool.flwr.app.config.mocha]`` ``theta = 0.5`` reaches the apps as ``mocha.theta``; Flower
+flattens nested tables into dotted keys): the common keys (``strategy``, ``dataset``,
+``num-server-rounds``, ``seed``, ...) at the top, then ``mocha.*`` (MOCHA, CoCoA, Mb-SDCA,
+Mb-SGD; OFMTL and the ``local``/``global`` SVMs read ``mocha.lambda`` and OFMTL the rest of
+MOCHA's too), ``fedem.*`` (FedEM's family; ``local``/``global`` with a model other than svm),
+``ofmtl.*`` and ``fsvrg.*``. One key has one meaning: Mb-SDCA's ``mocha.mb-sdca-beta`` and
+Mb-SGD's ``mocha.mb-sgd-beta``, FedEM's ``fedem.local-epochs`` and the FSVRG family's
+``fsvrg.local-epochs``, FSVRG's stepsize ``fsvrg.h`` and GD's/DANE's ``fsvrg.step``.
+
+:class:`RunConfig` holds every key; :meth:`RunConfig.from_mapping` validates a mapping of raw
+values (strings from the command line, or the typed values Flower passes in
+``context.run_config``) and raises :class:`ConfigError` naming the key on a bad value, an
+unknown key, or a key of another family than the run's strategy (naming the family it
+belongs to). The flat names of the previous release (``theta``, ``lr``, ``beta``, ...) are
+accepted for one release with a :class:`DeprecationWarning` per key. The strategies'
+constructors take the typed settings of :mod:`fmtl_flower.settings`, which
+:func:`settings_from_config` builds from a run config (the checks live there).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from .settings import (
+    CommonSettings,
+    ConfigError,
+    FedEMSettings,
+    FsvrgSettings,
+    MbSgdSettings,
+    MochaSettings,
+    OFMTLSettings,
+    StrategySettings,
+    as_float,
+    as_int,
+    boolean,
+    choice,
+    integer,
+    number,
+    setting,
+    text,
+)
+
+__all__ = [
+    "FEDERATED", "FEDEM_FAMILY", "FSVRG_FAMILY", "MOCHA_FAMILY", "MODELS", "STRATEGIES",
+    "ConfigError", "RunConfig", "as_float", "as_int", "parse_set_options", "positive_int",
+    "settings_from_config", "split_set_option", "unseen_tasks",
+]
 
 STRATEGIES = ("mocha", "cocoa", "mb-sdca", "mb-sgd", "local", "global", "fedem", "fedavg",
               "fedprox", "fedavg-ft", "clustered", "ofmtl", "fsvrg", "fsvrg-naive", "gd",
@@ -27,26 +66,16 @@ FEDERATED = MOCHA_FAMILY + FEDEM_FAMILY + ("ofmtl",) + FSVRG_FAMILY
 MODELS = ("auto", "svm", "logistic", "softmax", "mlp")
 
 
-class ConfigError(ValueError):
-    """A run-config key is unknown or its value is invalid."""
-
-
-def as_int(key: str, value: Any, minimum: int | None = None) -> int:
-    """``value`` (a string or a number) as an int, >= ``minimum``; a ConfigError naming ``key``."""
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        if isinstance(value, float):
-            if not value.is_integer():
-                raise ValueError
-            out = int(value)
-        else:
-            out = int(str(value).strip())
-    except (TypeError, ValueError):
-        raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
-    if minimum is not None and out < minimum:
-        raise ConfigError(f"{key}: must be >= {minimum}, got {out}")
-    return out
+#: The families' namespaces: the strategies that read them, and how errors name them.
+NAMESPACES: dict[str, tuple[tuple[str, ...], str]] = {
+    "mocha": (MOCHA_FAMILY + ("ofmtl", "local", "global"),
+              "MOCHA's family (mocha, cocoa, mb-sdca, mb-sgd; also read by ofmtl, local, global)"),
+    "fedem": (FEDEM_FAMILY + ("local", "global"),
+              f"FedEM's family ({', '.join(FEDEM_FAMILY)}; also local/global with a model "
+              "other than svm)"),
+    "ofmtl": (("ofmtl",), "OFMTL (ofmtl)"),
+    "fsvrg": (FSVRG_FAMILY, f"FSVRG's family ({', '.join(FSVRG_FAMILY)})"),
+}
 
 
 def positive_int(key: str, value: Any) -> int:
@@ -54,273 +83,165 @@ def positive_int(key: str, value: Any) -> int:
     return as_int(key, value, 1)
 
 
-def as_float(key: str, value: Any, lo: float | None = None, hi: float | None = None,
-             lo_open: bool = False, hi_open: bool = False, finite: bool = True) -> float:
-    """``value`` as a float in the given bounds; a ConfigError naming ``key``.
-
-    ``nan`` is never a number; ``inf`` is refused unless ``finite=False``.
-    """
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        out = float(str(value).strip()) if not isinstance(value, int | float) else float(value)
-        if math.isnan(out) and not finite:
-            raise ValueError
-    except (TypeError, ValueError):
-        raise ConfigError(f"{key}: expected a number, got {value!r}") from None
-    if finite and not math.isfinite(out):
-        raise ConfigError(f"{key}: must be finite, got {value!r}")
-    if lo is not None and (out < lo or (lo_open and out == lo)):
-        raise ConfigError(f"{key}: must be {'>' if lo_open else '>='} {lo}, got {out}")
-    if hi is not None and (out > hi or (hi_open and out == hi)):
-        raise ConfigError(f"{key}: must be {'<' if hi_open else '<='} {hi}, got {out}")
-    return out
-
-
-def _as_choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
-    out = str(value).strip()
-    if out not in choices:
-        raise ConfigError(f"{key}: must be one of {', '.join(choices)}; got {value!r}")
-    return out
-
-
-def _as_lambda(key: str, value: Any) -> float | str:
+def _lambda(key: str, value: Any) -> float | str:
     if isinstance(value, str) and value.strip().lower() == "cv":
         return "cv"
     return as_float(key, value, lo=0.0, lo_open=True)
 
 
+def _optional_float(key: str, value: Any) -> float | None:
+    """None for an unset key (None, or "" as the wire's default), else a float >= 0."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    return as_float(key, value, lo=0.0)
+
+
+def _skew(key: str, value: Any) -> float:
+    out = as_float(key, value, lo=0.0)
+    if 0.0 < out <= 1.0:
+        raise ConfigError(f"{key}: a size ratio > 1 (or 0 for none), got {out}")
+    return out
+
+
+def _arrivals(key: str, value: Any) -> str:
+    out = str(value).strip()
+    if out in ("", "shuffle"):
+        return out
+    try:
+        order = [int(p) for p in out.split(",")]
+    except ValueError:
+        raise ConfigError(f"{key}: '', 'shuffle' or comma-separated task indices, got "
+                          f"{value!r}") from None
+    if sorted(order) != list(range(len(order))):
+        raise ConfigError(f"{key}: must be a permutation of 0..{len(order) - 1}, got {out!r}")
+    return ",".join(map(str, order))
+
+
+def _string(key: str, value: Any) -> str:
+    return str(value).strip()
+
+
+def _key(settings: type[StrategySettings], name: str, default: Any = None,
+         check: Callable[[str, Any], Any] | None = None) -> Any:
+    """A run-config field that is the setting ``name`` of ``settings``: its key, and its
+    check unless the wire's domain differs (``check``, e.g. 0 for "unset")."""
+    f = settings.__dataclass_fields__[name]
+    return setting(f.default if default is None else default, check or f.metadata["check"],
+                   f.metadata["key"])
+
+
+_NONNEG = number(lo=0.0)
+
+
 @dataclass(frozen=True)
 class RunConfig:
-    """Every run-config key (kebab-case on the wire, snake_case here).
+    """Every run-config key (the key, dotted and kebab-case, in each field's metadata).
 
-    Attributes
-    ----------
-    strategy : str
-        One of :data:`STRATEGIES`. ``cocoa`` and ``mb-sdca`` share MOCHA's primal-dual
-        machinery with another local solver; ``mb-sgd`` is the primal mini-batch subgradient
-        baseline; ``local`` and ``global`` are the baselines without sharing / with one
-        pooled model (SVMs by default, see ``model``); ``fedem``, ``fedavg``, ``fedprox``,
-        ``fedavg-ft``, ``cfl`` (Sattler et al.'s clustered FL), ``clustered`` (IFCA; alias
-        ``ifca``) and ``pfedme`` are FedEM and its baselines.
-    dataset : str
-        ``synthetic`` (generated), ``small``, ``eat-voc`` or a path to a ``.mat`` file.
-    num_server_rounds : int
-        Communication rounds (W-steps).
-    seed : int
-        The one seed of the run (split, generator, budgets, drops, local shuffles).
-    lam : float or "cv"
-        Regularisation strength lambda, or ``cv`` for 5-fold cross-validation on the
-        training split over the grid of the MOCHA reference code.
-    omega : {"identity", "mean", "probabilistic", "clustered", "graphical"}
-        The formulation of the MOCHA paper's appendix B.
-    omega_every : int
-        Rounds between Omega-steps (0: never).
-    omega_eps : float
-        Relative eigenvalue perturbation of the probabilistic Omega-step, in (0, 1).
-    lambda2 : float or None
-        ``mean``'s weight of |W|_F^2 (> 0) and ``graphical``'s weight of lambda2 |Omega|_1
-        (>= 0, every entry of Omega; equal to the MOCHA paper's lambda2 of eq. 15, while
-        ``lambda`` is twice the paper's lambda there). None ("" on the wire, the default):
-        unset; 0 is a value (``graphical``: Omega is the inverse of the perturbed Gram
-        matrix), not "unset".
-    s2, eta, clusters : float, float, int
-        Formulation parameters (0: unset; s2 unset = infinity): ``probabilistic``'s and
-        ``graphical``'s s2, ``clustered``'s eta and k.
-    gamma : float
-        Aggregation parameter in (0, 1] (appendix D.1).
-    theta : float
-        CoCoA's relative local accuracy in (0, 1) (``cocoa``).
-    beta : float
-        Mb-SDCA's aggregation parameter (> 0, ``mb-sdca``); Mb-SGD's step scale (step
-        beta / h in round h; 0: 1 / lambda_min(K), the Pegasos choice).
-    local_frac : float
-        Local SDCA steps per round as a fraction of n_t (``sys_het == "none"``).
-    sigma_mode : {"global", "per-task", "spectral"}
-    sys_het : {"none", "low", "high"}
-    sys_het_base : {"n_min", "n_t"}
-    drop_prob : float
-        Probability that a node does no work in a round (simulated drop-out).
-    test_frac : float
-        Per-task stratified test fraction (0: train on everything).
-    eval_every : int
-        Rounds between test-error evaluations (the final model is always evaluated).
-    network : {"wifi", "lte", "3g"}
-        Link of the estimated-time model (``estimated_time_s`` per round).
-    time_model : {"physical", "reference"}
-        Measured link figures, or the MOCHA reference code's communication cost units.
-    clock_cycle : float
-        Per-round deadline in seconds (0: none); budgets are cut to meet it.
-    round_timeout : float
-        Seconds to wait for replies in a round; a late reply counts as a drop.
-    skew : float
-        Subsample the tasks' training sets so their sizes span this ratio (appendix E.2,
-        :func:`fmtl_flower.data.skew_tasks`; 0: no skew).
-    num_tasks, dim, samples_per_task : int
-        Generator overrides for ``synthetic`` (0: the generator's default). ``num_tasks`` is
-        also the number of tasks the server waits for (0: the dataset's).
-    results_file : str
-        When set, the ServerApp writes the results JSON there (for ``flwr run``).
-    model : {"auto", "svm", "logistic", "softmax", "mlp"}
-        Model family: ``auto`` is ``logistic`` for the FedEM family and on
-        ``fedem-synthetic``, else ``svm`` (``local`` / ``global`` on the MOCHA datasets);
-        ``local`` / ``global`` with another family train that model.
-    hidden : int
-        Hidden units of ``mlp``.
-    num_components : int
-        FedEM's M (key ``M``): mixture components (``fedem``) or cluster models
-        (``clustered``).
-    lr, batch_size, local_epochs, momentum, weight_decay : float / int
-        The FedEM family's local solver (mini-batch SGD with momentum and weight decay).
-        ``local_epochs`` is also ``cocoa-plus``'s SDCA passes and ``dane``'s SVRG epochs.
-    lr_schedule : {"constant", "multi-step"}
-    fraction : float
-        Client sampling rate in (0, 1].
-    aggregation : {"all", "sampled"}
-        The authors' aggregation over all clients, or the average over the sampled ones.
-    prox_mu : float
-        FedProx's mu.
-    finetune_epochs : int
-        FedAvg+'s local fine-tuning epochs before evaluation.
-    cfl_eps1, cfl_eps2 : float
-        CFL's split thresholds (mean and largest client update norm; the FedEM authors' 0.4
-        and 1.6).
-    pfedme_lambda, pfedme_lr, pfedme_steps, pfedme_beta : float / int / int / float
-        pFedMe's lambda, inner learning rate, inner steps K and server beta (``lr`` is its
-        eta).
-    generator : {"released", "fixed"}
-        ``fedem-synthetic``: keep the released generator's row-offset bug or fix it.
-    train_tasks_frac : float
-        Fraction of tasks that train; tasks t >= floor(frac * T) are unseen clients.
-    n_test : int
-        ``fedem-synthetic``'s test samples per task (0: the paper's 5000). The generator draws
-        every task from one stream, so another value also changes the training sets of all
-        tasks after the first (for quick tests only).
-    initial_tasks : int
-        OFMTL: tasks that train MOCHA first (0: 1).
-    arrivals : str
-        OFMTL: the order in which the dataset's tasks join: "" (task order), "shuffle" (a
-        permutation drawn from the seed) or comma-separated task indices (a permutation).
-    retrain_ratio : float
-        OFMTL: retrain MOCHA when newcomers since the last training reach this multiple of
-        that training's tasks.
-    iid : bool
-        ``sparse-federated``: reshuffle the rows IID across the same node sizes (FSVRGR).
-    step_size : float
-        FSVRG family: FSVRG's / naive FSVRG's stepsize h, GD's step, DANE's SVRG step (0: the
-        method's default: h = 16 for fsvrg; 1/L for gd, L = sigma_max(X)^2 / (4 n) + lambda
-        with sigma_max(X) of the pooled rows estimated by power iteration on the pooled Gram
-        operator, round trips counted in ``exchanges``, the step used and L in the results'
-        ``final``; each device's 1/(4 L_max) for dane; fsvrg-naive needs one). The family
-        uses the paper's lambda = 1/n (the ``lambda`` key is MOCHA's).
-    dane_mu : float
-        DANE's proximal parameter mu >= 0 (the paper's default 0).
-    checkpoint_dir : str
-        Every federated strategy: write the server state there after every
-        ``checkpoint_every``-th round (and the last; OFMTL: after every event), and resume
-        from the newest checkpoint found there ("": off).
-    checkpoint_every : int
-        Rounds between checkpoints (>= 1).
-    client_state_dir : str
-        MOCHA, CoCoA+ and FedEM devices: keep their local state in files there as well, so it
-        survives a server restart (a new Flower run); in a deployment, set it per device with
-        ``--node-config "client-state-dir=..."`` ("": off).
-    server_path : {"auto", "dense", "factored"}
-        MOCHA: keep M = K^-1 as an m x m matrix or factored (O(m d) memory); ``auto``
-        factors when m > 1000 and m > 2 d.
-    min_replies : int
-        MOCHA: a round counts only with at least this many valid replies.
-    max_failures, probe_every : int
-        MOCHA: exclude a task after ``max_failures`` consecutive failed rounds (0: never) and
-        probe it every ``probe_every`` rounds until it answers.
-    tasks_per_node : int
-        Task packing (:mod:`fmtl_flower.packing`): 1 is one task per Flower node; K > 1
-        makes one message per node carry all of its tasks. In simulation node p hosts tasks
-        p K .. p K + K - 1 (so ceil(m / K) nodes); a deployed node hosts the tasks of its
-        ``--node-config "task-ids='3,4,5'"``. 0 (default): automatic; ``fmtl run`` and the
-        reproductions then pack by :func:`fmtl_flower.packing.auto_tasks_per_node` (MOCHA,
-        CoCoA+, Mb-SDCA, Mb-SGD and FedEM's family on the in-process and Ray engines) and say
-        so in the run header;
-        a Flower app (``flwr run``) takes 0 as 1.
-    max_row_norm : float
-        The server's bound on every task's training-row norms, used to reject dual updates
-        no feasible step can produce (MOCHA, CoCoA, Mb-SDCA, Mb-SGD; see the wire contract of
-        :mod:`fmtl_flower.strategies.mocha`); 0: each device's ``max-row-norm`` reported at
-        discovery.
-    max_update_ratio : float
-        FedEM and FSVRG families: a reply's model (component) may move at most this times
-        max(|model|, 1) from the one sent (> 0).
+    The common keys: ``strategy`` (one of :data:`STRATEGIES`), ``dataset`` (``synthetic``,
+    ``small``, ``eat-voc``, ``fedem-synthetic``, ``sparse-federated`` or a ``.mat`` path),
+    ``num-server-rounds``, ``seed``, ``test-frac``, ``eval-every``, ``round-timeout``, ``skew``,
+    ``num-tasks`` / ``dim`` / ``samples-per-task`` (generator sizes; ``num-tasks`` is also
+    how many tasks the server waits for), ``results-file``, ``model`` (``auto``: logistic for
+    the FedEM family and on ``fedem-synthetic``, else svm), ``generator`` / ``n-test``
+    (``fedem-synthetic``), ``iid`` (``sparse-federated``), ``checkpoint-dir`` /
+    ``checkpoint-every``, ``client-state-dir``, ``tasks-per-node`` (task packing, 0:
+    automatic in ``fmtl run``, 1 in a Flower app), and Flower's ``min-tasks`` (0: all),
+    ``min-available-nodes``, ``fraction-train``, ``min-train-nodes``
+    (:class:`~fmtl_flower.settings.CommonSettings`).
+
+    The family keys are the settings of :mod:`fmtl_flower.settings` (documented there), with
+    the wire's spellings of "unset": 0 for ``mocha.s2``, ``mocha.eta``, ``mocha.clusters``,
+    ``mocha.clock-cycle``, ``mocha.max-row-norm``, ``mocha.mb-sgd-beta`` (the Pegasos step),
+    ``fsvrg.h``, ``fsvrg.step``; "" for ``mocha.lambda2``; ``mocha.lambda`` may be ``cv``
+    (5-fold cross-validation by ``fmtl run``). Besides them: ``fedem.train-tasks-frac``
+    (tasks t >= floor(frac T) are unseen clients), ``ofmtl.arrivals`` ("", ``shuffle`` or a
+    permutation ``3,0,2,1``: the order in which the tasks join).
     """
 
-    strategy: str = "mocha"
-    dataset: str = "synthetic"
-    num_server_rounds: int = 100
-    seed: int = 0
-    lam: float | str = 0.1
-    omega: str = "probabilistic"
-    omega_every: int = 10
-    omega_eps: float = 1e-3
-    lambda2: float | None = None
-    s2: float = 0.0
-    eta: float = 0.0
-    clusters: int = 0
-    gamma: float = 1.0
-    theta: float = 0.5
-    beta: float = 1.0
-    local_frac: float = 1.0
-    sigma_mode: str = "global"
-    sys_het: str = "none"
-    sys_het_base: str = "n_min"
-    drop_prob: float = 0.0
-    test_frac: float = 0.25
-    eval_every: int = 1
-    network: str = "lte"
-    time_model: str = "physical"
-    clock_cycle: float = 0.0
-    round_timeout: float = 120.0
-    skew: float = 0.0
-    num_tasks: int = 0
-    dim: int = 0
-    samples_per_task: int = 0
-    results_file: str = ""
-    model: str = "auto"
-    hidden: int = 32
-    num_components: int = 4
-    lr: float = 0.3
-    batch_size: int = 128
-    local_epochs: int = 1
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    lr_schedule: str = "constant"
-    fraction: float = 1.0
-    aggregation: str = "all"
-    prox_mu: float = 0.1
-    finetune_epochs: int = 1
-    cfl_eps1: float = 0.4
-    cfl_eps2: float = 1.6
-    pfedme_lambda: float = 15.0
-    pfedme_lr: float = 0.05
-    pfedme_steps: int = 5
-    pfedme_beta: float = 1.0
-    generator: str = "released"
-    train_tasks_frac: float = 1.0
-    n_test: int = 0
-    initial_tasks: int = 0
-    arrivals: str = ""
-    retrain_ratio: float = 1.5
-    iid: bool = False
-    step_size: float = 0.0
-    dane_mu: float = 0.0
-    checkpoint_dir: str = ""
-    checkpoint_every: int = 1
-    client_state_dir: str = ""
-    server_path: str = "auto"
-    min_replies: int = 1
-    max_failures: int = 3
-    probe_every: int = 5
-    tasks_per_node: int = 0
-    max_row_norm: float = 0.0
-    max_update_ratio: float = 1e4
+    strategy: str = setting("mocha", choice(*STRATEGIES), "strategy")
+    dataset: str = setting("synthetic", text, "dataset")
+    num_server_rounds: int = setting(100, integer(1), "num-server-rounds")
+    seed: int = _key(CommonSettings, "seed")
+    test_frac: float = setting(0.25, number(lo=0.0, hi=1.0, hi_open=True), "test-frac")
+    eval_every: int = _key(CommonSettings, "eval_every")
+    round_timeout: float = setting(120.0, number(lo=0.0, lo_open=True), "round-timeout")
+    skew: float = setting(0.0, _skew, "skew")
+    num_tasks: int = setting(0, integer(0), "num-tasks")
+    dim: int = setting(0, integer(0), "dim")
+    samples_per_task: int = setting(0, integer(0), "samples-per-task")
+    results_file: str = setting("", lambda k, v: str(v), "results-file")
+    model: str = setting("auto", choice(*MODELS), "model")
+    generator: str = setting("released", choice("released", "fixed"), "generator")
+    n_test: int = setting(0, integer(0), "n-test")
+    iid: bool = setting(False, boolean, "iid")
+    checkpoint_dir: str = setting("", _string, "checkpoint-dir")
+    checkpoint_every: int = setting(1, integer(1), "checkpoint-every")
+    client_state_dir: str = setting("", _string, "client-state-dir")
+    tasks_per_node: int = setting(0, integer(0), "tasks-per-node")
+    min_tasks: int = _key(CommonSettings, "min_tasks", 0, integer(0))
+    min_available_nodes: int = _key(CommonSettings, "min_available_nodes")
+    fraction_train: float = _key(CommonSettings, "fraction_train")
+    min_train_nodes: int = _key(CommonSettings, "min_train_nodes")
+    # MOCHA's family (mocha.*)
+    lam: float | str = _key(MochaSettings, "lam", check=_lambda)
+    omega: str = _key(MochaSettings, "omega")
+    omega_every: int = _key(MochaSettings, "omega_every")
+    omega_eps: float = _key(MochaSettings, "omega_eps")
+    lambda2: float | None = setting(None, _optional_float, "mocha.lambda2")
+    s2: float = _key(MochaSettings, "s2", 0.0, _NONNEG)
+    eta: float = _key(MochaSettings, "eta", 0.0, _NONNEG)
+    clusters: int = _key(MochaSettings, "clusters", 0, integer(0))
+    gamma: float = _key(MochaSettings, "gamma")
+    theta: float = _key(MochaSettings, "theta")
+    mbsdca_beta: float = _key(MochaSettings, "beta")
+    mbsgd_beta: float = _key(MbSgdSettings, "beta", 1.0, _NONNEG)
+    local_frac: float = _key(MochaSettings, "local_frac")
+    sigma_mode: str = _key(MochaSettings, "sigma_mode")
+    sys_het: str = _key(MochaSettings, "sys_het")
+    sys_het_base: str = _key(MochaSettings, "sys_het_base")
+    drop_prob: float = _key(MochaSettings, "drop_prob")
+    network: str = _key(MochaSettings, "network")
+    time_model: str = _key(MochaSettings, "time_model")
+    clock_cycle: float = _key(MochaSettings, "clock_cycle", 0.0, _NONNEG)
+    server_path: str = _key(MochaSettings, "server_path")
+    min_replies: int = _key(MochaSettings, "min_replies")
+    max_failures: int = _key(MochaSettings, "max_failures")
+    probe_every: int = _key(MochaSettings, "probe_every")
+    max_row_norm: float = _key(MochaSettings, "max_row_norm", 0.0, _NONNEG)
+    # FedEM's family (fedem.*)
+    num_components: int = _key(FedEMSettings, "num_components", 4)
+    hidden: int = _key(FedEMSettings, "hidden")
+    lr: float = _key(FedEMSettings, "lr", 0.3)
+    batch_size: int = _key(FedEMSettings, "batch_size")
+    local_epochs: int = _key(FedEMSettings, "local_epochs")
+    momentum: float = _key(FedEMSettings, "momentum")
+    weight_decay: float = _key(FedEMSettings, "weight_decay")
+    lr_schedule: str = _key(FedEMSettings, "lr_schedule")
+    fraction: float = _key(FedEMSettings, "fraction")
+    aggregation: str = _key(FedEMSettings, "aggregation")
+    prox_mu: float = _key(FedEMSettings, "prox_mu", 0.1)
+    finetune_epochs: int = _key(FedEMSettings, "finetune_epochs")
+    train_tasks_frac: float = setting(1.0, number(lo=0.0, hi=1.0, lo_open=True),
+                                      "fedem.train-tasks-frac")
+    max_update_ratio: float = _key(FedEMSettings, "max_update_ratio")
+    # OFMTL (ofmtl.*)
+    initial_tasks: int = _key(OFMTLSettings, "initial_tasks", 0, integer(0))
+    arrivals: str = setting("", _arrivals, "ofmtl.arrivals")
+    retrain_ratio: float = _key(OFMTLSettings, "retrain_ratio")
+    outer: int = _key(OFMTLSettings, "outer")
+    inner: int = _key(OFMTLSettings, "inner")
+    newcomer_frac: float = _key(OFMTLSettings, "newcomer_frac")
+    # FSVRG's family (fsvrg.*)
+    h: float = _key(FsvrgSettings, "h", 0.0, _NONNEG)
+    step: float = _key(FsvrgSettings, "step", 0.0, _NONNEG)
+    dane_mu: float = _key(FsvrgSettings, "mu")
+    fsvrg_local_epochs: int = _key(FsvrgSettings, "local_epochs")
+    fsvrg_max_update_ratio: float = _key(FsvrgSettings, "max_update_ratio")
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            key = f.metadata["key"]
+            object.__setattr__(self, f.name, f.metadata["check"](key, getattr(self, f.name)))
 
     @property
     def model_family(self) -> str:
@@ -339,155 +260,165 @@ class RunConfig:
 
     @classmethod
     def keys(cls) -> list[str]:
-        """The kebab-case keys, in declaration order."""
-        return [_to_key(f.name) for f in dataclasses.fields(cls)]
+        """The run-config keys, in declaration order."""
+        return [f.metadata["key"] for f in dataclasses.fields(cls)]
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], *, base: RunConfig | None = None,
-                     ignore_unknown: bool = False) -> RunConfig:
-        """Validate ``values`` (kebab-case keys) on top of ``base`` (default: the defaults)."""
-        out = dataclasses.asdict(base or cls())
-        known = {_to_key(name): name for name in out}
-        for key, raw in values.items():
-            if key not in known:
+                     ignore_unknown: bool = False, foreign_defaults: bool = False
+                     ) -> RunConfig:
+        """Validate ``values`` on top of ``base`` (default: the defaults).
+
+        Parameters
+        ----------
+        values : mapping
+            Run-config keys (dotted) and raw values; a deprecated flat name (``theta``) is
+            read as its key (``mocha.theta``) with a :class:`DeprecationWarning`.
+        base : RunConfig, optional
+            The values not given.
+        ignore_unknown : bool
+            Skip unknown keys (an app's own keys in ``context.run_config``) instead of
+            raising.
+        foreign_defaults : bool
+            Accept keys of another family than ``strategy``'s when they hold their default
+            (a ``pyproject.toml`` lists every family's defaults); otherwise any such key is
+            an error naming the family it belongs to.
+
+        Raises
+        ------
+        ConfigError
+            On an unknown key, a bad value, a key given twice (old and new name) or a key of
+            another family, naming the key.
+        """
+        base = base or cls()
+        by_key = {f.metadata["key"]: f for f in dataclasses.fields(cls)}
+        strategy = choice(*STRATEGIES)("strategy", values.get("strategy", base.strategy))
+        parsed: dict[str, Any] = {}
+        for raw_key, raw in values.items():
+            key = _current_key(raw_key, strategy)
+            if key not in by_key:
                 if ignore_unknown:
                     continue
-                raise ConfigError(
-                    f"unknown run-config key {key!r}; known keys: {', '.join(sorted(known))}"
-                )
-            out[known[key]] = _PARSE[key](key, raw)
-        return cls(**out)
+                raise ConfigError(f"unknown run-config key {raw_key!r}; known keys: "
+                                  f"{', '.join(sorted(by_key))}")
+            if key in parsed:
+                raise ConfigError(f"{key} given twice (once as its deprecated name "
+                                  f"{_FLAT.get(key, key)!r})")
+            f = by_key[key]
+            if key != raw_key:
+                warnings.warn(f"run-config key {raw_key!r} is deprecated; use {key!r} (in "
+                              f"pyproject.toml: [tool.flwr.app.config.{key.split('.')[0]}])",
+                              DeprecationWarning, stacklevel=2)
+            if not _reads(strategy, key):
+                _foreign(key, strategy, raw, f, foreign_defaults)
+            parsed[key] = f.metadata["check"](key, raw)
+        fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(cls)}
+        fields.update({by_key[key].name: value for key, value in parsed.items()})
+        return cls(**fields)
 
-    def to_dict(self) -> dict[str, Any]:
-        """Kebab-case mapping of every key (for results JSON and ``--run-config``)."""
-        return {_to_key(k): v for k, v in dataclasses.asdict(self).items()}
+    def to_dict(self, *, every_family: bool = False) -> dict[str, Any]:
+        """The run-config keys of this run's strategy and their values (for results JSON
+        and ``--run-config``); ``every_family``: every key."""
+        return {f.metadata["key"]: getattr(self, f.name) for f in dataclasses.fields(self)
+                if every_family or _reads(self.strategy, f.metadata["key"])}
 
 
-_KEY_NAMES = {"lam": "lambda", "num_components": "M"}
+def _reads(strategy: str, key: str) -> bool:
+    """Whether a run of ``strategy`` reads ``key`` (common keys: always)."""
+    namespace, dot, _ = key.partition(".")
+    return not dot or strategy in NAMESPACES[namespace][0]
 
 
-def _to_key(field_name: str) -> str:
-    return _KEY_NAMES.get(field_name, field_name.replace("_", "-"))
+def _foreign(key: str, strategy: str, raw: Any, f: dataclasses.Field,
+             defaults_ok: bool) -> None:
+    """A key of another family than ``strategy``'s: an error naming that family, unless
+    ``defaults_ok`` and it holds its default."""
+    if defaults_ok:
+        try:
+            if f.metadata["check"](key, raw) == f.default:
+                return
+        except ConfigError:
+            pass
+    family = NAMESPACES[key.partition(".")[0]][1]
+    raise ConfigError(f"{key} belongs to {family}; strategy={strategy} does not read it "
+                      "(remove it, or set it for a run of that family)")
 
 
-_PARSE = {
-    "strategy": lambda k, v: _as_choice(k, v, STRATEGIES),
-    "dataset": lambda k, v: _nonempty(k, v),
-    "num-server-rounds": lambda k, v: as_int(k, v, 1),
-    "seed": lambda k, v: as_int(k, v, 0),
-    "lambda": _as_lambda,
-    "omega": lambda k, v: _as_choice(
-        k, v, ("identity", "mean", "probabilistic", "clustered", "graphical")),
-    "lambda2": lambda k, v: _optional_float(k, v, lo=0.0),
-    "s2": lambda k, v: as_float(k, v, lo=0.0),
-    "eta": lambda k, v: as_float(k, v, lo=0.0),
-    "clusters": lambda k, v: as_int(k, v, 0),
-    "gamma": lambda k, v: as_float(k, v, lo=0.0, hi=1.0, lo_open=True),
-    "theta": lambda k, v: as_float(k, v, lo=0.0, hi=1.0, lo_open=True, hi_open=True),
-    "beta": lambda k, v: as_float(k, v, lo=0.0),
-    "omega-every": lambda k, v: as_int(k, v, 0),
-    "omega-eps": lambda k, v: as_float(k, v, lo=0.0, hi=1.0, lo_open=True, hi_open=True),
-    "local-frac": lambda k, v: as_float(k, v, lo=0.0, lo_open=True),
-    "sigma-mode": lambda k, v: _as_choice(k, v, ("global", "per-task", "spectral")),
-    "sys-het": lambda k, v: _as_choice(k, v, ("none", "low", "high")),
-    "sys-het-base": lambda k, v: _as_choice(k, v, ("n_min", "n_t")),
-    "drop-prob": lambda k, v: as_float(k, v, lo=0.0, hi=1.0, hi_open=True),
-    "test-frac": lambda k, v: as_float(k, v, lo=0.0, hi=1.0, hi_open=True),
-    "eval-every": lambda k, v: as_int(k, v, 1),
-    "network": lambda k, v: _as_choice(k, v, ("wifi", "lte", "3g")),
-    "time-model": lambda k, v: _as_choice(k, v, ("physical", "reference")),
-    "clock-cycle": lambda k, v: as_float(k, v, lo=0.0),
-    "round-timeout": lambda k, v: as_float(k, v, lo=0.0, lo_open=True),
-    "skew": lambda k, v: _skew(k, v),
-    "num-tasks": lambda k, v: as_int(k, v, 0),
-    "dim": lambda k, v: as_int(k, v, 0),
-    "samples-per-task": lambda k, v: as_int(k, v, 0),
-    "results-file": lambda k, v: str(v),
-    "model": lambda k, v: _as_choice(k, v, MODELS),
-    "hidden": lambda k, v: as_int(k, v, 1),
-    "M": lambda k, v: as_int(k, v, 1),
-    "lr": lambda k, v: as_float(k, v, lo=0.0, lo_open=True),
-    "batch-size": lambda k, v: as_int(k, v, 1),
-    "local-epochs": lambda k, v: as_int(k, v, 1),
-    "momentum": lambda k, v: as_float(k, v, lo=0.0, hi=1.0, hi_open=True),
-    "weight-decay": lambda k, v: as_float(k, v, lo=0.0),
-    "lr-schedule": lambda k, v: _as_choice(k, v, ("constant", "multi-step")),
-    "fraction": lambda k, v: as_float(k, v, lo=0.0, hi=1.0, lo_open=True),
-    "aggregation": lambda k, v: _as_choice(k, v, ("all", "sampled")),
-    "prox-mu": lambda k, v: as_float(k, v, lo=0.0),
-    "finetune-epochs": lambda k, v: as_int(k, v, 0),
-    "cfl-eps1": lambda k, v: as_float(k, v, lo=0.0),
-    "cfl-eps2": lambda k, v: as_float(k, v, lo=0.0),
-    "pfedme-lambda": lambda k, v: as_float(k, v, lo=0.0, lo_open=True),
-    "pfedme-lr": lambda k, v: as_float(k, v, lo=0.0, lo_open=True),
-    "pfedme-steps": lambda k, v: as_int(k, v, 1),
-    "pfedme-beta": lambda k, v: as_float(k, v, lo=0.0, lo_open=True),
-    "generator": lambda k, v: _as_choice(k, v, ("released", "fixed")),
-    "train-tasks-frac": lambda k, v: as_float(k, v, lo=0.0, hi=1.0, lo_open=True),
-    "n-test": lambda k, v: as_int(k, v, 0),
-    "initial-tasks": lambda k, v: as_int(k, v, 0),
-    "arrivals": lambda k, v: _arrivals(k, v),
-    "retrain-ratio": lambda k, v: as_float(k, v, lo=0.0, lo_open=True),
-    "iid": lambda k, v: _as_bool(k, v),
-    "step-size": lambda k, v: as_float(k, v, lo=0.0),
-    "dane-mu": lambda k, v: as_float(k, v, lo=0.0),
-    "checkpoint-dir": lambda k, v: str(v).strip(),
-    "checkpoint-every": lambda k, v: as_int(k, v, 1),
-    "client-state-dir": lambda k, v: str(v).strip(),
-    "server-path": lambda k, v: _as_choice(k, v, ("auto", "dense", "factored")),
-    "min-replies": lambda k, v: as_int(k, v, 0),
-    "max-failures": lambda k, v: as_int(k, v, 0),
-    "probe-every": lambda k, v: as_int(k, v, 1),
-    "tasks-per-node": lambda k, v: as_int(k, v, 0),
-    "max-row-norm": lambda k, v: as_float(k, v, lo=0.0),
-    "max-update-ratio": lambda k, v: as_float(k, v, lo=0.0, lo_open=True),
+def _by_strategy(fsvrg: str, other: str) -> Callable[[str], str]:
+    return lambda strategy: fsvrg if strategy in FSVRG_FAMILY else other
+
+
+#: The flat names of the previous release that now have one key per meaning.
+_SPLIT_KEYS: dict[str, Callable[[str], str]] = {
+    "beta": lambda s: "mocha.mb-sgd-beta" if s == "mb-sgd" else "mocha.mb-sdca-beta",
+    "local-epochs": _by_strategy("fsvrg.local-epochs", "fedem.local-epochs"),
+    "max-update-ratio": _by_strategy("fsvrg.max-update-ratio", "fedem.max-update-ratio"),
+    "step-size": lambda s: "fsvrg.step" if s in ("gd", "dane") else "fsvrg.h",
 }
+#: Dotted key -> its flat name of the previous release (the one-to-one renames).
+_FLAT: dict[str, str] = {
+    f.metadata["key"]: f.metadata["key"].partition(".")[2]
+    for f in dataclasses.fields(RunConfig) if "." in f.metadata["key"]
+} | {"fsvrg.dane-mu": "dane-mu"}
+_FLAT = {key: flat for key, flat in _FLAT.items()
+         if flat not in _SPLIT_KEYS and key not in ("mocha.mb-sdca-beta", "mocha.mb-sgd-beta",
+                                                    "fsvrg.h", "fsvrg.step")}
+_DOTTED = {flat: key for key, flat in _FLAT.items()}
 
 
-def _as_bool(key: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("true", "1", "yes"):
-        return True
-    if text in ("false", "0", "no"):
-        return False
-    raise ConfigError(f"{key}: expected true or false, got {value!r}")
+def _current_key(key: str, strategy: str) -> str:
+    """``key``, or the key a deprecated flat name stands for in a run of ``strategy``."""
+    if key in _SPLIT_KEYS:
+        return _SPLIT_KEYS[key](strategy)
+    return _DOTTED.get(key, key)
 
 
-def _arrivals(key: str, value: Any) -> str:
-    out = str(value).strip()
-    if out in ("", "shuffle"):
-        return out
-    try:
-        order = [int(p) for p in out.split(",")]
-    except ValueError:
-        raise ConfigError(f"{key}: '', 'shuffle' or comma-separated task indices, got "
-                          f"{value!r}") from None
-    if sorted(order) != list(range(len(order))):
-        raise ConfigError(f"{key}: must be a permutation of 0..{len(order) - 1}, got {out!r}")
-    return ",".join(map(str, order))
+def unseen_tasks(cfg: RunConfig, num_tasks: int) -> list[int]:
+    """The held-out tasks: t >= floor(train-tasks-frac * T) (the FedEM generator's rule)."""
+    first = int(cfg.train_tasks_frac * num_tasks)
+    if first < 1:
+        raise ConfigError(f"fedem.train-tasks-frac={cfg.train_tasks_frac} leaves no training "
+                          f"task among {num_tasks}")
+    return list(range(first, num_tasks))
 
 
-def _optional_float(key: str, value: Any, lo: float) -> float | None:
-    """None for an unset key (None, or "" as the wire's default), else a float >= ``lo``."""
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return None
-    return as_float(key, value, lo=lo)
+def settings_from_config(cfg: RunConfig, num_tasks: int, num_classes: int = 2
+                         ) -> StrategySettings:
+    """The settings of ``cfg.strategy``'s constructor, from the run config.
 
+    Every setting with a run-config key takes it (through the field's wire conversion);
+    the rest come from the common keys: the method from ``strategy``, the discovery timeout
+    max(``round-timeout``, 60 s), FedEM's model from ``model`` and its unseen tasks from
+    ``fedem.train-tasks-frac``, OFMTL's MOCHA rounds from ``num-server-rounds``.
 
-def _skew(key: str, value: Any) -> float:
-    out = as_float(key, value, lo=0.0)
-    if 0.0 < out <= 1.0:
-        raise ConfigError(f"{key}: a size ratio > 1 (or 0 for none), got {out}")
-    return out
-
-
-def _nonempty(key: str, value: Any) -> str:
-    out = str(value).strip()
-    if not out:
-        raise ConfigError(f"{key}: must not be empty")
-    return out
+    Raises
+    ------
+    ConfigError
+        ``mocha.lambda=cv`` (a sweep run by ``fmtl run`` before a federation starts), an svm
+        model for the FedEM family, or an invalid setting (naming its key).
+    """
+    values = cfg.to_dict(every_family=True)
+    common = {"discovery_timeout": max(cfg.round_timeout, 60.0)}
+    if cfg.is_fedem_family:
+        if cfg.model_family == "svm":
+            raise ConfigError(f"strategy={cfg.strategy} trains logistic, softmax or mlp "
+                              "models, not svm (model=auto picks logistic)")
+        return FedEMSettings.from_run_config(
+            values, method=cfg.strategy, model=cfg.model_family, num_classes=num_classes,
+            unseen_tasks=unseen_tasks(cfg, num_tasks), **common)
+    if cfg.strategy in FSVRG_FAMILY:
+        return FsvrgSettings.from_run_config(values, method=cfg.strategy, **common)
+    if cfg.lam == "cv":
+        raise ConfigError("mocha.lambda=cv is a cross-validation sweep run by `fmtl run` "
+                          "before the federation starts; a ServerApp needs a number "
+                          "(e.g. mocha.lambda=1e-3)")
+    if cfg.strategy == "ofmtl":
+        return OFMTLSettings.from_run_config(
+            values, mocha_rounds=cfg.num_server_rounds, arrival_timeout=cfg.round_timeout,
+            **common)
+    if cfg.strategy == "mb-sgd":
+        return MbSgdSettings.from_run_config(values, **common)
+    return MochaSettings.from_run_config(values, method=cfg.strategy, **common)
 
 
 def split_set_option(pair: str) -> tuple[str, str]:

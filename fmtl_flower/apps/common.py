@@ -21,7 +21,13 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from ..clients.common import default_task_id
-from ..config import FEDERATED, FSVRG_FAMILY, ConfigError, RunConfig
+from ..config import (
+    FEDERATED,
+    FSVRG_FAMILY,
+    ConfigError,
+    RunConfig,
+    settings_from_config,
+)
 from ..packing import PackedGrid, packed_client_app, tasks_of_node
 
 if TYPE_CHECKING:  # the strategies, the other clients and the datasets load on first use
@@ -39,7 +45,8 @@ def config_from_context(context: Context, config: RunConfig | None) -> RunConfig
     """The baked-in config if any, else the run config Flower passes."""
     if config is not None:
         return config
-    return RunConfig.from_mapping(dict(context.run_config), ignore_unknown=True)
+    return RunConfig.from_mapping(dict(context.run_config), ignore_unknown=True,
+                                  foreign_defaults=True)
 
 
 def dataset_for(cfg: RunConfig) -> MultiTaskDataset:
@@ -87,15 +94,6 @@ def _permutation(arrivals: str, seed: int, num_tasks: int) -> tuple[int, ...]:
 def is_federated(cfg: RunConfig) -> bool:
     """Whether ``cfg`` runs as a Flower federation (else a centralised baseline)."""
     return cfg.strategy in FEDERATED or cfg.is_fedem_family
-
-
-def unseen_tasks(cfg: RunConfig, num_tasks: int) -> list[int]:
-    """The held-out tasks: t >= floor(train-tasks-frac * T) (the FedEM generator's rule)."""
-    first = int(cfg.train_tasks_frac * num_tasks)
-    if first < 1:
-        raise ConfigError(f"train-tasks-frac={cfg.train_tasks_frac} leaves no training task "
-                          f"among {num_tasks}")
-    return list(range(first, num_tasks))
 
 
 def make_client_app(config: RunConfig | None = None) -> ClientApp:
@@ -269,119 +267,47 @@ def _client_app_of(config: RunConfig, load: Callable[[Context], tuple[np.ndarray
 
 
 def strategy_from_config(cfg: RunConfig, num_tasks: int,
-                         on_round: Callable[[dict[str, Any]], None] | None = None
-                         ) -> Mocha | MbSgd | FedEM | OFMTL | Fsvrg:
-    """The strategy configured by ``cfg``: :class:`FedEM` for its family, :class:`MbSgd`, or
-    :class:`Mocha` with local solver ``cfg.strategy`` (mocha, cocoa or mb-sdca; lambda must
-    then be a number)."""
-    if cfg.is_fedem_family:
-        return fedem_from_config(cfg, num_tasks, on_round)
+                         on_round: Callable[[dict[str, Any]], None] | None = None,
+                         num_classes: int = 2) -> Mocha | MbSgd | FedEM | OFMTL | Fsvrg:
+    """The strategy configured by ``cfg``: its class (:func:`strategy_class`) built from the
+    settings of the run config (:func:`fmtl_flower.config.settings_from_config`), with
+    checkpoints on when ``checkpoint-dir`` is set. ``on_round`` gets every record (OFMTL:
+    every event's)."""
+    settings = settings_from_config(cfg, num_tasks, num_classes)
+    cls = strategy_class(cfg)
     if cfg.strategy == "ofmtl":
-        return ofmtl_from_config(cfg, num_tasks, on_round)
+        strategy = cls(num_tasks, settings, on_record=on_round)
+    else:
+        strategy = cls(num_tasks, settings, on_round=on_round)
+    if cfg.checkpoint_dir:
+        if cfg.strategy == "ofmtl":  # after every event
+            strategy.enable_checkpoints(cfg.checkpoint_dir)
+        else:
+            strategy.enable_checkpoints(cfg.checkpoint_dir, every=cfg.checkpoint_every)
+    return strategy
+
+
+def strategy_class(cfg: RunConfig) -> type:
+    """The strategy class of ``cfg.strategy`` (imported on first use)."""
+    if cfg.is_fedem_family:
+        from ..strategies.fedem import FedEM
+
+        return FedEM
+    if cfg.strategy == "ofmtl":
+        from ..strategies.ofmtl import OFMTL
+
+        return OFMTL
     if cfg.strategy in FSVRG_FAMILY:
         from ..strategies.fsvrg import Fsvrg
 
-        step = cfg.step_size or None
-        own_step = cfg.strategy in ("gd", "dane")  # a step; the others' h
-        fsvrg = Fsvrg(num_tasks, method=cfg.strategy, h=None if own_step else step,
-                      step=step if own_step else None, mu=cfg.dane_mu,
-                      local_epochs=cfg.local_epochs, eval_every=cfg.eval_every,
-                      seed=cfg.seed, discovery_timeout=max(cfg.round_timeout, 60.0),
-                      max_update_ratio=cfg.max_update_ratio, on_round=on_round)
-        if cfg.checkpoint_dir:
-            fsvrg.enable_checkpoints(cfg.checkpoint_dir, every=cfg.checkpoint_every)
-        return fsvrg
-    if cfg.lam == "cv":
-        raise ConfigError("lambda=cv is a cross-validation sweep run by `fmtl run` before the "
-                          "federation starts; a ServerApp needs a number (e.g. lambda=1e-3)")
+        return Fsvrg
     if cfg.strategy == "mb-sgd":
         from ..strategies.mbsgd import MbSgd
 
-        options = formulation_options(cfg)
-        options.pop("gamma")
-        mbsgd = MbSgd(num_tasks, lam=float(cfg.lam), omega=cfg.omega,
-                      omega_every=cfg.omega_every, omega_eps=cfg.omega_eps, **options,
-                      beta=cfg.beta or None, local_frac=min(cfg.local_frac, 1.0),
-                      sys_het=cfg.sys_het, sys_het_base=cfg.sys_het_base,
-                      drop_prob=cfg.drop_prob, eval_every=cfg.eval_every, network=cfg.network,
-                      time_model=cfg.time_model, seed=cfg.seed,
-                      discovery_timeout=max(cfg.round_timeout, 60.0),
-                      max_row_norm=cfg.max_row_norm or None, on_round=on_round)
-        if cfg.checkpoint_dir:
-            mbsgd.enable_checkpoints(cfg.checkpoint_dir, every=cfg.checkpoint_every)
-        return mbsgd
+        return MbSgd
     from ..strategies.mocha import Mocha
 
-    mocha = Mocha(num_tasks, lam=float(cfg.lam), omega=cfg.omega, omega_every=cfg.omega_every,
-                  omega_eps=cfg.omega_eps, **formulation_options(cfg), method=cfg.strategy,
-                  theta=cfg.theta, beta=cfg.beta or 1.0,
-                  local_frac=cfg.local_frac, sigma_mode=cfg.sigma_mode, sys_het=cfg.sys_het,
-                  sys_het_base=cfg.sys_het_base, drop_prob=cfg.drop_prob,
-                  eval_every=cfg.eval_every, network=cfg.network, time_model=cfg.time_model,
-                  clock_cycle=cfg.clock_cycle or None, seed=cfg.seed,
-                  discovery_timeout=max(cfg.round_timeout, 60.0), server_path=cfg.server_path,
-                  min_replies=cfg.min_replies,
-                  max_failures=cfg.max_failures, probe_every=cfg.probe_every,
-                  max_row_norm=cfg.max_row_norm or None, on_round=on_round)
-    if cfg.checkpoint_dir:
-        mocha.enable_checkpoints(cfg.checkpoint_dir, every=cfg.checkpoint_every)
-    return mocha
-
-
-def fedem_from_config(cfg: RunConfig, num_tasks: int,
-                      on_round: Callable[[dict[str, Any]], None] | None = None,
-                      num_classes: int = 2) -> FedEM:
-    """The :class:`FedEM` strategy (method ``cfg.strategy``) configured by ``cfg``."""
-    from ..strategies.fedem import FedEM
-
-    model = cfg.model_family
-    if model == "svm":
-        raise ConfigError(f"strategy={cfg.strategy} trains logistic, softmax or mlp models, "
-                          "not svm (model=auto picks logistic)")
-    fedem = FedEM(num_tasks, method=cfg.strategy, num_components=cfg.num_components,
-                  model=model, num_classes=num_classes, hidden=cfg.hidden, lr=cfg.lr,
-                  batch_size=cfg.batch_size, local_epochs=cfg.local_epochs,
-                  momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                  lr_schedule=cfg.lr_schedule, fraction=cfg.fraction,
-                  aggregation=cfg.aggregation, prox_mu=cfg.prox_mu,
-                  finetune_epochs=cfg.finetune_epochs,
-                  unseen_tasks=unseen_tasks(cfg, num_tasks), eval_every=cfg.eval_every,
-                  seed=cfg.seed, discovery_timeout=max(cfg.round_timeout, 60.0),
-                  max_update_ratio=cfg.max_update_ratio, on_round=on_round,
-                  cfl_eps1=cfg.cfl_eps1, cfl_eps2=cfg.cfl_eps2,
-                  pfedme_lambda=cfg.pfedme_lambda, pfedme_lr=cfg.pfedme_lr,
-                  pfedme_steps=cfg.pfedme_steps, pfedme_beta=cfg.pfedme_beta)
-    if cfg.checkpoint_dir:
-        fedem.enable_checkpoints(cfg.checkpoint_dir, every=cfg.checkpoint_every)
-    return fedem
-
-
-def ofmtl_from_config(cfg: RunConfig, num_tasks: int,
-                      on_record: Callable[[dict[str, Any]], None] | None = None) -> OFMTL:
-    """The :class:`OFMTL` strategy: MOCHA (``num-server-rounds`` rounds per training, the
-    probabilistic formulation) over ``initial-tasks`` tasks, then newcomers."""
-    from ..strategies.ofmtl import OFMTL
-
-    if cfg.lam == "cv":
-        raise ConfigError("lambda=cv is not available for ofmtl; give a number")
-    ofmtl = OFMTL(num_tasks, initial_tasks=cfg.initial_tasks or 1, lam=float(cfg.lam),
-                  mocha_rounds=cfg.num_server_rounds, omega_every=cfg.omega_every,
-                  local_frac=cfg.local_frac, omega_eps=cfg.omega_eps,
-                  retrain_ratio=cfg.retrain_ratio, seed=cfg.seed,
-                  arrival_timeout=cfg.round_timeout,
-                  discovery_timeout=max(cfg.round_timeout, 60.0),
-                  round_timeout=cfg.round_timeout, server_path=cfg.server_path,
-                  on_record=on_record)
-    if cfg.checkpoint_dir:
-        ofmtl.enable_checkpoints(cfg.checkpoint_dir)
-    return ofmtl
-
-
-def formulation_options(cfg: RunConfig) -> dict[str, Any]:
-    """The formulation keys of ``cfg`` as keyword arguments (None, and 0 except for
-    ``lambda2``, mean unset)."""
-    return {"lam2": cfg.lambda2, "s2": cfg.s2 or None, "eta": cfg.eta or None,
-            "clusters": cfg.clusters or None, "gamma": cfg.gamma}
+    return Mocha
 
 
 def build_results(cfg: RunConfig, strategy: Mocha | MbSgd | FedEM | OFMTL | Fsvrg

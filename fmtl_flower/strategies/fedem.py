@@ -96,23 +96,19 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from ..core.backend import flatten_arrays, layout_of, layout_signature, unflatten_arrays
-from ..core.cfl import EPS1 as CFL_EPS1
-from ..core.cfl import EPS2 as CFL_EPS2
 from ..core.cfl import split_clusters
 from ..core.fedem import (
-    AGGREGATIONS,
-    LR_SCHEDULES,
-    PI_FLOOR,
     aggregate_components,
     learning_rate,
     sample_clients,
 )
 from ..core.local_sgd import SGDConfig
-from ..core.models import MODELS, make_model
+from ..core.models import make_model
 from ..core.pfedme import PFedMeConfig
 from ..core.rng import TAG_FEDEM_INIT, TAG_FEDEM_SAMPLE, round_rng
 from ..metrics import error_summary, round_record
 from ..packing import StackGroup
+from ..settings import FedEMSettings, apply_settings, check_num_tasks
 from ..wire import from_array, to_array
 from .base import ReplyBoundary, TaskStrategy, all_finite, check_bound, norm
 from .discovery import (
@@ -218,81 +214,38 @@ class FedEM(TaskStrategy):
         Called with each completed round record (a dict).
     """
 
-    def __init__(self, num_tasks: int, *, method: str = "fedem", num_components: int = 3,
-                 model: str = "logistic", num_classes: int = 2, hidden: int = 32,
-                 lr: float = 0.05, batch_size: int = 128, local_epochs: int = 1,
-                 momentum: float = 0.9, weight_decay: float = 5e-4,
-                 lr_schedule: str = "constant", fraction: float = 1.0,
-                 aggregation: str = "all", prox_mu: float = 0.0, finetune_epochs: int = 1,
-                 unseen_tasks: Sequence[int] = (), pi_floor: float = PI_FLOOR,
-                 max_abs_param: float = 1e6, eval_every: int = 1, seed: int = 0,
-                 discovery_timeout: float = 120.0, max_update_ratio: float = 1e4,
+    def __init__(self, num_tasks: int, settings: FedEMSettings | None = None, *,
                  dim: int | None = None, on_round: RoundCallback | None = None,
                  initial_components: Sequence[ArrayRecord] | None = None,
-                 cfl_eps1: float = CFL_EPS1, cfl_eps2: float = CFL_EPS2,
-                 pfedme_lambda: float = 15.0, pfedme_lr: float = 0.05, pfedme_steps: int = 5,
-                 pfedme_beta: float = 1.0) -> None:
-        if isinstance(num_tasks, bool) or int(num_tasks) != num_tasks or num_tasks < 1:
-            raise ValueError(f"num_tasks must be an integer >= 1, got {num_tasks!r}")
-        if method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-        method = ALIASES.get(method, method)
-        for name, value in (("cfl_eps1", cfl_eps1), ("cfl_eps2", cfl_eps2)):
-            if not (isinstance(value, int | float) and 0 <= value < np.inf):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        self.pfedme = PFedMeConfig(lr=lr, personal_lr=pfedme_lr, lam=pfedme_lambda,
-                                   inner_steps=pfedme_steps, batch_size=batch_size,
-                                   epochs=local_epochs, weight_decay=weight_decay)
-        if not (isinstance(pfedme_beta, int | float) and 0 < pfedme_beta < np.inf):
-            raise ValueError(f"pfedme_beta must be a finite number > 0, got {pfedme_beta!r}")
-        self.cfl_eps = (float(cfl_eps1), float(cfl_eps2))
-        self.pfedme_beta = float(pfedme_beta)
-        if model not in (*MODELS, "torch"):
-            raise ValueError(f"model must be one of {(*MODELS, 'torch')}, got {model!r}")
-        if initial_components is not None and model != "torch":
+                 **kwargs: Any) -> None:
+        s = FedEMSettings.resolve(settings, kwargs)
+        self.settings = s
+        self.num_tasks = check_num_tasks(num_tasks)
+        if s.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {s.method!r}")
+        if initial_components is not None and s.model != "torch":
             raise ValueError("initial_components is for model='torch'")
-        for name, value, low in (("num_components", num_components, 1),
-                                 ("num_classes", num_classes, 2), ("hidden", hidden, 1),
-                                 ("eval_every", eval_every, 1),
-                                 ("finetune_epochs", finetune_epochs, 0)):
-            if isinstance(value, bool) or int(value) != value or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-        self.sgd = SGDConfig(lr=lr, momentum=momentum, weight_decay=weight_decay,
-                             batch_size=batch_size, epochs=local_epochs, prox_mu=prox_mu)
-        if method == "fedprox" and not prox_mu > 0:
-            raise ValueError("fedprox needs prox_mu > 0")
-        if lr_schedule not in LR_SCHEDULES:
-            raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {lr_schedule!r}")
-        if aggregation not in AGGREGATIONS:
-            raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
-        if not (isinstance(fraction, int | float) and 0 < fraction <= 1):
-            raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
-        unseen = sorted({int(t) for t in unseen_tasks})
-        if unseen and not (0 <= unseen[0] and unseen[-1] < num_tasks):
-            raise ValueError(f"unseen_tasks must be task ids in 0..{num_tasks - 1}")
-        if len(unseen) >= num_tasks:
+        unseen = list(s.unseen_tasks)
+        if unseen and unseen[-1] >= self.num_tasks:
+            raise ValueError(f"unseen_tasks must be task ids in 0..{self.num_tasks - 1}")
+        if len(unseen) >= self.num_tasks:
             raise ValueError("at least one task must train (every task is held out)")
-        self.num_tasks = int(num_tasks)
+        method = ALIASES.get(s.method, s.method)
+        self.directory = TaskDirectory(self.num_tasks, _NAMES[method], dim=dim)
+        apply_settings(self, s)
         self.method = method
+        self.sgd = SGDConfig(lr=s.lr, momentum=s.momentum, weight_decay=s.weight_decay,
+                             batch_size=s.batch_size, epochs=s.local_epochs, prox_mu=s.prox_mu)
+        self.pfedme = PFedMeConfig(lr=s.lr, personal_lr=s.pfedme_lr, lam=s.pfedme_lambda,
+                                   inner_steps=s.pfedme_steps, batch_size=s.batch_size,
+                                   epochs=s.local_epochs, weight_decay=s.weight_decay)
+        self.cfl_eps = (s.cfl_eps1, s.cfl_eps2)
         self.name = _NAMES[method]
-        self.num_components = 1 if method in SINGLE_MODEL else int(num_components)
-        self.model = None if model == "torch" else make_model(
-            model, 1, num_classes=int(num_classes), hidden=int(hidden))
+        self.num_components = 1 if method in SINGLE_MODEL else s.num_components
+        self.model = None if s.model == "torch" else make_model(
+            s.model, 1, num_classes=s.num_classes, hidden=s.hidden)
         self.layout: list[tuple[str, tuple[int, ...], str]] | None = None
-        self.model_name, self.num_classes, self.hidden = model, int(num_classes), int(hidden)
-        self.lr_schedule = lr_schedule
-        self.fraction = float(fraction)
-        self.aggregation = aggregation
-        self.finetune_epochs = int(finetune_epochs)
-        self.pi_floor = float(pi_floor)
-        self.max_abs_param = float(max_abs_param)
-        if not (isinstance(max_update_ratio, int | float) and 0 < max_update_ratio < np.inf):
-            raise ValueError(f"max_update_ratio must be a finite number > 0, got "
-                             f"{max_update_ratio!r}")
-        self.max_update_ratio = float(max_update_ratio)
-        self.eval_every = int(eval_every)
-        self.seed = int(seed)
-        self.discovery_timeout = float(discovery_timeout)
+        self.model_name = s.model
         self.on_round = on_round
         self.unseen = np.zeros(self.num_tasks, dtype=bool)
         self.unseen[unseen] = True
@@ -300,7 +253,6 @@ class FedEM(TaskStrategy):
             self.unseen[:] = False  # no sharing: every device trains its own model
         #: CFL: the training clients (task ids) of each cluster, whose model is components[c].
         self.clusters: list[np.ndarray] = [np.flatnonzero(~self.unseen)]
-        self.directory = TaskDirectory(self.num_tasks, self.name, dim=dim)
         self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
         self.records: list[dict[str, Any]] = []
         self.components: np.ndarray | None = None

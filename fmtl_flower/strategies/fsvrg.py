@@ -157,6 +157,7 @@ from ..core.fsvrg import (
     power_estimate,
 )
 from ..metrics import error_summary, round_record
+from ..settings import FsvrgSettings, apply_settings, check_num_tasks
 from ..wire import from_array, to_array
 from .base import (
     ReplyBoundary,
@@ -182,15 +183,6 @@ DEFAULT_H = 16.0
 _LN2 = math.log(2.0)
 RoundCallback = Callable[[dict[str, Any]], None]
 _NAME = "FSVRG"
-
-
-def _positive_or_none(name: str, value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not (
-            math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite number > 0 or None, got {value!r}")
-    return float(value)
 
 
 class DualLedger:
@@ -319,43 +311,20 @@ class Fsvrg(TaskStrategy):
         See the module docstring; read with :meth:`results`.
     """
 
-    def __init__(self, num_tasks: int, *, method: str = "fsvrg", lam: float | None = None,
-                 h: float | None = None, step: float | None = None, mu: float = 0.0,
-                 local_epochs: int = 1, eval_every: int = 1, seed: int = 0,
-                 discovery_timeout: float = 120.0, max_update_ratio: float = 1e4,
-                 dim: int | None = None, on_round: RoundCallback | None = None) -> None:
-        if isinstance(num_tasks, bool) or int(num_tasks) != num_tasks or num_tasks < 1:
-            raise ValueError(f"num_tasks must be an integer >= 1, got {num_tasks!r}")
-        self.max_update_ratio = _positive_or_none("max_update_ratio", max_update_ratio)
-        if method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-        self.lam_arg = _positive_or_none("lam", lam)
-        h = _positive_or_none("h", h)
-        if method == "fsvrg-naive" and h is None:
-            raise ValueError("fsvrg-naive needs an explicit stepsize h (no default)")
-        self.h = DEFAULT_H if h is None else h
-        self.step_arg = _positive_or_none("step", step)
-        if isinstance(mu, bool) or not isinstance(mu, int | float) or not (
-                math.isfinite(mu) and mu >= 0):
-            raise ValueError(f"mu must be a finite number >= 0, got {mu!r}")
-        if isinstance(local_epochs, bool) or int(local_epochs) != local_epochs or \
-                local_epochs < 1:
-            raise ValueError(f"local_epochs must be an integer >= 1, got {local_epochs!r}")
-        self.mu = float(mu)
-        self.local_epochs = int(local_epochs)
-        if isinstance(eval_every, bool) or int(eval_every) != eval_every or eval_every < 1:
-            raise ValueError(f"eval_every must be an integer >= 1, got {eval_every!r}")
-        if isinstance(seed, bool) or int(seed) != seed or seed < 0:
-            raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
-        if not discovery_timeout >= 0:
-            raise ValueError(f"discovery_timeout must be >= 0, got {discovery_timeout!r}")
-        self.num_tasks = int(num_tasks)
-        self.method = method
-        self.eval_every = int(eval_every)
-        self.seed = int(seed)
-        self.discovery_timeout = float(discovery_timeout)
-        self.on_round = on_round
+    def __init__(self, num_tasks: int, settings: FsvrgSettings | None = None, *,
+                 dim: int | None = None, on_round: RoundCallback | None = None,
+                 **kwargs: Any) -> None:
+        s = FsvrgSettings.resolve(settings, kwargs)
+        self.settings = s
+        self.num_tasks = check_num_tasks(num_tasks)
+        if s.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {s.method!r}")
         self.directory = TaskDirectory(self.num_tasks, _NAME, dim=dim)
+        apply_settings(self, s)
+        self.lam_arg = s.lam
+        self.h = DEFAULT_H if s.h is None else s.h
+        self.step_arg = s.step
+        self.on_round = on_round
         self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
         self.records: list[dict[str, Any]] = []
         self.w: np.ndarray | None = None

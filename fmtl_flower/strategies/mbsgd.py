@@ -80,13 +80,13 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from ..core.baselines import mbsgd_radius, mbsgd_server_step, mbsgd_step_size
-from ..core.formulations import FORMULATIONS, Formulation, make_formulation
+from ..core.formulations import Formulation, make_formulation
 from ..core.mocha import formulation_arrays, omega_step_due, set_formulation_arrays
-from ..core.omega import DEFAULT_OMEGA_EPS
 from ..metrics import error_summary, round_record
 from ..packing import StackGroup
+from ..settings import MbSgdSettings, apply_settings, check_num_tasks, drop_prob_of
 from ..systems.heterogeneity import drop_mask, local_budgets
-from ..systems.timing import get_network, round_time
+from ..systems.timing import round_time
 from ..wire import array_record, config_record, from_array, record_dict, to_array
 from .base import (
     BOUND_SLACK,
@@ -189,93 +189,23 @@ class MbSgd(TaskStrategy):
         :meth:`results`.
     """
 
-    def __init__(
-        self,
-        num_tasks: int,
-        *,
-        lam: float = 0.1,
-        omega: str = "identity",
-        omega_every: int = 0,
-        omega_eps: float = DEFAULT_OMEGA_EPS,
-        lam2: float | None = None,
-        s2: float | None = None,
-        eta: float | None = None,
-        clusters: int | None = None,
-        beta: float | None = None,
-        schedule: str = "inv",
-        project: bool = True,
-        local_frac: float = 1.0,
-        sys_het: str = "none",
-        sys_het_base: str = "n_min",
-        drop_prob: float = 0.0,
-        eval_every: int = 1,
-        network: str = "lte",
-        time_model: str = "physical",
-        seed: int = 0,
-        discovery_timeout: float = 120.0,
-        max_row_norm: float | None = None,
-        dim: int | None = None,
-        on_round: RoundCallback | None = None,
-    ) -> None:
-        if isinstance(num_tasks, bool) or int(num_tasks) != num_tasks or num_tasks < 1:
-            raise ValueError(f"num_tasks must be an integer >= 1, got {num_tasks!r}")
-        if not (isinstance(lam, int | float) and not isinstance(lam, bool)
-                and math.isfinite(lam) and lam > 0):
-            raise ValueError(f"lam must be a finite number > 0, got {lam!r}")
-        if omega not in FORMULATIONS:
-            raise ValueError(f"omega must be one of {tuple(FORMULATIONS)}, got {omega!r}")
-        if not (isinstance(omega_eps, int | float) and 0 < omega_eps < 1):
-            raise ValueError(f"omega_eps must be in (0, 1), got {omega_eps!r}")
-        self.formulation_options = {"lam2": lam2, "s2": s2, "eta": eta, "k": clusters,
-                                    "eps_rel": omega_eps}
-        self.formulation: Formulation = make_formulation(omega, int(num_tasks), lam=lam,
+    def __init__(self, num_tasks: int, settings: MbSgdSettings | None = None, *,
+                 dim: int | None = None, on_round: RoundCallback | None = None,
+                 **kwargs: Any) -> None:
+        s = MbSgdSettings.resolve(settings, kwargs)
+        self.settings = s
+        self.num_tasks = check_num_tasks(num_tasks)
+        self.formulation_options = s.formulation_options
+        self.formulation: Formulation = make_formulation(s.omega, self.num_tasks, lam=s.lam,
                                                          **self.formulation_options)
-        if beta is not None and not (isinstance(beta, int | float) and not isinstance(beta, bool)
-                                     and math.isfinite(beta) and beta > 0):
-            raise ValueError(f"beta must be a finite number > 0 or None, got {beta!r}")
-        if schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-        if not isinstance(project, bool):
-            raise ValueError(f"project must be a bool, got {project!r}")
-        for name, value, low in (("omega_every", omega_every, 0), ("eval_every", eval_every, 1)):
-            if isinstance(value, bool) or int(value) != value or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-        if not (isinstance(local_frac, int | float) and 0 < local_frac <= 1):
-            raise ValueError(f"local_frac must be in (0, 1] (a mini-batch of distinct samples), "
-                             f"got {local_frac!r}")
-        local_budgets(np.ones(1), local_frac=local_frac, sys_het=sys_het, base=sys_het_base)
-        get_network(network, model=time_model)
-        drop_mask(1, drop_prob, seed=0, server_round=1)
-        if not discovery_timeout >= 0:
-            raise ValueError(f"discovery_timeout must be >= 0, got {discovery_timeout!r}")
-        if max_row_norm is not None and not (
-                isinstance(max_row_norm, int | float) and not isinstance(max_row_norm, bool)
-                and math.isfinite(max_row_norm) and max_row_norm >= 0):
-            raise ValueError(f"max-row-norm (max_row_norm) must be a finite number >= 0 or "
-                             f"None, got {max_row_norm!r}")
-        self.max_row_norm = None if max_row_norm is None else float(max_row_norm)
-        self.num_tasks = int(num_tasks)
-        self.lam = float(lam)
-        self.omega = omega
-        self.omega_every = int(omega_every)
-        self.omega_eps = float(omega_eps)
-        self.beta = None if beta is None else float(beta)
-        self.schedule = schedule
-        self.project = project
-        self.local_frac = float(local_frac)
-        self.sys_het = sys_het
-        self.sys_het_base = sys_het_base
-        self.drop_prob = float(drop_prob)
-        self.eval_every = int(eval_every)
-        self.network = network
-        self.time_model = time_model
-        self.seed = int(seed)
-        self.discovery_timeout = float(discovery_timeout)
+        self.directory = TaskDirectory(self.num_tasks, _NAME, dim=dim)
+        apply_settings(self, s)
+        self.drop_prob = drop_prob_of(s.drop_prob)
+        drop_mask(self.num_tasks, self.drop_prob, seed=0, server_round=1)  # per-task: m long
         self.on_round = on_round
         self.round_timeout = 120.0
         self.num_rounds: int | None = None
         self.W: np.ndarray | None = None
-        self.directory = TaskDirectory(self.num_tasks, _NAME, dim=dim)
         self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
         self.records: list[dict[str, Any]] = []
         self.replies = ReplyBoundary(_NAME)

@@ -86,7 +86,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from logging import INFO, WARNING
 from typing import Any
 
@@ -97,8 +97,6 @@ from flwr.serverapp import Grid
 
 from ..core.baselines import mbsdca_scale
 from ..core.formulations import (
-    FORMULATIONS,
-    SIGMA_MODES,
     make_formulation,
     options_check_size,
 )
@@ -109,11 +107,11 @@ from ..core.mocha_factored import (
     make_server_state,
     restore_server_state,
 )
-from ..core.omega import DEFAULT_OMEGA_EPS
 from ..metrics import error_summary, round_record
 from ..packing import StackGroup
+from ..settings import MochaSettings, apply_settings, check_num_tasks, drop_prob_of
 from ..systems.heterogeneity import check_drop_prob, drop_mask, local_budgets
-from ..systems.timing import deadline_budgets, get_network, round_time
+from ..systems.timing import deadline_budgets, round_time
 from ..wire import array_record, config_record, from_array, record_dict, to_array
 from .base import (
     BOUND_SLACK,
@@ -252,110 +250,32 @@ class Mocha(TaskStrategy):
     packed nodes that speak the stacking protocol (ValueError).
     """
 
-    def __init__(
-        self,
-        num_tasks: int,
-        *,
-        lam: float = 0.1,
-        omega: str = "probabilistic",
-        omega_every: int = 10,
-        omega_eps: float = DEFAULT_OMEGA_EPS,
-        lam2: float | None = None,
-        s2: float | None = None,
-        eta: float | None = None,
-        clusters: int | None = None,
-        gamma: float = 1.0,
-        method: str = "mocha",
-        theta: float = 0.5,
-        beta: float = 1.0,
-        local_frac: float = 1.0,
-        sigma_mode: str = "global",
-        sys_het: str = "none",
-        sys_het_base: str = "n_min",
-        drop_prob: float | Sequence[float] = 0.0,
-        eval_every: int = 1,
-        network: str = "lte",
-        time_model: str = "physical",
-        clock_cycle: float | None = None,
-        seed: int = 0,
-        discovery_timeout: float = 120.0,
-        server_path: str = "auto",
-        min_replies: int = 1,
-        max_failures: int = 3,
-        probe_every: int = 5,
-        max_row_norm: float | None = None,
-        dim: int | None = None,
-        on_round: RoundCallback | None = None,
-    ) -> None:
-        if int(num_tasks) < 1:
-            raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
-        if not (isinstance(lam, int | float) and math.isfinite(lam) and lam > 0):
-            raise ValueError(f"lam must be a finite number > 0, got {lam!r}")
-        self.formulation_options = {"lam2": lam2, "s2": s2, "eta": eta, "k": clusters,
-                                    "eps_rel": omega_eps, "gamma": gamma}
-        if omega not in FORMULATIONS:
-            raise ValueError(f"omega must be one of {tuple(FORMULATIONS)}, got {omega!r}")
+    def __init__(self, num_tasks: int, settings: MochaSettings | None = None, *,
+                 dim: int | None = None, on_round: RoundCallback | None = None,
+                 **kwargs: Any) -> None:
+        s = MochaSettings.resolve(settings, kwargs)
+        self.settings = s
+        m = check_num_tasks(num_tasks)
+        self.formulation_options = s.formulation_options
         # validate the options on a small instance: the dense formulation is m x m
-        make_formulation(omega, options_check_size(int(num_tasks), clusters), lam=lam,
+        make_formulation(s.omega, options_check_size(m, s.clusters), lam=s.lam,
                          **self.formulation_options)
-        if method not in DUAL_METHODS:
-            raise ValueError(f"method must be one of {DUAL_METHODS}, got {method!r}")
-        if not 0.0 < theta < 1.0:
-            raise ValueError(f"theta must be in (0, 1), got {theta!r}")
-        if not beta > 0.0:
-            raise ValueError(f"beta must be > 0, got {beta!r}")
-        if sigma_mode not in SIGMA_MODES:
-            raise ValueError(f"sigma_mode must be one of {SIGMA_MODES}, got {sigma_mode!r}")
-        if not (isinstance(omega_eps, int | float) and 0 < omega_eps < 1):
-            raise ValueError(f"omega_eps must be in (0, 1), got {omega_eps!r}")
-        if int(omega_every) < 0 or int(eval_every) < 1:
-            raise ValueError("omega_every must be >= 0 and eval_every >= 1")
-        local_budgets(np.ones(1), local_frac=local_frac, sys_het=sys_het, base=sys_het_base)
-        get_network(network, model=time_model)
-        if clock_cycle is not None and not clock_cycle > 0:
-            raise ValueError(f"clock_cycle must be > 0 seconds, got {clock_cycle!r}")
-        check_drop_prob(drop_prob, int(num_tasks))
-        choose_server_path(int(num_tasks), None, omega, server_path)  # early: path, size
-        self.server_path = server_path
-        if isinstance(min_replies, bool) or not isinstance(min_replies, int) or min_replies < 0:
-            raise ValueError(f"min_replies must be an int >= 0, got {min_replies!r}")
-        if min_replies > int(num_tasks):
-            raise ValueError(f"min-replies (min_replies) = {min_replies} is larger than the "
-                             f"number of tasks ({int(num_tasks)}): no round could count")
-        self.health = TaskHealth(int(num_tasks), max_failures=max_failures,
-                                 probe_every=probe_every, name="MOCHA")
-        if max_row_norm is not None and not (
-                isinstance(max_row_norm, int | float) and not isinstance(max_row_norm, bool)
-                and math.isfinite(max_row_norm) and max_row_norm >= 0):
-            raise ValueError(f"max-row-norm (max_row_norm) must be a finite number >= 0 or "
-                             f"None, got {max_row_norm!r}")
-        self.max_row_norm = None if max_row_norm is None else float(max_row_norm)
-        self.min_replies = min_replies
-        self.num_tasks = int(num_tasks)
-        self.lam = float(lam)
-        self.omega = omega
-        self.omega_every = int(omega_every)
-        self.omega_eps = float(omega_eps)
-        self.gamma = float(gamma)
-        self.method = method
-        self.theta = float(theta)
-        self.beta = float(beta)
-        self.local_frac = float(local_frac)
-        self.sigma_mode = sigma_mode
-        self.sys_het = sys_het
-        self.sys_het_base = sys_het_base
-        self.drop_prob = check_drop_prob(drop_prob, int(num_tasks))
-        self.eval_every = int(eval_every)
-        self.network = network
-        self.time_model = time_model
-        self.clock_cycle = None if clock_cycle is None else float(clock_cycle)
-        self.seed = int(seed)
-        self.discovery_timeout = float(discovery_timeout)
+        if s.method not in DUAL_METHODS:
+            raise ValueError(f"method must be one of {DUAL_METHODS}, got {s.method!r}")
+        choose_server_path(m, None, s.omega, s.server_path)  # early: path, size
+        if s.min_replies > m:
+            raise ValueError(f"min-replies (min_replies) = {s.min_replies} is larger than the "
+                             f"number of tasks ({m}): no round could count")
+        self.health = TaskHealth(m, max_failures=s.max_failures, probe_every=s.probe_every,
+                                 name="MOCHA")
+        self.num_tasks = m
+        self.directory = TaskDirectory(m, "MOCHA", dim=dim)
+        apply_settings(self, s)
+        self.drop_prob = check_drop_prob(drop_prob_of(s.drop_prob), m)
         self.on_round = on_round
         self.round_timeout = 120.0
         self.num_rounds: int | None = None
         self.state: MochaServerState | FactoredMochaServerState | None = None
-        self.directory = TaskDirectory(self.num_tasks, "MOCHA", dim=dim)
         self._budgets = np.zeros(self.num_tasks, dtype=np.int64)
         self._w_norm = np.zeros(self.num_tasks)  # |w_t| sent this round
         self.last_accepted = np.zeros(self.num_tasks, dtype=np.int64)

@@ -68,8 +68,8 @@ from ..checkpoint import CheckpointError, check_fingerprint, read_checkpoint, wr
 from ..core.factored import FactoredMatrix, _factor_arrays, _factor_from_arrays
 from ..core.mocha_factored import choose_server_path
 from ..core.ofmtl_factored import server_ops
-from ..core.omega import DEFAULT_OMEGA_EPS
 from ..metrics import error_summary, round_record
+from ..settings import OFMTLSettings, apply_settings, check_num_tasks
 from ..wire import from_array, to_array
 from .base import ReplyBoundary, all_finite, check_bound, norm
 from .discovery import (
@@ -131,46 +131,22 @@ class OFMTL(Strategy):
         Called with each record (one per event: initial training, newcomer, retraining).
     """
 
-    def __init__(self, num_tasks: int, *, initial_tasks: int, lam: float = 0.1,
-                 mocha_rounds: int = 100, omega_every: int = 10, local_frac: float = 1.0,
-                 omega_eps: float = DEFAULT_OMEGA_EPS, outer: int = 10, inner: int = 100,
-                 newcomer_frac: float = 0.5, retrain_ratio: float = 1.5,
-                 arrival_timeout: float = 120.0, max_attempts: int = 3, seed: int = 0,
-                 discovery_timeout: float = 120.0, round_timeout: float = 120.0,
-                 server_path: str = "auto", on_record: RecordCallback | None = None) -> None:
-        for name, value, low in (("num_tasks", num_tasks, 2), ("initial_tasks", initial_tasks, 1),
-                                 ("mocha_rounds", mocha_rounds, 1), ("outer", outer, 1),
-                                 ("inner", inner, 1),
-                                 ("max_attempts", max_attempts, 1)):
-            if isinstance(value, bool) or int(value) != value or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-        if initial_tasks >= num_tasks:
-            raise ValueError(f"initial_tasks ({initial_tasks}) must be below num_tasks "
-                             f"({num_tasks}): no newcomer would join")
-        if not (math.isfinite(lam) and lam > 0):
-            raise ValueError(f"lam must be a finite number > 0, got {lam!r}")
-        if not newcomer_frac > 0:
-            raise ValueError(f"newcomer_frac must be > 0, got {newcomer_frac!r}")
-        if not retrain_ratio > 0:
-            raise ValueError(f"retrain_ratio must be > 0 (inf: never), got {retrain_ratio!r}")
+    def __init__(self, num_tasks: int, settings: OFMTLSettings | None = None, *,
+                 on_record: RecordCallback | None = None, **kwargs: Any) -> None:
+        s = OFMTLSettings.resolve(settings, kwargs)
+        self.settings = s
+        self.num_tasks = check_num_tasks(num_tasks, 2)
+        if s.initial_tasks >= self.num_tasks:
+            raise ValueError(f"initial_tasks ({s.initial_tasks}) must be below num_tasks "
+                             f"({self.num_tasks}): no newcomer would join")
         # unknown path, or dense beyond its size limit: fail now; None: the choice depends
         # on d, taken at the first whoami
-        self.server_path = server_path
-        self.path = choose_server_path(int(num_tasks), None, "probabilistic", server_path)
-        self.num_tasks, self.initial_tasks = int(num_tasks), int(initial_tasks)
-        self.lam = float(lam)
-        self.mocha_options = {"lam": self.lam, "omega": "probabilistic",
-                              "omega_every": int(omega_every), "omega_eps": float(omega_eps),
-                              "local_frac": float(local_frac), "seed": int(seed),
-                              "discovery_timeout": float(discovery_timeout)}
-        self.mocha_rounds = int(mocha_rounds)
-        self.omega_eps = float(omega_eps)
-        self.outer, self.inner, self.newcomer_frac = int(outer), int(inner), float(newcomer_frac)
-        self.retrain_ratio = float(retrain_ratio)
-        self.arrival_timeout = float(arrival_timeout)
-        self.max_attempts = int(max_attempts)
-        self.seed = int(seed)
-        self.round_timeout = float(round_timeout)
+        self.path = choose_server_path(self.num_tasks, None, "probabilistic", s.server_path)
+        apply_settings(self, s)
+        self.mocha_options = {"lam": s.lam, "omega": "probabilistic",
+                              "omega_every": s.omega_every, "omega_eps": s.omega_eps,
+                              "local_frac": s.local_frac, "seed": s.seed,
+                              "discovery_timeout": s.discovery_timeout}
         self.on_record = on_record
         self.directory = TaskDirectory(self.num_tasks, _NAME)
         self.replies = ReplyBoundary(_NAME)

@@ -21,8 +21,11 @@ def app_config(name: str) -> dict[str, Any]:
 
 
 def run_config(name: str) -> dict[str, Any]:
-    """The example's default run config (``[tool.flwr.app.config]``)."""
-    return dict(app_config(name)["config"])
+    """The example's default run config (``[tool.flwr.app.config]``, its nested tables
+    flattened into dotted keys as Flower flattens them)."""
+    from flwr.common.config import flatten_dict
+
+    return flatten_dict(app_config(name)["config"])
 
 
 @contextmanager

@@ -9,19 +9,22 @@ import pytest
 
 from fmtl_flower.apps.common import dataset_for, make_client_app, make_server_app
 from fmtl_flower.centralized import fit_mocha
-from fmtl_flower.config import RunConfig
+from fmtl_flower.config import RunConfig, settings_from_config
 from fmtl_flower.core.formulations import GraphicalFormulation
 from fmtl_flower.engine import run_inprocess
 
 CASES = [
-    {"omega": "identity"},
-    {"omega": "mean", "lambda2": 0.05},
-    {"omega": "probabilistic", "sigma-mode": "spectral"},
-    {"omega": "probabilistic", "s2": 10.0, "gamma": 0.5, "sigma-mode": "per-task"},
-    {"omega": "clustered", "eta": 0.5, "clusters": 2},
-    {"omega": "graphical", "s2": 10.0, "lambda2": 0.01},
-    {"strategy": "cocoa", "omega": "probabilistic", "theta": 0.3, "local-frac": 3.0},
-    {"strategy": "mb-sdca", "omega": "identity", "beta": 4.0, "drop-prob": 0.3},
+    {"mocha.omega": "identity"},
+    {"mocha.omega": "mean", "mocha.lambda2": 0.05},
+    {"mocha.omega": "probabilistic", "mocha.sigma-mode": "spectral"},
+    {"mocha.omega": "probabilistic", "mocha.s2": 10.0, "mocha.gamma": 0.5,
+     "mocha.sigma-mode": "per-task"},
+    {"mocha.omega": "clustered", "mocha.eta": 0.5, "mocha.clusters": 2},
+    {"mocha.omega": "graphical", "mocha.s2": 10.0, "mocha.lambda2": 0.01},
+    {"strategy": "cocoa", "mocha.omega": "probabilistic", "mocha.theta": 0.3,
+     "mocha.local-frac": 3.0},
+    {"strategy": "mb-sdca", "mocha.omega": "identity", "mocha.mb-sdca-beta": 4.0,
+     "mocha.drop-prob": 0.3},
 ]
 
 
@@ -29,17 +32,13 @@ CASES = [
 def test_federation_matches_fit_mocha(keys):
     logging.getLogger("flwr").setLevel(logging.WARNING)
     cfg = RunConfig.from_mapping({"num-tasks": 5, "dim": 6, "samples-per-task": 25,
-                                  "num-server-rounds": 6, "omega-every": 2, "lambda": 0.05,
-                                  "eval-every": 3, **keys})
+                                  "num-server-rounds": 6, "mocha.omega-every": 2,
+                                  "mocha.lambda": 0.05, "eval-every": 3, **keys})
     box: dict = {}
     run_inprocess(make_server_app(cfg, on_done=box.update), make_client_app(cfg), 5)
     data = dataset_for(cfg)
-    fit = fit_mocha([(t.X_train, t.y_train) for t in data.tasks], lam=0.05, rounds=6,
-                    omega=cfg.omega, omega_every=2, lam2=cfg.lambda2,
-                    s2=cfg.s2 or None, eta=cfg.eta or None, clusters=cfg.clusters or None,
-                    gamma=cfg.gamma, sigma_mode=cfg.sigma_mode, method=cfg.strategy,
-                    theta=cfg.theta, beta=cfg.beta, local_frac=cfg.local_frac,
-                    drop_prob=cfg.drop_prob, record_every=1)
+    fit = fit_mocha([(t.X_train, t.y_train) for t in data.tasks], settings_from_config(cfg, 5),
+                    rounds=6, record_every=1)
     primals = [r["primal"] for r in box["rounds"]]
     assert primals == [h["primal"] for h in fit.history]
     # the whole objective: the W part (primal) plus the Omega-only part c(Omega)
@@ -99,25 +98,27 @@ def test_per_task_drop_probabilities_match_the_bare_loop():
 
 def test_lambda2_zero_is_a_value_not_unset(tmp_path, capsys):
     """``lambda2`` unset is "" (None); 0 reaches the formulation (graphical: Omega = S^-1)."""
-    from fmtl_flower.apps.common import formulation_options
     from fmtl_flower.cli import main
 
-    assert RunConfig().lambda2 is None and RunConfig.from_mapping({"lambda2": ""}).lambda2 is None
-    cfg = RunConfig.from_mapping({"lambda2": "0", "omega": "graphical", "s2": 5})
-    assert cfg.lambda2 == 0.0 and formulation_options(cfg)["lam2"] == 0.0
+    assert RunConfig().lambda2 is None
+    assert RunConfig.from_mapping({"mocha.lambda2": ""}).lambda2 is None
+    cfg = RunConfig.from_mapping({"mocha.lambda2": "0", "mocha.omega": "graphical",
+                                  "mocha.s2": 5})
+    assert cfg.lambda2 == 0.0 and settings_from_config(cfg, 4).lam2 == 0.0
     assert RunConfig.from_mapping(cfg.to_dict()) == cfg
     out = tmp_path / "g0.json"
     assert main(["run", "mocha", "--rounds", "4", "--out", str(out), "--quiet",
-                 "--set", "num-tasks=4", "--set", "dim=6", "--set", "omega=graphical",
-                 "--set", "lambda2=0", "--set", "s2=5", "--set", "omega-every=2"]) == 0
-    assert json.loads(out.read_text())["config"]["lambda2"] == 0.0
+                 "--set", "num-tasks=4", "--set", "dim=6", "--set", "mocha.omega=graphical",
+                 "--set", "mocha.lambda2=0", "--set", "mocha.s2=5",
+                 "--set", "mocha.omega-every=2"]) == 0
+    assert json.loads(out.read_text())["config"]["mocha.lambda2"] == 0.0
     capsys.readouterr()
-    assert main(["run", "mocha", "--rounds", "2", "--set", "omega=mean",
-                 "--set", "lambda2=0"]) == 2
+    assert main(["run", "mocha", "--rounds", "2", "--set", "mocha.omega=mean",
+                 "--set", "mocha.lambda2=0"]) == 2
     err = capsys.readouterr().err
     assert "lambda2" in err and "lam2" not in err
-    assert main(["run", "mocha", "--rounds", "2", "--set", "omega=graphical",
-                 "--set", "s2=5"]) == 2
+    assert main(["run", "mocha", "--rounds", "2", "--set", "mocha.omega=graphical",
+                 "--set", "mocha.s2=5"]) == 2
     err = capsys.readouterr().err
     assert "lambda2" in err and "lam2" not in err
 
@@ -151,9 +152,10 @@ def test_graphical_on_small_keeps_w_and_the_objective_bounded(tmp_path):
     except FileNotFoundError as err:
         pytest.skip(f"small not available: {err}")
     out = tmp_path / "graphical.json"
-    assert main(["run", "mocha", "--dataset", "small", "--rounds", "50", "--set",
-                 "omega=graphical", "--set", "lambda2=0.02", "--set", "s2=5", "--set",
-                 "omega-every=10", "--out", str(out), "--quiet"]) == 0
+    assert main(["run", "mocha", "--dataset", "small", "--rounds", "50",
+                 "--set", "mocha.omega=graphical", "--set", "mocha.lambda2=0.02",
+                 "--set", "mocha.s2=5", "--set", "mocha.omega-every=10",
+                 "--out", str(out), "--quiet"]) == 0
     results = json.loads(out.read_text())
     cfg = RunConfig.from_mapping(results["config"])
     lam, lam2 = float(cfg.lam), cfg.lambda2

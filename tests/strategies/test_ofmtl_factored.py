@@ -203,7 +203,7 @@ def test_server_path_choice():
     middle = OFMTL(3000, initial_tasks=2)
     middle._choose_path(2000)
     assert middle.path == "dense"
-    with pytest.raises(ValueError, match="path must be one of"):
+    with pytest.raises(ValueError, match=r"server-path \(server_path\): must be one of"):
         OFMTL(7, initial_tasks=2, server_path="sparse")
     with pytest.raises(ValueError, match="path 'dense'"):
         OFMTL(20_001, initial_tasks=2, server_path="dense")

@@ -6,7 +6,7 @@ from flwr.app import Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from fmtl_flower import LegacyGrid, Mocha
+from fmtl_flower import LegacyGrid, Mocha, MochaSettings
 
 app = ServerApp()
 
@@ -14,8 +14,8 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     config = context.run_config
-    strategy = Mocha(num_tasks=int(config["num-tasks"]), lam=float(config["lambda"]),
-                     omega_every=int(config["omega-every"]))
+    # the [tool.flwr.app.config.mocha] table (mocha.lambda, mocha.omega-every), checked
+    strategy = Mocha(int(config["num-tasks"]), MochaSettings.from_run_config(config))
     strategy.start(grid=LegacyGrid(grid, client_api="numpyclient"),
                    num_rounds=int(config["num-server-rounds"]),
                    timeout=float(config["round-timeout"]))

@@ -6,7 +6,7 @@ from flwr.app import Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from fmtl_flower import FedEM
+from fmtl_flower import FedEM, FedEMSettings
 
 app = ServerApp()
 
@@ -14,9 +14,10 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     config = context.run_config
-    strategy = FedEM(num_tasks=int(config["num-tasks"]), method=str(config["method"]),
-                     num_components=int(config["num-components"]), model="softmax",
-                     num_classes=3, lr=float(config["lr"]), batch_size=32)
+    # the [tool.flwr.app.config.fedem] table (fedem.M, fedem.lr), checked
+    settings = FedEMSettings.from_run_config(config, method=str(config["method"]),
+                                             model="softmax", num_classes=3, batch_size=32)
+    strategy = FedEM(int(config["num-tasks"]), settings)
     strategy.start(grid=grid, num_rounds=int(config["num-server-rounds"]),
                    timeout=float(config["round-timeout"]))
     final = strategy.results()["final"]

@@ -6,7 +6,7 @@ from flwr.app import Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from fmtl_flower import Mocha
+from fmtl_flower import Mocha, MochaSettings
 
 app = ServerApp()
 
@@ -14,8 +14,9 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     config = context.run_config
-    strategy = Mocha(num_tasks=int(config["num-tasks"]), lam=float(config["lambda"]),
-                     omega="probabilistic", omega_every=int(config["omega-every"]))
+    # the [tool.flwr.app.config.mocha] table (mocha.lambda, mocha.omega-every), checked
+    settings = MochaSettings.from_run_config(config, omega="probabilistic")
+    strategy = Mocha(int(config["num-tasks"]), settings)
     strategy.start(grid=grid, num_rounds=int(config["num-server-rounds"]),
                    timeout=float(config["round-timeout"]))
     final = strategy.results()["final"]

@@ -1,0 +1,96 @@
+"""The strategies' settings dataclasses: one home for every check, errors that name the
+run-config key, and constructors that take the settings or their fields as keywords."""
+
+import dataclasses
+
+import pytest
+
+from fmtl_flower.settings import (
+    ConfigError,
+    FedEMSettings,
+    FsvrgSettings,
+    MbSgdSettings,
+    MochaSettings,
+    OFMTLSettings,
+)
+from fmtl_flower.strategies.fedem import FedEM
+from fmtl_flower.strategies.fsvrg import Fsvrg
+from fmtl_flower.strategies.mbsgd import MbSgd
+from fmtl_flower.strategies.mocha import Mocha
+from fmtl_flower.strategies.ofmtl import OFMTL
+
+
+@pytest.mark.parametrize("cls, kwargs, match", [
+    (MochaSettings, {"theta": 1.0}, r"mocha.theta \(theta\): must be < 1.0"),
+    (MochaSettings, {"lam": 0}, r"mocha.lambda \(lam\): must be > 0"),
+    (MochaSettings, {"omega": "diag"}, r"mocha.omega \(omega\): must be one of"),
+    (MochaSettings, {"beta": -1}, r"mocha.mb-sdca-beta \(beta\): must be > 0"),
+    (MochaSettings, {"min_tasks": 0}, r"min-tasks \(min_tasks\): must be >= 1"),
+    (MochaSettings, {"fraction_train": 1.5}, r"fraction-train \(fraction_train\): must be <= 1"),
+    (MochaSettings, {"min_available_nodes": -1}, r"min-available-nodes \(min_available_nodes\)"),
+    (MochaSettings, {"train_metrics_aggr_fn": 3}, "train_metrics_aggr_fn: must be callable"),
+    (MbSgdSettings, {"beta": 0.0}, r"mocha.mb-sgd-beta \(beta\): must be > 0"),
+    (MbSgdSettings, {"local_frac": 1.5}, r"mocha.local-frac \(local_frac\): must be <= 1"),
+    (MbSgdSettings, {"project": 1}, "project: expected true or false"),
+    (FedEMSettings, {"lr": 0}, r"fedem.lr \(lr\): must be > 0"),
+    (FedEMSettings, {"method": "fedprox"}, r"fedem.prox-mu \(prox_mu\): fedprox needs"),
+    (FedEMSettings, {"local_epochs": 0}, r"fedem.local-epochs \(local_epochs\): must be >= 1"),
+    (OFMTLSettings, {"inner": 0}, r"ofmtl.inner \(inner\): must be >= 1"),
+    (OFMTLSettings, {"newcomer_frac": 0}, r"ofmtl.newcomer-frac \(newcomer_frac\)"),
+    (FsvrgSettings, {"method": "fsvrg-naive"}, r"fsvrg.h \(h\): fsvrg-naive needs"),
+    (FsvrgSettings, {"local_epochs": 0}, r"fsvrg.local-epochs \(local_epochs\): must be >= 1"),
+])
+def test_errors_name_the_run_config_key(cls, kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        cls(**kwargs)
+
+
+def test_settings_are_typed_on_construction():
+    s = MochaSettings(lam=1, omega_every=2.0, drop_prob=[0.1, 1.0])
+    assert type(s.lam) is float and type(s.omega_every) is int
+    assert s.drop_prob == (0.1, 1.0)  # one per task, a device that never sends allowed
+
+
+@pytest.mark.parametrize("cls, settings, kwargs", [
+    (Mocha, MochaSettings(lam=0.01, theta=0.3, method="cocoa", seed=5, min_tasks=3),
+     {"lam": 0.01, "theta": 0.3, "method": "cocoa", "seed": 5, "min_tasks": 3}),
+    (MbSgd, MbSgdSettings(lam=0.2, beta=2.0, schedule="inv_sqrt"),
+     {"lam": 0.2, "beta": 2.0, "schedule": "inv_sqrt"}),
+    (FedEM, FedEMSettings(method="fedavg", lr=0.1, unseen_tasks=(3,)),
+     {"method": "fedavg", "lr": 0.1, "unseen_tasks": [3]}),
+    (Fsvrg, FsvrgSettings(method="dane", step=0.5, mu=0.1),
+     {"method": "dane", "step": 0.5, "mu": 0.1}),
+    (OFMTL, OFMTLSettings(initial_tasks=2, outer=3, inner=4, newcomer_frac=0.2),
+     {"initial_tasks": 2, "outer": 3, "inner": 4, "newcomer_frac": 0.2}),
+])
+def test_keywords_and_settings_construct_equal_strategies(cls, settings, kwargs):
+    by_settings = cls(4, settings)
+    by_keywords = cls(4, **kwargs)
+    assert by_settings.settings == by_keywords.settings == settings
+    assert by_settings.fingerprint() == by_keywords.fingerprint()
+    for f in dataclasses.fields(settings):
+        if f.name not in ("min_tasks", "drop_prob", "model", "num_components", "h"):
+            assert getattr(by_keywords, f.name) == getattr(settings, f.name), f.name
+    # keywords on top of settings override them
+    assert cls(4, settings, seed=9).settings == dataclasses.replace(settings, seed=9)
+
+
+def test_constructors_take_flowers_knobs_and_min_tasks():
+    def aggregate(replies):
+        return {}
+
+    mocha = Mocha(6, min_tasks=4, min_available_nodes=3, fraction_train=0.5,
+                  min_train_nodes=2, train_metrics_aggr_fn=aggregate)
+    assert mocha.min_tasks == 4 and mocha.directory.min_tasks == 4
+    assert (mocha.min_available_nodes, mocha.fraction_train, mocha.min_train_nodes) == (3, 0.5, 2)
+    assert mocha.train_metrics_aggr_fn is aggregate and mocha.evaluate_metrics_aggr_fn is None
+    assert Mocha(6).min_tasks == 6  # default: all of them
+    with pytest.raises(ValueError, match="min_tasks must be an int in 1..6"):
+        Mocha(6, min_tasks=7)
+
+
+def test_unknown_keyword_is_a_type_error_naming_it():
+    with pytest.raises(TypeError, match="unexpected keyword argument.*thetaa"):
+        Mocha(4, thetaa=0.3)
+    with pytest.raises(TypeError, match="settings must be a MochaSettings"):
+        Mocha(4, FedEMSettings())
