@@ -26,7 +26,7 @@ import dataclasses
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .settings import (
     CommonSettings,
@@ -83,19 +83,6 @@ def positive_int(key: str, value: Any) -> int:
     return as_int(key, value, 1)
 
 
-def _lambda(key: str, value: Any) -> float | str:
-    if isinstance(value, str) and value.strip().lower() == "cv":
-        return "cv"
-    return as_float(key, value, lo=0.0, lo_open=True)
-
-
-def _optional_float(key: str, value: Any) -> float | None:
-    """None for an unset key (None, or "" as the wire's default), else a float >= 0."""
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return None
-    return as_float(key, value, lo=0.0)
-
-
 def _skew(key: str, value: Any) -> float:
     out = as_float(key, value, lo=0.0)
     if 0.0 < out <= 1.0:
@@ -121,20 +108,8 @@ def _string(key: str, value: Any) -> str:
     return str(value).strip()
 
 
-def _key(settings: type[StrategySettings], name: str, default: Any = None,
-         check: Callable[[str, Any], Any] | None = None) -> Any:
-    """A run-config field that is the setting ``name`` of ``settings``: its key, and its
-    check unless the wire's domain differs (``check``, e.g. 0 for "unset")."""
-    f = settings.__dataclass_fields__[name]
-    return setting(f.default if default is None else default, check or f.metadata["check"],
-                   f.metadata["key"])
-
-
-_NONNEG = number(lo=0.0)
-
-
 @dataclass(frozen=True)
-class RunConfig:
+class _RunConfigKeys:
     """Every run-config key (the key, dotted and kebab-case, in each field's metadata).
 
     The common keys: ``strategy`` (one of :data:`STRATEGIES`), ``dataset`` (``synthetic``,
@@ -161,9 +136,7 @@ class RunConfig:
     strategy: str = setting("mocha", choice(*STRATEGIES), "strategy")
     dataset: str = setting("synthetic", text, "dataset")
     num_server_rounds: int = setting(100, integer(1), "num-server-rounds")
-    seed: int = _key(CommonSettings, "seed")
     test_frac: float = setting(0.25, number(lo=0.0, hi=1.0, hi_open=True), "test-frac")
-    eval_every: int = _key(CommonSettings, "eval_every")
     round_timeout: float = setting(120.0, number(lo=0.0, lo_open=True), "round-timeout")
     skew: float = setting(0.0, _skew, "skew")
     num_tasks: int = setting(0, integer(0), "num-tasks")
@@ -178,70 +151,20 @@ class RunConfig:
     checkpoint_every: int = setting(1, integer(1), "checkpoint-every")
     client_state_dir: str = setting("", _string, "client-state-dir")
     tasks_per_node: int = setting(0, integer(0), "tasks-per-node")
-    min_tasks: int = _key(CommonSettings, "min_tasks", 0, integer(0))
-    min_available_nodes: int = _key(CommonSettings, "min_available_nodes")
-    fraction_train: float = _key(CommonSettings, "fraction_train")
-    min_train_nodes: int = _key(CommonSettings, "min_train_nodes")
-    # MOCHA's family (mocha.*)
-    lam: float | str = _key(MochaSettings, "lam", check=_lambda)
-    omega: str = _key(MochaSettings, "omega")
-    omega_every: int = _key(MochaSettings, "omega_every")
-    omega_eps: float = _key(MochaSettings, "omega_eps")
-    lambda2: float | None = setting(None, _optional_float, "mocha.lambda2")
-    s2: float = _key(MochaSettings, "s2", 0.0, _NONNEG)
-    eta: float = _key(MochaSettings, "eta", 0.0, _NONNEG)
-    clusters: int = _key(MochaSettings, "clusters", 0, integer(0))
-    gamma: float = _key(MochaSettings, "gamma")
-    theta: float = _key(MochaSettings, "theta")
-    mbsdca_beta: float = _key(MochaSettings, "beta")
-    mbsgd_beta: float = _key(MbSgdSettings, "beta", 1.0, _NONNEG)
-    local_frac: float = _key(MochaSettings, "local_frac")
-    sigma_mode: str = _key(MochaSettings, "sigma_mode")
-    sys_het: str = _key(MochaSettings, "sys_het")
-    sys_het_base: str = _key(MochaSettings, "sys_het_base")
-    drop_prob: float = _key(MochaSettings, "drop_prob")
-    network: str = _key(MochaSettings, "network")
-    time_model: str = _key(MochaSettings, "time_model")
-    clock_cycle: float = _key(MochaSettings, "clock_cycle", 0.0, _NONNEG)
-    server_path: str = _key(MochaSettings, "server_path")
-    min_replies: int = _key(MochaSettings, "min_replies")
-    max_failures: int = _key(MochaSettings, "max_failures")
-    probe_every: int = _key(MochaSettings, "probe_every")
-    max_row_norm: float = _key(MochaSettings, "max_row_norm", 0.0, _NONNEG)
-    # FedEM's family (fedem.*)
-    num_components: int = _key(FedEMSettings, "num_components", 4)
-    hidden: int = _key(FedEMSettings, "hidden")
-    lr: float = _key(FedEMSettings, "lr", 0.3)
-    batch_size: int = _key(FedEMSettings, "batch_size")
-    local_epochs: int = _key(FedEMSettings, "local_epochs")
-    momentum: float = _key(FedEMSettings, "momentum")
-    weight_decay: float = _key(FedEMSettings, "weight_decay")
-    lr_schedule: str = _key(FedEMSettings, "lr_schedule")
-    fraction: float = _key(FedEMSettings, "fraction")
-    aggregation: str = _key(FedEMSettings, "aggregation")
-    prox_mu: float = _key(FedEMSettings, "prox_mu", 0.1)
-    finetune_epochs: int = _key(FedEMSettings, "finetune_epochs")
+    # the family keys that are no strategy's setting
     train_tasks_frac: float = setting(1.0, number(lo=0.0, hi=1.0, lo_open=True),
                                       "fedem.train-tasks-frac")
-    max_update_ratio: float = _key(FedEMSettings, "max_update_ratio")
-    # OFMTL (ofmtl.*)
-    initial_tasks: int = _key(OFMTLSettings, "initial_tasks", 0, integer(0))
     arrivals: str = setting("", _arrivals, "ofmtl.arrivals")
-    retrain_ratio: float = _key(OFMTLSettings, "retrain_ratio")
-    outer: int = _key(OFMTLSettings, "outer")
-    inner: int = _key(OFMTLSettings, "inner")
-    newcomer_frac: float = _key(OFMTLSettings, "newcomer_frac")
-    # FSVRG's family (fsvrg.*)
-    h: float = _key(FsvrgSettings, "h", 0.0, _NONNEG)
-    step: float = _key(FsvrgSettings, "step", 0.0, _NONNEG)
-    dane_mu: float = _key(FsvrgSettings, "mu")
-    fsvrg_local_epochs: int = _key(FsvrgSettings, "local_epochs")
-    fsvrg_max_update_ratio: float = _key(FsvrgSettings, "max_update_ratio")
+    # ... and every setting with a key (seed, eval-every, min-tasks, mocha.theta, fedem.lr,
+    # ...), added from the settings dataclasses below (:func:`_setting_fields`)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             key = f.metadata["key"]
             object.__setattr__(self, f.name, f.metadata["check"](key, getattr(self, f.name)))
+
+    if TYPE_CHECKING:  # the attributes added from the settings (:func:`_setting_fields`)
+        def __getattr__(self, name: str) -> Any: ...
 
     @property
     def model_family(self) -> str:
@@ -321,6 +244,30 @@ class RunConfig:
         and ``--run-config``); ``every_family``: every key."""
         return {f.metadata["key"]: getattr(self, f.name) for f in dataclasses.fields(self)
                 if every_family or _reads(self.strategy, f.metadata["key"])}
+
+
+def _setting_fields() -> list[tuple[str, Any, Any]]:
+    """The run config's fields of the settings with a run-config key: one per key (the first
+    family that declares it), named by the setting's ``attr`` (default its name), with its
+    wire default and check."""
+    explicit = {f.metadata["key"] for f in dataclasses.fields(_RunConfigKeys)}
+    out: list[tuple[str, Any, Any]] = []
+    for cls in (CommonSettings, MochaSettings, MbSgdSettings, FedEMSettings, OFMTLSettings,
+                FsvrgSettings):
+        for f in dataclasses.fields(cls):
+            meta = f.metadata
+            if meta["key"] is None or meta["key"] in explicit:
+                continue
+            explicit.add(meta["key"])
+            out.append((meta["attr"] or f.name, Any,
+                        setting(meta["wire_default"], meta["wire_check"], meta["key"])))
+    return out
+
+
+RunConfig = dataclasses.make_dataclass("RunConfig", _setting_fields(), bases=(_RunConfigKeys,),
+                                       frozen=True)
+RunConfig.__module__ = __name__  # pickled into Ray workers by its name
+RunConfig.__doc__ = _RunConfigKeys.__doc__
 
 
 def _reads(strategy: str, key: str) -> bool:

@@ -174,10 +174,31 @@ def zero_is_none(value: Any) -> Any:
 
 
 def setting(default: Any, check: Check, key: str | None = None, *,
-            from_wire: Callable[[Any], Any] | None = None) -> Any:
+            from_wire: Callable[[Any], Any] | None = None, wire_default: Any = ...,
+            wire_check: Check | None = None, attr: str | None = None) -> Any:
     """A settings field: its default, its check and its run-config key (None: Python only or
-    derived from other keys); ``from_wire`` turns the run-config value into the setting's."""
-    return field(default=default, metadata={"check": check, "key": key, "from_wire": from_wire})
+    derived from other keys). The run config (:class:`fmtl_flower.config.RunConfig`) holds
+    the key as attribute ``attr`` (default: the field's name) with ``wire_default`` and
+    ``wire_check`` where the wire's spelling differs (e.g. 0 for "unset"); ``from_wire``
+    turns the run-config value into the setting's."""
+    return field(default=default, metadata={
+        "check": check, "key": key, "from_wire": from_wire, "attr": attr,
+        "wire_default": default if wire_default is ... else wire_default,
+        "wire_check": wire_check or check})
+
+
+def lambda_or_cv(key: str, value: Any) -> float | str:
+    """lambda > 0, or ``cv`` (a cross-validation sweep by ``fmtl run``; run config only)."""
+    if isinstance(value, str) and value.strip().lower() == "cv":
+        return "cv"
+    return as_float(key, value, lo=0.0, lo_open=True)
+
+
+def optional_number(key: str, value: Any) -> float | None:
+    """None for an unset key (None, or "" as the wire's default), else a float >= 0."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    return as_float(key, value, lo=0.0)
 
 
 # ---------------------------------------------------------------------------- the dataclasses
@@ -280,7 +301,8 @@ class CommonSettings(StrategySettings):
     eval_every: int = setting(1, integer(1), "eval-every")
     discovery_timeout: float = setting(120.0, number(lo=0.0))
     min_tasks: int | None = setting(None, optional(integer(1)), "min-tasks",
-                                    from_wire=zero_is_none)
+                                    from_wire=zero_is_none, wire_default=0,
+                                    wire_check=integer(0))
     min_available_nodes: int = setting(0, integer(0), "min-available-nodes")
     fraction_train: float = setting(1.0, number(lo=0.0, hi=1.0, lo_open=True), "fraction-train")
     min_train_nodes: int = setting(0, integer(0), "min-train-nodes")
@@ -328,16 +350,20 @@ class _PrimalDualSettings(CommonSettings):
 
     NAMESPACE: ClassVar[str] = "mocha"
 
-    lam: float = setting(0.1, _POSITIVE, "mocha.lambda")
+    lam: float = setting(0.1, _POSITIVE, "mocha.lambda", wire_check=lambda_or_cv)
     omega: str = setting("probabilistic", choice(*FORMULATION_NAMES), "mocha.omega")
     omega_every: int = setting(10, integer(0), "mocha.omega-every")
     omega_eps: float = setting(1e-3, _UNIT_OPEN, "mocha.omega-eps")
     lam2: float | None = setting(None, optional(_NONNEG), "mocha.lambda2",
-                                 from_wire=lambda v: None if v == "" else v)
-    s2: float | None = setting(None, optional(_POSITIVE), "mocha.s2", from_wire=zero_is_none)
-    eta: float | None = setting(None, optional(_POSITIVE), "mocha.eta", from_wire=zero_is_none)
+                                 from_wire=lambda v: None if v == "" else v,
+                                 wire_check=optional_number, attr="lambda2")
+    s2: float | None = setting(None, optional(_POSITIVE), "mocha.s2", from_wire=zero_is_none,
+                               wire_default=0.0, wire_check=_NONNEG)
+    eta: float | None = setting(None, optional(_POSITIVE), "mocha.eta", from_wire=zero_is_none,
+                                wire_default=0.0, wire_check=_NONNEG)
     clusters: int | None = setting(None, optional(integer(1)), "mocha.clusters",
-                                   from_wire=zero_is_none)
+                                   from_wire=zero_is_none, wire_default=0,
+                                   wire_check=integer(0))
     local_frac: float = setting(1.0, _POSITIVE, "mocha.local-frac")
     sys_het: str = setting("none", choice(*SYS_HET_LEVELS), "mocha.sys-het")
     sys_het_base: str = setting("n_min", choice(*SYS_HET_BASES), "mocha.sys-het-base")
@@ -345,7 +371,8 @@ class _PrimalDualSettings(CommonSettings):
     network: str = setting("lte", choice(*NETWORKS), "mocha.network")
     time_model: str = setting("physical", choice(*TIME_MODELS), "mocha.time-model")
     max_row_norm: float | None = setting(None, optional(_NONNEG), "mocha.max-row-norm",
-                                         from_wire=zero_is_none)
+                                         from_wire=zero_is_none, wire_default=0.0,
+                                         wire_check=_NONNEG)
 
     @property
     def formulation_options(self) -> dict[str, Any]:
@@ -383,11 +410,12 @@ class MochaSettings(_PrimalDualSettings):
     method: str = setting("mocha", choice("mocha", "cocoa", "mb-sdca"))
     gamma: float = setting(1.0, number(lo=0.0, hi=1.0, lo_open=True), "mocha.gamma")
     theta: float = setting(0.5, _UNIT_OPEN, "mocha.theta")
-    beta: float = setting(1.0, _POSITIVE, "mocha.mb-sdca-beta")
+    beta: float = setting(1.0, _POSITIVE, "mocha.mb-sdca-beta", attr="mbsdca_beta")
     sigma_mode: str = setting("global", choice("global", "per-task", "spectral"),
                               "mocha.sigma-mode")
     clock_cycle: float | None = setting(None, optional(_POSITIVE), "mocha.clock-cycle",
-                                        from_wire=zero_is_none)
+                                        from_wire=zero_is_none, wire_default=0.0,
+                                        wire_check=_NONNEG)
     server_path: str = setting("auto", choice(*SERVER_PATHS), "mocha.server-path")
     min_replies: int = setting(1, integer(0), "mocha.min-replies")
     max_failures: int = setting(3, integer(0), "mocha.max-failures")
@@ -420,7 +448,8 @@ class MbSgdSettings(_PrimalDualSettings):
     local_frac: float = setting(1.0, number(lo=0.0, hi=1.0, lo_open=True), "mocha.local-frac",
                                 from_wire=lambda v: min(float(v), 1.0))
     beta: float | None = setting(None, optional(_POSITIVE), "mocha.mb-sgd-beta",
-                                 from_wire=zero_is_none)
+                                 from_wire=zero_is_none, wire_default=1.0, wire_check=_NONNEG,
+                                 attr="mbsgd_beta")
     schedule: str = setting("inv", choice("inv", "inv_sqrt"))
     project: bool = setting(True, boolean)
 
@@ -468,11 +497,11 @@ class FedEMSettings(CommonSettings):
     NAMESPACE: ClassVar[str] = "fedem"
 
     method: str = setting("fedem", text)
-    num_components: int = setting(3, integer(1), "fedem.M")
+    num_components: int = setting(3, integer(1), "fedem.M", wire_default=4)
     model: str = setting("logistic", choice("logistic", "softmax", "mlp", "torch"))
     num_classes: int = setting(2, integer(2))
     hidden: int = setting(32, integer(1), "fedem.hidden")
-    lr: float = setting(0.05, _POSITIVE, "fedem.lr")
+    lr: float = setting(0.05, _POSITIVE, "fedem.lr", wire_default=0.3)
     batch_size: int = setting(128, integer(1), "fedem.batch-size")
     local_epochs: int = setting(1, integer(1), "fedem.local-epochs")
     momentum: float = setting(0.9, number(lo=0.0, hi=1.0, hi_open=True), "fedem.momentum")
@@ -480,7 +509,7 @@ class FedEMSettings(CommonSettings):
     lr_schedule: str = setting("constant", choice("constant", "multi-step"), "fedem.lr-schedule")
     fraction: float = setting(1.0, number(lo=0.0, hi=1.0, lo_open=True), "fedem.fraction")
     aggregation: str = setting("all", choice("all", "sampled"), "fedem.aggregation")
-    prox_mu: float = setting(0.0, _NONNEG, "fedem.prox-mu")
+    prox_mu: float = setting(0.0, _NONNEG, "fedem.prox-mu", wire_default=0.1)
     finetune_epochs: int = setting(1, integer(0), "fedem.finetune-epochs")
     unseen_tasks: tuple[int, ...] = setting((), task_ids)
     pi_floor: float = setting(1e-6, _POSITIVE)
@@ -531,7 +560,8 @@ class OFMTLSettings(CommonSettings):
     NAMESPACE: ClassVar[str] = "ofmtl"
 
     initial_tasks: int = setting(1, integer(1), "ofmtl.initial-tasks",
-                                 from_wire=lambda v: v or 1)
+                                 from_wire=lambda v: v or 1, wire_default=0,
+                                 wire_check=integer(0))
     lam: float = setting(0.1, _POSITIVE, "mocha.lambda")
     mocha_rounds: int = setting(100, integer(1))
     omega_every: int = setting(10, integer(0), "mocha.omega-every")
@@ -576,12 +606,14 @@ class FsvrgSettings(CommonSettings):
 
     method: str = setting("fsvrg", choice("fsvrg", "fsvrg-naive", "gd", "cocoa-plus", "dane"))
     lam: float | None = setting(None, optional(_POSITIVE))
-    h: float | None = setting(None, optional(_POSITIVE), "fsvrg.h", from_wire=zero_is_none)
+    h: float | None = setting(None, optional(_POSITIVE), "fsvrg.h", from_wire=zero_is_none,
+                              wire_default=0.0, wire_check=_NONNEG)
     step: float | None = setting(None, optional(_POSITIVE), "fsvrg.step",
-                                 from_wire=zero_is_none)
-    mu: float = setting(0.0, _NONNEG, "fsvrg.dane-mu")
-    local_epochs: int = setting(1, integer(1), "fsvrg.local-epochs")
-    max_update_ratio: float = setting(1e4, _POSITIVE, "fsvrg.max-update-ratio")
+                                 from_wire=zero_is_none, wire_default=0.0, wire_check=_NONNEG)
+    mu: float = setting(0.0, _NONNEG, "fsvrg.dane-mu", attr="dane_mu")
+    local_epochs: int = setting(1, integer(1), "fsvrg.local-epochs", attr="fsvrg_local_epochs")
+    max_update_ratio: float = setting(1e4, _POSITIVE, "fsvrg.max-update-ratio",
+                                      attr="fsvrg_max_update_ratio")
 
     def _check_together(self) -> None:
         if self.method == "fsvrg-naive" and self.h is None:
