@@ -105,6 +105,10 @@ class OFMTL(Strategy):
     ----------
     num_tasks : int
         Tasks of the whole run (the initial ones plus the newcomers to admit).
+    settings : OFMTLSettings, optional
+        The settings (:class:`fmtl_flower.settings.OFMTLSettings`, where every value is checked,
+        errors naming its run-config key); the keyword arguments below are its fields
+        and override it (``OFMTL(m, settings)`` or ``OFMTL(m, **fields)``).
     initial_tasks : int
         Tasks 0 .. initial_tasks - 1 train MOCHA first.
     lam : float
