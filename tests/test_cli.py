@@ -60,3 +60,24 @@ def test_clear_errors(capsys, tmp_path):
     assert "bad.mat" in err and "labels" in err.lower()
     with pytest.raises(SystemExit):
         main(["run", "fedsgd"])
+
+
+def test_run_config_option_takes_dotted_keys_as_flwr_run_does(tmp_path, capsys):
+    """``--run-config`` parses as ``flwr run --run-config`` (TOML values, dotted keys, or a
+    .toml file whose nested tables become dotted keys); --set wins over it; a key of another
+    family is an error naming the family."""
+    out = tmp_path / "r.json"
+    assert main(["run", "cocoa", "--rounds", "2", "--quiet", "--out", str(out),
+                 "--run-config", "num-tasks=3 dim=4 samples-per-task=20 mocha.theta=0.3",
+                 "--set", "mocha.theta=0.2"]) == 0
+    config = json.loads(out.read_text())["config"]
+    assert config["mocha.theta"] == 0.2 and config["num-tasks"] == 3
+    assert "fedem.lr" not in config  # the results name the keys the strategy reads
+    toml = tmp_path / "run.toml"
+    toml.write_text("num-tasks = 3\ndim = 4\n[mocha]\ntheta = 0.4\n")
+    assert main(["run", "cocoa", "--rounds", "2", "--quiet", "--out", str(out),
+                 "--run-config", str(toml)]) == 0
+    assert json.loads(out.read_text())["config"]["mocha.theta"] == 0.4
+    capsys.readouterr()
+    assert main(["run", "mocha", "--rounds", "2", "--run-config", "fedem.lr=0.01"]) == 2
+    assert "fedem.lr belongs to FedEM's family" in capsys.readouterr().err

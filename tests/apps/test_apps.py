@@ -30,3 +30,50 @@ def test_baselines_are_refused_by_the_server_app():
     with pytest.raises(Exception, match="centralised baseline"):
         run_inprocess(server_app, client_app, 2, run_config={"strategy": "local",
                                                               "num-tasks": 2})
+
+
+def _project_run_config() -> dict:
+    """The project's ``[tool.flwr.app.config]`` as Flower passes it (nested tables flattened
+    into dotted keys: every family's defaults)."""
+    import tomllib
+    from pathlib import Path
+
+    from flwr.common.config import flatten_dict
+
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    return flatten_dict(pyproject["tool"]["flwr"]["app"]["config"])
+
+
+def test_dotted_keys_of_the_project_reach_the_strategy(tmp_path):
+    """The ServerApp reads the project's run config (every family's keys, at their defaults)
+    plus dotted overrides, and the strategy gets them: CoCoA's theta, the common min-tasks."""
+    import json
+
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    out = tmp_path / "res.json"
+    seen: list = []
+    run_config = {**_project_run_config(), "strategy": "cocoa", "num-tasks": 3, "dim": 4,
+                  "samples-per-task": 20, "num-server-rounds": 2, "results-file": str(out),
+                  "mocha.theta": 0.25, "min-tasks": 2}
+    from fmtl_flower.apps import common
+
+    original = common.strategy_from_config
+
+    def spy(*args, **kwargs):
+        seen.append(original(*args, **kwargs))
+        return seen[-1]
+
+    common.strategy_from_config = spy
+    try:
+        run_inprocess(common.make_server_app(), client_app, 3, run_config=run_config)
+    finally:
+        common.strategy_from_config = original
+    (strategy,) = seen
+    assert strategy.theta == 0.25 and strategy.method == "cocoa" and strategy.min_tasks == 2
+    assert json.loads(out.read_text())["config"]["mocha.theta"] == 0.25
+
+
+def test_a_foreign_family_key_in_the_run_config_fails_the_server_app():
+    run_config = {**_project_run_config(), "num-tasks": 2, "fedem.lr": 0.01}
+    with pytest.raises(Exception, match="fedem.lr belongs to FedEM's family"):
+        run_inprocess(server_app, client_app, 2, run_config=run_config)
