@@ -59,7 +59,7 @@ def configs(rounds: int) -> dict[str, dict[str, object]]:
         "mocha": {"strategy": "mocha", **small, "num-server-rounds": rounds, **common},
         "fedem": {"strategy": "fedem", "dataset": "fedem-synthetic", "num-tasks": NUM_NODES,
                   "n-test": 50, "num-server-rounds": rounds, **common},
-        "ofmtl": {"strategy": "ofmtl", **small, "initial-tasks": NUM_NODES - 1,
+        "ofmtl": {"strategy": "ofmtl", **small, "ofmtl.initial-tasks": NUM_NODES - 1,
                   "num-server-rounds": 2, **common},
         "fsvrg": {"strategy": "fsvrg", "dataset": "sparse-federated", "num-tasks": NUM_NODES,
                   "num-server-rounds": rounds, **common},

@@ -51,13 +51,14 @@ RUN_TIMEOUT_S = 1200.0  # submission -> `flwr run` exits (rounds take 10-40 s on
 SMALL = f"num-tasks={NUM_NODES} dim=5 samples-per-task=30"
 # the MOCHA run of test_strategy_completes and, with a checkpoint-dir, of the resume test
 MOCHA_ROUNDS = 4
-MOCHA = (f"strategy='mocha' {SMALL} num-server-rounds={MOCHA_ROUNDS} omega-every=2 seed=5 "
-         "round-timeout=90.0")
+MOCHA = (f"strategy='mocha' {SMALL} num-server-rounds={MOCHA_ROUNDS} mocha.omega-every=2 "
+         "seed=5 round-timeout=90.0")
 RUN_CONFIGS = {
     "mocha": MOCHA,
     "fedem": (f"strategy='fedem' dataset='fedem-synthetic' num-tasks={NUM_NODES} n-test=50 "
               "num-server-rounds=2 seed=3 round-timeout=90.0"),
-    "ofmtl": f"strategy='ofmtl' {SMALL} initial-tasks=3 num-server-rounds=2 round-timeout=90.0",
+    "ofmtl": (f"strategy='ofmtl' {SMALL} ofmtl.initial-tasks=3 num-server-rounds=2 "
+              "round-timeout=90.0"),
     "fsvrg": (f"strategy='fsvrg' dataset='sparse-federated' num-tasks={NUM_NODES} "
               "num-server-rounds=2 round-timeout=90.0"),
 }
@@ -115,7 +116,7 @@ def _finite(x: object) -> bool:
 
 def _inprocess(run_config: str, out: Path) -> dict:
     """The same config on the in-process engine (``fmtl run --engine inprocess``)."""
-    pairs = re.findall(r"([\w-]+)=('[^']*'|\S+)", run_config)
+    pairs = re.findall(r"([\w.-]+)=('[^']*'|\S+)", run_config)
     cfg = {k: v.strip("'") for k, v in pairs}
     args = [str(BIN / "fmtl"), "run", cfg.pop("strategy"), "--engine", "inprocess",
             "--rounds", cfg.pop("num-server-rounds"), "--quiet", "--out", str(out)]
@@ -188,11 +189,12 @@ def test_supernode_killed_and_restarted(federation: LoopbackFederation) -> None:
     fed = federation
     _fresh(fed)
     results = fed.workdir / "node-kill.json"
-    # max-failures=1: the first failed round excludes the task (no waiting for it in the
+    # mocha.max-failures=1: the first failed round excludes the task (no waiting for it in the
     # next rounds); probe-every large: no probe, so readmission can only come from the
     # restarted device's new node id
-    config = (f"strategy='mocha' {SMALL} num-server-rounds={KILL_ROUNDS} omega-every=2 seed=7 "
-              f"round-timeout=90.0 max-failures=1 probe-every=100 results-file='{results}'")
+    config = (f"strategy='mocha' {SMALL} num-server-rounds={KILL_ROUNDS} mocha.omega-every=2 "
+              f"seed=7 round-timeout=90.0 mocha.max-failures=1 mocha.probe-every=100 "
+              f"results-file='{results}'")
     old_node = fed.node_id(VICTIM)
     sub = fed.submit(config, name="node-kill", results=results)
     sub.wait_for(rf"\[ROUND {KILL_AT}/{KILL_ROUNDS}\]", RUN_TIMEOUT_S, fed.context())

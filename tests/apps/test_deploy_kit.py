@@ -363,7 +363,7 @@ def kit(tmp_path: Path) -> Iterator[Kit]:
 def _flwr_run(run_dir: Path, results: Path, seed: int = 1) -> tuple[dict, float, str]:
     """``flwr run . local --stream`` (MOCHA) against the deployment in ``run_dir``."""
     run_config = (f"num-tasks={NUM_NODES} dim=5 samples-per-task=30 "
-                  f"num-server-rounds={NUM_ROUNDS} seed={seed} omega-every=2 "
+                  f"num-server-rounds={NUM_ROUNDS} seed={seed} mocha.omega-every=2 "
                   f"round-timeout=120.0 results-file='{results}'")
     pyproject = (ROOT / "pyproject.toml").read_bytes()
     t0 = time.perf_counter()

@@ -2,7 +2,7 @@
 
 A real deployment on 127.0.0.1: one ``flower-superlink`` and two ``flower-supernode`` processes
 (``task-id=0`` and ``1``) are started, ``flwr run . loopback --stream`` submits an OFMTL run
-(``num-tasks=3 initial-tasks=2``), and only once the initial MOCHA training is over (the
+(``num-tasks=3 ofmtl.initial-tasks=2``), and only once the initial MOCHA training is over (the
 strategy's ``OFMTL: initial -> 2 tasks`` log line, streamed by ``flwr run``) is a third
 SuperNode (``task-id=2``) started. The server must find it on the grid and serve it with the
 newcomer protocol (``train.ofmtl`` messages), ending with all three tasks.
@@ -125,7 +125,7 @@ def test_late_supernode_is_served_as_newcomer(tmp_path: Path) -> None:
     def context() -> str:
         return "\n".join(f"--- {p.name} ---\n{_tail(p)}" for p in sorted(logs.glob("*.log")))
 
-    run_config = (f"strategy='ofmtl' num-tasks=3 initial-tasks=2 dim={DIM} "
+    run_config = (f"strategy='ofmtl' num-tasks=3 ofmtl.initial-tasks=2 dim={DIM} "
                   f"samples-per-task=30 num-server-rounds=3 round-timeout=180.0 "
                   f"results-file='{results}'")
     flwr_cmd = [str(BIN / "flwr"), "run", ".", "loopback", "--stream",

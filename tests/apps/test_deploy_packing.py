@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 ROUNDS = 3
 RUN_CONFIG = (f"strategy='mocha' num-tasks=6 dim=5 samples-per-task=30 num-server-rounds={ROUNDS} "
-              "omega-every=2 seed=2 round-timeout=90.0 tasks-per-node=3")
+              "mocha.omega-every=2 seed=2 round-timeout=90.0 tasks-per-node=3")
 
 
 def _untimed(record: dict) -> dict:
@@ -55,7 +55,7 @@ def test_two_supernodes_host_three_tasks_each(tmp_path) -> None:
     ref = tmp_path / "inprocess.json"
     args = [str(BIN / "fmtl"), "run", "mocha", "--rounds", str(ROUNDS), "--quiet", "--out",
             str(ref)]
-    for pair in re.findall(r"([\w-]+)=('[^']*'|\S+)", RUN_CONFIG):
+    for pair in re.findall(r"([\w.-]+)=('[^']*'|\S+)", RUN_CONFIG):
         key, value = pair[0], pair[1].strip("'")
         if key not in ("strategy", "num-server-rounds", "tasks-per-node"):
             args += ["--set", f"{key}={value}"]

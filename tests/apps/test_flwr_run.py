@@ -118,7 +118,7 @@ def _flwr_run(sandbox: dict[str, str], run_config: str, results: Path) -> tuple[
 def test_flwr_run_mocha_four_nodes(flwr_sandbox: dict[str, str], tmp_path: Path) -> None:
     results = tmp_path / "res.json"
     run_config = (f"num-server-rounds={NUM_ROUNDS} num-tasks={NUM_NODES} dim=5 "
-                  f"samples-per-task=30 seed=3 omega-every=2 round-timeout=120.0 "
+                  f"samples-per-task=30 seed=3 mocha.omega-every=2 round-timeout=120.0 "
                   f"results-file='{results}'")
     out, context = _flwr_run(flwr_sandbox, run_config, results)
     rounds = out["rounds"]
@@ -135,7 +135,7 @@ def test_flwr_run_mocha_four_nodes(flwr_sandbox: dict[str, str], tmp_path: Path)
 def test_flwr_run_fedem_four_nodes(flwr_sandbox: dict[str, str], tmp_path: Path) -> None:
     results = tmp_path / "res.json"
     run_config = (f"strategy='fedem' dataset='fedem-synthetic' num-server-rounds={NUM_ROUNDS} "
-                  f"num-tasks={NUM_NODES} n-test=50 train-tasks-frac=0.75 seed=3 "
+                  f"num-tasks={NUM_NODES} n-test=50 fedem.train-tasks-frac=0.75 seed=3 "
                   f"round-timeout=120.0 results-file='{results}'")
     out, context = _flwr_run(flwr_sandbox, run_config, results)
     rounds = out["rounds"]
