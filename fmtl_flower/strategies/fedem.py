@@ -212,6 +212,9 @@ class FedEM(TaskStrategy):
         ``start``'s ``timeout``; fewer than ``min_tasks`` raise ``DiscoveryError``).
     on_round : callable, optional
         Called with each completed round record (a dict).
+    settings : FedEMSettings, optional
+        The parameters above and the common knobs (``min_tasks``, Flower's) as one checked object
+        (:mod:`fmtl_flower.settings`); keyword arguments override it.
     """
 
     def __init__(self, num_tasks: int, settings: FedEMSettings | None = None, *,

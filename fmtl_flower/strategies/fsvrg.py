@@ -263,13 +263,6 @@ class Fsvrg(TaskStrategy):
     num_tasks : int
         Number of nodes ``K`` to wait for; task ids 0 .. K - 1. CoCoA+ uses
         ``sigma' = K``.
-    settings : FsvrgSettings, optional
-        The settings (:class:`fmtl_flower.settings.FsvrgSettings`, where every value is checked,
-        errors naming its run-config key); the keyword arguments below are its fields
-        and override it (``Fsvrg(m, settings)`` or ``Fsvrg(m, **fields)``).
-        Every strategy also takes :class:`~fmtl_flower.settings.CommonSettings`'
-        ``min_tasks``, ``min_available_nodes``, ``fraction_train``, ``min_train_nodes``,
-        ``train_metrics_aggr_fn`` and ``evaluate_metrics_aggr_fn`` (Flower's knobs).
     method : {"fsvrg", "fsvrg-naive", "gd", "cocoa-plus", "dane"}
     lam : float, optional
         ``lam > 0``; default ``1/n`` (the paper's), ``n`` the total of the discovered
@@ -305,6 +298,9 @@ class Fsvrg(TaskStrategy):
         The feature dimension when configured (None: by majority of the nodes).
     on_round : callable, optional
         Called with each completed record.
+    settings : FsvrgSettings, optional
+        The parameters above and the common knobs (``min_tasks``, Flower's) as one checked object
+        (:mod:`fmtl_flower.settings`); keyword arguments override it.
 
     Attributes
     ----------

@@ -135,13 +135,6 @@ class MbSgd(TaskStrategy):
     ----------
     num_tasks : int
         Number of tasks (nodes) to wait for; task ids are 0 .. num_tasks - 1.
-    settings : MbSgdSettings, optional
-        The settings (:class:`fmtl_flower.settings.MbSgdSettings`, where every value is checked,
-        errors naming its run-config key); the keyword arguments below are its fields
-        and override it (``MbSgd(m, settings)`` or ``MbSgd(m, **fields)``).
-        Every strategy also takes :class:`~fmtl_flower.settings.CommonSettings`'
-        ``min_tasks``, ``min_available_nodes``, ``fraction_train``, ``min_train_nodes``,
-        ``train_metrics_aggr_fn`` and ``evaluate_metrics_aggr_fn`` (Flower's knobs).
     lam : float
         Regularisation strength lambda > 0.
     omega : {"identity", "mean", "probabilistic", "clustered", "graphical"}
@@ -184,6 +177,9 @@ class MbSgd(TaskStrategy):
         The feature dimension when configured (None: by majority of the nodes).
     on_round : callable, optional
         Called with each completed round record (a dict).
+    settings : MbSgdSettings, optional
+        The parameters above and the common knobs (``min_tasks``, Flower's) as one checked object
+        (:mod:`fmtl_flower.settings`); keyword arguments override it.
 
     Attributes
     ----------

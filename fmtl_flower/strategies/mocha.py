@@ -157,13 +157,6 @@ class Mocha(TaskStrategy):
     ----------
     num_tasks : int
         Number of tasks (nodes) to wait for; task ids are 0 .. num_tasks - 1.
-    settings : MochaSettings, optional
-        The settings (:class:`fmtl_flower.settings.MochaSettings`, where every value is checked,
-        errors naming its run-config key); the keyword arguments below are its fields
-        and override it (``Mocha(m, settings)`` or ``Mocha(m, **fields)``).
-        Every strategy also takes :class:`~fmtl_flower.settings.CommonSettings`'
-        ``min_tasks``, ``min_available_nodes``, ``fraction_train``, ``min_train_nodes``,
-        ``train_metrics_aggr_fn`` and ``evaluate_metrics_aggr_fn`` (Flower's knobs).
     lam : float
         Regularisation strength lambda > 0.
     omega : {"identity", "mean", "probabilistic", "clustered", "graphical"}
@@ -243,6 +236,9 @@ class Mocha(TaskStrategy):
         the discovered nodes report, :class:`~fmtl_flower.strategies.discovery.TaskDirectory`).
     on_round : callable, optional
         Called with each completed round record (a dict), e.g. to print progress.
+    settings : MochaSettings, optional
+        The parameters above and the common knobs (``min_tasks``, Flower's) as one checked object
+        (:mod:`fmtl_flower.settings`); keyword arguments override it.
 
     Notes
     -----

@@ -105,10 +105,6 @@ class OFMTL(Strategy):
     ----------
     num_tasks : int
         Tasks of the whole run (the initial ones plus the newcomers to admit).
-    settings : OFMTLSettings, optional
-        The settings (:class:`fmtl_flower.settings.OFMTLSettings`, where every value is checked,
-        errors naming its run-config key); the keyword arguments below are its fields
-        and override it (``OFMTL(m, settings)`` or ``OFMTL(m, **fields)``).
     initial_tasks : int
         Tasks 0 .. initial_tasks - 1 train MOCHA first.
     lam : float
@@ -133,6 +129,9 @@ class OFMTL(Strategy):
         (within ``discovery_timeout``) before the initial training.
     on_record : callable, optional
         Called with each record (one per event: initial training, newcomer, retraining).
+    settings : OFMTLSettings, optional
+        The parameters above as one checked object
+        (:mod:`fmtl_flower.settings`); keyword arguments override it.
     """
 
     def __init__(self, num_tasks: int, settings: OFMTLSettings | None = None, *,
