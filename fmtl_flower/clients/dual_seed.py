@@ -46,16 +46,21 @@ def read_seed_target(arrays: ArrayRecord, dim: int) -> tuple[np.ndarray, np.ndar
     ValueError unless both are finite float64 of shape (dim,)."""
     if "seed-w" not in arrays and "seed-b" not in arrays:
         return None
-    out = []
     for key in ("seed-w", "seed-b"):
         if key not in arrays:
             raise ValueError(f"a seeding message needs 'seed-w' and 'seed-b'; {key!r} missing")
-        value = from_array(arrays[key])
+    return check_seed_target(from_array(arrays["seed-w"]), from_array(arrays["seed-b"]), dim)
+
+
+def check_seed_target(w0: np.ndarray, b0: np.ndarray, dim: int
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """``(w0, b0)`` (``seed-w``, ``seed-b``: one task's values, from a one-task message or a
+    row of a stacked one); ValueError unless both are finite float64 of shape (dim,)."""
+    for key, value in (("seed-w", w0), ("seed-b", b0)):
         if value.dtype != np.float64 or value.shape != (dim,) or not np.all(np.isfinite(value)):
             raise ValueError(f"{key!r} must be finite float64 of shape ({dim},), got "
                              f"{value.dtype} {value.shape}")
-        out.append(value)
-    return out[0], out[1]
+    return w0, b0
 
 
 def seed_duals(task: LocalTask, alpha: np.ndarray, w0: np.ndarray, b0: np.ndarray, *,

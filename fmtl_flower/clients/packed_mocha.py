@@ -14,7 +14,10 @@ with the values shared by every task (``server-round``, ``seed``, ``eval`` and, 
 ``checkpoint-round``, ``gamma``, ``method``, ``theta``, ``scale``); ``arrays`` ArrayRecord
 with ``w`` float64 (K, d), ``task-id`` int64 (K,), ``last-accepted-round`` int64 (K,),
 ``m-tt`` float64 (K,), ``sigma-prime`` float64 (K,) and, for ``train``, ``budget`` int64
-(K,), ``dropped`` bool (K,).
+(K,), ``dropped`` bool (K,). The seeding round's ``train`` (``start(initial_arrays=)``) also
+holds ``seed-w`` and ``seed-b`` float64 (K, d), row i the one-task message's values for slot
+``slots[i]``: each slot then runs the one-task client's seeding step
+(:func:`~fmtl_flower.clients.dual_seed.seed_duals`) instead of its solver.
 
 Reply: ``stack`` naming the k slots that succeeded (row i = slot ``slots[i]``), ``arrays``
 with ``task-id``, ``round``, ``n-train``, ``state-ok`` int64 (k,), ``loss-mean``,
@@ -52,6 +55,7 @@ from ..packing import (
 )
 from ..wire import from_array, to_array
 from .common import LocalTask, config_value, state_file_for
+from .dual_seed import check_seed_target, seed_duals
 from .dual_state import (
     META_KEYS,
     DualState,
@@ -148,6 +152,7 @@ class PackedMocha(SlotTaskCache):
                  ) -> tuple[RecordDict, list[int], dict[int, str]]:
         train = stacked_is_train(message, "MOCHA")
         config, vectors, w = _read_stacked_instruction(message.content, len(slot_tasks), train)
+        seeds = _read_seed_rows(message.content, len(slot_tasks)) if train else None
         # Python numbers (the values a one-task message's ConfigRecord holds), read once
         arrays: dict[str, list[Any]] = {k: v.tolist() for k, v in vectors.items()}
         arrays["finite"] = np.isfinite(w).all(axis=1).tolist()
@@ -163,7 +168,7 @@ class PackedMocha(SlotTaskCache):
             task = self._local_task(context, slot, task_id)
             return task, *self._slot(context, state, slot, task, config, arrays, w, i,
                                      server_round, checkpoint_round, seed, method, evaluate,
-                                     train)
+                                     train, seeds)
 
         results, errors = each_slot(slot_tasks, work)
         rows = [r[1] for _, r in results]
@@ -193,9 +198,11 @@ class PackedMocha(SlotTaskCache):
     def _slot(self, context: Context, state: StackedState, slot: int, task: LocalTask,
               config: ConfigRecord, arrays: dict[str, list[Any]], w_all: np.ndarray, i: int,
               server_round: int, checkpoint_round: int, seed: int, method: str,
-              evaluate: bool, train: bool
+              evaluate: bool, train: bool,
+              seeds: tuple[np.ndarray, np.ndarray] | None = None
               ) -> tuple[dict[str, Any], np.ndarray | None, np.ndarray, dict[str, int | str]]:
-        """One task's work, as :meth:`MochaClient.train` / ``evaluate`` do it."""
+        """One task's work, as :meth:`MochaClient.train` / ``evaluate`` do it (``seeds``:
+        the seeding round's stacked ``seed-w`` / ``seed-b``)."""
         if arrays["task-id"][i] != task.task_id:
             raise SlotFailed(f"message for task {arrays['task-id'][i]} reached the slot "
                              f"of task {task.task_id}")
@@ -225,8 +232,13 @@ class PackedMocha(SlotTaskCache):
         if not train:
             duals, meta = encode(reconciled, task.task_id, None, -1, task.fingerprint)
             return metrics, None, duals, meta
+        target = None if seeds is None else check_seed_target(seeds[0][i], seeds[1][i],
+                                                              task.dim)
         if arrays["dropped"][i] or budget == 0:
             d_alpha, d_b, steps = np.zeros(task.n), np.zeros(task.dim), 0
+        elif target is not None:  # the seeding round: no solver, the one-task seed step
+            d_alpha, d_b, steps = seed_duals(task, reconciled.alpha, *target, m_tt=m_tt,
+                                             seed=seed, server_round=server_round)
         else:
             d_alpha, d_b, steps = MochaClient._local_update(
                 method, task, reconciled.alpha, w, config, budget, m_tt, sigma_p, seed,
@@ -266,6 +278,16 @@ def _read_stacked_instruction(content: RecordDict, k: int, train: bool
         content, k, "MOCHA", {name: dtype for name, (dtype, train_only)
                               in INSTRUCTION_ARRAYS.items() if train or not train_only}, ["w"])
     return config, arrays, arrays.pop("w")
+
+
+def _read_seed_rows(content: RecordDict, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The seeding round's ``(seed-w, seed-b)`` rows of a stacked train message (None when it
+    does not seed); ValueError (the whole message fails) when one is missing or malformed."""
+    record = content["arrays"]
+    if "seed-w" not in record and "seed-b" not in record:
+        return None
+    _, rows = read_stacked_instruction(content, k, "MOCHA", {}, ["seed-w", "seed-b"])
+    return rows["seed-w"], rows["seed-b"]
 
 
 def _reply_arrays(rows: Sequence[dict[str, Any]], deltas: Sequence[np.ndarray], train: bool,

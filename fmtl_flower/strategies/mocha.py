@@ -31,6 +31,7 @@ query ``whoami`` (server -> node): empty ``config``. Reply: ConfigRecord ``info`
     false. The device then runs no solver (``method``, ``gamma``, ``scale`` do not apply) but
     moves its alpha to the seeding point of :mod:`fmtl_flower.clients.dual_seed`, a feasible
     dual change like any other (same reply, ``steps`` = the seeding's coordinate steps).
+    Stacked messages carry them as (K, d) rows (:mod:`fmtl_flower.clients.packed_mocha`).
     Reply: arrays ``delta-b`` float64 (d,) = X_t^T d_alpha / n_t; metrics ``task-id``,
     ``round`` (= server-round), ``n-train``, ``state-ok`` (0/1: 0 = the device restarted from
     alpha = 0), ``loss-mean`` (mean hinge loss at the w_t received), ``dual-mean``
@@ -249,8 +250,9 @@ class Mocha(TaskStrategy):
     objective over alpha_t with a proximity penalty toward W0's dual image,
     :mod:`fmtl_flower.clients.dual_seed`), without drops, sampling or solver steps; its record
     says ``seeded: true``. W after round 1 is W(alpha) near W0, every gap stays a true bound,
-    and a W0 taken from a solved run restarts at its optimum. Not available for tasks on
-    packed nodes that speak the stacking protocol (ValueError).
+    and a W0 taken from a solved run restarts at its optimum. Tasks on packed nodes that speak
+    the stacking protocol get their ``seed-w`` / ``seed-b`` as stacked rows and run the same
+    seeding step: the run is bit for bit the unpacked one.
     """
 
     def __init__(self, num_tasks: int, settings: MochaSettings | None = None, *,
@@ -546,10 +548,6 @@ class Mocha(TaskStrategy):
         stacked_groups = getattr(grid, "stacked_groups", None)
         if callable(stacked_groups):
             stacks, chosen = stacked_groups(STACKING_PROTOCOL, chosen)
-        if stacks and self._seed_targets is not None and message_type == MessageType.TRAIN:
-            raise ValueError("MOCHA: initial_arrays cannot seed tasks on packed nodes that "
-                             "speak the stacking protocol (their stacked state has no "
-                             "seeding step yet); start without initial_arrays")
         return self._message_stream(server_round, message_type, evaluate, budgets, chosen,
                                     m_diag, sigma_p, stacks)
 
@@ -625,6 +623,8 @@ class Mocha(TaskStrategy):
                     shared["scale"] = self._scale
             per_task["budget"] = np.asarray(budgets, dtype=np.int64)
             per_task["dropped"] = np.asarray(self._dropped_now, dtype=np.bool_)
+            if self._seed_targets is not None:  # the seeding round: rows (m, d), cut per node
+                per_task["seed-w"], per_task["seed-b"] = (t.T for t in self._seed_targets)
         return shared, per_task
 
     def _read_replies(self, server_round: int, replies: Iterable[Message],

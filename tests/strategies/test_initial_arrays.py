@@ -1,9 +1,12 @@
 """``start(initial_arrays=...)`` seeds the methods that have one global start: MOCHA and its
 primal-dual baselines through the dual seeding round (:mod:`fmtl_flower.clients.dual_seed`:
 W stays W(alpha), gaps stay valid, a W0 at the optimum restarts near it), Mb-SGD and FSVRG
-directly; bad keys, shapes or values, and the methods without one start, are clear errors."""
+directly; bad keys, shapes or values, and the methods without one start, are clear errors.
+Tasks on packed nodes that speak a stacking protocol are seeded too, bit for bit as unpacked."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -21,8 +24,10 @@ from fmtl_flower import (
     make_mocha_client_app,
 )
 from fmtl_flower.clients.mocha import default_task_id
+from fmtl_flower.clients.packed_mocha import PackedMocha
 from fmtl_flower.data import make_sparse_federated
 from fmtl_flower.engine import InProcessGrid
+from fmtl_flower.packing import PackedGrid, packed_client_app, tasks_of_node
 from fmtl_flower.wire import to_array
 
 from .helpers import make_problem
@@ -39,13 +44,38 @@ def record(**arrays: np.ndarray) -> ArrayRecord:
     return ArrayRecord({k: to_array(np.ascontiguousarray(v)) for k, v in arrays.items()})
 
 
-def run_mocha(problem, rounds: int, initial: ArrayRecord | None = None, **kwargs):
+def packed_grid(app, handler, per_node: int, seen: list | None = None) -> PackedGrid:
+    """A PackedGrid over ``ceil(TASKS / per_node)`` nodes hosting ``per_node`` tasks each,
+    whose stacked messages ``handler`` serves; ``seen`` collects each message's
+    (type, stacked, seeding) as the nodes receive it."""
+    packed = packed_client_app(app, lambda ctx: tasks_of_node(ctx.node_config, per_node, TASKS),
+                               {handler.protocol: handler}, {"query.whoami": handler.whoami})
+
+    def node(message, context):
+        if seen is not None:
+            arrays = message.content["arrays"] if "arrays" in message.content else {}
+            seen.append((message.metadata.message_type, "stack" in message.content,
+                         "seed-w" in arrays))
+        return packed(message, context)
+
+    return PackedGrid(InProcessGrid(node, math.ceil(TASKS / per_node)), query_timeout=5.0)
+
+
+def run_mocha(problem, rounds: int, initial: ArrayRecord | None = None, *,
+              per_node: int = 1, seen: list | None = None, **kwargs):
     options = {"lam": 0.05, "omega": "mean", "lam2": 0.5, "omega_every": 0,
                "discovery_timeout": 5.0, **kwargs}
     strategy = Mocha(TASKS, **options)
-    result = strategy.start(grid=InProcessGrid(make_mocha_client_app(problem.load), TASKS),
-                            initial_arrays=initial, num_rounds=rounds, timeout=30.0)
+    app = make_mocha_client_app(problem.load)
+    grid = (InProcessGrid(app, TASKS) if per_node == 1
+            else packed_grid(app, PackedMocha(app.mocha_client), per_node, seen))
+    result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=rounds, timeout=30.0)
     return strategy, result
+
+
+def untimed(records: list[dict]) -> list[dict]:
+    """The round records without measured durations (keys ending in ``_s``)."""
+    return [{k: v for k, v in r.items() if not k.endswith("_s")} for r in records]
 
 
 @pytest.mark.parametrize("method", ["mocha", "cocoa", "mb-sdca"])
@@ -82,6 +112,58 @@ def test_w0_at_the_optimum_restarts_near_the_optimum(problem):
     assert 0.0 <= warm_gap < 0.05 * cold_gap, (warm_gap, cold_gap)
     W = warm.arrays["W"].numpy()
     assert np.linalg.norm(W - W_star) < 0.05 * np.linalg.norm(W_star)
+
+
+@pytest.mark.parametrize("method", ["mocha", "cocoa", "mb-sdca"])
+def test_packed_seeded_runs_equal_unpacked_seeded_runs_bit_for_bit(problem, method):
+    W0 = np.random.default_rng(3).normal(size=(DIM, TASKS))
+    options = {"method": method, "omega_every": 2}  # an Omega-step after the seeding round
+    one, one_result = run_mocha(problem, 3, record(W=W0), **options)
+    seen: list = []
+    packed, packed_result = run_mocha(problem, 3, record(W=W0), per_node=2, seen=seen,
+                                      **options)
+    # the seeding round went stacked to every node (2 + 2 + 1 tasks), with the seed rows
+    trains = [s for s in seen if s[0] == "train"]
+    assert trains[:3] == [("train", True, True)] * 3
+    assert len(trains) == 9 and all(s == ("train", True, False) for s in trains[3:])
+    rounds = packed.results()["rounds"]
+    assert rounds[1]["seeded"] is True and rounds[1]["num_replies"] == TASKS
+    assert untimed(rounds) == untimed(one.results()["rounds"])
+    assert np.array_equal(packed.state.W, one.state.W)
+    assert np.array_equal(packed_result.arrays["W"].numpy(), one_result.arrays["W"].numpy())
+    _, plain = run_mocha(problem, 3, per_node=2, **options)  # the seeding did something
+    assert not np.array_equal(plain.arrays["W"].numpy(), packed_result.arrays["W"].numpy())
+
+
+def test_a_malformed_seed_row_fails_only_its_slot(problem):
+    """A stacked seeding row of the wrong width or with a non-finite value fails its slot
+    alone, as the one-task client refuses such a ``seed-w``."""
+    from flwr.app import ConfigRecord, Context, Message, RecordDict
+
+    InProcessGrid(make_mocha_client_app(problem.load), 1)  # Flower's TaskIdentity
+    handler = PackedMocha(make_mocha_client_app(problem.load).mocha_client)
+    k = 3
+    seed_w = np.zeros((k, DIM))
+    seed_w[1, 2] = np.inf
+    arrays = {"w": np.zeros((k, DIM)), "task-id": np.array([0, 1, 2]),
+              "last-accepted-round": np.zeros(k, dtype=np.int64), "m-tt": np.full(k, 2.0),
+              "sigma-prime": np.ones(k), "budget": np.full(k, 40),
+              "dropped": np.zeros(k, dtype=bool), "seed-w": seed_w, "seed-b": np.zeros((k, DIM))}
+    msg = Message(RecordDict({"config": ConfigRecord({"server-round": 1, "seed": 0,
+                                                      "eval": False}),
+                              "arrays": record(**arrays)}),
+                  dst_node_id=1001, message_type="train")
+    ctx = Context(run_id=7, node_id=1001, node_config={"partition-id": 0}, state=RecordDict(),
+                  run_config={})
+    content, done, errors = handler(msg, ctx, [(0, 0), (1, 1), (2, 2)])
+    assert done == [0, 2] and list(errors) == [1]
+    assert "'seed-w' must be finite float64 of shape (4,)" in errors[1]
+    assert np.any(content["arrays"]["delta-b"].numpy() != 0)  # the others seeded
+    del arrays["seed-b"]
+    with pytest.raises(ValueError, match="lacks array 'seed-b'"):
+        handler(Message(RecordDict({"config": msg.content["config"],
+                                    "arrays": record(**arrays)}),
+                        dst_node_id=1001, message_type="train"), ctx, [(0, 0), (1, 1), (2, 2)])
 
 
 @pytest.mark.parametrize(("arrays", "match"), [
