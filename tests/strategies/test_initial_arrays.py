@@ -24,6 +24,7 @@ from fmtl_flower import (
     make_mocha_client_app,
 )
 from fmtl_flower.clients.mocha import default_task_id
+from fmtl_flower.clients.packed_mbsgd import PackedMbSgd
 from fmtl_flower.clients.packed_mocha import PackedMocha
 from fmtl_flower.data import make_sparse_federated
 from fmtl_flower.engine import InProcessGrid
@@ -194,6 +195,29 @@ def test_mbsgd_starts_from_w0(problem):
     assert not np.allclose(seeded.W, plain.W)
     with pytest.raises(ValueError, match=r"dim = 4 features"):
         run(record(W=np.zeros(DIM + 2)))
+
+
+def test_packed_mbsgd_from_w0_equals_unpacked(problem):
+    W0 = np.random.default_rng(4).normal(size=(DIM, TASKS))
+
+    def run(initial, per_node):
+        strategy = MbSgd(TASKS, lam=0.05, discovery_timeout=5.0)
+        app = make_mbsgd_client_app(problem.load)
+        seen: list = []
+        grid = (InProcessGrid(app, TASKS) if per_node == 1
+                else packed_grid(app, PackedMbSgd(app.mbsgd_client), per_node, seen))
+        result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=3, timeout=30.0)
+        assert per_node == 1 or all(stacked for kind, stacked, _ in seen if kind == "train")
+        return strategy, result
+
+    one, one_result = run(record(W=W0), 1)
+    packed, packed_result = run(record(W=W0), 2)
+    plain, _ = run(None, 2)
+    assert untimed(packed.results()["rounds"]) == untimed(one.results()["rounds"])
+    assert np.array_equal(packed.W, one.W)
+    assert np.array_equal(packed_result.arrays["W"].numpy(), one_result.arrays["W"].numpy())
+    # record 0 is the state before round 1: its loss is measured at W0, not at 0
+    assert packed.results()["rounds"][0]["primal"] != plain.results()["rounds"][0]["primal"]
 
 
 def test_fsvrg_starts_from_w0():
