@@ -82,7 +82,7 @@ from flwr.serverapp import Grid
 from ..core.baselines import mbsgd_radius, mbsgd_server_step, mbsgd_step_size
 from ..core.formulations import Formulation, make_formulation
 from ..core.mocha import formulation_arrays, omega_step_due, set_formulation_arrays
-from ..metrics import error_summary, round_record
+from ..metrics import round_record
 from ..packing import StackGroup
 from ..settings import MbSgdSettings, apply_settings, check_num_tasks, drop_prob_of
 from ..systems.heterogeneity import drop_mask, local_budgets
@@ -107,6 +107,7 @@ from .discovery import (
     check_task_and_round,
     read_metrics,
 )
+from .linear_tasks import LinearTasks
 from .packed_mbsgd import PROTOCOL as STACKING_PROTOCOL
 from .packed_mbsgd import read_stacked_reply as read_stacked_mbsgd
 from .packed_mocha import stacked_message
@@ -122,7 +123,7 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-class MbSgd(TaskStrategy):
+class MbSgd(LinearTasks, TaskStrategy):
     """Mini-batch stochastic subgradient descent on MOCHA's primal (the Mb-SGD baseline).
 
     Minimises ``P(W) = sum_t mean_i hinge(y_ti x_ti^T w_t) + (1/2) tr(W K W^T)`` (per-task
@@ -337,23 +338,13 @@ class MbSgd(TaskStrategy):
             t_round = self.round_timeout
         return float(t_round)
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid) -> Iterable[Message]:
-        """Nothing, except after the last round: the final metrics round over every task."""
-        if self.num_rounds is None or server_round != self.num_rounds:
-            return []
+    def _final_instructions(self, server_round: int, grid: Grid) -> Iterable[Message]:
         return self._instructions(server_round, MessageType.EVALUATE, True, with_budget=False,
                                   grid=grid)
 
-    def aggregate_evaluate(self, server_round: int,
-                           replies: Iterable[Message]) -> MetricRecord | None:
-        """Complete the final record from the metrics round."""
-        if self.num_rounds is None or server_round != self.num_rounds:
-            return None
-        accepted, _ = self._read_replies(server_round, replies, with_grad=False)
-        record = self._complete_record(server_round, accepted)
-        return MetricRecord({k: float(v) for k, v in record.items()
-                             if isinstance(v, int | float) and not isinstance(v, bool)})
+    def _final_replies(self, server_round: int,
+                       replies: Iterable[Message]) -> dict[int, dict[str, Any]]:
+        return self._read_replies(server_round, replies, with_grad=False)[0]
 
     # ------------------------------------------------------------------ discovery
     def discover(self, grid: Grid, wait: bool = False) -> None:
@@ -442,11 +433,6 @@ class MbSgd(TaskStrategy):
                 group_id=str(server_round))))
         return messages
 
-    @property
-    def _sent(self) -> dict[int, int]:
-        """node -> task of the round's messages."""
-        return self.replies.sent
-
     def _read_replies(self, server_round: int, replies: Iterable[Message],
                       with_grad: bool) -> tuple[dict[int, dict[str, Any]], int]:
         """Validated replies keyed by task, in task order (invalid ones logged and left out:
@@ -470,16 +456,8 @@ class MbSgd(TaskStrategy):
         accepted, rejected = read_stacked_mbsgd(reply, group, server_round, self.n_train,
                                                 self.dim, with_grad, self._budgets,
                                                 self._dropped_now)
-        if accepted:  # the bounds of the module docstring, vectorised over the rows
-            tasks = np.fromiter(accepted, dtype=np.int64, count=len(accepted))
-            bound = (np.full(len(tasks), self.max_row_norm) if self.max_row_norm is not None
-                     else self.directory.row_norm[tasks])
-            reject_rows(accepted, rejected, tasks, np.isnan(bound), "its device reported no "
-                        "max-row-norm at discovery and the run configures none")
-            loss = np.array([accepted.get(t, {}).get("loss-mean", 0.0) for t in tasks])
-            w_norm = norm(self.W[:, tasks], axis=0)
-            reject_rows(accepted, rejected, tasks, loss > (1.0 + bound * w_norm) * BOUND_SLACK,
-                        "loss-mean above 1 + max-row-norm |w_t|")
+        if accepted:
+            tasks, bound = self._reject_unbounded_rows(accepted, rejected, self.W)
             if with_grad and accepted:
                 size = np.array([norm(accepted[t]["grad"]) if t in accepted else 0.0
                                  for t in tasks.tolist()])
@@ -488,12 +466,6 @@ class MbSgd(TaskStrategy):
                 reject_rows(accepted, rejected, tasks, size > count * bound * BOUND_SLACK,
                             "|grad| above count x max-row-norm")
         return accepted, rejected
-
-    def _row_norm(self, task: int) -> float:
-        """R_t: the configured max-row-norm, else the task's report (NaN: none)."""
-        if self.max_row_norm is not None:
-            return self.max_row_norm
-        return float(self.directory.row_norm[task])
 
     def _parse_reply(self, reply: Message, task: int, server_round: int,
                      with_grad: bool) -> dict[str, Any]:
@@ -506,15 +478,7 @@ class MbSgd(TaskStrategy):
             raise ReplyError(f"n-train {out['n-train']} differs from {self.n_train[task]}")
         if out["loss-mean"] < 0:
             raise ReplyError(f"loss-mean must be >= 0, got {out['loss-mean']}")
-        bound = self._row_norm(task)
-        if not math.isnan(bound):
-            check_bound("loss-mean", out["loss-mean"], 1.0 + bound * float(self._w_norm[task]),
-                        "1 + max-row-norm |w_t| >= hinge(y x^T w_t)")
-        if out.get("test-n", 0) > self.directory.max_n:
-            raise ReplyError(f"test-n {out['test-n']} above the limit {self.directory.max_n}")
-        if ("test-errors" in out) != ("test-n" in out) or (
-                "test-n" in out and not 0 <= out["test-errors"] <= out["test-n"]):
-            raise ReplyError("test-errors/test-n inconsistent")
+        self._check_loss_and_tests(out, task)
         if with_grad:
             limit = 0 if self._dropped_now[task] else int(self._budgets[task])
             if not 0 <= out["count"] <= limit:
@@ -532,6 +496,7 @@ class MbSgd(TaskStrategy):
                 raise ReplyError("'grad' has non-finite values")
             if out["count"] == 0 and np.any(grad != 0.0):
                 raise ReplyError("'grad' must be zero when count is 0")
+            bound = self._row_norm(task)
             if math.isnan(bound):
                 raise ReplyError("its device reported no max-row-norm at discovery and the run "
                                  "configures none (max-row-norm): grad cannot be bounded")
@@ -550,22 +515,4 @@ class MbSgd(TaskStrategy):
             objective_omega=self.formulation.omega_objective(self.W.shape[0]),
             objective=None, _reg=self.regulariser(self.W))
         self.records.append(record)
-        return record
-
-    def _complete_record(self, k: int, accepted: dict[int, dict[str, Any]]) -> dict[str, Any]:
-        record = self.records[k]
-        missing = sorted(set(range(self.num_tasks)) - set(accepted))
-        record["tasks_missing"] = missing
-        reg = record.pop("_reg")
-        if not missing:
-            loss = np.array([accepted[t]["loss-mean"] for t in range(self.num_tasks)])
-            record["primal"] = float(loss.sum()) + reg
-            record["objective"] = record["primal"] + record["objective_omega"]
-        evaluated = [t for t in accepted if "test-n" in accepted[t]]
-        if evaluated and not missing:
-            errors = np.array([accepted[t]["test-errors"] for t in evaluated])
-            counts = np.array([accepted[t]["test-n"] for t in evaluated])
-            record.update(error_summary(errors, counts))
-        if self.on_round is not None:
-            self.on_round(self.public_record(record))
         return record

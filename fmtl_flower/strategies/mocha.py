@@ -108,7 +108,7 @@ from ..core.mocha_factored import (
     make_server_state,
     restore_server_state,
 )
-from ..metrics import error_summary, round_record
+from ..metrics import round_record
 from ..packing import StackGroup
 from ..settings import MochaSettings, apply_settings, check_num_tasks, drop_prob_of
 from ..systems.heterogeneity import check_drop_prob, drop_mask, local_budgets
@@ -134,6 +134,7 @@ from .discovery import (
     read_metrics,
 )
 from .faults import TaskHealth
+from .linear_tasks import LinearTasks
 from .packed_mocha import PROTOCOL as STACKING_PROTOCOL
 from .packed_mocha import read_stacked_reply, stacked_message
 
@@ -141,7 +142,7 @@ RoundCallback = Callable[[dict[str, Any]], None]
 DUAL_METHODS = ("mocha", "cocoa", "mb-sdca")
 
 
-class Mocha(TaskStrategy):
+class Mocha(LinearTasks, TaskStrategy):
     """MOCHA: federated multi-task learning with a learned task-relationship matrix.
 
     Each task t (one device, or one node) learns a linear model w_t; the models are tied by the
@@ -427,25 +428,15 @@ class Mocha(TaskStrategy):
             t_round = self.clock_cycle if self.clock_cycle is not None else self.round_timeout
         return float(t_round)
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid) -> Iterable[Message]:
-        """Nothing, except after the last round: the final metrics round over every task."""
-        if self.num_rounds is None or server_round != self.num_rounds:
-            return []
+    def _final_instructions(self, server_round: int, grid: Grid) -> Iterable[Message]:
         if self.state is None:
             return []
         return self._instructions(server_round, MessageType.EVALUATE, True, None,
                                   dict(self.task_to_node), grid)
 
-    def aggregate_evaluate(self, server_round: int,
-                           replies: Iterable[Message]) -> MetricRecord | None:
-        """Complete the final record from the metrics round."""
-        if self.num_rounds is None or server_round != self.num_rounds:
-            return None
-        accepted = self._read_replies(server_round, replies, with_delta=False)
-        record = self._complete_record(server_round, accepted)
-        return MetricRecord({k: float(v) for k, v in record.items()
-                             if isinstance(v, int | float) and not isinstance(v, bool)})
+    def _final_replies(self, server_round: int,
+                       replies: Iterable[Message]) -> dict[int, dict[str, Any]]:
+        return self._read_replies(server_round, replies, with_delta=False)
 
     # ------------------------------------------------------------------ checkpoints
     def fingerprint(self) -> dict[str, Any]:
@@ -595,11 +586,6 @@ class Mocha(TaskStrategy):
                 content, dst_node_id=node, message_type=message_type,
                 group_id=str(server_round)))
 
-    @property
-    def _sent(self) -> dict[int, int]:
-        """node -> task of the round's messages."""
-        return self.replies.sent
-
     def _stacked_values(self, server_round: int, evaluate: bool, budgets: np.ndarray | None,
                         m_diag: np.ndarray, sigma_p: np.ndarray
                         ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -649,16 +635,8 @@ class Mocha(TaskStrategy):
         assert self.state is not None
         accepted, rejected = read_stacked_reply(reply, group, server_round, self.n_train,
                                                 self.state.dim, with_delta)
-        if accepted:  # the bounds of the module docstring, vectorised over the rows
-            tasks = np.fromiter(accepted, dtype=np.int64, count=len(accepted))
-            bound = (np.full(len(tasks), self.max_row_norm) if self.max_row_norm is not None
-                     else self.directory.row_norm[tasks])
-            reject_rows(accepted, rejected, tasks, np.isnan(bound), "its device reported no "
-                        "max-row-norm at discovery and the run configures none")
-            loss = np.array([accepted.get(t, {}).get("loss-mean", 0.0) for t in tasks])
-            w_norm = norm(self.state.W[:, tasks], axis=0)
-            reject_rows(accepted, rejected, tasks, loss > (1.0 + bound * w_norm) * BOUND_SLACK,
-                        "loss-mean above 1 + max-row-norm |w_t|")
+        if accepted:
+            tasks, bound = self._reject_unbounded_rows(accepted, rejected, self.state.W)
             if with_delta and accepted:
                 n = self.n_train[tasks]
                 budget = np.where(self._dropped_now[tasks], 0, self._budgets[tasks])
@@ -684,16 +662,7 @@ class Mocha(TaskStrategy):
             raise ReplyError(f"n-train {out['n-train']} differs from {self.n_train[task]}")
         if out["loss-mean"] < 0 or not 0 <= out["dual-mean"] <= 1 + 1e-9:
             raise ReplyError("loss-mean must be >= 0 and dual-mean in [0, 1]")
-        bound = self._row_norm(task)
-        if not math.isnan(bound):
-            check_bound("loss-mean", out["loss-mean"],
-                        1.0 + bound * float(self._w_norm[task]),
-                        "1 + max-row-norm |w_t| >= hinge(y x^T w_t)")
-        if out.get("test-n", 0) > self.directory.max_n:
-            raise ReplyError(f"test-n {out['test-n']} above the limit {self.directory.max_n}")
-        if ("test-errors" in out) != ("test-n" in out) or (
-                "test-n" in out and not 0 <= out["test-errors"] <= out["test-n"]):
-            raise ReplyError("test-errors/test-n inconsistent")
+        self._check_loss_and_tests(out, task)
         if with_delta:
             arrays = arrays_of(reply)
             if arrays is None or "delta-b" not in arrays:
@@ -708,12 +677,6 @@ class Mocha(TaskStrategy):
             self._check_delta(task, size)
             out["delta-b"] = delta
         return out
-
-    def _row_norm(self, task: int) -> float:
-        """R_t: the configured max-row-norm, else the task's report (NaN: none)."""
-        if self.max_row_norm is not None:
-            return self.max_row_norm
-        return float(self.directory.row_norm[task])
 
     def _check_delta(self, task: int, size: float) -> None:
         """The bounds of a feasible dual step (module docstring) on ``size`` = |delta-b|;
@@ -739,24 +702,13 @@ class Mocha(TaskStrategy):
         self.records.append(record)
         return record
 
-    def _complete_record(self, k: int, accepted: dict[int, dict[str, Any]]) -> dict[str, Any]:
-        record = self.records[k]
-        ok = [t for t, r in accepted.items() if r["state-ok"]]
-        missing = sorted(set(range(self.num_tasks)) - set(ok))
-        record["tasks_missing"] = missing
-        reg = record.pop("_reg")
-        if not missing:
-            loss = np.array([accepted[t]["loss-mean"] for t in range(self.num_tasks)])
-            dual = np.array([accepted[t]["dual-mean"] for t in range(self.num_tasks)])
-            record["primal"] = float(loss.sum()) + reg
-            record["dual"] = float(dual.sum()) - reg
-            record["gap"] = record["primal"] - record["dual"]
-            record["objective"] = record["primal"] + record["objective_omega"]
-        evaluated = [t for t in ok if "test-n" in accepted[t]]
-        if evaluated and not missing:
-            errors = np.array([accepted[t]["test-errors"] for t in evaluated])
-            counts = np.array([accepted[t]["test-n"] for t in evaluated])
-            record.update(error_summary(errors, counts))
-        if self.on_round is not None:
-            self.on_round(self.public_record(record))
-        return record
+    def _consistent_tasks(self, accepted: dict[int, dict[str, Any]]) -> list[int]:
+        """The tasks whose device kept its state (``state-ok``): a restarted one's numbers
+        are not those of the record's (W, alpha)."""
+        return [t for t, r in accepted.items() if r["state-ok"]]
+
+    def _complete_dual(self, record: dict[str, Any], accepted: dict[int, dict[str, Any]],
+                       reg: float) -> None:
+        dual = np.array([accepted[t]["dual-mean"] for t in range(self.num_tasks)])
+        record["dual"] = float(dual.sum()) - reg
+        record["gap"] = record["primal"] - record["dual"]
