@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
               "num-server-rounds": args.rounds, "tasks-per-node": args.tasks_per_node,
               "seed": args.seed, "round-timeout": 3600.0}
     fedem = RunConfig.from_mapping({**values, "model": "logistic"}).is_fedem_family
-    values.update({"model": "logistic", "M": 3} if fedem else {"lambda": lam})
+    values.update({"model": "logistic", "fedem.M": 3} if fedem else {"mocha.lambda": lam})
     out = {"benchmark": "engine_scale", "engine": args.engine, "strategy": args.strategy,
            "nodes": args.nodes, "tasks_per_node": args.tasks_per_node, "tasks": m,
            "dim": args.dim, "samples_per_task": args.samples_per_task,

@@ -113,7 +113,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=500)
     parser.add_argument("--data", default="small")
     args = parser.parse_args()
-    sets = ["--set", "omega=identity", "--set", "local-frac=1.0", "--set", "lambda=1e-4",
+    sets = ["--set", "mocha.omega=identity", "--set", "mocha.local-frac=1.0",
+            "--set", "mocha.lambda=1e-4",
             "--set", "test-frac=0.25", "--set", "eval-every=1"]
     py = sys.executable
     run_cmd = [py, "-m", "fmtl_flower.cli", "run", "mocha", "--dataset", args.data,

@@ -8,7 +8,8 @@ authors' scripts), and for ``fedem`` / ``clustered`` over the number of componen
 (``--components``, default 3), and for ``fedprox`` over its mu (``--mus``, default 0.1).
 ``--momentum`` sets the momentum of every run (0.9; the authors' FedProx uses 0); for
 ``pfedme`` ``--pfedme-lrs`` is the grid of its inner learning rate, and ``--set KEY=VALUE``
-fixes any other run-config key for every run (e.g. ``pfedme-lambda=15``). The best
+fixes any other run-config key for every run (e.g. ``pfedme-lambda=15``, FedEM's keys with
+or without ``fedem.``). The best
 setting per method (highest weighted validation
 accuracy) is what ``fmtl_flower.experiments.fedem_table1.TUNED`` and the run-config
 defaults (FedEM's) hold.
@@ -49,14 +50,15 @@ def validation_run(job: tuple[str, float, int, int, int, float, float, float,
     from fmtl_flower.clients.mocha import default_task_id
     from fmtl_flower.config import RunConfig
     from fmtl_flower.engine import run_inprocess
+    from fmtl_flower.experiments.fedem_table1 import run_config_of
 
     logging.getLogger("flwr").setLevel(logging.ERROR)
     method, lr, batch, components, rounds, mu, momentum, personal_lr, extra = job
-    cfg = RunConfig.from_mapping({"strategy": method, "dataset": "fedem-synthetic", "lr": lr,
-                                  "batch-size": batch, "M": components,
-                                  "num-server-rounds": rounds, "eval-every": 1000,
-                                  "prox-mu": mu, "momentum": momentum,
-                                  "pfedme-lr": personal_lr, **dict(extra)})
+    cfg = RunConfig.from_mapping(run_config_of({  # --set keys with or without "fedem."
+        "strategy": method, "dataset": "fedem-synthetic", "fedem.lr": lr,
+        "fedem.batch-size": batch, "fedem.M": components, "num-server-rounds": rounds,
+        "eval-every": 1000, "fedem.prox-mu": mu, "fedem.momentum": momentum,
+        "fedem.pfedme-lr": personal_lr, **dict(extra)}))
     data = dataset_for(cfg)
 
     def load(context):

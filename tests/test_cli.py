@@ -15,7 +15,7 @@ def test_run_mocha_writes_the_results_contract(tmp_path, capsys):
     out = tmp_path / "r.json"
     code = main(["run", "mocha", "--rounds", "4", "--seed", "2", "--out", str(out),
                  "--set", "num-tasks=5", "--set", "dim=4", "--set", "samples-per-task=20",
-                 "--set", "omega-every=2", "--print-every", "1"])
+                 "--set", "mocha.omega-every=2", "--print-every", "1"])
     assert code == 0
     printed = capsys.readouterr().out
     assert printed.count("round ") >= 5 and "relative_gap" in printed
@@ -42,8 +42,8 @@ def test_baselines(tmp_path, strategy):
 def test_clear_errors(capsys, tmp_path):
     assert main(["run", "mocha", "--set", "lamda=1"]) == 2
     assert "unknown run-config key 'lamda'" in capsys.readouterr().err
-    assert main(["run", "mocha", "--set", "omega=nope"]) == 2
-    assert "omega: must be one of" in capsys.readouterr().err
+    assert main(["run", "mocha", "--set", "mocha.omega=nope"]) == 2
+    assert "mocha.omega: must be one of" in capsys.readouterr().err
     assert main(["run", "mocha", "--dataset", str(tmp_path / "missing.mat")]) == 2
     assert "missing.mat" in capsys.readouterr().err
     bad = tmp_path / "bad.mat"

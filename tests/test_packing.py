@@ -57,9 +57,9 @@ def _without_timing(records: list[dict]) -> list[dict]:
 
 @pytest.mark.parametrize("values", [
     {"strategy": "mocha", "num-tasks": 100, "dim": 8, "samples-per-task": 20,
-     "num-server-rounds": 4, "omega-every": 2},
+     "num-server-rounds": 4, "mocha.omega-every": 2},
     {"strategy": "fedem", "dataset": "synthetic", "num-tasks": 12, "dim": 5,
-     "samples-per-task": 30, "num-server-rounds": 2, "M": 2},
+     "samples-per-task": 30, "num-server-rounds": 2, "fedem.M": 2},
     {"strategy": "fsvrg", "dataset": "sparse-federated", "num-tasks": 12, "dim": 300,
      "num-server-rounds": 2},
 ], ids=["mocha", "fedem", "fsvrg"])
@@ -229,7 +229,7 @@ def test_a_second_message_to_one_task_in_one_call_is_dropped_with_a_warning(capl
 
 # ------------------------------------------------------------------ stacked messages (MOCHA)
 STACKED_BASE = {"num-tasks": 12, "dim": 6, "samples-per-task": 15, "num-server-rounds": 4,
-                "omega-every": 2, "drop-prob": 0.2, "sys-het": "high"}
+                "mocha.omega-every": 2, "mocha.drop-prob": 0.2, "mocha.sys-het": "high"}
 
 
 @pytest.mark.parametrize("strategy", ["mocha", "cocoa", "mb-sdca", "mb-sgd"])
@@ -358,7 +358,7 @@ def test_a_malformed_slot_of_a_stacked_reply_rejects_only_its_task(strategy, vec
 
     from fmtl_flower.wire import from_array, to_array
 
-    cfg = RunConfig.from_mapping({**STACKED_BASE, "strategy": strategy, "drop-prob": 0.0,
+    cfg = RunConfig.from_mapping({**STACKED_BASE, "strategy": strategy, "mocha.drop-prob": 0.0,
                                   "tasks-per-node": 4, "num-server-rounds": 3})
     client = make_client_app(cfg)
 

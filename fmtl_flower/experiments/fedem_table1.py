@@ -13,8 +13,8 @@ initial components, client sampling and mini-batch orders; the data stay the pap
 * ``m_sweep``: FedEM's accuracy against the number of components M (M = 1 is FedAvg);
 * ``sampling_sweep``: against the client sampling rate, with the authors' aggregation (over
   all clients) and the unbiased one (over the sampled clients);
-* ``unseen``: 20 % of the clients held out (``train-tasks-frac=0.8``, the poster's protocol);
-  they never train and, for FedEM, fit only pi by EM on their own training split.
+* ``unseen``: 20 % of the clients held out (``fedem.train-tasks-frac=0.8``, the poster's
+  protocol); they never train and, for FedEM, fit only pi by EM on their own training split.
 
 Writes ``fedem-table1.json`` (``{"rows": [{"method", "seed", "accuracy_mean",
 "accuracy_bottom_decile", ...}], "summary", "m_sweep", "sampling_sweep", "unseen",
@@ -53,17 +53,27 @@ TUNED = {"local": {"lr": 0.03, "batch-size": 128}, "fedavg": {"lr": 0.3, "batch-
 KEYS = ("accuracy_mean", "accuracy_bottom_decile", "accuracy_mean_unweighted",
         "unseen_accuracy_mean", "unseen_accuracy_bottom_decile", "train_loss")
 logger = logging.getLogger("fmtl_flower")
+#: FedEM's run-config keys by their names without the family (``lr`` -> ``fedem.lr``): the
+#: names ``TUNED``, the plan and the written results use.
+FEDEM_KEYS = {key.partition(".")[2]: key for key in RunConfig.keys() if key.startswith("fedem.")}
+
+
+def run_config_of(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` with FedEM's names (``lr``, ``M``, ``fraction``, ...) as their run-config
+    keys (``fedem.lr``, ...); the common and dotted keys as they are."""
+    return {FEDEM_KEYS.get(key, key): value for key, value in settings.items()}
 
 
 def run_one(settings: dict[str, Any]) -> dict[str, Any]:
-    """One federation (in-process) with the run-config ``settings``; its final metrics."""
+    """One federation (in-process) with the run-config ``settings`` (FedEM's keys with or
+    without ``fedem.``, see :func:`run_config_of`); its final metrics."""
     import flwr.common.logger  # noqa: F401  - configure Flower's logger, then quieten it
 
     from ..apps.common import dataset_for
     from ..apps.run import run_federation
 
     logging.getLogger("flwr").setLevel(logging.ERROR)
-    cfg = RunConfig.from_mapping({"dataset": "fedem-synthetic", **settings})
+    cfg = RunConfig.from_mapping(run_config_of({"dataset": "fedem-synthetic", **settings}))
     started = time.perf_counter()
     results = run_federation(cfg, dataset_for(cfg), "inprocess")
     final = results["final"]

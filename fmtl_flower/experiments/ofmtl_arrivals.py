@@ -3,10 +3,10 @@
 Per dataset and arrival order (seed ``o`` = 0 .. shuffles - 1): every task is split 75/25
 (``load_dataset(name, seed=o)``, the split of ``fmtl run --seed o``) and the tasks arrive in
 the order ``np.random.default_rng([o, 43]).permutation(T)`` (the permutation of
-``fmtl run ofmtl --seed o --set arrivals=shuffle``). The first ``initial`` tasks (eat-voc: 1,
-as in the paper; small and synthetic: 10, the paper's HAR/GLEAM setting) are present at the
-start; then the others join one at a time. At every device count m (initial .. T), over the
-m present tasks:
+``fmtl run ofmtl --seed o --set ofmtl.arrivals=shuffle``). The first ``initial`` tasks
+(eat-voc: 1, as in the paper; small and synthetic: 10, the paper's HAR/GLEAM setting) are
+present at the start; then the others join one at a time. At every device count m
+(initial .. T), over the m present tasks:
 
 * ``mocha``: MOCHA (probabilistic formulation) retrained from scratch on all m tasks with
   :func:`fmtl_flower.centralized.fit_mocha` (the federated computation bit for bit);

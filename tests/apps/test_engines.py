@@ -24,7 +24,7 @@ CONFIG = {
     "dim": 5,
     "samples-per-task": 30,
     "num-server-rounds": 5,
-    "omega-every": 2,
+    "mocha.omega-every": 2,
     "seed": 3,
     "eval-every": 1,
     # generous: the first replies wait for Ray to start its workers, which on a loaded
@@ -37,7 +37,7 @@ FEDEM_CONFIG = {
     "num-tasks": NUM_TASKS,
     "n-test": 50,
     "num-server-rounds": 3,
-    "train-tasks-frac": 0.75,
+    "fedem.train-tasks-frac": 0.75,
     "seed": 5,
     "round-timeout": 600.0,
 }

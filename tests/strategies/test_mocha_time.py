@@ -15,7 +15,7 @@ from fmtl_flower.systems.timing import node_times
 def run(**keys):
     logging.getLogger("flwr").setLevel(logging.WARNING)
     cfg = RunConfig.from_mapping({"num-tasks": 5, "dim": 40, "num-server-rounds": 4,
-                                  "omega-every": 2, **keys})
+                                  "mocha.omega-every": 2, **keys})
     box: dict = {}
     run_inprocess(make_server_app(cfg, on_done=box.update), make_client_app(cfg), 5)
     return cfg, box
@@ -24,7 +24,7 @@ def run(**keys):
 def test_estimated_time_is_the_slowest_node_and_grows_with_the_network():
     times = {}
     for network in ("wifi", "lte", "3g"):
-        cfg, box = run(network=network)
+        cfg, box = run(**{"mocha.network": network})
         per_round = [r["estimated_time_s"] for r in box["rounds"][1:]]
         data = dataset_for(cfg)
         expected = node_times(data.n_train, data.dim, "mocha", network).max()
@@ -34,9 +34,9 @@ def test_estimated_time_is_the_slowest_node_and_grows_with_the_network():
 
 
 def test_deadline_cuts_local_work_and_matches_the_bare_loop():
-    cfg, free = run(network="wifi")
+    cfg, free = run(**{"mocha.network": "wifi"})
     deadline = 0.0203  # wifi latency 20 ms + a little: only part of the budget fits
-    cfg, capped = run(network="wifi", **{"clock-cycle": deadline})
+    cfg, capped = run(**{"mocha.network": "wifi", "mocha.clock-cycle": deadline})
     assert all(r["estimated_time_s"] <= deadline + 1e-15 for r in capped["rounds"][1:])
     data = dataset_for(cfg)
     fit = fit_mocha([(t.X_train, t.y_train) for t in data.tasks], lam=0.1, rounds=4,

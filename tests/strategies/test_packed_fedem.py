@@ -19,12 +19,13 @@ from fmtl_flower.engine import run_inprocess
 from fmtl_flower.wire import from_array, to_array
 
 BASE = {"dataset": "synthetic", "num-tasks": 10, "dim": 5, "samples-per-task": 30,
-        "num-server-rounds": 3, "M": 2, "train-tasks-frac": 0.8, "fraction": 0.7,
-        "local-epochs": 1, "batch-size": 8, "eval-every": 2, "model": "logistic"}
+        "num-server-rounds": 3, "fedem.M": 2, "fedem.train-tasks-frac": 0.8,
+        "fedem.fraction": 0.7, "fedem.local-epochs": 1, "fedem.batch-size": 8, "eval-every": 2,
+        "model": "logistic"}
 METHODS = ["fedem", "fedavg", "fedprox", "fedavg-ft", "clustered", "local", "cfl", "pfedme"]
 #: CFL with thresholds that split every cluster of more than two clients each round, so the
 #: tasks of one node receive different cluster models.
-EXTRA = {"cfl": {"cfl-eps1": 1e6, "cfl-eps2": 0.0}}
+EXTRA = {"cfl": {"fedem.cfl-eps1": 1e6, "fedem.cfl-eps2": 0.0}}
 
 
 @pytest.fixture(autouse=True)
@@ -69,7 +70,7 @@ def test_stacked_fedem_runs_equal_unpacked_runs_bit_for_bit(method):
 
 
 def test_stacked_device_state_files_equal_the_unpacked_ones(tmp_path):
-    values = {**BASE, "strategy": "local", "fraction": 1.0, "train-tasks-frac": 1.0}
+    values = {**BASE, "strategy": "local", "fedem.fraction": 1.0, "fedem.train-tasks-frac": 1.0}
     _run({**values, "tasks-per-node": 1, "client-state-dir": str(tmp_path / "one")})
     _run({**values, "tasks-per-node": 5, "client-state-dir": str(tmp_path / "packed")})
     files = sorted(p.name for p in (tmp_path / "one").glob("fedem-task-*"))
@@ -86,7 +87,7 @@ def test_stacked_device_state_files_equal_the_unpacked_ones(tmp_path):
 def test_a_packed_run_resumes_from_the_state_files_as_an_unpacked_one(tmp_path):
     """A new Flower run (empty node state) reads each slot's state file: the resumed
     packed run matches the resumed unpacked run."""
-    values = {**BASE, "strategy": "fedem", "fraction": 1.0, "train-tasks-frac": 1.0}
+    values = {**BASE, "strategy": "fedem", "fedem.fraction": 1.0, "fedem.train-tasks-frac": 1.0}
     results = []
     for k, name in ((1, "one"), (5, "packed")):
         run = {**values, "tasks-per-node": k, "client-state-dir": str(tmp_path / name)}
@@ -201,7 +202,7 @@ def test_stacked_state_round_trips_and_a_broken_record_starts_afresh():
 
 
 def test_a_malformed_row_of_a_stacked_fedem_reply_rejects_only_its_task(caplog):
-    values = {**BASE, "strategy": "fedem", "fraction": 1.0, "train-tasks-frac": 1.0,
+    values = {**BASE, "strategy": "fedem", "fedem.fraction": 1.0, "fedem.train-tasks-frac": 1.0,
               "tasks-per-node": 4}
 
     def corrupt(client, message, context):
@@ -311,7 +312,7 @@ def test_every_bad_row_of_a_stacked_fedem_reply_is_rejected_alone(case):
     """Whatever is wrong with one row, the run equals the run in which that task's
     replies were lost (its slot failed), and the other tasks of its node are accepted."""
     key, change = ROW_CORRUPTIONS[case]
-    values = {**BASE, "strategy": "fedem", "fraction": 1.0, "train-tasks-frac": 1.0,
+    values = {**BASE, "strategy": "fedem", "fedem.fraction": 1.0, "fedem.train-tasks-frac": 1.0,
               "tasks-per-node": 4, "num-server-rounds": 2}
 
     def corrupt(client, message, context):
@@ -329,7 +330,7 @@ def test_every_bad_row_of_a_stacked_fedem_reply_is_rejected_alone(case):
 @pytest.mark.parametrize("case", ["float ids", "short column", "no arrays", "wrong protocol",
                                   "stranger slot"])
 def test_a_malformed_stacked_fedem_reply_rejects_its_nodes_tasks_only(case):
-    values = {**BASE, "strategy": "fedem", "fraction": 1.0, "train-tasks-frac": 1.0,
+    values = {**BASE, "strategy": "fedem", "fedem.fraction": 1.0, "fedem.train-tasks-frac": 1.0,
               "tasks-per-node": 4, "num-server-rounds": 2}
 
     def corrupt(client, message, context):
