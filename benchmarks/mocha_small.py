@@ -142,7 +142,7 @@ def main() -> None:
 
     logging.getLogger("flwr").setLevel(logging.WARNING)
     cfg = config_from_args(argparse.Namespace(strategy="mocha", dataset=args.data,
-                                              rounds=args.rounds, seed=0,
+                                              rounds=args.rounds, seed=0, run_config=None,
                                               set=[s for s in sets if s != "--set"]
                                               + ["tasks-per-node=1"]))
     data = dataset_for(cfg)
