@@ -56,7 +56,7 @@ from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from .config import FEDEM_FAMILY, MOCHA_FAMILY
+from .config import FEDEM_FAMILY, FSVRG_FAMILY, MOCHA_FAMILY
 from .engine import CLIENT_APP_RAISED, GridWrapper, create_message, raised_reason
 from .wire import from_array
 
@@ -506,9 +506,10 @@ class SlotTaskCache:
 
 # ------------------------------------------------------------------------------ auto packing
 #: Strategies whose messages stack (:mod:`fmtl_flower.clients.packed_mocha`,
-#: :mod:`~fmtl_flower.clients.packed_fedem`): packing pays. (``local`` is FedEM's local
-#: baseline here: with the svm model it is a centralised baseline, never a federation.)
-STACKING_STRATEGIES = (*MOCHA_FAMILY, *FEDEM_FAMILY, "local")
+#: :mod:`~fmtl_flower.clients.packed_fedem`, :mod:`~fmtl_flower.clients.packed_fsvrg`):
+#: packing pays. (``local`` is FedEM's local baseline here: with the svm model it is a
+#: centralised baseline, never a federation.)
+STACKING_STRATEGIES = (*MOCHA_FAMILY, *FEDEM_FAMILY, "local", *FSVRG_FAMILY)
 #: At most this many tasks per node when packing automatically (bounds one message's size).
 AUTO_MAX_TASKS_PER_NODE = 1000
 
@@ -517,9 +518,10 @@ def auto_tasks_per_node(strategy: str, num_tasks: int, engine: str,
                         cores: int | None = None) -> tuple[int, str]:
     """``(K, rule)``: the tasks per node ``fmtl run`` uses when ``tasks-per-node`` is unset.
 
-    The rule: only strategies whose messages stack (MOCHA, CoCoA+, Mb-SDCA, Mb-SGD, and
-    FedEM's family: FedEM and its baselines) are packed, since packing only pays there (the
-    others keep one task per node). The in-process
+    The rule: only strategies whose messages stack (MOCHA, CoCoA, Mb-SDCA, Mb-SGD, FedEM's
+    family: FedEM and its baselines, and FSVRG's family: FSVRG, naive FSVRG, GD, CoCoA+,
+    DANE) are packed, since packing only pays there (OFMTL keeps one task per node). The
+    in-process
     engine calls its nodes one after another, so it uses as few nodes as it can:
     K = min(m, 1000). Ray runs nodes in parallel, so it uses one node per core (``cores``,
     default the machine's CPUs) and packs the rest: K = min(ceil(m / cores), 1000).

@@ -400,8 +400,10 @@ def test_automatic_packing_rule():
     assert auto_tasks_per_node("mb-sgd", 100, "inprocess")[0] == 100
     for strategy in ("fedem", "fedavg", "fedprox", "fedavg-ft", "clustered", "local"):
         assert auto_tasks_per_node(strategy, 100, "inprocess")[0] == 100  # FedEM's stack
-    for strategy in ("fsvrg", "ofmtl"):
-        assert auto_tasks_per_node(strategy, 100, "inprocess")[0] == 1
+    for strategy in ("fsvrg", "fsvrg-naive", "gd", "cocoa-plus", "dane"):  # FSVRG's stack
+        assert auto_tasks_per_node(strategy, 100, "inprocess")[0] == 100
+        assert auto_tasks_per_node(strategy, 100, "ray", cores=2)[0] == 50
+    assert auto_tasks_per_node("ofmtl", 100, "inprocess")[0] == 1
     k, rule = auto_tasks_per_node("mocha", 2500, "inprocess")
     assert k == 1000 and rule.startswith("2500 tasks on 3 nodes, 1000 per node (automatic")
 

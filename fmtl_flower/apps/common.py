@@ -118,7 +118,7 @@ def make_client_app(config: RunConfig | None = None) -> ClientApp:
         app = _client_app_of(config, load)
         if config.tasks_per_node <= 1:  # 0 (automatic) is resolved by `fmtl run`; here 1
             return app
-        stacked = _stacked_handler(app)  # MOCHA's family, Mb-SGD, FedEM's: stacked messages
+        stacked = _stacked_handler(app)  # MOCHA's, Mb-SGD, FedEM's, FSVRG's: stacked messages
         if stacked is None:
             return packed_client_app(app, tasks_for)
         return packed_client_app(app, tasks_for, {stacked.protocol: stacked},
@@ -133,9 +133,9 @@ def make_client_app(config: RunConfig | None = None) -> ClientApp:
     app.query("fsvrg_stats")(lambda msg, ctx: handlers.get("fsvrg").stats(msg, ctx))
     app.query("fsvrg_gram")(lambda msg, ctx: handlers.get("fsvrg").gram(msg, ctx))
     app.query("fsvrg_gradient")(lambda msg, ctx: handlers.get("fsvrg").gradient(msg, ctx))
-    # packed messages when tasks-per-node > 1; MOCHA's and FedEM's families stacked
+    # packed messages when tasks-per-node > 1; MOCHA's, FedEM's and FSVRG's families stacked
     return packed_client_app(app, tasks_for, {p: handlers.stacked(p)
-                                              for p in ("mocha", "mb-sgd", "fedem")})
+                                              for p in ("mocha", "mb-sgd", "fedem", "fsvrg")})
 
 
 def _stacked_handler(app: ClientApp) -> Any:
@@ -153,6 +153,10 @@ def _stacked_handler(app: ClientApp) -> Any:
         from ..clients.packed_fedem import PackedFedEM
 
         return PackedFedEM(app.fedem_client)
+    if hasattr(app, "fsvrg_client"):
+        from ..clients.packed_fsvrg import PackedFsvrg
+
+        return PackedFsvrg(app.fsvrg_client)
     return None
 
 
@@ -177,7 +181,7 @@ class _LazyHandlers:
         return self.get("ofmtl" if cfg.strategy == "ofmtl" else "mocha")
 
     def stacked(self, protocol: str) -> Callable[..., Any]:
-        """The stacked handler of ``protocol`` ("mocha", "mb-sgd" or "fedem",
+        """The stacked handler of ``protocol`` ("mocha", "mb-sgd", "fedem" or "fsvrg",
         :mod:`fmtl_flower.packing`) over the run's handlers, built on first use."""
         def handle(message: Any, context: Context, slot_tasks: Any) -> Any:
             client = self.of(context)
@@ -190,6 +194,13 @@ class _LazyHandlers:
                 if not isinstance(client, FedEMClient):
                     raise ValueError("a stacked fedem message in a run of another strategy")
                 packed = self._clients[key] = PackedFedEM(client)
+            if packed is None and protocol == "fsvrg":
+                from ..clients.fsvrg import FsvrgClient
+                from ..clients.packed_fsvrg import PackedFsvrg
+
+                if not isinstance(client, FsvrgClient):
+                    raise ValueError("a stacked fsvrg message in a run of another strategy")
+                packed = self._clients[key] = PackedFsvrg(client)
             if packed is None:
                 from ..clients.mbsgd import MbSgdClient
                 from ..clients.mocha import MochaClient

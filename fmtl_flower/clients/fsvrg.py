@@ -36,7 +36,7 @@ Handlers:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,24 +143,29 @@ class FsvrgClient:
         """The node's validated data (loaded once per node and run)."""
         key = (int(context.run_id), int(context.node_id))
         if key not in self._cache:
-            use_kernel_cache(context, self.state_dir)  # before any kernel runs
-            loaded = self.load_data(context)
-            if len(loaded) != 4:
-                raise ValueError("load_data must return (X, y, X_test, y_test)")
-            X, y, X_test, y_test = loaded
-            X = _csr(X, "X")
-            X_test = _csr(X_test, "X_test")
-            if X.shape[0] < 1:
-                raise ValueError("the node holds no training rows")
-            if X_test.shape[1] != X.shape[1]:
-                raise ValueError(f"X_test has {X_test.shape[1]} features, X {X.shape[1]}")
-            y = _labels(y, X.shape[0], "y")
-            y_test = _labels(y_test, X_test.shape[0], "y_test")
-            _, counts = node_feature_counts(X)
-            fingerprint = data_fingerprint(X.indptr, X.indices, X.data, y)
-            self._cache[key] = SparseLocalTask(int(self.task_id(context)), X, y, X_test,
-                                               y_test, counts, fingerprint)
+            self._cache[key] = self._build_task(context)
         return self._cache[key]
+
+    def _build_task(self, context: Context) -> SparseLocalTask:
+        """Load and validate the data of ``context``'s task (the stacked handler of
+        :mod:`fmtl_flower.clients.packed_fsvrg` calls it once per slot)."""
+        use_kernel_cache(context, self.state_dir)  # before any kernel runs
+        loaded = self.load_data(context)
+        if len(loaded) != 4:
+            raise ValueError("load_data must return (X, y, X_test, y_test)")
+        X, y, X_test, y_test = loaded
+        X = _csr(X, "X")
+        X_test = _csr(X_test, "X_test")
+        if X.shape[0] < 1:
+            raise ValueError("the node holds no training rows")
+        if X_test.shape[1] != X.shape[1]:
+            raise ValueError(f"X_test has {X_test.shape[1]} features, X {X.shape[1]}")
+        y = _labels(y, X.shape[0], "y")
+        y_test = _labels(y_test, X_test.shape[0], "y_test")
+        _, counts = node_feature_counts(X)
+        fingerprint = data_fingerprint(X.indptr, X.indices, X.data, y)
+        return SparseLocalTask(int(self.task_id(context)), X, y, X_test, y_test, counts,
+                               fingerprint)
 
     # -- handlers ---------------------------------------------------------------------------
     def whoami(self, msg: Message, context: Context) -> Message:
@@ -200,11 +205,9 @@ class FsvrgClient:
         config = self._check_task(msg, task)
         if "method" not in config or config_value(config, "method", str) != "cocoa-plus":
             return self._loss_reply(msg, context, with_grad=False)
-        w = self._vector(msg, "w", task.dim)
-        state = self._reconcile(context, task, config)
-        metrics, _ = self._loss_metrics(task, config, w)
-        metrics.update({"state-ok": int(state.ok),
-                        "dual-sum": logistic_dual_sum(task.y, state.alpha)})
+        metrics, state = self.cocoa_evaluate(
+            task, config, lambda key: self._vector(msg, key, task.dim),
+            lambda: self._reconcile(context, task, config))
         reply = Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
         self._write_duals(context, task, state, None, -1)  # last
         return reply
@@ -218,15 +221,27 @@ class FsvrgClient:
             raise ValueError(f"method must be one of {LOCAL_METHODS}, got {method!r}")
         if method == "cocoa-plus":
             return self._cocoa_plus(msg, context, task, config)
+        metrics, w_k = self.local_model(task, config, method,
+                                        lambda key: self._vector(msg, key, task.dim))
+        return Message(RecordDict({"metrics": MetricRecord(metrics),
+                                   "arrays": ArrayRecord({"w-local": to_array(w_k)})}),
+                       reply_to=msg)
+
+    # -- local solvers ----------------------------------------------------------------------
+    @staticmethod
+    def local_model(task: SparseLocalTask, config: Mapping[str, Any], method: str,
+                    vector: Callable[[str], np.ndarray]) -> tuple[dict[str, int], np.ndarray]:
+        """A ``train`` message's work for ``fsvrg`` / ``fsvrg-naive`` / ``dane``: the reply's
+        metrics and ``w_k`` (``vector(key)``: the message's checked (d,) array ``key``)."""
         server_round = config_value(config, "server-round", int)
         seed = config_value(config, "seed", int)
         lam = config_value(config, "lam", float)
-        w = self._vector(msg, "w", task.dim)
-        g = self._vector(msg, "g", task.dim)
+        w = vector("w")
+        g = vector("g")
         if method == "dane":
-            w_k = self._dane(task, config, w, g, seed, server_round, lam)
+            w_k = FsvrgClient._dane(task, config, w, g, seed, server_round, lam)
         elif method == "fsvrg":
-            phi = self._vector(msg, "phi", task.dim)
+            phi = vector("phi")
             s = node_scaling(phi, task.n, task.counts)
             order = coordinate_order(seed, task.task_id, server_round, task.n)
             w_k = fsvrg_local_pass(task.X, task.y, w, g, lam=lam,
@@ -235,15 +250,10 @@ class FsvrgClient:
             order = uniform_sample_order(seed, task.task_id, server_round, task.n)
             w_k = naive_fsvrg_local_pass(task.X, task.y, w, g, lam=lam,
                                          h=config_value(config, "h", float), order=order)
-        metrics = MetricRecord({"task-id": task.task_id, "round": server_round,
-                                "n-train": task.n})
-        return Message(RecordDict({"metrics": metrics,
-                                   "arrays": ArrayRecord({"w-local": to_array(w_k)})}),
-                       reply_to=msg)
+        return {"task-id": task.task_id, "round": server_round, "n-train": task.n}, w_k
 
-    # -- local solvers ----------------------------------------------------------------------
     @staticmethod
-    def _dane(task: SparseLocalTask, config: ConfigRecord, w: np.ndarray, g: np.ndarray,
+    def _dane(task: SparseLocalTask, config: Mapping[str, Any], w: np.ndarray, g: np.ndarray,
               seed: int, server_round: int, lam: float) -> np.ndarray:
         """DANE's local subproblem by ``epochs`` SVRG epochs (``eta = 1``)."""
         mu = config_value(config, "mu", float)
@@ -258,6 +268,22 @@ class FsvrgClient:
     def _cocoa_plus(self, msg: Message, context: Context, task: SparseLocalTask,
                     config: ConfigRecord) -> Message:
         """Commit or roll back, report the sums at ``w_t``, run SDCA, send ``d_w_k``."""
+        metrics, state, d_alpha, d_w = self.cocoa_train(
+            task, config, lambda key: self._vector(msg, key, task.dim),
+            lambda: self._reconcile(context, task, config))
+        reply = Message(RecordDict({"metrics": MetricRecord(metrics),
+                                    "arrays": ArrayRecord({"d-w": to_array(d_w)})}),
+                        reply_to=msg)
+        self._write_duals(context, task, state, d_alpha, int(metrics["round"]))  # last
+        return reply
+
+    @staticmethod
+    def cocoa_train(task: SparseLocalTask, config: Mapping[str, Any],
+                    vector: Callable[[str], np.ndarray], reconcile: Callable[[], DualState]
+                    ) -> tuple[dict[str, int | float], DualState, np.ndarray, np.ndarray]:
+        """CoCoA+'s ``train`` work: ``(metrics, reconciled state, d_alpha, d_w)``;
+        ``reconcile()`` applies the commit protocol to the stored state (called after the
+        message's checks), ``vector(key)`` gives the message's checked (d,) array."""
         server_round = config_value(config, "server-round", int)
         seed = config_value(config, "seed", int)
         epochs = config_value(config, "epochs", int)
@@ -268,20 +294,29 @@ class FsvrgClient:
             raise ValueError("last-accepted-round must precede server-round in a train message")
         if epochs < 1:
             raise ValueError(f"epochs must be >= 1, got {epochs}")
-        w = self._vector(msg, "w", task.dim)
-        state = self._reconcile(context, task, config)
+        w = vector("w")
+        state = reconcile()
         alpha = state.alpha
-        metrics, _ = self._loss_metrics(task, config, w)
+        metrics, _ = FsvrgClient._loss_metrics(task, config, w)
         metrics.update({"state-ok": int(state.ok), "dual-sum": logistic_dual_sum(task.y, alpha)})
         order = np.concatenate(dane_epoch_orders(seed, task.task_id, server_round, task.n,
                                                  epochs))
         d_alpha, d_w = cocoa_plus_local_sdca(task.X, task.y, alpha, w, lam=lam, n=n,
                                              sigma_prime=sigma_prime, order=order)
-        reply = Message(RecordDict({"metrics": MetricRecord(metrics),
-                                    "arrays": ArrayRecord({"d-w": to_array(d_w)})}),
-                        reply_to=msg)
-        self._write_duals(context, task, state, d_alpha, server_round)  # last
-        return reply
+        return metrics, state, d_alpha, d_w
+
+    @staticmethod
+    def cocoa_evaluate(task: SparseLocalTask, config: Mapping[str, Any],
+                       vector: Callable[[str], np.ndarray], reconcile: Callable[[], DualState]
+                       ) -> tuple[dict[str, int | float], DualState]:
+        """CoCoA+'s ``evaluate`` work (commit or roll back, then the sums at ``w``):
+        ``(metrics, reconciled state)``."""
+        w = vector("w")
+        state = reconcile()
+        metrics, _ = FsvrgClient._loss_metrics(task, config, w)
+        metrics.update({"state-ok": int(state.ok),
+                        "dual-sum": logistic_dual_sum(task.y, state.alpha)})
+        return metrics, state
 
     # -- CoCoA+'s dual state (the protocol of fmtl_flower.clients.dual_state) -----------------
     def _reconcile(self, context: Context, task: SparseLocalTask,
@@ -304,7 +339,7 @@ class FsvrgClient:
         return Message(RecordDict(records), reply_to=msg)
 
     @staticmethod
-    def _loss_metrics(task: SparseLocalTask, config: ConfigRecord,
+    def _loss_metrics(task: SparseLocalTask, config: Mapping[str, Any],
                       w: np.ndarray) -> tuple[dict[str, int | float], np.ndarray]:
         """The loss-reply metrics at ``w`` (test errors when ``eval``) and the gradient sum."""
         loss, grad = local_loss_grad_sums(task.X, task.y, w)

@@ -89,6 +89,14 @@ query ``fsvrg_gradient`` (server -> node): arrays ``w`` float64 (d,); config ``t
     commits or rolls back, and keeps no pending change) and reply metrics ``state-ok``,
     ``dual-sum``.
 
+Packed nodes (:mod:`fmtl_flower.packing`) that speak the stacking protocol ``"fsvrg"`` get
+each exchange's contents for all of their tasks in ONE message: the config values and global
+vectors (``w``, ``g``, ``phi``, ``v``) once, ``task-id`` (and CoCoA+'s
+``last-accepted-round``) as vectors; they reply with the metrics as vectors and the reply's
+array as a (K, d) matrix (contract in :mod:`fmtl_flower.clients.packed_fsvrg`). Each row is
+checked as a one-task reply and the sums run in task order, so the run equals the unpacked
+one bit for bit; a bad row or slot fails only its task.
+
 Every reply is validated (records and keys, int metrics as ints, finite numbers, arrays of
 dtype float64 (integers for ``counts``) and shape (d,), finite, matching task, round and
 n-train); a reply that fails is logged with its reason and counts as a dropped node: no
@@ -157,6 +165,7 @@ from ..core.fsvrg import (
     power_estimate,
 )
 from ..metrics import error_summary, round_record
+from ..packing import StackGroup
 from ..settings import FsvrgSettings, apply_settings, check_num_tasks
 from ..wire import from_array, to_array
 from .base import (
@@ -175,6 +184,9 @@ from .discovery import (
     check_task_and_round,
     read_metrics,
 )
+from .packed_fsvrg import MESSAGE_TYPES as _MESSAGE_TYPES
+from .packed_fsvrg import PROTOCOL as STACKING_PROTOCOL
+from .packed_fsvrg import read_stacked_reply, stacked_message
 
 __all__ = ["METHODS", "DualLedger", "Fsvrg", "ReplyError"]
 
@@ -386,7 +398,7 @@ class Fsvrg(TaskStrategy):
         evaluate = (server_round - 1) % self.eval_every == 0
         self._evaluating = evaluate
         if self.method == "cocoa-plus":  # one exchange; its replies complete the record
-            return self._train_messages(server_round, evaluate)
+            return self._train_messages(grid, server_round, evaluate)
         accepted = self._exchange(grid, server_round, f"{MessageType.QUERY}.fsvrg_gradient",
                                   evaluate, kind="gradient")
         self.exchanges += 1
@@ -414,7 +426,7 @@ class Fsvrg(TaskStrategy):
                 self._reject_round(server_round, accepted)
                 self._gd_replies = 0
             return []
-        return self._train_messages(server_round)
+        return self._train_messages(grid, server_round)
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord]:
@@ -448,7 +460,7 @@ class Fsvrg(TaskStrategy):
         """Nothing, except after the last round: f(w_R) and the test error."""
         if self.num_rounds is None or server_round != self.num_rounds or self.w is None:
             return []
-        return self._loss_messages(server_round, MessageType.EVALUATE, True)
+        return self._loss_messages(grid, server_round, MessageType.EVALUATE, True)
 
     def aggregate_evaluate(self, server_round: int,
                            replies: Iterable[Message]) -> MetricRecord | None:
@@ -544,12 +556,7 @@ class Fsvrg(TaskStrategy):
     def _setup(self, grid: Grid) -> None:
         """Query every node's feature counts once and build the statistics."""
         assert self.dim is not None
-        self.replies.begin()
-        messages = []
-        for task, node in sorted(self.task_to_node.items()):
-            messages.append(self.replies.track(task, node, Message(
-                RecordDict({"config": ConfigRecord({"task-id": task})}), dst_node_id=node,
-                message_type=f"{MessageType.QUERY}.fsvrg_stats")))
+        messages = self._messages(grid, f"{MessageType.QUERY}.fsvrg_stats", {}, {})
         replies = grid.send_and_receive(messages, timeout=self.round_timeout)
         accepted = self._read_replies(0, replies, kind="stats")
         self.exchanges += 1
@@ -568,13 +575,7 @@ class Fsvrg(TaskStrategy):
         assert self.dim is not None and self.lam is not None and self.n_total is not None
         v, estimate, iterations = gram_power_start(self.seed, self.dim), 0.0, 0
         while iterations < GD_POWER_MAX_ITER:
-            self.replies.begin()
-            messages = []
-            for task, node in sorted(self.task_to_node.items()):
-                messages.append(self.replies.track(task, node, Message(
-                    RecordDict({"arrays": ArrayRecord({"v": to_array(v)}),
-                                "config": ConfigRecord({"task-id": task})}),
-                    dst_node_id=node, message_type=f"{MessageType.QUERY}.fsvrg_gram")))
+            messages = self._messages(grid, f"{MessageType.QUERY}.fsvrg_gram", {}, {"v": v})
             replies = grid.send_and_receive(messages, timeout=self.round_timeout)
             accepted = self._read_replies(0, replies, kind="gram")
             self.exchanges += 1
@@ -596,24 +597,53 @@ class Fsvrg(TaskStrategy):
 
     def _exchange(self, grid: Grid, server_round: int, message_type: str, evaluate: bool,
                   kind: str) -> dict[int, dict[str, Any]]:
-        messages = self._loss_messages(server_round, message_type, evaluate)
+        messages = self._loss_messages(grid, server_round, message_type, evaluate)
         return self._read_replies(server_round,
                                   grid.send_and_receive(messages, timeout=self.round_timeout),
                                   kind=kind)
 
-    def _loss_messages(self, server_round: int, message_type: str,
+    def _loss_messages(self, grid: Grid, server_round: int, message_type: str,
                        evaluate: bool) -> list[Message]:
         assert self.w is not None
+        config: dict[str, Any] = {"server-round": server_round, "eval": bool(evaluate)}
+        if self.ledger is not None:  # CoCoA+'s evaluate: commit or roll back first
+            config["method"] = self.method
+        return self._messages(grid, message_type, config, {"w": self.w},
+                              protocol=self.ledger is not None)
+
+    def _messages(self, grid: Grid, message_type: str, config: dict[str, Any],
+                  arrays: dict[str, np.ndarray], protocol: bool = False) -> list[Message]:
+        """One exchange's messages (a new exchange of :attr:`replies`): one stacked message
+        per packed node that speaks the stacking protocol ``"fsvrg"``
+        (:mod:`~fmtl_flower.strategies.packed_fsvrg`: ``config`` and ``arrays`` once, the
+        task ids and last-accepted rounds as vectors), one message per task otherwise
+        (``config`` plus the task's ``task-id`` and, with ``protocol``, CoCoA+'s
+        commit-protocol keys)."""
         self.replies.begin()
+        encoded = {key: to_array(value) for key, value in arrays.items()}
+        targets = dict(self.task_to_node)
         messages = []
-        w = to_array(self.w)
-        for task, node in sorted(self.task_to_node.items()):
-            config = {"task-id": task, "server-round": server_round, "eval": bool(evaluate)}
-            if self.ledger is not None:  # CoCoA+'s evaluate: commit or roll back first
-                config.update({"method": self.method, **self._protocol_config(task)})
+        stacked_groups = getattr(grid, "stacked_groups", None)
+        if callable(stacked_groups):
+            groups, targets = stacked_groups(STACKING_PROTOCOL, targets)
+            shared, per_task = dict(config), {}
+            if protocol:
+                assert self.ledger is not None
+                per_task["last-accepted-round"] = self.ledger.last_accepted
+                if self.checkpoint_dir is not None:
+                    shared["checkpoint-round"] = int(self.last_checkpoint_round)
+            for group in groups:
+                messages.append(self.replies.track_stack(group, stacked_message(
+                    group, message_type, shared, encoded, per_task)))
+        for task, node in sorted(targets.items()):
+            task_config = {"task-id": task, **config}
+            if protocol:
+                task_config.update(self._protocol_config(task))
+            records: dict[str, Any] = {"config": ConfigRecord(task_config)}
+            if encoded:
+                records["arrays"] = ArrayRecord(encoded)
             messages.append(self.replies.track(task, node, Message(
-                RecordDict({"arrays": ArrayRecord({"w": w}), "config": ConfigRecord(config)}),
-                dst_node_id=node, message_type=message_type)))
+                RecordDict(records), dst_node_id=node, message_type=message_type)))
         return messages
 
     def _protocol_config(self, task: int) -> dict[str, int]:
@@ -625,27 +655,20 @@ class Fsvrg(TaskStrategy):
             out["checkpoint-round"] = int(self.last_checkpoint_round)
         return out
 
-    def _train_messages(self, server_round: int, evaluate: bool = False) -> list[Message]:
+    def _train_messages(self, grid: Grid, server_round: int,
+                        evaluate: bool = False) -> list[Message]:
         assert self.w is not None and self.lam is not None
-        arrays = {"w": to_array(self.w)}
+        arrays = {"w": self.w}
         if self.method != "cocoa-plus":
             assert self._g is not None
-            arrays["g"] = to_array(self._g)
+            arrays["g"] = self._g
         if self.method == "fsvrg":
             assert self.stats is not None
-            arrays["phi"] = to_array(self.stats.phi)
+            arrays["phi"] = self.stats.phi
         common = {"server-round": server_round, "seed": self.seed, "method": self.method,
                   "lam": self.lam, **self._solver_config(evaluate)}
-        self.replies.begin()
-        messages = []
-        for task, node in sorted(self.task_to_node.items()):
-            config = {"task-id": task, **common}
-            if self.ledger is not None:
-                config.update(self._protocol_config(task))
-            messages.append(self.replies.track(task, node, Message(
-                RecordDict({"arrays": ArrayRecord(arrays), "config": ConfigRecord(config)}),
-                dst_node_id=node, message_type=MessageType.TRAIN)))
-        return messages
+        return self._messages(grid, MessageType.TRAIN, common, arrays,
+                              protocol=self.ledger is not None)
 
     def _solver_config(self, evaluate: bool) -> dict[str, Any]:
         """The method's keys of a ``train`` config (see the wire contract)."""
@@ -671,7 +694,8 @@ class Fsvrg(TaskStrategy):
         return self.replies.read(
             where, replies,
             lambda reply, task: self._parse_reply(reply, task, server_round, kind),
-            on_accept).accepted
+            on_accept,
+            lambda reply, group: self._parse_stack(reply, group, server_round, kind)).accepted
 
     def _array(self, reply: Message, key: str, integer: bool = False) -> np.ndarray:
         arrays = arrays_of(reply)
@@ -690,27 +714,53 @@ class Fsvrg(TaskStrategy):
                      kind: str) -> dict[str, Any]:
         if kind in ("stats", "gram"):
             out = read_metrics(reply, ints=("task-id", "n-train"))
+        else:
+            out = self._read_round_metrics(reply, kind)
+        key = self._reply_array(kind)
+        if key is not None:
+            out[key] = self._array(reply, key, integer=key == "counts")
+        return self._check_values(out, task, server_round, kind)
+
+    def _reply_array(self, kind: str) -> str | None:
+        """The array of a ``kind`` reply (None: the final evaluate has none)."""
+        if kind == "train":
+            return "d-w" if self.method == "cocoa-plus" else "w-local"
+        return {"stats": "counts", "gram": "gram-v", "gradient": "grad-sum"}.get(kind)
+
+    def _parse_stack(self, reply: Message, group: StackGroup, server_round: int,
+                     kind: str) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
+        """The rows of a stacked reply (:mod:`~fmtl_flower.strategies.packed_fsvrg`) as
+        :meth:`_parse_reply` gives one reply's values (the same checks, each row's in turn;
+        types, shapes and finiteness over all rows at once), and the rejected tasks with
+        their reasons."""
+        assert self.dim is not None
+        cocoa = self.method == "cocoa-plus" and kind in ("train", "evaluate")
+        return read_stacked_reply(
+            reply, group, _MESSAGE_TYPES[kind], cocoa, self.dim,
+            lambda row, task: self._check_values(row, task, server_round, kind))
+
+    def _check_values(self, out: dict[str, Any], task: int, server_round: int,
+                      kind: str) -> dict[str, Any]:
+        """A reply's typed values checked (task, round, n-train, the bounds of the module
+        docstring); ReplyError names the first failing check. The arrays are float64 (d,)
+        and finite (``counts``: integer) already."""
+        if kind in ("stats", "gram"):
             if out["task-id"] != task:
                 raise ReplyError(f"reply for task {out['task-id']}, expected {task}")
         else:
-            out = self._round_metrics(reply, kind)
+            self._check_round_metrics(out, kind)
             check_task_and_round(out, task, server_round)
         if out["n-train"] != self.n_train[task]:
             raise ReplyError(f"n-train {out['n-train']} differs from {self.n_train[task]}")
         if kind == "stats":
-            counts = self._array(reply, "counts", integer=True)
+            counts = out["counts"]
             if np.any(counts < 0) or np.any(counts > out["n-train"]):
                 raise ReplyError(f"counts must be in [0, n-train = {out['n-train']}]")
-            out["counts"] = counts
-        elif kind == "gram":
-            out["gram-v"] = self._array(reply, "gram-v")
         elif kind == "gradient":
-            out["grad-sum"] = self._array(reply, "grad-sum")
             check_bound("|grad-sum|", norm(out["grad-sum"]), out["data-norm"],
                         "sqrt(n-train sq-norm-sum) >= sum_i |x_i|")
         elif kind == "train":
             key = "d-w" if self.method == "cocoa-plus" else "w-local"
-            out[key] = self._array(reply, key)
             assert self.w is not None
             limit = self.max_update_ratio * max(float(norm(self.w)), 1.0)
             why = "max_update_ratio %g x max(|w|, 1)"
@@ -724,14 +774,21 @@ class Fsvrg(TaskStrategy):
                             "sqrt(n-train sq-norm-sum) / (lambda n) for y alpha in [0, 1]")
         return out
 
-    def _round_metrics(self, reply: Message, kind: str) -> dict[str, Any]:
-        """A round reply's metrics: the loss sums (all but local models), CoCoA+'s dual."""
+    def _read_round_metrics(self, reply: Message, kind: str) -> dict[str, Any]:
+        """A round reply's metrics, typed: the loss sums (all but local models), CoCoA+'s
+        dual."""
         dual = self.method == "cocoa-plus" and kind != "gradient"
         if kind == "train" and not dual:
             return read_metrics(reply, ints=("task-id", "round", "n-train"))
-        out = read_metrics(reply, ints=("task-id", "round", "n-train", *(("state-ok",) * dual)),
-                           numbers=("loss-sum", "sq-norm-sum", *(("dual-sum",) * dual)),
-                           optional_ints=("test-errors", "test-n"))
+        return read_metrics(reply, ints=("task-id", "round", "n-train", *(("state-ok",) * dual)),
+                            numbers=("loss-sum", "sq-norm-sum", *(("dual-sum",) * dual)),
+                            optional_ints=("test-errors", "test-n"))
+
+    def _check_round_metrics(self, out: dict[str, Any], kind: str) -> None:
+        """The checks of a round reply's metrics (adds ``data-norm``)."""
+        dual = self.method == "cocoa-plus" and kind != "gradient"
+        if kind == "train" and not dual:
+            return
         if out["loss-sum"] < 0 or out["sq-norm-sum"] < 0:
             raise ReplyError("loss-sum and sq-norm-sum must be >= 0")
         n = out["n-train"]
@@ -750,7 +807,6 @@ class Fsvrg(TaskStrategy):
             raise ReplyError(f"state-ok must be 0 or 1, got {out['state-ok']}")
         if dual and not 0 <= out["dual-sum"] <= out["n-train"] * _LN2 * (1 + 1e-12):
             raise ReplyError(f"dual-sum must be in [0, n-train log 2], got {out['dual-sum']}")
-        return out
 
     # ------------------------------------------------------------------ records
     def _new_record(self, k: int) -> dict[str, Any]:
