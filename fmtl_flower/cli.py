@@ -265,15 +265,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"dataset {cfg.dataset}: {data.num_tasks} tasks, {data.dim} features, "
               f"{int(data.n_train.sum())} training samples", flush=True)
-    cfg, scores = _resolve_lambda(cfg, data)
-    if scores is not None and not args.quiet:
-        print("lambda by 5-fold CV: " + ", ".join(f"{k:g}: {v:.4f}" for k, v in scores.items())
-              + f" -> {cfg.lam:g}", flush=True)
-    if is_federated(cfg):
-        results = run_federation(cfg, data, args.engine, args.print_every, args.quiet,
-                                 ray_address=args.ray_address)
-    else:
-        results = run_baseline(cfg, data)
+    from .core import jit
+
+    with jit.simulation() as (kernels, why):  # a simulation: numba for every call (core.jit)
+        if not args.quiet:
+            print(f"kernels: {kernels} ({why})", flush=True)
+        cfg, scores = _resolve_lambda(cfg, data)
+        if scores is not None and not args.quiet:
+            print("lambda by 5-fold CV: " + ", ".join(f"{k:g}: {v:.4f}"
+                                                      for k, v in scores.items())
+                  + f" -> {cfg.lam:g}", flush=True)
+        if is_federated(cfg):
+            results = run_federation(cfg, data, args.engine, args.print_every, args.quiet,
+                                     ray_address=args.ray_address)
+        else:
+            results = run_baseline(cfg, data)
+    results["kernels"] = kernels
     if scores is not None:
         results["lambda_cv_scores"] = {f"{k:g}": v for k, v in scores.items()}
     results["engine"] = args.engine

@@ -2,7 +2,10 @@
 
 What ``fmtl run`` and the reproductions share: the ServerApp and ClientApp built from the
 run config (:mod:`fmtl_flower.apps.common`), run in-process or on Ray
-(:mod:`fmtl_flower.engine`), with ``ceil(m / tasks-per-node)`` Flower nodes.
+(:mod:`fmtl_flower.engine`), with ``ceil(m / tasks-per-node)`` Flower nodes, as a simulation:
+numba for every kernel call when installed, unless ``FMTL_KERNELS`` (or a caller's
+``core.jit.using``) says otherwise (:func:`fmtl_flower.core.jit.simulation`), the same choice
+in this process and in every Ray worker.
 """
 
 from __future__ import annotations
@@ -12,8 +15,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ..config import RunConfig
+from ..core import jit
 from ..engine import run_inprocess, run_ray
 from .common import make_client_app, make_server_app
+from .kernels import pin_kernels
 
 __all__ = ["run_federation"]
 
@@ -21,7 +26,11 @@ __all__ = ["run_federation"]
 def run_federation(cfg: RunConfig, data, engine: str = "inprocess", *,
                    on_round: Callable[[dict[str, Any]], None] | None = None,
                    ray_address: str | None = None) -> dict[str, Any]:
-    """Run the federation of ``cfg.strategy`` over ``data`` on ``engine``.
+    """Run the federation of ``cfg.strategy`` over ``data`` on ``engine``, as a simulation.
+
+    The kernels are :func:`fmtl_flower.core.jit.simulation`'s choice (numba for every call
+    when installed, unless ``FMTL_KERNELS`` or an enclosing ``jit.using`` block says
+    otherwise), made here once and carried to the Ray workers with the ClientApp.
 
     Parameters
     ----------
@@ -56,10 +65,11 @@ def run_federation(cfg: RunConfig, data, engine: str = "inprocess", *,
     server_app = make_server_app(cfg, on_round=on_round, on_done=box.update)
     client_app = make_client_app(cfg)
     nodes = math.ceil(data.num_tasks / cfg.tasks_per_node)  # task packing: K tasks per node
-    if engine == "inprocess":
-        run_inprocess(server_app, client_app, nodes)
-    else:
-        run_ray(server_app, client_app, nodes, address=ray_address)
+    with jit.simulation() as (kernels, _):
+        if engine == "inprocess":
+            run_inprocess(server_app, client_app, nodes)
+        else:  # the workers make this process's choice, whatever their environment
+            run_ray(server_app, pin_kernels(client_app, kernels), nodes, address=ray_address)
     if not box:
         raise RuntimeError("the federation ended without results (see the log above)")
     return box

@@ -5,18 +5,37 @@ Every per-step loop of the local solvers is decorated with :func:`kernel`, which
 arguments describe, whether it runs the kernel compiled by numba or its numpy implementation
 (``fallback``; a kernel without one runs its own code as plain Python).
 
-Why per call. Flower starts a fresh ClientApp process for every message. Importing numba and
-loading a message's compiled kernels from numba's on-disk cache costs such a process about
-as much as the rest of the message together (``benchmarks/device_message.py``), so a message
-with little local work is handled faster by numpy in a process that never imports numba;
-only a message with a lot of work pays that back. numba is therefore imported at the first
-call that chooses it, never at module import.
+Why per call on a device. Flower starts a fresh ClientApp process for every message. Importing
+numba and loading a message's compiled kernels from numba's on-disk cache costs such a process
+about as much as the rest of the message together (``benchmarks/device_message.py``), so a
+message with little local work is handled faster by numpy in a process that never imports
+numba; only a message with a lot of work pays that back. numba is therefore imported at the
+first call that chooses it, never at module import.
 
-Choice (``FMTL_KERNELS``, environment, read at the first kernel call of a process):
+Why not in a simulation. A simulation (``fmtl run`` on the in-process engine or Ray,
+``fmtl reproduce``, the benchmarks that simulate, a Flower user's own ``flwr run`` on a
+simulation federation) runs every ClientApp call in a few long-lived processes, where numba's
+import is paid once and many small calls add up (10^5 packed tasks in-process: 21.5 s per
+round per call against 5.8 s with numba everywhere). So the default depends on the process's
+**role**, fixed for a whole run and never on what the process ran before:
 
-* ``auto`` (default): numba iff the call's work estimate (see below) is at least
-  :data:`BREAK_EVEN` and numba is installed; else numpy. Without numba installed (armv7), one
-  warning and numpy at every size.
+* a deployment's ClientApp process (and any other process): ``auto``, the per-call rule below;
+* a simulation: ``numba`` for every call when numba is installed (``auto`` without it).
+  :func:`simulation` enters it for a block: ``fmtl run`` around the whole run (its header
+  says which kernels run and why), :func:`fmtl_flower.apps.run.run_federation` around a
+  federation, ``fmtl reproduce`` around a reproduction. On Ray the driver's choice travels
+  with the ClientApp to every worker (:func:`fmtl_flower.apps.kernels.pin_kernels` wraps
+  it), so every worker makes the driver's choice whatever its environment
+  (a joined cluster's workers do not inherit the driver's). ``flwr run``'s ClientApp
+  (``fmtl_flower.apps.client_app``) enters :func:`simulation` for the calls it handles inside
+  Flower's simulation engine (a Ray actor of Flower's ``ClientAppActor``:
+  :func:`fmtl_flower.apps.kernels.in_flower_simulation`), and nowhere else.
+
+The user's ``FMTL_KERNELS`` (environment) wins over either default, in every role:
+
+* ``auto``: numba iff the call's work estimate (see below) is at least :data:`BREAK_EVEN`
+  and numba is installed; else numpy. Without numba installed (armv7), one warning and numpy
+  at every size.
 * ``numba``: always numba (an ImportError when it is missing).
 * ``numpy``: never numba (numba is not imported).
 
@@ -39,14 +58,14 @@ implementation too (one choice per top-level call).
 numba's SDCA-family kernels are compiled with the fast-math flags ``reassoc`` and
 ``contract`` (:data:`fmtl_flower.core.sdca.FASTMATH`: SIMD dot products and fused
 multiply-adds), numpy sums in its own order, so they agree up to rounding (1e-9 relative in
-the tests, usually ~1e-15; the splitmix64 permutation is bit-identical). The choice is a pure
-function of ``FMTL_KERNELS``, whether numba is installed, and the sizes of the call's
-arguments -- never of the process's history (whether numba was imported by an earlier call,
-which Ray worker handles a message): the same configuration makes the same choice for every
-call, on every engine, in a deployment with one fresh process per message as in one
-simulation process, so their results stay identical. (Keeping numba for small calls once a
-process has imported it would be faster in a long simulation process, but would make a
-message's result depend on what its process ran before; it is not done.)
+the tests, usually ~1e-15; the splitmix64 permutation is bit-identical). Each call's choice
+is a pure function of the setting in force (``FMTL_KERNELS``, else the role's default),
+whether numba is installed, and the sizes of the call's arguments -- never of the process's
+history (whether numba was imported by an earlier call, which Ray worker handles a
+message). Hence **identical numbers for identical kernels**: a run gives the same numbers on
+every engine and in a deployment when both sides run the same kernels, i.e. the same
+``FMTL_KERNELS`` (a simulation of the default and a deployment of the default do *not*:
+``numba`` against ``auto``; set ``FMTL_KERNELS`` on both to compare them bit for bit).
 
 :func:`use_cache_dir` moves numba's on-disk cache (e.g. under a device's
 ``client-state-dir``); :func:`using` overrides the choice for a block (tests, benchmarks).
@@ -64,7 +83,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["BREAK_EVEN", "ELEMENT_US", "KERNELS_ENV", "STEP_US", "Kernel", "kernel", "mode",
-           "numba_available", "use_cache_dir", "using"]
+           "numba_available", "simulation", "simulation_choice", "use_cache_dir", "user_choice",
+           "using"]
 
 KERNELS_ENV = "FMTL_KERNELS"
 _CHOICES = ("auto", "numba", "numpy")
@@ -88,6 +108,7 @@ _available: bool | None = None
 _cache_dir: str | None = None
 _kernels: list[Kernel] = []
 _local = threading.local()
+_using_depth = 0  # open using() blocks: a caller chose the kernels explicitly
 
 
 def mode() -> str:
@@ -100,6 +121,46 @@ def mode() -> str:
             raise ValueError(f"{KERNELS_ENV}={choice!r}: expected one of {', '.join(_CHOICES)}")
         _mode = choice
     return _mode
+
+
+def user_choice() -> str | None:
+    """``FMTL_KERNELS`` as the environment sets it now (checked), or None when it is unset or
+    empty (then the process's role decides: module docstring)."""
+    choice = os.environ.get(KERNELS_ENV, "").strip().lower()
+    if not choice:
+        return None
+    if choice not in _CHOICES:
+        raise ValueError(f"{KERNELS_ENV}={choice!r}: expected one of {', '.join(_CHOICES)}")
+    return choice
+
+
+def simulation_choice() -> tuple[str, str]:
+    """The kernels a simulation runs, and why (the run header's words).
+
+    In order: the choice of an enclosing :func:`using` block (a caller's explicit choice);
+    the user's ``FMTL_KERNELS``; ``numba`` when it is installed; else ``auto`` (numpy at
+    every size, with the one warning of :func:`numba_available`). Never imports numba.
+    """
+    if _using_depth:
+        return mode(), "chosen by the caller (core.jit.using)"
+    user = user_choice()
+    if user is not None:
+        what = {"auto": "per call, numba only past the break-even, as a device does",
+                "numba": "numba for every call", "numpy": "numba never imported"}[user]
+        return user, f"{KERNELS_ENV}={user} in the environment: {what}"
+    if numba_available():
+        return "numba", (f"simulation default; {KERNELS_ENV}=auto to pick per call as a "
+                         "device does")
+    return "auto", "numba is not installed: numpy at every size"
+
+
+@contextmanager
+def simulation() -> Iterator[tuple[str, str]]:
+    """Run the block as a simulation: with the kernels of :func:`simulation_choice` (which
+    it yields with its reason), this process and all threads."""
+    choice, reason = simulation_choice()
+    with using(choice):
+        yield choice, reason
 
 
 def numba_available() -> bool:
@@ -221,15 +282,18 @@ def vector_work(entries: float) -> float:
 
 @contextmanager
 def using(choice: str) -> Iterator[None]:
-    """Run the block's kernel calls with ``FMTL_KERNELS=choice`` (this process, all threads)."""
-    global _mode
+    """Run the block's kernel calls with ``FMTL_KERNELS=choice`` (this process, all threads;
+    a :func:`simulation` inside the block keeps it)."""
+    global _mode, _using_depth
     if choice not in _CHOICES:
         raise ValueError(f"choice must be one of {', '.join(_CHOICES)}, got {choice!r}")
     saved = mode()
     _mode = choice
+    _using_depth += 1
     try:
         yield
     finally:
+        _using_depth -= 1
         _mode = saved
 
 

@@ -41,20 +41,22 @@ def module_of(name: str) -> ModuleType:
 def reproduce(name: str, out_dir: str | Path, quick: bool = False, **options: Any) -> dict:
     """Run reproduction ``name`` and write its files to ``out_dir``; return its JSON dict.
 
-    The local solvers run compiled at every size (``FMTL_KERNELS=numba`` unless the
-    environment sets it; also for the Ray workers started from here), as when the committed
-    results were made: the default ``auto`` runs small calls with numpy, equal only up to
-    rounding (:mod:`fmtl_flower.core.jit`)."""
+    A reproduction is a simulation (:func:`fmtl_flower.core.jit.simulation`): the local
+    solvers run compiled at every size when numba is installed, as when the committed results
+    were made, unless ``FMTL_KERNELS`` says otherwise (the default ``auto`` would run small
+    calls with numpy, equal only up to rounding). The choice is also exported to
+    ``FMTL_KERNELS`` for the block, for the processes started from here."""
     module = module_of(name)
     saved = os.environ.get(jit.KERNELS_ENV)
-    choice = saved or "numba"
-    os.environ[jit.KERNELS_ENV] = choice
-    try:
-        with jit.using(choice):
+    with jit.simulation() as (choice, _):
+        os.environ[jit.KERNELS_ENV] = choice
+        try:
             return module.run(Path(out_dir), quick=quick, **options)
-    finally:
-        if saved is None:
-            os.environ.pop(jit.KERNELS_ENV, None)
+        finally:
+            if saved is None:
+                os.environ.pop(jit.KERNELS_ENV, None)
+            else:
+                os.environ[jit.KERNELS_ENV] = saved
 
 
 def parse_options(name: str, pairs: Sequence[str]) -> dict[str, Any]:
