@@ -12,10 +12,13 @@ PID in the teardown; none may survive.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 
 import pytest
+
+from fmtl_flower.core.jit import KERNELS_ENV
 
 from .loopback import BIN, LoopbackFederation
 
@@ -32,6 +35,10 @@ def _untimed(record: dict) -> dict:
 
 def test_two_supernodes_host_three_tasks_each(tmp_path) -> None:
     fed = LoopbackFederation(tmp_path, 2, node_configs=["task-ids='0,1,2'", "task-ids='3,4,5'"])
+    # the same kernels on both sides, so that the records can be compared bit for bit: a
+    # deployment's ClientApps choose per call (auto), `fmtl run` is a simulation (numba for
+    # every call unless FMTL_KERNELS says otherwise)
+    fed.env[KERNELS_ENV] = "auto"
     try:
         fed.start()
         fed.wait_nodes_registered()
@@ -59,7 +66,8 @@ def test_two_supernodes_host_three_tasks_each(tmp_path) -> None:
         key, value = pair[0], pair[1].strip("'")
         if key not in ("strategy", "num-server-rounds", "tasks-per-node"):
             args += ["--set", f"{key}={value}"]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=600, check=False)
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=600, check=False,
+                          env={**os.environ, KERNELS_ENV: "auto"})  # as the deployment's
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     expected = json.loads(ref.read_text())
     assert [_untimed(r) for r in out["rounds"]] == [_untimed(r) for r in expected["rounds"]]

@@ -10,6 +10,7 @@ import pytest
 from fmtl_flower.apps.common import dataset_for, make_client_app, make_server_app
 from fmtl_flower.centralized import fit_mocha
 from fmtl_flower.config import RunConfig, settings_from_config
+from fmtl_flower.core import jit
 from fmtl_flower.core.formulations import GraphicalFormulation
 from fmtl_flower.engine import run_inprocess
 
@@ -152,10 +153,13 @@ def test_graphical_on_small_keeps_w_and_the_objective_bounded(tmp_path):
     except FileNotFoundError as err:
         pytest.skip(f"small not available: {err}")
     out = tmp_path / "graphical.json"
-    assert main(["run", "mocha", "--dataset", "small", "--rounds", "50",
-                 "--set", "mocha.omega=graphical", "--set", "mocha.lambda2=0.02",
-                 "--set", "mocha.s2=5", "--set", "mocha.omega-every=10",
-                 "--out", str(out), "--quiet"]) == 0
+    # the same kernels on both sides, so that the comparison below can be bit for bit: `fmtl
+    # run` is a simulation (numba for every call by default), fit_mocha here per call (auto)
+    with jit.using("auto"):
+        assert main(["run", "mocha", "--dataset", "small", "--rounds", "50",
+                     "--set", "mocha.omega=graphical", "--set", "mocha.lambda2=0.02",
+                     "--set", "mocha.s2=5", "--set", "mocha.omega-every=10",
+                     "--out", str(out), "--quiet"]) == 0
     results = json.loads(out.read_text())
     cfg = RunConfig.from_mapping(results["config"])
     lam, lam2 = float(cfg.lam), cfg.lambda2
@@ -174,8 +178,9 @@ def test_graphical_on_small_keeps_w_and_the_objective_bounded(tmp_path):
     assert final["test_error"] < 0.39
     # the same run centrally (bit-identical), with every Omega-step watched
     formulation = RecordingGraphical(m, lam=lam, lam2=lam2, s2=cfg.s2)
-    fit = fit_mocha(tasks, lam=lam, rounds=50, omega_every=10, formulation=formulation,
-                    seed=cfg.seed)
+    with jit.using("auto"):  # as the run above
+        fit = fit_mocha(tasks, lam=lam, rounds=50, omega_every=10, formulation=formulation,
+                        seed=cfg.seed)
     assert fit.history[-1]["primal"] == final["primal"]
     assert len(formulation.steps) == 4
     for before, after, slack, norm_w in formulation.steps:
