@@ -23,7 +23,9 @@ Figures (one JSON line, printed last):
 * ``cpu_seconds_per_round``: the median over rounds 2..R of the CPU time (user + system) of
   this process and, on Ray, its descendants, sampled as each round's progress line is
   printed: what a round costs the machine, which a loaded machine inflates far less than
-  wall time; ``load_average_1min`` at the end.
+  wall time; ``kernels``: what the local solvers ran (a simulation: numba for every call
+  unless ``FMTL_KERNELS`` says otherwise, :func:`fmtl_flower.core.jit.simulation`);
+  ``load_average_1min`` at the end.
 
 Usage: python benchmarks/engine_scale.py --nodes 200 --engine ray --tasks-per-node 50
        [--rounds 20] [--dim 20] [--samples-per-task 20] [--lam 1e-5] [--ray-address H:P]
@@ -155,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         out["same_results"] = unpacked.pop("_records") == out["_records"]
         out["unpacked"] = unpacked
     out.pop("_records")
+    from fmtl_flower.core import jit
+
+    out["kernels"] = jit.simulation_choice()[0]  # run_federation's (FMTL_KERNELS, else numba)
     out["load_average_1min"] = os.getloadavg()[0]
     print(json.dumps(out), flush=True)
     return 0
