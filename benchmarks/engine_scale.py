@@ -1,7 +1,7 @@
 """MOCHA (or FedEM's family) rounds at scale on an engine: seconds per round and peak memory.
 
 Runs ``fmtl run mocha`` (``--strategy``: any strategy of MOCHA's or FedEM's family) on the
-``synthetic`` dataset with ``nodes x tasks-per-node`` tasks
+``synthetic`` dataset (FSVRG's family: ``sparse-federated``) with ``nodes x tasks-per-node`` tasks
 (lazy per-task generation above 2,000 tasks) on the in-process engine or Flower's Ray
 simulation, with task packing when ``--tasks-per-node`` > 1 (one Flower message per node and
 round carries all of its tasks, :mod:`fmtl_flower.packing`).
@@ -15,7 +15,7 @@ Figures (one JSON line, printed last):
   raylet, GCS and workers; descendants only on Ray), sampled every 0.5 s with psutil;
   ``peak_self_mb``: this process's ``ru_maxrss``;
 * ``final_primal``, ``final_gap``, ``num_replies`` (of the final metrics round; FedEM's
-  family: ``final_train_loss`` and ``final_test_error``);
+  family: ``final_train_loss`` and ``final_test_error``; FSVRG's: ``final_objective``);
 * with ``--versus-unpacked``: the same run again with one task per node (``unpacked``: its
   figures) and ``packed_vs_unpacked``, unpacked seconds per round / packed seconds per round,
   both measured in this process one after the other, and ``same_results`` (the two runs'
@@ -124,8 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lam", type=float, default=None,
                         help="lambda (default 0.03 / m: with tr(Sigma) = 1, Omega ~ m I)")
     parser.add_argument("--strategy", default="mocha",
-                        help="mocha, cocoa, mb-sdca, mb-sgd, or FedEM's family (fedem, fedavg, "
-                        "fedprox, fedavg-ft, clustered, local: logistic model, M = 3)")
+                        help="mocha, cocoa, mb-sdca, mb-sgd, FedEM's family (fedem, fedavg, "
+                        "fedprox, fedavg-ft, clustered, local: logistic model, M = 3), or "
+                        "FSVRG's (fsvrg, fsvrg-naive, gd, cocoa-plus, dane: sparse-federated "
+                        "data of --dim features, at least 202, default 2000)")
     parser.add_argument("--versus-unpacked", action="store_true",
                         help="also run one task per node and print the ratio")
     parser.add_argument("--ray-address", default=None)
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.nodes < 1 or args.tasks_per_node < 1 or args.rounds < 2:
         parser.error("--nodes and --tasks-per-node must be >= 1, --rounds >= 2")
 
-    from fmtl_flower.config import RunConfig
+    from fmtl_flower.config import FSVRG_FAMILY, RunConfig
 
     logging.getLogger("flwr").setLevel(logging.ERROR)
     m = args.nodes * args.tasks_per_node
@@ -145,10 +147,16 @@ def main(argv: list[str] | None = None) -> int:
               "seed": args.seed, "round-timeout": 3600.0}
     fedem = RunConfig.from_mapping({**values, "model": "logistic"}).is_fedem_family
     values.update({"model": "logistic", "fedem.M": 3} if fedem else {"mocha.lambda": lam})
+    fsvrg = args.strategy in FSVRG_FAMILY  # sparse logistic regression, lambda 1/n
+    if fsvrg:
+        args.dim = args.dim if args.dim >= 202 else 2000
+        values.pop("mocha.lambda")
+        values.update({"dataset": "sparse-federated", "dim": args.dim, "samples-per-task": 0,
+                       **({"fsvrg.h": 0.05} if args.strategy == "fsvrg-naive" else {})})
     out = {"benchmark": "engine_scale", "engine": args.engine, "strategy": args.strategy,
            "nodes": args.nodes, "tasks_per_node": args.tasks_per_node, "tasks": m,
-           "dim": args.dim, "samples_per_task": args.samples_per_task,
-           **({} if fedem else {"lambda": lam}), "rounds": args.rounds,
+           "dim": args.dim, "samples_per_task": None if fsvrg else args.samples_per_task,
+           **({} if fedem or fsvrg else {"lambda": lam}), "rounds": args.rounds,
            **_measure(RunConfig.from_mapping(values), args)}
     if args.versus_unpacked:
         unpacked = _measure(RunConfig.from_mapping({**values, "tasks-per-node": 1}), args)
@@ -190,6 +198,7 @@ def _measure(cfg, args: argparse.Namespace) -> dict:
         "total_s": total, "peak_mb": memory.peak / 2**20,
         "peak_self_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "final_primal": final.get("primal"), "final_gap": final.get("gap"),
+        "final_objective": final.get("objective"),
         "final_train_loss": final.get("train_loss"),
         "final_test_error": final.get("test_error"), "num_replies": final.get("num_replies"),
         # marks: record k is printed in round k + 1 (k < R), record R after the final

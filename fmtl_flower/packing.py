@@ -326,6 +326,7 @@ class PackedGrid(GridWrapper):
             message.metadata.__dict__["_message_id"] = f"{virtual}"
             group[slot] = message
         packed = stacked
+        stacked_count = len(stacked)
         for (node, message_type), subs in groups.items():
             ttls = [m.metadata.ttl for m in subs.values()]
             msg = Message(pack_content({s: m.content for s, m in subs.items()}),
@@ -333,9 +334,18 @@ class PackedGrid(GridWrapper):
             packed.append(msg)
         self.messages_sent += len(packed)
         replies: list[Message] = []
+        answers: dict[str, tuple[int, str]] | None = None  # stacked message id -> its key
         for reply in self.inner.send_and_receive(packed, timeout=timeout):
             key = (reply.metadata.src_node_id, reply.metadata.message_type)
             if key in stacked_keys:
+                if answers is None:  # (message ids are given when the messages are pushed)
+                    answers = {m.metadata.message_id: (m.metadata.dst_node_id,
+                                                       m.metadata.message_type)
+                               for m in packed[:stacked_count]}
+                if answers.get(reply.metadata.reply_to_message_id) != key:
+                    log(WARNING, "packing: reply from node %s (%s) answers no stacked message "
+                        "sent to it; ignored", *key)
+                    continue
                 stacked_keys.discard(key)
                 replies.append(reply)
                 continue

@@ -446,3 +446,243 @@ def injections(draw: Any, family: Family) -> dict[Injection, Case]:
 def test_random_hostile_replies(name, data):
     family = FAMILIES[name]
     check_hostile_run(family, data.draw(injections(family)))
+
+
+# ------------------------------------------------------------------------------ stacked replies
+# Packed FSVRG nodes (clients/packed_fsvrg.py): one stacked reply per node and exchange. A
+# hostile *row* must fail only its task (the run equals the one where that row's slot failed);
+# a hostile *reply* (records, envelope) fails the node's tasks (the run equals the one where
+# the whole reply was lost). Cases act on row ROW of the reply.
+ROW = 1
+PACKED_TASKS, PER_NODE = 6, 3
+
+
+def _stacked_arrays(reply: Message) -> dict[str, np.ndarray]:
+    return {k: np.array(from_array(v)) for k, v in reply.content["arrays"].items()}
+
+
+def _matrix_key(arrays: dict[str, np.ndarray]) -> str:
+    """The reply's (k, d) matrix (an evaluate reply has none: its ``loss-sum``)."""
+    return next((k for k, v in arrays.items() if v.ndim == 2), "loss-sum")
+
+
+def _with_arrays(message: Message, reply: Message, arrays: dict[str, Any]) -> Message:
+    return _rebuild(message, reply, arrays=ArrayRecord(
+        {k: v if isinstance(v, Array) else to_array(v) for k, v in arrays.items()}))
+
+
+def _row(change: Callable[[dict[str, np.ndarray]], None]) -> Case:
+    """A row case: ``change(arrays)`` edits the decoded arrays (row ROW) in place."""
+    def case(message: Message, reply: Message) -> list[Message]:
+        arrays = _stacked_arrays(reply)
+        change(arrays)
+        return [_with_arrays(message, reply, arrays)]
+    return case
+
+
+def _set(key: str | None, value: Any) -> Callable[[dict[str, np.ndarray]], None]:
+    def change(arrays: dict[str, np.ndarray]) -> None:
+        name = key or _matrix_key(arrays)
+        if arrays[name].ndim == 2:
+            arrays[name][ROW, 0] = value
+        else:
+            arrays[name][ROW] = value
+    return change
+
+
+def _shift(key: str, by: int) -> Callable[[dict[str, np.ndarray]], None]:
+    def change(arrays: dict[str, np.ndarray]) -> None:
+        arrays[key][ROW] += by
+    return change
+
+
+def _float_vector(arrays: dict[str, np.ndarray]) -> str:
+    return "loss-sum" if "loss-sum" in arrays else "task-id"
+
+
+def _set_float(value: float) -> Callable[[dict[str, np.ndarray]], None]:
+    def change(arrays: dict[str, np.ndarray]) -> None:
+        key = _float_vector(arrays)
+        if key == "task-id":  # (local models: no float vector) the row's task breaks
+            arrays[key][ROW] = -1
+        else:
+            arrays[key][ROW] = value
+    return change
+
+
+def _whole(make: Callable[[Message, Message], Message]) -> Case:
+    return lambda message, reply: [make(message, reply)]
+
+
+def _with_matrix(make: Callable[[np.ndarray], Any]) -> Case:
+    def case(message: Message, reply: Message) -> list[Message]:
+        arrays: dict[str, Any] = _stacked_arrays(reply)
+        key = _matrix_key(arrays)
+        arrays[key] = make(arrays[key])
+        return [_with_arrays(message, reply, arrays)]
+    return case
+
+
+def _with_stack(record: Callable[[Message], Any], name: str = "stack") -> Case:
+    return _whole(lambda m, r: _rebuild(m, r, **{name: record(r)}))
+
+
+def _slots(reply: Message) -> list[int]:
+    return list(reply.content["stack"]["slots"])
+
+
+STACKED_ROW: dict[str, Case] = {
+    "row-nan": _row(_set(None, np.nan)),
+    "row-plus-inf": _row(_set(None, np.inf)),
+    "row-huge-1e150": _row(_set(None, 1e150)),
+    "row-big-1e5": _row(_set(None, 1e5)),
+    "row-max-float": _row(_set(None, 1.7e308)),
+    "row-wrong-task-id": _row(_shift("task-id", 1)),
+    "row-negative-task-id": _row(_set("task-id", -1)),
+    "row-wrong-n-train": _row(_shift("n-train", 1)),
+    "row-huge-n-train": _row(_set("n-train", 2**62)),
+    "row-older-round": _row(_shift("round", -1)),
+    "row-newer-round": _row(_shift("round", 1)),
+    "row-nan-metric": _row(_set_float(np.nan)),
+    "row-inf-metric": _row(_set_float(np.inf)),
+    "row-negative-metric": _row(_set_float(-1.0)),
+    "row-huge-metric": _row(_set_float(1e308)),
+}
+STACKED_REPLY: dict[str, Case] = {
+    "error-reply": _whole(lambda m, r: Message(Error(code=0, reason="hostile"), reply_to=m)),
+    "empty-content": _whole(lambda m, r: Message(RecordDict({}), reply_to=m)),
+    "no-stack": _whole(lambda m, r: _rebuild(m, r, stack=None)),
+    "no-arrays": _whole(lambda m, r: _rebuild(m, r, arrays=None)),
+    "arrays-as-metricrecord": _whole(lambda m, r: _rebuild(m, r, arrays=MetricRecord({"a": 1.0}))),
+    "stack-as-arrayrecord": _with_stack(lambda r: ArrayRecord({"slots": to_array(np.zeros(2))})),
+    "stack-other-protocol": _with_stack(lambda r: ConfigRecord({"protocol": "mocha",
+                                                                "slots": _slots(r)})),
+    "stack-stranger-slot": _with_stack(lambda r: ConfigRecord({"protocol": "fsvrg",
+                                                               "slots": [*_slots(r)[:-1], 77]})),
+    "stack-slot-twice": _with_stack(lambda r: ConfigRecord({"protocol": "fsvrg",
+                                                            "slots": [_slots(r)[0]] * 3})),
+    "stack-slots-bools": _with_stack(lambda r: ConfigRecord({"protocol": "fsvrg",
+                                                             "slots": [True, False, True]})),
+    "stack-one-slot-less": _with_stack(lambda r: ConfigRecord({"protocol": "fsvrg",
+                                                               "slots": _slots(r)[:-1]})),
+    "errors-also-replied": _with_stack(lambda r: ConfigRecord(
+        {"slots": [_slots(r)[0]], "reasons": ["x"]}), "stack-errors"),
+    "errors-reasons-mismatch": _with_stack(lambda r: ConfigRecord(
+        {"slots": [50], "reasons": ["x", "y"]}), "stack-errors"),
+    "matrix-float32": _with_matrix(lambda v: v.astype(np.float32)),
+    "matrix-int8": _with_matrix(lambda v: v.astype(np.int8)),
+    "matrix-one-column-less": _with_matrix(lambda v: v[..., :-1].copy()),
+    "matrix-one-row-less": _with_matrix(lambda v: v[:-1].copy()),
+    "matrix-flat": _with_matrix(lambda v: v.reshape(-1) if v.ndim == 2 else v.reshape(-1, 1)),
+    "matrix-garbage-bytes": _with_matrix(lambda v: _raw(v, data=b"\x93NUMPY")),
+    "matrix-truncated": _with_matrix(lambda v: _raw(v, data=to_array(v).data[:-3])),
+    "matrix-header-lies": _with_matrix(lambda v: _raw(v, shape=(2**40, 2))),
+    "matrix-object-dtype": _with_matrix(lambda v: _raw(v, dtype="object")),
+    "vector-float32": _row(lambda a: a.__setitem__("n-train", a["n-train"].astype(np.float32))),
+    "vector-too-long": _row(lambda a: a.__setitem__("task-id", np.append(a["task-id"], 0))),
+    "forged-source": _forged_source,
+    "answers-no-message": _answers_nothing,
+    "wrong-message-type": _wrong_type,
+    "garbage-then-real": _garbage_then_real,
+    "error-then-real": _error_then_real,
+}
+STACKED_HOSTILE = {**STACKED_ROW, **STACKED_REPLY}
+assert len(STACKED_HOSTILE) >= 40, len(STACKED_HOSTILE)
+
+
+def _drop_row(message: Message, reply: Message) -> list[Message]:
+    """The reference of a row case: the reply whose row ROW's slot failed on the device."""
+    arrays = _stacked_arrays(reply)
+    keep = [i for i in range(len(arrays["task-id"])) if i != ROW]
+    slots = _slots(reply)
+    out = _with_arrays(message, reply, {k: v[keep] for k, v in arrays.items()})
+    out.content["stack"] = ConfigRecord({"protocol": "fsvrg",
+                                         "slots": [slots[i] for i in keep]})
+    out.content["stack-errors"] = ConfigRecord({"slots": [slots[ROW]], "reasons": ["lost"]})
+    return [out]
+
+
+def _packed_fsvrg_client() -> Any:
+    from fmtl_flower.clients.packed_fsvrg import PackedFsvrg
+    from fmtl_flower.packing import packed_client_app, tasks_of_node
+
+    app = make_fsvrg_client_app(lambda c: PACKED_DATA.task(default_task_id(c)).arrays())
+    stacked = PackedFsvrg(app.fsvrg_client)
+    return packed_client_app(
+        app, lambda ctx: tasks_of_node(ctx.node_config, PER_NODE, PACKED_TASKS),
+        {"fsvrg": stacked}, {"query.whoami": stacked.whoami})
+
+
+def _packed_start(method: str, rounds: int) -> Callable[[HostileGrid], Any]:
+    from fmtl_flower.packing import PackedGrid
+
+    def run(grid: HostileGrid) -> Any:
+        strategy = Fsvrg(PACKED_TASKS, method=method, seed=1, discovery_timeout=5.0)
+        strategy.start(grid=PackedGrid(grid), num_rounds=rounds, timeout=60.0)
+        return strategy
+    return run
+
+
+PACKED_DATA = make_sparse_federated(num_tasks=PACKED_TASKS, dim=500, seed=1)
+PACKED_FAMILIES = {
+    "packed-fsvrg": Family(
+        "packed-fsvrg", PACKED_TASKS // PER_NODE, _packed_start("fsvrg", 3),
+        _packed_fsvrg_client, lambda s: {"w": s.w},
+        (MessageType.TRAIN, f"{MessageType.QUERY}.fsvrg_gradient"), 3, victim=0),
+    "packed-cocoa-plus": Family(
+        "packed-cocoa-plus", PACKED_TASKS // PER_NODE, _packed_start("cocoa-plus", 3),
+        _packed_fsvrg_client,
+        lambda s: {"w": s.w, **{f"ledger.{k}": v for k, v in s.ledger.to_arrays().items()}},
+        (MessageType.TRAIN, MessageType.EVALUATE), 3, victim=0),
+}
+FAMILY_OF.update({"packed-fsvrg": "FSVRG", "packed-cocoa-plus": "FSVRG"})
+
+
+def check_stacked_run(family: Family, hostile: dict[Injection, str]) -> set[Injection]:
+    """As :func:`check_hostile_run` for stacked cases (by name): the reference run loses the
+    hit row (row cases) or the whole reply (the others)."""
+    hits: set[Injection] = set()
+    state = family.state(run_family(family, {k: STACKED_HOSTILE[c]
+                                             for k, c in hostile.items()}, hits))
+    where = frozenset((k, c in STACKED_ROW) for k, c in hostile.items())
+    key = (family.name, where)
+    if key not in _REFERENCES:
+        lost = {k: _drop_row if row else None for k, row in where}
+        _REFERENCES[key] = {k: np.array(v) for k, v in
+                            family.state(run_family(family, lost)).items()}
+    reference = _REFERENCES[key]
+    for name, value in state.items():
+        value = np.asarray(value)
+        assert np.all(np.isfinite(value)) if value.dtype.kind == "f" else True, name
+        assert np.array_equal(value, reference[name]), (
+            f"{family.name}: {name} differs from the run where those replies were lost")
+    return hits
+
+
+@pytest.mark.parametrize("case", sorted(STACKED_HOSTILE))
+@pytest.mark.parametrize("name", sorted(PACKED_FAMILIES))
+def test_every_stacked_hostile_case(name, case):
+    """Each case on one packed node's stacked reply in the middle of the run (node 0's
+    second message of the family's first target type)."""
+    family = PACKED_FAMILIES[name]
+    where = (family.victim, family.targets[0], 2)
+    assert check_stacked_run(family, {where: case}) == {where}
+
+
+@st.composite
+def stacked_injections(draw: Any, family: Family) -> dict[Injection, str]:
+    out = {}
+    for _ in range(draw(st.integers(1, 3))):
+        key = (draw(st.integers(0, family.num_nodes - 1)), draw(st.sampled_from(family.targets)),
+               draw(st.integers(1, family.exchanges)))
+        out[key] = draw(st.sampled_from(sorted(STACKED_HOSTILE)))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(PACKED_FAMILIES))
+@settings(max_examples=15, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_random_stacked_hostile_replies(name, data):
+    family = PACKED_FAMILIES[name]
+    check_stacked_run(family, data.draw(stacked_injections(family)))
