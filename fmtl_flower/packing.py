@@ -334,15 +334,16 @@ class PackedGrid(GridWrapper):
             packed.append(msg)
         self.messages_sent += len(packed)
         replies: list[Message] = []
-        answers: dict[str, tuple[int, str]] | None = None  # stacked message id -> its key
+        answers: dict[str, tuple[int, str]] = {}  # stacked message id -> its key
         for reply in self.inner.send_and_receive(packed, timeout=timeout):
             key = (reply.metadata.src_node_id, reply.metadata.message_type)
             if key in stacked_keys:
-                if answers is None:  # (message ids are given when the messages are pushed)
+                answered = reply.metadata.reply_to_message_id
+                if answered not in answers:  # message ids are given as messages are pushed
                     answers = {m.metadata.message_id: (m.metadata.dst_node_id,
                                                        m.metadata.message_type)
                                for m in packed[:stacked_count]}
-                if answers.get(reply.metadata.reply_to_message_id) != key:
+                if answers.get(answered) != key:
                     log(WARNING, "packing: reply from node %s (%s) answers no stacked message "
                         "sent to it; ignored", *key)
                     continue
