@@ -120,7 +120,14 @@ def test_flwr_run_mocha_four_nodes(flwr_sandbox: dict[str, str], tmp_path: Path)
     run_config = (f"num-server-rounds={NUM_ROUNDS} num-tasks={NUM_NODES} dim=5 "
                   f"samples-per-task=30 seed=3 mocha.omega-every=2 round-timeout=120.0 "
                   f"results-file='{results}'")
+    # the ClientApp inside Flower's simulation engine runs numba for every call (a
+    # simulation's default, fmtl_flower.apps.kernels): these calls, far below the per-call
+    # break-even, compile into this cache (a device would run them numpy)
+    numba_cache = tmp_path / "numba-cache"
+    flwr_sandbox.pop("FMTL_KERNELS", None)
+    flwr_sandbox["NUMBA_CACHE_DIR"] = str(numba_cache)
     out, context = _flwr_run(flwr_sandbox, run_config, results)
+    assert list(numba_cache.rglob("*.nbi")), f"no numba cache written\n{context}"
     rounds = out["rounds"]
     assert [r["round"] for r in rounds] == list(range(NUM_ROUNDS + 1)), context
     assert all(r["num_replies"] == NUM_NODES for r in rounds[1:]), rounds

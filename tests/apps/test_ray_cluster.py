@@ -28,6 +28,7 @@ import psutil
 import pytest
 
 from fmtl_flower.cli import main
+from fmtl_flower.core.jit import KERNELS_ENV, numba_available, using
 
 from .processes import free_port, stop_processes
 
@@ -35,8 +36,11 @@ pytestmark = pytest.mark.slow
 
 VENV_BIN = Path(sys.executable).parent
 ROUNDS = 3
-# round-timeout: the first round waits for the cluster to start its actors (a parity test)
-RUN_ARGS = ["mocha", "--rounds", str(ROUNDS), "--set", "round-timeout=600.0"]
+# round-timeout: the first round waits for the cluster to start its actors (a parity test);
+# sizes whose records differ between numba and numpy (fast-math dot products of 20 features),
+# so that the parity below also shows which kernels the cluster's workers ran
+RUN_ARGS = ["mocha", "--rounds", str(ROUNDS), "--set", "round-timeout=600.0", "--seed", "3",
+            "--set", "num-tasks=4", "--set", "dim=20", "--set", "samples-per-task=30"]
 START_TIMEOUT_S = 180.0
 RUN_TIMEOUT_S = 600.0
 HEAD_CPUS = 2
@@ -91,6 +95,10 @@ def ray_head() -> Iterator[RayHead]:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update({"RAY_USAGE_STATS_ENABLED": "0",
                 "PATH": os.pathsep.join([str(VENV_BIN), env.get("PATH", "")])})
+    # the cluster's workers inherit the cluster's environment, not the driver's: here one
+    # that says numpy, while the driver (no FMTL_KERNELS) runs a simulation's numba; the
+    # workers must make the driver's choice (fmtl_flower.apps.kernels.pin_kernels)
+    env[KERNELS_ENV] = "numpy"
     log = Path(temp_dir) / "ray-start.log"
     command = [str(VENV_BIN / "ray"), "start", "--head", "--block",
                "--node-ip-address", "127.0.0.1", "--port", str(port),
@@ -128,7 +136,8 @@ def _run_on_cluster(head: RayHead, out: Path, cwd: Path) -> tuple[dict, str]:
     own_ray: set[str] = set()
     started = time.perf_counter()
     with (cwd / "fmtl.log").open("w") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=head.env,
+        driver_env = {k: v for k, v in head.env.items() if k != KERNELS_ENV}
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=driver_env,
                                 cwd=cwd)
         try:
             while proc.poll() is None:
@@ -183,9 +192,12 @@ def test_fmtl_run_joins_a_running_ray_cluster(ray_head: RayHead, tmp_path: Path)
     assert final["primal"] is not None and math.isfinite(final["primal"])
     assert final["gap"] is not None and final["gap"] >= 0.0
 
-    # the same config on the in-process engine (no Ray) gives the same numbers
+    # the same config on the in-process engine (no Ray) gives the same numbers: the same
+    # kernels (the simulation default) ran on the cluster's workers as in this process
+    assert results["kernels"] == "numba" or not numba_available(), context
     reference_out = tmp_path / "inprocess.json"
-    assert main(["run", *RUN_ARGS, "--quiet", "--out", str(reference_out)]) == 0
+    with using(results["kernels"]):
+        assert main(["run", *RUN_ARGS, "--quiet", "--out", str(reference_out)]) == 0
     reference = json.loads(reference_out.read_text())
     assert reference["final"]["num_replies"] == num_tasks
     for got, want in zip(rounds, reference["rounds"], strict=True):
