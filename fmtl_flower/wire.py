@@ -18,17 +18,31 @@ relies on the layout of Flower's ``TypedDict``; a self-test on first use compare
 results with Flower's own constructors and, should a Flower release change that layout,
 every builder falls back to them. Values of any other type go through Flower's
 constructors too (and their checks).
+
+Messages built in one step. :func:`message` and :func:`reply` build the ``Message`` that
+Flower's constructor builds for an instruction and for a reply (same metadata: run and node
+ids from Flower's ``TaskIdentity`` or from the message replied to, ``message_type``,
+``group_id``, the default TTL, or the rest of the instruction's TTL; ``created_at`` from
+the clock) without its argument parsing and checks, which cost more than the records of a
+small message. They take only what the strategies and handlers here pass (a ``RecordDict``
+built by :func:`record_dict`, a valid message type); a self-test on first use compares
+their messages with Flower's, and every builder falls back to Flower's constructor should a
+release change ``Message``'s or ``Metadata``'s layout.
 """
 
 from __future__ import annotations
 
 import io
 import math
+import time
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app.constants import DEFAULT_TTL
+from flwr.app.metadata import Metadata
+from flwr.supercore.task_identity import TaskIdentity
 
 NUMPY_STYPE = "numpy.ndarray"
 _DTYPE_NAMES: dict[np.dtype, str] = {}  # str(dtype), which numpy computes slowly
@@ -219,3 +233,94 @@ def record_dict(records: dict[str, ArrayRecord | ConfigRecord | MetricRecord]) -
                           for k, v in records.items()):
         return _filled(RecordDict, dict(records))
     return RecordDict(records)
+
+
+_MESSAGE_TYPES = frozenset(("train", "evaluate", "query", "query.whoami"))
+_MESSAGES: list[bool] = []  # [whether message() and reply() build Flower's messages]
+
+
+def _new_message(metadata: dict[str, Any], content: RecordDict) -> Message:
+    meta = Metadata.__new__(Metadata)
+    meta.__dict__.update(metadata)
+    out = Message.__new__(Message)
+    out.__dict__.update(_metadata=meta, _content=content, _error=None)
+    return out
+
+
+def message(content: RecordDict, dst_node_id: int, message_type: str,
+            group_id: str = "") -> Message:
+    """``Message(content, dst_node_id, message_type, group_id=group_id)``: an instruction
+    with Flower's metadata, built in one step for the message types the strategies here send
+    (``train``, ``evaluate``, ``query.whoami``; anything else: Flower's constructor)."""
+    if (_messages_ok() and type(content) is RecordDict and type(dst_node_id) is int
+            and message_type in _MESSAGE_TYPES and type(group_id) is str):
+        return _new_message({
+            "_run_id": TaskIdentity.run_id, "_message_id": "",
+            "_src_node_id": TaskIdentity.node_id, "_dst_node_id": dst_node_id,
+            "_src_task_id": TaskIdentity.task_id, "_dst_task_id": None,
+            "_reply_to_message_id": "", "_group_id": group_id, "_created_at": time.time(),
+            "_ttl": DEFAULT_TTL, "_message_type": message_type, "_delivered_at": ""},
+            content)
+    return Message(content, dst_node_id, message_type, group_id=group_id)
+
+
+def reply(content: RecordDict, reply_to: Message) -> Message:
+    """``Message(content, reply_to=reply_to)``: the reply to an instruction, with Flower's
+    metadata (the instruction's ids swapped, its group and type, the rest of its TTL),
+    built in one step."""
+    if _messages_ok() and type(content) is RecordDict and type(reply_to) is Message:
+        asked = reply_to.__dict__["_metadata"].__dict__
+        if asked["_message_type"] in _MESSAGE_TYPES:
+            current = time.time()
+            return _new_message({
+                "_run_id": asked["_run_id"], "_message_id": "",
+                "_src_node_id": asked["_dst_node_id"], "_dst_node_id": asked["_src_node_id"],
+                "_src_task_id": asked["_dst_task_id"], "_dst_task_id": asked["_src_task_id"],
+                "_reply_to_message_id": asked["_message_id"], "_group_id": asked["_group_id"],
+                "_created_at": current,
+                "_ttl": asked["_created_at"] + asked["_ttl"] - current,
+                "_message_type": asked["_message_type"], "_delivered_at": ""}, content)
+    return Message(content, reply_to=reply_to)
+
+
+def _messages_ok() -> bool:
+    """Whether :func:`message` and :func:`reply` build Flower's messages (checked once per
+    process against Flower's constructor: the same attributes, equal metadata but for the
+    clock's ``created_at`` and ``ttl``)."""
+    if not _MESSAGES:
+        _MESSAGES.append(False)
+        saved = {k: TaskIdentity.__dict__.get(k) for k in ("_run_id", "_node_id", "_task_id")}
+        try:  # Flower's instruction reads the process's TaskIdentity: a test identity
+            TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 7, 1, 2
+            _MESSAGES[0] = True  # build ours for the comparison
+            try:
+                ours = message(RecordDict(), 5, "train", "3")
+            finally:
+                _MESSAGES[0] = False
+            flowers = Message(RecordDict(), 5, "train", group_id="3")
+            for sent in (ours, flowers):
+                sent.metadata.__dict__["_message_id"] = "m1"
+            _MESSAGES[0] = True
+            try:
+                answer = reply(RecordDict(), flowers)
+            finally:
+                _MESSAGES[0] = False
+            pairs = ((ours, flowers), (answer, Message(RecordDict(), reply_to=flowers)))
+            _MESSAGES[0] = all(_same_message(a, b) for a, b in pairs)
+        except Exception:  # noqa: BLE001 - any surprise: Flower's constructor
+            _MESSAGES[0] = False
+        finally:
+            for key, value in saved.items():
+                setattr(TaskIdentity, key, value)
+    return _MESSAGES[0]
+
+
+def _same_message(ours: Message, flowers: Message) -> bool:
+    if type(ours) is not Message or set(vars(ours)) != set(vars(flowers)) \
+            or type(ours.metadata) is not Metadata or ours.has_error():
+        return False
+    a, b = dict(vars(ours.metadata)), dict(vars(flowers.metadata))
+    clock = ("_created_at", "_ttl")
+    return (set(a) == set(b) and all(a[k] == b[k] for k in a if k not in clock)
+            and all(abs(a[k] - b[k]) < 5.0 for k in clock)
+            and ours.metadata.message_type == flowers.metadata.message_type)

@@ -117,3 +117,33 @@ def test_inputs_are_not_shared_with_the_records():
     record = config_record(values)
     values["task-id"] = 99
     assert record["task-id"] == 3
+
+
+@pytest.mark.parametrize("bulk", [True, False])
+def test_messages_built_in_one_step_are_flowers_messages(monkeypatch, bulk):
+    """Issue 17: an instruction and a reply built by message() / reply() have Flower's
+    metadata (ids, group, type, TTL), whether built in one step or by the fallback."""
+    from flwr.app import Message, MessageType
+    from flwr.supercore.task_identity import TaskIdentity
+
+    assert wire._messages_ok()
+    if not bulk:
+        monkeypatch.setattr(wire, "_MESSAGES", [False])
+    for key, value in (("_run_id", 11), ("_node_id", 1), ("_task_id", 4)):
+        monkeypatch.setattr(TaskIdentity, key, value)
+    content = record_dict({"config": config_record(CONFIG)})
+    ours = wire.message(content, 1005, MessageType.TRAIN, "3")
+    flowers = Message(content, 1005, MessageType.TRAIN, group_id="3")
+    for sent in (ours, flowers):
+        sent.metadata.__dict__["_message_id"] = "id-1"
+    answers = (wire.reply(RecordDict(), flowers), Message(RecordDict(), reply_to=flowers))
+    for mine, theirs in ((ours, flowers), answers):
+        assert type(mine) is Message and mine.content == theirs.content
+        a, b = mine.metadata, theirs.metadata
+        for field in ("run_id", "message_id", "src_node_id", "dst_node_id", "src_task_id",
+                      "dst_task_id", "reply_to_message_id", "group_id", "message_type",
+                      "delivered_at"):
+            assert getattr(a, field) == getattr(b, field), field
+        assert abs(a.created_at - b.created_at) < 1.0 and abs(a.ttl - b.ttl) < 1.0
+    assert answers[0].metadata.reply_to_message_id == "id-1"
+    assert answers[0].metadata.dst_node_id == 1 and answers[0].metadata.src_node_id == 1005
