@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import Context, Message
+from flwr.app import Array, Context, Message
 from flwr.clientapp import ClientApp
 
 from ..checkpoint import state_file_path
@@ -43,10 +43,11 @@ class LocalTask:
 
 
 def read_instruction(msg: Message, task: LocalTask, name: str
-                     ) -> tuple[dict[str, Any], np.ndarray]:
+                     ) -> tuple[dict[str, Any], np.ndarray, dict[str, Array]]:
     """A MOCHA or Mb-SGD instruction to ``task``'s node: its ``config`` values (a plain dict,
-    read once; each key is checked where it is used, :func:`config_value`) and its model
-    ``w`` (finite float64 of the task's dimension); ValueError naming what is wrong."""
+    read once; each key is checked where it is used, :func:`config_value`), its model ``w``
+    (finite float64 of the task's dimension) and its ``arrays`` (a plain dict); ValueError
+    naming what is wrong."""
     content = msg.content
     if "config" not in content or "arrays" not in content:
         raise ValueError(f"{name} message needs 'config' and 'arrays' records")
@@ -54,14 +55,15 @@ def read_instruction(msg: Message, task: LocalTask, name: str
     tid = config_value(config, "task-id", int)
     if tid != task.task_id:
         raise ValueError(f"message for task {tid} reached the node of task {task.task_id}")
-    arrays = content["arrays"]
+    arrays = dict(content["arrays"].items())
     if "w" not in arrays:
         raise ValueError(f"{name} message lacks array 'w'")
     w = from_array(arrays["w"])
-    if w.dtype != np.float64 or w.shape != (task.dim,) or not np.all(np.isfinite(w)):
+    if w.dtype != np.float64 or w.shape != (task.dim,) or not np.isfinite(w).all():
         raise ValueError(f"'w' must be finite float64 of shape ({task.dim},), "
                          f"got {w.dtype} {w.shape}")
-    return config, w
+    return config, w, arrays
+
 
 
 def eval_metrics(task: LocalTask, w: np.ndarray, config: Mapping[str, Any]) -> dict[str, int]:
@@ -75,6 +77,9 @@ def eval_metrics(task: LocalTask, w: np.ndarray, config: Mapping[str, Any]) -> d
 
 def config_value(config: Mapping[str, Any], key: str, kind: type) -> Any:
     """``config[key]`` checked to be of ``kind`` (int, float, str or bool; no bool for numbers)."""
+    value = config.get(key)
+    if type(value) is kind and (kind is not float or math.isfinite(value)):
+        return value  # the common case in one test; anything else is looked at below
     if key not in config:
         raise ValueError(f"message config lacks {key!r}")
     value = config[key]

@@ -27,8 +27,10 @@ Cost: one pass is n coordinate steps of O(d), once per run.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
-from flwr.app import ArrayRecord
+from flwr.app import Array
 
 from ..core.rng import coordinate_order
 from ..core.sdca import sdca_local_update
@@ -41,9 +43,11 @@ SEED_PASSES = 100
 SEED_STIFFNESS = 10.0
 
 
-def read_seed_target(arrays: ArrayRecord, dim: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """``(seed-w, seed-b)`` of a seeding message (None when the message does not seed);
-    ValueError unless both are finite float64 of shape (dim,)."""
+def read_seed_target(arrays: Mapping[str, Array], dim: int
+                     ) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(seed-w, seed-b)`` of a seeding message's ``arrays`` (its ArrayRecord or a plain dict
+    of it; None when the message does not seed); ValueError unless both are finite float64
+    of shape (dim,)."""
     if "seed-w" not in arrays and "seed-b" not in arrays:
         return None
     for key in ("seed-w", "seed-b"):

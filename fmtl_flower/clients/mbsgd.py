@@ -105,7 +105,7 @@ class MbSgdClient:
     # -- helpers ----------------------------------------------------------------------------
     @staticmethod
     def _read_instruction(msg: Message, task: LocalTask) -> tuple[dict[str, Any], np.ndarray]:
-        return read_instruction(msg, task, "Mb-SGD")
+        return read_instruction(msg, task, "Mb-SGD")[:2]
 
     @staticmethod
     def _metrics(task: LocalTask, w: np.ndarray,

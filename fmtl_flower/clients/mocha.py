@@ -42,7 +42,7 @@ from ..core.hinge import hinge_conjugate_value, mean_hinge_loss
 from ..core.rng import coordinate_order
 from ..core.sdca import sdca_local_update
 from ..data.validation import validate_task
-from ..wire import array_record, config_record, metric_record, record_dict
+from ..wire import array_record, config_record, metric_record, record_dict, reply
 from .common import (  # DataLoader, LocalTask, TaskIdFn, default_task_id: re-exported
     DataLoader,
     LocalTask,
@@ -124,12 +124,12 @@ class MochaClient:
         info = config_record({"task-id": task.task_id, "n-train": task.n,
                              "n-test": int(task.X_test.shape[0]), "dim": task.dim,
                              "max-row-norm": float(np.sqrt(task.sqnorm.max()))})
-        return Message(record_dict({"info": info}), reply_to=msg)
+        return reply(record_dict({"info": info}), msg)
 
     def train(self, msg: Message, context: Context) -> Message:
         """Commit or roll back, report the objective's sums, run local SDCA, reply d_b."""
         task = self.local_task(context)
-        config, w = self._read_instruction(msg, task)
+        config, w, arrays = self._read_instruction(msg, task)
         server_round = config_value(config, "server-round", int)
         budget = config_value(config, "budget", int)
         m_tt = config_value(config, "m-tt", float)
@@ -145,7 +145,7 @@ class MochaClient:
         metrics = self._metrics(task, w, alpha, config, state.ok)
         method = config_value(config, "method", str) if "method" in config else "mocha"
         steps = 0 if dropped else budget
-        target = read_seed_target(msg.content["arrays"], task.dim)  # initial_arrays
+        target = read_seed_target(arrays, task.dim)  # initial_arrays
         if target is not None and steps:  # the seeding round: no solver, the seed step
             d_alpha, d_b, steps = seed_duals(task, alpha, *target, m_tt=m_tt, seed=seed,
                                              server_round=server_round)
@@ -156,20 +156,20 @@ class MochaClient:
                                                      m_tt, sigma_p, seed, server_round)
         metrics["round"] = server_round
         metrics["steps"] = steps
-        reply = record_dict({"arrays": array_record({"delta-b": d_b}),
-                             "metrics": metric_record(metrics)})
+        content = record_dict({"arrays": array_record({"delta-b": d_b}),
+                               "metrics": metric_record(metrics)})
         self._write_state(context, task, state, d_alpha, server_round)  # last
-        return Message(reply, reply_to=msg)
+        return reply(content, msg)
 
     def evaluate(self, msg: Message, context: Context) -> Message:
         """Commit or roll back, then report the objective's sums and test errors at w_t."""
         task = self.local_task(context)
-        config, w = self._read_instruction(msg, task)
+        config, w, _ = self._read_instruction(msg, task)
         state = self._reconcile(context, task, config)
         metrics = self._metrics(task, w, state.alpha, config, state.ok)
         metrics["round"] = config_value(config, "server-round", int)
         self._write_state(context, task, state, None, -1)
-        return Message(record_dict({"metrics": metric_record(metrics)}), reply_to=msg)
+        return reply(record_dict({"metrics": metric_record(metrics)}), msg)
 
     @staticmethod
     def _local_update(method: str, task: LocalTask, alpha: np.ndarray, w: np.ndarray,
@@ -206,7 +206,8 @@ class MochaClient:
 
     # -- helpers ----------------------------------------------------------------------------
     @staticmethod
-    def _read_instruction(msg: Message, task: LocalTask) -> tuple[dict[str, Any], np.ndarray]:
+    def _read_instruction(msg: Message, task: LocalTask
+                          ) -> tuple[dict[str, Any], np.ndarray, dict[str, Any]]:
         return read_instruction(msg, task, "MOCHA")
 
     def _reconcile(self, context: Context, task: LocalTask,

@@ -113,7 +113,7 @@ from ..packing import StackGroup
 from ..settings import MochaSettings, apply_settings, check_num_tasks, drop_prob_of
 from ..systems.heterogeneity import check_drop_prob, drop_mask, local_budgets
 from ..systems.timing import deadline_budgets, round_time
-from ..wire import array_record, config_record, from_array, record_dict, to_array
+from ..wire import array_record, config_record, from_array, message, record_dict, to_array
 from .base import (
     BOUND_SLACK,
     ReplyBoundary,
@@ -554,37 +554,42 @@ class Mocha(LinearTasks, TaskStrategy):
             for group in stacks:
                 yield self.replies.track_stack(group, stacked_message(
                     group, message_type, server_round, shared, W, per_task))
+        if not chosen:
+            return
+        shared: dict[str, Any] = {"seed": self.seed, "eval": bool(evaluate)}  # every task's
+        if self.gamma != 1.0:
+            shared["gamma"] = self.gamma
+        if self.checkpoint_dir is not None:
+            shared["checkpoint-round"] = self.last_checkpoint_round
+        if self.method != "mocha" and budgets is not None:
+            shared["method"] = self.method
+            if self.method == "cocoa":
+                shared["theta"] = self.theta
+            else:
+                shared["scale"] = self._scale
+        # Python numbers, read once per round (the tasks' columns of W as contiguous rows)
+        last_accepted = self.last_accepted.tolist()
+        m_tt, sigma = m_diag.tolist(), sigma_p.tolist()
+        budget = None if budgets is None else budgets.tolist()
+        dropped = self._dropped_now.tolist()
+        rows = np.ascontiguousarray(W.T)
+        self._w_norm = norm(rows, axis=1)  # the replies' loss bounds
+        seeding = self._seed_targets is not None and budgets is not None
+        group = str(server_round)
         for task, node in sorted(chosen.items()):
-            config = {
-                "task-id": task, "server-round": server_round,
-                "last-accepted-round": int(self.last_accepted[task]),
-                "m-tt": float(m_diag[task]), "sigma-prime": float(sigma_p[task]),
-                "seed": self.seed, "eval": bool(evaluate),
-            }
-            if self.gamma != 1.0:
-                config["gamma"] = self.gamma
-            if self.checkpoint_dir is not None:
-                config["checkpoint-round"] = self.last_checkpoint_round
-            if self.method != "mocha" and budgets is not None:
-                config["method"] = self.method
-                if self.method == "cocoa":
-                    config["theta"] = self.theta
-                else:
-                    config["scale"] = self._scale
-            if budgets is not None:
-                config["budget"] = int(budgets[task])
-                config["dropped"] = bool(self._dropped_now[task])
-            w_t = np.ascontiguousarray(W[:, task])
-            self._w_norm[task] = norm(w_t)  # the reply's loss bound
-            arrays = {"w": w_t}
-            if self._seed_targets is not None and budgets is not None:
+            config = {"task-id": task, "server-round": server_round,
+                      "last-accepted-round": last_accepted[task], "m-tt": m_tt[task],
+                      "sigma-prime": sigma[task], **shared}
+            if budget is not None:
+                config["budget"] = budget[task]
+                config["dropped"] = dropped[task]
+            arrays = {"w": rows[task]}
+            if seeding:
                 arrays["seed-w"] = np.ascontiguousarray(self._seed_targets[0][:, task])
                 arrays["seed-b"] = np.ascontiguousarray(self._seed_targets[1][:, task])
             content = record_dict({"arrays": array_record(arrays),
                                    "config": config_record(config)})
-            yield self.replies.track(task, node, Message(
-                content, dst_node_id=node, message_type=message_type,
-                group_id=str(server_round)))
+            yield self.replies.track(task, node, message(content, node, message_type, group))
 
     def _stacked_values(self, server_round: int, evaluate: bool, budgets: np.ndarray | None,
                         m_diag: np.ndarray, sigma_p: np.ndarray
