@@ -63,6 +63,8 @@ from .discovery import ReplyError, TaskDirectory, wait_for_nodes
 
 #: ``parse_stack(reply, group) -> ({task: values}, {task: reason})``: a stacked reply's rows.
 StackParser = Callable[[Message, StackGroup], tuple[dict[int, dict[str, Any]], dict[int, str]]]
+#: ``check_rows({task: parsed}) -> {task: reason}``: vectorised checks over accepted replies.
+RowsCheck = Callable[[dict[int, dict[str, Any]]], dict[int, str]]
 #: Flower's ``train_metrics_aggr_fn`` / ``evaluate_metrics_aggr_fn``:
 #: ``fn(reply contents, weighted_by_key) -> MetricRecord``.
 MetricsAggrFn = Callable[[list[RecordDict], str], MetricRecord]
@@ -662,7 +664,8 @@ class ReplyBoundary:
     def read(self, where: str, replies: Iterable[Message],
              parse: Callable[[Message, int], dict[str, Any]],
              on_accept: Callable[[int], None] | None = None,
-             parse_stack: StackParser | None = None) -> RoundReplies:
+             parse_stack: StackParser | None = None,
+             check_rows: RowsCheck | None = None) -> RoundReplies:
         """Check and parse ``replies``; see the class docstring.
 
         Parameters
@@ -680,9 +683,15 @@ class ReplyBoundary:
             rejected ones ``{task: reason}``. Each row is then one task's reply: a rejected
             row, or a task the reply has no row for, fails only that task; an error reply,
             or anything ``parse_stack`` raises, fails every task of the message.
+        check_rows : callable, optional
+            ``check_rows({task: parsed}) -> {task: reason}``: checks run once over all the
+            replies ``parse`` accepted (vectorised bounds), after every reply was read; each
+            task it names is rejected as if ``parse`` had raised (anything it raises rejects
+            them all). Stacked rows are ``parse_stack``'s to check.
         """
         out = RoundReplies()
         accepted: dict[int, dict[str, Any]] = {}
+        singles: dict[int, int] = {}  # task -> node of the replies parse accepted
         for reply in replies:
             try:
                 meta = reply.metadata
@@ -728,8 +737,13 @@ class ReplyBoundary:
                 out.failed[task] = reason
                 continue
             accepted[task] = parsed
-            if on_accept is not None:
-                on_accept(task)
+            singles[task] = node
+        if check_rows is not None and singles:
+            self._check_rows(where, check_rows, singles, accepted, out)
+        if on_accept is not None:
+            for task in singles:
+                if task in accepted:
+                    on_accept(task)
         out.accepted = dict(sorted(accepted.items()))
         silent = sorted(set(self.sent.values()) - set(accepted) - set(out.failed))
         self.last = out  # what the exchange came to (TaskStrategy.start stops a dead run)
@@ -739,6 +753,19 @@ class ReplyBoundary:
                 "dropped", self.name, where, "s" if len(silent) > 1 else "", names)
         return out
 
+
+    def _check_rows(self, where: str, check_rows: RowsCheck, singles: dict[int, int],
+                    accepted: dict[int, dict[str, Any]], out: RoundReplies) -> None:
+        """Reject the replies among ``singles`` that ``check_rows`` names (read's docstring)."""
+        try:
+            rejected = check_rows({task: accepted[task] for task in singles})
+        except Exception as err:  # noqa: BLE001 - the trust boundary: any failure rejects
+            rejected = dict.fromkeys(singles, _reason(err))
+        for task, reason in rejected.items():
+            if task in singles and accepted.pop(task, None) is not None:
+                log(WARNING, "%s %s: reply of task %d (node %s) rejected: %s", self.name,
+                    where, task, singles[task], reason)
+                out.failed[task] = reason
 
     def _read_stack(self, where: str, reply: Message, stack: tuple[StackGroup, str],
                     parse_stack: StackParser | None, accepted: dict[int, dict[str, Any]],

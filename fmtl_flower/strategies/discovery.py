@@ -140,23 +140,30 @@ def read_metrics(reply: Message, *, ints: Iterable[str] = (), numbers: Iterable[
         raise ReplyError(f"'metrics' must be a MetricRecord, got a {type(metrics).__name__}")
     metrics = dict(metrics.items())  # one read; plain-dict lookups below
     out: dict[str, Any] = {}
-    int_keys = [*ints, *optional_ints]
-    required = {*ints, *numbers}
-    for key in [*int_keys, *numbers, *optional_numbers]:
-        if key not in metrics:
-            if key in required:
+    for keys, integer, required in ((ints, True, True), (optional_ints, True, False),
+                                    (numbers, False, True), (optional_numbers, False, False)):
+        for key in keys:
+            value = metrics.get(key)
+            kind = type(value)  # the common case in one test; anything else looked at below
+            if (kind is int or (kind is float and not integer)) and math.isfinite(value):
+                out[key] = value
+            elif key in metrics:
+                out[key] = _metric_value(key, value, integer)
+            elif required:
                 raise ReplyError(f"metric {key!r} missing")
-            continue
-        value = metrics[key]
-        if key in int_keys:
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ReplyError(f"metric {key!r} must be an int, got {value!r}")
-        elif isinstance(value, bool) or not isinstance(value, int | float):
-            raise ReplyError(f"metric {key!r} is not a number: {value!r}")
-        if not math.isfinite(value):
-            raise ReplyError(f"metric {key!r} is not finite: {value!r}")
-        out[key] = value
     return out
+
+
+def _metric_value(key: str, value: Any, integer: bool) -> Any:
+    """A metric of :func:`read_metrics` that is not plainly an int or a finite float."""
+    if integer:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ReplyError(f"metric {key!r} must be an int, got {value!r}")
+    elif isinstance(value, bool) or not isinstance(value, int | float):
+        raise ReplyError(f"metric {key!r} is not a number: {value!r}")
+    if not math.isfinite(value):
+        raise ReplyError(f"metric {key!r} is not finite: {value!r}")
+    return value
 
 
 def arrays_of(reply: Message) -> ArrayRecord | None:

@@ -25,6 +25,9 @@ from .discovery import ReplyError
 
 __all__ = ["LinearTasks"]
 
+#: Why a reply's ``loss-mean`` is bounded (in the reason of a rejection).
+LOSS_BOUND = "1 + max-row-norm |w_t| >= hinge(y x^T w_t)"
+
 Replies = dict[int, dict[str, Any]]
 
 
@@ -100,12 +103,34 @@ class LinearTasks:
         bound = self._row_norm(task)
         if not math.isnan(bound):
             check_bound("loss-mean", out["loss-mean"], 1.0 + bound * float(self._w_norm[task]),
-                        "1 + max-row-norm |w_t| >= hinge(y x^T w_t)")
+                        LOSS_BOUND)
+        self._check_tests(out)
+
+    def _check_tests(self, out: dict[str, Any]) -> None:
+        """A reply's ``test-errors`` / ``test-n``: both or neither, 0 <= errors <= n <= the
+        discovery limit ``max_n``; ReplyError if broken."""
         if out.get("test-n", 0) > self.directory.max_n:
             raise ReplyError(f"test-n {out['test-n']} above the limit {self.directory.max_n}")
         if ("test-errors" in out) != ("test-n" in out) or (
                 "test-n" in out and not 0 <= out["test-errors"] <= out["test-n"]):
             raise ReplyError("test-errors/test-n inconsistent")
+
+    def _row_norms(self, tasks: np.ndarray) -> np.ndarray:
+        """R_t of ``tasks`` (NaN: none), as :meth:`_row_norm`."""
+        if self.max_row_norm is not None:
+            return np.full(len(tasks), self.max_row_norm)
+        return self.directory.row_norm[tasks]
+
+    def _loss_bound_rows(self, rows: Replies, tasks: np.ndarray,
+                         bound: np.ndarray) -> dict[int, str]:
+        """The replies of ``tasks`` (with R_t ``bound``) whose ``loss-mean`` is above
+        1 + R_t |w_t| (|w_t| as sent, ``_w_norm``), with the reason; vectorised
+        :meth:`_check_loss_and_tests` (no bound where R_t is NaN)."""
+        loss = np.array([rows[t]["loss-mean"] for t in tasks.tolist()], dtype=np.float64)
+        limit = 1.0 + bound * self._w_norm[tasks]
+        bad = np.flatnonzero(~np.isnan(bound) & ~(loss <= limit * BOUND_SLACK))
+        return {int(tasks[i]): f"loss-mean = {loss[i]:.6g} above its bound {limit[i]:.6g} "
+                f"({LOSS_BOUND})" for i in bad.tolist()}
 
     def _reject_unbounded_rows(self, accepted: Replies, rejected: dict[int, str],
                                W: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

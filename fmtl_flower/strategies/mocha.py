@@ -85,7 +85,6 @@ so W stays W(alpha) and the record's gap stays complete.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterable, Iterator
 from logging import INFO, WARNING
@@ -119,7 +118,6 @@ from .base import (
     ReplyBoundary,
     TaskStrategy,
     all_finite,
-    check_bound,
     check_initial_dim,
     guarded,
     initial_model,
@@ -630,8 +628,8 @@ class Mocha(LinearTasks, TaskStrategy):
             f"round {server_round}", replies,
             lambda reply, task: self._parse_reply(reply, task, server_round, with_delta),
             on_accept,
-            lambda reply, group: self._parse_stack(reply, group, server_round, with_delta)
-        ).accepted
+            lambda reply, group: self._parse_stack(reply, group, server_round, with_delta),
+            lambda rows: self._check_rows(rows, with_delta)).accepted
 
     def _parse_stack(self, reply: Message, group: StackGroup, server_round: int,
                      with_delta: bool) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
@@ -654,6 +652,8 @@ class Mocha(LinearTasks, TaskStrategy):
 
     def _parse_reply(self, reply: Message, task: int, server_round: int,
                      with_delta: bool) -> dict[str, Any]:
+        """One reply's keys, types, shapes and finite values, its task and round, and the
+        bounds that need no R_t; the others are :meth:`_check_rows`' (all replies at once)."""
         assert self.state is not None
         out = read_metrics(reply, ints=("task-id", "round", "n-train", "state-ok"),
                            numbers=("loss-mean", "dual-mean"),
@@ -667,7 +667,7 @@ class Mocha(LinearTasks, TaskStrategy):
             raise ReplyError(f"n-train {out['n-train']} differs from {self.n_train[task]}")
         if out["loss-mean"] < 0 or not 0 <= out["dual-mean"] <= 1 + 1e-9:
             raise ReplyError("loss-mean must be >= 0 and dual-mean in [0, 1]")
-        self._check_loss_and_tests(out, task)
+        self._check_tests(out)
         if with_delta:
             arrays = arrays_of(reply)
             if arrays is None or "delta-b" not in arrays:
@@ -676,25 +676,34 @@ class Mocha(LinearTasks, TaskStrategy):
             if delta.dtype != np.float64 or delta.shape != (self.state.dim,):
                 raise ReplyError(f"'delta-b' must be float64 of shape ({self.state.dim},), "
                                  f"got {delta.dtype} {delta.shape}")
-            size = norm(delta)  # finite: so is every value (else look at each)
-            if not math.isfinite(size) and not np.all(np.isfinite(delta)):
+            if not np.isfinite(delta).all():
                 raise ReplyError("'delta-b' has non-finite values")
-            self._check_delta(task, size)
             out["delta-b"] = delta
         return out
 
-    def _check_delta(self, task: int, size: float) -> None:
-        """The bounds of a feasible dual step (module docstring) on ``size`` = |delta-b|;
-        ReplyError if broken."""
-        assert self.state is not None
-        bound = self._row_norm(task)
-        if math.isnan(bound):
-            raise ReplyError("its device reported no max-row-norm at discovery and the run "
-                             "configures none (max-row-norm): delta-b cannot be bounded")
-        n = int(self.n_train[task])
-        budget = 0 if self._dropped_now[task] else int(self._budgets[task])
-        check_bound("|delta-b|", size, bound * min(budget, n) / n,
-                    "max-row-norm %g x min(budget %d, n-train %d) / n-train", bound, budget, n)
+    def _check_rows(self, rows: dict[int, dict[str, Any]],
+                    with_delta: bool) -> dict[int, str]:
+        """The bounds of the module docstring over the parsed replies ``rows`` of one-task
+        messages, vectorised: the rejected tasks with their reasons (a reply above both
+        bounds is rejected for its loss)."""
+        tasks = np.fromiter(rows, dtype=np.int64, count=len(rows))
+        bound = self._row_norms(tasks)
+        rejected = self._loss_bound_rows(rows, tasks, bound)
+        if not with_delta:
+            return rejected
+        for task in tasks[np.isnan(bound)].tolist():
+            rejected.setdefault(task, "its device reported no max-row-norm at discovery and "
+                                "the run configures none (max-row-norm): delta-b cannot be "
+                                "bounded")
+        n = self.n_train[tasks]
+        budget = np.where(self._dropped_now[tasks], 0, self._budgets[tasks])
+        size = norm(np.stack([rows[t]["delta-b"] for t in tasks.tolist()]), axis=1)
+        limit = bound * np.minimum(budget, n) / n
+        for i in np.flatnonzero(~np.isnan(bound) & ~(size <= limit * BOUND_SLACK)).tolist():
+            rejected.setdefault(int(tasks[i]), (
+                f"|delta-b| = {size[i]:.6g} above its bound {limit[i]:.6g} (max-row-norm "
+                f"{bound[i]:g} x min(budget {budget[i]}, n-train {n[i]}) / n-train)"))
+        return rejected
 
     # ------------------------------------------------------------------ records
     def _new_record(self, k: int) -> dict[str, Any]:

@@ -282,3 +282,25 @@ def test_without_a_row_norm_the_run_config_bound_is_used(problem):
     largest = max(float(np.linalg.norm(X, axis=1).max()) for X in problem.Xs)
     configured = run_mocha(problem, client=client, max_row_norm=largest)
     assert np.array_equal(configured.state.W, run_mocha(problem).state.W)
+
+
+def test_a_failing_vectorised_check_rejects_its_replies_not_the_run(problem, caplog,
+                                                                     monkeypatch):
+    """Issue 17: the one-task replies' bounds run once per round over all of them
+    (``check_rows``); anything that check raises rejects that round's replies, inside the
+    trust boundary, and the run goes on."""
+    check = Mocha._check_rows
+
+    def failing(self, rows, with_delta):  # noqa: ANN001
+        if self.records and len(self.records) == BAD_ROUND:
+            raise FloatingPointError("boom")
+        return check(self, rows, with_delta)
+
+    monkeypatch.setattr(Mocha, "_check_rows", failing)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        strategy = run_mocha(problem)
+    assert "rejected: FloatingPointError: boom" in caplog.text
+    rounds = strategy.results()["rounds"]
+    assert rounds[BAD_ROUND]["num_replies"] == 0 and not rounds[BAD_ROUND]["counted"]
+    assert all(r["num_replies"] == problem.num_tasks for r in rounds[1:] if r["round"]
+               != BAD_ROUND)
