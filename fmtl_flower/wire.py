@@ -186,9 +186,9 @@ def refill_config(record: ConfigRecord, values: dict[str, Any]) -> None:
     record.update(values)
 
 
-def refill_arrays(record: ArrayRecord, arrays: dict[str, np.ndarray]) -> None:
+def refill_arrays(record: ArrayRecord, arrays: dict[str, np.ndarray | Array]) -> None:
     """Make ``record`` hold exactly ``arrays``, each encoded once (:func:`array_record`)."""
-    encoded = {str(k): to_array(v) for k, v in arrays.items()}
+    encoded = _encoded(arrays)
     if _bulk_ok() and type(record) is ArrayRecord:
         _refill(record, encoded)
         return
@@ -214,13 +214,18 @@ def metric_record(values: dict[str, Any]) -> MetricRecord:
     return MetricRecord(values)
 
 
-def array_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
+def array_record(arrays: dict[str, np.ndarray | Array]) -> ArrayRecord:
     """An ``ArrayRecord`` of numpy arrays, each encoded once by :func:`to_array` (Flower's
-    ``ArrayRecord({name: Array})`` copies every ``Array`` it is given)."""
-    encoded = {str(k): to_array(v) for k, v in arrays.items()}
+    ``ArrayRecord({name: Array})`` copies every ``Array`` it is given), or of ``Array``s
+    :func:`to_array` made (taken as they are)."""
+    encoded = _encoded(arrays)
     if _bulk_ok():
         return _filled(ArrayRecord, encoded)
     return ArrayRecord(encoded)
+
+
+def _encoded(arrays: dict[str, np.ndarray | Array]) -> dict[str, Array]:
+    return {str(k): v if type(v) is Array else to_array(v) for k, v in arrays.items()}
 
 
 _RECORD_TYPES = frozenset((ArrayRecord, ConfigRecord, MetricRecord))

@@ -48,7 +48,7 @@ def read_instruction(msg: Message, task: LocalTask, name: str
     read once; each key is checked where it is used, :func:`config_value`), its model ``w``
     (finite float64 of the task's dimension) and its ``arrays`` (a plain dict); ValueError
     naming what is wrong."""
-    content = msg.content
+    content = dict(msg.content.items())  # one read of each record; plain dicts below
     if "config" not in content or "arrays" not in content:
         raise ValueError(f"{name} message needs 'config' and 'arrays' records")
     config = dict(content["config"].items())
@@ -107,10 +107,35 @@ def default_task_id(context: Context) -> int:
     )
 
 
+class TaskClientApp(ClientApp):
+    """Flower's ``ClientApp`` that hands a ``train``, ``evaluate`` or ``query.whoami``
+    message straight to the function registered for it (with its mods, as Flower registers
+    it) while the app has no lifespan function; anything else, or an app given a lifespan
+    function, goes through Flower's ``ClientApp.__call__`` (its message-type checks and
+    routing, which cost a few microseconds per message)."""
+
+    #: Message type -> the name Flower registers its function under.
+    ROUTES = {"train": "train.default", "evaluate": "evaluate.default",
+              "query.whoami": "query.whoami"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._plain = getattr(self, "_lifespan", None)  # Flower's default: no lifespan
+
+    def __call__(self, message: Message, context: Context) -> Message:
+        """Run the handler of ``message``'s type (Flower's ``ClientApp.__call__``)."""
+        name = self.ROUTES.get(message.metadata.message_type)
+        handler = getattr(self, "_registered_funcs", {}).get(name) if name else None
+        if handler is not None and self._plain is not None \
+                and getattr(self, "_lifespan", None) is self._plain:
+            return handler(message, context)
+        return super().__call__(message, context)
+
+
 def client_app_for(client: Any) -> ClientApp:
-    """A ClientApp routing ``query.whoami``, ``train`` and ``evaluate`` to ``client``'s
-    handlers of the same names."""
-    app = ClientApp()
+    """A ClientApp (:class:`TaskClientApp`) routing ``query.whoami``, ``train`` and
+    ``evaluate`` to ``client``'s handlers of the same names."""
+    app = TaskClientApp()
     app.query("whoami")(client.whoami)
     app.train()(client.train)
     app.evaluate()(client.evaluate)

@@ -222,10 +222,10 @@ class DualStore:
         """The protocol over the stored state (read from the state file when
         ``context.state`` holds none) and the message's rounds; logs a state not resumed."""
         last_accepted, checkpoint_round = protocol_rounds(config)
-        stored = context.state
-        if self.meta_key not in stored:
+        if self.meta_key not in context.state:
             load_into_context(context, self._file(context, task_id),
                               (self.arrays_key, self.meta_key), task_id, n, self.name)
+        stored = dict(context.state.items())  # one read; plain-dict lookups below
         duals = meta = None
         if self.meta_key in stored and self.arrays_key in stored:
             meta = dict(stored[self.meta_key].items())
@@ -243,19 +243,19 @@ class DualStore:
         afterwards they hold exactly the new ``duals`` and meta, nothing else)."""
         duals, meta = encode(state, task_id, pending, pending_round, fingerprint)
         duals.setflags(write=False)
-        stored = context.state
-        record = stored[self.arrays_key] if self.arrays_key in stored else None
+        stored = dict(context.state.items())
+        array = to_array(duals)  # encoded once
+        record = stored.get(self.arrays_key)
         if type(record) is ArrayRecord:
-            refill_arrays(record, {"duals": duals})
+            refill_arrays(record, {"duals": array})
         else:
-            record = array_record({"duals": duals})
-            stored[self.arrays_key] = record
-        array = record["duals"]
-        old = stored[self.meta_key] if self.meta_key in stored else None
+            record = array_record({"duals": array})
+            context.state[self.arrays_key] = record
+        old = stored.get(self.meta_key)
         if type(old) is ConfigRecord:
             refill_config(old, meta)
         else:
-            stored[self.meta_key] = config_record(meta)
+            context.state[self.meta_key] = config_record(meta)
         if len(self._decoded) > 4096:
             self._decoded.clear()
         self._decoded[(int(context.run_id), int(context.node_id))] = (record, array,
@@ -265,14 +265,16 @@ class DualStore:
             write_dual_file(path, duals, meta)
 
     def _stored_duals(self, context: Context, record: Any) -> np.ndarray | None:
-        if not isinstance(record, ArrayRecord) or "duals" not in record:
+        if not isinstance(record, ArrayRecord):
             return None
-        array = record["duals"]
         cached = self._decoded.get((int(context.run_id), int(context.node_id)))
-        if (cached is not None and cached[0] is record and cached[1] is array
-                and cached[2] is array.data):
-            return cached[3]
-        duals = from_array(array)
+        if cached is not None and cached[0] is record:
+            array = record.get("duals")
+            if array is cached[1] and array.data is cached[2]:
+                return cached[3]
+        if "duals" not in record:
+            return None
+        duals = from_array(record["duals"])
         return duals if duals.dtype == np.float64 else None
 
     def _file(self, context: Context, task_id: int) -> Path | None:

@@ -59,6 +59,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from ..checkpoint import check_fingerprint, read_checkpoint, write_checkpoint
 from ..core.rng import train_sample_rng
 from ..packing import StackGroup
+from ..wire import metric_record
 from .discovery import ReplyError, TaskDirectory, wait_for_nodes
 
 #: ``parse_stack(reply, group) -> ({task: values}, {task: reason})``: a stacked reply's rows.
@@ -437,9 +438,9 @@ def check_initial_dim(value: np.ndarray, dim: int, key: str, name: str) -> None:
 
 def record_metrics(record: dict[str, Any]) -> MetricRecord:
     """The numbers of a round record (not its flags, lists or None values) as a MetricRecord."""
-    return MetricRecord({k: float(v) for k, v in record.items()
-                         if not k.startswith("_") and isinstance(v, int | float | np.number)
-                         and not isinstance(v, bool | np.bool_)})
+    return metric_record({k: float(v) for k, v in record.items()
+                          if not k.startswith("_") and isinstance(v, int | float | np.number)
+                          and not isinstance(v, bool | np.bool_)})
 
 
 def reply_records(accepted: dict[int, dict[str, Any]]) -> list[RecordDict]:

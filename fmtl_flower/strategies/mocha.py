@@ -112,7 +112,14 @@ from ..packing import StackGroup
 from ..settings import MochaSettings, apply_settings, check_num_tasks, drop_prob_of
 from ..systems.heterogeneity import check_drop_prob, drop_mask, local_budgets
 from ..systems.timing import deadline_budgets, round_time
-from ..wire import array_record, config_record, from_array, message, record_dict, to_array
+from ..wire import (
+    array_record,
+    config_record,
+    from_array,
+    message,
+    metric_record,
+    record_dict,
+)
 from .base import (
     BOUND_SLACK,
     ReplyBoundary,
@@ -363,8 +370,9 @@ class Mocha(LinearTasks, TaskStrategy):
                 "min-replies = %d; no update applied", server_round, len(accepted),
                 self.min_replies)
             accepted = {}
-        tasks = np.array(sorted(accepted), dtype=np.int64)
-        resets = np.array([t for t in tasks if not accepted[t]["state-ok"]], dtype=np.int64)
+        order = sorted(accepted)
+        tasks = np.array(order, dtype=np.int64)
+        resets = np.array([t for t in order if not accepted[t]["state-ok"]], dtype=np.int64)
         if len(resets):
             log(WARNING, "MOCHA round %d: task%s %s reset (b_t = 0): the device replied "
                 "state-ok 0, it restarted from alpha = 0 (new device, lost or mismatched "
@@ -373,7 +381,7 @@ class Mocha(LinearTasks, TaskStrategy):
         saved_B = self.state.B[:, tasks].copy()
         self.state.reset_tasks(resets)
         if len(tasks):
-            self.state.add_updates(tasks, np.stack([accepted[t]["delta-b"] for t in tasks], 1))
+            self.state.add_updates(tasks, np.stack([accepted[t]["delta-b"] for t in order], 1))
             if not all_finite(self.state.W):  # the bounds make this unreachable: belt and braces
                 log(WARNING, "MOCHA round %d: the update left W non-finite; rolled back, the "
                     "replies of tasks %s rejected", server_round, tasks.tolist()[:20])
@@ -394,9 +402,10 @@ class Mocha(LinearTasks, TaskStrategy):
                       tasks_excluded=[int(t) for t in np.flatnonzero(self.health.excluded)],
                       estimated_time_s=self._estimated_time(accepted),
                       wall_time_s=time.perf_counter() - self._round_start)
-        metrics = MetricRecord({"num-replies": len(tasks), "num-dropped": record["num_dropped"],
-                                "num-sampled": self._num_sampled})
-        return ArrayRecord({"W": to_array(self.state.W)}), metrics
+        metrics = metric_record({"num-replies": len(tasks),
+                                 "num-dropped": record["num_dropped"],
+                                 "num-sampled": self._num_sampled})
+        return array_record({"W": self.state.W}), metrics
 
     def _omega_step(self, server_round: int) -> bool:
         """The Omega-step, undone (Omega, M and W kept) if it raises or leaves W or M
