@@ -247,6 +247,11 @@ class TaskDirectory:
         deadline = started + wait
         while True:
             online = set(grid.get_node_ids())
+            if (not wait and len(online) == len(self.node_to_task) == len(self.task_to_node)
+                    and not (self._duplicates or self._outside or self._excluded
+                             or self._candidates or self._failed)
+                    and online.issuperset(self.node_to_task)):
+                break  # every node online is a known task's, and nothing waits: no change
             for node in [n for n in self.node_to_task if n not in online]:
                 task = self.node_to_task.pop(node)
                 if self.task_to_node.get(task) == node:

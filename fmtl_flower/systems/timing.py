@@ -209,15 +209,17 @@ def _per_node(value, num, name):
 
 
 def _comm(network, num, dim, floats_down, floats_up, model, bytes_per_float):
-    nets = ([get_network(x, model=model) for x in network]
-            if isinstance(network, Sequence) and not isinstance(network, str)
-            else [get_network(network, model=model)] * num)
-    if len(nets) != num:
+    one = not isinstance(network, Sequence) or isinstance(network, str)
+    nets = [get_network(network, model=model)] if one else [
+        get_network(x, model=model) for x in network]
+    if not one and len(nets) != num:
         raise ValueError(f"network must be one network or {num} of them, got {len(nets)}")
     fd = dim if floats_down is None else floats_down
     fu = dim if floats_up is None else floats_up
     if fd < 0 or fu < 0:
         raise ValueError("floats_down and floats_up must be >= 0")
+    if one:  # one link for every node: one time
+        return np.full(num, nets[0].comm_time(fd, fu, bytes_per_float))
     return np.array([net.comm_time(fd, fu, bytes_per_float) for net in nets])
 
 
