@@ -57,6 +57,21 @@ def _npy_header(dtype_str: str, shape: tuple[int, ...]) -> bytes:
     return buffer.getvalue()
 
 
+#: (dtype, shape) -> (this module's header, numpy dtype, payload bytes) of arrays read.
+_LAYOUTS: dict[tuple[str, tuple[int, ...]], tuple[bytes, np.dtype, int]] = {}
+
+
+def _layout(dtype_str: str, shape: tuple[int, ...]) -> tuple[bytes, np.dtype, int]:
+    """What :func:`from_array` expects of an Array of ``dtype_str`` and ``shape`` (kept for
+    the first 1024 layouts seen)."""
+    header = _npy_header(dtype_str, shape)
+    dtype = np.dtype(dtype_str)
+    layout = (header, dtype, math.prod(shape) * dtype.itemsize)
+    if len(_LAYOUTS) < 1024:
+        _LAYOUTS[(dtype_str, shape)] = layout
+    return layout
+
+
 def to_array(values: np.ndarray) -> Array:
     """A Flower ``Array`` holding ``values`` (C order), byte-identical to ``Array(values)``."""
     values = np.asarray(values)
@@ -90,14 +105,15 @@ def from_array(array: Array) -> np.ndarray:
     """
     if array.stype != NUMPY_STYPE:
         raise TypeError(f"unsupported array serialisation {array.stype!r}")
-    try:
-        header = _npy_header(array.dtype, tuple(array.shape))
-    except (TypeError, ValueError):
-        header = None
     data = array.data
-    if header is not None and data.startswith(header):
-        dtype = np.dtype(array.dtype)
-        expected = math.prod(array.shape) * dtype.itemsize
+    try:
+        layout = _LAYOUTS.get((array.dtype, tuple(array.shape)))
+        if layout is None:
+            layout = _layout(array.dtype, tuple(array.shape))
+    except (TypeError, ValueError):
+        layout = None
+    if layout is not None and data.startswith(layout[0]):
+        header, dtype, expected = layout
         if len(data) - len(header) != expected:
             raise ValueError(f"array payload of {len(data) - len(header)} bytes, its header "
                              f"announces {expected}")
@@ -116,11 +132,16 @@ _BULK: list[bool] = []  # [whether the bulk path builds Flower's records], after
 
 
 def _filled(kind: type, values: dict[str, Any]) -> Any:
-    """A ``kind`` record holding ``values`` (a fresh dict), built without per-key checks."""
-    empty = _EMPTY.get(kind)
-    if empty is None:
-        empty = _EMPTY[kind] = kind()
-    record = empty.copy()  # Flower's own allocation without __init__
+    """A ``kind`` record holding ``values`` (a fresh dict), built without per-key checks:
+    what Flower's ``TypedDict.copy`` makes of an empty record (its allocation without
+    ``__init__`` and its check functions), holding ``values``."""
+    checks = _EMPTY.get(kind)
+    if checks is None:
+        empty = vars(kind())
+        checks = _EMPTY[kind] = {key: empty[key] for key in ("_check_key_fn",
+                                                               "_check_value_fn")}
+    record = kind.__new__(kind)
+    record.__dict__.update(checks)
     record.__dict__["_data"] = values
     return record
 
