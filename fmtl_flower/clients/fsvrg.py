@@ -89,6 +89,7 @@ class SparseLocalTask:
     y_test: np.ndarray
     counts: np.ndarray
     fingerprint: str = ""  # of (X, y): CoCoA+'s dual state is bound to it
+    sq_norm_sum: float = 0.0  # sum_i |x_i|^2, every loss reply's ``sq-norm-sum``
 
     @property
     def n(self) -> int:
@@ -165,7 +166,7 @@ class FsvrgClient:
         _, counts = node_feature_counts(X)
         fingerprint = data_fingerprint(X.indptr, X.indices, X.data, y)
         return SparseLocalTask(int(self.task_id(context)), X, y, X_test, y_test, counts,
-                               fingerprint)
+                               fingerprint, float(X.multiply(X).sum()))
 
     # -- handlers ---------------------------------------------------------------------------
     def whoami(self, msg: Message, context: Context) -> Message:
@@ -346,7 +347,7 @@ class FsvrgClient:
         metrics: dict[str, int | float] = {
             "task-id": task.task_id, "round": config_value(config, "server-round", int),
             "n-train": task.n, "loss-sum": float(loss),
-            "sq-norm-sum": float(task.X.multiply(task.X).sum()),
+            "sq-norm-sum": task.sq_norm_sum,
         }
         if "eval" in config and config_value(config, "eval", bool):
             wrong, count = local_error_count(task.X_test, task.y_test, w)

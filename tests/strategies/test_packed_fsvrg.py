@@ -344,3 +344,28 @@ def test_fmtl_run_packs_fsvrg_automatically_and_says_so(tmp_path, capsys):
     auto, one = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("auto", "one"))
     assert auto["config"]["tasks-per-node"] == 6
     assert [_untimed(r) for r in auto["rounds"]] == [_untimed(r) for r in one["rounds"]]
+
+
+def test_the_flwr_run_apps_stack_fsvrg_too(tmp_path):
+    """``flwr run``'s ServerApp and ClientApp (handlers picked from the run config) stack
+    every exchange on packed nodes: the records of one task per node."""
+    import json
+
+    from fmtl_flower.apps.client_app import app as flwr_run_client_app
+    from fmtl_flower.apps.server_app import app as flwr_run_server_app
+
+    seen: list = []
+
+    def spy(message, context):
+        seen.append((message.metadata.message_type, "stack" in message.content))
+        return flwr_run_client_app(message, context)
+
+    out = tmp_path / "res.json"
+    values = {**BASE, "strategy": "cocoa-plus", "num-tasks": 9}
+    run_inprocess(flwr_run_server_app, spy, 3,
+                  run_config={**values, "tasks-per-node": 4, "results-file": str(out)})
+    assert all(stacked for kind, stacked in seen if kind in EXCHANGES)
+    assert Counter(kind for kind, _ in seen)["train"] == 3 * 3  # 3 nodes, 3 rounds
+    packed = json.loads(out.read_text())
+    one = _run({**values, "tasks-per-node": 1})
+    assert [_untimed(r) for r in packed["rounds"]] == [_untimed(r) for r in one["rounds"]]
