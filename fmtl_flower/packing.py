@@ -298,7 +298,8 @@ class PackedGrid(GridWrapper):
         """Send one packed message per (physical node, message type); return the replies
         split per virtual node (replies that did not arrive are missing, as in Flower).
         Stacked messages (addressed to a physical node already) and their replies pass
-        through unchanged."""
+        through unchanged (a stacked reply only when it answers the stacked message sent to
+        the node it comes from: any other is logged and ignored)."""
         groups: dict[tuple[int, str], dict[int, Message]] = defaultdict(dict)
         stacked: list[Message] = []
         stacked_keys: set[tuple[int, str]] = set()
