@@ -217,21 +217,31 @@ def refill_arrays(record: ArrayRecord, arrays: dict[str, np.ndarray | Array]) ->
     record.update(encoded)
 
 
-def config_record(values: dict[str, Any]) -> ConfigRecord:
+def plain_config(values: dict[str, Any]) -> bool:
+    """Whether every key of ``values`` is a ``str`` and every value exactly a ``bool``,
+    ``int``, ``float`` or ``str`` (what :func:`config_record` takes in one step)."""
+    return all(type(k) is str and type(v) in _CONFIG_TYPES for k, v in values.items())
+
+
+def config_record(values: dict[str, Any], *, handed_over: bool = False) -> ConfigRecord:
     """``ConfigRecord(values)``, built in one step when every value is exactly a ``bool``,
-    ``int``, ``float`` or ``str`` (anything else: Flower's constructor and its checks)."""
-    if _bulk_ok() and all(type(k) is str and type(v) in _CONFIG_TYPES
-                          for k, v in values.items()):
-        return _filled(ConfigRecord, dict(values))
+    ``int``, ``float`` or ``str`` (anything else: Flower's constructor and its checks).
+
+    ``handed_over``: ``values`` is a dict the caller made for this record alone, of ``str``
+    keys and values it made of exactly those types (its own Python numbers): the record
+    takes it as it is, without copying or looking at each value."""
+    if _bulk_ok() and (handed_over or plain_config(values)):
+        return _filled(ConfigRecord, values if handed_over else dict(values))
     return ConfigRecord(values)
 
 
-def metric_record(values: dict[str, Any]) -> MetricRecord:
+def metric_record(values: dict[str, Any], *, handed_over: bool = False) -> MetricRecord:
     """``MetricRecord(values)``, built in one step when every value is exactly an ``int`` or
-    a ``float`` (anything else: Flower's constructor and its checks)."""
-    if _bulk_ok() and all(type(k) is str and type(v) in _METRIC_TYPES
-                          for k, v in values.items()):
-        return _filled(MetricRecord, dict(values))
+    a ``float`` (anything else: Flower's constructor and its checks); ``handed_over`` as for
+    :func:`config_record`."""
+    if _bulk_ok() and (handed_over or all(type(k) is str and type(v) in _METRIC_TYPES
+                                          for k, v in values.items())):
+        return _filled(MetricRecord, values if handed_over else dict(values))
     return MetricRecord(values)
 
 
@@ -252,12 +262,14 @@ def _encoded(arrays: dict[str, np.ndarray | Array]) -> dict[str, Array]:
 _RECORD_TYPES = frozenset((ArrayRecord, ConfigRecord, MetricRecord))
 
 
-def record_dict(records: dict[str, ArrayRecord | ConfigRecord | MetricRecord]) -> RecordDict:
+def record_dict(records: dict[str, ArrayRecord | ConfigRecord | MetricRecord], *,
+                handed_over: bool = False) -> RecordDict:
     """``RecordDict(records)``, built in one step when every value is exactly an
-    ``ArrayRecord``, ``ConfigRecord`` or ``MetricRecord`` (else Flower's constructor)."""
-    if _bulk_ok() and all(type(k) is str and type(v) in _RECORD_TYPES
-                          for k, v in records.items()):
-        return _filled(RecordDict, dict(records))
+    ``ArrayRecord``, ``ConfigRecord`` or ``MetricRecord`` (else Flower's constructor);
+    ``handed_over`` as for :func:`config_record` (records this module's builders made)."""
+    if _bulk_ok() and (handed_over or all(type(k) is str and type(v) in _RECORD_TYPES
+                                          for k, v in records.items())):
+        return _filled(RecordDict, records if handed_over else dict(records))
     return RecordDict(records)
 
 

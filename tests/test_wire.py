@@ -147,3 +147,19 @@ def test_messages_built_in_one_step_are_flowers_messages(monkeypatch, bulk):
         assert abs(a.created_at - b.created_at) < 1.0 and abs(a.ttl - b.ttl) < 1.0
     assert answers[0].metadata.reply_to_message_id == "id-1"
     assert answers[0].metadata.dst_node_id == 1 and answers[0].metadata.src_node_id == 1005
+
+
+def test_handed_over_values_make_the_same_records():
+    """Issue 17: a dict handed over (the caller's own Python numbers) becomes the record as
+    it is, equal to Flower's, with no per-value test; a plain_config check says when a
+    caller's values qualify."""
+    config = dict(CONFIG)
+    ours = config_record(config, handed_over=True)
+    assert ours == ConfigRecord(CONFIG) and ours.object_id == ConfigRecord(CONFIG).object_id
+    metrics = metric_record(dict(METRICS), handed_over=True)
+    assert metrics.object_id == MetricRecord(METRICS).object_id
+    content = record_dict({"config": ours, "metrics": metrics}, handed_over=True)
+    assert content.object_id == RecordDict({"config": ConfigRecord(CONFIG),
+                                            "metrics": MetricRecord(METRICS)}).object_id
+    assert wire.plain_config(CONFIG)
+    assert not wire.plain_config({"seed": np.int64(3)}) and not wire.plain_config({1: 2})

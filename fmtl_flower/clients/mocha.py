@@ -156,8 +156,9 @@ class MochaClient:
                                                      m_tt, sigma_p, seed, server_round)
         metrics["round"] = server_round
         metrics["steps"] = steps
-        content = record_dict({"arrays": array_record({"delta-b": d_b}),
-                               "metrics": metric_record(metrics)})
+        content = record_dict({"arrays": array_record({"delta-b": d_b}),  # its own numbers
+                               "metrics": metric_record(metrics, handed_over=True)},
+                              handed_over=True)
         self._write_state(context, task, state, d_alpha, server_round)  # last
         return reply(content, msg)
 
@@ -169,7 +170,8 @@ class MochaClient:
         metrics = self._metrics(task, w, state.alpha, config, state.ok)
         metrics["round"] = config_value(config, "server-round", int)
         self._write_state(context, task, state, None, -1)
-        return reply(record_dict({"metrics": metric_record(metrics)}), msg)
+        return reply(record_dict({"metrics": metric_record(metrics, handed_over=True)},
+                                 handed_over=True), msg)
 
     @staticmethod
     def _local_update(method: str, task: LocalTask, alpha: np.ndarray, w: np.ndarray,

@@ -118,6 +118,7 @@ from ..wire import (
     from_array,
     message,
     metric_record,
+    plain_config,
     record_dict,
 )
 from .base import (
@@ -583,6 +584,8 @@ class Mocha(LinearTasks, TaskStrategy):
         self._w_norm = norm(rows, axis=1)  # the replies' loss bounds
         seeding = self._seed_targets is not None and budgets is not None
         group = str(server_round)
+        # the per-task values below are Python numbers (tolist): checked once, not per message
+        plain = plain_config(shared) and type(server_round) is int
         for task, node in sorted(chosen.items()):
             config = {"task-id": task, "server-round": server_round,
                       "last-accepted-round": last_accepted[task], "m-tt": m_tt[task],
@@ -594,8 +597,8 @@ class Mocha(LinearTasks, TaskStrategy):
             if seeding:
                 arrays["seed-w"] = np.ascontiguousarray(self._seed_targets[0][:, task])
                 arrays["seed-b"] = np.ascontiguousarray(self._seed_targets[1][:, task])
-            content = record_dict({"arrays": array_record(arrays),
-                                   "config": config_record(config)})
+            content = record_dict({"arrays": array_record(arrays), "config": config_record(
+                config, handed_over=plain and type(task) is int)}, handed_over=True)
             yield self.replies.track(task, node, message(content, node, message_type, group))
 
     def _stacked_values(self, server_round: int, evaluate: bool, budgets: np.ndarray | None,
