@@ -196,12 +196,13 @@ def _refill(record: Any, values: dict[str, Any]) -> None:
         record.__dict__["_is_dirty"] = True
 
 
-def refill_config(record: ConfigRecord, values: dict[str, Any]) -> None:
+def refill_config(record: ConfigRecord, values: dict[str, Any], *,
+                  handed_over: bool = False) -> None:
     """Make ``record`` hold exactly ``values`` (as :func:`config_record` would build it; in
-    one step under the same conditions, else key by key through Flower's checks)."""
-    if _bulk_ok() and type(record) is ConfigRecord and all(
-            type(k) is str and type(v) in _CONFIG_TYPES for k, v in values.items()):
-        _refill(record, dict(values))
+    one step under the same conditions, else key by key through Flower's checks;
+    ``handed_over`` as for :func:`config_record`)."""
+    if _bulk_ok() and type(record) is ConfigRecord and (handed_over or plain_config(values)):
+        _refill(record, values if handed_over else dict(values))
         return
     record.clear()
     record.update(values)

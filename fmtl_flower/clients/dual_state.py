@@ -222,10 +222,11 @@ class DualStore:
         """The protocol over the stored state (read from the state file when
         ``context.state`` holds none) and the message's rounds; logs a state not resumed."""
         last_accepted, checkpoint_round = protocol_rounds(config)
-        if self.meta_key not in context.state:
+        stored = dict(context.state.items())  # one read; plain-dict lookups below
+        if self.meta_key not in stored:
             load_into_context(context, self._file(context, task_id),
                               (self.arrays_key, self.meta_key), task_id, n, self.name)
-        stored = dict(context.state.items())  # one read; plain-dict lookups below
+            stored = dict(context.state.items())
         duals = meta = None
         if self.meta_key in stored and self.arrays_key in stored:
             meta = dict(stored[self.meta_key].items())
@@ -253,7 +254,7 @@ class DualStore:
             context.state[self.arrays_key] = record
         old = stored.get(self.meta_key)
         if type(old) is ConfigRecord:
-            refill_config(old, meta)
+            refill_config(old, meta, handed_over=True)  # encode's fresh ints and str
         else:
             context.state[self.meta_key] = config_record(meta)
         if len(self._decoded) > 4096:

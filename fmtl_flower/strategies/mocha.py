@@ -664,8 +664,9 @@ class Mocha(LinearTasks, TaskStrategy):
 
     def _parse_reply(self, reply: Message, task: int, server_round: int,
                      with_delta: bool) -> dict[str, Any]:
-        """One reply's keys, types, shapes and finite values, its task and round, and the
-        bounds that need no R_t; the others are :meth:`_check_rows`' (all replies at once)."""
+        """One reply's keys, types, shapes and finite metrics, its task and round, and the
+        bounds that need no R_t; ``delta-b``'s values and the R_t bounds are
+        :meth:`_check_rows`' (all replies at once)."""
         assert self.state is not None
         out = read_metrics(reply, ints=("task-id", "round", "n-train", "state-ok"),
                            numbers=("loss-mean", "dual-mean"),
@@ -675,7 +676,7 @@ class Mocha(LinearTasks, TaskStrategy):
         if out["state-ok"] not in (0, 1):
             raise ReplyError(f"state-ok must be 0 or 1, got {out['state-ok']}")
         check_task_and_round(out, task, server_round)
-        if out["n-train"] != self.n_train[task]:
+        if out["n-train"] != self.n_train.item(task):
             raise ReplyError(f"n-train {out['n-train']} differs from {self.n_train[task]}")
         if out["loss-mean"] < 0 or not 0 <= out["dual-mean"] <= 1 + 1e-9:
             raise ReplyError("loss-mean must be >= 0 and dual-mean in [0, 1]")
@@ -688,28 +689,30 @@ class Mocha(LinearTasks, TaskStrategy):
             if delta.dtype != np.float64 or delta.shape != (self.state.dim,):
                 raise ReplyError(f"'delta-b' must be float64 of shape ({self.state.dim},), "
                                  f"got {delta.dtype} {delta.shape}")
-            if not np.isfinite(delta).all():
-                raise ReplyError("'delta-b' has non-finite values")
-            out["delta-b"] = delta
+            out["delta-b"] = delta  # finite or not: :meth:`_check_rows` looks at every row
         return out
 
     def _check_rows(self, rows: dict[int, dict[str, Any]],
                     with_delta: bool) -> dict[int, str]:
         """The bounds of the module docstring over the parsed replies ``rows`` of one-task
         messages, vectorised: the rejected tasks with their reasons (a reply above both
-        bounds is rejected for its loss)."""
+        bounds is rejected for its loss, one with non-finite values in ``delta-b`` for them)."""
         tasks = np.fromiter(rows, dtype=np.int64, count=len(rows))
         bound = self._row_norms(tasks)
         rejected = self._loss_bound_rows(rows, tasks, bound)
         if not with_delta:
             return rejected
+        deltas = np.stack([rows[t]["delta-b"] for t in tasks.tolist()])
+        finite = np.isfinite(deltas).all(axis=1)
+        for task in tasks[~finite].tolist():
+            rejected.setdefault(task, "'delta-b' has non-finite values")
         for task in tasks[np.isnan(bound)].tolist():
             rejected.setdefault(task, "its device reported no max-row-norm at discovery and "
                                 "the run configures none (max-row-norm): delta-b cannot be "
                                 "bounded")
         n = self.n_train[tasks]
         budget = np.where(self._dropped_now[tasks], 0, self._budgets[tasks])
-        size = norm(np.stack([rows[t]["delta-b"] for t in tasks.tolist()]), axis=1)
+        size = norm(deltas, axis=1)
         limit = bound * np.minimum(budget, n) / n
         for i in np.flatnonzero(~np.isnan(bound) & ~(size <= limit * BOUND_SLACK)).tolist():
             rejected.setdefault(int(tasks[i]), (
