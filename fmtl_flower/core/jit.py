@@ -287,7 +287,7 @@ def using(choice: str) -> Iterator[None]:
     global _mode, _using_depth
     if choice not in _CHOICES:
         raise ValueError(f"choice must be one of {', '.join(_CHOICES)}, got {choice!r}")
-    saved = mode()
+    saved = _mode  # unread stays unread: the block leaves no setting of its own behind
     _mode = choice
     _using_depth += 1
     try:

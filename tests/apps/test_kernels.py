@@ -111,12 +111,14 @@ def test_pinned_choice_must_be_a_kernel_setting() -> None:
 
 
 def test_simulation_keeps_an_enclosing_using_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = jit.mode()  # read (and kept) before the environment changes below
     monkeypatch.setenv(jit.KERNELS_ENV, "numba")
     with jit.using("numpy"), jit.simulation() as (choice, why):
         assert choice == "numpy" == jit.mode() and "caller" in why
     monkeypatch.setenv(jit.KERNELS_ENV, "fast")
     with pytest.raises(ValueError, match="FMTL_KERNELS='fast'"):
         jit.simulation_choice()
+    assert jit.mode() == before  # nothing left behind for the tests that follow
 
 
 # Ray: a config whose numba and numpy records differ (dim 20: fast-math dot products), so

@@ -146,3 +146,16 @@ def test_numpy_choice_caches_nothing(tmp_path: Path) -> None:
     with jit.using("numpy"):
         assert jit.use_cache_dir(tmp_path / "cache") is False
     assert not (tmp_path / "cache").exists()
+
+
+def test_a_using_block_leaves_no_setting_behind() -> None:
+    """A ``using`` block entered before the process read ``FMTL_KERNELS`` does not keep the
+    value the environment had then (tests change the environment; a leaked setting made later
+    tests run other kernels than their Ray workers)."""
+    code = ("import os\nfrom fmtl_flower.core import jit\nos.environ['FMTL_KERNELS'] = 'numpy'\n"
+            "with jit.using('numba'):\n    pass\ndel os.environ['FMTL_KERNELS']\n"
+            "print(jit.mode())")
+    environ = {k: v for k, v in os.environ.items() if k != "FMTL_KERNELS"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env={**environ, "PYTHONPATH": str(ROOT)}, check=True)
+    assert out.stdout.strip() == "auto"
