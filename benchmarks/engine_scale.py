@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", choices=("inprocess", "ray"), default="inprocess")
     parser.add_argument("--tasks-per-node", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--dim", type=int, default=20)
+    parser.add_argument("--dim", type=int, default=None,
+                        help="features (default 20; FSVRG's family: 2000, at least 202)")
     parser.add_argument("--samples-per-task", type=int, default=20)
     parser.add_argument("--lam", type=float, default=None,
                         help="lambda (default 0.03 / m: with tr(Sigma) = 1, Omega ~ m I)")
@@ -138,6 +139,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from fmtl_flower.config import FSVRG_FAMILY, RunConfig
 
+    fsvrg = args.strategy in FSVRG_FAMILY  # sparse logistic regression, lambda 1/n
+    if args.dim is None:
+        args.dim = 2000 if fsvrg else 20
+    elif fsvrg and args.dim < 202:
+        parser.error(f"--dim must be >= 202 for {args.strategy} (sparse-federated data), "
+                     f"got {args.dim}")
+
     logging.getLogger("flwr").setLevel(logging.ERROR)
     m = args.nodes * args.tasks_per_node
     lam = args.lam if args.lam is not None else 0.03 / m
@@ -147,9 +155,7 @@ def main(argv: list[str] | None = None) -> int:
               "seed": args.seed, "round-timeout": 3600.0}
     fedem = RunConfig.from_mapping({**values, "model": "logistic"}).is_fedem_family
     values.update({"model": "logistic", "fedem.M": 3} if fedem else {"mocha.lambda": lam})
-    fsvrg = args.strategy in FSVRG_FAMILY  # sparse logistic regression, lambda 1/n
     if fsvrg:
-        args.dim = args.dim if args.dim >= 202 else 2000
         values.pop("mocha.lambda")
         values.update({"dataset": "sparse-federated", "dim": args.dim, "samples-per-task": 0,
                        **({"fsvrg.h": 0.05} if args.strategy == "fsvrg-naive" else {})})

@@ -17,7 +17,11 @@ records (one cheap ``type()`` test per value). They fill Flower's record in one 
 relies on the layout of Flower's ``TypedDict``; a self-test on first use compares the
 results with Flower's own constructors and, should a Flower release change that layout,
 every builder falls back to them. Values of any other type go through Flower's
-constructors too (and their checks).
+constructors too (and their checks). With ``handed_over=True`` the builders skip even the
+``type()`` tests and do not copy the dict: only for the code's own numbers (a strategy's
+``tolist()`` values, a handler's own ``int()``/``float()`` results), never for values read
+from a message -- those go through the receiving side's checks
+(:mod:`fmtl_flower.strategies.discovery`'s ``read_metrics``, the handlers' ``config_value``).
 
 Messages built in one step. :func:`message` and :func:`reply` build the ``Message`` that
 Flower's constructor builds for an instruction and for a reply (same metadata: run and node

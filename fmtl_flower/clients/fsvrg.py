@@ -89,7 +89,11 @@ class SparseLocalTask:
     y_test: np.ndarray
     counts: np.ndarray
     fingerprint: str = ""  # of (X, y): CoCoA+'s dual state is bound to it
-    sq_norm_sum: float = 0.0  # sum_i |x_i|^2, every loss reply's ``sq-norm-sum``
+    sq_norm_sum: float = -1.0  # sum_i |x_i|^2 (every loss reply's ``sq-norm-sum``); -1: compute
+
+    def __post_init__(self) -> None:
+        if self.sq_norm_sum < 0:  # computed once here, not per reply
+            object.__setattr__(self, "sq_norm_sum", float(self.X.multiply(self.X).sum()))
 
     @property
     def n(self) -> int:

@@ -217,6 +217,7 @@ class _SharedVectors:
             if key not in self._record:
                 raise SlotFailed(f"FSVRG message lacks array {key!r}")
             v = from_array(self._record[key])
+            v.flags.writeable = False  # one array for every slot: none may change it
             finite = v.dtype == np.float64 and bool(np.all(np.isfinite(v)))
             self._decoded[key] = (v, finite)
         return self._decoded[key]

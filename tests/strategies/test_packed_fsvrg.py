@@ -261,12 +261,23 @@ def test_a_malformed_stacked_reply_rejects_its_nodes_tasks_only(caplog):
 
 
 # ------------------------------------------------------------------ the handler itself
+@pytest.fixture()
+def message_identity(monkeypatch):
+    """``Message(...)`` needs Flower's TaskIdentity (``InProcessGrid.__init__`` sets the same);
+    without it these tests would pass only after another test had run a federation."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for key, value in (("_run_id", 1), ("_node_id", 1), ("_task_id", 1)):
+        monkeypatch.setattr(TaskIdentity, key, value)
+
+
 def _node(method: str = "fsvrg"):
     cfg = RunConfig.from_mapping({**BASE, "strategy": method, "tasks-per-node": 4})
     return dataset_for(cfg), make_client_app(cfg)
 
 
-def test_a_stacked_reply_holds_the_unpacked_replies_and_a_bad_slot_fails_alone():
+def test_a_stacked_reply_holds_the_unpacked_replies_and_a_bad_slot_fails_alone(
+        message_identity):
     data, packed_app = _node()
     _, one_app = _node()
     rng = np.random.default_rng(0)
@@ -304,7 +315,7 @@ def test_a_stacked_reply_holds_the_unpacked_replies_and_a_bad_slot_fails_alone()
     assert from_array(reply.content["arrays"]["w-local"]).shape == (0, data.dim)
 
 
-def test_cocoa_plus_slots_keep_one_stacked_state_record():
+def test_cocoa_plus_slots_keep_one_stacked_state_record(message_identity):
     data, packed_app = _node("cocoa-plus")
     config = {"server-round": 1, "seed": 3, "method": "cocoa-plus", "lam": 0.01,
               "n": 1000, "sigma-prime": 10.0, "epochs": 1, "eval": False}
@@ -323,10 +334,11 @@ def test_cocoa_plus_slots_keep_one_stacked_state_record():
     reply = packed_app(train(1, [0, 0, 0, 0]), ctx)
     assert reply.content["stack"]["slots"] == [0, 1, 2, 3]
     assert list(ctx.state.keys()) == [STATE]  # one record for every slot
-    # round 2: tasks 0 and 2 accepted round 1, task 1 not (rolls back), task 3 claims a
-    # round the slot never committed (restarts: state-ok 0)
+    # round 2: tasks 0, 2 and 3 accepted round 1 (their slots commit it), task 1 did not (its
+    # slot rolls round 1 back and stays consistent: state-ok 1 for all)
     reply = packed_app(train(2, [1, 0, 1, 1]), ctx)
     assert from_array(reply.content["arrays"]["state-ok"]).tolist() == [1, 1, 1, 1]
+    # round 3: task 1 claims round 1, which its slot rolled back (restarts: state-ok 0)
     reply = packed_app(train(3, [2, 1, 2, 2]), ctx)
     assert from_array(reply.content["arrays"]["state-ok"]).tolist() == [1, 0, 1, 1]
 
