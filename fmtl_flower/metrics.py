@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, TypedDict
 
 import numpy as np
@@ -78,5 +79,33 @@ def error_summary(errors: np.ndarray, counts: np.ndarray) -> dict[str, float | N
         "test_error_pooled": pooled,
         "accuracy_mean": 1.0 - pooled,
         "accuracy_mean_unweighted": float(1.0 - rates.mean()),
-        "accuracy_bottom_decile": float(np.percentile(1.0 - rates, 10)),
+        "accuracy_bottom_decile": bottom_decile(1.0 - rates),
     }
+
+
+def bottom_decile(values: np.ndarray) -> float:
+    """``np.percentile(values, 10)`` (its default ``linear`` method), bit for bit.
+
+    Finite values are sorted in Python and interpolated with numpy's own formulas (virtual
+    index ``(n - 1) q``, lerp from the nearer end): a few microseconds for the tens of tasks
+    of a round record, where ``np.percentile``'s general machinery costs tens. Anything else
+    (NaN, inf, empty) goes to ``np.percentile``.
+
+    Parameters
+    ----------
+    values : ndarray of shape (k,)
+
+    Returns
+    -------
+    float
+    """
+    if values.ndim != 1 or not len(values) or not np.isfinite(values).all():
+        return float(np.percentile(values, 10))
+    ordered = sorted(values.tolist())
+    virtual = (len(ordered) - 1) * (10 / 100)
+    below = math.floor(virtual)
+    if virtual >= len(ordered) - 1:
+        return float(ordered[-1])
+    a, b, gamma = ordered[below], ordered[below + 1], virtual - below
+    diff = b - a
+    return float(b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma)

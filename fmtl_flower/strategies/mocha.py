@@ -290,6 +290,7 @@ class Mocha(LinearTasks, TaskStrategy):
         self.state: MochaServerState | FactoredMochaServerState | None = None
         self._budgets = np.zeros(self.num_tasks, dtype=np.int64)
         self._w_norm = np.zeros(self.num_tasks)  # |w_t| sent this round
+        self._round_time: tuple[tuple, float] | None = None  # eq. (30)'s last (inputs, time)
         self.last_accepted = np.zeros(self.num_tasks, dtype=np.int64)
         self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
         self.records: list[dict[str, Any]] = []
@@ -428,10 +429,17 @@ class Mocha(LinearTasks, TaskStrategy):
         deadline (``clock_cycle``) if one is set, else the round timeout.
         """
         assert self.state is not None
-        steps = np.array([accepted[t].get("steps", 0) for t in sorted(accepted)], dtype=np.int64)
-        n = self.n_train[sorted(accepted)] if self.method == "cocoa" else None
-        t_round = round_time(steps, self.state.dim, self.method, self.network,
-                             clock_cycle=self.clock_cycle, model=self.time_model, n=n)
+        steps = np.array([accepted[t].get("steps", 0) for t in accepted], dtype=np.int64)
+        n = self.n_train[list(accepted)] if self.method == "cocoa" else None
+        # the same steps (and settings) as the last round's give the same time: computed once
+        key = (steps.tobytes(), None if n is None else n.tobytes(), self.state.dim,
+               self.method, id(self.network), self.time_model, self.clock_cycle)
+        if self._round_time is not None and self._round_time[0] == key:
+            t_round = self._round_time[1]
+        else:
+            t_round = round_time(steps, self.state.dim, self.method, self.network,
+                                 clock_cycle=self.clock_cycle, model=self.time_model, n=n)
+            self._round_time = (key, t_round)
         if len(accepted) < len(self._sent):
             t_round = self.clock_cycle if self.clock_cycle is not None else self.round_timeout
         return float(t_round)

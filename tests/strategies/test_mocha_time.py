@@ -9,7 +9,8 @@ from fmtl_flower.apps.common import dataset_for, make_client_app, make_server_ap
 from fmtl_flower.centralized import fit_mocha
 from fmtl_flower.config import RunConfig
 from fmtl_flower.engine import run_inprocess
-from fmtl_flower.systems.timing import node_times
+from fmtl_flower.systems.heterogeneity import local_budgets
+from fmtl_flower.systems.timing import node_times, round_time
 
 
 def run(**keys):
@@ -44,3 +45,18 @@ def test_deadline_cuts_local_work_and_matches_the_bare_loop():
     assert capped["final"]["primal"] == fit.history[-1]["primal"]
     assert capped["final"]["primal"] != free["final"]["primal"]  # work was cut
     assert np.isfinite(capped["final"]["gap"]) and capped["final"]["gap"] >= 0
+
+
+def test_estimated_time_follows_each_rounds_steps():
+    """Rounds with other local budgets (systems heterogeneity: drawn per round) get their own
+    time; rounds with the same budgets the same one (eq. 30 is computed once for them)."""
+    cfg, box = run(**{"mocha.network": "lte", "mocha.sys-het": "high",
+                      "num-server-rounds": 6})
+    per_round = [r["estimated_time_s"] for r in box["rounds"][1:]]
+    data = dataset_for(cfg)
+    expected = [round_time(local_budgets(data.n_train, local_frac=cfg.local_frac,
+                                         sys_het="high", base=cfg.sys_het_base,
+                                         seed=cfg.seed, server_round=k),
+                           data.dim, "mocha", "lte") for k in range(1, 7)]
+    assert per_round == expected
+    assert len(set(per_round)) > 1
