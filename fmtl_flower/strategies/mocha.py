@@ -291,6 +291,7 @@ class Mocha(LinearTasks, TaskStrategy):
         self._budgets = np.zeros(self.num_tasks, dtype=np.int64)
         self._w_norm = np.zeros(self.num_tasks)  # |w_t| sent this round
         self._round_time: tuple[tuple, float] | None = None  # eq. (30)'s last (inputs, time)
+        self._constants: tuple[Any, ...] | None = None  # (state, formulation, mode, values)
         self.last_accepted = np.zeros(self.num_tasks, dtype=np.int64)
         self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
         self.records: list[dict[str, Any]] = []
@@ -548,8 +549,7 @@ class Mocha(LinearTasks, TaskStrategy):
         message per packed node that speaks MOCHA's stacking protocol
         (:mod:`~fmtl_flower.strategies.packed_mocha`), one message per task otherwise."""
         assert self.state is not None
-        m_diag = self.state.m_diag()
-        sigma_p = self.state.sigma_prime(self.sigma_mode)
+        m_diag, sigma_p = self._task_constants()
         self.replies.begin()
         stacks: list[StackGroup] = []
         stacked_groups = getattr(grid, "stacked_groups", None)
@@ -557,6 +557,23 @@ class Mocha(LinearTasks, TaskStrategy):
             stacks, chosen = stacked_groups(STACKING_PROTOCOL, chosen)
         return self._message_stream(server_round, message_type, evaluate, budgets, chosen,
                                     m_diag, sigma_p, stacks)
+
+    def _task_constants(self) -> tuple[np.ndarray, np.ndarray]:
+        """(m_tt, sigma'_t) of the current M, read-only: computed once while the state and
+        its formulation stay the same objects and the formulation is fixed (its M never
+        changes), else every round."""
+        assert self.state is not None
+        state, formulation = self.state, self.state.formulation
+        kept = self._constants
+        if kept is not None and kept[0] is state and kept[1] is formulation \
+                and kept[2] == self.sigma_mode:
+            return kept[3]
+        values = (state.m_diag(), state.sigma_prime(self.sigma_mode))
+        for array in values:
+            array.setflags(write=False)
+        self._constants = (state, formulation, self.sigma_mode, values) \
+            if formulation.fixed else None
+        return values
 
     def _message_stream(self, server_round: int, message_type: str, evaluate: bool,
                         budgets: np.ndarray | None, chosen: dict[int, int],
