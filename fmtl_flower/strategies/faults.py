@@ -64,6 +64,9 @@ class TaskHealth:
         """The tasks (task -> node) to message in ``server_round``: all reachable ones, but
         an excluded task only on its probe rounds, or at once if its node id changed (the
         device restarted and reconnected)."""
+        if not self.excluded_since.any():  # no task excluded: every reachable one
+            self._nodes.update(task_to_node)
+            return dict(task_to_node)
         chosen = {}
         for task, node in task_to_node.items():
             since = int(self.excluded_since[task])
@@ -81,14 +84,15 @@ class TaskHealth:
     def update(self, server_round: int, sent: Iterable[int], accepted: Iterable[int]) -> None:
         """Record the round: tasks ``sent`` a message, of which ``accepted`` replied validly.
         Tasks not accepted (sent or not) missed the round."""
-        sent, accepted = set(int(t) for t in sent), set(int(t) for t in accepted)
-        for task in range(self.num_tasks):
-            if task not in accepted:
-                self.missed.setdefault(task, []).append(int(server_round))
-        for task in sorted(accepted):
-            self.consecutive[task] = 0
-            if self.excluded_since[task]:
-                self._readmit(server_round, task, "it answered a probe")
+        sent, accepted = set(map(int, sent)), set(map(int, accepted))
+        if len(accepted) < self.num_tasks:
+            for task in range(self.num_tasks):
+                if task not in accepted:
+                    self.missed.setdefault(task, []).append(int(server_round))
+        answered = np.array(sorted(accepted), dtype=np.int64)
+        self.consecutive[answered] = 0
+        for task in answered[self.excluded_since[answered] > 0].tolist():
+            self._readmit(server_round, task, "it answered a probe")
         for task in sorted(sent - accepted):
             self.consecutive[task] += 1
             if (self.max_failures and not self.excluded_since[task]
