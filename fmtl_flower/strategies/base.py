@@ -720,7 +720,8 @@ class ReplyBoundary:
                     "ignored%s", self.name, where, src, cause)
                 continue
             task, node, message_type = match
-            if src != node and not _has_error(reply):  # (the SuperLink makes error replies)
+            error = _has_error(reply)
+            if src != node and not error:  # (the SuperLink makes error replies)
                 log(WARNING, "%s %s: reply for task %d from node %s, but its message went to "
                     "node %s; ignored", self.name, where, task, src, node)
                 continue
@@ -728,7 +729,7 @@ class ReplyBoundary:
                 log(WARNING, "%s %s: second reply for task %d (node %s) rejected; the first "
                     "is kept", self.name, where, task, node)
                 continue
-            if _has_error(reply):
+            if error:
                 reason = str(reply.error.reason)
                 log(WARNING, "%s %s: task %d: node %s failed: %s", self.name, where, task,
                     node, reason)
