@@ -333,8 +333,11 @@ def _messages_ok() -> bool:
     if not _MESSAGES:
         _MESSAGES.append(False)
         saved = {k: TaskIdentity.__dict__.get(k) for k in ("_run_id", "_node_id", "_task_id")}
-        try:  # Flower's instruction reads the process's TaskIdentity: a test identity
-            TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 7, 1, 2
+        borrowed = not _identity_set()
+        try:  # Flower's instruction reads the process's TaskIdentity: the process's own when
+            # it has one (another thread may be building messages), else a test identity
+            if borrowed:
+                TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 7, 1, 2
             _MESSAGES[0] = True  # build ours for the comparison
             try:
                 ours = message(RecordDict(), 5, "train", "3")
@@ -353,9 +356,20 @@ def _messages_ok() -> bool:
         except Exception:  # noqa: BLE001 - any surprise: Flower's constructor
             _MESSAGES[0] = False
         finally:
-            for key, value in saved.items():
-                setattr(TaskIdentity, key, value)
+            if borrowed:
+                for key, value in saved.items():
+                    setattr(TaskIdentity, key, value)
     return _MESSAGES[0]
+
+
+def _identity_set() -> bool:
+    """Whether this process has a Flower ``TaskIdentity`` (Flower's ``Message`` constructor
+    raises without one)."""
+    try:
+        return all(v is not None for v in (TaskIdentity.run_id, TaskIdentity.node_id,
+                                           TaskIdentity.task_id))
+    except Exception:  # noqa: BLE001 - unset: Flower raises
+        return False
 
 
 def _same_message(ours: Message, flowers: Message) -> bool:

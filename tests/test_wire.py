@@ -119,6 +119,28 @@ def test_inputs_are_not_shared_with_the_records():
     assert record["task-id"] == 3
 
 
+def test_message_self_test_keeps_the_process_identity(monkeypatch):
+    """The once-per-process check of message() / reply() builds its messages under the
+    process's own TaskIdentity when it has one (a test identity only when it has none), so a
+    message built meanwhile by another thread never carries the check's ids."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for key, value in (("_run_id", 11), ("_node_id", 12), ("_task_id", 13)):
+        monkeypatch.setattr(TaskIdentity, key, value)
+    seen: list[tuple[int, int, int]] = []
+    built = wire.message
+
+    def spy(*args, **kwargs):
+        seen.append((TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id))
+        return built(*args, **kwargs)
+
+    monkeypatch.setattr(wire, "message", spy)
+    monkeypatch.setattr(wire, "_MESSAGES", [])
+    assert wire._messages_ok()
+    assert seen == [(11, 12, 13)]
+    assert (TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id) == (11, 12, 13)
+
+
 @pytest.mark.parametrize("bulk", [True, False])
 def test_messages_built_in_one_step_are_flowers_messages(monkeypatch, bulk):
     """Issue 17: an instruction and a reply built by message() / reply() have Flower's

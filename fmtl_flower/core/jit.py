@@ -39,6 +39,14 @@ The user's ``FMTL_KERNELS`` (environment) wins over either default, in every rol
 * ``numba``: always numba (an ImportError when it is missing).
 * ``numpy``: never numba (numba is not imported).
 
+When it is read: calls outside a :func:`simulation` read ``FMTL_KERNELS`` once per process
+(:func:`mode`, at the first kernel call), :func:`simulation` reads it again when it starts
+(:func:`user_choice`). Set it before a run, not during one: a process whose environment
+changes mid-run could give a simulation block and plain calls different settings.
+``flwr run``'s ClientApp decides numba's presence in each Ray worker (a simulation's default
+is ``numba`` only where it is installed): on a cluster whose workers differ in that, pin
+``FMTL_KERNELS`` for every worker to keep numbers independent of which worker served a call.
+
 **Work estimate and break-even.** Each top-level kernel declares ``work(*args)``: the
 estimated run time of its numpy implementation in microseconds on a reference machine, from
 the call's sizes alone (a per-Python-step cost :data:`STEP_US` plus :data:`ELEMENT_US` per
