@@ -3,10 +3,12 @@
 :class:`LinearTasks` is a mixin for :class:`~fmtl_flower.strategies.base.TaskStrategy`
 subclasses whose task t sends and receives one model ``w_t`` (a column of W) and reports the
 mean hinge loss at it: the final metrics round (``configure_evaluate`` /
-``aggregate_evaluate``), the row-norm bound R_t of each task, the checks of a reply's loss and
-test counts against it (one reply, or the rows of a stacked reply in vectorised form), and the
-completion of a round record from the replies (primal, objective, test errors). The strategy
-supplies the round's messages and replies through the hooks below.
+``aggregate_evaluate``), the row-norm bound R_t of each task, the checks of the replies' loss
+against it (:meth:`LinearTasks._bound_rows`, one vectorised check for one-task replies and a
+stacked reply's rows alike: a packed node and an unpacked one have the same replies rejected
+for the same reasons) and of their test counts, and the completion of a round record from the
+replies (primal, objective, test errors). The strategy supplies the round's messages and
+replies through the hooks below.
 """
 
 from __future__ import annotations
@@ -20,13 +22,17 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
 from ..metrics import error_summary
-from .base import BOUND_SLACK, ReplyBoundary, check_bound, norm, reject_rows
+from .base import BOUND_SLACK, ReplyBoundary
 from .discovery import ReplyError
 
 __all__ = ["LinearTasks"]
 
 #: Why a reply's ``loss-mean`` is bounded (in the reason of a rejection).
 LOSS_BOUND = "1 + max-row-norm |w_t| >= hinge(y x^T w_t)"
+
+#: Why every reply of a task without R_t is rejected.
+NO_ROW_NORM = ("its device reported no max-row-norm at discovery and the run configures none "
+               "(max-row-norm): its replies cannot be bounded")
 
 Replies = dict[int, dict[str, Any]]
 
@@ -91,21 +97,6 @@ class LinearTasks:
         return self.replies.sent
 
     # ------------------------------------------------------------------ bounds
-    def _row_norm(self, task: int) -> float:
-        """R_t: the configured max-row-norm, else the task's report (NaN: none)."""
-        if self.max_row_norm is not None:
-            return self.max_row_norm
-        return float(self.directory.row_norm[task])
-
-    def _check_loss_and_tests(self, out: dict[str, Any], task: int) -> None:
-        """A reply's ``loss-mean`` against 1 + R_t |w_t| and its ``test-errors`` /
-        ``test-n``; ReplyError if broken."""
-        bound = self._row_norm(task)
-        if not math.isnan(bound):
-            check_bound("loss-mean", out["loss-mean"], 1.0 + bound * float(self._w_norm[task]),
-                        LOSS_BOUND)
-        self._check_tests(out)
-
     def _check_tests(self, out: dict[str, Any]) -> None:
         """A reply's ``test-errors`` / ``test-n``: both or neither, 0 <= errors <= n <= the
         discovery limit ``max_n``; ReplyError if broken."""
@@ -116,37 +107,27 @@ class LinearTasks:
             raise ReplyError("test-errors/test-n inconsistent")
 
     def _row_norms(self, tasks: np.ndarray) -> np.ndarray:
-        """R_t of ``tasks`` (NaN: none), as :meth:`_row_norm`."""
+        """R_t of ``tasks``: the configured max-row-norm, else the tasks' reports (NaN:
+        none)."""
         if self.max_row_norm is not None:
             return np.full(len(tasks), self.max_row_norm)
         return self.directory.row_norm[tasks]
 
-    def _loss_bound_rows(self, rows: Replies, tasks: np.ndarray,
-                         bound: np.ndarray) -> dict[int, str]:
-        """The replies of ``tasks`` (with R_t ``bound``) whose ``loss-mean`` is above
-        1 + R_t |w_t| (|w_t| as sent, ``_w_norm``), with the reason; vectorised
-        :meth:`_check_loss_and_tests` (no bound where R_t is NaN)."""
+    def _bound_rows(self, rows: Replies, tasks: np.ndarray,
+                    rejected: dict[int, str]) -> np.ndarray:
+        """The bounds every reply of a task shares, vectorised over the parsed replies
+        ``rows`` of ``tasks`` (one-task replies and a stacked reply's rows alike, in every
+        round, the final metrics round's too): a task without R_t cannot be bounded
+        (:data:`NO_ROW_NORM`), else ``loss-mean`` must be at most 1 + R_t |w_t| (|w_t| as
+        sent this round, ``_w_norm``). Adds the broken ones to ``rejected`` (a task already
+        there keeps its reason); returns the tasks' R_t (NaN: none)."""
+        bound = self._row_norms(tasks)
         loss = np.array([rows[t]["loss-mean"] for t in tasks.tolist()], dtype=np.float64)
         limit = 1.0 + bound * self._w_norm[tasks]
-        bad = np.flatnonzero(~np.isnan(bound) & ~(loss <= limit * BOUND_SLACK))
-        return {int(tasks[i]): f"loss-mean = {loss[i]:.6g} above its bound {limit[i]:.6g} "
-                f"({LOSS_BOUND})" for i in bad.tolist()}
-
-    def _reject_unbounded_rows(self, accepted: Replies, rejected: dict[int, str],
-                               W: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The bounds of the module docstring, vectorised over the rows of a stacked reply
-        (``accepted`` not empty): rows without R_t, or whose ``loss-mean`` is above
-        1 + R_t |w_t|, move to ``rejected``. Returns the rows' tasks and their R_t."""
-        tasks = np.fromiter(accepted, dtype=np.int64, count=len(accepted))
-        bound = (np.full(len(tasks), self.max_row_norm) if self.max_row_norm is not None
-                 else self.directory.row_norm[tasks])
-        reject_rows(accepted, rejected, tasks, np.isnan(bound), "its device reported no "
-                    "max-row-norm at discovery and the run configures none")
-        loss = np.array([accepted.get(t, {}).get("loss-mean", 0.0) for t in tasks])
-        w_norm = norm(W[:, tasks], axis=0)
-        reject_rows(accepted, rejected, tasks, loss > (1.0 + bound * w_norm) * BOUND_SLACK,
-                    "loss-mean above 1 + max-row-norm |w_t|")
-        return tasks, bound
+        for i in np.flatnonzero(~(loss <= limit * BOUND_SLACK)).tolist():  # NaN limit too
+            rejected.setdefault(int(tasks[i]), NO_ROW_NORM if math.isnan(limit[i]) else (
+                f"loss-mean = {loss[i]:.6g} above its bound {limit[i]:.6g} ({LOSS_BOUND})"))
+        return bound
 
     # ------------------------------------------------------------------ records
     def _complete_record(self, k: int, accepted: Replies) -> dict[str, Any]:

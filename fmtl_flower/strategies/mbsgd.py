@@ -50,9 +50,9 @@ Every reply is validated (record and key presence, int metrics typed as ints, fi
 that fails counts as a dropped node with a logged reason and leaves W untouched by its term.
 Bounds: each hinge subgradient is ``-y_i x_i`` or 0, so ``|grad|_2 <= count R_t`` with R_t
 the task's ``max-row-norm`` from ``whoami`` (or the run's ``max_row_norm``, which overrides
-it; a task with neither is rejected); ``loss-mean <= 1 + R_t |w_t|``; ``test-n`` at most the
-discovery limit ``max_n``. A step that leaves W non-finite is not taken (W kept, the
-round's replies rejected).
+it; every reply of a task with neither is rejected, the final ``evaluate`` round's too);
+``loss-mean <= 1 + R_t |w_t|``; ``test-n`` at most the discovery limit ``max_n``. A step that
+leaves W non-finite is not taken (W kept, the round's replies rejected).
 
 Round bookkeeping
 -----------------
@@ -68,7 +68,6 @@ evaluated state; unsampled tasks are sent ``dropped = true``).
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
@@ -93,12 +92,10 @@ from .base import (
     ReplyBoundary,
     TaskStrategy,
     all_finite,
-    check_bound,
     check_initial_dim,
     guarded,
     initial_model,
     norm,
-    reject_rows,
 )
 from .discovery import (
     ReplyError,
@@ -406,6 +403,7 @@ class MbSgd(LinearTasks, TaskStrategy):
         otherwise."""
         assert self.W is not None
         self.replies.begin()
+        self._w_norm = norm(self.W, axis=0)  # the replies' loss bounds (every path)
         messages = []
         targets = dict(self.task_to_node)
         stacked_groups = getattr(grid, "stacked_groups", None)
@@ -425,7 +423,6 @@ class MbSgd(LinearTasks, TaskStrategy):
                 config["budget"] = int(self._budgets[task])
                 config["dropped"] = bool(self._dropped_now[task])
             w_t = np.ascontiguousarray(self.W[:, task])
-            self._w_norm[task] = norm(w_t)  # the reply's loss bound
             content = record_dict({"arrays": array_record({"w": w_t}),
                                    "config": config_record(config)})
             messages.append(self.replies.track(task, node, Message(
@@ -445,7 +442,8 @@ class MbSgd(LinearTasks, TaskStrategy):
             f"round {server_round}", replies,
             lambda reply, task: self._parse_reply(reply, task, server_round, with_grad),
             on_accept,
-            lambda reply, group: self._parse_stack(reply, group, server_round, with_grad))
+            lambda reply, group: self._parse_stack(reply, group, server_round, with_grad),
+            lambda rows: self._check_rows(rows, with_grad))
         return out.accepted, out.arrived
 
     def _parse_stack(self, reply: Message, group: StackGroup, server_round: int,
@@ -456,15 +454,10 @@ class MbSgd(LinearTasks, TaskStrategy):
         accepted, rejected = read_stacked_mbsgd(reply, group, server_round, self.n_train,
                                                 self.dim, with_grad, self._budgets,
                                                 self._dropped_now)
-        if accepted:
-            tasks, bound = self._reject_unbounded_rows(accepted, rejected, self.W)
-            if with_grad and accepted:
-                size = np.array([norm(accepted[t]["grad"]) if t in accepted else 0.0
-                                 for t in tasks.tolist()])
-                count = np.array([accepted[t]["count"] if t in accepted else 0
-                                  for t in tasks.tolist()])
-                reject_rows(accepted, rejected, tasks, size > count * bound * BOUND_SLACK,
-                            "|grad| above count x max-row-norm")
+        if accepted:  # the bounds that need R_t: as for one-task replies
+            for task, reason in self._check_rows(accepted, with_grad).items():
+                del accepted[task]
+                rejected[task] = reason
         return accepted, rejected
 
     def _parse_reply(self, reply: Message, task: int, server_round: int,
@@ -478,7 +471,7 @@ class MbSgd(LinearTasks, TaskStrategy):
             raise ReplyError(f"n-train {out['n-train']} differs from {self.n_train[task]}")
         if out["loss-mean"] < 0:
             raise ReplyError(f"loss-mean must be >= 0, got {out['loss-mean']}")
-        self._check_loss_and_tests(out, task)
+        self._check_tests(out)
         if with_grad:
             limit = 0 if self._dropped_now[task] else int(self._budgets[task])
             if not 0 <= out["count"] <= limit:
@@ -496,14 +489,27 @@ class MbSgd(LinearTasks, TaskStrategy):
                 raise ReplyError("'grad' has non-finite values")
             if out["count"] == 0 and np.any(grad != 0.0):
                 raise ReplyError("'grad' must be zero when count is 0")
-            bound = self._row_norm(task)
-            if math.isnan(bound):
-                raise ReplyError("its device reported no max-row-norm at discovery and the run "
-                                 "configures none (max-row-norm): grad cannot be bounded")
-            check_bound("|grad|", norm(grad), out["count"] * bound,
-                        "count %d x max-row-norm %g", out["count"], bound)
             out["grad"] = grad
         return out
+
+    def _check_rows(self, rows: dict[int, dict[str, Any]],
+                    with_grad: bool) -> dict[int, str]:
+        """The bounds that need R_t over parsed replies ``rows`` (the one-task replies of a
+        round, or the valid rows of a stacked reply), vectorised: the rejected tasks with
+        their reasons. Checked in this order, a reply keeping the first reason: no R_t,
+        ``loss-mean`` (:meth:`~.linear_tasks.LinearTasks._bound_rows`), ``|grad|``."""
+        tasks = np.fromiter(rows, dtype=np.int64, count=len(rows))
+        rejected: dict[int, str] = {}
+        bound = self._bound_rows(rows, tasks, rejected)
+        if with_grad:
+            size = np.array([norm(rows[t]["grad"]) for t in tasks.tolist()])
+            count = np.array([rows[t]["count"] for t in tasks.tolist()], dtype=np.int64)
+            limit = count * bound
+            for i in np.flatnonzero(~(size <= limit * BOUND_SLACK)).tolist():
+                rejected.setdefault(int(tasks[i]), (
+                    f"|grad| = {size[i]:.6g} above its bound {limit[i]:.6g} (count {count[i]} "
+                    f"x max-row-norm {bound[i]:g})"))
+        return rejected
 
     # ------------------------------------------------------------------ records
     def _new_record(self, k: int) -> dict[str, Any]:

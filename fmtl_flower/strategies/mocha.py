@@ -57,8 +57,9 @@ dual variable stays in its feasible range (y_ti alpha_ti in [0, 1]), so one step
 alpha_ti by at most 1 and touches at most min(budget, n_t) of them:
 
 * ``|delta-b|_2 <= R_t min(budget, n_t) / n_t`` (0 when ``dropped``);
-* a task whose device reported no ``max-row-norm`` cannot be bounded: its replies are
-  rejected unless the run configures ``max_row_norm``;
+* a task whose device reported no ``max-row-norm`` cannot be bounded: all its replies (the
+  final ``evaluate`` round's too, whose ``loss-mean`` enters the record) are rejected unless
+  the run configures ``max_row_norm``;
 * ``0 <= loss-mean <= 1 + R_t |w_t|`` (a hinge loss at the w_t sent), ``dual-mean`` in
   [0, 1], ``0 <= test-errors <= test-n <=`` the discovery limit ``max_n``.
 
@@ -130,7 +131,6 @@ from .base import (
     guarded,
     initial_model,
     norm,
-    reject_rows,
 )
 from .discovery import (
     ReplyError,
@@ -550,6 +550,7 @@ class Mocha(LinearTasks, TaskStrategy):
         (:mod:`~fmtl_flower.strategies.packed_mocha`), one message per task otherwise."""
         assert self.state is not None
         m_diag, sigma_p = self._task_constants()
+        self._w_norm = norm(self.state.W, axis=0)  # the replies' loss bounds (every path)
         self.replies.begin()
         stacks: list[StackGroup] = []
         stacked_groups = getattr(grid, "stacked_groups", None)
@@ -606,7 +607,6 @@ class Mocha(LinearTasks, TaskStrategy):
         budget = None if budgets is None else budgets.tolist()
         dropped = self._dropped_now.tolist()
         rows = np.ascontiguousarray(W.T)
-        self._w_norm = norm(rows, axis=1)  # the replies' loss bounds
         seeding = self._seed_targets is not None and budgets is not None
         group = str(server_round)
         # the per-task values below are Python numbers (tolist): checked once, not per message
@@ -675,16 +675,10 @@ class Mocha(LinearTasks, TaskStrategy):
         assert self.state is not None
         accepted, rejected = read_stacked_reply(reply, group, server_round, self.n_train,
                                                 self.state.dim, with_delta)
-        if accepted:
-            tasks, bound = self._reject_unbounded_rows(accepted, rejected, self.state.W)
-            if with_delta and accepted:
-                n = self.n_train[tasks]
-                budget = np.where(self._dropped_now[tasks], 0, self._budgets[tasks])
-                size = np.array([norm(accepted[t]["delta-b"]) if t in accepted else 0.0
-                                 for t in tasks.tolist()])
-                reject_rows(accepted, rejected, tasks,
-                            size > bound * np.minimum(budget, n) / n * BOUND_SLACK,
-                            "|delta-b| above max-row-norm x min(budget, n-train) / n-train")
+        if accepted:  # the bounds that need R_t: as for one-task replies
+            for task, reason in self._check_rows(accepted, with_delta).items():
+                del accepted[task]
+                rejected[task] = reason
         return accepted, rejected
 
     def _parse_reply(self, reply: Message, task: int, server_round: int,
@@ -719,27 +713,25 @@ class Mocha(LinearTasks, TaskStrategy):
 
     def _check_rows(self, rows: dict[int, dict[str, Any]],
                     with_delta: bool) -> dict[int, str]:
-        """The bounds of the module docstring over the parsed replies ``rows`` of one-task
-        messages, vectorised: the rejected tasks with their reasons (a reply above both
-        bounds is rejected for its loss, one with non-finite values in ``delta-b`` for them)."""
+        """The bounds of the module docstring over parsed replies ``rows`` (the one-task
+        replies of a round, or the valid rows of a stacked reply), vectorised: the rejected
+        tasks with their reasons. Checked in this order, a reply keeping the first reason:
+        non-finite values in ``delta-b``, no R_t, ``loss-mean``
+        (:meth:`~.linear_tasks.LinearTasks._bound_rows`), ``|delta-b|``."""
         tasks = np.fromiter(rows, dtype=np.int64, count=len(rows))
-        bound = self._row_norms(tasks)
-        rejected = self._loss_bound_rows(rows, tasks, bound)
+        rejected: dict[int, str] = {}
+        if with_delta:
+            deltas = np.stack([rows[t]["delta-b"] for t in tasks.tolist()])
+            for task in tasks[~np.isfinite(deltas).all(axis=1)].tolist():
+                rejected[task] = "'delta-b' has non-finite values"
+        bound = self._bound_rows(rows, tasks, rejected)
         if not with_delta:
             return rejected
-        deltas = np.stack([rows[t]["delta-b"] for t in tasks.tolist()])
-        finite = np.isfinite(deltas).all(axis=1)
-        for task in tasks[~finite].tolist():
-            rejected.setdefault(task, "'delta-b' has non-finite values")
-        for task in tasks[np.isnan(bound)].tolist():
-            rejected.setdefault(task, "its device reported no max-row-norm at discovery and "
-                                "the run configures none (max-row-norm): delta-b cannot be "
-                                "bounded")
         n = self.n_train[tasks]
         budget = np.where(self._dropped_now[tasks], 0, self._budgets[tasks])
         size = norm(deltas, axis=1)
         limit = bound * np.minimum(budget, n) / n
-        for i in np.flatnonzero(~np.isnan(bound) & ~(size <= limit * BOUND_SLACK)).tolist():
+        for i in np.flatnonzero(~(size <= limit * BOUND_SLACK)).tolist():
             rejected.setdefault(int(tasks[i]), (
                 f"|delta-b| = {size[i]:.6g} above its bound {limit[i]:.6g} (max-row-norm "
                 f"{bound[i]:g} x min(budget {budget[i]}, n-train {n[i]}) / n-train)"))

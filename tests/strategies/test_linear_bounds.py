@@ -1,0 +1,88 @@
+"""MOCHA's and Mb-SGD's reply bounds that need R_t (``loss-mean`` <= 1 + R_t |w_t|, |delta-b| or
+|grad|, and a task without R_t) are one check for one-task replies and a stacked reply's rows
+(:meth:`fmtl_flower.strategies.linear_tasks.LinearTasks._bound_rows`): a packed run and an
+unpacked one reject the same replies for the same reasons, the final ``evaluate`` round's too.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+
+import numpy as np
+import pytest
+
+from fmtl_flower import MbSgd, Mocha, make_mbsgd_client_app, make_mocha_client_app
+from fmtl_flower.clients.packed_mbsgd import PackedMbSgd
+from fmtl_flower.clients.packed_mocha import PackedMocha
+from fmtl_flower.engine import InProcessGrid
+from fmtl_flower.packing import PackedGrid, packed_client_app, tasks_of_node
+
+from .helpers import make_problem
+
+TASKS, DIM, ROUNDS = 5, 4, 3
+UNBOUNDED = 1  # the task whose device reports no max-row-norm
+REJECTED = re.compile(rf"(round \d+): reply of task {UNBOUNDED} \(node \d+\) rejected: (.*)")
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return make_problem(num_tasks=TASKS, dim=DIM, samples_per_task=40, seed=5)
+
+
+def run(problem, family: str, per_node: int, caplog) -> tuple[object, list[tuple[str, str]]]:
+    """A run where task ``UNBOUNDED`` has no R_t (as if its device reported no
+    max-row-norm at discovery), its tasks ``per_node`` to a node (1: unpacked); the
+    rejections of that task's replies as (exchange, reason)."""
+    if family == "mocha":
+        strategy = Mocha(TASKS, lam=0.05, omega="mean", lam2=0.5, omega_every=0,
+                         discovery_timeout=5.0)
+        app = make_mocha_client_app(problem.load)
+        handler = PackedMocha(app.mocha_client)
+    else:
+        strategy = MbSgd(TASKS, lam=0.05, discovery_timeout=5.0)
+        app = make_mbsgd_client_app(problem.load)
+        handler = PackedMbSgd(app.mbsgd_client)
+    if per_node == 1:
+        grid = InProcessGrid(app, TASKS)
+    else:
+        packed = packed_client_app(
+            app, lambda ctx: tasks_of_node(ctx.node_config, per_node, TASKS),
+            {handler.protocol: handler}, {"query.whoami": handler.whoami})
+        grid = PackedGrid(InProcessGrid(packed, math.ceil(TASKS / per_node)),
+                          query_timeout=5.0)
+    configure = strategy.configure_train
+
+    def configure_train(server_round, arrays, config, grid_):  # noqa: ANN001
+        messages = configure(server_round, arrays, config, grid_)  # discovery: round 1
+        strategy.directory.row_norm[UNBOUNDED] = np.nan  # as if not reported
+        return messages
+
+    strategy.configure_train = configure_train  # type: ignore[method-assign]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        strategy.start(grid=grid, num_rounds=ROUNDS, timeout=30.0)
+    found = [REJECTED.search(r.getMessage()) for r in caplog.records]
+    return strategy, [m.groups() for m in found if m]
+
+
+@pytest.mark.parametrize("family", ["mocha", "mbsgd"])
+def test_a_task_without_row_norm_is_rejected_alike_packed_or_not(problem, caplog, family):
+    """Every reply of a task without R_t is rejected, the final evaluate round's too (its
+    loss-mean enters the final record and cannot be bounded), with the same reason whether
+    its node is packed or not. Before, a packed node's final reply was rejected and a
+    one-task node's accepted, and the two paths worded the reason differently."""
+    unpacked, reasons = run(problem, family, 1, caplog)
+    packed, packed_reasons = run(problem, family, 2, caplog)
+    assert packed_reasons == reasons
+    # every train round's reply and the final evaluate round's
+    assert len(reasons) == ROUNDS + 1, reasons
+    assert {r for _, r in reasons} == {
+        "its device reported no max-row-norm at discovery and the run configures none "
+        "(max-row-norm): its replies cannot be bounded"}
+    for strategy in (unpacked, packed):
+        final = strategy.records[-1]
+        assert UNBOUNDED in final["tasks_missing"] and final["primal"] is None
+    assert {k: v for k, v in unpacked.records[-1].items() if not k.endswith("_s")} \
+        == {k: v for k, v in packed.records[-1].items() if not k.endswith("_s")}
