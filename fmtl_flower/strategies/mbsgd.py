@@ -453,7 +453,7 @@ class MbSgd(LinearTasks, TaskStrategy):
         assert self.dim is not None and self.W is not None
         accepted, rejected = read_stacked_mbsgd(reply, group, server_round, self.n_train,
                                                 self.dim, with_grad, self._budgets,
-                                                self._dropped_now)
+                                                self._dropped_now, self.directory.max_n)
         if accepted:  # the bounds that need R_t: as for one-task replies
             for task, reason in self._check_rows(accepted, with_grad).items():
                 del accepted[task]

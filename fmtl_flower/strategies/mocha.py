@@ -674,7 +674,8 @@ class Mocha(LinearTasks, TaskStrategy):
         the rejected tasks with their reasons (checked in vectorised form)."""
         assert self.state is not None
         accepted, rejected = read_stacked_reply(reply, group, server_round, self.n_train,
-                                                self.state.dim, with_delta)
+                                                self.state.dim, with_delta,
+                                                self.directory.max_n)
         if accepted:  # the bounds that need R_t: as for one-task replies
             for task, reason in self._check_rows(accepted, with_delta).items():
                 del accepted[task]

@@ -15,17 +15,18 @@ import numpy as np
 from flwr.app import Message
 
 from ..packing import StackGroup
-from .packed_mocha import read_stacked_rows, reply_columns
+from .packed_mocha import read_stacked_rows, reply_columns, test_count_problems
 
 PROTOCOL = "mb-sgd"
 
 
 def read_stacked_reply(reply: Message, group: StackGroup, server_round: int,
                        n_train: np.ndarray, dim: int, with_grad: bool,
-                       budgets: np.ndarray, dropped: np.ndarray
+                       budgets: np.ndarray, dropped: np.ndarray, max_n: int
                        ) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
     """``(accepted, rejected)`` of ``group``'s stacked reply (see
-    :func:`fmtl_flower.strategies.packed_mocha.read_stacked_rows`)."""
+    :func:`fmtl_flower.strategies.packed_mocha.read_stacked_rows`; ``max_n``: the discovery
+    limit on ``test-n``)."""
     required = ["task-id", "round", "n-train", "loss-mean"] + (
         ["count", "grad"] if with_grad else [])
 
@@ -46,9 +47,7 @@ def read_stacked_reply(reply: Message, group: StackGroup, server_round: int,
              f"reply for another task or round, expected round {server_round}")
         flag(values["n-train"] != n_train[tasks], "n-train differs from the task's")
         flag(values["loss-mean"] < 0, "loss-mean must be >= 0")
-        if "test-n" in values:
-            flag((values["test-errors"] < 0) | (values["test-errors"] > values["test-n"]),
-                 "test-errors/test-n inconsistent")
+        test_count_problems(values, out, max_n)
         if with_grad:
             limit = np.where(dropped[tasks], 0, budgets[tasks])
             flag((values["count"] < 0) | (values["count"] > limit),

@@ -41,17 +41,19 @@ def stacked_message(group: StackGroup, message_type: str, server_round: int,
 
 
 def read_stacked_reply(reply: Message, group: StackGroup, server_round: int,
-                       n_train: np.ndarray, dim: int, with_delta: bool
+                       n_train: np.ndarray, dim: int, with_delta: bool, max_n: int
                        ) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
     """``(accepted, rejected)``: the valid rows of ``group``'s stacked reply as
     ``{task: values}`` (the values :meth:`Mocha._parse_reply` gives, ``delta-b`` a row of
     the stacked array) and ``{task: reason}`` for the tasks whose slot failed or whose row
-    is invalid. A reply whose records are malformed rejects every task of the group; a task
-    absent from both (its slot not in the reply) did not reply."""
+    is invalid (``max_n``: the discovery limit on ``test-n``). A reply whose records are
+    malformed rejects every task of the group; a task absent from both (its slot not in the
+    reply) did not reply."""
     return read_stacked_rows(
         reply, group, PROTOCOL,
         lambda k: _reply_columns(reply.content, k, dim, with_delta),
-        lambda values, tasks: _row_problems(values, tasks, server_round, n_train, with_delta),
+        lambda values, tasks: _row_problems(values, tasks, server_round, n_train, with_delta,
+                                            max_n),
         ("delta-b",) if with_delta else ())
 
 
@@ -132,8 +134,24 @@ def reply_columns(content: RecordDict, k: int, dim: int, required: Sequence[str]
     return out
 
 
+def test_count_problems(values: dict[str, np.ndarray], problems: list[str], max_n: int) -> None:
+    """Give the rows whose ``test-n`` is above the discovery limit ``max_n``, then those whose
+    ``test-errors`` is outside 0..``test-n``, their reason in ``problems`` (a row keeps its
+    first): the checks and reasons of a one-task reply's
+    :meth:`~fmtl_flower.strategies.linear_tasks.LinearTasks._check_tests`."""
+    if "test-n" not in values:
+        return
+    count, errors = values["test-n"], values["test-errors"]
+    for i in np.flatnonzero(count > max_n).tolist():
+        if not problems[i]:
+            problems[i] = f"test-n {count[i]} above the limit {max_n}"
+    for i in np.flatnonzero((errors < 0) | (errors > count)).tolist():
+        if not problems[i]:
+            problems[i] = "test-errors/test-n inconsistent"
+
+
 def _row_problems(values: dict[str, np.ndarray], tasks: np.ndarray, server_round: int,
-                  n_train: np.ndarray, with_delta: bool) -> list[str]:
+                  n_train: np.ndarray, with_delta: bool, max_n: int) -> list[str]:
     """Per row, the reason it is rejected ("" when valid): the checks of
     :meth:`Mocha._parse_reply`, one vectorised test per check."""
     k = len(tasks)
@@ -155,9 +173,7 @@ def _row_problems(values: dict[str, np.ndarray], tasks: np.ndarray, server_round
     flag((values["loss-mean"] < 0) | ~((values["dual-mean"] >= 0)
                                        & (values["dual-mean"] <= 1 + 1e-9)),
          "loss-mean must be >= 0 and dual-mean in [0, 1]")
-    if "test-n" in values:
-        flag((values["test-errors"] < 0) | (values["test-errors"] > values["test-n"]),
-             "test-errors/test-n inconsistent")
+    test_count_problems(values, problems, max_n)
     if with_delta:
         flag(~np.all(np.isfinite(values["delta-b"]), axis=1), "'delta-b' has non-finite values")
     return problems
