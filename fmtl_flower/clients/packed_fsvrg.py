@@ -38,14 +38,11 @@ state file is the unpacked one (``cocoa-plus-task-<id>``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from logging import WARNING
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
-from flwr.common.logger import log
 
-from ..checkpoint import CheckpointError
 from ..core.fsvrg import local_gram_product
 from ..packing import SlotFailed, SlotTaskCache, each_slot, read_stacked_instruction
 from ..strategies.packed_fsvrg import MESSAGE_TYPES, reply_keys
@@ -54,9 +51,6 @@ from .common import config_value, protocol_rounds, state_file_for
 from .dual_state import (
     DualState,
     encode,
-    log_reconciled,
-    read_dual_file,
-    reconcile,
     write_dual_file,
 )
 from .fsvrg import LOCAL_METHODS, FsvrgClient, SparseLocalTask
@@ -150,7 +144,8 @@ class PackedFsvrg(SlotTaskCache):
 
             def reconcile() -> DualState:  # CoCoA+: the commit protocol, after the checks
                 assert state is not None
-                return self._reconcile(context, state, slot, task, config)
+                return state.reconcile(context, slot, task, ("cocoa-plus", "CoCoA+"),
+                                       self.client.state_dir, *protocol_rounds(config))
 
             if kind == MessageType.EVALUATE:
                 metrics, reconciled = FsvrgClient.cocoa_evaluate(task, config, vector,
@@ -177,27 +172,6 @@ class PackedFsvrg(SlotTaskCache):
         return RecordDict({"arrays": out}), [slot for slot, _ in results], errors
 
     # -- one slot ---------------------------------------------------------------------------
-    def _reconcile(self, context: Context, state: StackedState, slot: int,
-                   task: SparseLocalTask, config: dict[str, Any]) -> DualState:
-        """The commit protocol (as :class:`~fmtl_flower.clients.dual_state.DualStore` applies
-        it) over the slot's stored state, else its state file."""
-        last_accepted, checkpoint_round = protocol_rounds(config)
-        stored = state.slots.get(slot)
-        if stored is None:
-            path = state_file_for(context, "cocoa-plus", task.task_id, self.client.state_dir)
-            if path is not None:
-                try:
-                    stored = read_dual_file(path, task.task_id, task.n)
-                except CheckpointError as err:
-                    log(WARNING, "CoCoA+ task %d: state file unusable (%s); starting from "
-                        "alpha = 0", task.task_id, err)
-        duals, meta = stored if stored is not None else (None, None)
-        reconciled = reconcile(duals, meta, task_id=task.task_id, n=task.n,
-                               last_accepted=last_accepted, checkpoint_round=checkpoint_round,
-                               fingerprint=task.fingerprint)
-        log_reconciled("CoCoA+", task.task_id, reconciled, last_accepted)
-        return reconciled
-
     def _local_task(self, context: Context, task_id: int) -> SparseLocalTask:
         """The slot's validated data, loaded once per node, run and task."""
         return self.slot_task(context, task_id, self.client._build_task)

@@ -111,6 +111,30 @@ class StackedState:
             values["data"] = str(data[j])
             self.slots[slot] = (duals[:, offsets[j]:offsets[j + 1]], values)
 
+    def reconcile(self, context: Context, slot: int, task: Any, kind: tuple[str, str],
+                  state_dir: str | None, last_accepted: int, checkpoint_round: int
+                  ) -> DualState:
+        """The commit protocol (as :class:`~fmtl_flower.clients.dual_state.DualStore` applies
+        it) over ``slot``'s stored state, else over ``task``'s state file (``kind``: its
+        prefix and the method's name in log lines, e.g. ``("mocha", "MOCHA")``); ``task`` has
+        ``task_id``, ``n`` and ``fingerprint``."""
+        prefix, name = kind
+        stored = self.slots.get(slot)
+        if stored is None:  # nothing stored for this slot: its state file, if any
+            path = state_file_for(context, prefix, task.task_id, state_dir)
+            if path is not None:
+                try:
+                    stored = read_dual_file(path, task.task_id, task.n)
+                except CheckpointError as err:
+                    log(WARNING, "%s task %d: state file unusable (%s); starting from "
+                        "alpha = 0", name, task.task_id, err)
+        duals, meta = stored if stored is not None else (None, None)
+        state = reconcile(duals, meta, task_id=task.task_id, n=task.n,
+                          last_accepted=last_accepted, checkpoint_round=checkpoint_round,
+                          fingerprint=task.fingerprint)
+        log_reconciled(name, task.task_id, state, last_accepted)
+        return state
+
     def set(self, slot: int, duals: np.ndarray, meta: dict[str, int | str]) -> None:
         """Store a slot's new ``(duals (3, n), meta)``."""
         self.slots[slot] = (duals, meta)
@@ -225,8 +249,8 @@ class PackedMocha(SlotTaskCache):
         if not 0 <= last_accepted <= server_round:
             raise SlotFailed(f"last-accepted-round {last_accepted} outside 0..server-round "
                              f"({server_round})")
-        reconciled = self._reconcile(context, state, slot, task, last_accepted,
-                                     checkpoint_round)
+        reconciled = state.reconcile(context, slot, task, ("mocha", "MOCHA"),
+                                     self.client._state_dir, last_accepted, checkpoint_round)
         metrics = MochaClient._metrics(task, w, reconciled.alpha, config, reconciled.ok)
         metrics["round"] = server_round
         if not train:
@@ -246,24 +270,6 @@ class PackedMocha(SlotTaskCache):
         metrics["steps"] = steps
         duals, meta = encode(reconciled, task.task_id, d_alpha, server_round, task.fingerprint)
         return metrics, d_b, duals, meta
-
-    def _reconcile(self, context: Context, state: StackedState, slot: int, task: LocalTask,
-                   last_accepted: int, checkpoint_round: int) -> DualState:
-        stored = state.slots.get(slot)
-        if stored is None:  # nothing stored for this slot: its state file, if any
-            path = state_file_for(context, "mocha", task.task_id, self.client._state_dir)
-            if path is not None:
-                try:
-                    stored = read_dual_file(path, task.task_id, task.n)
-                except CheckpointError as err:
-                    log(WARNING, "MOCHA task %d: state file unusable (%s); starting from "
-                        "alpha = 0", task.task_id, err)
-        duals, meta = stored if stored is not None else (None, None)
-        state = reconcile(duals, meta, task_id=task.task_id, n=task.n,
-                          last_accepted=last_accepted, checkpoint_round=checkpoint_round,
-                          fingerprint=task.fingerprint)
-        log_reconciled("MOCHA", task.task_id, state, last_accepted)
-        return state
 
     def _local_task(self, context: Context, slot: int, task_id: int) -> LocalTask:
         """The slot's validated data, loaded once per node, run and task."""
