@@ -20,7 +20,14 @@ import sys
 import time
 from typing import Any
 
-from .config import FEDERATED, STRATEGIES, ConfigError, RunConfig, parse_set_options
+from .config import (
+    FEDERATED,
+    FSVRG_FAMILY,
+    STRATEGIES,
+    ConfigError,
+    RunConfig,
+    parse_set_options,
+)
 
 FINAL_KEYS = ("primal", "dual", "gap", "test_error", "test_error_pooled", "accuracy_mean",
               "accuracy_mean_unweighted", "accuracy_bottom_decile", "unseen_accuracy_mean",
@@ -244,6 +251,18 @@ def run_federation(cfg: RunConfig, data, engine: str, print_every: int,
     return run(cfg, data, engine, on_round=on_round, ray_address=ray_address)
 
 
+def _check_sparse_for_fsvrg(cfg: RunConfig, data: Any) -> None:
+    """FSVRG's family trains on sparse (CSR) design matrices: a dense dataset is a clear
+    error here, not a federation whose every node fails discovery."""
+    if cfg.strategy not in FSVRG_FAMILY or not data.num_tasks:
+        return
+    import scipy.sparse as sp
+
+    if not sp.issparse(data.tasks[0].X_train):
+        raise ConfigError(f"strategy={cfg.strategy} trains on sparse data (FSVRG's family): "
+                          f"dataset {cfg.dataset!r} is dense; use --dataset sparse-federated")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """``fmtl run``."""
     from .apps.common import dataset_for, write_results
@@ -262,6 +281,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         validate_ray_address(args.ray_address)
     data = dataset_for(cfg)
+    _check_sparse_for_fsvrg(cfg, data)
     if not args.quiet:
         print(f"dataset {cfg.dataset}: {data.num_tasks} tasks, {data.dim} features, "
               f"{int(data.n_train.sum())} training samples", flush=True)

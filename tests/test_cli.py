@@ -39,6 +39,14 @@ def test_baselines(tmp_path, strategy):
     assert 0 <= final["test_error"] <= 1
 
 
+def test_fsvrg_on_a_dense_dataset_is_a_clear_error(capsys):
+    """FSVRG's family needs sparse data: a dense dataset fails at once with what to use,
+    not after every node failed discovery for the round timeout."""
+    assert main(["run", "fsvrg", "--rounds", "2"]) == 2
+    assert ("dataset 'synthetic' is dense; use --dataset sparse-federated"
+            in capsys.readouterr().err)
+
+
 def test_clear_errors(capsys, tmp_path):
     assert main(["run", "mocha", "--set", "lamda=1"]) == 2
     assert "unknown run-config key 'lamda'" in capsys.readouterr().err
