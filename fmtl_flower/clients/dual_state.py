@@ -155,6 +155,18 @@ def write_dual_file(path: Path, duals: np.ndarray, meta: Mapping[str, int | str]
     write_state_file(path, {"duals": duals}, dict(meta))
 
 
+def read_usable_dual_file(path: Path, task_id: int, n: int, name: str
+                          ) -> tuple[np.ndarray, dict[str, Any]] | None:
+    """:func:`read_dual_file`, with an unusable file logged (``name``: the method in the log
+    line) and read as none (the protocol then restarts the task from alpha = 0)."""
+    try:
+        return read_dual_file(path, task_id, n)
+    except CheckpointError as err:
+        log(WARNING, "%s task %d: state file unusable (%s); starting from alpha = 0", name,
+            task_id, err)
+        return None
+
+
 def read_dual_file(path: Path, task_id: int, n: int
                    ) -> tuple[np.ndarray, dict[str, int | str]] | None:
     """The state kept in ``path`` if it is this task's and well formed; None if there is no
@@ -183,12 +195,7 @@ def load_into_context(context: Context, path: Path | None, keys: tuple[str, str]
     protocol then restarts the task from alpha = 0)."""
     if path is None:
         return
-    try:
-        stored = read_dual_file(path, task_id, n)
-    except CheckpointError as err:
-        log(WARNING, "%s task %d: state file unusable (%s); starting from alpha = 0", name,
-            task_id, err)
-        return
+    stored = read_usable_dual_file(path, task_id, n, name)
     if stored is not None:
         context.state[keys[0]] = ArrayRecord({"duals": to_array(stored[0])})
         context.state[keys[1]] = ConfigRecord(stored[1])

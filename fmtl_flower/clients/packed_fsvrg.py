@@ -47,11 +47,10 @@ from ..core.fsvrg import local_gram_product
 from ..packing import SlotFailed, SlotTaskCache, each_slot, read_stacked_instruction
 from ..strategies.packed_fsvrg import MESSAGE_TYPES, reply_keys
 from ..wire import from_array, to_array
-from .common import config_value, protocol_rounds, state_file_for
+from .common import config_value, protocol_rounds
 from .dual_state import (
     DualState,
     encode,
-    write_dual_file,
 )
 from .fsvrg import LOCAL_METHODS, FsvrgClient, SparseLocalTask
 from .packed_mocha import StackedState
@@ -112,8 +111,8 @@ class PackedFsvrg(SlotTaskCache):
         last_accepted = per_task["last-accepted-round"].tolist() if cocoa else None
         globals_ = _SharedVectors(content["arrays"])
         evaluate = "eval" in shared and config_value(shared, "eval", bool)
-        state = StackedState(context.state[STATE] if STATE in context.state else None) \
-            if cocoa else None
+        state = (StackedState.of(context, STATE, ("cocoa-plus", "CoCoA+"),
+                                 self.client.state_dir) if cocoa else None)
 
         def work(i: int, slot: int, task_id: int) -> tuple[Any, ...]:
             task = self._local_task(context, task_id)
@@ -144,8 +143,7 @@ class PackedFsvrg(SlotTaskCache):
 
             def reconcile() -> DualState:  # CoCoA+: the commit protocol, after the checks
                 assert state is not None
-                return state.reconcile(context, slot, task, ("cocoa-plus", "CoCoA+"),
-                                       self.client.state_dir, *protocol_rounds(config))
+                return state.reconcile(context, slot, task, *protocol_rounds(config))
 
             if kind == MessageType.EVALUATE:
                 metrics, reconciled = FsvrgClient.cocoa_evaluate(task, config, vector,
@@ -161,14 +159,8 @@ class PackedFsvrg(SlotTaskCache):
         out = _reply_arrays([r for _, r in results], *reply_keys(kind, cocoa, evaluate),
                             globals_.dim)
         if state is not None:  # last: the state after every slot
-            for slot, (metrics, _, (duals, meta)) in results:
-                state.set(slot, duals, meta)
-                path = state_file_for(context, "cocoa-plus", int(metrics["task-id"]),
-                                      self.client.state_dir)
-                if path is not None:
-                    write_dual_file(path, duals, meta)
-            if results:
-                context.state[STATE] = state.record()
+            state.commit(context, [(slot, int(metrics["task-id"]), duals, meta)
+                                   for slot, (metrics, _, (duals, meta)) in results])
         return RecordDict({"arrays": out}), [slot for slot, _ in results], errors
 
     # -- one slot ---------------------------------------------------------------------------

@@ -38,14 +38,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from logging import WARNING
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
-from flwr.common.logger import log
 
-from ..checkpoint import CheckpointError
 from ..packing import (
     SlotFailed,
     SlotTaskCache,
@@ -61,7 +58,7 @@ from .dual_state import (
     DualState,
     encode,
     log_reconciled,
-    read_dual_file,
+    read_usable_dual_file,
     reconcile,
     write_dual_file,
 )
@@ -81,9 +78,16 @@ INSTRUCTION_ARRAYS = {"task-id": (np.int64, False), "last-accepted-round": (np.i
 
 class StackedState:
     """The node's dual state for every slot it stored, decoded from (and encoded to) the
-    stacked record ``mocha.stack``."""
+    stacked record ``key`` of ``context.state`` (``mocha.stack``, ``cocoa-plus.stack``).
 
-    def __init__(self, record: ArrayRecord | None) -> None:
+    ``kind`` = (the state files' prefix, the method's name in log lines), e.g.
+    ``("mocha", "MOCHA")``; ``state_dir``: the handler's default ``client-state-dir``.
+    """
+
+    def __init__(self, record: ArrayRecord | None, key: str = STATE,
+                 kind: tuple[str, str] = ("mocha", "MOCHA"), state_dir: str | None = None
+                 ) -> None:
+        self.key, (self.prefix, self.name), self.state_dir = key, kind, state_dir
         self.slots: dict[int, tuple[np.ndarray, dict[str, int | str]]] = {}
         self._layout: tuple[list[int], np.ndarray, np.ndarray] | None = None
         if record is None:
@@ -111,33 +115,40 @@ class StackedState:
             values["data"] = str(data[j])
             self.slots[slot] = (duals[:, offsets[j]:offsets[j + 1]], values)
 
-    def reconcile(self, context: Context, slot: int, task: Any, kind: tuple[str, str],
-                  state_dir: str | None, last_accepted: int, checkpoint_round: int
-                  ) -> DualState:
+    @classmethod
+    def of(cls, context: Context, key: str, kind: tuple[str, str], state_dir: str | None
+           ) -> StackedState:
+        """The stacked state kept under ``key`` in ``context.state`` (none kept: empty)."""
+        return cls(context.state[key] if key in context.state else None, key, kind, state_dir)
+
+    def reconcile(self, context: Context, slot: int, task: Any, last_accepted: int,
+                  checkpoint_round: int) -> DualState:
         """The commit protocol (as :class:`~fmtl_flower.clients.dual_state.DualStore` applies
-        it) over ``slot``'s stored state, else over ``task``'s state file (``kind``: its
-        prefix and the method's name in log lines, e.g. ``("mocha", "MOCHA")``); ``task`` has
+        it) over ``slot``'s stored state, else over ``task``'s state file; ``task`` has
         ``task_id``, ``n`` and ``fingerprint``."""
-        prefix, name = kind
         stored = self.slots.get(slot)
         if stored is None:  # nothing stored for this slot: its state file, if any
-            path = state_file_for(context, prefix, task.task_id, state_dir)
+            path = state_file_for(context, self.prefix, task.task_id, self.state_dir)
             if path is not None:
-                try:
-                    stored = read_dual_file(path, task.task_id, task.n)
-                except CheckpointError as err:
-                    log(WARNING, "%s task %d: state file unusable (%s); starting from "
-                        "alpha = 0", name, task.task_id, err)
+                stored = read_usable_dual_file(path, task.task_id, task.n, self.name)
         duals, meta = stored if stored is not None else (None, None)
         state = reconcile(duals, meta, task_id=task.task_id, n=task.n,
                           last_accepted=last_accepted, checkpoint_round=checkpoint_round,
                           fingerprint=task.fingerprint)
-        log_reconciled(name, task.task_id, state, last_accepted)
+        log_reconciled(self.name, task.task_id, state, last_accepted)
         return state
 
-    def set(self, slot: int, duals: np.ndarray, meta: dict[str, int | str]) -> None:
-        """Store a slot's new ``(duals (3, n), meta)``."""
-        self.slots[slot] = (duals, meta)
+    def commit(self, context: Context,
+               kept: Sequence[tuple[int, int, np.ndarray, dict[str, int | str]]]) -> None:
+        """Keep each ``(slot, task id, duals (3, n), meta)``, write its task's state file
+        (with a ``client-state-dir``), then the stacked record (when a slot was kept)."""
+        for slot, task_id, duals, meta in kept:
+            self.slots[slot] = (duals, meta)
+            path = state_file_for(context, self.prefix, task_id, self.state_dir)
+            if path is not None:
+                write_dual_file(path, duals, meta)
+        if kept:
+            context.state[self.key] = self.record()
 
     def record(self) -> ArrayRecord:
         """The stacked record of every slot's state."""
@@ -186,7 +197,7 @@ class PackedMocha(SlotTaskCache):
         method = config_value(config, "method", str) if "method" in config else "mocha"
         checkpoint_round = (config_value(config, "checkpoint-round", int)
                             if "checkpoint-round" in config else -1)
-        state = StackedState(context.state[STATE] if STATE in context.state else None)
+        state = StackedState.of(context, STATE, ("mocha", "MOCHA"), self.client._state_dir)
 
         def work(i: int, slot: int, task_id: int) -> tuple[Any, ...]:
             task = self._local_task(context, slot, task_id)
@@ -199,13 +210,8 @@ class PackedMocha(SlotTaskCache):
         deltas = [r[2] for _, r in results] if train else []
         content = RecordDict({"arrays": _reply_arrays(rows, deltas, train, evaluate,
                                                       w.shape[1])})
-        for slot, (task, _, _, duals, meta) in results:  # last: the state after every slot
-            state.set(slot, duals, meta)
-            path = state_file_for(context, "mocha", task.task_id, self.client._state_dir)
-            if path is not None:
-                write_dual_file(path, duals, meta)
-        if results:
-            context.state[STATE] = state.record()
+        state.commit(context, [(slot, task.task_id, duals, meta)  # last: after every slot
+                               for slot, (task, _, _, duals, meta) in results])
         return content, [slot for slot, _ in results], errors
 
     def whoami(self, content: RecordDict, context: Context, slot: int, task_id: int
@@ -249,8 +255,7 @@ class PackedMocha(SlotTaskCache):
         if not 0 <= last_accepted <= server_round:
             raise SlotFailed(f"last-accepted-round {last_accepted} outside 0..server-round "
                              f"({server_round})")
-        reconciled = state.reconcile(context, slot, task, ("mocha", "MOCHA"),
-                                     self.client._state_dir, last_accepted, checkpoint_round)
+        reconciled = state.reconcile(context, slot, task, last_accepted, checkpoint_round)
         metrics = MochaClient._metrics(task, w, reconciled.alpha, config, reconciled.ok)
         metrics["round"] = server_round
         if not train:
