@@ -170,7 +170,7 @@ class FsvrgClient:
         _, counts = node_feature_counts(X)
         fingerprint = data_fingerprint(X.indptr, X.indices, X.data, y)
         return SparseLocalTask(int(self.task_id(context)), X, y, X_test, y_test, counts,
-                               fingerprint, float(X.multiply(X).sum()))
+                               fingerprint)
 
     # -- handlers ---------------------------------------------------------------------------
     def whoami(self, msg: Message, context: Context) -> Message:

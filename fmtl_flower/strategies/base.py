@@ -556,15 +556,6 @@ def guarded(step: Callable[[], None], objects: Iterable[Any],
     return reason
 
 
-def reject_rows(accepted: dict[int, dict[str, Any]], rejected: dict[int, str],
-                tasks: np.ndarray, bad: np.ndarray, reason: str) -> None:
-    """Move the rows of ``tasks`` flagged in ``bad`` from ``accepted`` to ``rejected`` (the
-    stacked replies' vectorised bounds)."""
-    for task in tasks[bad].tolist():
-        accepted.pop(task, None)
-        rejected.setdefault(task, reason)
-
-
 def all_finite(*arrays: np.ndarray) -> bool:
     """Whether every value of every array is finite."""
     return all(bool(np.isfinite(a).all()) for a in arrays)
