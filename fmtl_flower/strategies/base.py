@@ -687,7 +687,9 @@ class ReplyBoundary:
             ``check_rows({task: parsed}) -> {task: reason}``: checks run once over all the
             replies ``parse`` accepted (vectorised bounds), after every reply was read; each
             task it names is rejected as if ``parse`` had raised (anything it raises rejects
-            them all). Stacked rows are ``parse_stack``'s to check.
+            them all); and over each stacked reply's rows that ``parse_stack`` accepted, a
+            row it names rejected like a row ``parse_stack`` rejects (anything it raises
+            fails every task of that message).
         """
         out = RoundReplies()
         accepted: dict[int, dict[str, Any]] = {}
@@ -703,7 +705,8 @@ class ReplyBoundary:
                     _reason(err))
                 continue
             if stack is not None:
-                self._read_stack(where, reply, stack, parse_stack, accepted, out, on_accept)
+                self._read_stack(where, reply, stack, parse_stack, check_rows, accepted, out,
+                                 on_accept)
                 continue
             if match is None:
                 cause = f": {reply.error.reason}" if _has_error(reply) else ""
@@ -769,9 +772,11 @@ class ReplyBoundary:
                 out.failed[task] = reason
 
     def _read_stack(self, where: str, reply: Message, stack: tuple[StackGroup, str],
-                    parse_stack: StackParser | None, accepted: dict[int, dict[str, Any]],
-                    out: RoundReplies, on_accept: Callable[[int], None] | None) -> None:
-        """The rows of the reply to a stacked message, each as one task's reply."""
+                    parse_stack: StackParser | None, check_rows: RowsCheck | None,
+                    accepted: dict[int, dict[str, Any]], out: RoundReplies,
+                    on_accept: Callable[[int], None] | None) -> None:
+        """The rows of the reply to a stacked message, each as one task's reply (``parse_stack``
+        then ``check_rows``: :meth:`read`)."""
         group, message_type = stack
         src = reply.metadata.src_node_id
         if src != group.node and not _has_error(reply):
@@ -795,6 +800,10 @@ class ReplyBoundary:
                 if parse_stack is None:
                     raise ReplyError("a stacked reply where none was expected")
                 rows, rejected = parse_stack(reply, group)
+                if check_rows is not None and rows:
+                    for task, reason in check_rows(rows).items():
+                        if rows.pop(task, None) is not None:
+                            rejected[task] = reason
             except Exception as err:  # noqa: BLE001 - the trust boundary: any failure rejects
                 rows, rejected = {}, {t: _reason(err) for t in group.tasks}
             for task, reason in rejected.items():

@@ -671,16 +671,11 @@ class Mocha(LinearTasks, TaskStrategy):
     def _parse_stack(self, reply: Message, group: StackGroup, server_round: int,
                      with_delta: bool) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
         """The rows of a stacked reply as :meth:`_parse_reply` gives one reply's values, and
-        the rejected tasks with their reasons (checked in vectorised form)."""
+        the rejected tasks with their reasons (checked in vectorised form; the bounds that
+        need R_t are :meth:`_check_rows`', which ``ReplyBoundary.read`` applies to them)."""
         assert self.state is not None
-        accepted, rejected = read_stacked_reply(reply, group, server_round, self.n_train,
-                                                self.state.dim, with_delta,
-                                                self.directory.max_n)
-        if accepted:  # the bounds that need R_t: as for one-task replies
-            for task, reason in self._check_rows(accepted, with_delta).items():
-                del accepted[task]
-                rejected[task] = reason
-        return accepted, rejected
+        return read_stacked_reply(reply, group, server_round, self.n_train, self.state.dim,
+                                  with_delta, self.directory.max_n)
 
     def _parse_reply(self, reply: Message, task: int, server_round: int,
                      with_delta: bool) -> dict[str, Any]:
