@@ -476,7 +476,7 @@ def test_copies_of_a_stacked_handler_share_the_tasks_loaded_in_the_process():
 
 def test_the_reply_boundary_reads_a_stacked_reply_row_by_row_once(caplog):
     from fmtl_flower.packing import StackGroup
-    from fmtl_flower.strategies.base import ReplyBoundary
+    from fmtl_flower.strategies.trust import ReplyBoundary
 
     InProcessGrid(_counter_app(), 1)  # sets Flower's TaskIdentity (messages need it)
     boundary = ReplyBoundary("TEST")

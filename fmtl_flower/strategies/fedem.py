@@ -110,7 +110,7 @@ from ..metrics import error_summary, round_record
 from ..packing import StackGroup
 from ..settings import FedEMSettings, apply_settings, check_num_tasks
 from ..wire import from_array, to_array
-from .base import ReplyBoundary, TaskStrategy, all_finite, check_bound, norm
+from .base import TaskStrategy
 from .discovery import (
     ReplyError,
     TaskDirectory,
@@ -120,6 +120,7 @@ from .discovery import (
 )
 from .packed_fedem import PROTOCOL as STACKING_PROTOCOL
 from .packed_fedem import read_stacked_reply, stacked_message
+from .trust import ReplyBoundary, all_finite, check_bound, norm
 
 __all__ = ["METHODS", "FedEM", "ReplyError"]
 
@@ -617,7 +618,7 @@ class FedEM(TaskStrategy):
     def _read_replies(self, server_round: int, replies: Iterable[Message],
                       train: bool) -> dict[int, dict[str, Any]]:
         """Validated replies keyed by task, in task order; invalid ones logged and left out
-        (:class:`~fmtl_flower.strategies.base.ReplyBoundary`)."""
+        (:class:`~fmtl_flower.strategies.trust.ReplyBoundary`)."""
         def on_accept(task: int) -> None:
             self.ever_replied[task] = True
 

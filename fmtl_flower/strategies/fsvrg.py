@@ -168,15 +168,7 @@ from ..metrics import error_summary, round_record
 from ..packing import StackGroup
 from ..settings import FsvrgSettings, apply_settings, check_num_tasks
 from ..wire import from_array, to_array
-from .base import (
-    ReplyBoundary,
-    TaskStrategy,
-    all_finite,
-    check_bound,
-    check_initial_dim,
-    initial_model,
-    norm,
-)
+from .base import TaskStrategy, check_initial_dim, initial_model
 from .discovery import (
     ReplyError,
     TaskDirectory,
@@ -187,6 +179,7 @@ from .discovery import (
 from .packed_fsvrg import MESSAGE_TYPES as _MESSAGE_TYPES
 from .packed_fsvrg import PROTOCOL as STACKING_PROTOCOL
 from .packed_fsvrg import read_stacked_reply, stacked_message
+from .trust import ReplyBoundary, all_finite, check_bound, norm
 
 __all__ = ["METHODS", "DualLedger", "Fsvrg", "ReplyError"]
 
@@ -686,7 +679,7 @@ class Fsvrg(TaskStrategy):
     def _read_replies(self, server_round: int, replies: Iterable[Message],
                       kind: str) -> dict[int, dict[str, Any]]:
         """Validated replies keyed by task, in task order; invalid ones are logged and left
-        out (:class:`~fmtl_flower.strategies.base.ReplyBoundary`)."""
+        out (:class:`~fmtl_flower.strategies.trust.ReplyBoundary`)."""
         def on_accept(task: int) -> None:
             self.ever_replied[task] = True
 

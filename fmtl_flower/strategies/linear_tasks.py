@@ -22,8 +22,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
 from ..metrics import error_summary
-from .base import BOUND_SLACK, ReplyBoundary
 from .discovery import ReplyError
+from .trust import BOUND_SLACK, ReplyBoundary
 
 __all__ = ["LinearTasks"]
 
@@ -43,7 +43,7 @@ class LinearTasks:
 
     The class using it has the :class:`~fmtl_flower.strategies.base.TaskStrategy` attributes
     (``num_tasks``, ``num_rounds``, ``records``, ``directory``, ``on_round``,
-    ``public_record``), a :class:`~fmtl_flower.strategies.base.ReplyBoundary` ``replies``,
+    ``public_record``), a :class:`~fmtl_flower.strategies.trust.ReplyBoundary` ``replies``,
     ``max_row_norm`` and ``_w_norm`` (|w_t| as sent this round), and implements
     :meth:`_final_instructions` and :meth:`_final_replies`.
     """

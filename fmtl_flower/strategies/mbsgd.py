@@ -87,16 +87,7 @@ from ..settings import MbSgdSettings, apply_settings, check_num_tasks, drop_prob
 from ..systems.heterogeneity import drop_mask, local_budgets
 from ..systems.timing import round_time
 from ..wire import array_record, config_record, from_array, record_dict, to_array
-from .base import (
-    BOUND_SLACK,
-    ReplyBoundary,
-    TaskStrategy,
-    all_finite,
-    check_initial_dim,
-    guarded,
-    initial_model,
-    norm,
-)
+from .base import TaskStrategy, check_initial_dim, initial_model
 from .discovery import (
     ReplyError,
     TaskDirectory,
@@ -108,6 +99,7 @@ from .linear_tasks import LinearTasks
 from .packed_mbsgd import PROTOCOL as STACKING_PROTOCOL
 from .packed_mbsgd import read_stacked_reply as read_stacked_mbsgd
 from .packed_mocha import stacked_message
+from .trust import BOUND_SLACK, ReplyBoundary, all_finite, guarded, norm
 
 __all__ = ["SCHEDULES", "MbSgd", "ReplyError"]
 
@@ -433,7 +425,7 @@ class MbSgd(LinearTasks, TaskStrategy):
     def _read_replies(self, server_round: int, replies: Iterable[Message],
                       with_grad: bool) -> tuple[dict[int, dict[str, Any]], int]:
         """Validated replies keyed by task, in task order (invalid ones logged and left out:
-        :class:`~fmtl_flower.strategies.base.ReplyBoundary`; a stacked reply per row), and
+        :class:`~fmtl_flower.strategies.trust.ReplyBoundary`; a stacked reply per row), and
         the number of replies that arrived from nodes the round was sent to."""
         def on_accept(task: int) -> None:
             self.ever_replied[task] = True

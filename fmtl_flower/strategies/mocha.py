@@ -122,16 +122,7 @@ from ..wire import (
     plain_config,
     record_dict,
 )
-from .base import (
-    BOUND_SLACK,
-    ReplyBoundary,
-    TaskStrategy,
-    all_finite,
-    check_initial_dim,
-    guarded,
-    initial_model,
-    norm,
-)
+from .base import TaskStrategy, check_initial_dim, initial_model
 from .discovery import (
     ReplyError,
     TaskDirectory,
@@ -143,6 +134,7 @@ from .faults import TaskHealth
 from .linear_tasks import LinearTasks
 from .packed_mocha import PROTOCOL as STACKING_PROTOCOL
 from .packed_mocha import read_stacked_reply, stacked_message
+from .trust import BOUND_SLACK, ReplyBoundary, all_finite, guarded, norm
 
 RoundCallback = Callable[[dict[str, Any]], None]
 DUAL_METHODS = ("mocha", "cocoa", "mb-sdca")
@@ -656,7 +648,7 @@ class Mocha(LinearTasks, TaskStrategy):
     def _read_replies(self, server_round: int, replies: Iterable[Message],
                       with_delta: bool) -> dict[int, dict[str, Any]]:
         """Validated replies keyed by task, in task order; anything invalid is logged and
-        left out (:class:`~fmtl_flower.strategies.base.ReplyBoundary`; a stacked reply per
+        left out (:class:`~fmtl_flower.strategies.trust.ReplyBoundary`; a stacked reply per
         row, :meth:`_parse_stack`)."""
         def on_accept(task: int) -> None:
             self.ever_replied[task] = True

@@ -71,7 +71,6 @@ from ..core.ofmtl_factored import server_ops
 from ..metrics import error_summary, round_record
 from ..settings import OFMTLSettings, apply_settings, check_num_tasks
 from ..wire import from_array, to_array
-from .base import ReplyBoundary, all_finite, check_bound, norm
 from .discovery import (
     ReplyError,
     TaskDirectory,
@@ -81,6 +80,7 @@ from .discovery import (
     wait_for_nodes,
 )
 from .mocha import Mocha
+from .trust import ReplyBoundary, all_finite, check_bound, norm
 
 __all__ = ["OFMTL"]
 

@@ -1,0 +1,348 @@
+"""The trust boundary: what the server accepts from a node's reply, and how.
+
+Every strategy reads its nodes' replies through :class:`ReplyBoundary`; a reply is untrusted
+until it has passed it. Whatever a reply contains, reading it never raises and never changes
+the strategy's state: a reply that fails any check is logged, counted as a drop
+(:class:`RoundReplies.failed`) and otherwise ignored. The bound checks every strategy applies
+to reported values (:func:`check_bound`), and the guard that undoes a server step that failed
+(:func:`guarded`), live here too, so a reader finds what the server trusts in one place.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from logging import WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import Message
+from flwr.common.logger import log
+
+from ..packing import StackGroup
+from .discovery import ReplyError
+
+#: ``parse_stack(reply, group) -> ({task: values}, {task: reason})``: a stacked reply's rows.
+StackParser = Callable[[Message, StackGroup], tuple[dict[int, dict[str, Any]], dict[int, str]]]
+#: ``check_rows({task: parsed}) -> {task: reason}``: vectorised checks over accepted replies.
+RowsCheck = Callable[[dict[int, dict[str, Any]]], dict[int, str]]
+
+#: Relative slack of every bound a reply is checked against (the devices' rounding).
+BOUND_SLACK = 1.0 + 1e-6
+
+
+def norm(values: np.ndarray, axis: int | None = None) -> Any:
+    """Euclidean norm (of a vector, or along ``axis``); inf where it overflows, without a
+    warning."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        if axis is None and values.ndim == 1:
+            return math.sqrt(float(np.dot(values, values)))
+        return np.linalg.norm(values, axis=axis)
+
+
+def check_bound(what: str, size: float, limit: float, why: str, *args: Any) -> None:
+    """:class:`ReplyError` unless ``size <= limit`` (with :data:`BOUND_SLACK`); the reason
+    ``why % args`` is formatted only then."""
+    if not size <= limit * BOUND_SLACK:
+        raise ReplyError(f"{what} = {size:.6g} above its bound {limit:.6g} ({why % args})")
+
+
+def guarded(step: Callable[[], None], objects: Iterable[Any],
+            check: Callable[[], bool]) -> str | None:
+    """Run a server step that replaces attributes of ``objects``; if it raises or ``check()``
+    fails afterwards, put every attribute back as it was and return the reason (None: the
+    step stands). The steps guarded this way assign new arrays, never write into them, so a
+    shallow copy of the attributes is the snapshot."""
+    objects = list(objects)
+    saved = [dict(vars(obj)) for obj in objects]
+    try:
+        step()
+        reason = None if check() else "it left non-finite values"
+    except Exception as err:  # noqa: BLE001 - a failed step is undone, not fatal
+        reason = f"{type(err).__name__}: {err}"
+    if reason is not None:
+        for obj, attributes in zip(objects, saved, strict=True):
+            vars(obj).clear()
+            vars(obj).update(attributes)
+    return reason
+
+
+def all_finite(*arrays: np.ndarray) -> bool:
+    """Whether every value of every array is finite."""
+    return all(bool(np.isfinite(a).all()) for a in arrays)
+
+
+@dataclass
+class RoundReplies:
+    """What one exchange's replies came to, as :meth:`ReplyBoundary.read` found them.
+
+    Attributes
+    ----------
+    accepted : dict[int, dict]
+        The parsed replies that passed every check, keyed by task, in task order (so sums
+        over them do not depend on the order the replies arrived in).
+    failed : dict[int, str]
+        Tasks that were sent a message and answered with an error or a rejected reply, with
+        the reason.
+    """
+
+    accepted: dict[int, dict[str, Any]] = field(default_factory=dict)
+    failed: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def arrived(self) -> int:
+        """Replies that arrived from tasks the exchange was sent to (accepted or not)."""
+        return len(self.accepted) + len(self.failed)
+
+
+class ReplyBoundary:
+    """The trust boundary every strategy reads its nodes' replies through.
+
+    A strategy registers each message it sends with :meth:`track` and reads the replies with
+    :meth:`read`, giving a ``parse(reply, task)`` function that decodes and checks one reply
+    and raises on anything wrong with it. The boundary
+
+    * ties every reply to the message it answers (``reply_to_message_id``), so an error reply
+      made by the SuperLink for a node that died is logged with the task and the real node it
+      was sent to, and its cause;
+    * ignores a reply to no message of this exchange and a reply from another node than the
+      one its message went to (neither counts against the task), rejects a reply whose
+      message type differs from its message's, and rejects a second reply for a task (the
+      first is kept, whether it was accepted or rejected);
+    * runs ``parse`` inside the boundary: *any* exception it raises (a :class:`ReplyError`,
+      or whatever decoding a hostile payload throws) becomes a logged rejection of that reply,
+      counted as a drop, and never leaves :meth:`read`. ``parse`` must not change the
+      strategy's state; the caller applies the accepted replies afterwards.
+
+    Parameters
+    ----------
+    name : str
+        Prefix of the log lines (the strategy's name).
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.sent: dict[int, int] = {}  # node -> task of the current exchange
+        self.last: RoundReplies | None = None  # the newest exchange read
+        self._by_id: dict[str, tuple[int, int, str]] = {}  # message id -> (task, node, type)
+        self._pending: list[tuple[int, int, Message]] = []  # sent, id not indexed yet
+        self._stacks: list[tuple[StackGroup, Message]] = []  # stacked messages sent
+
+    def begin(self) -> None:
+        """Start a new exchange: forget the messages of the previous one."""
+        self.sent = {}
+        self._by_id = {}
+        self._pending = []
+        self._stacks: list[tuple[StackGroup, Message]] = []
+
+    def track_stack(self, group: StackGroup, message: Message) -> Message:
+        """Register a stacked ``message`` (one message for the tasks of ``group`` on one
+        packed node, :mod:`fmtl_flower.packing`) as part of this exchange."""
+        self.sent.update(zip(group.virtual, group.tasks, strict=True))
+        self._stacks.append((group, message))
+        return message
+
+    def _match_stack(self, message_id: str) -> tuple[StackGroup, str] | None:
+        for group, message in self._stacks:
+            if message.metadata.message_id == message_id:
+                return group, message.metadata.message_type
+        return None
+
+    def track(self, task: int, node: int, message: Message) -> Message:
+        """Register ``message`` (to ``node``, for ``task``) as part of this exchange."""
+        self.sent[node] = task
+        self._pending.append((task, node, message))
+        return message
+
+    def _match(self, message_id: str) -> tuple[int, int, str] | None:
+        """The (task, node, message type) of the sent message ``message_id``, if any.
+
+        Message ids are given when a message is pushed, so the sent messages are indexed
+        lazily (each once)."""
+        found = self._by_id.get(message_id)
+        if found is None and self._pending:
+            waiting = []
+            for task, node, message in self._pending:
+                mid = message.metadata.message_id
+                if mid:
+                    self._by_id[mid] = (task, node, message.metadata.message_type)
+                else:
+                    waiting.append((task, node, message))
+            self._pending = waiting
+            found = self._by_id.get(message_id)
+        return found
+
+    def read(self, where: str, replies: Iterable[Message],
+             parse: Callable[[Message, int], dict[str, Any]],
+             on_accept: Callable[[int], None] | None = None,
+             parse_stack: StackParser | None = None,
+             check_rows: RowsCheck | None = None) -> RoundReplies:
+        """Check and parse ``replies``; see the class docstring.
+
+        Parameters
+        ----------
+        where : str
+            What the exchange is, for the log (``"round 3"``, ``"setup"``).
+        replies : iterable of Message
+        parse : callable
+            ``parse(reply, task) -> dict``; raises on a bad reply.
+        on_accept : callable, optional
+            Called with the task of each accepted reply.
+        parse_stack : callable, optional
+            ``parse_stack(reply, group) -> (accepted, rejected)`` for the reply to a stacked
+            message (:meth:`track_stack`): the valid rows ``{task: values}`` and the
+            rejected ones ``{task: reason}``. Each row is then one task's reply: a rejected
+            row, or a task the reply has no row for, fails only that task; an error reply,
+            or anything ``parse_stack`` raises, fails every task of the message.
+        check_rows : callable, optional
+            ``check_rows({task: parsed}) -> {task: reason}``: checks run once over all the
+            replies ``parse`` accepted (vectorised bounds), after every reply was read; each
+            task it names is rejected as if ``parse`` had raised (anything it raises rejects
+            them all); and over each stacked reply's rows that ``parse_stack`` accepted, a
+            row it names rejected like a row ``parse_stack`` rejects (anything it raises
+            fails every task of that message).
+        """
+        out = RoundReplies()
+        accepted: dict[int, dict[str, Any]] = {}
+        singles: dict[int, int] = {}  # task -> node of the replies parse accepted
+        for reply in replies:
+            try:
+                meta = reply.metadata
+                stack = self._match_stack(meta.reply_to_message_id) if self._stacks else None
+                match = None if stack is not None else self._match(meta.reply_to_message_id)
+                src = meta.src_node_id
+            except Exception as err:  # noqa: BLE001 - a malformed reply object
+                log(WARNING, "%s %s: malformed reply ignored: %s", self.name, where,
+                    _reason(err))
+                continue
+            if stack is not None:
+                self._read_stack(where, reply, stack, parse_stack, check_rows, accepted, out,
+                                 on_accept)
+                continue
+            if match is None:
+                cause = f": {reply.error.reason}" if _has_error(reply) else ""
+                log(WARNING, "%s %s: reply from node %s answers no message of this exchange; "
+                    "ignored%s", self.name, where, src, cause)
+                continue
+            task, node, message_type = match
+            error = _has_error(reply)
+            if src != node and not error:  # (the SuperLink makes error replies)
+                log(WARNING, "%s %s: reply for task %d from node %s, but its message went to "
+                    "node %s; ignored", self.name, where, task, src, node)
+                continue
+            if task in accepted or task in out.failed:
+                log(WARNING, "%s %s: second reply for task %d (node %s) rejected; the first "
+                    "is kept", self.name, where, task, node)
+                continue
+            if error:
+                reason = str(reply.error.reason)
+                log(WARNING, "%s %s: task %d: node %s failed: %s", self.name, where, task,
+                    node, reason)
+                out.failed[task] = reason
+                continue
+            try:
+                if meta.message_type != message_type:
+                    raise ReplyError(f"message type {meta.message_type!r}, expected "
+                                     f"{message_type!r}")
+                parsed = parse(reply, task)
+            except Exception as err:  # noqa: BLE001 - the trust boundary: any failure rejects
+                reason = _reason(err)
+                log(WARNING, "%s %s: reply of task %d (node %s) rejected: %s", self.name,
+                    where, task, node, reason)
+                out.failed[task] = reason
+                continue
+            accepted[task] = parsed
+            singles[task] = node
+        if check_rows is not None and singles:
+            self._check_rows(where, check_rows, singles, accepted, out)
+        if on_accept is not None:
+            for task in singles:
+                if task in accepted:
+                    on_accept(task)
+        out.accepted = dict(sorted(accepted.items()))
+        silent = sorted(set(self.sent.values()) - set(accepted) - set(out.failed))
+        self.last = out  # what the exchange came to (TaskStrategy.start stops a dead run)
+        if silent:
+            names = ", ".join(str(t) for t in silent[:20]) + (", ..." if len(silent) > 20 else "")
+            log(WARNING, "%s %s: no reply from task%s %s within the timeout; counted as "
+                "dropped", self.name, where, "s" if len(silent) > 1 else "", names)
+        return out
+
+
+    def _check_rows(self, where: str, check_rows: RowsCheck, singles: dict[int, int],
+                    accepted: dict[int, dict[str, Any]], out: RoundReplies) -> None:
+        """Reject the replies among ``singles`` that ``check_rows`` names (read's docstring)."""
+        try:
+            rejected = check_rows({task: accepted[task] for task in singles})
+        except Exception as err:  # noqa: BLE001 - the trust boundary: any failure rejects
+            rejected = dict.fromkeys(singles, _reason(err))
+        for task, reason in rejected.items():
+            if task in singles and accepted.pop(task, None) is not None:
+                log(WARNING, "%s %s: reply of task %d (node %s) rejected: %s", self.name,
+                    where, task, singles[task], reason)
+                out.failed[task] = reason
+
+    def _read_stack(self, where: str, reply: Message, stack: tuple[StackGroup, str],
+                    parse_stack: StackParser | None, check_rows: RowsCheck | None,
+                    accepted: dict[int, dict[str, Any]], out: RoundReplies,
+                    on_accept: Callable[[int], None] | None) -> None:
+        """The rows of the reply to a stacked message, each as one task's reply (``parse_stack``
+        then ``check_rows``: :meth:`read`)."""
+        group, message_type = stack
+        src = reply.metadata.src_node_id
+        if src != group.node and not _has_error(reply):
+            log(WARNING, "%s %s: reply for tasks %s from node %s, but their message went to "
+                "node %s; ignored", self.name, where, group.tasks, src, group.node)
+            return
+        fresh = [t for t in group.tasks if t not in accepted and t not in out.failed]
+        if len(fresh) < len(group.tasks):
+            log(WARNING, "%s %s: second reply for tasks %s (node %s) rejected; the first is "
+                "kept", self.name, where, sorted(set(group.tasks) - set(fresh)), group.node)
+        rows: dict[int, dict[str, Any]] = {}
+        if _has_error(reply):
+            rejected = {t: str(reply.error.reason) for t in group.tasks}
+            log(WARNING, "%s %s: tasks %s: node %s failed: %s", self.name, where,
+                group.tasks, group.node, reply.error.reason)
+        else:
+            try:
+                if reply.metadata.message_type != message_type:
+                    raise ReplyError(f"message type {reply.metadata.message_type!r}, expected "
+                                     f"{message_type!r}")
+                if parse_stack is None:
+                    raise ReplyError("a stacked reply where none was expected")
+                rows, rejected = parse_stack(reply, group)
+                if check_rows is not None and rows:
+                    for task, reason in check_rows(rows).items():
+                        if rows.pop(task, None) is not None:
+                            rejected[task] = reason
+            except Exception as err:  # noqa: BLE001 - the trust boundary: any failure rejects
+                rows, rejected = {}, {t: _reason(err) for t in group.tasks}
+            for task, reason in rejected.items():
+                if task in fresh:
+                    log(WARNING, "%s %s: reply of task %d (node %s) rejected: %s", self.name,
+                        where, task, group.node, reason)
+        for task in fresh:
+            if task in rows:
+                accepted[task] = rows[task]
+                if on_accept is not None:
+                    on_accept(task)
+            elif task in rejected:
+                out.failed[task] = rejected[task]
+
+
+def _has_error(reply: Message) -> bool:
+    try:
+        return bool(reply.has_error())
+    except Exception:  # noqa: BLE001 - a reply without a readable error is not an error reply
+        return False
+
+
+def _reason(err: BaseException) -> str:
+    """A rejection reason: the message of a ReplyError, else the exception's type and text."""
+    if isinstance(err, ReplyError):
+        return str(err)
+    text = str(err)
+    if len(text) > 200:
+        text = text[:200] + "..."
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
