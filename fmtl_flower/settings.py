@@ -295,6 +295,16 @@ class CommonSettings(StrategySettings):
         Lower bound of the sampled tasks per training round (``min-train-nodes``; 0: none).
     train_metrics_aggr_fn, evaluate_metrics_aggr_fn : callable or None
         Flower's aggregation of the replies' metrics into the ``Result`` (Python only).
+    robust : bool
+        Distrust what a device says about itself (``robust``, default True): the bounds a
+        reply is checked against come from the federation (robust statistics across the
+        tasks, :mod:`fmtl_flower.core.robust`) and operator limits, shared models are
+        aggregated Byzantine-robustly, and a task whose updates are outliers is decoupled.
+        False: every device is taken at its word (the behaviour before robust mode).
+    max_weight_share : float
+        With ``robust``, the largest share of the total weight any single device may carry
+        in a weighted average (``max-weight-share``, in (0, 1]; a cap below 1/K for K
+        devices acts as 1/K, equal weights).
     """
 
     seed: int = setting(0, integer(0), "seed")
@@ -308,6 +318,9 @@ class CommonSettings(StrategySettings):
     min_train_nodes: int = setting(0, integer(0), "min-train-nodes")
     train_metrics_aggr_fn: Callable[..., Any] | None = setting(None, callable_or_none)
     evaluate_metrics_aggr_fn: Callable[..., Any] | None = setting(None, callable_or_none)
+    robust: bool = setting(True, boolean, "robust")
+    max_weight_share: float = setting(0.25, number(lo=0.0, hi=1.0, lo_open=True),
+                                      "max-weight-share")
 
 
 FORMULATION_NAMES = ("identity", "mean", "probabilistic", "clustered", "graphical")
