@@ -252,3 +252,28 @@ def test_numpy_coordinate_order_is_the_compiled_permutation(seed, task, server_r
     compiled, plain = both(lambda: rng._permutation(*keys, n))
     np.testing.assert_array_equal(plain, compiled)
     np.testing.assert_array_equal(rng._permutation_numpy(*keys, n), compiled)
+
+
+
+@compiled_only
+def test_cocoa_with_theta_zero_takes_the_same_steps_with_and_without_numba():
+    # the local gap reaches exactly 0 after one step without numba (a rounding tie) and a
+    # tiny positive value with it (hypothesis found such a case): theta = 0 must not stop
+    # on it, so both run to max_steps
+    from fmtl_flower.core import baselines as bl
+
+    seed = 74
+    rng = np.random.default_rng(seed)
+    n, d = int(rng.integers(1, 6)), int(rng.integers(1, 4))
+    X = rng.normal(size=(n, d)) * 30.0
+    y = rng.choice([-1.0, 1.0], size=n)
+    budget = int(rng.integers(1, 3 * n + 1))
+
+    def run():
+        return bl.cocoa_local_update(X, y, np.zeros(n), np.zeros(d), m_tt=345.0,
+                                     sigma_prime=1.0, theta=0.0, max_steps=budget,
+                                     order=coordinate_order(seed, 0, 1, n), check_every=1)
+
+    compiled, plain = both(run)
+    assert compiled[2] == plain[2] == budget
+    np.testing.assert_allclose(plain[0], compiled[0], rtol=1e-9, atol=1e-12)

@@ -67,8 +67,8 @@ def _cocoa_kernel(X, y, alpha, sqnorm, order, scale, theta, max_steps, check_eve
         _sdca_steps(X, y, alpha, sqnorm, order, steps, block, scale, d_alpha, v)
         steps += block
         gap = _local_gap(X, y, alpha, d_alpha, v)
-        if gap <= target:
-            break
+        if theta > 0.0 and gap <= target:  # theta = 0: no target (a gap that reaches 0
+            break  # does so by rounding, differently with and without numba's fastmath)
     return steps, gap / gap0
 
 
@@ -141,8 +141,8 @@ def cocoa_local_update(
     sigma_prime : float
         The aggregation parameter sigma' (> 0).
     theta : float
-        Relative gap target, ``0 <= theta < 1`` (0: run to ``max_steps`` unless the gap
-        closes exactly).
+        Relative gap target, ``0 <= theta < 1`` (0: run to ``max_steps``; a gap of exactly
+        0 mid-run is a matter of rounding, so it does not stop the solver either).
     max_steps : int
         Cap on the number of coordinate steps (>= 0).
     order : ndarray of shape (n,), int
