@@ -135,7 +135,8 @@ produced ``w_k``: exchange 2, or exchange 1 for GD), ``wall_time_s`` (of that ro
 ``tasks_missing``. CoCoA+ adds ``dual`` (``D(alpha_k)``), ``gap`` (``objective - dual >= 0``;
 both None unless every task reported with ``state-ok``), ``num_resets``, ``gap_certified``
 (true when the record has a gap: every task's pair passed the certificate's check, no task
-missing; the gap bounds the suboptimality if the devices computed honestly) and
+missing, and the dual's ``n`` is the objective's, which a node found after round 1's setup
+breaks; the gap bounds the suboptimality if the devices computed honestly) and
 ``certificate_rejections`` (the replies completing it that failed the check); its ``final``
 adds ``certificate_rejections_total`` over the run. GD's ``final``
 adds ``step`` (the step used), ``L_estimate`` (``L`` of the default step; None for a given
@@ -865,7 +866,10 @@ class Fsvrg(TaskStrategy):
             record["dual"] = dual_objective(self.w, dual, self.n_total, self.lam)
             record["gap"] = record["objective"] - record["dual"]
         if self.method == "cocoa-plus":  # the exchange whose replies complete this record
-            record["gap_certified"] = record["gap"] is not None  # every pair passed its check
+            # every pair passed its check, and the objective's n (every task's rows) is the
+            # dual's: a node found after w was set up (n_total) breaks the gap's sum algebra
+            record["gap_certified"] = record["gap"] is not None \
+                and int(self.n_train.sum()) == self.n_total
             last = self.replies.last
             record["certificate_rejections"] = 0 if last is None else \
                 certificate_rejections(last.failed)

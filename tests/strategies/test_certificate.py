@@ -397,3 +397,28 @@ def test_honest_cocoa_plus_keeps_its_records(data, cocoa_honest, monkeypatch, pe
         unchecked = run_cocoa_plus(data, per_node)
     assert public(cocoa_honest) == public(unchecked)
     assert np.array_equal(cocoa_honest.w, unchecked.w)
+
+
+def test_cocoa_plus_gap_with_a_late_node_is_not_certified(data):
+    """A node found after round 1's setup is not in the dual's n (n_total, fixed then) but
+    is in the objective's: the gap mixes two normalisations and is no sum of checked slacks,
+    so it is not certified even though every pair passed."""
+    trains = [0]
+
+    def late(message: Message, reply: Message | None) -> list[Message]:
+        trains[0] += message.metadata.message_type == "train"
+        if message.metadata.message_type.endswith("whoami") and trains[0] < K \
+                and reply is not None and int(reply.content["info"]["task-id"]) == HOSTILE:
+            return []  # task HOSTILE's node answers discovery from round 2 on
+        return untouched(message, reply)
+
+    strategy = Fsvrg(K, method="cocoa-plus", lam=0.01, discovery_timeout=0.5, min_tasks=K - 1)
+    app = make_fsvrg_client_app(lambda ctx: data.task(default_task_id(ctx)).arrays())
+    grid = HostileGrid(app, K)
+    grid.tamper = late
+    strategy.start(grid=grid, num_rounds=ROUNDS, timeout=30.0)
+    rounds = strategy.results()["rounds"]
+    assert strategy.n_total < strategy.n_train.sum()
+    late_gaps = [r for r in rounds if r["gap"] is not None]
+    assert late_gaps and not any(r["gap_certified"] for r in late_gaps)
+    assert all(r["certificate_rejections"] == 0 for r in rounds)
