@@ -227,6 +227,20 @@ def test_pairs_consistent_with_fenchel_young_keep_the_gap_nonnegative(problem, h
     assert any(r["gap"] < h["gap"] for r, h in zip(rounds, honest, strict=True))
 
 
+@pytest.mark.parametrize("per_node", PACKINGS)
+def test_a_forged_restart_keeps_its_numbers_out_of_the_gap(problem, per_node):
+    """A device claiming it restarted (``state-ok`` 0, so its pair is checked with b_t = 0)
+    with loss 0 and dual 0 passes the check, but a restarted task's numbers never enter a
+    gap: the records have none, none below 0, and the server resets the task each round."""
+    strategy = run_mocha(problem, per_node, lambda s: forging(
+        lambda v, c: {"state-ok": 0, "loss-mean": 0.0, "dual-mean": 0.0}, MOCHA_NAMES,
+        mocha_coupling(s)))
+    rounds = strategy.results()["rounds"]
+    assert all(r["gap"] is None and HOSTILE in r["tasks_missing"] for r in rounds)
+    assert all(r["certificate_rejections"] == 0 for r in rounds)
+    assert all(r["num_resets"] == 1 for r in rounds[1:])
+
+
 def _check_off(monkeypatch) -> None:  # noqa: ANN001
     """Switch the certificate's check off (as before it existed)."""
     monkeypatch.setattr(mocha_module, "hinge_pair_problems", lambda *args: {})
