@@ -111,10 +111,14 @@ Bounds (each violation rejects the reply). With ``S_k`` the reply's ``sq-norm-su
 sqrt(n_k S_k)``: a logistic loss gradient has norm at most ``|x_i|``, so
 ``|grad-sum|_2 <= sqrt(n_k S_k)``; a loss is at most ``log 2 + |x_i| |w|``, so
 ``loss-sum <= n_k log 2 + |w_t| sqrt(n_k S_k)``; CoCoA+'s ``y_i alpha_i`` stay in [0, 1], so
-``|d-w|_2 <= sqrt(n_k S_k) / (lam n)``. Local models and ``d-w`` must stay within
-``max_update_ratio`` times ``max(|w_t|, 1)`` of ``w_t`` (``|w-local - w_t|``, ``|d-w|``).
-A server step whose result is not finite is not taken (``w`` kept, the round's replies
-rejected).
+``|d-w|_2 <= sqrt(n_k S_k) / (lam n)``. CoCoA+'s pair (the certificate's check, always on,
+:mod:`fmtl_flower.core.certificate`): ``dual-sum`` in ``[0, n-train log 2]`` and
+``loss-sum - dual-sum + lam n (w_t . v_k) >= 0`` (Fenchel-Young for a truthful pair, up to a
+relative rounding slack; ``v_k`` the task's share of ``w`` in the ledger, below, 0 after a
+``state-ok`` 0), so that a gap made of pairs that passed is >= 0. Local models and ``d-w``
+must stay within ``max_update_ratio`` times ``max(|w_t|, 1)`` of ``w_t``
+(``|w-local - w_t|``, ``|d-w|``). A server step whose result is not finite is not taken
+(``w`` kept, the round's replies rejected).
 
 Records
 -------
@@ -129,7 +133,12 @@ misclassification over all test sets pooled; the accuracies), every ``eval_every
 at k = R, ``num_replies`` (accepted replies of the round that
 produced ``w_k``: exchange 2, or exchange 1 for GD), ``wall_time_s`` (of that round),
 ``tasks_missing``. CoCoA+ adds ``dual`` (``D(alpha_k)``), ``gap`` (``objective - dual >= 0``;
-both None unless every task reported with ``state-ok``) and ``num_resets``. GD's ``final``
+both None unless every task reported with ``state-ok``), ``num_resets``, ``gap_certified``
+(true when the record has a gap: every task's pair passed the certificate's check, no task
+missing, and the dual's ``n`` is the objective's, which a node found after round 1's setup
+breaks; the gap bounds the suboptimality if the devices computed honestly) and
+``certificate_rejections`` (the replies completing it that failed the check); its ``final``
+adds ``certificate_rejections_total`` over the run. GD's ``final``
 adds ``step`` (the step used), ``L_estimate`` (``L`` of the default step; None for a given
 ``step``) and ``power_iterations`` (its round trips, 0 for a given ``step``).
 """
@@ -147,6 +156,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from ..core.certificate import certificate_rejections, logistic_pair_problem
 from ..core.fsvrg import (
     GD_POWER_MAX_ITER,
     GD_POWER_TOL,
@@ -251,6 +261,13 @@ class DualLedger:
             lo, hi = int(offsets[j]), int(offsets[j + 1])
             ledger._shares[int(task)] = (indices[lo:hi].copy(), values[lo:hi].copy())
         return ledger
+
+    def dot(self, task: int, w: np.ndarray) -> float:
+        """``w . v_k`` (O(nnz(v_k)))."""
+        if task not in self._shares:
+            return 0.0
+        idx, values = self._shares[task]
+        return float(w[idx] @ values)
 
     def add(self, task: int, d_w: np.ndarray, server_round: int) -> None:
         """Add an accepted ``d_w_k`` of ``server_round`` to ``v_k``."""
@@ -765,7 +782,24 @@ class Fsvrg(TaskStrategy):
                 check_bound("|d-w|", norm(out[key]), limit, why, self.max_update_ratio)
                 check_bound("|d-w|", norm(out[key]), out["data-norm"] / (self.lam * self.n_total),
                             "sqrt(n-train sq-norm-sum) / (lambda n) for y alpha in [0, 1]")
+        if self.method == "cocoa-plus" and kind in ("train", "evaluate"):
+            self._check_pair(out, task)
         return out
+
+    def _check_pair(self, out: dict[str, Any], task: int) -> None:
+        """The certificate's check of a CoCoA+ reply's (``loss-sum``, ``dual-sum``) at the
+        w sent and the task's share v_k of it (:func:`~fmtl_flower.core.certificate.
+        logistic_pair_problem`: the dual box, and Fenchel-Young's
+        loss-sum - dual-sum + lam n (w . v_k) >= 0; a node that restarted from alpha = 0 has
+        v_k = 0 on its side); ReplyError if it fails. Always on: an honest pair passes it."""
+        assert self.ledger is not None and self.w is not None
+        assert self.lam is not None and self.n_total is not None
+        coupling = self.lam * self.n_total * self.ledger.dot(task, self.w) \
+            if out["state-ok"] == 1 else 0.0
+        reason = logistic_pair_problem(out["loss-sum"], out["dual-sum"], out["n-train"],
+                                       coupling)
+        if reason is not None:
+            raise ReplyError(reason)
 
     def _read_round_metrics(self, reply: Message, kind: str) -> dict[str, Any]:
         """A round reply's metrics, typed: the loss sums (all but local models), CoCoA+'s
@@ -798,8 +832,6 @@ class Fsvrg(TaskStrategy):
             raise ReplyError("test-errors/test-n inconsistent")
         if dual and out["state-ok"] not in (0, 1):
             raise ReplyError(f"state-ok must be 0 or 1, got {out['state-ok']}")
-        if dual and not 0 <= out["dual-sum"] <= out["n-train"] * _LN2 * (1 + 1e-12):
-            raise ReplyError(f"dual-sum must be in [0, n-train log 2], got {out['dual-sum']}")
 
     # ------------------------------------------------------------------ records
     def _new_record(self, k: int) -> dict[str, Any]:
@@ -833,6 +865,14 @@ class Fsvrg(TaskStrategy):
             dual = float(sum(accepted[t]["dual-sum"] for t in sorted(accepted)))
             record["dual"] = dual_objective(self.w, dual, self.n_total, self.lam)
             record["gap"] = record["objective"] - record["dual"]
+        if self.method == "cocoa-plus":  # the exchange whose replies complete this record
+            # every pair passed its check, and the objective's n (every task's rows) is the
+            # dual's: a node found after w was set up (n_total) breaks the gap's sum algebra
+            record["gap_certified"] = record["gap"] is not None \
+                and int(self.n_train.sum()) == self.n_total
+            last = self.replies.last
+            record["certificate_rejections"] = 0 if last is None else \
+                certificate_rejections(last.failed)
         if self.on_round is not None:
             self.on_round(self.public_record(record))
         return record
@@ -891,6 +931,9 @@ class Fsvrg(TaskStrategy):
         final["tasks_never_replied"] = sorted(int(t) for t in np.flatnonzero(~self.ever_replied))
         final["complete"] = bool(rounds) and not final.get("tasks_missing")
         final["method"] = self.method
+        if self.method == "cocoa-plus":
+            final["certificate_rejections_total"] = sum(
+                r.get("certificate_rejections", 0) for r in rounds)
         if self.method == "gd":
             final["step"] = self.step
             final.update(self.gd_estimate or {"L_estimate": None, "power_iterations": 0})

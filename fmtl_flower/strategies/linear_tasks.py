@@ -21,6 +21,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
+from ..core.certificate import certificate_rejections
 from ..metrics import error_summary
 from .discovery import ReplyError
 from .trust import BOUND_SLACK, ReplyBoundary
@@ -133,7 +134,9 @@ class LinearTasks:
     def _complete_record(self, k: int, accepted: Replies) -> dict[str, Any]:
         """Complete record k from the replies that describe state k: primal and objective
         (and the dual numbers) when every task replied consistently, else ``tasks_missing``
-        says which did not; the test errors when evaluated. Passes it to ``on_round``."""
+        says which did not; ``gap_certified`` (a gap, so every task's pair passed the
+        certificate's check) and ``certificate_rejections`` (the replies that failed it);
+        the test errors when evaluated. Passes it to ``on_round``."""
         record = self.records[k]
         consistent = self._consistent_tasks(accepted)
         missing = sorted(set(range(self.num_tasks)) - set(consistent))
@@ -144,6 +147,10 @@ class LinearTasks:
             record["primal"] = float(loss.sum()) + reg
             self._complete_dual(record, accepted, reg)
             record["objective"] = record["primal"] + record["objective_omega"]
+        record["gap_certified"] = record.get("gap") is not None  # every pair passed its check
+        last = self.replies.last  # the exchange whose replies complete this record
+        record["certificate_rejections"] = 0 if last is None else \
+            certificate_rejections(last.failed)
         evaluated = [t for t in consistent if "test-n" in accepted[t]]
         if evaluated and not missing:
             errors = np.array([accepted[t]["test-errors"] for t in evaluated])

@@ -61,7 +61,9 @@ at the model after round r - 1, so record k (state after k rounds, k = 0 .. R) i
 by round k + 1's replies, and record R by the final ``evaluate`` round. ``primal`` is
 ``sum_t loss-mean_t + (1/2) tr(W K W^T)`` of that state (K as it is after any Omega-step of
 round k), and only when every task reported; otherwise None (``tasks_missing`` says which
-tasks were missing). ``dual`` and ``gap`` are always None. Flower's ``Result`` and
+tasks were missing). ``dual`` and ``gap`` are always None, so ``gap_certified`` is always
+false (the devices' losses cannot be checked without a dual) and ``certificate_rejections``
+0. Flower's ``Result`` and
 ``fraction_train`` / ``min_train_nodes`` as for MOCHA (``evaluate_metrics_clientapp[k]`` per
 evaluated state; unsampled tasks are sent ``dropped = true``).
 """

@@ -61,7 +61,12 @@ alpha_ti by at most 1 and touches at most min(budget, n_t) of them:
   final ``evaluate`` round's too, whose ``loss-mean`` enters the record) are rejected unless
   the run configures ``max_row_norm``;
 * ``0 <= loss-mean <= 1 + R_t |w_t|`` (a hinge loss at the w_t sent), ``dual-mean`` in
-  [0, 1], ``0 <= test-errors <= test-n <=`` the discovery limit ``max_n``.
+  [0, 1], ``0 <= test-errors <= test-n <=`` the discovery limit ``max_n``;
+* the certificate's check: ``loss-mean - dual-mean + w_t . b_t >= 0`` (Fenchel-Young for a
+  truthful pair, up to a relative rounding slack; w_t as sent, b_t = X_t^T alpha_t / n_t as
+  the server holds it, 0 for a device that replied ``state-ok`` 0), so that a gap made of
+  pairs that passed is >= 0 (:mod:`fmtl_flower.core.certificate`). Always on (``robust``
+  does not gate it): an honest pair passes it.
 
 After the round's updates W must be finite (else they are rolled back and the round's replies
 rejected); an Omega-step that raises or leaves W or M non-finite is undone (Omega kept).
@@ -72,7 +77,11 @@ The metrics a node reports in round r describe the state *after* round r - 1 (th
 received and its alpha after the commit), so record k (state after k rounds, k = 0 .. R) is
 completed by round k + 1's replies, and record R by the final ``evaluate`` round. Primal, dual
 and gap are reported only when every task reported for a consistent (W, alpha) pair; otherwise
-they are None (``tasks_missing`` says which tasks were missing).
+they are None (``tasks_missing`` says which tasks were missing). Every record says
+``gap_certified`` (true when it has a gap: every task's pair passed its check, no task
+missing; the gap then bounds the suboptimality if the devices computed honestly) and
+``certificate_rejections`` (how many of the replies that complete it failed the check);
+``final`` adds ``certificate_rejections_total`` over the run.
 
 Flower's ``Result``: ``train_metrics_clientapp[r]`` holds round r's ``num-replies``,
 ``num-dropped`` and ``num-sampled``; ``evaluate_metrics_clientapp[k]`` the numbers of record
@@ -97,6 +106,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from ..core.baselines import mbsdca_scale
+from ..core.certificate import hinge_pair_problems
 from ..core.formulations import (
     make_formulation,
     options_check_size,
@@ -282,6 +292,7 @@ class Mocha(LinearTasks, TaskStrategy):
         self.state: MochaServerState | FactoredMochaServerState | None = None
         self._budgets = np.zeros(self.num_tasks, dtype=np.int64)
         self._w_norm = np.zeros(self.num_tasks)  # |w_t| sent this round
+        self._w_dot_b = np.zeros(self.num_tasks)  # w_t . b_t as sent this round
         self._round_time: tuple[tuple, float] | None = None  # eq. (30)'s last (inputs, time)
         self._constants: tuple[Any, ...] | None = None  # (state, formulation, mode, values)
         self.last_accepted = np.zeros(self.num_tasks, dtype=np.int64)
@@ -481,8 +492,11 @@ class Mocha(LinearTasks, TaskStrategy):
     def results(self) -> dict[str, Any]:
         """The results contract, plus ``health``: which task missed which rounds, on which
         node, and the exclusions and readmissions (node ids are the engine's, so they live
-        outside ``final``)."""
+        outside ``final``); ``final`` adds ``certificate_rejections_total``, the replies of
+        the whole run that failed the certificate's check."""
         out = super().results()
+        out["final"]["certificate_rejections_total"] = sum(
+            r.get("certificate_rejections", 0) for r in out["rounds"])
         out["health"] = self.health.summary(self.task_to_node)
         return out
 
@@ -543,6 +557,7 @@ class Mocha(LinearTasks, TaskStrategy):
         assert self.state is not None
         m_diag, sigma_p = self._task_constants()
         self._w_norm = norm(self.state.W, axis=0)  # the replies' loss bounds (every path)
+        self._w_dot_b = np.einsum("ij,ij->j", self.state.W, self.state.B)  # the pair checks
         self.replies.begin()
         stacks: list[StackGroup] = []
         stacked_groups = getattr(grid, "stacked_groups", None)
@@ -672,8 +687,8 @@ class Mocha(LinearTasks, TaskStrategy):
     def _parse_reply(self, reply: Message, task: int, server_round: int,
                      with_delta: bool) -> dict[str, Any]:
         """One reply's keys, types, shapes and finite metrics, its task and round, and the
-        bounds that need no R_t; ``delta-b``'s values and the R_t bounds are
-        :meth:`_check_rows`' (all replies at once)."""
+        bounds that need no R_t; ``delta-b``'s values, the R_t bounds and the certificate's
+        check of the loss and dual are :meth:`_check_rows`' (all replies at once)."""
         assert self.state is not None
         out = read_metrics(reply, ints=("task-id", "round", "n-train", "state-ok"),
                            numbers=("loss-mean", "dual-mean"),
@@ -685,8 +700,6 @@ class Mocha(LinearTasks, TaskStrategy):
         check_task_and_round(out, task, server_round)
         if out["n-train"] != self.n_train.item(task):
             raise ReplyError(f"n-train {out['n-train']} differs from {self.n_train[task]}")
-        if out["loss-mean"] < 0 or not 0 <= out["dual-mean"] <= 1 + 1e-9:
-            raise ReplyError("loss-mean must be >= 0 and dual-mean in [0, 1]")
         self._check_tests(out)
         if with_delta:
             arrays = arrays_of(reply)
@@ -705,7 +718,8 @@ class Mocha(LinearTasks, TaskStrategy):
         replies of a round, or the valid rows of a stacked reply), vectorised: the rejected
         tasks with their reasons. Checked in this order, a reply keeping the first reason:
         non-finite values in ``delta-b``, no R_t, ``loss-mean``
-        (:meth:`~.linear_tasks.LinearTasks._bound_rows`), ``|delta-b|``."""
+        (:meth:`~.linear_tasks.LinearTasks._bound_rows`), the certificate's check of the
+        (``loss-mean``, ``dual-mean``) pair (:meth:`_check_pairs`), ``|delta-b|``."""
         tasks = np.fromiter(rows, dtype=np.int64, count=len(rows))
         rejected: dict[int, str] = {}
         if with_delta:
@@ -713,6 +727,7 @@ class Mocha(LinearTasks, TaskStrategy):
             for task in tasks[~np.isfinite(deltas).all(axis=1)].tolist():
                 rejected[task] = "'delta-b' has non-finite values"
         bound = self._bound_rows(rows, tasks, rejected)
+        self._check_pairs(rows, tasks, rejected)
         if not with_delta:
             return rejected
         n = self.n_train[tasks]
@@ -724,6 +739,23 @@ class Mocha(LinearTasks, TaskStrategy):
                 f"|delta-b| = {size[i]:.6g} above its bound {limit[i]:.6g} (max-row-norm "
                 f"{bound[i]:g} x min(budget {budget[i]}, n-train {n[i]}) / n-train)"))
         return rejected
+
+    def _check_pairs(self, rows: dict[int, dict[str, Any]], tasks: np.ndarray,
+                     rejected: dict[int, str]) -> None:
+        """The certificate's check of every row's (``loss-mean``, ``dual-mean``) against
+        w_t . b_t as the server holds them (:func:`~fmtl_flower.core.certificate.
+        hinge_pair_problems`: the dual box, and Fenchel-Young's
+        loss-mean - dual-mean + w_t . b_t >= 0; a device that restarted from alpha = 0 has
+        b_t = 0 on its side). Adds the failures to ``rejected`` (a task already there keeps
+        its reason). Always on: an honest pair never fails it, and with every pair passing
+        the record's gap is >= 0 (proof in :mod:`fmtl_flower.core.certificate`)."""
+        order = tasks.tolist()
+        loss = np.array([rows[t]["loss-mean"] for t in order], dtype=np.float64)
+        dual = np.array([rows[t]["dual-mean"] for t in order], dtype=np.float64)
+        kept = np.array([rows[t]["state-ok"] == 1 for t in order], dtype=bool)
+        coupling = np.where(kept, self._w_dot_b[tasks], 0.0)
+        for i, reason in hinge_pair_problems(loss, dual, coupling).items():
+            rejected.setdefault(order[i], reason)
 
     # ------------------------------------------------------------------ records
     def _new_record(self, k: int) -> dict[str, Any]:

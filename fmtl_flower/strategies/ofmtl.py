@@ -41,8 +41,11 @@ Wire contract (besides MOCHA's, :mod:`fmtl_flower.strategies.mocha`)
 omega)`` with ``b = X^T alpha / n`` and ``|b| <= R`` (the newcomer's ``max-row-norm`` from
 ``whoami``; a newcomer without one is rejected) for a feasible alpha, so
 ``|lambda omega w + lambda c|_2 <= R``, and ``gap <= 1 + R |w| + (lambda omega / 2) |w|^2 +
-lambda |c| |w|`` (the subproblem's primal at w). The newcomer's protocol works on a copy of W and
-Sigma; a step that raises or leaves them non-finite fails the attempt (W, Sigma unchanged).
+lambda |c| |w|`` (the subproblem's primal at w). The records' ``newcomer_gap`` is that reported
+``gap``: bounded, but not certified (the server holds neither the subproblem's loss nor its
+dual value to check it against, :mod:`fmtl_flower.core.certificate`). The newcomer's
+protocol works on a copy of W and Sigma; a step that raises or leaves them non-finite fails
+the attempt (W, Sigma unchanged).
 
 ``evaluate.ofmtl`` (server -> every present device, after each event, for the metrics only):
 arrays ``w`` float64 (d,): the device's column of W; config ``task-id``, ``server-round``.
