@@ -23,8 +23,9 @@ constructors take the typed settings of :mod:`fmtl_flower.settings`, which
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -49,8 +50,8 @@ from .settings import (
 
 __all__ = [
     "FEDERATED", "FEDEM_FAMILY", "FSVRG_FAMILY", "MOCHA_FAMILY", "MODELS", "STRATEGIES",
-    "ConfigError", "RunConfig", "as_float", "as_int", "parse_set_options", "positive_int",
-    "settings_from_config", "split_set_option", "unseen_tasks",
+    "ConfigError", "RunConfig", "as_float", "as_int", "check_known_keys", "parse_set_options",
+    "positive_int", "settings_from_config", "split_set_option", "unseen_tasks",
 ]
 
 STRATEGIES = ("mocha", "cocoa", "mb-sdca", "mb-sgd", "local", "global", "fedem", "fedavg",
@@ -222,7 +223,7 @@ class _RunConfigKeys:
             if key not in by_key:
                 if ignore_unknown:
                     continue
-                raise ConfigError(f"unknown run-config key {raw_key!r}; known keys: "
+                raise ConfigError(f"{unknown_key_message(raw_key)}; known keys: "
                                   f"{', '.join(sorted(by_key))}")
             if key in parsed:
                 raise ConfigError(f"{key} given twice (once as its deprecated name "
@@ -318,6 +319,56 @@ def _current_key(key: str, strategy: str) -> str:
     if key in _SPLIT_KEYS:
         return _SPLIT_KEYS[key](strategy)
     return _DOTTED.get(key, key)
+
+
+def allowed_by(key: str, allow: Iterable[str]) -> bool:
+    """Whether ``allow`` lets ``key`` pass: an entry equal to it, or its namespace (the entry
+    ``myapp`` or ``myapp.`` allows ``myapp.lr``, ``myapp.data.path``, ...)."""
+    return any(key == entry or key.startswith(entry.rstrip(".") + ".") for entry in allow)
+
+
+def closest_key(key: str) -> str | None:
+    """The valid run-config key nearest ``key`` (difflib; same namespace first), or None;
+    a previous release's flat name (``theta``) gives its dotted key."""
+    if key in _DOTTED:
+        return _DOTTED[key]
+    keys = RunConfig.keys()
+    namespace = key.partition(".")[0] if "." in key else ""
+    same = [k for k in keys if (k.partition(".")[0] if "." in k else "") == namespace]
+    for candidates in (same, keys):
+        match = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+        if match:
+            return match[0]
+    return None
+
+
+def unknown_key_message(key: str) -> str:
+    """``unknown run-config key 'mocha.lamda' (did you mean mocha.lambda?)``."""
+    near = closest_key(key)
+    return f"unknown run-config key {key!r}" + (f" (did you mean {near}?)" if near else "")
+
+
+def check_known_keys(keys: Iterable[str], allow: Iterable[str] = ()) -> None:
+    """A :class:`ConfigError` for the first of ``keys`` that is no run-config key of this
+    package (:meth:`RunConfig.keys`, every family's) and not let through by ``allow``
+    (:func:`allowed_by`: your app's own keys or namespaces), naming the closest valid key.
+
+    Raises
+    ------
+    ConfigError
+        ``unknown run-config key 'mocha.lamda' (did you mean mocha.lambda?)``, with how to
+        allow an app's own key.
+    """
+    known = set(RunConfig.keys())
+    allow = tuple(allow)
+    for key in keys:
+        if key in known or allowed_by(key, allow):
+            continue
+        namespace = key.partition(".")[0]
+        if namespace in NAMESPACES and "." in key:  # this package's own namespace
+            raise ConfigError(unknown_key_message(key))
+        raise ConfigError(f"{unknown_key_message(key)}; if it is your app's own key, let it "
+                          f"through with allow=[{namespace!r}]")
 
 
 def unseen_tasks(cfg: RunConfig, num_tasks: int) -> list[int]:

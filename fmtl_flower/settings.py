@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -252,10 +252,27 @@ class StrategySettings:
         return dataclasses.replace(settings, **kwargs) if kwargs else settings
 
     @classmethod
-    def from_run_config(cls, values: Mapping[str, Any], **derived: Any) -> StrategySettings:
-        """The settings from run-config ``values`` (dotted keys, e.g. ``RunConfig.to_dict()``):
-        every field with a key takes that key's value (through its ``from_wire``); the
-        fields without one come from ``derived`` or keep their defaults."""
+    def from_run_config(cls, values: Mapping[str, Any], *, allow: Iterable[str] = (),
+                        **derived: Any) -> StrategySettings:
+        """The settings from run-config ``values`` (dotted keys, e.g. ``context.run_config``
+        or ``RunConfig.to_dict()``): every field with a key takes that key's value (through
+        its ``from_wire``); the fields without one come from ``derived`` or keep their
+        defaults.
+
+        Every key must be a run-config key of this package (any family's: an app's
+        ``pyproject.toml`` may list them all); ``allow`` names your app's own keys and
+        namespaces (``allow=["method", "myapp"]`` lets ``method`` and every ``myapp.*``
+        through; :func:`fmtl_flower.config.check_known_keys`).
+
+        Raises
+        ------
+        ConfigError
+            On an unknown key, naming the closest valid one (``mocha.lamda``: did you mean
+            ``mocha.lambda``?), or an invalid value, naming its key.
+        """
+        from .config import check_known_keys  # the one list of keys (config imports us)
+
+        check_known_keys(values, allow)
         kwargs: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
             key, from_wire = f.metadata["key"], f.metadata["from_wire"]
@@ -392,6 +409,15 @@ class _PrimalDualSettings(CommonSettings):
         """The options of :func:`fmtl_flower.core.formulations.make_formulation`."""
         return {"lam2": self.lam2, "s2": self.s2, "eta": self.eta, "k": self.clusters,
                 "eps_rel": self.omega_eps}
+
+    def _check_together(self) -> None:
+        """Refuse a formulation whose objective has no lower bound."""
+        if self.omega == "graphical" and self.lam2 == 0:
+            raise ConfigError(
+                f"{self.label('lam2')}: omega=graphical with lambda2 = 0 has no lower bound "
+                "(at W = 0 the term -(lambda/2) d log det Omega goes to -inf as Omega grows; "
+                "the run collapses W to 0); set lambda2 > 0, the penalty |Omega|_1 that "
+                "bounds it")
 
 
 @dataclass(frozen=True)

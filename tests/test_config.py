@@ -200,3 +200,10 @@ def test_set_options():
     assert parse_set_options(["a=1", "b = x=y"]) == {"a": "1", "b": "x=y"}
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         parse_set_options(["novalue"])
+
+
+def test_fmtl_runs_unknown_key_names_the_closest_valid_key():
+    with pytest.raises(ConfigError, match=r"'mocha.lamda' \(did you mean mocha.lambda\?\)"):
+        RunConfig.from_mapping({"mocha.lamda": 1})
+    with pytest.raises(ConfigError, match=r"'fraction-trian' \(did you mean fraction-train\?\)"):
+        RunConfig.from_mapping({"fraction-trian": 0.5})
