@@ -132,6 +132,65 @@ class _RunConfigKeys:
     (5-fold cross-validation by ``fmtl run``). Besides them: ``fedem.train-tasks-frac``
     (tasks t >= floor(frac T) are unseen clients), ``ofmtl.arrivals`` ("", ``shuffle`` or a
     permutation ``3,0,2,1``: the order in which the tasks join).
+
+    Attributes
+    ----------
+    strategy : str
+        One of :data:`STRATEGIES` (``strategy``): ``mocha`` and its baselines, ``local`` and
+        ``global`` (fitted centrally, through ``fmtl run`` only), FedEM's family, ``ofmtl``,
+        FSVRG's family.
+    dataset : str
+        ``synthetic`` (30 related tasks in 3 clusters, 20 features, generated from the seed),
+        ``small`` (29 tasks, the MOCHA reference code's toy data), ``eat-voc`` (4 tasks, the
+        OFMTL reference code's), ``fedem-synthetic`` (the FedEM authors' generator),
+        ``sparse-federated`` (FSVRG's), ``har``, ``vehicle``, ``gleam`` (local copies), or
+        a ``.mat`` path.
+    num_server_rounds : int
+        Communication rounds (W-steps); ``--rounds`` in the CLI.
+    test_frac : float
+        Per-task stratified test fraction (0: train on everything).
+    round_timeout : float
+        Seconds to wait for replies; a late reply counts as a drop.
+    skew : float
+        Subsample the training sets so task sizes span this ratio (appendix E.2; 0: none).
+    num_tasks, dim, samples_per_task : int
+        Generator sizes for ``synthetic`` and ``sparse-federated`` (0: default;
+        ``sparse-federated``: the median rows per device); ``num-tasks`` is also how many
+        devices the server waits for (0: the dataset's task count).
+    results_file : str
+        The ServerApp writes the results JSON there (useful with ``flwr run``).
+    model : str
+        ``svm``, ``logistic``, ``softmax``, ``mlp`` (``auto``: svm for ``local``/``global``
+        on the MOCHA datasets, logistic for the FedEM family).
+    generator : str
+        ``fedem-synthetic``'s labels: ``released`` (the authors' row-offset bug, which the
+        paper's numbers come from) or ``fixed``.
+    n_test : int
+        ``fedem-synthetic``'s test samples per device (0: 5000; another value changes the
+        data stream, for quick tests).
+    iid : bool
+        ``sparse-federated``: the same rows reshuffled IID across the same device sizes.
+    checkpoint_dir : str
+        Write the server state there after every ``checkpoint-every`` rounds and resume from
+        the newest checkpoint found (every federated strategy; OFMTL: after every event).
+    checkpoint_every : int
+        Rounds between checkpoints (the last round always gets one).
+    client_state_dir : str
+        MOCHA family and FedEM family devices also keep their local state in files there,
+        so it survives a server restart; per device:
+        ``--node-config "client-state-dir=..."``.
+    tasks_per_node : int
+        Task packing: one Flower node hosts K tasks and one message per node carries them
+        all (simulation: node p hosts tasks pK..pK+K-1, so ceil(m/K) nodes; deployment:
+        ``--node-config "task-ids='3,4,5'"``); results do not depend on K. 0 = automatic:
+        ``fmtl run`` packs MOCHA's, FedEM's and FSVRG's families (in-process: K = min(m,
+        1000); Ray: one node per core, K <= 1000) and says so in the run header; the
+        others, and ``flwr run``, use 1.
+    train_tasks_frac : float
+        Tasks t >= floor(frac T) are unseen clients (FedEM family).
+    arrivals : str
+        OFMTL: the order in which the dataset's tasks join (``shuffle``: seeded; or a
+        permutation ``3,0,2,1``; "": in order).
     """
 
     strategy: str = setting("mocha", choice(*STRATEGIES), "strategy")

@@ -358,24 +358,52 @@ class _PrimalDualSettings(CommonSettings):
     Attributes
     ----------
     lam : float
-        Regularisation strength lambda > 0 (``mocha.lambda``).
+        Regularisation strength lambda > 0 (``mocha.lambda``; the run config may say ``cv``:
+        5-fold cross-validation on the training split over 1e-5 ... 10, ``fmtl run`` only).
     omega : str
-        Formulation of the MOCHA paper's appendix B (``mocha.omega``).
+        Formulation of the MOCHA paper's appendix B (``mocha.omega``): ``identity`` (K =
+        lambda m I: independent tasks), ``mean`` (eq. 11, needs ``lambda2``),
+        ``probabilistic`` (eq. 14: Sigma = (W^T W + eps I)^1/2 / trace), ``clustered``
+        (eq. 12, needs ``eta``, ``clusters``), ``graphical`` (eq. 15 without the l1 term on
+        W, needs ``s2``, ``lambda2`` > 0: graphical lasso with every entry of Omega
+        penalised, diagonal included; ``lambda2`` is the paper's lambda2, ``lambda`` twice
+        the paper's lambda).
     omega_every : int
-        Rounds between Omega-steps, 0: never (``mocha.omega-every``).
+        Rounds between Omega-steps, 0: never; never after the last round
+        (``mocha.omega-every``).
     omega_eps : float
-        Relative eigenvalue perturbation of the probabilistic Omega-step, in (0, 1).
-    lam2, s2, eta, clusters : optional
-        Formulation parameters (``mocha.lambda2``, ``mocha.s2``, ``mocha.eta``,
-        ``mocha.clusters``; None: unset; on the wire 0 (s2, eta, clusters) or "" (lambda2)).
-    local_frac, sys_het, sys_het_base, drop_prob
-        Local work per round and systems heterogeneity (``mocha.local-frac``, ...).
-        ``drop_prob`` is one probability in [0, 1) or one per task in [0, 1].
-    network, time_model
-        The estimated-time model (``mocha.network``, ``mocha.time-model``).
+        Eigenvalue perturbation of the Omega-step (``probabilistic``), relative to the
+        largest eigenvalue, in (0, 1) (``mocha.omega-eps``).
+    lam2 : float or None
+        ``mean``'s weight of |W|_F^2 (> 0; twice the paper's eq. 11 lambda2) and
+        ``graphical``'s weight of |Omega|_1 (> 0: without it the objective has no lower
+        bound; equal to the paper's eq. 15 lambda2) (``mocha.lambda2``; "" on the wire:
+        unset; 0 is a value, not "unset").
+    s2, eta, clusters : float, float, int or None
+        Formulation parameters (``mocha.s2``, ``mocha.eta``, ``mocha.clusters``; 0 on the
+        wire: unset; ``s2`` unset = infinity); see :mod:`fmtl_flower.core.formulations`.
+    local_frac : float
+        Local coordinate steps per round, as a fraction of the device's n_t
+        (``mocha.local-frac``).
+    sys_het : {"none", "low", "high"}
+        Budgets drawn from [0.9 n_min, n_min] (``low``) or [0.1 n_min, n_min] (``high``)
+        each round (appendix E.3; ``mocha.sys-het``).
+    sys_het_base : {"n_min", "n_t"}
+        ``n_t``: the reference code's variant, fractions U(0.9, 1) / U(0.1, 1) of the
+        device's own n_t (``mocha.sys-het-base``).
+    drop_prob : float or tuple of float
+        Probability that a device does no work in a round (Assumption 2): one in [0, 1), or
+        one per task in [0, 1] (``mocha.drop-prob``).
+    network : {"wifi", "lte", "3g"}
+        The link of the estimated-time model (eq. 30), reported as ``estimated_time_s`` per
+        round (``mocha.network``).
+    time_model : {"physical", "reference"}
+        Measured link latency and bandwidth, or the MOCHA code's 10/100/1000 cost units
+        (``mocha.time-model``).
     max_row_norm : float or None
-        The server's bound on the tasks' training-row norms (``mocha.max-row-norm``; None or
-        0 on the wire: each device's reported one).
+        The server's bound on the tasks' training-row norms against which dual updates are
+        checked (``mocha.max-row-norm``; None or 0 on the wire: each device's own report at
+        discovery).
     """
 
     NAMESPACE: ClassVar[str] = "mocha"
@@ -429,21 +457,29 @@ class MochaSettings(_PrimalDualSettings):
     method : {"mocha", "cocoa", "mb-sdca"}
         The local solver (the run config's ``strategy``).
     gamma : float
-        Aggregation parameter in (0, 1] (appendix D.1; ``mocha.gamma``).
+        Aggregation parameter in (0, 1] (appendix D.1): devices apply gamma times their
+        update (``mocha.gamma``).
     theta : float
         CoCoA's relative local accuracy in (0, 1) (``mocha.theta``).
     beta : float
         Mb-SDCA's aggregation parameter > 0 (``mocha.mb-sdca-beta``).
     sigma_mode : {"global", "per-task", "spectral"}
+        sigma' of Lemma 9 (``global``), per task (Remark 5, ``per-task``), or ``spectral``:
+        lambda_max(D^-1/2 M D^-1/2), never above Lemma 9's (``mocha.sigma-mode``).
     clock_cycle : float or None
-        Per-round deadline in seconds (``mocha.clock-cycle``; 0 on the wire: none).
+        Per-round deadline in seconds: budgets are cut to what each device can compute and
+        send in time (``mocha.clock-cycle``; 0 on the wire: none).
     server_path : {"auto", "dense", "factored"}
-        M = K^-1 kept as an m x m matrix or factored (``mocha.server-path``).
+        Keep M = K^-1 (OFMTL: Sigma) as an m x m matrix (``dense``) or as V diag(s) V^T + c I
+        (``factored``, O(m d) memory); ``auto`` factors when m > 1000 and m > 2 d
+        (``mocha.server-path``).
     min_replies : int
-        A round counts only with at least this many valid replies (``mocha.min-replies``).
+        A round counts only with at least this many valid replies; otherwise nothing is
+        applied and devices roll back (``mocha.min-replies``).
     max_failures, probe_every : int
         Exclude a task after ``max_failures`` consecutive failed rounds (0: never) and probe
-        it every ``probe_every`` rounds (``mocha.max-failures``, ``mocha.probe-every``).
+        it every ``probe_every`` rounds; it is readmitted when it answers or reconnects
+        (``mocha.max-failures``, ``mocha.probe-every``).
     """
 
     method: str = setting("mocha", choice("mocha", "cocoa", "mb-sdca"))
@@ -472,8 +508,8 @@ class MbSgdSettings(_PrimalDualSettings):
     Attributes (besides :class:`_PrimalDualSettings`' and :class:`CommonSettings`')
     ---------------------------------------------------------------------------------
     beta : float or None
-        Step scale: step beta / h in round h (``mocha.mb-sgd-beta``; None, 0 on the wire:
-        1 / lambda_min(K), the Pegasos choice).
+        Mb-SGD's step scale: step beta / h in round h (``mocha.mb-sgd-beta``; None, 0 on
+        the wire: 1 / lambda_min(K), the Pegasos step).
     schedule : {"inv", "inv_sqrt"}
         beta / h or beta / sqrt(h) (Python only).
     project : bool
@@ -503,17 +539,32 @@ class FedEMSettings(CommonSettings):
         One of :data:`fmtl_flower.strategies.fedem.METHODS` (the run config's ``strategy``;
         the strategy checks it).
     num_components : int
-        FedEM's M (``fedem.M``).
+        FedEM's M; clustered FL's models (``fedem.M``; 4 on the wire: chosen on a validation
+        split of ``fedem-synthetic``, whose released labels add an 'always 0' component to
+        the 3 of the mixture).
     model : str
         ``logistic``, ``softmax``, ``mlp`` or ``torch`` (the run config's ``fedem.model``,
         ``auto`` resolved).
-    num_classes, hidden : int
-        Output classes (>= 2; from the data) and ``mlp``'s hidden units (``fedem.hidden``).
-    lr, batch_size, local_epochs, momentum, weight_decay, lr_schedule
-        The local solver (``fedem.lr``, ``fedem.batch-size``, ``fedem.local-epochs``, ...).
-    fraction, aggregation
-        The authors' client sampling rate in (0, 1] and aggregation (``fedem.fraction``,
-        ``fedem.aggregation``).
+    num_classes : int
+        Output classes (>= 2; from the data).
+    hidden : int
+        Hidden units of ``mlp`` (``fedem.hidden``).
+    lr, batch_size, local_epochs : float, int, int
+        The FedEM family's local SGD (``fedem.lr``, ``fedem.batch-size``,
+        ``fedem.local-epochs``; the run config's defaults 0.3, 128, 1 were tuned on a
+        validation split, ``simulations/fedem_tune.py``).
+    momentum, weight_decay : float
+        torch's SGD rule, one optimiser state per component, kept on the device across
+        rounds (``fedem.momentum``, ``fedem.weight-decay``).
+    lr_schedule : {"constant", "multi-step"}
+        ``multi-step``: x0.1 after rounds R/2 and 3R/4, the authors' scripts
+        (``fedem.lr-schedule``).
+    fraction : float
+        Client sampling rate per round, in (0, 1] (``fedem.fraction``).
+    aggregation : {"all", "sampled"}
+        The authors' rule (sum over all clients of n_k/N theta_k, a client not sampled
+        holding the old value) or ``sampled`` (average over the replying clients: unbiased
+        under sampling) (``fedem.aggregation``).
     prox_mu : float
         FedProx's mu (``fedem.prox-mu``; > 0 for ``fedprox``).
     finetune_epochs : int
@@ -529,8 +580,9 @@ class FedEMSettings(CommonSettings):
         CFL's split thresholds: mean and largest client update norm (``fedem.cfl-eps1``,
         ``fedem.cfl-eps2``; the FedEM authors' 0.4 and 1.6).
     pfedme_lambda, pfedme_lr, pfedme_steps, pfedme_beta : float, float, int, float
-        pFedMe's lambda, inner learning rate, inner steps K and server beta
-        (``fedem.pfedme-*``; ``lr`` is its eta).
+        pFedMe's lambda, inner learning rate, inner steps K per local step and server beta
+        (Dinh et al.'s lambda, K and beta; ``fedem.pfedme-*``; ``lr`` is its eta,
+        ``momentum`` unused).
     """
 
     NAMESPACE: ClassVar[str] = "fedem"
@@ -632,7 +684,10 @@ class FsvrgSettings(CommonSettings):
         fsvrg; fsvrg-naive needs one).
     step : float or None
         GD's step and DANE's local SVRG step (``fsvrg.step``; None, 0 on the wire: GD's
-        1/L, DANE's 1/(4 L_max)).
+        1/L, DANE's each device's 1/(4 L_max)). GD's L = sigma_max(X)^2 / (4n) + lambda,
+        sigma_max of the pooled rows by power iteration on the pooled Gram operator before
+        round 1 (until the estimate grows < 1 %, at most 10 round trips, counted in
+        ``exchanges``); ``final`` records ``step``, ``L_estimate``, ``power_iterations``.
     mu : float
         DANE's proximal parameter >= 0 (``fsvrg.dane-mu``).
     local_epochs : int
