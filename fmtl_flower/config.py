@@ -23,29 +23,29 @@ constructors take the typed settings of :mod:`fmtl_flower.settings`, which
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .settings import (
-    CommonSettings,
+    MODELS,
+    SETTINGS_CLASSES,
+    STRATEGIES,
     ConfigError,
     FedEMSettings,
     FsvrgSettings,
     MbSgdSettings,
     MochaSettings,
     OFMTLSettings,
+    RunKeys,
     StrategySettings,
     as_float,
     as_int,
-    boolean,
+    check_known_keys,
     choice,
-    integer,
-    number,
     setting,
-    text,
+    unknown_key_message,
 )
 
 __all__ = [
@@ -54,9 +54,6 @@ __all__ = [
     "positive_int", "settings_from_config", "split_set_option", "unseen_tasks",
 ]
 
-STRATEGIES = ("mocha", "cocoa", "mb-sdca", "mb-sgd", "local", "global", "fedem", "fedavg",
-              "fedprox", "fedavg-ft", "clustered", "ofmtl", "fsvrg", "fsvrg-naive", "gd",
-              "cocoa-plus", "dane", "cfl", "pfedme", "ifca")
 #: Strategies of MOCHA's primal-dual / primal family (one linear SVM per task).
 MOCHA_FAMILY = ("mocha", "cocoa", "mb-sdca", "mb-sgd")
 #: Strategies of FedEM's family (``local`` joins it with a model other than ``svm``).
@@ -64,7 +61,6 @@ FEDEM_FAMILY = ("fedem", "fedavg", "fedprox", "fedavg-ft", "clustered", "cfl", "
 #: Strategies of FSVRG's family (one global sparse logistic-regression model).
 FSVRG_FAMILY = ("fsvrg", "fsvrg-naive", "gd", "cocoa-plus", "dane")
 FEDERATED = MOCHA_FAMILY + FEDEM_FAMILY + ("ofmtl",) + FSVRG_FAMILY
-MODELS = ("auto", "svm", "logistic", "softmax", "mlp")
 
 
 #: The families' namespaces: the strategies that read them, and how errors name them.
@@ -84,33 +80,8 @@ def positive_int(key: str, value: Any) -> int:
     return as_int(key, value, 1)
 
 
-def _skew(key: str, value: Any) -> float:
-    out = as_float(key, value, lo=0.0)
-    if 0.0 < out <= 1.0:
-        raise ConfigError(f"{key}: a size ratio > 1 (or 0 for none), got {out}")
-    return out
-
-
-def _arrivals(key: str, value: Any) -> str:
-    out = str(value).strip()
-    if out in ("", "shuffle"):
-        return out
-    try:
-        order = [int(p) for p in out.split(",")]
-    except ValueError:
-        raise ConfigError(f"{key}: '', 'shuffle' or comma-separated task indices, got "
-                          f"{value!r}") from None
-    if sorted(order) != list(range(len(order))):
-        raise ConfigError(f"{key}: must be a permutation of 0..{len(order) - 1}, got {out!r}")
-    return ",".join(map(str, order))
-
-
-def _string(key: str, value: Any) -> str:
-    return str(value).strip()
-
-
 @dataclass(frozen=True)
-class _RunConfigKeys:
+class _RunConfigKeys(RunKeys):
     """Every run-config key (the key, dotted and kebab-case, in each field's metadata).
 
     The common keys: ``strategy`` (one of :data:`STRATEGIES`), ``dataset`` (``synthetic``,
@@ -133,90 +104,9 @@ class _RunConfigKeys:
     (tasks t >= floor(frac T) are unseen clients), ``ofmtl.arrivals`` ("", ``shuffle`` or a
     permutation ``3,0,2,1``: the order in which the tasks join).
 
-    Attributes
-    ----------
-    strategy : str
-        One of :data:`STRATEGIES` (``strategy``): ``mocha`` and its baselines, ``local`` and
-        ``global`` (fitted centrally, through ``fmtl run`` only), FedEM's family, ``ofmtl``,
-        FSVRG's family.
-    dataset : str
-        ``synthetic`` (30 related tasks in 3 clusters, 20 features, generated from the seed),
-        ``small`` (29 tasks, the MOCHA reference code's toy data), ``eat-voc`` (4 tasks, the
-        OFMTL reference code's), ``fedem-synthetic`` (the FedEM authors' generator),
-        ``sparse-federated`` (FSVRG's), ``har``, ``vehicle``, ``gleam`` (local copies), or
-        a ``.mat`` path.
-    num_server_rounds : int
-        Communication rounds (W-steps); ``--rounds`` in the CLI.
-    test_frac : float
-        Per-task stratified test fraction (0: train on everything).
-    round_timeout : float
-        Seconds to wait for replies; a late reply counts as a drop.
-    skew : float
-        Subsample the training sets so task sizes span this ratio (appendix E.2; 0: none).
-    num_tasks, dim, samples_per_task : int
-        Generator sizes for ``synthetic`` and ``sparse-federated`` (0: default;
-        ``sparse-federated``: the median rows per device); ``num-tasks`` is also how many
-        devices the server waits for (0: the dataset's task count).
-    results_file : str
-        The ServerApp writes the results JSON there (useful with ``flwr run``).
-    model : str
-        ``svm``, ``logistic``, ``softmax``, ``mlp`` (``auto``: svm for ``local``/``global``
-        on the MOCHA datasets, logistic for the FedEM family).
-    generator : str
-        ``fedem-synthetic``'s labels: ``released`` (the authors' row-offset bug, which the
-        paper's numbers come from) or ``fixed``.
-    n_test : int
-        ``fedem-synthetic``'s test samples per device (0: 5000; another value changes the
-        data stream, for quick tests).
-    iid : bool
-        ``sparse-federated``: the same rows reshuffled IID across the same device sizes.
-    checkpoint_dir : str
-        Write the server state there after every ``checkpoint-every`` rounds and resume from
-        the newest checkpoint found (every federated strategy; OFMTL: after every event).
-    checkpoint_every : int
-        Rounds between checkpoints (the last round always gets one).
-    client_state_dir : str
-        MOCHA family and FedEM family devices also keep their local state in files there,
-        so it survives a server restart; per device:
-        ``--node-config "client-state-dir=..."``.
-    tasks_per_node : int
-        Task packing: one Flower node hosts K tasks and one message per node carries them
-        all (simulation: node p hosts tasks pK..pK+K-1, so ceil(m/K) nodes; deployment:
-        ``--node-config "task-ids='3,4,5'"``); results do not depend on K. 0 = automatic:
-        ``fmtl run`` packs MOCHA's, FedEM's and FSVRG's families (in-process: K = min(m,
-        1000); Ray: one node per core, K <= 1000) and says so in the run header; the
-        others, and ``flwr run``, use 1.
-    train_tasks_frac : float
-        Tasks t >= floor(frac T) are unseen clients (FedEM family).
-    arrivals : str
-        OFMTL: the order in which the dataset's tasks join (``shuffle``: seeded; or a
-        permutation ``3,0,2,1``; "": in order).
+    Its fields are :class:`fmtl_flower.settings.RunKeys`' (the run's own keys) and, added
+    below, every setting's with a key.
     """
-
-    strategy: str = setting("mocha", choice(*STRATEGIES), "strategy")
-    dataset: str = setting("synthetic", text, "dataset")
-    num_server_rounds: int = setting(100, integer(1), "num-server-rounds")
-    test_frac: float = setting(0.25, number(lo=0.0, hi=1.0, hi_open=True), "test-frac")
-    round_timeout: float = setting(120.0, number(lo=0.0, lo_open=True), "round-timeout")
-    skew: float = setting(0.0, _skew, "skew")
-    num_tasks: int = setting(0, integer(0), "num-tasks")
-    dim: int = setting(0, integer(0), "dim")
-    samples_per_task: int = setting(0, integer(0), "samples-per-task")
-    results_file: str = setting("", lambda k, v: str(v), "results-file")
-    model: str = setting("auto", choice(*MODELS), "model")
-    generator: str = setting("released", choice("released", "fixed"), "generator")
-    n_test: int = setting(0, integer(0), "n-test")
-    iid: bool = setting(False, boolean, "iid")
-    checkpoint_dir: str = setting("", _string, "checkpoint-dir")
-    checkpoint_every: int = setting(1, integer(1), "checkpoint-every")
-    client_state_dir: str = setting("", _string, "client-state-dir")
-    tasks_per_node: int = setting(0, integer(0), "tasks-per-node")
-    # the family keys that are no strategy's setting
-    train_tasks_frac: float = setting(1.0, number(lo=0.0, hi=1.0, lo_open=True),
-                                      "fedem.train-tasks-frac")
-    arrivals: str = setting("", _arrivals, "ofmtl.arrivals")
-    # ... and every setting with a key (seed, eval-every, min-tasks, mocha.theta, fedem.lr,
-    # ...), added from the settings dataclasses below (:func:`_setting_fields`)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -312,8 +202,7 @@ def _setting_fields() -> list[tuple[str, Any, Any]]:
     wire default and check."""
     explicit = {f.metadata["key"] for f in dataclasses.fields(_RunConfigKeys)}
     out: list[tuple[str, Any, Any]] = []
-    for cls in (CommonSettings, MochaSettings, MbSgdSettings, FedEMSettings, OFMTLSettings,
-                FsvrgSettings):
+    for cls in SETTINGS_CLASSES:
         for f in dataclasses.fields(cls):
             meta = f.metadata
             if meta["key"] is None or meta["key"] in explicit:
@@ -378,56 +267,6 @@ def _current_key(key: str, strategy: str) -> str:
     if key in _SPLIT_KEYS:
         return _SPLIT_KEYS[key](strategy)
     return _DOTTED.get(key, key)
-
-
-def allowed_by(key: str, allow: Iterable[str]) -> bool:
-    """Whether ``allow`` lets ``key`` pass: an entry equal to it, or its namespace (the entry
-    ``myapp`` or ``myapp.`` allows ``myapp.lr``, ``myapp.data.path``, ...)."""
-    return any(key == entry or key.startswith(entry.rstrip(".") + ".") for entry in allow)
-
-
-def closest_key(key: str) -> str | None:
-    """The valid run-config key nearest ``key`` (difflib; same namespace first), or None;
-    a previous release's flat name (``theta``) gives its dotted key."""
-    if key in _DOTTED:
-        return _DOTTED[key]
-    keys = RunConfig.keys()
-    namespace = key.partition(".")[0] if "." in key else ""
-    same = [k for k in keys if (k.partition(".")[0] if "." in k else "") == namespace]
-    for candidates in (same, keys):
-        match = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
-        if match:
-            return match[0]
-    return None
-
-
-def unknown_key_message(key: str) -> str:
-    """``unknown run-config key 'mocha.lamda' (did you mean mocha.lambda?)``."""
-    near = closest_key(key)
-    return f"unknown run-config key {key!r}" + (f" (did you mean {near}?)" if near else "")
-
-
-def check_known_keys(keys: Iterable[str], allow: Iterable[str] = ()) -> None:
-    """A :class:`ConfigError` for the first of ``keys`` that is no run-config key of this
-    package (:meth:`RunConfig.keys`, every family's) and not let through by ``allow``
-    (:func:`allowed_by`: your app's own keys or namespaces), naming the closest valid key.
-
-    Raises
-    ------
-    ConfigError
-        ``unknown run-config key 'mocha.lamda' (did you mean mocha.lambda?)``, with how to
-        allow an app's own key.
-    """
-    known = set(RunConfig.keys())
-    allow = tuple(allow)
-    for key in keys:
-        if key in known or allowed_by(key, allow):
-            continue
-        namespace = key.partition(".")[0]
-        if namespace in NAMESPACES and "." in key:  # this package's own namespace
-            raise ConfigError(unknown_key_message(key))
-        raise ConfigError(f"{unknown_key_message(key)}; if it is your app's own key, let it "
-                          f"through with allow=[{namespace!r}]")
 
 
 def unseen_tasks(cfg: RunConfig, num_tasks: int) -> list[int]:

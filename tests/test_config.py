@@ -207,3 +207,12 @@ def test_fmtl_runs_unknown_key_names_the_closest_valid_key():
         RunConfig.from_mapping({"mocha.lamda": 1})
     with pytest.raises(ConfigError, match=r"'fraction-trian' \(did you mean fraction-train\?\)"):
         RunConfig.from_mapping({"fraction-trian": 0.5})
+
+
+def test_the_run_configs_keys_are_the_settings_modules_list():
+    """One home for the list of keys: the run config is built from the settings module's
+    declarations, which from_run_config checks against."""
+    from fmtl_flower.settings import run_config_keys
+
+    assert RunConfig.keys() == run_config_keys()
+    assert len(set(RunConfig.keys())) == len(RunConfig.keys())

@@ -1,8 +1,9 @@
 """Every Python snippet of the README and of the documentation site (``docs/``) is an
 example app's file, included verbatim (``--8<-- "examples/..."``; those run as they are:
 ``tests/examples``), or is run here as written, in simulation conditions (node configs with
-``partition-id`` only, no ``task-id``). The run-config reference the site generates covers
-every key."""
+``partition-id`` only, no ``task-id``); the one ``py`` block (FedEM on a PyTorch model, in
+``docs/guides/fedem.md``) runs in ``tests/strategies/test_fedem_torch.py`` where torch is
+installed. The run-config reference the site generates covers every key."""
 
 import importlib.util
 import logging

@@ -31,11 +31,10 @@ from fmtl_flower import config, settings  # noqa: E402
 KEYS_MARKER = "<!-- run-config-keys -->"
 HELP_MARKER = "<!-- fmtl-help -->"
 #: The classes whose docstrings describe run-config keys, most specific first.
-DOCUMENTED = (config._RunConfigKeys, settings.CommonSettings, settings._PrimalDualSettings,
+DOCUMENTED = (settings.RunKeys, settings.CommonSettings, settings._PrimalDualSettings,
               settings.MochaSettings, settings.MbSgdSettings, settings.FedEMSettings,
               settings.OFMTLSettings, settings.FsvrgSettings)
-SETTINGS = (settings.MochaSettings, settings.MbSgdSettings, settings.FedEMSettings,
-            settings.OFMTLSettings, settings.FsvrgSettings)
+SETTINGS = settings.SETTINGS_CLASSES[1:]  # the families' (each extends CommonSettings)
 _ENTRY = re.compile(r"^    (?P<names>[A-Za-z_][\w, ]*?)(?: : (?P<type>.*))?$")
 _ROLE = re.compile(r":(?:mod|class|func|meth|data|attr):`~?([^`]+)`")
 #: The namespaces in the order of the page ("" the common keys).
@@ -88,7 +87,7 @@ def key_rows() -> dict[str, list[tuple[str, str, str, str]]]:
     """Per namespace ("" common), one row per key: key, wire default, settings fields,
     meaning."""
     defaults = config.RunConfig()
-    own = {f.name for f in dataclasses.fields(config._RunConfigKeys)}
+    own = {f.name for f in dataclasses.fields(settings.RunKeys)}
     rows: dict[str, list[tuple[str, str, str, str]]] = {n: [] for n in ORDER}
     for f in dataclasses.fields(config.RunConfig):
         key = f.metadata["key"]
@@ -96,7 +95,7 @@ def key_rows() -> dict[str, list[tuple[str, str, str, str]]]:
                   if g.metadata["key"] == key]
         fields = sorted({f"`{cls.__name__}.{g.name}`" for cls, g in takers})
         if f.name in own:  # a key of the run config itself: its docstring first
-            text = meaning(f.name, [config._RunConfigKeys])
+            text = meaning(f.name, [settings.RunKeys])
         else:
             text = meaning(takers[0][1].name, [cls for cls, _ in takers])
         namespace = key.partition(".")[0] if "." in key else ""
