@@ -13,7 +13,9 @@ A strategy takes its settings or the same names as keyword arguments::
 
 and :meth:`StrategySettings.from_run_config` builds them from a run config's dotted keys
 (``mocha.theta``; Flower flattens ``[tool.flwr.app.config.mocha]`` into them, see
-:mod:`fmtl_flower.config`).
+:mod:`fmtl_flower.config`). The run-config keys are declared here, once: each setting's, and
+the run's own (:class:`RunKeys`: strategy, dataset, ...); :func:`check_known_keys` refuses any
+other key, naming the closest valid one, unless an app lets its own keys through (``allow=``).
 
 This module imports no Flower and no numerics: devices load it with the run config.
 """
@@ -726,7 +728,9 @@ class FsvrgSettings(CommonSettings):
 STRATEGIES = ("mocha", "cocoa", "mb-sdca", "mb-sgd", "local", "global", "fedem", "fedavg",
               "fedprox", "fedavg-ft", "clustered", "ofmtl", "fsvrg", "fsvrg-naive", "gd",
               "cocoa-plus", "dane", "cfl", "pfedme", "ifca")
+#: The run config's ``model`` values.
 MODELS = ("auto", "svm", "logistic", "softmax", "mlp")
+
 
 def _skew(key: str, value: Any) -> float:
     """A size ratio > 1, or 0 for none."""
