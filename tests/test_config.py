@@ -216,3 +216,20 @@ def test_the_run_configs_keys_are_the_settings_modules_list():
 
     assert RunConfig.keys() == run_config_keys()
     assert len(set(RunConfig.keys())) == len(RunConfig.keys())
+
+
+def test_the_apps_run_config_is_strict():
+    """`flwr run .` of this project's apps: a typo in the run config is an error naming the
+    closest key (it was read past), the project's own pyproject.toml passes."""
+    from flwr.app import Context, RecordDict
+
+    from fmtl_flower.apps.common import config_from_context
+
+    def context(run_config):
+        return Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                       run_config=run_config)
+
+    pyproject = RunConfig().to_dict(every_family=True)
+    assert config_from_context(context(pyproject), None) == RunConfig()
+    with pytest.raises(ConfigError, match=r"did you mean mocha.lambda\?"):
+        config_from_context(context({**pyproject, "mocha.lamda": 1.0}), None)
