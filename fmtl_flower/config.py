@@ -29,33 +29,31 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .settings import (
-    CommonSettings,
+    MODELS,
+    SETTINGS_CLASSES,
+    STRATEGIES,
     ConfigError,
     FedEMSettings,
     FsvrgSettings,
     MbSgdSettings,
     MochaSettings,
     OFMTLSettings,
+    RunKeys,
     StrategySettings,
     as_float,
     as_int,
-    boolean,
+    check_known_keys,
     choice,
-    integer,
-    number,
     setting,
-    text,
+    unknown_key_message,
 )
 
 __all__ = [
     "FEDERATED", "FEDEM_FAMILY", "FSVRG_FAMILY", "MOCHA_FAMILY", "MODELS", "STRATEGIES",
-    "ConfigError", "RunConfig", "as_float", "as_int", "parse_set_options", "positive_int",
-    "settings_from_config", "split_set_option", "unseen_tasks",
+    "ConfigError", "RunConfig", "as_float", "as_int", "check_known_keys", "parse_set_options",
+    "positive_int", "settings_from_config", "split_set_option", "unseen_tasks",
 ]
 
-STRATEGIES = ("mocha", "cocoa", "mb-sdca", "mb-sgd", "local", "global", "fedem", "fedavg",
-              "fedprox", "fedavg-ft", "clustered", "ofmtl", "fsvrg", "fsvrg-naive", "gd",
-              "cocoa-plus", "dane", "cfl", "pfedme", "ifca")
 #: Strategies of MOCHA's primal-dual / primal family (one linear SVM per task).
 MOCHA_FAMILY = ("mocha", "cocoa", "mb-sdca", "mb-sgd")
 #: Strategies of FedEM's family (``local`` joins it with a model other than ``svm``).
@@ -63,7 +61,6 @@ FEDEM_FAMILY = ("fedem", "fedavg", "fedprox", "fedavg-ft", "clustered", "cfl", "
 #: Strategies of FSVRG's family (one global sparse logistic-regression model).
 FSVRG_FAMILY = ("fsvrg", "fsvrg-naive", "gd", "cocoa-plus", "dane")
 FEDERATED = MOCHA_FAMILY + FEDEM_FAMILY + ("ofmtl",) + FSVRG_FAMILY
-MODELS = ("auto", "svm", "logistic", "softmax", "mlp")
 
 
 #: The families' namespaces: the strategies that read them, and how errors name them.
@@ -83,33 +80,8 @@ def positive_int(key: str, value: Any) -> int:
     return as_int(key, value, 1)
 
 
-def _skew(key: str, value: Any) -> float:
-    out = as_float(key, value, lo=0.0)
-    if 0.0 < out <= 1.0:
-        raise ConfigError(f"{key}: a size ratio > 1 (or 0 for none), got {out}")
-    return out
-
-
-def _arrivals(key: str, value: Any) -> str:
-    out = str(value).strip()
-    if out in ("", "shuffle"):
-        return out
-    try:
-        order = [int(p) for p in out.split(",")]
-    except ValueError:
-        raise ConfigError(f"{key}: '', 'shuffle' or comma-separated task indices, got "
-                          f"{value!r}") from None
-    if sorted(order) != list(range(len(order))):
-        raise ConfigError(f"{key}: must be a permutation of 0..{len(order) - 1}, got {out!r}")
-    return ",".join(map(str, order))
-
-
-def _string(key: str, value: Any) -> str:
-    return str(value).strip()
-
-
 @dataclass(frozen=True)
-class _RunConfigKeys:
+class _RunConfigKeys(RunKeys):
     """Every run-config key (the key, dotted and kebab-case, in each field's metadata).
 
     The common keys: ``strategy`` (one of :data:`STRATEGIES`), ``dataset`` (``synthetic``,
@@ -131,32 +103,10 @@ class _RunConfigKeys:
     (5-fold cross-validation by ``fmtl run``). Besides them: ``fedem.train-tasks-frac``
     (tasks t >= floor(frac T) are unseen clients), ``ofmtl.arrivals`` ("", ``shuffle`` or a
     permutation ``3,0,2,1``: the order in which the tasks join).
-    """
 
-    strategy: str = setting("mocha", choice(*STRATEGIES), "strategy")
-    dataset: str = setting("synthetic", text, "dataset")
-    num_server_rounds: int = setting(100, integer(1), "num-server-rounds")
-    test_frac: float = setting(0.25, number(lo=0.0, hi=1.0, hi_open=True), "test-frac")
-    round_timeout: float = setting(120.0, number(lo=0.0, lo_open=True), "round-timeout")
-    skew: float = setting(0.0, _skew, "skew")
-    num_tasks: int = setting(0, integer(0), "num-tasks")
-    dim: int = setting(0, integer(0), "dim")
-    samples_per_task: int = setting(0, integer(0), "samples-per-task")
-    results_file: str = setting("", lambda k, v: str(v), "results-file")
-    model: str = setting("auto", choice(*MODELS), "model")
-    generator: str = setting("released", choice("released", "fixed"), "generator")
-    n_test: int = setting(0, integer(0), "n-test")
-    iid: bool = setting(False, boolean, "iid")
-    checkpoint_dir: str = setting("", _string, "checkpoint-dir")
-    checkpoint_every: int = setting(1, integer(1), "checkpoint-every")
-    client_state_dir: str = setting("", _string, "client-state-dir")
-    tasks_per_node: int = setting(0, integer(0), "tasks-per-node")
-    # the family keys that are no strategy's setting
-    train_tasks_frac: float = setting(1.0, number(lo=0.0, hi=1.0, lo_open=True),
-                                      "fedem.train-tasks-frac")
-    arrivals: str = setting("", _arrivals, "ofmtl.arrivals")
-    # ... and every setting with a key (seed, eval-every, min-tasks, mocha.theta, fedem.lr,
-    # ...), added from the settings dataclasses below (:func:`_setting_fields`)
+    Its fields are :class:`fmtl_flower.settings.RunKeys`' (the run's own keys) and, added
+    below, every setting's with a key.
+    """
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -222,7 +172,7 @@ class _RunConfigKeys:
             if key not in by_key:
                 if ignore_unknown:
                     continue
-                raise ConfigError(f"unknown run-config key {raw_key!r}; known keys: "
+                raise ConfigError(f"{unknown_key_message(raw_key)}; known keys: "
                                   f"{', '.join(sorted(by_key))}")
             if key in parsed:
                 raise ConfigError(f"{key} given twice (once as its deprecated name "
@@ -252,8 +202,7 @@ def _setting_fields() -> list[tuple[str, Any, Any]]:
     wire default and check."""
     explicit = {f.metadata["key"] for f in dataclasses.fields(_RunConfigKeys)}
     out: list[tuple[str, Any, Any]] = []
-    for cls in (CommonSettings, MochaSettings, MbSgdSettings, FedEMSettings, OFMTLSettings,
-                FsvrgSettings):
+    for cls in SETTINGS_CLASSES:
         for f in dataclasses.fields(cls):
             meta = f.metadata
             if meta["key"] is None or meta["key"] in explicit:

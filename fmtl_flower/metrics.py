@@ -13,7 +13,7 @@ ERROR_KEYS = ("test_error", "test_error_pooled", "accuracy_mean", "accuracy_mean
 
 
 class RoundRecord(TypedDict, total=False):
-    """One per-round record, the same for every strategy (README, "Results JSON").
+    """One per-round record, the same for every strategy (docs/reference/results-json.md).
 
     Every strategy's record has ``round``, the :data:`ERROR_KEYS` (from
     :func:`error_summary`: ``test_error`` is always the mean of per-task error rates and

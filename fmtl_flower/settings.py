@@ -13,7 +13,9 @@ A strategy takes its settings or the same names as keyword arguments::
 
 and :meth:`StrategySettings.from_run_config` builds them from a run config's dotted keys
 (``mocha.theta``; Flower flattens ``[tool.flwr.app.config.mocha]`` into them, see
-:mod:`fmtl_flower.config`).
+:mod:`fmtl_flower.config`). The run-config keys are declared here, once: each setting's, and
+the run's own (:class:`RunKeys`: strategy, dataset, ...); :func:`check_known_keys` refuses any
+other key, naming the closest valid one, unless an app lets its own keys through (``allow=``).
 
 This module imports no Flower and no numerics: devices load it with the run config.
 """
@@ -21,9 +23,10 @@ This module imports no Flower and no numerics: devices load it with the run conf
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import numbers
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -35,11 +38,14 @@ __all__ = [
     "MbSgdSettings",
     "MochaSettings",
     "OFMTLSettings",
+    "RunKeys",
     "StrategySettings",
     "apply_settings",
     "as_float",
     "as_int",
+    "check_known_keys",
     "check_num_tasks",
+    "run_config_keys",
 ]
 
 
@@ -252,10 +258,25 @@ class StrategySettings:
         return dataclasses.replace(settings, **kwargs) if kwargs else settings
 
     @classmethod
-    def from_run_config(cls, values: Mapping[str, Any], **derived: Any) -> StrategySettings:
-        """The settings from run-config ``values`` (dotted keys, e.g. ``RunConfig.to_dict()``):
-        every field with a key takes that key's value (through its ``from_wire``); the
-        fields without one come from ``derived`` or keep their defaults."""
+    def from_run_config(cls, values: Mapping[str, Any], *, allow: Iterable[str] = (),
+                        **derived: Any) -> StrategySettings:
+        """The settings from run-config ``values`` (dotted keys, e.g. ``context.run_config``
+        or ``RunConfig.to_dict()``): every field with a key takes that key's value (through
+        its ``from_wire``); the fields without one come from ``derived`` or keep their
+        defaults.
+
+        Every key must be a run-config key of this package (any family's: an app's
+        ``pyproject.toml`` may list them all); ``allow`` names your app's own keys and
+        namespaces (``allow=["method", "myapp"]`` lets ``method`` and every ``myapp.*``
+        through; :func:`check_known_keys`).
+
+        Raises
+        ------
+        ConfigError
+            On an unknown key, naming the closest valid one (``mocha.lamda``: did you mean
+            ``mocha.lambda``?), or an invalid value, naming its key.
+        """
+        check_known_keys(values, allow)
         kwargs: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
             key, from_wire = f.metadata["key"], f.metadata["from_wire"]
@@ -341,24 +362,52 @@ class _PrimalDualSettings(CommonSettings):
     Attributes
     ----------
     lam : float
-        Regularisation strength lambda > 0 (``mocha.lambda``).
+        Regularisation strength lambda > 0 (``mocha.lambda``; the run config may say ``cv``:
+        5-fold cross-validation on the training split over 1e-5 ... 10, ``fmtl run`` only).
     omega : str
-        Formulation of the MOCHA paper's appendix B (``mocha.omega``).
+        Formulation of the MOCHA paper's appendix B (``mocha.omega``): ``identity`` (K =
+        lambda m I: independent tasks), ``mean`` (eq. 11, needs ``lambda2``),
+        ``probabilistic`` (eq. 14: Sigma = (W^T W + eps I)^1/2 / trace), ``clustered``
+        (eq. 12, needs ``eta``, ``clusters``), ``graphical`` (eq. 15 without the l1 term on
+        W, needs ``s2``, ``lambda2`` > 0: graphical lasso with every entry of Omega
+        penalised, diagonal included; ``lambda2`` is the paper's lambda2, ``lambda`` twice
+        the paper's lambda).
     omega_every : int
-        Rounds between Omega-steps, 0: never (``mocha.omega-every``).
+        Rounds between Omega-steps, 0: never; never after the last round
+        (``mocha.omega-every``).
     omega_eps : float
-        Relative eigenvalue perturbation of the probabilistic Omega-step, in (0, 1).
-    lam2, s2, eta, clusters : optional
-        Formulation parameters (``mocha.lambda2``, ``mocha.s2``, ``mocha.eta``,
-        ``mocha.clusters``; None: unset; on the wire 0 (s2, eta, clusters) or "" (lambda2)).
-    local_frac, sys_het, sys_het_base, drop_prob
-        Local work per round and systems heterogeneity (``mocha.local-frac``, ...).
-        ``drop_prob`` is one probability in [0, 1) or one per task in [0, 1].
-    network, time_model
-        The estimated-time model (``mocha.network``, ``mocha.time-model``).
+        Eigenvalue perturbation of the Omega-step (``probabilistic``), relative to the
+        largest eigenvalue, in (0, 1) (``mocha.omega-eps``).
+    lam2 : float or None
+        ``mean``'s weight of |W|_F^2 (> 0; twice the paper's eq. 11 lambda2) and
+        ``graphical``'s weight of |Omega|_1 (> 0: without it the objective has no lower
+        bound; equal to the paper's eq. 15 lambda2) (``mocha.lambda2``; "" on the wire:
+        unset; 0 is a value, not "unset").
+    s2, eta, clusters : float, float, int or None
+        Formulation parameters (``mocha.s2``, ``mocha.eta``, ``mocha.clusters``; 0 on the
+        wire: unset; ``s2`` unset = infinity); see :mod:`fmtl_flower.core.formulations`.
+    local_frac : float
+        Local coordinate steps per round, as a fraction of the device's n_t
+        (``mocha.local-frac``).
+    sys_het : {"none", "low", "high"}
+        Budgets drawn from [0.9 n_min, n_min] (``low``) or [0.1 n_min, n_min] (``high``)
+        each round (appendix E.3; ``mocha.sys-het``).
+    sys_het_base : {"n_min", "n_t"}
+        ``n_t``: the reference code's variant, fractions U(0.9, 1) / U(0.1, 1) of the
+        device's own n_t (``mocha.sys-het-base``).
+    drop_prob : float or tuple of float
+        Probability that a device does no work in a round (Assumption 2): one in [0, 1), or
+        one per task in [0, 1] (``mocha.drop-prob``).
+    network : {"wifi", "lte", "3g"}
+        The link of the estimated-time model (eq. 30), reported as ``estimated_time_s`` per
+        round (``mocha.network``).
+    time_model : {"physical", "reference"}
+        Measured link latency and bandwidth, or the MOCHA code's 10/100/1000 cost units
+        (``mocha.time-model``).
     max_row_norm : float or None
-        The server's bound on the tasks' training-row norms (``mocha.max-row-norm``; None or
-        0 on the wire: each device's reported one).
+        The server's bound on the tasks' training-row norms against which dual updates are
+        checked (``mocha.max-row-norm``; None or 0 on the wire: each device's own report at
+        discovery).
     """
 
     NAMESPACE: ClassVar[str] = "mocha"
@@ -393,6 +442,15 @@ class _PrimalDualSettings(CommonSettings):
         return {"lam2": self.lam2, "s2": self.s2, "eta": self.eta, "k": self.clusters,
                 "eps_rel": self.omega_eps}
 
+    def _check_together(self) -> None:
+        """Refuse a formulation whose objective has no lower bound."""
+        if self.omega == "graphical" and self.lam2 == 0:
+            raise ConfigError(
+                f"{self.label('lam2')}: omega=graphical with lambda2 = 0 has no lower bound "
+                "(at W = 0 the term -(lambda/2) d log det Omega goes to -inf as Omega grows; "
+                "the run collapses W to 0); set lambda2 > 0, the penalty |Omega|_1 that "
+                "bounds it")
+
 
 @dataclass(frozen=True)
 class MochaSettings(_PrimalDualSettings):
@@ -403,21 +461,29 @@ class MochaSettings(_PrimalDualSettings):
     method : {"mocha", "cocoa", "mb-sdca"}
         The local solver (the run config's ``strategy``).
     gamma : float
-        Aggregation parameter in (0, 1] (appendix D.1; ``mocha.gamma``).
+        Aggregation parameter in (0, 1] (appendix D.1): devices apply gamma times their
+        update (``mocha.gamma``).
     theta : float
         CoCoA's relative local accuracy in (0, 1) (``mocha.theta``).
     beta : float
         Mb-SDCA's aggregation parameter > 0 (``mocha.mb-sdca-beta``).
     sigma_mode : {"global", "per-task", "spectral"}
+        sigma' of Lemma 9 (``global``), per task (Remark 5, ``per-task``), or ``spectral``:
+        lambda_max(D^-1/2 M D^-1/2), never above Lemma 9's (``mocha.sigma-mode``).
     clock_cycle : float or None
-        Per-round deadline in seconds (``mocha.clock-cycle``; 0 on the wire: none).
+        Per-round deadline in seconds: budgets are cut to what each device can compute and
+        send in time (``mocha.clock-cycle``; 0 on the wire: none).
     server_path : {"auto", "dense", "factored"}
-        M = K^-1 kept as an m x m matrix or factored (``mocha.server-path``).
+        Keep M = K^-1 (OFMTL: Sigma) as an m x m matrix (``dense``) or as V diag(s) V^T + c I
+        (``factored``, O(m d) memory); ``auto`` factors when m > 1000 and m > 2 d
+        (``mocha.server-path``).
     min_replies : int
-        A round counts only with at least this many valid replies (``mocha.min-replies``).
+        A round counts only with at least this many valid replies; otherwise nothing is
+        applied and devices roll back (``mocha.min-replies``).
     max_failures, probe_every : int
         Exclude a task after ``max_failures`` consecutive failed rounds (0: never) and probe
-        it every ``probe_every`` rounds (``mocha.max-failures``, ``mocha.probe-every``).
+        it every ``probe_every`` rounds; it is readmitted when it answers or reconnects
+        (``mocha.max-failures``, ``mocha.probe-every``).
     """
 
     method: str = setting("mocha", choice("mocha", "cocoa", "mb-sdca"))
@@ -446,8 +512,8 @@ class MbSgdSettings(_PrimalDualSettings):
     Attributes (besides :class:`_PrimalDualSettings`' and :class:`CommonSettings`')
     ---------------------------------------------------------------------------------
     beta : float or None
-        Step scale: step beta / h in round h (``mocha.mb-sgd-beta``; None, 0 on the wire:
-        1 / lambda_min(K), the Pegasos choice).
+        Mb-SGD's step scale: step beta / h in round h (``mocha.mb-sgd-beta``; None, 0 on
+        the wire: 1 / lambda_min(K), the Pegasos step).
     schedule : {"inv", "inv_sqrt"}
         beta / h or beta / sqrt(h) (Python only).
     project : bool
@@ -477,17 +543,32 @@ class FedEMSettings(CommonSettings):
         One of :data:`fmtl_flower.strategies.fedem.METHODS` (the run config's ``strategy``;
         the strategy checks it).
     num_components : int
-        FedEM's M (``fedem.M``).
+        FedEM's M; clustered FL's models (``fedem.M``; 4 on the wire: chosen on a validation
+        split of ``fedem-synthetic``, whose released labels add an 'always 0' component to
+        the 3 of the mixture).
     model : str
         ``logistic``, ``softmax``, ``mlp`` or ``torch`` (the run config's ``fedem.model``,
         ``auto`` resolved).
-    num_classes, hidden : int
-        Output classes (>= 2; from the data) and ``mlp``'s hidden units (``fedem.hidden``).
-    lr, batch_size, local_epochs, momentum, weight_decay, lr_schedule
-        The local solver (``fedem.lr``, ``fedem.batch-size``, ``fedem.local-epochs``, ...).
-    fraction, aggregation
-        The authors' client sampling rate in (0, 1] and aggregation (``fedem.fraction``,
-        ``fedem.aggregation``).
+    num_classes : int
+        Output classes (>= 2; from the data).
+    hidden : int
+        Hidden units of ``mlp`` (``fedem.hidden``).
+    lr, batch_size, local_epochs : float, int, int
+        The FedEM family's local SGD (``fedem.lr``, ``fedem.batch-size``,
+        ``fedem.local-epochs``; the run config's defaults 0.3, 128, 1 were tuned on a
+        validation split, ``simulations/fedem_tune.py``).
+    momentum, weight_decay : float
+        torch's SGD rule, one optimiser state per component, kept on the device across
+        rounds (``fedem.momentum``, ``fedem.weight-decay``).
+    lr_schedule : {"constant", "multi-step"}
+        ``multi-step``: x0.1 after rounds R/2 and 3R/4, the authors' scripts
+        (``fedem.lr-schedule``).
+    fraction : float
+        Client sampling rate per round, in (0, 1] (``fedem.fraction``).
+    aggregation : {"all", "sampled"}
+        The authors' rule (sum over all clients of n_k/N theta_k, a client not sampled
+        holding the old value) or ``sampled`` (average over the replying clients: unbiased
+        under sampling) (``fedem.aggregation``).
     prox_mu : float
         FedProx's mu (``fedem.prox-mu``; > 0 for ``fedprox``).
     finetune_epochs : int
@@ -503,8 +584,9 @@ class FedEMSettings(CommonSettings):
         CFL's split thresholds: mean and largest client update norm (``fedem.cfl-eps1``,
         ``fedem.cfl-eps2``; the FedEM authors' 0.4 and 1.6).
     pfedme_lambda, pfedme_lr, pfedme_steps, pfedme_beta : float, float, int, float
-        pFedMe's lambda, inner learning rate, inner steps K and server beta
-        (``fedem.pfedme-*``; ``lr`` is its eta).
+        pFedMe's lambda, inner learning rate, inner steps K per local step and server beta
+        (Dinh et al.'s lambda, K and beta; ``fedem.pfedme-*``; ``lr`` is its eta,
+        ``momentum`` unused).
     """
 
     NAMESPACE: ClassVar[str] = "fedem"
@@ -606,7 +688,10 @@ class FsvrgSettings(CommonSettings):
         fsvrg; fsvrg-naive needs one).
     step : float or None
         GD's step and DANE's local SVRG step (``fsvrg.step``; None, 0 on the wire: GD's
-        1/L, DANE's 1/(4 L_max)).
+        1/L, DANE's each device's 1/(4 L_max)). GD's L = sigma_max(X)^2 / (4n) + lambda,
+        sigma_max of the pooled rows by power iteration on the pooled Gram operator before
+        round 1 (until the estimate grows < 1 %, at most 10 round trips, counted in
+        ``exchanges``); ``final`` records ``step``, ``L_estimate``, ``power_iterations``.
     mu : float
         DANE's proximal parameter >= 0 (``fsvrg.dane-mu``).
     local_epochs : int
@@ -632,6 +717,200 @@ class FsvrgSettings(CommonSettings):
         if self.method == "fsvrg-naive" and self.h is None:
             raise ConfigError(f"{self.label('h')}: fsvrg-naive needs an explicit stepsize h "
                               "(no default)")
+
+
+# ---------------------------------------------------------------------------- the run's own keys
+# The run config's keys that are no strategy's setting. With the settings' keys above they are
+# every run-config key: :class:`fmtl_flower.config.RunConfig` is built from both, and
+# :func:`check_known_keys` checks a run config against both.
+
+#: The run config's ``strategy`` values.
+STRATEGIES = ("mocha", "cocoa", "mb-sdca", "mb-sgd", "local", "global", "fedem", "fedavg",
+              "fedprox", "fedavg-ft", "clustered", "ofmtl", "fsvrg", "fsvrg-naive", "gd",
+              "cocoa-plus", "dane", "cfl", "pfedme", "ifca")
+#: The run config's ``model`` values.
+MODELS = ("auto", "svm", "logistic", "softmax", "mlp")
+
+
+def _skew(key: str, value: Any) -> float:
+    """A size ratio > 1, or 0 for none."""
+    out = as_float(key, value, lo=0.0)
+    if 0.0 < out <= 1.0:
+        raise ConfigError(f"{key}: a size ratio > 1 (or 0 for none), got {out}")
+    return out
+
+
+def _arrivals(key: str, value: Any) -> str:
+    """"", ``shuffle`` or a permutation of the task indices, comma-separated."""
+    out = str(value).strip()
+    if out in ("", "shuffle"):
+        return out
+    try:
+        order = [int(p) for p in out.split(",")]
+    except ValueError:
+        raise ConfigError(f"{key}: '', 'shuffle' or comma-separated task indices, got "
+                          f"{value!r}") from None
+    if sorted(order) != list(range(len(order))):
+        raise ConfigError(f"{key}: must be a permutation of 0..{len(order) - 1}, got {out!r}")
+    return ",".join(map(str, order))
+
+
+def _string(key: str, value: Any) -> str:
+    """Any string, stripped."""
+    return str(value).strip()
+
+
+@dataclass(frozen=True)
+class RunKeys:
+    """The run config's own keys: what the run is (strategy, dataset, rounds, sizes, files)
+    rather than a strategy's setting. :class:`fmtl_flower.config.RunConfig` extends it with
+    every setting's key.
+
+    Attributes
+    ----------
+    strategy : str
+        One of :data:`STRATEGIES` (``strategy``): ``mocha`` and its baselines, ``local`` and
+        ``global`` (fitted centrally, through ``fmtl run`` only), FedEM's family, ``ofmtl``,
+        FSVRG's family.
+    dataset : str
+        ``synthetic`` (30 related tasks in 3 clusters, 20 features, generated from the seed),
+        ``small`` (29 tasks, the MOCHA reference code's toy data), ``eat-voc`` (4 tasks, the
+        OFMTL reference code's), ``fedem-synthetic`` (the FedEM authors' generator),
+        ``sparse-federated`` (FSVRG's), ``har``, ``vehicle``, ``gleam`` (local copies), or
+        a ``.mat`` path.
+    num_server_rounds : int
+        Communication rounds (W-steps); ``--rounds`` in the CLI.
+    test_frac : float
+        Per-task stratified test fraction (0: train on everything).
+    round_timeout : float
+        Seconds to wait for replies; a late reply counts as a drop.
+    skew : float
+        Subsample the training sets so task sizes span this ratio (appendix E.2; 0: none).
+    num_tasks, dim, samples_per_task : int
+        Generator sizes for ``synthetic`` and ``sparse-federated`` (0: default;
+        ``sparse-federated``: the median rows per device); ``num-tasks`` is also how many
+        devices the server waits for (0: the dataset's task count).
+    results_file : str
+        The ServerApp writes the results JSON there (useful with ``flwr run``).
+    model : str
+        ``svm``, ``logistic``, ``softmax``, ``mlp`` (``auto``: svm for ``local``/``global``
+        on the MOCHA datasets, logistic for the FedEM family).
+    generator : str
+        ``fedem-synthetic``'s labels: ``released`` (the authors' row-offset bug, which the
+        paper's numbers come from) or ``fixed``.
+    n_test : int
+        ``fedem-synthetic``'s test samples per device (0: 5000; another value changes the
+        data stream, for quick tests).
+    iid : bool
+        ``sparse-federated``: the same rows reshuffled IID across the same device sizes.
+    checkpoint_dir : str
+        Write the server state there after every ``checkpoint-every`` rounds and resume from
+        the newest checkpoint found (every federated strategy; OFMTL: after every event).
+    checkpoint_every : int
+        Rounds between checkpoints (the last round always gets one).
+    client_state_dir : str
+        MOCHA family and FedEM family devices also keep their local state in files there,
+        so it survives a server restart; per device:
+        ``--node-config "client-state-dir=..."``.
+    tasks_per_node : int
+        Task packing: one Flower node hosts K tasks and one message per node carries them
+        all (simulation: node p hosts tasks pK..pK+K-1, so ceil(m/K) nodes; deployment:
+        ``--node-config "task-ids='3,4,5'"``); results do not depend on K. 0 = automatic:
+        ``fmtl run`` packs MOCHA's, FedEM's and FSVRG's families (in-process: K = min(m,
+        1000); Ray: one node per core, K <= 1000) and says so in the run header; the
+        others, and ``flwr run``, use 1.
+    train_tasks_frac : float
+        Tasks t >= floor(frac T) are unseen clients (FedEM family).
+    arrivals : str
+        OFMTL: the order in which the dataset's tasks join (``shuffle``: seeded; or a
+        permutation ``3,0,2,1``; "": in order).
+    """
+
+    strategy: str = setting("mocha", choice(*STRATEGIES), "strategy")
+    dataset: str = setting("synthetic", text, "dataset")
+    num_server_rounds: int = setting(100, integer(1), "num-server-rounds")
+    test_frac: float = setting(0.25, number(lo=0.0, hi=1.0, hi_open=True), "test-frac")
+    round_timeout: float = setting(120.0, number(lo=0.0, lo_open=True), "round-timeout")
+    skew: float = setting(0.0, _skew, "skew")
+    num_tasks: int = setting(0, integer(0), "num-tasks")
+    dim: int = setting(0, integer(0), "dim")
+    samples_per_task: int = setting(0, integer(0), "samples-per-task")
+    results_file: str = setting("", lambda k, v: str(v), "results-file")
+    model: str = setting("auto", choice(*MODELS), "model")
+    generator: str = setting("released", choice("released", "fixed"), "generator")
+    n_test: int = setting(0, integer(0), "n-test")
+    iid: bool = setting(False, boolean, "iid")
+    checkpoint_dir: str = setting("", _string, "checkpoint-dir")
+    checkpoint_every: int = setting(1, integer(1), "checkpoint-every")
+    client_state_dir: str = setting("", _string, "client-state-dir")
+    tasks_per_node: int = setting(0, integer(0), "tasks-per-node")
+    # the family keys that are no strategy's setting
+    train_tasks_frac: float = setting(1.0, number(lo=0.0, hi=1.0, lo_open=True),
+                                      "fedem.train-tasks-frac")
+    arrivals: str = setting("", _arrivals, "ofmtl.arrivals")
+
+
+#: The settings dataclasses with run-config keys, in the order RunConfig adds their keys.
+SETTINGS_CLASSES: tuple[type[StrategySettings], ...] = (
+    CommonSettings, MochaSettings, MbSgdSettings, FedEMSettings, OFMTLSettings, FsvrgSettings)
+
+
+def run_config_keys() -> list[str]:
+    """Every run-config key, once, in :class:`fmtl_flower.config.RunConfig`'s order: the
+    run's own (:class:`RunKeys`), then each settings dataclass's."""
+    keys = [f.metadata["key"] for f in dataclasses.fields(RunKeys)]
+    for cls in SETTINGS_CLASSES:
+        keys += [f.metadata["key"] for f in dataclasses.fields(cls)
+                 if f.metadata["key"] is not None and f.metadata["key"] not in keys]
+    return keys
+
+
+def allowed_by(key: str, allow: Iterable[str]) -> bool:
+    """Whether ``allow`` lets ``key`` pass: an entry equal to it, or its namespace (the entry
+    ``myapp`` or ``myapp.`` allows ``myapp.lr``, ``myapp.data.path``, ...)."""
+    return any(key == entry or key.startswith(entry.rstrip(".") + ".") for entry in allow)
+
+
+def closest_key(key: str) -> str | None:
+    """The valid run-config key nearest ``key`` (difflib; same namespace first), or None."""
+    keys = run_config_keys()
+    namespace = key.partition(".")[0] if "." in key else ""
+    same = [k for k in keys if (k.partition(".")[0] if "." in k else "") == namespace]
+    for candidates in (same, keys):
+        match = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+        if match:
+            return match[0]
+    return None
+
+
+def unknown_key_message(key: str) -> str:
+    """``unknown run-config key 'mocha.lamda' (did you mean mocha.lambda?)``."""
+    near = closest_key(key)
+    return f"unknown run-config key {key!r}" + (f" (did you mean {near}?)" if near else "")
+
+
+def check_known_keys(keys: Iterable[str], allow: Iterable[str] = ()) -> None:
+    """A :class:`ConfigError` for the first of ``keys`` that is no run-config key of this
+    package (:func:`run_config_keys`, every family's) and not let through by ``allow``
+    (:func:`allowed_by`: your app's own keys or namespaces), naming the closest valid key.
+
+    Raises
+    ------
+    ConfigError
+        ``unknown run-config key 'mocha.lamda' (did you mean mocha.lambda?)``, with how to
+        allow an app's own key.
+    """
+    known = set(run_config_keys())
+    namespaces = {k.partition(".")[0] for k in known if "." in k}  # mocha, fedem, ...
+    allow = tuple(allow)
+    for key in keys:
+        if key in known or allowed_by(key, allow):
+            continue
+        namespace = key.partition(".")[0]
+        if namespace in namespaces and "." in key:  # this package's own namespace
+            raise ConfigError(unknown_key_message(key))
+        raise ConfigError(f"{unknown_key_message(key)}; if it is your app's own key, let it "
+                          f"through with allow=[{namespace!r}]")
 
 
 def drop_prob_of(value: float | Sequence[float]) -> Any:

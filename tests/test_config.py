@@ -200,3 +200,36 @@ def test_set_options():
     assert parse_set_options(["a=1", "b = x=y"]) == {"a": "1", "b": "x=y"}
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         parse_set_options(["novalue"])
+
+
+def test_fmtl_runs_unknown_key_names_the_closest_valid_key():
+    with pytest.raises(ConfigError, match=r"'mocha.lamda' \(did you mean mocha.lambda\?\)"):
+        RunConfig.from_mapping({"mocha.lamda": 1})
+    with pytest.raises(ConfigError, match=r"'fraction-trian' \(did you mean fraction-train\?\)"):
+        RunConfig.from_mapping({"fraction-trian": 0.5})
+
+
+def test_the_run_configs_keys_are_the_settings_modules_list():
+    """One home for the list of keys: the run config is built from the settings module's
+    declarations, which from_run_config checks against."""
+    from fmtl_flower.settings import run_config_keys
+
+    assert RunConfig.keys() == run_config_keys()
+    assert len(set(RunConfig.keys())) == len(RunConfig.keys())
+
+
+def test_the_apps_run_config_is_strict():
+    """`flwr run .` of this project's apps: a typo in the run config is an error naming the
+    closest key (it was read past), the project's own pyproject.toml passes."""
+    from flwr.app import Context, RecordDict
+
+    from fmtl_flower.apps.common import config_from_context
+
+    def context(run_config):
+        return Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                       run_config=run_config)
+
+    pyproject = RunConfig().to_dict(every_family=True)
+    assert config_from_context(context(pyproject), None) == RunConfig()
+    with pytest.raises(ConfigError, match=r"did you mean mocha.lambda\?"):
+        config_from_context(context({**pyproject, "mocha.lamda": 1.0}), None)

@@ -94,3 +94,46 @@ def test_unknown_keyword_is_a_type_error_naming_it():
         Mocha(4, thetaa=0.3)
     with pytest.raises(TypeError, match="settings must be a MochaSettings"):
         Mocha(4, FedEMSettings())
+
+
+# ---------------------------------------------------------------- strict run config
+
+
+@pytest.mark.parametrize("cls, key, near", [
+    (MochaSettings, "mocha.lamda", "mocha.lambda"),
+    (MochaSettings, "fraction-trian", "fraction-train"),
+    (MochaSettings, "theta", "mocha.theta"),  # the previous release's flat name
+    (MbSgdSettings, "mocha.mb-sgd-bet", "mocha.mb-sgd-beta"),
+    (FedEMSettings, "fedem.learning-rate", None),
+    (FedEMSettings, "fedem.m", "fedem.M"),
+    (OFMTLSettings, "ofmtl.initial-task", "ofmtl.initial-tasks"),
+    (FsvrgSettings, "fsvrg.dane-m", "fsvrg.dane-mu"),
+    (FsvrgSettings, "eval-evry", "eval-every"),
+])
+def test_from_run_config_rejects_unknown_keys_naming_the_closest(cls, key, near):
+    with pytest.raises(ConfigError, match=f"unknown run-config key '{key}'") as err:
+        cls.from_run_config({key: 1})
+    hint = f"(did you mean {near}?)"
+    assert (hint in str(err.value)) == (near is not None), str(err.value)
+
+
+def test_from_run_config_lets_an_apps_own_keys_through_only_when_allowed():
+    values = {"mocha.lambda": 0.5, "method": "x", "myapp.lr": 0.1, "myapp.data.path": "p"}
+    with pytest.raises(ConfigError, match=r"'method'.*allow=\['method'\]"):
+        MochaSettings.from_run_config(values)
+    with pytest.raises(ConfigError, match=r"'myapp.lr'.*allow=\['myapp'\]"):
+        MochaSettings.from_run_config(values, allow=["method"])
+    assert MochaSettings.from_run_config(values, allow=["method", "myapp"]).lam == 0.5
+    assert MochaSettings.from_run_config(values, allow=["method", "myapp."]).lam == 0.5
+    # another family's keys are this package's: a pyproject may list every family
+    assert MochaSettings.from_run_config({"fedem.lr": 0.3, "num-tasks": 4}).lam == 0.1
+
+
+@pytest.mark.parametrize("cls", [MochaSettings, MbSgdSettings])
+def test_an_unbounded_formulation_is_refused_with_the_reason(cls):
+    values = {"mocha.omega": "graphical", "mocha.lambda2": 0.0, "mocha.s2": 5.0}
+    with pytest.raises(ConfigError, match=r"mocha.lambda2 \(lam2\): .*no lower bound"):
+        cls.from_run_config(values)
+    with pytest.raises(ConfigError, match="no lower bound"):
+        Mocha(4, omega="graphical", lam2=0.0, s2=5.0)
+    assert cls.from_run_config({**values, "mocha.lambda2": 1e-3}).lam2 == 1e-3

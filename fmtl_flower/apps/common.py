@@ -42,11 +42,12 @@ ResultsCallback = Callable[[dict[str, Any]], None]
 
 
 def config_from_context(context: Context, config: RunConfig | None) -> RunConfig:
-    """The baked-in config if any, else the run config Flower passes."""
+    """The baked-in config if any, else the run config Flower passes (strict: a key that is
+    no run-config key is a ConfigError naming the closest valid one; another family's keys
+    at their defaults are read past, as this project's pyproject.toml lists them all)."""
     if config is not None:
         return config
-    return RunConfig.from_mapping(dict(context.run_config), ignore_unknown=True,
-                                  foreign_defaults=True)
+    return RunConfig.from_mapping(dict(context.run_config), foreign_defaults=True)
 
 
 def dataset_for(cfg: RunConfig) -> MultiTaskDataset:

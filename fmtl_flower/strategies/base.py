@@ -44,20 +44,20 @@ import io
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from logging import INFO
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import FLOWER_LOGGER, log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from ..checkpoint import check_fingerprint, read_checkpoint, write_checkpoint
 from ..core.rng import train_sample_rng
-from ..wire import metric_record
+from ..wire import metric_record, to_array
 from .discovery import TaskDirectory, wait_for_nodes
 
 #: Flower's ``train_metrics_aggr_fn`` / ``evaluate_metrics_aggr_fn``:
@@ -115,7 +115,7 @@ class TaskStrategy(Strategy):
         """The first round this run trains (1, or the one after the resumed checkpoint)."""
         return self.resumed_from + 1
 
-    def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int = 3,
+    def start(self, grid: Grid, initial_arrays: ArrayRecord | Any = None, num_rounds: int = 3,
               timeout: float = 3600, train_config: ConfigRecord | None = None,
               evaluate_config: ConfigRecord | None = None,
               evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None
@@ -127,8 +127,10 @@ class TaskStrategy(Strategy):
         ``initial_arrays`` seeds the model where the method has one global start
         (:meth:`seed_model`: MOCHA and its baselines, Mb-SGD ``{"W": (d, m) or (d,)}``, FSVRG
         ``{"w": (d,)}``, FedEM ``model="torch"`` a state_dict); elsewhere a non-empty one is a
-        ValueError. ``timeout`` bounds every exchange, the first round's discovery included
-        (the strategy's ``discovery_timeout`` is lowered to it). Raises
+        ValueError. It may be an ``ArrayRecord`` (also Flower's ``ArrayRecord([W0])``: one
+        unnamed array is the model), a numpy array or a dict of numpy arrays
+        (:func:`as_array_record`). ``timeout`` bounds every exchange, the first round's
+        discovery included (the strategy's ``discovery_timeout`` is lowered to it). Raises
         :class:`~fmtl_flower.strategies.discovery.DiscoveryError` (a ``RuntimeError``) when
         fewer than :attr:`min_tasks` tasks have a node by then."""
         self.check_knobs()
@@ -142,6 +144,7 @@ class TaskStrategy(Strategy):
         self.summary()
         result = Result()
         self._evaluations = []
+        initial_arrays = as_array_record(initial_arrays)
         if initial_arrays is not None and self.first_round == 1:
             self.seed_model(initial_arrays)
         elif initial_arrays is not None:
@@ -396,17 +399,54 @@ class TaskStrategy(Strategy):
         return {"rounds": rounds, "final": final}
 
 
+#: The key Flower gives the one array of ``ArrayRecord([W0])`` (a list of unnamed arrays).
+UNNAMED_KEY = "0"
+
+
+def as_array_record(initial_arrays: Any) -> ArrayRecord | None:
+    """``start``'s ``initial_arrays`` as an ``ArrayRecord``: None and records as they are, a
+    numpy array as ``ArrayRecord([array])`` (one unnamed array: the model, see
+    :func:`initial_model`), a dict of numpy arrays (or Flower ``Array``) with each value an
+    ``Array``, any other dict (a torch ``state_dict``) as Flower's ``ArrayRecord`` takes it.
+
+    Raises
+    ------
+    TypeError
+        For anything else, naming the accepted forms.
+    """
+    if initial_arrays is None or isinstance(initial_arrays, ArrayRecord):
+        return initial_arrays
+    if isinstance(initial_arrays, np.ndarray):
+        return ArrayRecord([initial_arrays])
+    if isinstance(initial_arrays, Mapping):
+        values = list(initial_arrays.values())
+        if all(isinstance(v, np.ndarray | Array) for v in values):
+            return ArrayRecord({str(k): v if isinstance(v, Array) else to_array(v)
+                                for k, v in initial_arrays.items()})
+        try:
+            return ArrayRecord(dict(initial_arrays))  # a torch state_dict
+        except TypeError:
+            pass
+    raise TypeError("initial_arrays must be an ArrayRecord (ArrayRecord([W0]) or "
+                    "ArrayRecord({'W': Array(W0)})), a numpy array or a dict of numpy arrays, "
+                    f"got {type(initial_arrays).__name__}")
+
+
 def initial_model(initial_arrays: ArrayRecord, key: str, num_tasks: int | None,
                   name: str, dim: int | None = None) -> np.ndarray:
-    """The model of ``start``'s ``initial_arrays``: exactly one array ``key``, of shape
-    (d, num_tasks) or (d,) (one model for every task; only (d,) when ``num_tasks`` is None),
-    finite, as float64; ValueError naming the expected key and shape otherwise. With ``dim``,
-    d must equal it (else :func:`check_initial_dim` checks it once the nodes report d)."""
+    """The model of ``start``'s ``initial_arrays``: exactly one array ``key`` (or one
+    unnamed array, Flower's ``ArrayRecord([W0])``), of shape (d, num_tasks) or (d,) (one
+    model for every task; only (d,) when ``num_tasks`` is None), finite, as float64;
+    ValueError naming the expected key and shape otherwise. With ``dim``, d must equal it
+    (else :func:`check_initial_dim` checks it once the nodes report d)."""
     shapes = "(d,)" if num_tasks is None else f"(d, {num_tasks}) or (d,)"
     keys = sorted(initial_arrays)
-    if keys != [key]:
+    if keys == [UNNAMED_KEY]:
+        initial_arrays = ArrayRecord({key: initial_arrays[UNNAMED_KEY]})
+    elif keys != [key]:
         raise ValueError(f"{name}: initial_arrays must hold exactly one array {key!r} of "
-                         f"shape {shapes}, got keys {keys}")
+                         f"shape {shapes} (or one unnamed array: ArrayRecord([{key}0])), "
+                         f"got keys {keys}")
     try:
         value = np.array(initial_arrays[key].numpy(), dtype=np.float64)
     except Exception as err:  # noqa: BLE001 - any undecodable array is the user's error

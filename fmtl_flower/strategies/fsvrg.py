@@ -499,9 +499,10 @@ class Fsvrg(TaskStrategy):
             self.ledger = DualLedger(self.num_tasks, self.dim)
 
     def seed_model(self, initial_arrays: ArrayRecord) -> None:
-        """Start from ``initial_arrays`` = ``ArrayRecord({"w": w0})``, w0 of shape (d,): the
-        primal methods (``fsvrg``, ``fsvrg-naive``, ``gd``, ``dane``) take w = w0 before round
-        1. ``cocoa-plus`` keeps w = w(alpha) tied to the nodes' duals and is refused."""
+        """Start from ``initial_arrays`` = ``ArrayRecord([w0])`` (or key ``"w"``), w0 of shape
+        (d,): the primal methods (``fsvrg``, ``fsvrg-naive``, ``gd``, ``dane``) take w = w0
+        before round 1. ``cocoa-plus`` keeps w = w(alpha) tied to the nodes' duals
+        and is refused."""
         if len(initial_arrays) == 0:
             return
         if self.method == "cocoa-plus":

@@ -350,9 +350,9 @@ class MbSgd(LinearTasks, TaskStrategy):
                 self._seed_W = None
 
     def seed_model(self, initial_arrays: ArrayRecord) -> None:
-        """Start from ``initial_arrays`` = ``ArrayRecord({"W": W0})``, W0 of shape (d, m) or
-        (d,) (one model for every task): Mb-SGD is primal, so W = W0 before round 1 (checked
-        here for shape and finiteness, d against the nodes' ``dim`` at discovery)."""
+        """Start from ``initial_arrays`` = ``ArrayRecord([W0])`` (or key ``"W"``), W0 of shape
+        (d, m) or (d,) (one model for every task): Mb-SGD is primal, so W = W0 before round 1
+        (checked here for shape and finiteness, d against the nodes' ``dim`` at discovery)."""
         if len(initial_arrays):
             self._seed_W = initial_model(initial_arrays, "W", self.num_tasks, _NAME,
                                          self.directory.dim)

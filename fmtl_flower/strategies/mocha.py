@@ -252,8 +252,9 @@ class Mocha(LinearTasks, TaskStrategy):
 
     Notes
     -----
-    ``start(initial_arrays=ArrayRecord({"W": W0}))``, W0 of shape (d, m) or (d,) (one model
-    broadcast to every task), seeds the run (all three methods). W is tied to the dual
+    ``start(initial_arrays=ArrayRecord([W0]))`` (or ``ArrayRecord({"W": Array(W0)})``, or
+    the numpy array ``W0`` itself), W0 of shape (d, m) or (d,) (one model broadcast to every
+    task), seeds the run (all three methods). W is tied to the dual
     variables (W = W(alpha)), so W0 is not written into W: round 1 is a seeding round in which
     each device moves its alpha_t to the feasible dual point that best fits W0 (the dual
     objective over alpha_t with a proximity penalty toward W0's dual image,
@@ -502,9 +503,10 @@ class Mocha(LinearTasks, TaskStrategy):
 
     # ------------------------------------------------------------------ initial_arrays
     def seed_model(self, initial_arrays: ArrayRecord) -> None:
-        """Take ``initial_arrays`` = ``ArrayRecord({"W": W0})``, W0 of shape (d, m) or (d,)
-        (one model for every task), as the start: round 1 becomes the seeding round, in which
-        every reachable device moves its duals to the feasible point nearest W0 in the sense of
+        """Take ``initial_arrays`` = ``ArrayRecord([W0])`` (one array, unnamed or ``"W"``), W0
+        of shape (d, m) or (d,) (one model for every task), as the start: round 1 becomes the
+        seeding round, in which every reachable device moves its duals to the feasible point
+        nearest W0 in the sense of
         :mod:`fmtl_flower.clients.dual_seed` (no solver steps, no drops or sampling; W stays
         W(alpha), so every gap stays valid). Shape and finiteness are checked here, d against
         the nodes' ``dim`` at discovery."""

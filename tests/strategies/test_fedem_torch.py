@@ -174,14 +174,14 @@ def test_small_cnn_fedem_beats_fedavg_on_a_relabelled_mixture():
     assert all(em_iterations[t] == 0 for t in range(tasks.num_tasks) if t not in unseen)
 
 
-def test_readme_torch_snippet_runs(tmp_path, capsys):
+def test_docs_torch_snippet_runs(tmp_path, capsys):
     import re
     from pathlib import Path
 
     from fmtl_flower.data.fedem_images import relabelled_mixture
 
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    (snippet,) = re.findall(r"```py\n(.*?)```", readme, flags=re.S)
+    guide = (Path(__file__).parents[2] / "docs" / "guides" / "fedem.md").read_text()
+    (snippet,) = re.findall(r"```py\n(.*?)```", guide, flags=re.S)
     tasks = relabelled_mixture(num_clients=10, samples=30, size=12, seed=0)
     for t in range(10):
         np.savez(tmp_path / f"task{t}.npz", X=tasks.X[t], y=tasks.y[t], X_test=tasks.X_test[t],

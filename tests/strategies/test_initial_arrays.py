@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord
+from flwr.app import Array, ArrayRecord
 
 from fmtl_flower import (
     OFMTL,
@@ -29,6 +29,7 @@ from fmtl_flower.clients.packed_mocha import PackedMocha
 from fmtl_flower.data import make_sparse_federated
 from fmtl_flower.engine import InProcessGrid
 from fmtl_flower.packing import PackedGrid, packed_client_app, tasks_of_node
+from fmtl_flower.strategies.base import as_array_record
 from fmtl_flower.wire import to_array
 
 from .helpers import make_problem
@@ -253,3 +254,79 @@ def test_methods_without_one_global_start_refuse_initial_arrays(problem):
         FedEM(TASKS, method="fedavg", discovery_timeout=1.0).start(
             grid=InProcessGrid(make_fedem_client_app(problem.load), TASKS),
             initial_arrays=record(W=np.zeros(DIM)), num_rounds=1)
+
+
+# ---------------------------------------------------------------- what Flower users write
+
+
+def as_written(form: str, key: str, W0: np.ndarray):
+    """``W0`` as a Flower user writes ``initial_arrays``: Flower's ``ArrayRecord([W0])``
+    (one unnamed array), ``ArrayRecord({key: Array(W0)})``, the numpy array itself or a
+    dict of numpy arrays."""
+    return {"list": lambda: ArrayRecord([W0]),
+            "array-dict": lambda: ArrayRecord({key: Array(W0)}),
+            "numpy": lambda: W0,
+            "numpy-dict": lambda: {key: W0}}[form]()
+
+
+FORMS = ["list", "array-dict", "numpy", "numpy-dict"]
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_mocha_takes_initial_arrays_as_flower_users_write_them(problem, form):
+    W0 = np.random.default_rng(6).normal(size=(DIM, TASKS))
+    expected, expected_result = run_mocha(problem, 2, record(W=W0))
+    seeded, result = run_mocha(problem, 2, as_written(form, "W", W0))
+    assert seeded.results()["rounds"][1]["seeded"] is True
+    assert untimed(seeded.results()["rounds"]) == untimed(expected.results()["rounds"])
+    assert np.array_equal(result.arrays["W"].numpy(), expected_result.arrays["W"].numpy())
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_mbsgd_takes_initial_arrays_as_flower_users_write_them(problem, form):
+    W0 = np.random.default_rng(7).normal(size=(DIM, TASKS))
+
+    def run(initial):
+        strategy = MbSgd(TASKS, lam=0.05, discovery_timeout=5.0)
+        strategy.start(grid=InProcessGrid(make_mbsgd_client_app(problem.load), TASKS),
+                       initial_arrays=initial, num_rounds=1, timeout=30.0)
+        return strategy
+
+    expected, seeded = run(record(W=W0)), run(as_written(form, "W", W0))
+    assert seeded.results()["rounds"][0]["primal"] == expected.results()["rounds"][0]["primal"]
+    assert np.array_equal(seeded.W, expected.W)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_fsvrg_takes_initial_arrays_as_flower_users_write_them(form):
+    data = make_sparse_federated(num_tasks=3, dim=300, seed=0)
+    app = make_fsvrg_client_app(lambda ctx: data.task(default_task_id(ctx)).arrays())
+    w0 = np.random.default_rng(2).normal(scale=0.1, size=300)
+
+    def run(initial):
+        strategy = Fsvrg(3, discovery_timeout=5.0)
+        strategy.start(grid=InProcessGrid(app, 3), initial_arrays=initial, num_rounds=1,
+                       timeout=30.0)
+        return strategy
+
+    expected, seeded = run(record(w=w0)), run(as_written(form, "w", w0))
+    assert seeded.results()["rounds"][0]["objective"] \
+        == expected.results()["rounds"][0]["objective"]
+    assert np.array_equal(seeded.w, expected.w)
+
+
+def test_initial_arrays_that_name_no_model_are_clear_errors(problem):
+    W0 = np.zeros((DIM, TASKS))
+    with pytest.raises(ValueError, match=r"exactly one array 'W'.*got keys \['0', '1'\]"):
+        run_mocha(problem, 1, ArrayRecord([W0, W0]))  # two unnamed arrays: which is W?
+    with pytest.raises(TypeError, match="a numpy array or a dict of numpy arrays"):
+        run_mocha(problem, 1, [W0])  # type: ignore[arg-type]
+
+
+def test_a_torch_state_dict_stays_as_it_is():
+    torch = pytest.importorskip("torch")
+    state = {"fc.weight": torch.ones(2, 3), "fc.bias": torch.zeros(2)}
+    out = as_array_record(state)
+    assert sorted(out) == ["fc.bias", "fc.weight"]
+    assert np.array_equal(out["fc.weight"].numpy(), np.ones((2, 3), dtype=np.float32))
+    assert sorted(as_array_record({"fc.bias": np.zeros(2)})) == ["fc.bias"]

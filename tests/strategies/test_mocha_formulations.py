@@ -98,22 +98,24 @@ def test_per_task_drop_probabilities_match_the_bare_loop():
 
 
 def test_lambda2_zero_is_a_value_not_unset(tmp_path, capsys):
-    """``lambda2`` unset is "" (None); 0 reaches the formulation (graphical: Omega = S^-1)."""
+    """``lambda2`` unset is "" (None); 0 is a value, which graphical refuses with the reason
+    (its objective has no lower bound without the penalty on Omega)."""
     from fmtl_flower.cli import main
 
     assert RunConfig().lambda2 is None
     assert RunConfig.from_mapping({"mocha.lambda2": ""}).lambda2 is None
     cfg = RunConfig.from_mapping({"mocha.lambda2": "0", "mocha.omega": "graphical",
                                   "mocha.s2": 5})
-    assert cfg.lambda2 == 0.0 and settings_from_config(cfg, 4).lam2 == 0.0
+    assert cfg.lambda2 == 0.0
     assert RunConfig.from_mapping(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match="no lower bound"):
+        settings_from_config(cfg, 4)
     out = tmp_path / "g0.json"
     assert main(["run", "mocha", "--rounds", "4", "--out", str(out), "--quiet",
                  "--set", "num-tasks=4", "--set", "dim=6", "--set", "mocha.omega=graphical",
                  "--set", "mocha.lambda2=0", "--set", "mocha.s2=5",
-                 "--set", "mocha.omega-every=2"]) == 0
-    assert json.loads(out.read_text())["config"]["mocha.lambda2"] == 0.0
-    capsys.readouterr()
+                 "--set", "mocha.omega-every=2"]) == 2
+    assert "no lower bound" in capsys.readouterr().err and not out.exists()
     assert main(["run", "mocha", "--rounds", "2", "--set", "mocha.omega=mean",
                  "--set", "mocha.lambda2=0"]) == 2
     err = capsys.readouterr().err

@@ -14,9 +14,11 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     config = context.run_config
-    # the [tool.flwr.app.config.fedem] table (fedem.M, fedem.lr), checked
-    settings = FedEMSettings.from_run_config(config, method=str(config["method"]),
-                                             model="softmax", num_classes=3, batch_size=32)
+    # the [tool.flwr.app.config.fedem] table (fedem.M, fedem.lr), checked; "method" is this
+    # app's own key (an unknown key is an error naming the closest valid one)
+    settings = FedEMSettings.from_run_config(config, allow=["method"],
+                                             method=str(config["method"]), model="softmax",
+                                             num_classes=3, batch_size=32)
     strategy = FedEM(int(config["num-tasks"]), settings)
     strategy.start(grid=grid, num_rounds=int(config["num-server-rounds"]),
                    timeout=float(config["round-timeout"]))
