@@ -5,10 +5,16 @@ tasks on a few hundred Ray nodes: the strategies stay keyed by task id and talk 
 *virtual node* per task, and two adapters pack and unpack the traffic:
 
 * :class:`PackedGrid` (server side) wraps Flower's ``Grid``. It asks every new physical node
-  how many task slots it hosts (``query.fmtl_slots``), exposes one virtual node id per slot
-  through ``get_node_ids``, and turns the messages of one round into one message per physical
-  node (records prefixed ``"<slot>/"``). The reply is split back into one reply per virtual
-  node, so the strategy sees exactly what it would see with one task per node.
+  how many task slots it hosts (``query.fmtl_slots``; reply ConfigRecord ``slots``: int
+  ``count``, at most ``max_slots_per_node``, default :data:`MAX_SLOTS_PER_NODE`, checked
+  before anything is allocated; optional str ``stacked``, its stacking protocols; optional
+  str ``tasks-digest``, :func:`tasks_digest` of its task list, which its packed and stacked
+  replies repeat so that a changed task list is seen), exposes one virtual node id per slot
+  through ``get_node_ids`` (:meth:`PackedGrid.physical_node` maps one back: a packed node
+  is one node, e.g. one vote at discovery), and turns the messages of one round into one
+  message per physical node (records prefixed ``"<slot>/"``). The reply is split back into
+  one reply per virtual node, so the strategy sees exactly what it would see with one task
+  per node.
 * :func:`packed_client_app` (client side) wraps a ClientApp: it answers the slots query and
   runs the wrapped app once per slot of a packed message, with a per-slot ``Context``
   (``node_config["task-id"]`` set to the slot's task; its ``state`` kept in the node's state
@@ -39,6 +45,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import itertools
 import math
 import os
@@ -63,7 +70,7 @@ from .wire import from_array
 __all__ = ["STACK", "STACK_ERRORS", "PackedGrid", "SLOTS_QUERY", "SlotFailed", "SlotTaskCache",
            "StackGroup", "StackedHandler", "each_slot", "packed_client_app", "read_stack",
            "read_stack_errors", "read_stacked_instruction", "stacked_content", "stacked_is_train",
-           "tasks_of_node"]
+           "tasks_digest", "tasks_of_node"]
 
 #: Message type of the server's "how many task slots do you host" query.
 SLOTS_QUERY = "query.fmtl_slots"
@@ -73,6 +80,13 @@ PACKING = "packing"
 SLOT_ERROR = "slot-error"
 #: At most this many task slots per node (the slot is part of a per-slot node id).
 MAX_SLOTS = 1 << 20
+#: Default operator limit on the slots one node may announce (``PackedGrid``'s
+#: ``max_slots_per_node``): a node announcing more is refused before anything is allocated
+#: for its slots. Raise it (up to :data:`MAX_SLOTS`) for nodes that really host more tasks.
+MAX_SLOTS_PER_NODE = 4096
+#: Key of the slots reply, and of a packed or stacked reply's ``packing`` / ``stack`` record:
+#: a digest of the node's task list (str), so that a node whose task list changed is seen.
+TASKS_DIGEST = "tasks-digest"
 #: Record of a stacked message or reply (ConfigRecord ``protocol`` str, ``slots`` [int, ...]).
 STACK = "stack"
 #: Record of a stacked reply naming its failed slots (``slots`` [int, ...], ``reasons`` [str]).
@@ -148,10 +162,19 @@ def _split_slot(name: str) -> tuple[int, str] | None:
     return int(head), rest
 
 
-def pack_content(parts: dict[int, RecordDict]) -> RecordDict:
+def tasks_digest(tasks: Sequence[int]) -> str:
+    """A short digest of a node's task list, slot by slot (its order counts)."""
+    text = ",".join(str(int(t)) for t in tasks)
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def pack_content(parts: dict[int, RecordDict], digest: str | None = None) -> RecordDict:
     """One RecordDict holding every slot's records under ``"<slot>/<name>"``, plus
-    ``packing``."""
-    packed = RecordDict({PACKING: ConfigRecord({"slots": sorted(parts)})})
+    ``packing`` (with the node's :func:`tasks_digest` when given)."""
+    packing: dict[str, Any] = {"slots": sorted(parts)}
+    if digest is not None:
+        packing[TASKS_DIGEST] = digest
+    packed = RecordDict({PACKING: ConfigRecord(packing)})
     for slot, content in parts.items():
         for name, record in content.items():
             packed[_prefix(slot) + name] = record
@@ -190,29 +213,45 @@ class PackedGrid(GridWrapper):
         Flower's grid (Ray simulation, deployment) or the in-process one.
     query_timeout : float
         Seconds to wait for a node's answer to the slots query.
+    retry_after : float
+        Seconds before a node whose slots query failed is asked again.
+    max_slots_per_node : int
+        The most slots one node may announce (default :data:`MAX_SLOTS_PER_NODE`): a node
+        announcing more is refused (logged with the reason, asked again after
+        ``retry_after``) before anything is allocated for its slots.
 
     Notes
     -----
     Virtual node ids are never reused: a node that goes offline takes its virtual nodes with
     it, and when it comes back (a new Flower node id) its slots get new virtual ids, which
-    the strategies' task directories treat as a restarted device. A node that does not answer
-    the slots query, or answers badly, is logged and asked again after ``retry_after``
-    seconds.
+    the strategies' task directories treat as a restarted device. A node whose task list
+    changes (its replies carry another :func:`tasks_digest` than its slots reply did) is
+    treated the same way: its replies of that exchange are dropped and its slots are
+    discovered again, under new virtual ids. A node that does not answer the slots query,
+    or answers badly, is logged and asked again after ``retry_after`` seconds;
+    :meth:`refusals` says why for each.
     """
 
     #: ``send_and_receive`` iterates the messages once (then packs a list for the wrapped grid).
     streams_messages = True
 
     def __init__(self, grid: Grid, *, query_timeout: float = 60.0,
-                 retry_after: float = 30.0) -> None:
+                 retry_after: float = 30.0,
+                 max_slots_per_node: int = MAX_SLOTS_PER_NODE) -> None:
         super().__init__(grid)
         self.query_timeout = float(query_timeout)
         self.retry_after = float(retry_after)
+        if isinstance(max_slots_per_node, bool) or not isinstance(max_slots_per_node, int) \
+                or not 1 <= max_slots_per_node <= MAX_SLOTS:
+            raise ValueError(f"max_slots_per_node must be an int in 1..{MAX_SLOTS}, got "
+                             f"{max_slots_per_node!r}")
+        self.max_slots_per_node = max_slots_per_node
         self._virtual = itertools.count(1)
         self._slots: dict[int, list[int]] = {}  # physical node -> its virtual ids, by slot
         self._where: dict[int, tuple[int, int]] = {}  # virtual id -> (physical node, slot)
-        self._refused: dict[int, float] = {}  # physical node -> when it last failed the query
+        self._refused: dict[int, tuple[float, str]] = {}  # node -> (when, why) it was refused
         self._protocols: dict[int, frozenset[str]] = {}  # physical node -> stacking protocols
+        self._digests: dict[int, str | None] = {}  # physical node -> its tasks_digest
         self.messages_sent = 0  # physical messages, for benchmarks and tests
 
     # Grid's interface (set_run and run: the wrapped grid's) -------------------------------
@@ -233,42 +272,64 @@ class PackedGrid(GridWrapper):
         """The virtual node ids (one per task slot) of the online physical nodes."""
         online = set(self.inner.get_node_ids())
         for node in [n for n in self._slots if n not in online]:
-            for virtual in self._slots.pop(node):
-                del self._where[virtual]
-            self._protocols.pop(node, None)
+            self._forget(node)
         for node in [n for n in self._refused if n not in online]:
             del self._refused[node]
         now = time.monotonic()
         new = sorted(n for n in online - set(self._slots)
-                     if now - self._refused.get(n, -float("inf")) >= self.retry_after)
+                     if n not in self._refused or now - self._refused[n][0] >= self.retry_after)
         if new:
             self._ask_slots(new)
         return [v for node in sorted(self._slots) for v in self._slots[node]]
+
+    def physical_node(self, node_id: int) -> int:
+        """The physical node hosting virtual node ``node_id`` (itself if it is none: a
+        physical node, or a virtual node already gone)."""
+        where = self._where.get(node_id)
+        return node_id if where is None else where[0]
+
+    def refusals(self) -> dict[int, str]:
+        """``{physical node: reason}`` of the nodes whose slots query failed (they host no
+        virtual node until asked again)."""
+        return {node: reason for node, (_, reason) in self._refused.items()}
+
+    def _forget(self, node: int) -> None:
+        """Drop a physical node's virtual nodes (it left, or its task list changed)."""
+        for virtual in self._slots.pop(node, []):
+            del self._where[virtual]
+        self._protocols.pop(node, None)
+        self._digests.pop(node, None)
+
+    def _refuse(self, node: int, reason: str) -> None:
+        log(WARNING, "packing: node %s: %s; asked again in %.0f s", node, reason,
+            self.retry_after)
+        self._refused[node] = (time.monotonic(), reason)
 
     def _ask_slots(self, nodes: list[int]) -> None:
         queries = [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n,
                            message_type=SLOTS_QUERY) for n in nodes]
         self.messages_sent += len(queries)
-        answered = set()
+        asked, answered = set(nodes), set()
         for reply in self.inner.send_and_receive(queries, timeout=self.query_timeout):
             node = reply.metadata.src_node_id
+            if node not in asked or node in answered:
+                continue  # not an answer to this query, or a second one
             answered.add(node)
-            try:
-                count, protocols = _read_slots_reply(reply)
+            try:  # the count is checked against the limit before anything is allocated
+                count, protocols, digest = _read_slots_reply(reply, self.max_slots_per_node)
             except ValueError as err:
-                log(WARNING, "packing: node %s: bad slots reply: %s; asked again in %.0f s",
-                    node, err, self.retry_after)
-                self._refused[node] = time.monotonic()
+                self._refuse(node, f"bad slots reply: {err}")
                 continue
+            self._refused.pop(node, None)
             virtual = [next(self._virtual) for _ in range(count)]
             self._slots[node] = virtual
             self._protocols[node] = protocols
+            self._digests[node] = digest
             for slot, v in enumerate(virtual):
                 self._where[v] = (node, slot)
-        for node in set(nodes) - answered:
-            log(WARNING, "packing: node %s did not answer the slots query within %.0f s",
-                node, self.query_timeout)
-            self._refused[node] = time.monotonic()
+        for node in sorted(asked - answered):
+            self._refuse(node, f"no answer to the slots query within "
+                         f"{self.query_timeout:.0f} s")
 
     def stacked_groups(self, protocol: str, targets: Mapping[int, int]
                        ) -> tuple[list[StackGroup], dict[int, int]]:
@@ -336,8 +397,12 @@ class PackedGrid(GridWrapper):
         self.messages_sent += len(packed)
         replies: list[Message] = []
         answers: dict[str, tuple[int, str]] = {}  # stacked message id -> its key
+        changed: set[int] = set()  # nodes whose task list changed in this exchange
         for reply in self.inner.send_and_receive(packed, timeout=timeout):
             key = (reply.metadata.src_node_id, reply.metadata.message_type)
+            if key[0] in changed or self._task_list_changed(key[0], reply):
+                changed.add(key[0])
+                continue
             if key in stacked_keys:
                 answered = reply.metadata.reply_to_message_id
                 if answered not in answers:  # message ids are given as messages are pushed
@@ -358,20 +423,54 @@ class PackedGrid(GridWrapper):
             replies.extend(_split_reply(reply, subs))
         return replies
 
+    def _task_list_changed(self, node: int, reply: Message) -> bool:
+        """Whether ``reply`` says that ``node``'s task list is no longer the one of its slots
+        reply; if so the node is forgotten (logged): its slots are discovered again."""
+        known = self._digests.get(node)
+        digest = _reply_digest(reply)
+        if known is None or digest is None or digest == known:
+            return False
+        log(WARNING, "packing: node %s's task list changed since its slots were discovered; "
+            "its replies are dropped and its slots discovered again", node)
+        self._forget(node)
+        return True
 
-def _read_slots_reply(reply: Message) -> tuple[int, frozenset[str]]:
-    """``(count, stacking protocols)`` of a slots reply."""
+
+def _reply_digest(reply: Message) -> str | None:
+    """The :func:`tasks_digest` a packed or stacked reply carries (None: none, or an error
+    reply)."""
+    if reply.has_error():
+        return None
+    for name in (PACKING, STACK):
+        record = reply.content[name] if name in reply.content else None
+        if isinstance(record, ConfigRecord):
+            digest = record.get(TASKS_DIGEST, None)
+            return digest if isinstance(digest, str) else None
+    return None
+
+
+def _read_slots_reply(reply: Message, limit: int = MAX_SLOTS
+                      ) -> tuple[int, frozenset[str], str | None]:
+    """``(count, stacking protocols, tasks digest)`` of a slots reply; ValueError if it is
+    malformed or announces more than ``limit`` slots."""
     if reply.has_error():
         raise ValueError(f"error reply: {reply.error.reason}")
     if "slots" not in reply.content or "count" not in reply.content["slots"]:
         raise ValueError("no 'slots' record with 'count'")
-    count = reply.content["slots"]["count"]
-    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_SLOTS:
-        raise ValueError(f"'count' must be an int in 0..{MAX_SLOTS}, got {count!r}")
-    stacked = reply.content["slots"].get("stacked", "")
+    record = reply.content["slots"]
+    count = record["count"]
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ValueError(f"'count' must be an int >= 0, got {count!r}")
+    if count > limit:
+        raise ValueError(f"{count} slots announced, above the limit of {limit} per node "
+                         "(max_slots_per_node)")
+    stacked = record.get("stacked", "")
     if not isinstance(stacked, str):
         raise ValueError(f"'stacked' must be a comma-separated string, got {stacked!r}")
-    return count, frozenset(p for p in stacked.split(",") if p)
+    digest = record.get(TASKS_DIGEST, None)
+    if digest is not None and not isinstance(digest, str):
+        raise ValueError(f"{TASKS_DIGEST!r} must be a string, got {digest!r}")
+    return count, frozenset(p for p in stacked.split(",") if p), digest
 
 
 def _split_reply(reply: Message, subs: dict[int, Message]) -> list[Message]:
@@ -611,8 +710,8 @@ class _PackedClientApp(ClientApp):
 
     def __call__(self, message: Message, context: Context) -> Message:
         if message.metadata.message_type == SLOTS_QUERY:
-            count = len(self._tasks_for(context))
-            answer: dict[str, Any] = {"count": count}
+            tasks = list(self._tasks_for(context))
+            answer: dict[str, Any] = {"count": len(tasks), TASKS_DIGEST: tasks_digest(tasks)}
             if self._stacked:
                 answer["stacked"] = ",".join(sorted(self._stacked))
             return Message(RecordDict({"slots": ConfigRecord(answer)}), reply_to=message)
@@ -640,7 +739,7 @@ class _PackedClientApp(ClientApp):
             replies[slot] = self._call_slot(message, content, context, slot,
                                             {**node_config, "task-id": tasks[slot]},
                                             states.get(slot, {}))
-        return Message(pack_content(replies), reply_to=message)
+        return Message(pack_content(replies, tasks_digest(tasks)), reply_to=message)
 
     def _call_stacked(self, message: Message, context: Context) -> Message:
         protocol, slots = read_stack(message.content)
@@ -650,7 +749,8 @@ class _PackedClientApp(ClientApp):
         tasks = list(self._tasks_for(context))
         slot_tasks = [(s, tasks[s] if s < len(tasks) else None) for s in slots]
         content, done, errors = self._stacked[protocol](message, context, slot_tasks)
-        content[STACK] = ConfigRecord({"protocol": protocol, "slots": list(done)})
+        content[STACK] = ConfigRecord({"protocol": protocol, "slots": list(done),
+                                       TASKS_DIGEST: tasks_digest(tasks)})
         if errors:
             content[STACK_ERRORS] = ConfigRecord({"slots": list(errors),
                                                   "reasons": list(errors.values())})

@@ -172,6 +172,43 @@ def task_ids(key: str, value: Any) -> tuple[int, ...]:
     return tuple(sorted({as_int(key, t, 0) for t in value}))
 
 
+def task_owner_pairs(key: str, value: Any) -> tuple[tuple[int, int], ...]:
+    """Operator pins ``{task: node id}`` as sorted ``(task, node)`` pairs: a mapping, pairs,
+    or the run config's ``"0:123,1:456"`` ("" or None: none); a task pinned twice is an
+    error."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        try:
+            pairs = [item.split(":") for item in value.split(",") if item.strip()]
+            if any(len(pair) != 2 for pair in pairs):
+                raise ValueError
+        except ValueError:
+            raise ConfigError(f"{key}: expected 'task:node,task:node,...', got "
+                              f"{value!r}") from None
+    elif isinstance(value, Mapping):
+        pairs = list(value.items())
+    else:
+        try:
+            pairs = [tuple(pair) for pair in value]
+        except TypeError:
+            raise ConfigError(f"{key}: a mapping task -> node id, got {value!r}") from None
+        if any(len(pair) != 2 for pair in pairs):
+            raise ConfigError(f"{key}: a mapping task -> node id, got {value!r}")
+    owners: dict[int, int] = {}
+    for task, node in pairs:
+        task_id = as_int(f"{key} (task)", task, 0)
+        if task_id in owners:
+            raise ConfigError(f"{key}: task {task_id} is pinned twice")
+        owners[task_id] = as_int(f"{key} (node id of task {task_id})", node, 0)
+    return tuple(sorted(owners.items()))
+
+
+def task_owners_text(key: str, value: Any) -> str:
+    """The run config's spelling of :func:`task_owner_pairs`: ``"0:123,1:456"`` ("" none)."""
+    return ",".join(f"{task}:{node}" for task, node in task_owner_pairs(key, value))
+
+
 def zero_is_none(value: Any) -> Any:
     """Run-config value -> setting: 0 (or "") means unset (None)."""
     if value is None or (isinstance(value, str) and not value.strip()):
@@ -326,6 +363,11 @@ class CommonSettings(StrategySettings):
         With ``robust``, the largest share of the total weight any single device may carry
         in a weighted average (``max-weight-share``, in (0, 1]; a cap below 1/K for K
         devices acts as 1/K, equal weights).
+    task_owners : tuple of (int, int)
+        Tasks pinned to a Flower node id (``task-owners``, e.g. ``"0:123,1:456"``; a mapping
+        in Python): only that node (for a packed node: its physical node id) may hold the
+        task; without a pin, a task claimed by two live nodes is held by neither
+        (:mod:`fmtl_flower.strategies.discovery`).
     """
 
     seed: int = setting(0, integer(0), "seed")
@@ -342,6 +384,9 @@ class CommonSettings(StrategySettings):
     robust: bool = setting(True, boolean, "robust")
     max_weight_share: float = setting(0.25, number(lo=0.0, hi=1.0, lo_open=True),
                                       "max-weight-share")
+    task_owners: tuple[tuple[int, int], ...] = setting((), task_owner_pairs, "task-owners",
+                                                       wire_default="",
+                                                       wire_check=task_owners_text)
 
 
 FORMULATION_NAMES = ("identity", "mean", "probabilistic", "clustered", "graphical")

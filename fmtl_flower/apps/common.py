@@ -28,7 +28,7 @@ from ..config import (
     RunConfig,
     settings_from_config,
 )
-from ..packing import PackedGrid, packed_client_app, tasks_of_node
+from ..packing import MAX_SLOTS_PER_NODE, PackedGrid, packed_client_app, tasks_of_node
 
 if TYPE_CHECKING:  # the strategies, the other clients and the datasets load on first use
     from ..data import MultiTaskDataset
@@ -371,7 +371,8 @@ def make_server_app(config: RunConfig | None = None,
         num_tasks = cfg.num_tasks or dataset_for(cfg).num_tasks
         strategy = strategy_from_config(cfg, num_tasks, on_round)
         if cfg.tasks_per_node > 1:  # one message per node carries all of its tasks
-            grid = PackedGrid(grid, query_timeout=max(cfg.round_timeout, 60.0))
+            grid = PackedGrid(grid, query_timeout=max(cfg.round_timeout, 60.0),
+                              max_slots_per_node=max(MAX_SLOTS_PER_NODE, cfg.tasks_per_node))
         rounds = 0 if cfg.strategy == "ofmtl" else cfg.num_server_rounds  # OFMTL: until all join
         strategy.start(grid=grid, num_rounds=rounds, timeout=cfg.round_timeout)
         results = build_results(cfg, strategy)

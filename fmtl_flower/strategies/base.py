@@ -374,6 +374,16 @@ class TaskStrategy(Strategy):
         self.directory.min_tasks = value
 
     @property
+    def task_owners(self) -> tuple[tuple[int, int], ...]:
+        """The ``(task, node id)`` pairs pinned by the operator, as in the settings (the
+        directory's :attr:`~fmtl_flower.strategies.discovery.TaskDirectory.task_owners`)."""
+        return tuple(sorted(self.directory.task_owners.items()))
+
+    @task_owners.setter
+    def task_owners(self, value: Any) -> None:
+        self.directory.task_owners = dict(value)
+
+    @property
     def node_to_task(self) -> dict[int, int]:
         return self.directory.node_to_task
 

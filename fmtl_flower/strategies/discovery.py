@@ -6,34 +6,52 @@ asks new nodes ``whoami`` (reply: ConfigRecord ``info`` with int ``task-id`` in
 0..num_tasks-1, ``n-train`` in 1..``max_n``, ``dim`` in 1..``max_dim``, the same on every
 node, optional ``n-test`` in 0..``max_n`` and optional float ``max-row-norm``, the largest
 Euclidean norm of a training row, finite, in 0..``max_row_norm``), forgets nodes that go
-offline, lets a restarted device (new node id) take its task over (logged with the reason),
-and refuses a second live node claiming a task (logged; asked again once the holder is gone).
-A node whose task id lies outside 0..num_tasks-1 (a misconfigured device, or one of a larger
-federation such as an OFMTL newcomer not yet admitted) is logged once (``outside_level``,
-WARNING by default) and not asked again while it stays online.
+offline, and lets a restarted device (new node id) take its task over (logged with the
+reason). A node whose task id lies outside 0..num_tasks-1 (a misconfigured device, or one of a
+larger federation such as an OFMTL newcomer not yet admitted) is logged once
+(``outside_level``, WARNING by default) and not asked again while it stays online.
 
-No single node fixes a run-wide fact. ``dim`` is the configured one when given; otherwise it
-is the value a majority agrees on: a strict majority of the federation's ``num_tasks`` tasks
-as soon as that many report it, or, when a waiting discovery ends (or every task has
-answered) without that, a strict majority of the tasks that answered. Until then the answers
-wait; a node reporting another ``dim`` than the one fixed, or sizes beyond the limits, is
+Nobody takes another device's task (issue 25). A task claimed by two live nodes is held by
+neither: when a second node claims a held task, both are asked again at once; a holder that no
+longer answers for it (a hung device Flower still lists, or one restarted under a new id) is
+gone and the new claimant takes over, as after a restart; if both answer, the task is
+*contested* (logged at WARNING, naming both) and held by none until only one of them answers
+for it (asked again every ``retry_failed`` seconds) or leaves. The operator can pin tasks to
+node ids (:attr:`TaskDirectory.task_owners`, the strategies' ``task_owners`` setting, run-config
+key ``task-owners``): only the pinned node (for a packed node: its physical node) may hold a
+pinned task; any other claimant is excluded with that reason.
+
+No single node fixes a run-wide fact, and a packed node is one node. ``dim`` is the configured
+one when given; otherwise it is the value of a strict majority of the physical nodes, one
+vote each however many slots they host (a node whose slots disagree has no vote): of the
+nodes online, as soon as that many agree and their claims cover a strict majority of the
+``num_tasks`` tasks; or, when a waiting discovery ends (or every task has answered) without
+that, of the nodes that answered. Until then the answers wait and nothing is allocated from
+them; a node reporting another ``dim`` than the one fixed, or sizes beyond the limits, is
 excluded with one log line and not asked again while it stays online. The limits are checked
-before anything is allocated from a reported size.
+before anything is allocated from a reported size (and a packed node's slot count before its
+slots exist: :class:`~fmtl_flower.packing.PackedGrid`'s ``max_slots_per_node``).
 
 A waiting discovery (the first round) lasts at most its ``wait`` (the strategies bound it by
 ``start``'s ``timeout``). If fewer than ``min_tasks`` tasks (default: all of them) have a node
-by then, it raises :class:`DiscoveryError` naming the missing task ids; with ``min_tasks``
-below ``num_tasks`` the run goes on with the tasks found and logs the absent ones. A node
-whose ``whoami`` fails is logged once (again only when its reason changes) and asked again at
-most every ``retry_failed`` seconds, not at every poll.
+by then, it raises :class:`DiscoveryError` naming the missing task ids and the distinct reasons
+(deduplicated, with their nodes) why nodes hold none: failed ``whoami``, exclusions, contests,
+packed nodes refused; with ``min_tasks`` below ``num_tasks`` the run goes on with the tasks
+found and logs the absent ones. It ends early (fail fast, issue 26) once every node online has
+answered, at least one of them with an error or an exclusion, and no node came or went for
+``fail_fast_after`` seconds (default 10: a failed node is asked again after ``retry_failed`` =
+5 s, so at least twice). A node whose ``whoami`` fails, or does not answer within the query's
+timeout, is logged once (again only when its reason changes) and asked again at most every
+``retry_failed`` seconds, not at every poll.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections import Counter
-from collections.abc import Iterable
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
 
@@ -67,19 +85,49 @@ class DiscoveryError(RuntimeError):
     found, required : int
         Tasks found, and the ``min_tasks`` the run needed.
     reasons : dict of int to str
-        The last error of nodes whose ``whoami`` failed (node id -> reason).
+        Why each node that holds no task holds none: the last error of nodes whose
+        ``whoami`` failed, and the reason of each excluded node (node id -> reason).
+    distinct_reasons : dict of str to list of int
+        The same, deduplicated: each distinct reason and the nodes that gave it.
     """
+
+    #: At most this many distinct reasons are spelled out in the message.
+    SHOWN_REASONS = 10
 
     def __init__(self, name: str, missing: list[int], found: int, required: int,
                  waited: float, reasons: dict[int, str]) -> None:
         self.missing, self.found, self.required = missing, found, required
         self.reasons = dict(reasons)
+        self.distinct_reasons = distinct_reasons(reasons)
         message = (f"{name}: {found} of {found + len(missing)} tasks found within {waited:.0f} s"
                    f" ({required} required); missing task ids: {describe_tasks(missing)}")
         if reasons:
-            node, reason = next(iter(reasons.items()))
-            message += f"; {len(reasons)} node(s) failed whoami, e.g. node {node}: {reason}"
+            message += (f"; {len(reasons)} node(s) failed whoami or were excluded, "
+                        f"{len(self.distinct_reasons)} distinct reason(s): "
+                        + describe_reasons(self.distinct_reasons, self.SHOWN_REASONS))
         super().__init__(message)
+
+
+def distinct_reasons(reasons: dict[int, str]) -> dict[str, list[int]]:
+    """``{reason: [nodes]}`` of a ``{node: reason}`` map, in order of each reason's first
+    (smallest) node."""
+    out: dict[str, list[int]] = {}
+    for node in sorted(reasons):
+        out.setdefault(reasons[node], []).append(node)
+    return out
+
+
+def describe_reasons(grouped: dict[str, list[int]], shown: int = 10, width: int = 300) -> str:
+    """``[node 7] reason; [nodes 3, 4] other reason; ...`` for a message (at most ``shown``
+    reasons, each cut at ``width`` characters)."""
+    parts = []
+    for reason, nodes in list(grouped.items())[:shown]:
+        label = "node" if len(nodes) == 1 else "nodes"
+        text = reason if len(reason) <= width else reason[:width] + "..."
+        parts.append(f"[{label} {describe_tasks(nodes, shown=5)}] {text}")
+    if len(grouped) > shown:
+        parts.append(f"... and {len(grouped) - shown} more")
+    return "; ".join(parts)
 
 
 class TooFewNodes(DiscoveryError):
@@ -119,6 +167,27 @@ class OutsideTaskRange(ReplyError):
 
 class BeyondLimits(ReplyError):
     """A node reports a size beyond the server's limits (``max_dim``, ``max_n``, ...)."""
+
+
+class WhoamiFailed(ReplyError):
+    """A node answered ``whoami`` with an error, or not within the query's timeout."""
+
+
+@dataclass
+class Contest:
+    """A task claimed by several live nodes: ``claimants`` (node -> its whoami), the node
+    that held it before (``holder``), when they were last asked (``asked``) and the set of
+    claimants last logged (``logged``)."""
+
+    holder: int
+    claimants: dict[int, dict[str, Any]]
+    asked: float = -math.inf
+    logged: frozenset[int] = frozenset()
+
+
+def _same_node(node: int) -> int:
+    """The physical node of a node id on an unpacked grid: itself."""
+    return node
 
 
 #: Default limits on what a node may report at discovery (checked before any allocation).
@@ -210,6 +279,10 @@ class TaskDirectory:
         The ``max-row-norm`` each task reported (NaN: not reported).
     dim : int or None
         The feature dimension: configured, or agreed by a majority (see the module docstring).
+    task_owners : dict[int, int]
+        Tasks pinned by the operator to a (physical) Flower node id.
+    contested : dict[int, list[int]]
+        Tasks claimed by several live nodes, held by none, and their claimants.
     """
 
     def __init__(self, num_tasks: int, name: str, *, dim: int | None = None,
@@ -226,18 +299,51 @@ class TaskDirectory:
         self.n_train = np.zeros(self.num_tasks, dtype=np.int64)
         self.row_norm = np.full(self.num_tasks, np.nan)
         self.dim: int | None = None if dim is None else int(dim)
-        self._duplicates: dict[int, int] = {}  # node -> task it claims while another holds it
-        self._outside: set[int] = set()  # nodes whose task id is outside 0..num_tasks-1
-        self._excluded: set[int] = set()  # nodes that disagree with the run or its limits
+        self._owners: dict[int, int] = {}  # task -> the physical node pinned to it
+        self._contested: dict[int, Contest] = {}  # task -> its live claimants, held by none
+        self._outside: dict[int, str] = {}  # node -> why its task id is not this federation's
+        self._excluded: dict[int, str] = {}  # node -> why it disagrees with the run or limits
         self._candidates: dict[int, dict[str, Any]] = {}  # node -> whoami, dim not fixed yet
         self._gone: dict[int, int] = {}  # task -> node it had when that node went offline
         self._failed: dict[int, tuple[float, str]] = {}  # node -> (when, reason) of its failure
+        self._physical: Callable[[int], int] = _same_node  # node id -> its physical node
+        self._refusals: Callable[[], dict[int, str]] = dict  # the grid's refused nodes
         self.outside_level = WARNING
         #: Tasks a waiting discovery must find (None: all ``num_tasks``).
         self.min_tasks: int | None = None
-        #: Seconds before a node whose whoami failed is asked again.
+        #: Seconds before a node whose whoami failed (or a contested task's claimants) is
+        #: asked again.
         self.retry_failed = 5.0
+        #: Seconds a waiting discovery goes on once every node online has answered, at least
+        #: one of them with an error or an exclusion, and no node came or went (then it ends,
+        #: raising :class:`DiscoveryError` if too few tasks were found); None: never early.
+        self.fail_fast_after: float | None = 10.0
 
+    # ------------------------------------------------------------------ operator pins
+    @property
+    def task_owners(self) -> dict[int, int]:
+        """``{task: node id}``: tasks pinned to a Flower node id (of the physical node, for a
+        packed node). Only that node may hold the task; any other claim is excluded with its
+        reason. A device whose node id changes must be pinned again."""
+        return dict(self._owners)
+
+    @task_owners.setter
+    def task_owners(self, owners: Mapping[int, int] | None) -> None:
+        checked: dict[int, int] = {}
+        for task, node in dict(owners or {}).items():
+            if isinstance(task, bool) or not isinstance(task, int | np.integer) \
+                    or not 0 <= task < self.num_tasks:
+                raise ValueError(f"task_owners: task {task!r} is not in 0..{self.num_tasks - 1}")
+            if isinstance(node, bool) or not isinstance(node, int | np.integer) or node < 0:
+                raise ValueError(f"task_owners: task {task}: node id {node!r} is not an int >= 0")
+            checked[int(task)] = int(node)
+        self._owners = checked
+
+    @property
+    def contested(self) -> dict[int, list[int]]:
+        return {t: sorted(c.claimants) for t, c in self._contested.items()}
+
+    # ------------------------------------------------------------------ discovery
     def discover(self, grid: Grid, *, wait: float = 0.0, query_timeout: float = 60.0,
                  settle: bool = True) -> None:
         """Map new node ids to tasks, waiting up to ``wait`` seconds for every task; with
@@ -245,55 +351,110 @@ class TaskDirectory:
         (:meth:`settle`; pass False to keep waiting for a majority of the federation)."""
         started = time.monotonic()
         deadline = started + wait
+        self._physical = getattr(grid, "physical_node", _same_node)
+        self._refusals = getattr(grid, "refusals", dict)
+        seen: set[int] | None = None
+        quiet_since = started  # the online nodes have not changed since
         while True:
             online = set(grid.get_node_ids())
-            if (not wait and len(online) == len(self.node_to_task) == len(self.task_to_node)
-                    and not (self._duplicates or self._outside or self._excluded
-                             or self._candidates or self._failed)
-                    and online.issuperset(self.node_to_task)):
+            if not wait and self._unchanged(online):
                 break  # every node online is a known task's, and nothing waits: no change
-            for node in [n for n in self.node_to_task if n not in online]:
-                task = self.node_to_task.pop(node)
-                if self.task_to_node.get(task) == node:
-                    del self.task_to_node[task]
-                    self._gone[task] = node
-            for node in [n for n in self._duplicates if n not in online
-                         or self.task_to_node.get(self._duplicates[n]) not in online]:
-                del self._duplicates[node]  # gone, or its task is free again: ask anew
-            self._outside &= online
-            self._excluded &= online
-            self._candidates = {n: c for n, c in self._candidates.items() if n in online}
+            self._forget_offline(online)
             now = time.monotonic()
-            self._failed = {n: f for n, f in self._failed.items() if n in online}
+            if online != seen:
+                seen, quiet_since = online, now
             resting = {n for n, (when, _) in self._failed.items()
                        if now - when < self.retry_failed}
-            unknown = sorted(online - set(self.node_to_task) - set(self._duplicates)
-                             - self._outside - self._excluded - set(self._candidates) - resting)
+            unknown = sorted(online - set(self.node_to_task) - self._claimants()
+                             - set(self._outside) - set(self._excluded)
+                             - set(self._candidates) - resting)
+            timeout = min(query_timeout, max(deadline - now, 1.0)) if wait else query_timeout
             if unknown:
-                left = deadline - now
-                self._query(grid, unknown, online,
-                            min(query_timeout, max(left, 1.0)) if wait else query_timeout)
+                self._query(grid, unknown, online, timeout)
+            self._check_contests(grid, online, timeout)
             answered = {c["task-id"] for c in self._candidates.values()}
             if (len(self.task_to_node) >= self.num_tasks or len(answered) >= self.num_tasks
                     or time.monotonic() >= deadline):
                 break
+            if self._nothing_to_wait_for(online, quiet_since):
+                log(WARNING, "%s: every node online has answered, %d with an error or "
+                    "excluded, and none came or went for %.0f s: discovery ends early",
+                    self.name, len(self._why_not_held(online)), self.fail_fast_after)
+                break
             time.sleep(0.2)
         if settle:
             self.settle(online)
+            self._check_contests(grid, online, query_timeout)
         if wait and len(self.task_to_node) < self.num_tasks:
-            missing = sorted(set(range(self.num_tasks)) - set(self.task_to_node))
-            required = self.num_tasks if self.min_tasks is None else self.min_tasks
-            waited = time.monotonic() - started
-            if len(self.task_to_node) < required:
-                raise DiscoveryError(self.name, missing, len(self.task_to_node), required,
-                                     waited, {n: r for n, (_, r) in self._failed.items()})
-            log(WARNING, "%s: %d of %d tasks found after %.0f s (min_tasks %d); running "
-                "without task ids %s", self.name, len(self.task_to_node), self.num_tasks,
-                waited, required, describe_tasks(missing))
+            self._end_of_wait(started, online)
+
+    def _unchanged(self, online: set[int]) -> bool:
+        """Whether every node online holds its known task and nothing waits."""
+        return (len(online) == len(self.node_to_task) == len(self.task_to_node)
+                and not (self._contested or self._outside or self._excluded
+                         or self._candidates or self._failed)
+                and online.issuperset(self.node_to_task))
+
+    def _forget_offline(self, online: set[int]) -> None:
+        """Drop what is known of the nodes that are no longer online."""
+        for node in [n for n in self.node_to_task if n not in online]:
+            task = self.node_to_task.pop(node)
+            if self.task_to_node.get(task) == node:
+                del self.task_to_node[task]
+                self._gone[task] = node
+        for contest in self._contested.values():
+            for node in [n for n in contest.claimants if n not in online]:
+                del contest.claimants[node]
+        self._outside = {n: r for n, r in self._outside.items() if n in online}
+        self._excluded = {n: r for n, r in self._excluded.items() if n in online}
+        self._candidates = {n: c for n, c in self._candidates.items() if n in online}
+        self._failed = {n: f for n, f in self._failed.items() if n in online}
+
+    def _claimants(self) -> set[int]:
+        return {n for contest in self._contested.values() for n in contest.claimants}
+
+    def _why_not_held(self, online: set[int]) -> dict[int, str]:
+        """``{node: reason}`` of the online nodes that failed whoami or were excluded, and of
+        the physical nodes the grid refused (a packed node's slots query)."""
+        reasons = {n: r for n, (_, r) in self._failed.items() if n in online}
+        reasons.update({n: r for n, r in self._excluded.items() if n in online})
+        reasons.update({n: r for n, r in self._outside.items() if n in online})
+        for task, contest in self._contested.items():
+            claimants = contest.claimants
+            for node in claimants:
+                reasons[node] = (f"task {task} is claimed by {len(claimants)} live nodes "
+                                 f"({describe_tasks(claimants)}): held by none")
+        reasons.update(self._refusals())
+        return reasons
+
+    def _nothing_to_wait_for(self, online: set[int], quiet_since: float) -> bool:
+        """Fail fast: every node online has answered (holds a task, failed, was excluded or
+        contests a task), at least one did not hold, and no node came or went for
+        ``fail_fast_after`` seconds."""
+        if self.fail_fast_after is None:
+            return False
+        if time.monotonic() - quiet_since < self.fail_fast_after:
+            return False
+        settled = (set(self.node_to_task) | self._claimants() | set(self._outside)
+                   | set(self._excluded) | set(self._candidates) | set(self._failed))
+        return online <= settled and bool(self._why_not_held(online))
+
+    def _end_of_wait(self, started: float, online: set[int]) -> None:
+        """After a waiting discovery: :class:`DiscoveryError` if fewer than ``min_tasks``
+        tasks have a node, else a warning naming the absent ones."""
+        missing = sorted(set(range(self.num_tasks)) - set(self.task_to_node))
+        required = self.num_tasks if self.min_tasks is None else self.min_tasks
+        waited = time.monotonic() - started
+        if len(self.task_to_node) < required:
+            raise DiscoveryError(self.name, missing, len(self.task_to_node), required, waited,
+                                 self._why_not_held(online))
+        log(WARNING, "%s: %d of %d tasks found after %.0f s (min_tasks %d); running "
+            "without task ids %s", self.name, len(self.task_to_node), self.num_tasks,
+            waited, required, describe_tasks(missing))
 
     def settle(self, online: set[int] | None = None) -> None:
-        """Fix ``dim`` from the answers so far if a strict majority of the tasks that answered
-        agree (the end of a waiting discovery); otherwise log that they disagree."""
+        """Fix ``dim`` from the answers so far if a strict majority of the physical nodes that
+        answered agree (the end of a waiting discovery); otherwise log that they disagree."""
         self._vote(online if online is not None else set(self._candidates), final=True)
 
     def fix_dim(self, dim: int) -> None:
@@ -306,85 +467,145 @@ class TaskDirectory:
                 self._admit(node, info, set(candidates))
 
     def _vote(self, online: set[int], final: bool) -> None:
+        """Fix ``dim`` if one value has the votes of a strict majority of the physical nodes
+        (one vote each, however many slots they host): of those online, with a strict
+        majority of the tasks among their claims; or, when ``final``, of those that
+        answered."""
         if self.dim is not None or not self._candidates:
             return
-        per_task: dict[int, int] = {}
-        for info in self._candidates.values():
-            per_task.setdefault(info["task-id"], info["dim"])
-        votes = Counter(per_task.values())
+        dims: dict[int, set[int]] = defaultdict(set)  # physical node -> the dims it reports
+        tasks: dict[int, set[int]] = defaultdict(set)  # physical node -> the tasks it claims
+        for node, info in self._candidates.items():
+            dims[self._physical(node)].add(info["dim"])
+            tasks[self._physical(node)].add(info["task-id"])
+        votes = Counter(next(iter(d)) for d in dims.values() if len(d) == 1)
+        if not votes:
+            if final:
+                log(WARNING, "%s: no node's slots agree on dim; set dim in the configuration",
+                    self.name)
+            return
         (value, count), = votes.most_common(1)
-        if 2 * count > self.num_tasks or (final and 2 * count > len(per_task)):
+        voters = [p for p, d in dims.items() if d == {value}]
+        claimed = set().union(*(tasks[p] for p in voters))
+        physical_online = {self._physical(n) for n in online}
+        early = 2 * count > len(physical_online) and 2 * len(claimed) > self.num_tasks
+        if early or (final and 2 * count > len(dims)):
             self.dim = int(value)
-            log(INFO, "%s: dim = %d, reported by %d of the %d tasks that answered", self.name,
-                value, count, len(per_task))
+            log(INFO, "%s: dim = %d, reported by %d of the %d nodes that answered (%d tasks "
+                "claimed)", self.name, value, count, len(dims), len(claimed))
             candidates, self._candidates = self._candidates, {}
             for node, info in sorted(candidates.items()):
                 self._admit(node, info, online)
         elif final:
-            log(WARNING, "%s: the %d tasks that answered disagree on dim (%s) and no value has "
-                "a majority; set dim in the configuration", self.name, len(per_task),
-                ", ".join(f"{v}: {c} tasks" for v, c in votes.most_common()))
+            log(WARNING, "%s: the %d nodes that answered disagree on dim (%s) and no value has "
+                "a majority; set dim in the configuration", self.name, len(dims),
+                ", ".join(f"{v}: {c} nodes" for v, c in votes.most_common()))
 
-    def _query(self, grid: Grid, nodes: list[int], online: set[int], timeout: float) -> None:
+    def _ask(self, grid: Grid, nodes: list[int], timeout: float
+             ) -> dict[int, dict[str, Any] | Exception]:
+        """Send ``whoami`` to ``nodes``: each node's checked answer, or the exception that
+        says what was wrong with it (:class:`WhoamiFailed` for an error reply or no answer)."""
         msgs = [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n,
                         message_type=f"{MessageType.QUERY}.whoami") for n in nodes]
         asked = set(nodes)
+        out: dict[int, dict[str, Any] | Exception] = {}
         for reply in grid.send_and_receive(msgs, timeout=timeout):
-            node = None
             try:
                 node = reply.metadata.src_node_id
-                if node not in asked:
-                    continue  # not an answer to this query
+                if node not in asked or node in out:
+                    continue  # not an answer to this query, or a second one
                 if reply.has_error():
-                    reason = str(reply.error.reason)
-                    if self._failed.get(node, (0.0, None))[1] != reason:  # once per reason
-                        log(WARNING, "%s: whoami failed on node %s: %s (asked again every "
-                            "%.0f s, logged again only if the reason changes)", self.name,
-                            node, reason, self.retry_failed)
-                    self._failed[node] = (time.monotonic(), reason)
+                    out[node] = WhoamiFailed(str(reply.error.reason))
                     continue
-                info = self.read_whoami(reply)
-            except OutsideTaskRange as err:
-                log(self.outside_level, "%s: node %s: bad whoami reply: %s; not part of this "
-                    "federation, not asked again while online", self.name, node, err)
-                self._outside.add(node)
-                continue
-            except BeyondLimits as err:
-                log(WARNING, "%s: node %s excluded: %s; not asked again while online",
-                    self.name, node, err)
-                self._excluded.add(node)
-                continue
+                out[node] = self.read_whoami(reply)
+            except ReplyError as err:
+                out[node] = err
             except Exception as err:  # noqa: BLE001 - any malformed reply is only logged
-                reason = err if isinstance(err, ReplyError) else f"{type(err).__name__}: {err}"
-                log(WARNING, "%s: node %s: bad whoami reply: %s", self.name, node, reason)
+                out[node] = ReplyError(f"{type(err).__name__}: {err}")
+        for node in asked - set(out):
+            out[node] = WhoamiFailed(f"no whoami answer within {timeout:.0f} s")
+        return out
+
+    def _query(self, grid: Grid, nodes: list[int], online: set[int], timeout: float) -> None:
+        for node, answer in sorted(self._ask(grid, nodes, timeout).items()):
+            if isinstance(answer, Exception):
+                self._refuse(node, answer)
                 continue
-            asked.discard(node)
             self._failed.pop(node, None)
             if self.dim is None:
-                self._candidates[node] = info
+                self._candidates[node] = answer
             else:
-                self._admit(node, info, online)
+                self._admit(node, answer, online)
         self._vote(online, final=False)
 
+    def _refuse(self, node: int, err: Exception) -> None:
+        """Log why ``node``'s whoami answer is not taken, once per reason, and remember it."""
+        if isinstance(err, OutsideTaskRange):
+            log(self.outside_level, "%s: node %s: bad whoami reply: %s; not part of this "
+                "federation, not asked again while online", self.name, node, err)
+            self._outside[node] = str(err)
+        elif isinstance(err, BeyondLimits):
+            self._exclude(node, str(err))
+        else:
+            reason = str(err)
+            if self._failed.get(node, (0.0, None))[1] != reason:  # once per reason
+                what = "whoami failed on node {}: " if isinstance(err, WhoamiFailed) \
+                    else "node {}: bad whoami reply: "
+                log(WARNING, "%s: %s%s (asked again every %.0f s, logged again only if the "
+                    "reason changes)", self.name, what.format(node), reason, self.retry_failed)
+            self._failed[node] = (time.monotonic(), reason)
+
+    def _exclude(self, node: int, reason: str) -> None:
+        """Exclude ``node`` while it stays online, for ``reason`` (logged, and kept for
+        :class:`DiscoveryError`)."""
+        log(WARNING, "%s: node %s excluded: %s; not asked again while online", self.name, node,
+            reason)
+        self._excluded[node] = reason
+
     def _admit(self, node: int, info: dict[str, Any], online: set[int]) -> None:
-        """Give ``node`` its task, if it agrees with the run's ``dim`` and the task is free."""
+        """Give ``node`` its task if it agrees with the run's ``dim``, the operator did not
+        pin the task to another node and no other live node claims it."""
         task = info["task-id"]
         if info["dim"] != self.dim:
             log(WARNING, "%s: node %s (task %d) has %d features, the federation %d; "
                 "excluded, not asked again while online", self.name, node, task, info["dim"],
                 self.dim)
-            self._excluded.add(node)
+            self._excluded[node] = f"task {task}: {info['dim']} features, the federation " \
+                                   f"{self.dim}"
             return
+        owner = self._owners.get(task)
+        if owner is not None:
+            if self._physical(node) != owner:
+                self._exclude(node, f"claims task {task}, which task-owners pins to node "
+                              f"{owner}")
+                return
+            self._hold(node, task, info, "its pinned node")
+            return
+        if task in self._contested:
+            self._contested[task].claimants[node] = info
+            return
+        holder = self.task_to_node.get(task)
+        if holder is None or holder == node or holder not in online:
+            self._hold(node, task, info, f"node {holder} went offline")
+            return
+        # two live claimants: neither holds the task until the other is gone (both are asked
+        # again at once: a holder that no longer answers is gone, as after a restart)
+        held = {"task-id": task, "dim": self.dim, "n-train": int(self.n_train[task])}
+        if not np.isnan(self.row_norm[task]):
+            held["max-row-norm"] = float(self.row_norm[task])
+        self._release(task)
+        self._contested[task] = Contest(holder, {holder: held, node: info})
+
+    def _release(self, task: int) -> None:
+        node = self.task_to_node.pop(task)
+        self.node_to_task.pop(node, None)
+
+    def _hold(self, node: int, task: int, info: dict[str, Any], why: str) -> None:
         old = self.task_to_node.get(task)
         if old is not None and old != node:
-            if old in online:
-                log(WARNING, "%s: node %s claims task %d, which node %s (online) holds; "
-                    "ignored while that node is online", self.name, node, task, old)
-                self._duplicates[node] = task
-                return
-            log(INFO, "%s: task %d moved from node %s to node %s: node %s went offline and "
-                "the task's device answered as node %s", self.name, task, old, node, old, node)
-            self.node_to_task.pop(old, None)
+            log(INFO, "%s: task %d moved from node %s to node %s (%s)", self.name, task, old,
+                node, why)
+            self._release(task)
         elif task in self._gone and self._gone[task] != node:
             log(INFO, "%s: task %d rejoined on node %s (its node %s went offline)", self.name,
                 task, node, self._gone[task])
@@ -393,6 +614,51 @@ class TaskDirectory:
         self.node_to_task[node] = task
         self.n_train[task] = info["n-train"]
         self.row_norm[task] = info.get("max-row-norm", np.nan)
+
+    def _check_contests(self, grid: Grid, online: set[int], timeout: float) -> None:
+        """Ask the claimants of each contested task again (at once for a new contest, then
+        every ``retry_failed`` seconds): a claimant that no longer answers with the task
+        drops out; the task goes to the last one left; while two or more are left, none
+        holds it (logged once per set of claimants, naming them)."""
+        now = time.monotonic()
+        due = [t for t, c in self._contested.items() if now - c.asked >= self.retry_failed]
+        nodes = sorted({n for t in due for n in self._contested[t].claimants if n in online})
+        answers = self._ask(grid, nodes, timeout) if nodes else {}
+        for task in due:
+            contest = self._contested[task]
+            contest.asked = time.monotonic()
+            for node in list(contest.claimants):
+                answer = answers.get(node)
+                if isinstance(answer, dict) and answer["task-id"] == task \
+                        and answer["dim"] == self.dim:
+                    contest.claimants[node] = answer
+                    continue
+                del contest.claimants[node]
+                if isinstance(answer, Exception):
+                    self._refuse(node, answer)
+        for task in list(self._contested):
+            self._settle_contest(task)
+
+    def _settle_contest(self, task: int) -> None:
+        """Log a contest whose claimants changed; end it when one claimant or none is left
+        (the task goes to that one)."""
+        contest = self._contested[task]
+        claimants = contest.claimants
+        if len(claimants) > 1:
+            if contest.logged != frozenset(claimants):
+                log(WARNING, "%s: task %d is claimed by %d live nodes (%s): held by none "
+                    "until only one of them answers for it, or task-owners pins it",
+                    self.name, task, len(claimants), describe_tasks(claimants))
+                contest.logged = frozenset(claimants)
+            return
+        del self._contested[task]
+        if not claimants:
+            return
+        (node, info), = claimants.items()
+        if node != contest.holder:
+            log(INFO, "%s: task %d moved from node %s to node %s: node %s stopped answering "
+                "for it or went offline", self.name, task, contest.holder, node, contest.holder)
+        self._hold(node, task, info, "the other claimants stopped answering or left")
 
     def read_whoami(self, reply: Message) -> dict[str, Any]:
         """The checked ``info`` of a whoami reply: ``task-id``, ``n-train``, ``dim`` and, when

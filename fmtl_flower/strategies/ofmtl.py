@@ -155,6 +155,7 @@ class OFMTL(Strategy):
                               "discovery_timeout": s.discovery_timeout}
         self.on_record = on_record
         self.directory = TaskDirectory(self.num_tasks, _NAME)
+        self.directory.task_owners = dict(s.task_owners)
         self.replies = ReplyBoundary(_NAME)
         self.W: np.ndarray | None = None
         self.Sigma: np.ndarray | FactoredMatrix | None = None
@@ -392,7 +393,8 @@ class OFMTL(Strategy):
         """Train MOCHA from scratch over tasks 0 .. m - 1; take its W and Sigma (on the
         factored path MOCHA's factor of Sigma, V diag(s) V^T + c I, as is)."""
         started = time.perf_counter()
-        mocha = Mocha(m, **self.mocha_options, server_path=self.path)
+        mocha = Mocha(m, **self.mocha_options, server_path=self.path,
+                      task_owners=self.settings.task_owners)
         mocha.directory.outside_level = INFO  # held-back newcomers are expected
         mocha.start(grid=grid, num_rounds=self.mocha_rounds, timeout=self.round_timeout)
         if mocha.state is None or not mocha.results()["final"].get("complete"):

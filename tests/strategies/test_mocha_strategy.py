@@ -500,8 +500,17 @@ def test_restarted_device_with_new_node_id_takes_over_its_task(problem, referenc
 
 
 def test_two_live_nodes_claiming_one_task_do_not_thrash(problem):
+    """Two live nodes claim task 0: neither holds it (issue 25: a node answering first with
+    another device's task id must not get it) and nothing thrashes; pinned by the operator
+    (``task_owners``), the task runs on its node."""
     configs = [{"task-id": t} for t in range(problem.num_tasks)] + [{"task-id": 0}]
     run = run_federation(problem, 8, num_nodes=problem.num_tasks + 1, node_configs=configs,
-                         **CONV_RUN)
-    assert sum(r["num_resets"] for r in run.rounds[1:]) <= 1
-    assert all(r["primal"] is not None for r in run.rounds[3:])
+                         min_tasks=problem.num_tasks - 1, **CONV_RUN)
+    assert 0 not in run.strategy.task_to_node
+    assert all(r["tasks_missing"] == [0] for r in run.rounds[1:])
+    assert sum(r["num_resets"] for r in run.rounds[1:]) == 0
+    pinned = run_federation(problem, 8, num_nodes=problem.num_tasks + 1, node_configs=configs,
+                            task_owners={0: FIRST_NODE_ID + problem.num_tasks}, **CONV_RUN)
+    assert pinned.strategy.task_to_node[0] == FIRST_NODE_ID + problem.num_tasks
+    assert sum(r["num_resets"] for r in pinned.rounds[1:]) <= 1
+    assert all(r["primal"] is not None for r in pinned.rounds[3:])
