@@ -387,8 +387,7 @@ class PackedGrid(GridWrapper):
                 continue
             message.metadata.__dict__["_message_id"] = f"{virtual}"
             group[slot] = message
-        packed = stacked
-        stacked_count = len(stacked)
+        packed = list(stacked)
         for (node, message_type), subs in groups.items():
             ttls = [m.metadata.ttl for m in subs.values()]
             msg = Message(pack_content({s: m.content for s, m in subs.items()}),
@@ -396,20 +395,23 @@ class PackedGrid(GridWrapper):
             packed.append(msg)
         self.messages_sent += len(packed)
         replies: list[Message] = []
-        answers: dict[str, tuple[int, str]] = {}  # stacked message id -> its key
+        stacked_ids: set[str] = set()
         changed: set[int] = set()  # nodes whose task list changed in this exchange
+        sent: dict[str, tuple[int, str]] = {}  # message id -> (node, message type)
         for reply in self.inner.send_and_receive(packed, timeout=timeout):
             key = (reply.metadata.src_node_id, reply.metadata.message_type)
-            if key[0] in changed or self._task_list_changed(key[0], reply):
-                changed.add(key[0])
+            if key[0] in changed:
+                continue
+            answered = reply.metadata.reply_to_message_id
+            if answered not in sent:  # message ids are given as messages are pushed
+                sent = {m.metadata.message_id: (m.metadata.dst_node_id,
+                                                m.metadata.message_type) for m in packed}
+                stacked_ids = {m.metadata.message_id for m in stacked}
+            if sent.get(answered) == key and self._task_list_changed(key[0], reply):
+                changed.add(key[0])  # only a reply to what was sent to that node says so
                 continue
             if key in stacked_keys:
-                answered = reply.metadata.reply_to_message_id
-                if answered not in answers:  # message ids are given as messages are pushed
-                    answers = {m.metadata.message_id: (m.metadata.dst_node_id,
-                                                       m.metadata.message_type)
-                               for m in packed[:stacked_count]}
-                if answers.get(answered) != key:
+                if sent.get(answered) != key or answered not in stacked_ids:
                     log(WARNING, "packing: reply from node %s (%s) answers no stacked message "
                         "sent to it; ignored", *key)
                     continue
