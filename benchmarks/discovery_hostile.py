@@ -12,6 +12,11 @@ growth (ru_maxrss after minus RSS before, MB), the dim the run settled on and th
 Run: ``python benchmarks/discovery_hostile.py`` (both scenarios, in subprocesses).
 Everything runs in one process per scenario (in-process grid): the hostile client's own work
 is included; Flower's log is quietened to ERROR so that terminal output is not measured.
+
+Measured (2 shared cores), before issue 25's discovery fixes (main at 994927a) and after:
+``dim``: 3.95 s, +1300 MB, dim = 10**7 (the hostile node held every task) -> 0.02 s, +1.7 MB,
+dim = 5 (its slots excluded); ``slots``: 49.6 s, +3132 MB -> 0.02 s, +1.8 MB (refused at its
+slots reply: 1048576 slots above max_slots_per_node = 4096).
 """
 
 from __future__ import annotations
