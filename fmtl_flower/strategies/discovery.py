@@ -41,8 +41,8 @@ found and logs the absent ones. It ends early (fail fast, issue 26) once every n
 answered, at least one of them with an error or an exclusion, and no node came or went for
 ``fail_fast_after`` seconds (default 10: a failed node is asked again after ``retry_failed`` =
 5 s, so at least twice). A node whose ``whoami`` fails, or does not answer within the query's
-timeout, is logged once (again only when its reason changes) and asked again at most every
-``retry_failed`` seconds, not at every poll.
+timeout, is logged once (again only when its reason changes); a failed one is asked again at
+most every ``retry_failed`` seconds, not at every poll, a silent one at the next poll.
 """
 
 from __future__ import annotations
@@ -171,6 +171,11 @@ class BeyondLimits(ReplyError):
 
 class WhoamiFailed(ReplyError):
     """A node answered ``whoami`` with an error, or not within the query's timeout."""
+
+
+class NoAnswer(WhoamiFailed):
+    """A node did not answer ``whoami`` within the query's timeout (asked again at the next
+    poll: the query already waited for it)."""
 
 
 @dataclass
@@ -523,7 +528,7 @@ class TaskDirectory:
             except Exception as err:  # noqa: BLE001 - any malformed reply is only logged
                 out[node] = ReplyError(f"{type(err).__name__}: {err}")
         for node in asked - set(out):
-            out[node] = WhoamiFailed(f"no whoami answer within {timeout:.0f} s")
+            out[node] = NoAnswer("no answer to whoami within the query's timeout")
         return out
 
     def _query(self, grid: Grid, nodes: list[int], online: set[int], timeout: float) -> None:
@@ -553,7 +558,9 @@ class TaskDirectory:
                     else "node {}: bad whoami reply: "
                 log(WARNING, "%s: %s%s (asked again every %.0f s, logged again only if the "
                     "reason changes)", self.name, what.format(node), reason, self.retry_failed)
-            self._failed[node] = (time.monotonic(), reason)
+            # a node that failed rests retry_failed s; one that did not answer does not
+            self._failed[node] = (-math.inf if isinstance(err, NoAnswer) else time.monotonic(),
+                                  reason)
 
     def _exclude(self, node: int, reason: str) -> None:
         """Exclude ``node`` while it stays online, for ``reason`` (logged, and kept for
