@@ -137,6 +137,7 @@ class TooFewNodes(DiscoveryError):
     def __init__(self, name: str, online: int, required: int, waited: float) -> None:
         self.missing, self.found, self.required = [], online, required
         self.reasons: dict[int, str] = {}
+        self.distinct_reasons: dict[str, list[int]] = {}
         RuntimeError.__init__(self, f"{name}: {online} node(s) online after {waited:.0f} s, "
                               f"min_available_nodes = {required} required")
 
