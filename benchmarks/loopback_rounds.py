@@ -28,16 +28,16 @@ CPU per message (every line, and the trivial app's): the CPU time (user + system
 SuperExecs' reaped-children CPU, read before and after), divided by the number of those
 processes (polled every 0.2 s; each handles one message). It covers the whole per-message
 process: Flower's runtime imports, the app, the data, the solver, the reply. The same polls
-record the largest RSS seen of a SuperNode, a SuperExec and a ClientApp process
-(``peak_rss_mb``; a sample every 0.2 s, so a short peak can be missed).
+record the largest RSS and PSS seen of a SuperNode, a SuperExec and a ClientApp process
+(``peak_rss_mb``, ``peak_pss_mb``; a sample every 0.2 s, so a short peak can be missed).
 
 Prints ONE JSON line per strategy: {"strategy", "unit", "round_trips_per_round",
 "rounds_measured", "loopback_round_s", "loopback_first_round_s", "loopback_run_wall_s",
 "inprocess_round_s", "inprocess_run_wall_s", "overhead_round_s", "overhead_ratio",
-"messages", "cpu_per_message_s", "peak_rss_mb", "load_avg_1m"} (mocha also "trivial_round_s",
-"trivial_cpu_per_message_s", "mocha_vs_trivial_round_ratio"), and one for the trivial app
-(strategy "trivial-flower-app"). Every process it started is stopped by PID at the end (none
-by name).
+"messages", "cpu_per_message_s", "peak_rss_mb", "peak_pss_mb", "load_avg_1m"} (mocha also
+"trivial_round_s", "trivial_cpu_per_message_s", "mocha_vs_trivial_round_ratio"), and one for
+the trivial app (strategy "trivial-flower-app"). Every process it started is stopped by PID
+at the end (none by name).
 
 Usage: python benchmarks/loopback_rounds.py [--rounds 3] [--strategies mocha,fedem,ofmtl,fsvrg]
                                             [--no-trivial] [--keep DIR]
@@ -108,8 +108,9 @@ class MessageCPU:
         self.fed = fed
         self.seen: set[tuple[int, float]] = set()
         self.seconds = 0.0
-        #: the largest RSS seen (MB) of a SuperNode, a SuperExec and a ClientApp process
+        #: the largest RSS and PSS seen (MB) of a SuperNode, a SuperExec, a ClientApp process
         self.rss_mb = {"supernode": 0.0, "superexec": 0.0, "message_process": 0.0}
+        self.pss_mb = dict(self.rss_mb)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
@@ -134,8 +135,13 @@ class MessageCPU:
         return cpu
 
     def _rss(self, role: str, proc: psutil.Process) -> None:
-        rss = proc.memory_info().rss / 2**20
-        self.rss_mb[role] = round(max(self.rss_mb[role], rss), 1)
+        try:
+            memory = proc.memory_full_info()  # PSS needs /proc/PID/smaps (same user)
+            pss = memory.pss / 2**20
+        except psutil.AccessDenied:
+            memory, pss = proc.memory_info(), 0.0
+        self.rss_mb[role] = round(max(self.rss_mb[role], memory.rss / 2**20), 1)
+        self.pss_mb[role] = round(max(self.pss_mb[role], pss), 1)
 
     def _poll(self) -> None:
         while not self._stop.is_set():
@@ -198,7 +204,8 @@ def trivial_run(fed: LoopbackFederation, workdir: Path, rounds: int, dim: int) -
             "loopback_round_s": round(float(np.median(times[1:])), 3),
             "loopback_first_round_s": round(times[0], 3), "loopback_run_wall_s": round(wall, 1),
             "messages": cpu.messages, "cpu_per_message_s": cpu.per_message(),
-            "peak_rss_mb": cpu.rss_mb, "load_avg_1m": round(os.getloadavg()[0], 2)}
+            "peak_rss_mb": cpu.rss_mb, "peak_pss_mb": cpu.pss_mb,
+            "load_avg_1m": round(os.getloadavg()[0], 2)}
 
 
 def inprocess(cfg: dict[str, object], out: Path) -> tuple[dict, float]:
@@ -283,7 +290,7 @@ def main() -> int:
                 "overhead_round_s": round(loop_s - local_s, 3),
                 "overhead_ratio": round(loop_s / local_s, 1) if local_s > 0 else None,
                 "messages": cpu.messages, "cpu_per_message_s": cpu.per_message(),
-                "peak_rss_mb": cpu.rss_mb, **versus,
+                "peak_rss_mb": cpu.rss_mb, "peak_pss_mb": cpu.pss_mb, **versus,
                 "load_avg_1m": round(os.getloadavg()[0], 2),
             }), flush=True)
     finally:
