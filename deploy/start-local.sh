@@ -12,7 +12,9 @@
 #   RUN_DIR/logs/*.log      superlink.log, supernode-<i>.log
 #   RUN_DIR/flwr-home/      FLWR_HOME of the SuperLink and of `flwr` (config.toml holds the
 #                           connection FEDERATION)
-#   RUN_DIR/nodes/node-<t>/ FLWR_HOME of SuperNode t (it unpacks the app's FAB there)
+#   RUN_DIR/nodes/node-<t>/ FLWR_HOME of SuperNode t (it unpacks the app's FAB there); its
+#                           state/ is the node's client-state-dir (as in supernode@.service)
+#                           unless --node-config sets one
 #   RUN_DIR/env.sh          `. RUN_DIR/env.sh` exports FLWR_HOME (and PATH) for `flwr run`
 #
 # Options
@@ -291,8 +293,14 @@ fi
 
 for ((i = 0; i < num_nodes; i++)); do
     t=$((first_task + i))
+    node_config="task-id=$t"
+    if [[ "$extra_config" != *client-state-dir* ]]; then
+        # the device's dual state survives a server restart (a resubmitted run resumes it)
+        mkdir -p "$run_dir/nodes/node-$t/state"
+        node_config+=" client-state-dir='$run_dir/nodes/node-$t/state'"
+    fi
     node_cmd=(flower-supernode --superlink "$node_address" --port "${ports[$i]}"
-              --node-config "task-id=$t${extra_config:+ $extra_config}")
+              --node-config "$node_config${extra_config:+ $extra_config}")
     if [[ -n "$tls_dir" ]]; then
         node_cmd+=(--root-certificates "$ca")
     else

@@ -130,6 +130,9 @@ def test_devices_train_through_the_proxy_and_reach_no_control_api(kit: Kit,
     out, wall, context = _flwr_run(run_dir, tmp_path / "res.json")
     assert sorted(_task_nodes(out)) == [str(t) for t in range(NUM_NODES)], context
     access = (run_dir / "nginx" / "access.log").read_text()
+    for task in range(NUM_NODES):  # the devices kept their state (client-state-dir)
+        state = run_dir / "nodes" / f"node-{task}" / "state"
+        assert any(p.is_file() for p in state.iterdir()), sorted(state.iterdir())
     assert re.search(r'"POST /v1/fleet/push-messages HTTP/1.1" 200', access), access[-2000:]
 
     # from the devices' side, no Control API: the flwr CLI pointed at the proxy fails ...
