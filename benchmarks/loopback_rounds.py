@@ -166,10 +166,19 @@ class MessageCPU:
         self._thread.start()
         return self
 
+    def _busy(self) -> bool:
+        """Whether a SuperExec still has a ClientApp process (not yet exited and reaped)."""
+        for proc in self._procs:
+            try:
+                if proc.children():
+                    return True
+            except psutil.NoSuchProcess:
+                continue
+        return False
+
     def __exit__(self, *exc: object) -> None:
         deadline = time.monotonic() + 30.0  # let the last ClientApps exit and be reaped
-        while time.monotonic() < deadline and any(
-                p.children() for p in self._procs if p.is_running()):
+        while time.monotonic() < deadline and self._busy():
             time.sleep(0.2)
         self._stop.set()
         self._thread.join()
