@@ -82,6 +82,23 @@ def test_rendered_proxy_forwards_the_fleet_api_only(tmp_path: Path) -> None:
         assert checked.returncode == 0, checked.stderr
 
 
+@needs_openssl
+def test_start_local_fleet_proxy_refuses_bad_setups(tmp_path: Path) -> None:
+    certs = tmp_path / "certs"
+    assert _script("make-certs.sh", certs).returncode == 0
+    cases = {
+        "no tls": (["--fleet-proxy", "0"], "--fleet-proxy needs --tls"),
+        "no nginx": (["--fleet-proxy", "0", "--tls", certs, "--nginx", tmp_path / "nope"],
+                     "apt-get install nginx-light"),
+        "bad port": (["--fleet-proxy", "x", "--tls", certs], "must be a port number"),
+    }
+    for name, (args, message) in cases.items():
+        run_dir = tmp_path / name.replace(" ", "-")
+        out = _script("start-local.sh", "1", "--run-dir", run_dir, *args, timeout=60)
+        assert out.returncode == 2 and message in out.stderr, (name, out)
+        assert not (run_dir / "pids").exists() or (run_dir / "pids").read_text() == "", name
+
+
 @pytest.fixture
 def kit(tmp_path: Path) -> Iterator[Kit]:
     k = Kit(tmp_path)
