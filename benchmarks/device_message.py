@@ -12,7 +12,9 @@ Variants: ``trivial``; ``mocha`` (the default ``FMTL_KERNELS=auto``: numba only 
 message whose local work passes the break-even of :mod:`fmtl_flower.core.jit`, else numpy
 without importing numba); ``mocha-numba`` (``FMTL_KERNELS=numba``, its on-disk cache warm: a
 first, unmeasured process compiled the kernels into ``<client-state-dir>/numba-cache``);
-``mocha-numpy`` (``FMTL_KERNELS=numpy``: numba is never imported). Each figure is the
+``mocha-numpy`` (``FMTL_KERNELS=numpy``: numba is never imported). Without numba (an
+install where it has no wheels, e.g. armv7) ``mocha-numba`` is skipped with a line saying so
+(and listed under ``skipped`` in the JSON). Each figure is the
 median over ``--repeats`` processes: wall time from spawn to exit, CPU time (user + system)
 and peak RSS of the process (``wait4``). Prints a table, the ratios to the trivial ClientApp,
 and one JSON line.
@@ -27,6 +29,7 @@ importing numba costs a message).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -133,6 +136,18 @@ def run_once(kind: str, state_dir: str, server_round: int, samples: int, dim: in
             "rss_mb": usage.ru_maxrss / 1024.0, **reply}
 
 
+def plan_variants(numba_installed: bool) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """The variants to run (name -> extra environment) and those skipped (name -> why)."""
+    variants = {"trivial": {}, "mocha": {}, "mocha-numba": {"FMTL_KERNELS": "numba"},
+                "mocha-numpy": {"FMTL_KERNELS": "numpy"}}
+    skipped = {}
+    if not numba_installed:
+        del variants["mocha-numba"]
+        skipped["mocha-numba"] = ("numba is not installed here (no wheels for this platform, "
+                                  "e.g. armv7): every message runs the numpy kernels")
+    return variants, skipped
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=7)
@@ -149,8 +164,9 @@ def main() -> None:
     base_env = {**os.environ, "PYTHONPATH": str(ROOT)}
     base_env.pop("FMTL_KERNELS", None)
     base_env.pop("PYTHONDONTWRITEBYTECODE", None)  # a device keeps its bytecode, like its cache
-    variants = {"trivial": {}, "mocha": {}, "mocha-numba": {"FMTL_KERNELS": "numba"},
-                "mocha-numpy": {"FMTL_KERNELS": "numpy"}}
+    variants, skipped = plan_variants(importlib.util.find_spec("numba") is not None)
+    for name, why in skipped.items():
+        print(f"skipped {name}: {why}", flush=True)
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="fmtl-device-") as tmp:
         meta = None
@@ -182,7 +198,7 @@ def main() -> None:
         print(f"{name:<12} {res['wall_s']:8.3f} {res['cpu_s']:8.3f} {res['rss_mb']:12.1f} "
               f"{res['wall_ratio']:8.2f} {res['cpu_ratio']:7.2f} {res['rss_ratio']:7.2f}")
     print(json.dumps({"benchmark": "device_message", "n": meta["n"], "dim": meta["dim"],
-                      "repeats": args.repeats, "load": round(load[0], 2),
+                      "repeats": args.repeats, "load": round(load[0], 2), "skipped": skipped,
                       **{name: {k: v if isinstance(v, bool) else round(v, 4)
                                 for k, v in res.items()}
                          for name, res in results.items()}}))

@@ -17,13 +17,30 @@ the rounds after the first (the first adds discovery, the ``whoami`` query round
 * fsvrg: one round (two round trips: the gradient exchange, then the local SVRG pass);
 * ofmtl: one newcomer round trip (the newcomer event's ``event_time_s`` / 10; one device).
 
+With ``mocha`` among the strategies, a trivial Flower App (``benchmarks/trivial_flower_app``:
+one train message per node per round, answered at once with a vector of the same size, flwr
+and numpy only) runs on the same SuperNodes just before it, with the same rounds and ``dim``:
+Flower's own floor per round on these nodes. MOCHA's line then adds ``trivial_round_s`` and
+``mocha_vs_trivial_round_ratio`` (MOCHA's loopback seconds per round over the trivial app's).
+
+CPU per message (every line, and the trivial app's): the CPU time (user + system) of the
+``flwr-clientapp`` processes the SuperNodes' SuperExecs started during the run (the
+SuperExecs' reaped-children CPU, read before and after), divided by the number of those
+processes (polled every 0.2 s; each handles one message). It covers the whole per-message
+process: Flower's runtime imports, the app, the data, the solver, the reply. The same polls
+record the largest RSS and PSS seen of a SuperNode, a SuperExec and a ClientApp process
+(``peak_rss_mb``, ``peak_pss_mb``; a sample every 0.2 s, so a short peak can be missed).
+
 Prints ONE JSON line per strategy: {"strategy", "unit", "round_trips_per_round",
 "rounds_measured", "loopback_round_s", "loopback_first_round_s", "loopback_run_wall_s",
 "inprocess_round_s", "inprocess_run_wall_s", "overhead_round_s", "overhead_ratio",
-"load_avg_1m"}. Every process it started is stopped by PID at the end (none by name).
+"messages", "cpu_per_message_s", "peak_rss_mb", "peak_pss_mb", "load_avg_1m"} (mocha also
+"trivial_round_s", "trivial_cpu_per_message_s", "mocha_vs_trivial_round_ratio"), and one for
+the trivial app (strategy "trivial-flower-app"). Every process it started is stopped by PID
+at the end (none by name).
 
 Usage: python benchmarks/loopback_rounds.py [--rounds 3] [--strategies mocha,fedem,ofmtl,fsvrg]
-                                            [--keep DIR]
+                                            [--no-trivial] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -35,10 +52,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -46,6 +65,7 @@ sys.path.insert(0, str(ROOT))
 from tests.apps.loopback import BIN, LoopbackFederation  # noqa: E402
 
 NUM_NODES = 4
+TRIVIAL_APP = ROOT / "benchmarks" / "trivial_flower_app"
 OFMTL_OUTER = 10  # OFMTL's newcomer round trips
 UNITS = {"mocha": ("training round", 1), "fedem": ("training round", 1),
          "fsvrg": ("round (gradient exchange + local pass)", 2),
@@ -80,6 +100,123 @@ def round_times(results: dict, strategy: str) -> tuple[list[float], float | None
     return times[1:], (times[0] if times else None)
 
 
+class MessageCPU:
+    """CPU time and count of the ``flwr-clientapp`` processes the SuperNodes start while it is
+    active (``with MessageCPU(fed) as cpu: ...``; then ``cpu.messages``, ``cpu.seconds``)."""
+
+    def __init__(self, fed: LoopbackFederation) -> None:
+        self.fed = fed
+        self.seen: set[tuple[int, float]] = set()
+        self.seconds = 0.0
+        #: the largest RSS and PSS seen (MB) of a SuperNode, a SuperExec, a ClientApp process
+        self.rss_mb = {"supernode": 0.0, "superexec": 0.0, "message_process": 0.0}
+        self.pss_mb = dict(self.rss_mb)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _superexecs(self) -> list[psutil.Process]:
+        found = []
+        for node in self.fed.nodes.values():
+            try:
+                found += psutil.Process(node.pid).children()
+            except psutil.NoSuchProcess:
+                continue
+        return found
+
+    @staticmethod
+    def _reaped_cpu(procs: list[psutil.Process]) -> dict[int, float]:
+        cpu = {}
+        for proc in procs:
+            try:
+                times = proc.cpu_times()
+                cpu[proc.pid] = times.children_user + times.children_system
+            except psutil.NoSuchProcess:
+                continue
+        return cpu
+
+    def _rss(self, role: str, proc: psutil.Process) -> None:
+        try:
+            memory = proc.memory_full_info()  # PSS needs /proc/PID/smaps (same user)
+            pss = memory.pss / 2**20
+        except psutil.AccessDenied:
+            memory, pss = proc.memory_info(), 0.0
+        self.rss_mb[role] = round(max(self.rss_mb[role], memory.rss / 2**20), 1)
+        self.pss_mb[role] = round(max(self.pss_mb[role], pss), 1)
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            for node in self.fed.nodes.values():
+                try:
+                    self._rss("supernode", psutil.Process(node.pid))
+                except psutil.NoSuchProcess:
+                    continue
+            for superexec in self._superexecs():
+                try:
+                    self._rss("superexec", superexec)
+                    for child in superexec.children():
+                        self.seen.add((child.pid, child.create_time()))
+                        self._rss("message_process", child)
+                except psutil.NoSuchProcess:
+                    continue
+            self._stop.wait(0.2)
+
+    def __enter__(self) -> MessageCPU:
+        self._procs = self._superexecs()
+        self._before = self._reaped_cpu(self._procs)
+        self._thread.start()
+        return self
+
+    def _busy(self) -> bool:
+        """Whether a SuperExec still has a ClientApp process (not yet exited and reaped)."""
+        for proc in self._procs:
+            try:
+                if proc.children():
+                    return True
+            except psutil.NoSuchProcess:
+                continue
+        return False
+
+    def __exit__(self, *exc: object) -> None:
+        deadline = time.monotonic() + 30.0  # let the last ClientApps exit and be reaped
+        while time.monotonic() < deadline and self._busy():
+            time.sleep(0.2)
+        self._stop.set()
+        self._thread.join()
+        after = self._reaped_cpu(self._procs)
+        self.seconds = sum(after.get(pid, 0.0) - before for pid, before in self._before.items())
+
+    @property
+    def messages(self) -> int:
+        return len(self.seen)
+
+    def per_message(self) -> float | None:
+        return round(self.seconds / self.messages, 3) if self.messages else None
+
+
+def trivial_run(fed: LoopbackFederation, workdir: Path, rounds: int, dim: int) -> dict:
+    """The trivial Flower App on the federation's SuperNodes: its JSON line's figures."""
+    app = workdir / "trivial-app"
+    shutil.copytree(TRIVIAL_APP, app, dirs_exist_ok=True)
+    shutil.copy(ROOT / "LICENSE", app / "LICENSE")
+    results = workdir / "trivial-loopback.json"
+    config = (f"num-nodes={NUM_NODES} num-server-rounds={rounds} dim={dim} "
+              f"round-timeout=120.0 results-file='{results}'")
+    with MessageCPU(fed) as cpu:
+        sub = fed.submit(config, name="trivial", results=results, app=app)
+        wall = sub.wait(1800.0, fed.context())
+    out = sub.read_results()
+    if sub.popen.returncode != 0 or not out["final"]["complete"]:
+        raise RuntimeError(f"trivial app run failed ({sub.popen.returncode})\n{fed.context()}")
+    times = [r["wall_time_s"] for r in out["rounds"]]
+    return {"strategy": "trivial-flower-app", "unit": "training round",
+            "rounds_measured": len(times) - 1,
+            "loopback_round_s": round(float(np.median(times[1:])), 3),
+            "loopback_first_round_s": round(times[0], 3), "loopback_run_wall_s": round(wall, 1),
+            "messages": cpu.messages, "cpu_per_message_s": cpu.per_message(),
+            "peak_rss_mb": cpu.rss_mb, "peak_pss_mb": cpu.pss_mb,
+            "load_avg_1m": round(os.getloadavg()[0], 2)}
+
+
 def inprocess(cfg: dict[str, object], out: Path) -> tuple[dict, float]:
     cfg = dict(cfg)
     args = [str(BIN / "fmtl"), "run", str(cfg.pop("strategy")), "--engine", "inprocess",
@@ -99,6 +236,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds per run (mocha, fedem, fsvrg; default 3)")
     parser.add_argument("--strategies", default="mocha,fedem,ofmtl,fsvrg")
+    parser.add_argument("--no-trivial", action="store_true",
+                        help="skip the trivial Flower App run before mocha")
     parser.add_argument("--keep", type=Path, default=None,
                         help="work directory to keep (logs, results); default: a temp dir")
     args = parser.parse_args()
@@ -119,13 +258,18 @@ def main() -> int:
         fed.wait_nodes_registered()
         print(f"# SuperLink + {NUM_NODES} SuperNodes up in {time.perf_counter() - started:.1f} s "
               f"(work dir {workdir})", file=sys.stderr, flush=True)
+        trivial = None
         for strategy in strategies:
             cfg = all_configs[strategy]
+            if strategy == "mocha" and not args.no_trivial:
+                trivial = trivial_run(fed, workdir, args.rounds, int(cfg["dim"]))
+                print(json.dumps(trivial), flush=True)
             results_path = workdir / f"{strategy}-loopback.json"
             run_config = " ".join(f"{k}={toml_value(v)}" for k, v in cfg.items())
-            sub = fed.submit(f"{run_config} results-file='{results_path}'", name=strategy,
-                             results=results_path)
-            wall = sub.wait(3600.0, fed.context())
+            with MessageCPU(fed) as cpu:
+                sub = fed.submit(f"{run_config} results-file='{results_path}'", name=strategy,
+                                 results=results_path)
+                wall = sub.wait(3600.0, fed.context())
             if sub.popen.returncode != 0:
                 raise RuntimeError(f"flwr run {strategy} exited {sub.popen.returncode}\n"
                                    f"{fed.context()}")
@@ -138,6 +282,12 @@ def main() -> int:
             loop_s = float(np.median(loop_rounds))
             local_s = float(np.median(local_rounds))
             unit, trips = UNITS[strategy]
+            versus = {}
+            if strategy == "mocha" and trivial is not None:
+                versus = {"trivial_round_s": trivial["loopback_round_s"],
+                          "trivial_cpu_per_message_s": trivial["cpu_per_message_s"],
+                          "mocha_vs_trivial_round_ratio":
+                              round(loop_s / trivial["loopback_round_s"], 2)}
             print(json.dumps({
                 "strategy": strategy, "unit": unit, "round_trips_per_round": trips,
                 "rounds_measured": len(loop_rounds),
@@ -148,6 +298,8 @@ def main() -> int:
                 "inprocess_run_wall_s": round(local_wall, 2),
                 "overhead_round_s": round(loop_s - local_s, 3),
                 "overhead_ratio": round(loop_s / local_s, 1) if local_s > 0 else None,
+                "messages": cpu.messages, "cpu_per_message_s": cpu.per_message(),
+                "peak_rss_mb": cpu.rss_mb, "peak_pss_mb": cpu.pss_mb, **versus,
                 "load_avg_1m": round(os.getloadavg()[0], 2),
             }), flush=True)
     finally:

@@ -12,7 +12,9 @@
 #   RUN_DIR/logs/*.log      superlink.log, supernode-<i>.log
 #   RUN_DIR/flwr-home/      FLWR_HOME of the SuperLink and of `flwr` (config.toml holds the
 #                           connection FEDERATION)
-#   RUN_DIR/nodes/node-<t>/ FLWR_HOME of SuperNode t (it unpacks the app's FAB there)
+#   RUN_DIR/nodes/node-<t>/ FLWR_HOME of SuperNode t (it unpacks the app's FAB there); its
+#                           state/ is the node's client-state-dir (as in supernode@.service)
+#                           unless --node-config sets one
 #   RUN_DIR/env.sh          `. RUN_DIR/env.sh` exports FLWR_HOME (and PATH) for `flwr run`
 #
 # Options
@@ -20,7 +22,14 @@
 #                        keep it outside the app directory, `flwr run .` packs *.toml files)
 #   --port P             SuperLink port (Fleet, Control and Runtime APIs; default: a free port)
 #   --node-ports P,P,..  Runtime API port of each SuperNode (default: free ports)
-#   --host H             address the SuperLink binds (default 127.0.0.1; 0.0.0.0 for a fleet)
+#   --host H             address the SuperLink binds (default 127.0.0.1; 0.0.0.0 for a fleet);
+#                        with --fleet-proxy, the address the proxy binds instead
+#   --fleet-proxy P      put nginx in front (needs --tls): the SuperLink binds 127.0.0.1
+#                        only and nginx serves just its Fleet API on H:P (0: a free port);
+#                        the SuperNodes dial the proxy, `flwr` the SuperLink on loopback.
+#                        The Control API (runs, SuperNode registration) is then out of the
+#                        devices' reach (deploy/make-fleet-proxy.sh, deploy/README.md)
+#   --nginx PATH         the nginx executable (default: nginx on PATH, else /usr/sbin/nginx)
 #   --first-task K       task id of the first node (default 0)
 #   --node-config "..."  extra key=value pairs for every SuperNode's --node-config
 #   --tls DIR            TLS with DIR/ca.crt, DIR/server.crt, DIR/server.key (make-certs.sh)
@@ -50,6 +59,7 @@ shift
 
 run_dir="" port="" node_ports="" host="127.0.0.1" first_task=0 extra_config=""
 tls_dir="" auth_dir="" database="" federation="local" bin_dir="" max_retries="" max_wait_time=""
+proxy_port="" nginx=""
 while [[ $# -gt 0 ]]; do
     [[ $# -ge 2 ]] || die "option $1 needs a value"
     case "$1" in
@@ -66,6 +76,8 @@ while [[ $# -gt 0 ]]; do
         --bin) bin_dir=$2 ;;
         --max-retries) max_retries=$2 ;;
         --max-wait-time) max_wait_time=$2 ;;
+        --fleet-proxy) proxy_port=$2 ;;
+        --nginx) nginx=$2 ;;
         *) die "unknown option $1 (see --help)" ;;
     esac
     shift 2
@@ -97,6 +109,12 @@ if [[ -n "$tls_dir" ]]; then
     server_crt=$(abspath "$tls_dir/server.crt")
     server_key=$(abspath "$tls_dir/server.key")
 fi
+if [[ -n "$proxy_port" ]]; then
+    [[ "$proxy_port" =~ ^[0-9]+$ ]] || die "--fleet-proxy must be a port number (0: a free one)"
+    [[ -n "$tls_dir" ]] || die "--fleet-proxy needs --tls (the proxy terminates TLS with server.crt)"
+    [[ -n "$nginx" ]] || nginx=$(command -v nginx || echo /usr/sbin/nginx)
+    [[ -x "$nginx" ]] || die "--fleet-proxy needs nginx ($nginx not found; Debian/Ubuntu/Raspberry Pi OS: apt-get install nginx-light)"
+fi
 if [[ -n "$auth_dir" ]]; then
     [[ -n "$tls_dir" ]] || die "--auth needs --tls (the SuperLink refuses node auth without TLS)"
     for ((i = 0; i < num_nodes; i++)); do
@@ -120,6 +138,7 @@ for s in socks:
     s.close()' "$1"
 }
 [[ -n "$port" ]] || port=$(free_ports 1)
+[[ "$proxy_port" != 0 ]] || proxy_port=$(free_ports 1)
 if [[ -n "$node_ports" ]]; then
     IFS=, read -ra ports <<< "$node_ports"
     [[ ${#ports[@]} -eq $num_nodes ]] || die "--node-ports lists ${#ports[@]} ports for $num_nodes nodes"
@@ -127,14 +146,22 @@ elif [[ $num_nodes -gt 0 ]]; then
     read -ra ports <<< "$(free_ports "$num_nodes")"
 fi
 
-# where SuperNodes and `flwr` connect (for `flwr run`, `flwr supernode ...`, `flwr ls`)
-connect_host=$host
-[[ "$host" == "0.0.0.0" || "$host" == "::" ]] && connect_host=127.0.0.1
-address="$connect_host:$port"
-listening() { (exec 3<> "/dev/tcp/$connect_host/$1") 2> /dev/null; }
+# where `flwr` connects (`flwr run`, `flwr supernode ...`, `flwr ls`): the SuperLink; where
+# the SuperNodes connect: the SuperLink, or the proxy in front of it
+connectable() { if [[ "$1" == "0.0.0.0" || "$1" == "::" ]]; then echo 127.0.0.1; else echo "$1"; fi; }
+if [[ -n "$proxy_port" ]]; then
+    proxy_host=$host host=127.0.0.1
+    node_address="$(connectable "$proxy_host"):$proxy_port"
+fi
+address="$(connectable "$host"):$port"
+[[ -n "$proxy_port" ]] || node_address=$address
+listening() { (exec 3<> "/dev/tcp/${2:-$(connectable "$host")}/$1") 2> /dev/null; }
 for p in "$port" "${ports[@]+"${ports[@]}"}"; do
     ! listening "$p" || die "something already listens on port $p"
 done
+if [[ -n "$proxy_port" ]]; then
+    ! listening "$proxy_port" "$(connectable "$proxy_host")" || die "something already listens on port $proxy_port"
+fi
 
 if [[ -z "$run_dir" ]]; then
     run_dir=$(mktemp -d "${TMPDIR:-/tmp}/fmtl-deploy.XXXXXX")
@@ -208,7 +235,11 @@ cleanup() {
     fi
 }
 trap cleanup EXIT
+# its SQLite state (--database: runs, registered node keys) and logs readable by us only
+saved_umask=$(umask)
+umask 077
 spawn superlink env FLWR_HOME="$home" "${link_cmd[@]}"
+umask "$saved_umask"
 link_pid=$(awk '$1 == "superlink" {print $2}' "$run_dir/pids")
 
 deadline=$((SECONDS + ${STARTUP_TIMEOUT:-60}))
@@ -224,6 +255,22 @@ until listening "$port"; do
     fi
     sleep 0.3
 done
+
+if [[ -n "$proxy_port" ]]; then
+    conf=$("$(dirname "$0")/make-fleet-proxy.sh" "$tls_dir" --listen "$proxy_host:$proxy_port" \
+        --upstream "127.0.0.1:$port" --standalone "$run_dir/nginx")
+    spawn fleet-proxy "$nginx" -p "$run_dir/nginx" -c "$conf" -e "$run_dir/nginx/error.log"
+    proxy_pid=$(awk '$1 == "fleet-proxy" {print $2}' "$run_dir/pids")
+    until listening "$proxy_port" "$(connectable "$proxy_host")"; do
+        if ! alive "$proxy_pid"; then
+            echo "start-local.sh: nginx exited; its logs:" >&2
+            tail -n 30 "$logs/fleet-proxy.log" "$run_dir/nginx/error.log" >&2
+            exit 1
+        fi
+        ((SECONDS <= deadline)) || { echo "start-local.sh: nginx does not listen on port $proxy_port" >&2; exit 1; }
+        sleep 0.2
+    done
+fi
 
 if [[ -n "$auth_dir" ]]; then
     # SuperNodes may only connect with a public key registered through the Control API
@@ -246,8 +293,14 @@ fi
 
 for ((i = 0; i < num_nodes; i++)); do
     t=$((first_task + i))
-    node_cmd=(flower-supernode --superlink "$address" --port "${ports[$i]}"
-              --node-config "task-id=$t${extra_config:+ $extra_config}")
+    node_config="task-id=$t"
+    if [[ "$extra_config" != *client-state-dir* ]]; then
+        # the device's dual state survives a server restart (a resubmitted run resumes it)
+        mkdir -p "$run_dir/nodes/node-$t/state"
+        node_config+=" client-state-dir='$run_dir/nodes/node-$t/state'"
+    fi
+    node_cmd=(flower-supernode --superlink "$node_address" --port "${ports[$i]}"
+              --node-config "$node_config${extra_config:+ $extra_config}")
     if [[ -n "$tls_dir" ]]; then
         node_cmd+=(--root-certificates "$ca")
     else
@@ -264,7 +317,8 @@ started_ok=1
 cat <<MSG
 
 SuperLink on $address ($([[ -n "$tls_dir" ]] && echo "TLS, CA $ca" || echo insecure)$([[ -n "$auth_dir" ]] && echo ", node authentication")), $num_nodes SuperNode(s): tasks $first_task..$((first_task + num_nodes - 1)).
-Submit a run from the app directory (the repository root):
+${proxy_port:+Devices reach only the Fleet API, through nginx on $proxy_host:$proxy_port (SuperNodes dial $node_address).
+}Submit a run from the app directory (the repository root):
 
     . $run_dir/env.sh
     flwr run . $federation --stream --run-config "num-tasks=$((first_task + num_nodes)) num-server-rounds=5"

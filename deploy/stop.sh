@@ -4,7 +4,7 @@
 #   deploy/stop.sh RUN_DIR [GRACE]
 #
 # Reads RUN_DIR/pids (NAME PID START_TIME), sends SIGTERM to those PIDs (SuperNodes first,
-# the SuperLink last), waits up to GRACE seconds (default 20: a SuperNode can take ~15 s to
+# then the fleet proxy, the SuperLink last), waits up to GRACE seconds (default 20: a SuperNode can take ~15 s to
 # wind down), then SIGKILLs any still alive. A PID whose start time no longer matches (the
 # process ended and the PID was reused) is left alone. Processes Flower spawned below them
 # (flower-superexec, ServerApp/ClientApp processes) normally exit with their parent; any
@@ -91,7 +91,7 @@ stop_all() {
 }
 
 # SuperNodes first (they deregister from a live SuperLink), then the SuperLink
-nodes=() link=() children=()
+nodes=() proxy=() link=() children=()
 while read -r name pid start; do
     [[ -n "${name:-}" ]] || continue
     if alive "$pid" "$start"; then
@@ -103,10 +103,16 @@ while read -r name pid start; do
         [[ " ${children[*]+"${children[*]}"} " == *" $child "* ]] || \
             children+=("$child $(start_time "$child")")
     done
-    if [[ "$name" == superlink ]]; then link+=("$pid $start"); else nodes+=("$pid $start"); fi
+    case "$name" in
+        superlink) link+=("$pid $start") ;;
+        fleet-proxy) proxy+=("$pid $start") ;;
+        *) nodes+=("$pid $start") ;;
+    esac
 done < "$pids_file"
 
 survivors=$(stop_all "${nodes[@]+"${nodes[@]}"}")
+# the proxy after the SuperNodes (they deregister through it), before the SuperLink
+survivors+=$(stop_all "${proxy[@]+"${proxy[@]}"}")
 survivors+=$(stop_all "${link[@]+"${link[@]}"}")
 # whatever they spawned and left behind (normally nothing: superexec watches its parent;
 # a flwr-serverapp orphaned by a SuperLink killed earlier is found through its session)

@@ -7,17 +7,23 @@ Two layouts are supported (reference_algorithms.md, section 10):
 
 each a ``1 x m`` cell array: cell ``t`` of ``X`` is task ``t``'s ``n_t x d`` design matrix and
 cell ``t`` of ``Y`` its ``n_t x 1`` label column (int16 in the files, ``{-1, +1}``).
+
+Files are read with ``scipy.io.loadmat`` where scipy is installed (servers, simulations) and
+with the built-in MAT 5 reader :mod:`fmtl_flower.data.mat_v5` on a base install without
+scipy (devices), which gives the same arrays.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from fmtl_flower._lazy import lazy_module
+from fmtl_flower.data.mat_v5 import read_mat_v5
 from fmtl_flower.data.validation import check_same_dim, validate_task
 
 scipy_io = lazy_module("scipy.io")  # loaded with the first .mat file
@@ -29,9 +35,24 @@ __all__ = ["MAT_KEY_PAIRS", "load_mat_tasks"]
 MAT_KEY_PAIRS: tuple[tuple[str, str], ...] = (("X", "Y"), ("X_ori", "Y_ori"))
 
 
+def _is_sparse(value: Any) -> bool:
+    """Whether ``value`` is a scipy sparse matrix (never, if scipy.sparse was never loaded)."""
+    return "scipy.sparse" in sys.modules and scipy_sparse.issparse(value)
+
+
+def _read_variables(path: Path) -> dict[str, Any]:
+    """The file's variables: ``scipy.io.loadmat`` if scipy is installed, else the built-in
+    MAT 5 reader (a device's base install)."""
+    try:
+        import scipy.io  # noqa: F401 (only whether it imports)
+    except ImportError:
+        return read_mat_v5(path)
+    return scipy_io.loadmat(path)
+
+
 def _cells(value: Any, key: str, path: Path) -> list[Any]:
     """Return the entries of a MATLAB cell array stored as a 1 x m (or m x 1) object array."""
-    arr = np.asarray(value) if not scipy_sparse.issparse(value) else None
+    arr = np.asarray(value) if not _is_sparse(value) else None
     if arr is None or arr.dtype != object or arr.ndim != 2 or 1 not in arr.shape:
         shape = getattr(value, "shape", None)
         raise ValueError(
@@ -43,7 +64,7 @@ def _cells(value: Any, key: str, path: Path) -> list[Any]:
 
 def _dense(cell: Any) -> Any:
     """Densify a sparse cell (MATLAB sparse matrices load as scipy.sparse)."""
-    if scipy_sparse.issparse(cell):
+    if _is_sparse(cell):
         return cell.toarray()
     return cell
 
@@ -79,7 +100,7 @@ def load_mat_tasks(path: str | os.PathLike[str]) -> tuple[list[np.ndarray], list
     if not p.is_file():
         raise ValueError(f"{p}: not a regular file")
     try:
-        contents = scipy_io.loadmat(p)
+        contents = _read_variables(p)
     except Exception as exc:  # scipy raises many types on corrupt input; report them all
         raise ValueError(f"{p}: not a readable MATLAB 5 .mat file ({exc})") from exc
     keys = sorted(k for k in contents if not k.startswith("__"))

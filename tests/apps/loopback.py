@@ -320,11 +320,12 @@ class LoopbackFederation:
 
     # ------------------------------------------------------------------ runs
     def submit(self, run_config: str, name: str | None = None,
-               results: Path | None = None) -> Submission:
-        """``flwr run . loopback --stream --run-config <run_config>`` from the repo root."""
+               results: Path | None = None, app: Path | str = ".") -> Submission:
+        """``flwr run <app> loopback --stream --run-config <run_config>`` from the repo root
+        (``app``: this repository's Flower App by default, or another app's directory)."""
         self._submissions += 1
         name = name or f"run{self._submissions}"
-        command = [str(BIN / "flwr"), "run", ".", "loopback", "--stream",
+        command = [str(BIN / "flwr"), "run", str(app), "loopback", "--stream",
                    "--run-config", run_config]
         popen, log = self._spawn(f"flwr-run-{name}", command, cwd=ROOT)
         return Submission(name, popen, log, command, results)

@@ -38,7 +38,8 @@ from .processes import free_port, stop_processes
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 BIN = Path(sys.executable).parent
-SCRIPTS = ("make-certs.sh", "make-node-keys.sh", "start-local.sh", "stop.sh")
+SCRIPTS = ("make-certs.sh", "make-fleet-proxy.sh", "make-node-keys.sh", "start-local.sh",
+           "stop.sh")
 NUM_NODES = 2
 NUM_ROUNDS = 2
 RUN_TIMEOUT_S = 420.0
@@ -109,7 +110,7 @@ def test_make_certs_verify_against_ca(tmp_path: Path) -> None:
     text = subprocess.run(["openssl", "x509", "-in", certs / "server.crt", "-noout", "-text"],
                           capture_output=True, text=True, check=True).stdout
     assert "CA:FALSE" in text and "TLS Web Server Authentication" in text
-    for key in ("ca.key", "server.key"):
+    for key in ("ca/ca.key", "server.key"):
         assert (certs / key).stat().st_mode & 0o077 == 0, key
     # the key belongs to the certificate
     pub = [subprocess.run(cmd, capture_output=True, check=True).stdout for cmd in (

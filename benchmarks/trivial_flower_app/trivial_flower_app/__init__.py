@@ -1,0 +1,1 @@
+"""A trivial Flower App (the baseline of ``benchmarks/loopback_rounds.py``)."""
