@@ -130,10 +130,11 @@ class TaskStrategy(Strategy):
         ValueError. ``timeout`` bounds every exchange, the first round's discovery included
         (the strategy's ``discovery_timeout`` is lowered to it). Raises
         :class:`~fmtl_flower.strategies.discovery.DiscoveryError` (a ``RuntimeError``) when
-        fewer than :attr:`min_tasks` tasks have a node by then."""
+        fewer than :attr:`min_tasks` tasks have a node by then; a ``ValueError`` at once
+        unless ``num_rounds`` is an int >= 1 and ``timeout`` a number > 0
+        (:func:`check_run_length`)."""
         self.check_knobs()
-        self.num_rounds = int(num_rounds)
-        self.round_timeout = float(timeout)
+        self.num_rounds, self.round_timeout = check_run_length(num_rounds, timeout)
         if getattr(self, "discovery_timeout", None) is not None:  # timeout bounds discovery
             self.discovery_timeout = min(float(self.discovery_timeout), self.round_timeout)
         if self.checkpoint_dir is not None and self.resume:
@@ -394,6 +395,22 @@ class TaskStrategy(Strategy):
         final["tasks_never_replied"] = sorted(int(t) for t in np.flatnonzero(~self.ever_replied))
         final["complete"] = bool(rounds) and not final.get("tasks_missing")
         return {"rounds": rounds, "final": final}
+
+
+def check_run_length(num_rounds: Any, timeout: Any, *, no_rounds_ok: bool = False
+                     ) -> tuple[int, float]:
+    """``start``'s ``(num_rounds, timeout)`` as ``(int, float)``; a ValueError naming the
+    argument unless ``num_rounds`` is an int >= 1 (>= 0 with ``no_rounds_ok``: OFMTL's 0,
+    no cap) and ``timeout`` a finite number > 0 (a run of no rounds, or whose every exchange
+    times out at once, would return an empty result without saying why)."""
+    least = 0 if no_rounds_ok else 1
+    if isinstance(num_rounds, bool) or not isinstance(num_rounds, int | np.integer) \
+            or num_rounds < least:
+        raise ValueError(f"num_rounds must be an int >= {least}, got {num_rounds!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float | np.number) \
+            or not 0 < timeout < math.inf:
+        raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+    return int(num_rounds), float(timeout)
 
 
 def initial_model(initial_arrays: ArrayRecord, key: str, num_tasks: int | None,

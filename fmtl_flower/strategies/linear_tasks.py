@@ -133,8 +133,12 @@ class LinearTasks:
     def _complete_record(self, k: int, accepted: Replies) -> dict[str, Any]:
         """Complete record k from the replies that describe state k: primal and objective
         (and the dual numbers) when every task replied consistently, else ``tasks_missing``
-        says which did not; the test errors when evaluated. Passes it to ``on_round``."""
+        says which did not; the test errors when evaluated. Passes it to ``on_round``.
+        A record completed already (without ``_reg``: the last record of a finished run that
+        was resumed with more rounds, completed by its final metrics round) stays as it is."""
         record = self.records[k]
+        if "_reg" not in record:
+            return record
         consistent = self._consistent_tasks(accepted)
         missing = sorted(set(range(self.num_tasks)) - set(consistent))
         record["tasks_missing"] = missing

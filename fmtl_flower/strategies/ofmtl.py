@@ -71,6 +71,7 @@ from ..core.ofmtl_factored import server_ops
 from ..metrics import error_summary, round_record
 from ..settings import OFMTLSettings, apply_settings, check_num_tasks
 from ..wire import from_array, to_array
+from .base import check_run_length
 from .discovery import (
     ReplyError,
     TaskDirectory,
@@ -306,9 +307,12 @@ class OFMTL(Strategy):
               evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None
               ) -> Result:
         """MOCHA over the initial tasks, then admit newcomers until ``num_tasks`` are in (or
-        none arrives within ``arrival_timeout``); ``num_rounds`` > 0 caps the newcomers."""
-        if timeout is not None:
-            self.round_timeout = float(timeout)
+        none arrives within ``arrival_timeout``); ``num_rounds`` > 0 caps the newcomers
+        (0: no cap). A ValueError at once for a negative ``num_rounds`` or a ``timeout``
+        <= 0 (:func:`~fmtl_flower.strategies.base.check_run_length`)."""
+        num_rounds, timeout = check_run_length(
+            num_rounds, self.round_timeout if timeout is None else timeout, no_rounds_ok=True)
+        self.round_timeout = timeout
         self._check_knobs(initial_arrays)
         if self.min_available_nodes:
             wait_for_nodes(grid, self.min_available_nodes,

@@ -1,0 +1,167 @@
+"""Issue 25 items 5 and 6: state bound to the run, resume that checks, a strict envelope.
+
+* a finished run resumed with more rounds continues (every family);
+* ``start`` refuses ``num_rounds <= 0`` and ``timeout <= 0``;
+* a device's dual state written by another run is reset (not adopted), also through a
+  shared ``client-state-dir``; a resumed run keeps its run token so its devices' state is
+  still adopted;
+* a resumed FSVRG / CoCoA+ run rediscovers n and refuses other data;
+* replies with records, keys or arrays the contract does not name, with more array bytes
+  than the contract's shapes, or from another Flower run are rejected.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from fmtl_flower.clients.fedem import make_fedem_client_app
+from fmtl_flower.clients.fsvrg import make_fsvrg_client_app
+from fmtl_flower.clients.mbsgd import make_mbsgd_client_app
+from fmtl_flower.clients.mocha import default_task_id, make_mocha_client_app
+from fmtl_flower.data.sparse_federated import make_sparse_federated
+from fmtl_flower.engine import run_inprocess
+from fmtl_flower.strategies.fedem import FedEM
+from fmtl_flower.strategies.fsvrg import Fsvrg
+from fmtl_flower.strategies.mbsgd import MbSgd
+from fmtl_flower.strategies.mocha import Mocha
+
+from .helpers import make_problem
+
+MOCHA = {"lam": 0.05, "omega": "probabilistic", "omega_every": 2, "seed": 3,
+         "local_frac": 0.5, "discovery_timeout": 5.0}
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return make_problem(num_tasks=5, dim=4, samples_per_task=40, seed=11)
+
+
+@pytest.fixture(scope="module")
+def sparse():
+    return make_sparse_federated(num_tasks=6, dim=300, seed=1)
+
+
+def _run(strategy, client_app, num_nodes: int, rounds: int, **start):
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid: Grid, context: Context) -> None:
+        strategy.start(grid=grid, num_rounds=rounds, **{"timeout": 60.0, **start})
+
+    return run_inprocess(server_app, client_app, num_nodes)
+
+
+def _mocha_app(problem, devices: Path | None):
+    return make_mocha_client_app(problem.load,
+                                 state_dir=None if devices is None else str(devices))
+
+
+def _fsvrg_app(data, devices: Path | None):
+    return make_fsvrg_client_app(lambda ctx: data.task(default_task_id(ctx)).arrays(),
+                                 state_dir=None if devices is None else str(devices))
+
+
+# ------------------------------------------------------------------ resume with more rounds
+def _finished_then_extended(make, app, num_nodes: int, tmp_path: Path, first: int, more: int):
+    """A run of ``first`` rounds that finishes (checkpoints on), then the same run resumed
+    from its last checkpoint with ``more`` rounds; returns (resumed, uninterrupted ``more``)."""
+    finished = make()
+    finished.enable_checkpoints(tmp_path / "ckpt")
+    _run(finished, app(), num_nodes, first)
+    resumed = make()
+    resumed.enable_checkpoints(tmp_path / "ckpt")
+    _run(resumed, app(), num_nodes, more)
+    assert resumed.resumed_from == first
+    straight = make()
+    _run(straight, app(), num_nodes, more)
+    return resumed, straight
+
+
+def test_finished_mocha_run_resumed_with_more_rounds_continues(problem, tmp_path):
+    devices = tmp_path / "devices"
+    resumed, straight = _finished_then_extended(
+        lambda: Mocha(problem.num_tasks, **MOCHA), lambda: _mocha_app(problem, devices),
+        problem.num_tasks, tmp_path, 3, 6)
+    got, want = resumed.results(), straight.results()
+    assert [r["round"] for r in got["rounds"]] == list(range(7))
+    assert got["final"]["complete"] and got["final"]["num_resets"] == 0
+    for a, b in zip(got["rounds"], want["rounds"], strict=True):
+        assert a["primal"] == pytest.approx(b["primal"], rel=1e-12), a["round"]
+        assert a["gap"] == pytest.approx(b["gap"], rel=1e-9, abs=1e-15), a["round"]
+    np.testing.assert_allclose(resumed.state.W, straight.state.W, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("method", ["cocoa", "mb-sdca"])
+def test_finished_cocoa_and_mbsdca_runs_resumed_with_more_rounds(problem, tmp_path, method):
+    devices = tmp_path / "devices"
+    settings = {**MOCHA, "method": method, "omega": "identity", "omega_every": 0}
+    resumed, straight = _finished_then_extended(
+        lambda: Mocha(problem.num_tasks, **settings), lambda: _mocha_app(problem, devices),
+        problem.num_tasks, tmp_path, 2, 4)
+    assert [r["round"] for r in resumed.results()["rounds"]] == list(range(5))
+    np.testing.assert_allclose(resumed.state.W, straight.state.W, rtol=1e-12, atol=1e-15)
+
+
+def test_finished_mbsgd_run_resumed_with_more_rounds_continues(problem, tmp_path):
+    settings = {"lam": 0.05, "seed": 3, "discovery_timeout": 5.0}
+    resumed, straight = _finished_then_extended(
+        lambda: MbSgd(problem.num_tasks, **settings),
+        lambda: make_mbsgd_client_app(problem.load), problem.num_tasks, tmp_path, 3, 5)
+    got = resumed.results()
+    assert [r["round"] for r in got["rounds"]] == list(range(6)) and got["final"]["complete"]
+    np.testing.assert_array_equal(resumed.W, straight.W)
+    assert got["final"]["primal"] == straight.results()["final"]["primal"]
+
+
+@pytest.mark.parametrize("method", ["fsvrg", "cocoa-plus"])
+def test_finished_fsvrg_run_resumed_with_more_rounds_continues(sparse, tmp_path, method):
+    devices = tmp_path / "devices"
+    options = {"method": method, "seed": 2, "discovery_timeout": 5.0}
+    resumed, straight = _finished_then_extended(
+        lambda: Fsvrg(sparse.num_tasks, **options), lambda: _fsvrg_app(sparse, devices),
+        sparse.num_tasks, tmp_path, 2, 4)
+    got, want = resumed.results(), straight.results()
+    assert [r["round"] for r in got["rounds"]] == [r["round"] for r in want["rounds"]]
+    assert got["final"]["objective"] == pytest.approx(want["final"]["objective"], rel=1e-12)
+
+
+def test_finished_fedem_run_resumed_with_more_rounds_continues(tmp_path):
+    from .test_fedem_strategy import mixture_problem
+
+    data = mixture_problem(num_tasks=6, seed=1)
+    devices = tmp_path / "devices"
+    settings = {"num_components": 2, "lr": 0.5, "batch_size": 32, "seed": 5,
+                "eval_every": 1, "discovery_timeout": 5.0}
+    resumed, straight = _finished_then_extended(
+        lambda: FedEM(len(data), **settings),
+        lambda: make_fedem_client_app(lambda ctx: data[default_task_id(ctx)],
+                                      state_dir=str(devices)),
+        len(data), tmp_path, 2, 4)
+    got, want = resumed.results(), straight.results()
+    assert [r["round"] for r in got["rounds"]] == [r["round"] for r in want["rounds"]]
+    assert got["final"]["accuracy_mean"] is not None
+    assert got["final"]["accuracy_mean"] == want["final"]["accuracy_mean"]
+
+
+# ------------------------------------------------------------------ start's arguments
+@pytest.mark.parametrize(("argument", "value"), [("num_rounds", 0), ("num_rounds", -1),
+                                                  ("timeout", 0.0), ("timeout", -5.0)])
+def test_start_refuses_no_rounds_and_no_time(problem, sparse, argument, value):
+    start = {"num_rounds": 2, "timeout": 60.0, argument: value}
+    for strategy in (Mocha(problem.num_tasks, **MOCHA), Fsvrg(sparse.num_tasks, seed=2)):
+        with pytest.raises(ValueError, match=argument):
+            strategy.start(grid=None, **start)  # refused before the grid is used
+
+
+@pytest.mark.parametrize(("argument", "value"), [("num_rounds", -1), ("timeout", 0.0)])
+def test_ofmtl_start_refuses_negative_rounds_and_no_time(argument, value):
+    from fmtl_flower.strategies.ofmtl import OFMTL
+
+    strategy = OFMTL(4, initial_tasks=2, lam=0.1)
+    with pytest.raises(ValueError, match=argument):
+        strategy.start(grid=None, **{argument: value})
