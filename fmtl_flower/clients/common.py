@@ -170,9 +170,9 @@ def use_kernel_cache(context: Context, default_dir: str | None = None) -> None:
         jit.use_cache_dir(directory / "numba-cache")
 
 
-def protocol_rounds(config: Mapping[str, Any]) -> tuple[int, int]:
-    """``(last-accepted-round, checkpoint-round or -1)`` of a dual-protocol message, checked
-    against ``server-round``."""
+def protocol_rounds(config: Mapping[str, Any]) -> tuple[int, int, str | None]:
+    """``(last-accepted-round, checkpoint-round or -1, run-token or None)`` of a
+    dual-protocol message, checked against ``server-round`` (:func:`run_token`)."""
     last_accepted = config_value(config, "last-accepted-round", int)
     server_round = config_value(config, "server-round", int)
     if not 0 <= last_accepted <= server_round:
@@ -181,4 +181,11 @@ def protocol_rounds(config: Mapping[str, Any]) -> tuple[int, int]:
     checkpoint_round = -1
     if "checkpoint-round" in config:
         checkpoint_round = config_value(config, "checkpoint-round", int)
-    return last_accepted, checkpoint_round
+    return last_accepted, checkpoint_round, run_token(config)
+
+
+def run_token(config: Mapping[str, Any]) -> str | None:
+    """The message's ``run-token`` (the run's identity,
+    :mod:`fmtl_flower.strategies.base`), None when it carries none (a strategy driven by
+    hand); ValueError unless it is a string."""
+    return config_value(config, "run-token", str) if "run-token" in config else None

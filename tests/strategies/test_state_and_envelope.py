@@ -165,3 +165,72 @@ def test_ofmtl_start_refuses_negative_rounds_and_no_time(argument, value):
     strategy = OFMTL(4, initial_tasks=2, lam=0.1)
     with pytest.raises(ValueError, match=argument):
         strategy.start(grid=None, **{argument: value})
+
+
+# ------------------------------------------------------------------ state bound to the run
+def test_client_state_dir_written_by_another_run_is_reset_not_adopted(problem, tmp_path):
+    """Run A is killed in round 5 (checkpoint of round 4); run B (other settings) uses the
+    same devices and client-state-dir for 4 rounds; A resumes: its devices' state files are
+    B's, of the round A last accepted, and must be reset, not adopted."""
+    from .helpers import Run, ServerKilled, assert_b_consistent, killed_in
+
+    ckpt, devices = tmp_path / "ckpt", tmp_path / "devices"
+    first = killed_in(Mocha, 5)(problem.num_tasks, **MOCHA)
+    first.enable_checkpoints(ckpt)
+    with pytest.raises(ServerKilled):
+        _run(first, _mocha_app(problem, devices), problem.num_tasks, 8)
+    other = Mocha(problem.num_tasks, **{**MOCHA, "lam": 0.2, "seed": 9})
+    _run(other, _mocha_app(problem, devices), problem.num_tasks, 4)
+    resumed = Mocha(problem.num_tasks, **MOCHA)
+    resumed.enable_checkpoints(ckpt)
+    grid = _run(resumed, _mocha_app(problem, devices), problem.num_tasks, 8)
+    assert resumed.resumed_from == 4
+    rounds = resumed.results()["rounds"]
+    assert rounds[5]["num_resets"] == problem.num_tasks  # every task: the other run's state
+    assert all(r["gap"] is None or r["gap"] >= 0 for r in rounds)
+    assert rounds[-1]["gap"] >= 0
+    assert_b_consistent(Run(resumed, grid, problem))
+
+
+def test_resumed_run_keeps_its_token_and_its_devices_state(problem, tmp_path):
+    """The token is in the checkpoint: the resumed run's devices adopt their state (no reset)."""
+    from .helpers import ServerKilled, killed_in
+
+    ckpt, devices = tmp_path / "ckpt", tmp_path / "devices"
+    first = killed_in(Mocha, 5)(problem.num_tasks, **MOCHA)
+    first.enable_checkpoints(ckpt)
+    with pytest.raises(ServerKilled):
+        _run(first, _mocha_app(problem, devices), problem.num_tasks, 8)
+    token = first.run_token
+    resumed = Mocha(problem.num_tasks, **MOCHA)
+    resumed.enable_checkpoints(ckpt)
+    _run(resumed, _mocha_app(problem, devices), problem.num_tasks, 8)
+    assert resumed.run_token == token and resumed.run_identity() == first.run_identity()
+    assert sum(r.get("num_resets") or 0 for r in resumed.results()["rounds"]) == 0
+
+
+def test_dual_state_of_another_run_counts_as_none_stored_packed_or_not():
+    """reconcile: state of another run-token is reset (lagging: ok False; the server then
+    resets b_t), of the same run adopted; a stacked node's record keeps each slot's run."""
+    from fmtl_flower.clients.dual_state import encode, reconcile
+    from fmtl_flower.clients.packed_mocha import StackedState
+
+    n = 3
+    mine = reconcile(None, None, task_id=2, n=n, last_accepted=0, run="A.x")
+    mine.alpha = np.array([0.5, -0.25, 1.0])
+    duals, meta = encode(mine, 2, np.zeros(n), 1, "data")
+    assert meta["run"] == "A.x"
+    same = reconcile(duals, meta, task_id=2, n=n, last_accepted=1, fingerprint="data",
+                     run="A.x")
+    assert same.ok and same.committed == 1 and same.alpha.tolist() == [0.5, -0.25, 1.0]
+    other = reconcile(duals, meta, task_id=2, n=n, last_accepted=1, fingerprint="data",
+                      run="B.y")
+    assert not other.ok and other.note == "other run" and not other.alpha.any()
+    unbound = reconcile(duals, {k: v for k, v in meta.items() if k != "run"}, task_id=2,
+                        n=n, last_accepted=1, fingerprint="data", run="A.x")
+    assert not unbound.ok and unbound.note == "other run"
+    # a stacked node's record: the slot's run survives encoding and decoding
+    stacked = StackedState(None)
+    stacked.slots[7] = (duals, meta)
+    again = StackedState(stacked.record())
+    assert again.slots[7][1]["run"] == "A.x"
