@@ -104,12 +104,12 @@ def reconcile(duals: np.ndarray | None, meta: Mapping[str, Any] | None, *, task_
               and duals.shape == (3, n))
     if usable and fingerprint is not None and meta.get("data", "") != fingerprint:
         usable, note = False, "data changed"
-    if usable and run is not None and meta.get("run", "") != run:
-        usable, note = False, "other run"
     if usable and last_accepted == 0:
         if int(meta["committed-round"]) != 0 or int(meta["pending-round"]) >= 0:
             note = "new run"
         usable = False
+    if usable and run is not None and meta.get("run", "") != run:
+        usable, note = False, "other run"
     if usable:
         alpha, committed = duals[0], int(meta["committed-round"])
         pending_round = int(meta["pending-round"])
@@ -134,9 +134,8 @@ def log_reconciled(name: str, task_id: int, state: DualState, last_accepted: int
             "state is from another run and is not used: starting clean", name, task_id)
     elif state.note == "other run":
         log(WARNING, "%s task %d: the stored state was written by another run (another "
-            "run-token: a client-state-dir shared by two runs, or another server); not "
-            "used: %s", name, task_id, "restarting from alpha = 0 (the server resets this "
-            "task)" if not state.ok else "starting clean")
+            "run-token: a client-state-dir shared by two runs, or another server); not used: "
+            "restarting from alpha = 0 (the server resets this task)", name, task_id)
     elif state.note == "data changed":
         log(WARNING, "%s task %d: the stored state belongs to other training data; "
             "restarting from alpha = 0%s", name, task_id,
