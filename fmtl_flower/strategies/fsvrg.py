@@ -132,6 +132,15 @@ produced ``w_k``: exchange 2, or exchange 1 for GD), ``wall_time_s`` (of that ro
 both None unless every task reported with ``state-ok``) and ``num_resets``. GD's ``final``
 adds ``step`` (the step used), ``L_estimate`` (``L`` of the default step; None for a given
 ``step``) and ``power_iterations`` (its round trips, 0 for a given ``step``).
+
+Resume
+------
+``n``, ``lam = 1/n`` (by default), ``fsvrg``'s statistics and CoCoA+'s shares of ``w`` all
+derive from every node's data. A run resumed from a checkpoint rediscovers its nodes and
+compares each task's ``n-train`` with the checkpoint's: another count (the run resumed on
+other data) is a :class:`~fmtl_flower.checkpoint.CheckpointError` naming the tasks, never a
+run that goes on with the old ``n`` and ``lam``. (Other data of the same sizes is not seen
+by the server; CoCoA+'s devices then reset their dual state, which is bound to their data.)
 """
 
 from __future__ import annotations
@@ -147,6 +156,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from ..checkpoint import CheckpointError
 from ..core.fsvrg import (
     GD_POWER_MAX_ITER,
     GD_POWER_TOL,
@@ -380,6 +390,8 @@ class Fsvrg(TaskStrategy):
         self._round_start = time.perf_counter()
         wait = self.discovery_timeout if server_round == self.first_round else 0.0
         self.directory.discover(grid, wait=wait, query_timeout=max(self.round_timeout, 60.0))
+        if self._checkpoint_n_train is not None:
+            self._check_resumed_data()
         if self.w is None:
             self._init_model()
         if self.method == "fsvrg" and self.stats is None:
@@ -838,6 +850,22 @@ class Fsvrg(TaskStrategy):
         return record
 
     # ------------------------------------------------------------------ checkpoints
+    _checkpoint_n_train: np.ndarray | None = None  # each task's n-train at the checkpoint
+
+    def _check_resumed_data(self) -> None:
+        """CheckpointError unless every discovered task reports the ``n-train`` it had at
+        the checkpoint this run resumed from (module docstring, Resume)."""
+        assert self._checkpoint_n_train is not None
+        known = self.n_train > 0
+        changed = np.flatnonzero(known & (self.n_train != self._checkpoint_n_train))
+        if len(changed):
+            now, then = self.n_train[changed].tolist(), self._checkpoint_n_train[changed].tolist()
+            raise CheckpointError(
+                f"{_NAME}: resumed on other data: tasks {changed.tolist()[:20]} report "
+                f"n-train {now[:20]}, the checkpoint has {then[:20]}; n = {self.n_total}, "
+                f"lambda = {self.lam} and the statistics of the checkpoint belong to other "
+                "data: use another checkpoint directory")
+
     def fingerprint(self) -> dict[str, Any]:
         """Settings a checkpoint must share with this run to be resumed."""
         return {"strategy": "Fsvrg", "num_tasks": self.num_tasks, "method": self.method,
@@ -867,6 +895,7 @@ class Fsvrg(TaskStrategy):
         if arrays["n_train"].shape != (self.num_tasks,):
             raise ValueError(f"checkpoint 'n_train' must have shape ({self.num_tasks},)")
         self.w = w.copy()
+        self._checkpoint_n_train = np.asarray(arrays["n_train"], dtype=np.int64).copy()
         self.directory.dim = int(w.shape[0])
         self.records = [dict(r) for r in meta["records"]]
         self.exchanges = int(meta["exchanges"])

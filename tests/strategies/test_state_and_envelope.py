@@ -234,3 +234,24 @@ def test_dual_state_of_another_run_counts_as_none_stored_packed_or_not():
     stacked.slots[7] = (duals, meta)
     again = StackedState(stacked.record())
     assert again.slots[7][1]["run"] == "A.x"
+
+
+# ------------------------------------------------------------------ FSVRG resumed on other data
+@pytest.mark.parametrize("method", ["fsvrg", "cocoa-plus"])
+def test_fsvrg_resumed_on_other_data_is_refused(sparse, tmp_path, method):
+    """n, lambda = 1/n and the statistics belong to the checkpoint's data: a resumed run whose
+    nodes report other sizes stops with an error naming the tasks (it went on silently)."""
+    from fmtl_flower.checkpoint import CheckpointError
+
+    options = {"method": method, "seed": 2, "discovery_timeout": 5.0}
+    first = Fsvrg(sparse.num_tasks, **options)
+    first.enable_checkpoints(tmp_path / "ckpt")
+    _run(first, _fsvrg_app(sparse, tmp_path / "devices"), sparse.num_tasks, 2)
+    other = make_sparse_federated(num_tasks=6, dim=300, seed=7)  # same shape, other sizes
+    assert not np.array_equal([other.task(t).arrays()[0].shape[0] for t in range(6)],
+                              first.n_train)
+    resumed = Fsvrg(sparse.num_tasks, **options)
+    resumed.enable_checkpoints(tmp_path / "ckpt")
+    with pytest.raises(CheckpointError, match="other data"):
+        _run(resumed, _fsvrg_app(other, tmp_path / "devices"), sparse.num_tasks, 4)
+    assert resumed.lam == first.lam  # (restored, never used for a round)
