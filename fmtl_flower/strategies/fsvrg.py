@@ -99,7 +99,9 @@ one bit for bit; a bad row or slot fails only its task.
 
 Every reply is validated (records and keys, int metrics as ints, finite numbers, arrays of
 dtype float64 (integers for ``counts``) and shape (d,), finite, matching task, round and
-n-train); a reply that fails is logged with its reason and counts as a dropped node: no
+n-train; nothing the contract does not name, and arrays within the bytes of their shapes,
+checked before decoding: :func:`reply_contracts`); a reply that fails is logged with its
+reason and counts as a dropped node: no
 gradient term (the gradient and objective are then over the replying nodes, normalised by
 their ``n``; the record's ``objective`` is None and ``tasks_missing`` lists them) or no local
 model (``fsvrg``: weight ``n_k/n`` with the full ``n``, so the node contributes no change;
@@ -188,8 +190,8 @@ from .discovery import (
 )
 from .packed_fsvrg import MESSAGE_TYPES as _MESSAGE_TYPES
 from .packed_fsvrg import PROTOCOL as STACKING_PROTOCOL
-from .packed_fsvrg import read_stacked_reply, stacked_message
-from .trust import ReplyBoundary, all_finite, check_bound, norm
+from .packed_fsvrg import read_stacked_reply, reply_keys, stacked_message
+from .trust import ReplyBoundary, ReplyContract, all_finite, check_bound, norm
 
 __all__ = ["METHODS", "DualLedger", "Fsvrg", "ReplyError"]
 
@@ -198,6 +200,19 @@ DEFAULT_H = 16.0
 _LN2 = math.log(2.0)
 RoundCallback = Callable[[dict[str, Any]], None]
 _NAME = "FSVRG"
+
+
+def reply_contracts(method: str) -> dict[str, ReplyContract]:
+    """What a reply may hold, by message type (the wire contract above; ``d``: the
+    dimension): the metrics and the array of :func:`~.packed_fsvrg.reply_keys` (test errors
+    allowed), CoCoA+'s for ``train`` and ``evaluate`` when ``method`` is ``cocoa-plus``."""
+    out = {}
+    for kind, message_type in _MESSAGE_TYPES.items():
+        cocoa = method == "cocoa-plus" and kind in ("train", "evaluate")
+        ints, floats, array = reply_keys(message_type, cocoa, True)
+        out[message_type] = ReplyContract.of([*ints, *floats],
+                                             {array: ("d",)} if array else None)
+    return out
 
 
 class DualLedger:
@@ -355,7 +370,7 @@ class Fsvrg(TaskStrategy):
         self.exchanges = 0
         self._g: np.ndarray | None = None
         self._gd_replies = 0
-        self.replies = ReplyBoundary(_NAME)
+        self.replies = ReplyBoundary(_NAME, reply_contracts(s.method), lambda: {"d": self.dim})
         self._round_start = 0.0
         self._evaluating = False
         self._seed_w: np.ndarray | None = None  # start()'s initial w0, until discovery

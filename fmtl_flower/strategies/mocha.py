@@ -43,6 +43,9 @@ query ``whoami`` (server -> node): empty ``config``. Reply: ConfigRecord ``info`
 
 Every reply is validated (keys, dtypes, shapes, finite values, matching task and round); a
 reply that fails counts as a dropped node with a logged reason and leaves the state untouched.
+A reply holding anything the contract above does not name (another record, metric or array,
+or arrays above the bytes of ``delta-b``'s shape) is rejected before it is decoded
+(:data:`REPLY_CONTRACTS`, :class:`~fmtl_flower.strategies.trust.ReplyContract`).
 
 Packed nodes (:mod:`fmtl_flower.packing`) that speak the stacking protocol ``"mocha"`` get the
 same ``train`` and ``evaluate`` contents for all of their tasks in ONE message, stacked (``w``
@@ -134,10 +137,16 @@ from .faults import TaskHealth
 from .linear_tasks import LinearTasks
 from .packed_mocha import PROTOCOL as STACKING_PROTOCOL
 from .packed_mocha import read_stacked_reply, stacked_message
-from .trust import BOUND_SLACK, ReplyBoundary, all_finite, guarded, norm
+from .trust import BOUND_SLACK, ReplyBoundary, ReplyContract, all_finite, guarded, norm
 
 RoundCallback = Callable[[dict[str, Any]], None]
 DUAL_METHODS = ("mocha", "cocoa", "mb-sdca")
+
+#: What a reply may hold, by message type (the wire contract above; ``d``: the dimension).
+REPLY_METRICS = ("task-id", "round", "n-train", "state-ok", "loss-mean", "dual-mean", "steps",
+                 "test-errors", "test-n")
+REPLY_CONTRACTS = {MessageType.TRAIN: ReplyContract.of(REPLY_METRICS, {"delta-b": ("d",)}),
+                   MessageType.EVALUATE: ReplyContract.of(REPLY_METRICS)}
 
 
 class Mocha(LinearTasks, TaskStrategy):
@@ -287,7 +296,8 @@ class Mocha(LinearTasks, TaskStrategy):
         self.last_accepted = np.zeros(self.num_tasks, dtype=np.int64)
         self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
         self.records: list[dict[str, Any]] = []
-        self.replies = ReplyBoundary("MOCHA")
+        self.replies = ReplyBoundary("MOCHA", REPLY_CONTRACTS,
+                                     lambda: {"d": self.directory.dim})
         self._round_start = 0.0
         self._dropped_now = np.zeros(self.num_tasks, dtype=bool)
         self._scale = 1.0

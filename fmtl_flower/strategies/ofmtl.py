@@ -47,6 +47,10 @@ Sigma; a step that raises or leaves them non-finite fails the attempt (W, Sigma 
 ``evaluate.ofmtl`` (server -> every present device, after each event, for the metrics only):
 arrays ``w`` float64 (d,): the device's column of W; config ``task-id``, ``server-round``.
 Reply: metrics ``task-id``, ``round``, ``test-errors``, ``test-n`` (ints).
+
+A reply holding anything these contracts do not name (another record, metric or array, or
+arrays above the bytes of ``w``'s shape) is rejected before it is decoded
+(:data:`REPLY_CONTRACTS`).
 """
 
 from __future__ import annotations
@@ -81,7 +85,7 @@ from .discovery import (
     wait_for_nodes,
 )
 from .mocha import Mocha
-from .trust import ReplyBoundary, all_finite, check_bound, norm
+from .trust import ReplyBoundary, ReplyContract, all_finite, check_bound, norm
 
 __all__ = ["OFMTL"]
 
@@ -89,6 +93,11 @@ RecordCallback = Callable[[dict[str, Any]], None]
 _NAME = "OFMTL"
 NEWCOMER = f"{MessageType.TRAIN}.ofmtl"
 EVALUATE = f"{MessageType.EVALUATE}.ofmtl"
+#: What a reply may hold, by message type (the wire contract above; ``d``: the dimension).
+REPLY_CONTRACTS = {
+    NEWCOMER: ReplyContract.of(("task-id", "step", "n-train", "state-ok", "gap"),
+                               {"w": ("d",)}),
+    EVALUATE: ReplyContract.of(("task-id", "round", "test-errors", "test-n"))}
 
 
 class NewcomerFailed(RuntimeError):
@@ -153,7 +162,7 @@ class OFMTL(Strategy):
                               "discovery_timeout": s.discovery_timeout}
         self.on_record = on_record
         self.directory = TaskDirectory(self.num_tasks, _NAME)
-        self.replies = ReplyBoundary(_NAME)
+        self.replies = ReplyBoundary(_NAME, REPLY_CONTRACTS, lambda: {"d": self.W.shape[0]})
         self.W: np.ndarray | None = None
         self.Sigma: np.ndarray | FactoredMatrix | None = None
         self.records: list[dict[str, Any]] = []

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -255,3 +257,125 @@ def test_fsvrg_resumed_on_other_data_is_refused(sparse, tmp_path, method):
     with pytest.raises(CheckpointError, match="other data"):
         _run(resumed, _fsvrg_app(other, tmp_path / "devices"), sparse.num_tasks, 4)
     assert resumed.lam == first.lam  # (restored, never used for a round)
+
+
+# ------------------------------------------------------------------ the strict envelope
+def _extra_array(message, reply):
+    """The reply with one more array (8 MB) the contract does not name."""
+    from flwr.app import ArrayRecord
+
+    from fmtl_flower.wire import to_array
+
+    from .test_fuzz_replies import _rebuild
+
+    arrays = dict(reply.content["arrays"].items()) if "arrays" in reply.content else {}
+    arrays["extra"] = to_array(np.zeros(1_000_000))
+    return [_rebuild(message, reply, arrays=ArrayRecord(arrays))]
+
+
+def _extra_metric(message, reply):
+    from flwr.app import MetricRecord
+
+    from .test_fuzz_replies import _rebuild
+
+    if "metrics" not in reply.content:  # a stacked reply: its metrics are vectors
+        return _extra_array(message, reply)
+    return [_rebuild(message, reply, metrics=MetricRecord(
+        {**dict(reply.content["metrics"].items()), "extra": 1.0}))]
+
+
+def _extra_record(message, reply):
+    from flwr.app import ConfigRecord
+
+    from .test_fuzz_replies import _rebuild
+
+    return [_rebuild(message, reply, config=ConfigRecord({"note": "x" * 100_000}))]
+
+
+def _foreign_run(message, reply):
+    from flwr.app import Message
+
+    forged = Message(reply.content, reply_to=message)
+    forged.metadata.__dict__["_run_id"] = message.metadata.run_id + 1
+    return [forged]
+
+
+ENVELOPE_CASES = {"extra-array": _extra_array, "extra-metric": _extra_metric,
+                  "extra-record": _extra_record, "foreign-run-id": _foreign_run}
+
+
+@pytest.mark.parametrize("case", sorted(ENVELOPE_CASES))
+@pytest.mark.parametrize("name", ["mocha", "mb-sgd", "fedem", "cocoa-plus", "ofmtl",
+                                  "packed-fsvrg"])
+def test_reply_outside_its_envelope_is_rejected_like_a_lost_one(name, case):
+    """A reply with a record, metric or array its contract does not name, or from another
+    Flower run, changes nothing: the run ends as the one where that reply was lost (each
+    was accepted, its unknown parts ignored, on the old code)."""
+    from .test_fuzz_replies import FAMILIES, PACKED_FAMILIES, check_hostile_run
+
+    family = {**FAMILIES, **PACKED_FAMILIES}[name]
+    where = (family.victim, family.targets[0], 2)
+    with _flower_warnings() as logged:
+        assert check_hostile_run(family, {where: ENVELOPE_CASES[case]}) == {where}
+    reason = "run_id" if case == "foreign-run-id" else "not in the wire contract"
+    assert any(reason in line and "rejected" in line for line in logged), logged
+
+
+@contextlib.contextmanager
+def _flower_warnings():
+    """The WARNING lines Flower's logger writes in the block."""
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    logger = logging.getLogger("flwr")
+    handler, level = Collect(logging.WARNING), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def test_oversized_arrays_are_rejected_before_they_are_decoded(monkeypatch):
+    """The size cap reads the serialised bytes: an array above its contract's shape is
+    rejected without decoding it (decoding fails the parse here), with the sizes named."""
+    from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fmtl_flower.strategies.trust import ReplyBoundary, ReplyContract
+    from fmtl_flower.wire import to_array
+
+    for key in ("_run_id", "_node_id", "_task_id"):  # a process with an identity (a run's)
+        monkeypatch.setattr(TaskIdentity, key, getattr(TaskIdentity, key) or 1)
+    contract = ReplyContract.of(("task-id",), {"delta-b": ("d",)})
+    boundary = ReplyBoundary("test", {"train": contract}, lambda: {"d": 5})
+    sent = Message(RecordDict({}), dst_node_id=7, message_type="train")
+    sent.metadata.__dict__["_message_id"] = "m1"
+
+    def read(values: np.ndarray) -> tuple[dict, dict]:
+        reply = Message(RecordDict({"metrics": MetricRecord({"task-id": 0}),
+                                    "arrays": ArrayRecord({"delta-b": to_array(values)})}),
+                        reply_to=sent)
+        reply.metadata.__dict__["_src_node_id"] = 7
+        boundary.begin()
+        boundary.track(0, 7, sent)
+        out = boundary.read("round 1", [reply],
+                            lambda r, t: {"delta-b": r.content["arrays"]["delta-b"].numpy()})
+        return out.accepted, out.failed
+
+    def undecodable(self):
+        raise AssertionError("decoded")
+
+    big = np.zeros(100_000)
+    with monkeypatch.context() as patch:
+        patch.setattr(Array, "numpy", undecodable)
+        assert read(big) == ({}, {0: f"arrays of {len(to_array(big).data)} bytes, above the "
+                                     f"wire contract's {5 * 8 + 1024}"})
+        assert read(np.zeros(5)) == ({}, {0: "AssertionError: decoded"})  # within: decoded
+    accepted, failed = read(np.zeros(5))
+    assert failed == {} and accepted[0]["delta-b"].shape == (5,)
