@@ -91,20 +91,17 @@ class ReplyContract:
         return total
 
 
-def check_envelope(content: Any, contract: ReplyContract, sizes: Mapping[str, int]) -> None:
+def check_envelope(content: Any, contract: ReplyContract, limit: int) -> None:
     """:class:`ReplyError` unless a one-task reply's records hold only what ``contract``
-    names, within its size (module docstring); nothing is decoded."""
-    for name in content.keys():
+    names, its arrays at most ``limit`` bytes (:meth:`ReplyContract.array_bytes`; module
+    docstring); nothing is decoded."""
+    for name, record in content.items():
         if name == "metrics":
-            extra = set(content[name].keys()) - contract.metrics
-            if extra:
-                raise ReplyError(f"metrics {sorted(extra)[:5]} are not in the wire contract")
+            if not contract.metrics.issuperset(record.keys()):
+                extra = sorted(set(record.keys()) - contract.metrics)
+                raise ReplyError(f"metrics {extra[:5]} are not in the wire contract")
         elif name == "arrays" and contract.arrays:
-            record = content[name]
-            if not isinstance(record, ArrayRecord):
-                raise ReplyError(f"'arrays' must be an ArrayRecord, got a "
-                                 f"{type(record).__name__}")
-            _check_arrays(record, contract.arrays, contract.array_bytes(sizes))
+            _check_arrays(record, contract.arrays, limit)
         else:
             raise ReplyError(f"record {name!r} is not in the wire contract")
 
@@ -114,23 +111,21 @@ def check_stacked_envelope(content: Any, contract: ReplyContract, sizes: Mapping
     """:class:`ReplyError` unless a stacked reply of ``rows`` slots holds only ``stack``,
     ``stack-errors`` and ``arrays`` with the contract's metrics (vectors) and arrays (stacked
     rows), within their size; nothing is decoded."""
-    for name in content.keys():
-        if name not in (STACK, STACK_ERRORS, "arrays"):
+    for name, record in content.items():
+        if name == "arrays":
+            allowed = {**dict.fromkeys(contract.metrics, (1,)), **contract.arrays}
+            limit = contract.array_bytes(sizes, rows) + len(contract.metrics) * (
+                rows * ELEMENT_BYTES + ARRAY_HEADER_BYTES)
+            _check_arrays(record, allowed, limit)
+        elif name not in (STACK, STACK_ERRORS):
             raise ReplyError(f"record {name!r} is not in the wire contract")
-    if "arrays" not in content:
-        return
-    record = content["arrays"]
+
+
+def _check_arrays(record: Any, allowed: Mapping[str, Any], limit: int) -> None:
+    """The record is an ArrayRecord whose arrays are among ``allowed`` and whose serialised
+    bytes are at most ``limit`` (each Array's ``data``, not decoded)."""
     if not isinstance(record, ArrayRecord):
         raise ReplyError(f"'arrays' must be an ArrayRecord, got a {type(record).__name__}")
-    allowed = {**dict.fromkeys(contract.metrics, (1,)), **contract.arrays}
-    limit = contract.array_bytes(sizes, rows) + len(contract.metrics) * (
-        rows * ELEMENT_BYTES + ARRAY_HEADER_BYTES)
-    _check_arrays(record, allowed, limit)
-
-
-def _check_arrays(record: ArrayRecord, allowed: Mapping[str, Any], limit: int) -> None:
-    """The record's arrays are among ``allowed`` and their serialised bytes at most
-    ``limit`` (read from each Array's ``data`` without decoding it)."""
     total = 0
     for key, array in record.items():
         if key not in allowed:
@@ -393,20 +388,28 @@ class ReplyBoundary:
         return out
 
 
-    def _contract_sizes(self) -> Mapping[str, int] | None:
-        """The contracts' sizes for this exchange (None: none can be given)."""
-        if self._sizes is None or not self.contracts:
+    def _contract_sizes(self) -> dict[str, int]:
+        """The contracts' sizes for this exchange, and each one-task contract's array-bytes
+        limit under the key ``(message type,)`` (-1: its sizes cannot be given)."""
+        if not self.contracts:
             return {}
         try:
-            return dict(self._sizes())
+            sizes = dict(self._sizes()) if self._sizes is not None else {}
         except Exception:  # noqa: BLE001 - no sizes: every reply with arrays is rejected
-            return None
+            sizes = {}
+        limits: dict[Any, int] = {}
+        for message_type, contract in self.contracts.items():
+            try:
+                limits[(message_type,)] = contract.array_bytes(sizes)
+            except (KeyError, TypeError, ValueError):
+                limits[(message_type,)] = -1
+        return {**sizes, **limits}
 
     def _check_envelope(self, reply: Message, message_type: str, run_id: int,
-                        sizes: Mapping[str, int] | None, rows: int | None = None) -> None:
+                        sizes: Mapping[Any, int], rows: int | None = None) -> None:
         """:class:`ReplyError` unless ``reply`` has its message's type and run id and, when
-        the type has a contract, only what the contract names (``rows``: a stacked reply's
-        slots); nothing is decoded."""
+        the type has a contract, only what the contract names (``sizes``:
+        :meth:`_contract_sizes`; ``rows``: a stacked reply's slots); nothing is decoded."""
         meta = reply.metadata
         if meta.message_type != message_type:
             raise ReplyError(f"message type {meta.message_type!r}, expected {message_type!r}")
@@ -415,14 +418,20 @@ class ReplyBoundary:
         contract = self.contracts.get(message_type)
         if contract is None:
             return
+        limit = sizes[(message_type,)]
         try:
+            if limit < 0:
+                raise KeyError(f"sizes {sorted(self._size_names(contract))} unknown")
             if rows is None:
-                check_envelope(reply.content, contract, sizes if sizes is not None else {})
+                check_envelope(reply.content, contract, limit)
             else:
-                check_stacked_envelope(reply.content, contract,
-                                       sizes if sizes is not None else {}, rows)
+                check_stacked_envelope(reply.content, contract, sizes, rows)
         except (KeyError, TypeError) as err:  # a size the strategy could not give
             raise ReplyError(f"the reply's arrays cannot be bounded yet ({err})") from None
+
+    @staticmethod
+    def _size_names(contract: ReplyContract) -> set[str]:
+        return {s for shape in contract.arrays.values() for s in shape if isinstance(s, str)}
 
     def _check_rows(self, where: str, check_rows: RowsCheck, singles: dict[int, int],
                     accepted: dict[int, dict[str, Any]], out: RoundReplies) -> None:
@@ -441,7 +450,7 @@ class ReplyBoundary:
                     parse_stack: StackParser | None, check_rows: RowsCheck | None,
                     accepted: dict[int, dict[str, Any]], out: RoundReplies,
                     on_accept: Callable[[int], None] | None,
-                    sizes: Mapping[str, int] | None) -> None:
+                    sizes: Mapping[Any, int]) -> None:
         """The rows of the reply to a stacked message, each as one task's reply (envelope,
         ``parse_stack`` then ``check_rows``: :meth:`read`)."""
         group, message_type, run_id = stack
