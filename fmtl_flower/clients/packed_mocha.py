@@ -52,7 +52,13 @@ from ..packing import (
     stacked_is_train,
 )
 from ..wire import from_array, to_array
-from .common import LocalTask, config_value, run_token, state_file_for
+from .common import (
+    LocalTask,
+    config_value,
+    run_token,
+    stacked_reply_arrays,
+    state_file_for,
+)
 from .dual_seed import check_seed_target, seed_duals
 from .dual_state import (
     META_KEYS,
@@ -215,8 +221,12 @@ class PackedMocha(SlotTaskCache):
         results, errors = each_slot(slot_tasks, work)
         rows = [r[1] for _, r in results]
         deltas = [r[2] for _, r in results] if train else []
-        content = RecordDict({"arrays": _reply_arrays(rows, deltas, train, evaluate,
-                                                      w.shape[1])})
+        ints = ["task-id", "round", "n-train", "state-ok"] + (["steps"] if train else [])
+        if evaluate:
+            ints += ["test-errors", "test-n"]
+        content = RecordDict({"arrays": stacked_reply_arrays(
+            rows, ints, ("loss-mean", "dual-mean"), "delta-b" if train else None, deltas,
+            w.shape[1])})
         state.commit(context, [(slot, task.task_id, duals, meta)  # last: after every slot
                                for slot, (task, _, _, duals, meta) in results])
         return content, [slot for slot, _ in results], errors
@@ -307,16 +317,3 @@ def _read_seed_rows(content: RecordDict, k: int) -> tuple[np.ndarray, np.ndarray
         return None
     _, rows = read_stacked_instruction(content, k, "MOCHA", {}, ["seed-w", "seed-b"])
     return rows["seed-w"], rows["seed-b"]
-
-
-def _reply_arrays(rows: Sequence[dict[str, Any]], deltas: Sequence[np.ndarray], train: bool,
-                  evaluate: bool, dim: int) -> ArrayRecord:
-    ints = ["task-id", "round", "n-train", "state-ok"] + (["steps"] if train else [])
-    if evaluate:
-        ints += ["test-errors", "test-n"]
-    out = {key: to_array(np.array([r[key] for r in rows], dtype=np.int64)) for key in ints}
-    for key in ("loss-mean", "dual-mean"):
-        out[key] = to_array(np.array([r[key] for r in rows], dtype=np.float64))
-    if train:
-        out["delta-b"] = to_array(np.stack(deltas) if deltas else np.zeros((0, dim)))
-    return ArrayRecord(out)
