@@ -379,3 +379,36 @@ def test_oversized_arrays_are_rejected_before_they_are_decoded(monkeypatch):
         assert read(np.zeros(5)) == ({}, {0: "AssertionError: decoded"})  # within: decoded
     accepted, failed = read(np.zeros(5))
     assert failed == {} and accepted[0]["delta-b"].shape == (5,)
+
+
+# ------------------------------------------------------------------ apps: one dispatch
+@pytest.mark.parametrize("values", [
+    {"strategy": "mocha", "num-tasks": 6, "dim": 4, "samples-per-task": 20,
+     "num-server-rounds": 2},
+    {"strategy": "mb-sgd", "num-tasks": 6, "dim": 4, "samples-per-task": 20,
+     "num-server-rounds": 2},
+    {"strategy": "fedem", "dataset": "synthetic", "num-tasks": 6, "dim": 5,
+     "samples-per-task": 30, "num-server-rounds": 2, "fedem.M": 2},
+    {"strategy": "fsvrg", "dataset": "sparse-federated", "num-tasks": 6, "dim": 300,
+     "num-server-rounds": 2},
+], ids=["mocha", "mb-sgd", "fedem", "fsvrg"])
+def test_flwr_run_app_serves_stacked_messages_as_the_configured_app(values):
+    """The app `flwr run` builds (handlers picked per run config) and the app built for one
+    configuration reach the same stacked handler (apps/common.py's one dispatch): same
+    results on packed nodes."""
+    import math
+
+    from fmtl_flower.apps.common import make_client_app, make_server_app
+    from fmtl_flower.config import RunConfig
+
+    values = {**values, "tasks-per-node": 3}
+    cfg = RunConfig.from_mapping(values)
+    results = []
+    for client in (make_client_app(cfg), make_client_app()):
+        box: dict = {}
+        run_inprocess(make_server_app(cfg, on_done=box.update), client,
+                      math.ceil(cfg.num_tasks / 3), run_config=values)
+        results.append(box)
+    untimed = [[{k: v for k, v in r.items() if not k.endswith("_s")}
+                for r in box["rounds"]] for box in results]
+    assert untimed[0] == untimed[1] and untimed[0]
