@@ -194,6 +194,28 @@ def test_client_state_dir_written_by_another_run_is_reset_not_adopted(problem, t
     assert_b_consistent(Run(resumed, grid, problem))
 
 
+def test_cocoa_plus_state_written_by_another_run_is_reset_not_adopted(sparse, tmp_path):
+    """CoCoA+ (the FSVRG family's dual method): as for MOCHA, a resumed run whose devices'
+    state files were overwritten by another run resets every task, and its gaps stay >= 0."""
+    from .helpers import ServerKilled, killed_in
+
+    options = {"method": "cocoa-plus", "seed": 2, "discovery_timeout": 5.0}
+    ckpt, devices = tmp_path / "ckpt", tmp_path / "devices"
+    first = killed_in(Fsvrg, 4)(sparse.num_tasks, **options)
+    first.enable_checkpoints(ckpt)
+    with pytest.raises(ServerKilled):
+        _run(first, _fsvrg_app(sparse, devices), sparse.num_tasks, 6)
+    other = Fsvrg(sparse.num_tasks, **{**options, "seed": 9, "lam": 0.05})
+    _run(other, _fsvrg_app(sparse, devices), sparse.num_tasks, 3)
+    resumed = Fsvrg(sparse.num_tasks, **options)
+    resumed.enable_checkpoints(ckpt)
+    _run(resumed, _fsvrg_app(sparse, devices), sparse.num_tasks, 6)
+    assert resumed.resumed_from == 3
+    rounds = resumed.results()["rounds"]
+    assert rounds[4]["num_resets"] == sparse.num_tasks
+    assert rounds[-1]["gap"] is not None and rounds[-1]["gap"] >= 0
+
+
 def test_resumed_run_keeps_its_token_and_its_devices_state(problem, tmp_path):
     """The token is in the checkpoint: the resumed run's devices adopt their state (no reset)."""
     from .helpers import ServerKilled, killed_in
