@@ -79,6 +79,10 @@ class ReplyContract:
         """A contract from the metric names and ``{array: shape}``."""
         return cls(frozenset(metrics), dict(arrays or {}))
 
+    def size_names(self) -> set[str]:
+        """The sizes its shapes name."""
+        return {s for shape in self.arrays.values() for s in shape if isinstance(s, str)}
+
     def array_bytes(self, sizes: Mapping[str, int], rows: int = 1) -> int:
         """The most bytes its arrays may hold: each array's shape in ``sizes``, times
         ``rows`` (a stacked reply also sends every metric as a vector of ``rows``)."""
@@ -89,6 +93,15 @@ class ReplyContract:
                 elements *= size if isinstance(size, int) else int(sizes[size])
             total += rows * elements * ELEMENT_BYTES + ARRAY_HEADER_BYTES
         return total
+
+
+@dataclass(frozen=True)
+class ExchangeSizes:
+    """One exchange's sizes for the contracts' shapes, and each message type's byte limit
+    for a one-task reply (None: its sizes could not be given)."""
+
+    sizes: dict[str, int]
+    limits: dict[str, int | None]
 
 
 def check_envelope(content: Any, contract: ReplyContract, limit: int) -> None:
@@ -325,7 +338,7 @@ class ReplyBoundary:
         out = RoundReplies()
         accepted: dict[int, dict[str, Any]] = {}
         singles: dict[int, int] = {}  # task -> node of the replies parse accepted
-        sizes = self._contract_sizes()
+        sizes = self._exchange_sizes()
         for reply in replies:
             try:
                 meta = reply.metadata
@@ -388,28 +401,27 @@ class ReplyBoundary:
         return out
 
 
-    def _contract_sizes(self) -> dict[str, int]:
-        """The contracts' sizes for this exchange, and each one-task contract's array-bytes
-        limit under the key ``(message type,)`` (-1: its sizes cannot be given)."""
+    def _exchange_sizes(self) -> ExchangeSizes:
+        """The contracts' sizes for this exchange, and each one-task contract's byte limit."""
         if not self.contracts:
-            return {}
+            return ExchangeSizes({}, {})
         try:
             sizes = dict(self._sizes()) if self._sizes is not None else {}
         except Exception:  # noqa: BLE001 - no sizes: every reply with arrays is rejected
             sizes = {}
-        limits: dict[Any, int] = {}
+        limits: dict[str, int | None] = {}
         for message_type, contract in self.contracts.items():
             try:
-                limits[(message_type,)] = contract.array_bytes(sizes)
+                limits[message_type] = contract.array_bytes(sizes)
             except (KeyError, TypeError, ValueError):
-                limits[(message_type,)] = -1
-        return {**sizes, **limits}
+                limits[message_type] = None
+        return ExchangeSizes(sizes, limits)
 
     def _check_envelope(self, reply: Message, message_type: str, run_id: int,
-                        sizes: Mapping[Any, int], rows: int | None = None) -> None:
+                        sizes: ExchangeSizes, rows: int | None = None) -> None:
         """:class:`ReplyError` unless ``reply`` has its message's type and run id and, when
-        the type has a contract, only what the contract names (``sizes``:
-        :meth:`_contract_sizes`; ``rows``: a stacked reply's slots); nothing is decoded."""
+        the type has a contract, only what the contract names (``rows``: a stacked reply's
+        slots); nothing is decoded."""
         meta = reply.metadata
         if meta.message_type != message_type:
             raise ReplyError(f"message type {meta.message_type!r}, expected {message_type!r}")
@@ -418,20 +430,16 @@ class ReplyBoundary:
         contract = self.contracts.get(message_type)
         if contract is None:
             return
-        limit = sizes[(message_type,)]
+        limit = sizes.limits[message_type]
         try:
-            if limit < 0:
-                raise KeyError(f"sizes {sorted(self._size_names(contract))} unknown")
+            if limit is None:
+                raise KeyError(f"sizes {sorted(contract.size_names())} unknown")
             if rows is None:
                 check_envelope(reply.content, contract, limit)
             else:
-                check_stacked_envelope(reply.content, contract, sizes, rows)
+                check_stacked_envelope(reply.content, contract, sizes.sizes, rows)
         except (KeyError, TypeError) as err:  # a size the strategy could not give
             raise ReplyError(f"the reply's arrays cannot be bounded yet ({err})") from None
-
-    @staticmethod
-    def _size_names(contract: ReplyContract) -> set[str]:
-        return {s for shape in contract.arrays.values() for s in shape if isinstance(s, str)}
 
     def _check_rows(self, where: str, check_rows: RowsCheck, singles: dict[int, int],
                     accepted: dict[int, dict[str, Any]], out: RoundReplies) -> None:
@@ -450,7 +458,7 @@ class ReplyBoundary:
                     parse_stack: StackParser | None, check_rows: RowsCheck | None,
                     accepted: dict[int, dict[str, Any]], out: RoundReplies,
                     on_accept: Callable[[int], None] | None,
-                    sizes: Mapping[Any, int]) -> None:
+                    sizes: ExchangeSizes) -> None:
         """The rows of the reply to a stacked message, each as one task's reply (envelope,
         ``parse_stack`` then ``check_rows``: :meth:`read`)."""
         group, message_type, run_id = stack
