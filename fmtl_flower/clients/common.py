@@ -204,6 +204,6 @@ def protocol_rounds(config: Mapping[str, Any]) -> tuple[int, int, str | None]:
 
 def run_token(config: Mapping[str, Any]) -> str | None:
     """The message's ``run-token`` (the run's identity,
-    :mod:`fmtl_flower.strategies.base`), None when it carries none (a strategy driven by
-    hand); ValueError unless it is a string."""
-    return config_value(config, "run-token", str) if "run-token" in config else None
+    :mod:`fmtl_flower.strategies.base`), None when it carries none or "" (a strategy driven
+    by hand); ValueError unless it is a string."""
+    return (config_value(config, "run-token", str) or None) if "run-token" in config else None

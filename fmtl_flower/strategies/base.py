@@ -17,9 +17,10 @@ The run's identity
 Devices that keep state between messages (MOCHA's and CoCoA+'s dual variables, in
 ``context.state`` and in ``client-state-dir`` files) must never adopt state written for
 another run: two runs on the same devices can share a ``client-state-dir``. So every message
-of :meth:`TaskStrategy.start`'s rounds carries the config entry ``run-token`` (str,
-:data:`RUN_TOKEN_KEY`): a random token the server draws when a run starts from round 1, then
-``.`` and a digest of the settings' ``fingerprint`` (:meth:`TaskStrategy.run_identity`).
+of those strategies' rounds carries the config entry ``run-token`` (str,
+:data:`RUN_TOKEN_KEY`; :attr:`TaskStrategy.sent_identity`): a random token the server draws
+when a run starts from round 1, then ``.`` and a digest of the settings' ``fingerprint``
+(:meth:`TaskStrategy.run_identity`).
 Devices store it with their state and treat state of another token as none stored
 (:func:`fmtl_flower.clients.dual_state.reconcile`: the commit protocol's reset, logged). The
 token is kept in every checkpoint, so a run resumed from one sends the same identity and its
@@ -118,6 +119,8 @@ class TaskStrategy(Strategy):
     max_failed_rounds: int = 3
     resumed_from: int = 0  # round of the checkpoint this run continued from (0: none)
     run_token: str | None = None  # drawn by start, or restored from the checkpoint
+    #: The run's identity as its messages send it (``run-token``; "" until ``start``).
+    sent_identity: str = ""
     last_checkpoint_round: int = 0  # round of the newest checkpoint written or resumed from
     # Flower's knobs (module docstring): class-level defaults, overridden per instance.
     min_available_nodes: int = 0
@@ -162,6 +165,7 @@ class TaskStrategy(Strategy):
             self._resume()
         if self.run_token is None:
             self.run_token = secrets.token_hex(8)
+        self.sent_identity = self.run_identity()
         log(INFO, "Starting %s strategy:", type(self).__name__)
         self.summary()
         result = Result()
@@ -176,9 +180,8 @@ class TaskStrategy(Strategy):
                            float(getattr(self, "discovery_timeout", None) or timeout),
                            type(self).__name__)
         arrays = ArrayRecord() if initial_arrays is None else initial_arrays
-        identity = {RUN_TOKEN_KEY: self.run_identity()}
-        train_config = ConfigRecord({**(train_config or {}), **identity})
-        evaluate_config = ConfigRecord({**(evaluate_config or {}), **identity})
+        train_config = ConfigRecord() if train_config is None else train_config
+        evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
         started = time.time()
         failed_rounds = 0
         for server_round in range(self.first_round, self.num_rounds + 1):

@@ -74,7 +74,8 @@ query ``fsvrg_gradient`` (server -> node): arrays ``w`` float64 (d,); config ``t
 
 ``train`` (server -> node, ``cocoa-plus``): arrays ``w`` float64 (d,) (``w_t``); config
     ``task-id``, ``server-round``, ``seed``, ``last-accepted-round`` (0 = none; < server-round),
-    with checkpoints ``checkpoint-round`` (:mod:`fmtl_flower.clients.dual_state`),
+    ``run-token`` (str: the run's identity, :mod:`fmtl_flower.strategies.base`), with
+    checkpoints ``checkpoint-round`` (:mod:`fmtl_flower.clients.dual_state`),
     ``n`` (the global row count), ``epochs`` (ints), ``method`` (str), ``lam``,
     ``sigma-prime`` (floats > 0), ``eval`` (bool). The node commits or rolls back (above),
     then runs :func:`~fmtl_flower.core.fsvrg.cocoa_plus_local_sdca` over the concatenated
@@ -180,7 +181,7 @@ from ..metrics import error_summary, round_record
 from ..packing import StackGroup
 from ..settings import FsvrgSettings, apply_settings, check_num_tasks
 from ..wire import from_array, to_array
-from .base import TaskStrategy, check_initial_dim, initial_model
+from .base import RUN_TOKEN_KEY, TaskStrategy, check_initial_dim, initial_model
 from .discovery import (
     ReplyError,
     TaskDirectory,
@@ -650,6 +651,7 @@ class Fsvrg(TaskStrategy):
             if protocol:
                 assert self.ledger is not None
                 per_task["last-accepted-round"] = self.ledger.last_accepted
+                shared[RUN_TOKEN_KEY] = self.sent_identity
                 if self.checkpoint_dir is not None:
                     shared["checkpoint-round"] = int(self.last_checkpoint_round)
             for group in groups:
@@ -666,11 +668,12 @@ class Fsvrg(TaskStrategy):
                 RecordDict(records), dst_node_id=node, message_type=message_type)))
         return messages
 
-    def _protocol_config(self, task: int) -> dict[str, int]:
-        """CoCoA+'s commit-protocol keys: ``last-accepted-round`` and, with checkpoints,
-        ``checkpoint-round`` (see :mod:`fmtl_flower.clients.dual_state`)."""
+    def _protocol_config(self, task: int) -> dict[str, int | str]:
+        """CoCoA+'s commit-protocol keys: ``last-accepted-round``, ``run-token`` and, with
+        checkpoints, ``checkpoint-round`` (see :mod:`fmtl_flower.clients.dual_state`)."""
         assert self.ledger is not None
-        out = {"last-accepted-round": int(self.ledger.last_accepted[task])}
+        out: dict[str, int | str] = {"last-accepted-round": int(self.ledger.last_accepted[task]),
+                                     RUN_TOKEN_KEY: self.sent_identity}
         if self.checkpoint_dir is not None:
             out["checkpoint-round"] = int(self.last_checkpoint_round)
         return out

@@ -17,9 +17,11 @@ query ``whoami`` (server -> node): empty ``config``. Reply: ConfigRecord ``info`
     whose reply from this task the server added to B; 0 = none), ``m-tt`` float > 0 (the
     diagonal entry (K^-1)_tt), ``sigma-prime`` float > 0, ``budget`` int >= 0 (coordinate
     steps), ``seed`` int, ``dropped`` bool (simulated drop-out: do no work), ``eval`` bool
-    (also report test errors of w_t), optional ``checkpoint-round`` int (the round of the
-    server's newest checkpoint, 0 = none; sent when checkpoints are on: the device keeps its
-    alpha as of that checkpoint to go back to if the server resumes from it), optional
+    (also report test errors of w_t), ``run-token`` str (the run's identity: the device's
+    state of another run is not resumed, :mod:`fmtl_flower.strategies.base`), optional
+    ``checkpoint-round`` int (the round of the server's newest checkpoint, 0 = none; sent
+    when checkpoints are on: the device keeps its alpha as of that checkpoint to go back to
+    if the server resumes from it), optional
     ``gamma`` float in (0, 1] (default 1: the device applies and sends gamma * d_alpha,
     gamma * d_b), optional ``method`` str
     (``mocha`` by default; ``cocoa`` with ``theta`` float: SDCA until the local gap falls by
@@ -125,7 +127,7 @@ from ..wire import (
     plain_config,
     record_dict,
 )
-from .base import TaskStrategy, check_initial_dim, initial_model
+from .base import RUN_TOKEN_KEY, TaskStrategy, check_initial_dim, initial_model
 from .discovery import (
     ReplyError,
     TaskDirectory,
@@ -592,7 +594,8 @@ class Mocha(LinearTasks, TaskStrategy):
                     group, message_type, server_round, shared, W, per_task))
         if not chosen:
             return
-        shared: dict[str, Any] = {"seed": self.seed, "eval": bool(evaluate)}  # every task's
+        shared: dict[str, Any] = {"seed": self.seed, "eval": bool(evaluate),  # every task's
+                                  RUN_TOKEN_KEY: self.sent_identity}
         if self.gamma != 1.0:
             shared["gamma"] = self.gamma
         if self.checkpoint_dir is not None:
@@ -634,7 +637,7 @@ class Mocha(LinearTasks, TaskStrategy):
         """The config values shared by every task of a stacked message, and the per-task
         ones as vectors over all tasks (the same values as the one-task messages')."""
         shared: dict[str, Any] = {"server-round": server_round, "seed": self.seed,
-                                  "eval": bool(evaluate)}
+                                  "eval": bool(evaluate), RUN_TOKEN_KEY: self.sent_identity}
         if self.gamma != 1.0:
             shared["gamma"] = self.gamma
         if self.checkpoint_dir is not None:
