@@ -72,7 +72,9 @@ client receives its cluster's model, a held-out one every cluster's model). Repl
 Every reply is validated (presence, types, shapes, finiteness, weights in {0, n-train},
 matching task and round, the largest absolute parameter below ``max_abs_param``); a reply
 that fails is logged with its reason and counts as a dropped client; the components are
-untouched by it.
+untouched by it. A reply holding anything the contract does not name (another record, metric
+or array, or arrays above the bytes of ``components``' and ``weights``' shapes) is rejected
+before it is decoded (:func:`reply_contracts`).
 
 Bounds: each returned component theta_m must stay within ``max_update_ratio`` times
 max(|theta_m|_2, 1) of the component theta_m it was sent (Euclidean norms over the
@@ -120,7 +122,7 @@ from .discovery import (
 )
 from .packed_fedem import PROTOCOL as STACKING_PROTOCOL
 from .packed_fedem import read_stacked_reply, stacked_message
-from .trust import ReplyBoundary, all_finite, check_bound, norm
+from .trust import ReplyBoundary, ReplyContract, all_finite, check_bound, norm
 
 __all__ = ["METHODS", "FedEM", "ReplyError"]
 
@@ -134,6 +136,17 @@ TAG_SAMPLE, TAG_INIT = TAG_FEDEM_SAMPLE, TAG_FEDEM_INIT
 #: Largest ``train-loss`` a reply may report (a mean negative log-likelihood beyond it is
 #: divergence or hostility, and would overflow the round's sums).
 MAX_LOSS = 1e6
+
+
+def reply_contracts() -> dict[str, ReplyContract]:
+    """What a reply may hold, by message type (the wire contract above; ``M``, ``P``: the
+    server's components' shape): the metrics of :meth:`FedEM._reply_keys`, the ``train``
+    reply's ``components`` (M, P) and ``weights`` (M,)."""
+    return {MessageType.TRAIN: ReplyContract.of(
+                [key for keys in FedEM._reply_keys(True) for key in keys],
+                {"components": ("M", "P"), "weights": ("M",)}),
+            MessageType.EVALUATE: ReplyContract.of(
+                [key for keys in FedEM._reply_keys(False) for key in keys])}
 _NAMES = {"fedem": "FedEM", "fedavg": "FedAvg", "fedprox": "FedProx", "fedavg-ft": "FedAvg+",
           "clustered": "IFCA", "cfl": "CFL", "pfedme": "pFedMe", "local": "Local"}
 
@@ -260,7 +273,8 @@ class FedEM(TaskStrategy):
         self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
         self.records: list[dict[str, Any]] = []
         self.components: np.ndarray | None = None
-        self.replies = ReplyBoundary(self.name)
+        self.replies = ReplyBoundary(self.name, reply_contracts(), lambda: dict(
+            zip(("M", "P"), self.components.shape, strict=True)))
         self._round_start = 0.0
         if initial_components is not None:
             self._set_initial(list(initial_components), "initial_components")

@@ -136,8 +136,12 @@ class LinearTasks:
         (and the dual numbers) when every task replied consistently, else ``tasks_missing``
         says which did not; ``gap_certified`` (a gap, so every task's pair passed the
         certificate's check) and ``certificate_rejections`` (the replies that failed it);
-        the test errors when evaluated. Passes it to ``on_round``."""
+        the test errors when evaluated. Passes it to ``on_round``.
+        A record completed already (without ``_reg``: the last record of a finished run that
+        was resumed with more rounds, completed by its final metrics round) stays as it is."""
         record = self.records[k]
+        if "_reg" not in record:
+            return record
         consistent = self._consistent_tasks(accepted)
         missing = sorted(set(range(self.num_tasks)) - set(consistent))
         record["tasks_missing"] = missing

@@ -48,11 +48,14 @@ Every reply is validated (record and key presence, int metrics typed as ints, fi
 ``grad`` float64 of shape (d,) and finite, matching task, round and n-train,
 ``count <= budget``, ``count == 0`` when dropped, ``grad == 0`` when ``count == 0``); a reply
 that fails counts as a dropped node with a logged reason and leaves W untouched by its term.
-Bounds: each hinge subgradient is ``-y_i x_i`` or 0, so ``|grad|_2 <= count R_t`` with R_t
-the task's ``max-row-norm`` from ``whoami`` (or the run's ``max_row_norm``, which overrides
-it; every reply of a task with neither is rejected, the final ``evaluate`` round's too);
-``loss-mean <= 1 + R_t |w_t|``; ``test-n`` at most the discovery limit ``max_n``. A step that
-leaves W non-finite is not taken (W kept, the round's replies rejected).
+A reply holding anything the contract does not name (another record, metric or array, or
+arrays above the bytes of ``grad``'s shape) is rejected before it is decoded
+(:data:`REPLY_CONTRACTS`). Bounds: each hinge subgradient is ``-y_i x_i`` or 0, so
+``|grad|_2 <= count R_t`` with R_t the task's ``max-row-norm`` from ``whoami`` (or the run's
+``max_row_norm``, which overrides it; every reply of a task with neither is rejected, the
+final ``evaluate`` round's too); ``loss-mean <= 1 + R_t |w_t|``; ``test-n`` at most the
+discovery limit ``max_n``. A step that leaves W non-finite is not taken (W kept, the round's
+replies rejected).
 
 Round bookkeeping
 -----------------
@@ -101,13 +104,20 @@ from .linear_tasks import LinearTasks
 from .packed_mbsgd import PROTOCOL as STACKING_PROTOCOL
 from .packed_mbsgd import read_stacked_reply as read_stacked_mbsgd
 from .packed_mocha import stacked_message
-from .trust import BOUND_SLACK, ReplyBoundary, all_finite, guarded, norm
+from .trust import BOUND_SLACK, ReplyBoundary, ReplyContract, all_finite, guarded, norm
 
 __all__ = ["SCHEDULES", "MbSgd", "ReplyError"]
 
 RoundCallback = Callable[[dict[str, Any]], None]
 SCHEDULES = ("inv", "inv_sqrt")
 _NAME = "Mb-SGD"
+
+#: What a reply may hold, by message type (the wire contract above; ``d``: the dimension):
+#: anything else rejects it before it is decoded (:class:`~.trust.ReplyContract`).
+REPLY_METRICS = ("task-id", "round", "n-train", "loss-mean", "test-errors", "test-n")
+REPLY_CONTRACTS = {
+    MessageType.TRAIN: ReplyContract.of((*REPLY_METRICS, "count"), {"grad": ("d",)}),
+    MessageType.EVALUATE: ReplyContract.of(REPLY_METRICS)}
 
 
 def _is_int(value: Any) -> bool:
@@ -203,7 +213,7 @@ class MbSgd(LinearTasks, TaskStrategy):
         self.W: np.ndarray | None = None
         self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
         self.records: list[dict[str, Any]] = []
-        self.replies = ReplyBoundary(_NAME)
+        self.replies = ReplyBoundary(_NAME, REPLY_CONTRACTS, lambda: {"d": self.dim})
         self._budgets = np.zeros(self.num_tasks, dtype=np.int64)
         self._w_norm = np.zeros(self.num_tasks)  # |w_t| sent this round
         self._dropped_now = np.zeros(self.num_tasks, dtype=bool)

@@ -17,9 +17,11 @@ query ``whoami`` (server -> node): empty ``config``. Reply: ConfigRecord ``info`
     whose reply from this task the server added to B; 0 = none), ``m-tt`` float > 0 (the
     diagonal entry (K^-1)_tt), ``sigma-prime`` float > 0, ``budget`` int >= 0 (coordinate
     steps), ``seed`` int, ``dropped`` bool (simulated drop-out: do no work), ``eval`` bool
-    (also report test errors of w_t), optional ``checkpoint-round`` int (the round of the
-    server's newest checkpoint, 0 = none; sent when checkpoints are on: the device keeps its
-    alpha as of that checkpoint to go back to if the server resumes from it), optional
+    (also report test errors of w_t), ``run-token`` str (the run's identity: the device's
+    state of another run is not resumed, :mod:`fmtl_flower.strategies.base`), optional
+    ``checkpoint-round`` int (the round of the server's newest checkpoint, 0 = none; sent
+    when checkpoints are on: the device keeps its alpha as of that checkpoint to go back to
+    if the server resumes from it), optional
     ``gamma`` float in (0, 1] (default 1: the device applies and sends gamma * d_alpha,
     gamma * d_b), optional ``method`` str
     (``mocha`` by default; ``cocoa`` with ``theta`` float: SDCA until the local gap falls by
@@ -43,6 +45,9 @@ query ``whoami`` (server -> node): empty ``config``. Reply: ConfigRecord ``info`
 
 Every reply is validated (keys, dtypes, shapes, finite values, matching task and round); a
 reply that fails counts as a dropped node with a logged reason and leaves the state untouched.
+A reply holding anything the contract above does not name (another record, metric or array,
+or arrays above the bytes of ``delta-b``'s shape) is rejected before it is decoded
+(:data:`REPLY_CONTRACTS`, :class:`~fmtl_flower.strategies.trust.ReplyContract`).
 
 Packed nodes (:mod:`fmtl_flower.packing`) that speak the stacking protocol ``"mocha"`` get the
 same ``train`` and ``evaluate`` contents for all of their tasks in ONE message, stacked (``w``
@@ -132,7 +137,7 @@ from ..wire import (
     plain_config,
     record_dict,
 )
-from .base import TaskStrategy, check_initial_dim, initial_model
+from .base import RUN_TOKEN_KEY, TaskStrategy, check_initial_dim, initial_model
 from .discovery import (
     ReplyError,
     TaskDirectory,
@@ -144,10 +149,16 @@ from .faults import TaskHealth
 from .linear_tasks import LinearTasks
 from .packed_mocha import PROTOCOL as STACKING_PROTOCOL
 from .packed_mocha import read_stacked_reply, stacked_message
-from .trust import BOUND_SLACK, ReplyBoundary, all_finite, guarded, norm
+from .trust import BOUND_SLACK, ReplyBoundary, ReplyContract, all_finite, guarded, norm
 
 RoundCallback = Callable[[dict[str, Any]], None]
 DUAL_METHODS = ("mocha", "cocoa", "mb-sdca")
+
+#: What a reply may hold, by message type (the wire contract above; ``d``: the dimension).
+REPLY_METRICS = ("task-id", "round", "n-train", "state-ok", "loss-mean", "dual-mean", "steps",
+                 "test-errors", "test-n")
+REPLY_CONTRACTS = {MessageType.TRAIN: ReplyContract.of(REPLY_METRICS, {"delta-b": ("d",)}),
+                   MessageType.EVALUATE: ReplyContract.of(REPLY_METRICS)}
 
 
 class Mocha(LinearTasks, TaskStrategy):
@@ -299,7 +310,8 @@ class Mocha(LinearTasks, TaskStrategy):
         self.last_accepted = np.zeros(self.num_tasks, dtype=np.int64)
         self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
         self.records: list[dict[str, Any]] = []
-        self.replies = ReplyBoundary("MOCHA")
+        self.replies = ReplyBoundary("MOCHA", REPLY_CONTRACTS,
+                                     lambda: {"d": self.directory.dim})
         self._round_start = 0.0
         self._dropped_now = np.zeros(self.num_tasks, dtype=bool)
         self._scale = 1.0
@@ -599,7 +611,8 @@ class Mocha(LinearTasks, TaskStrategy):
                     group, message_type, server_round, shared, W, per_task))
         if not chosen:
             return
-        shared: dict[str, Any] = {"seed": self.seed, "eval": bool(evaluate)}  # every task's
+        shared: dict[str, Any] = {"seed": self.seed, "eval": bool(evaluate),  # every task's
+                                  RUN_TOKEN_KEY: self.sent_identity}
         if self.gamma != 1.0:
             shared["gamma"] = self.gamma
         if self.checkpoint_dir is not None:
@@ -641,7 +654,7 @@ class Mocha(LinearTasks, TaskStrategy):
         """The config values shared by every task of a stacked message, and the per-task
         ones as vectors over all tasks (the same values as the one-task messages')."""
         shared: dict[str, Any] = {"server-round": server_round, "seed": self.seed,
-                                  "eval": bool(evaluate)}
+                                  "eval": bool(evaluate), RUN_TOKEN_KEY: self.sent_identity}
         if self.gamma != 1.0:
             shared["gamma"] = self.gamma
         if self.checkpoint_dir is not None:
