@@ -89,7 +89,8 @@ before) guards this contract with what the federation makes plausible:
   nothing from its model (:mod:`fmtl_flower.core.decoupling`). It keeps training its own
   model; W stays W(alpha) for the regulariser M'^-1 and every gap stays a true bound for it.
   Logged once per newly decoupled task; records list ``tasks_decoupled``. The dense server
-  path only: on the factored one an outlier is logged, not decoupled;
+  path only: on the factored one (m > 1000 tasks) an outlier is logged once and listed, but
+  not decoupled;
 * weight shares (``max_weight_share``): no MOCHA-family average weights a device by what it
   reports. The mean formulation's mean and the sum of the per-task losses give every task
   1/m, whatever its ``n-train``, so the cap holds for m >= 1 / ``max_weight_share`` (and a
