@@ -16,7 +16,9 @@ hostile one sharing its node with an honest one) behave as unpacked ones.
 
 from __future__ import annotations
 
+import logging
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,8 +73,10 @@ class Attacker:
     share: float = SLACK  # the share of its step bound it uses
     image: float = SLACK  # the share of its dual-image bound it fills (robust mode)
     fence_aware: bool = False  # keep |b_t| just under robust mode's fence (the table only)
+    claim_n: int | None = None  # the n-train it claims (None: its own)
     strategy: Any = None  # the server: a fence-aware attacker reads every task's b_t
     sent: dict[int, np.ndarray] = field(default_factory=dict)
+    budgets: list[int] = field(default_factory=list)  # the budgets it was sent
 
     @property
     def dual(self) -> bool:
@@ -91,9 +95,12 @@ class Attacker:
     # -- the replies ---------------------------------------------------------------------
     def info(self, info: ConfigRecord) -> ConfigRecord:
         task = int(info["task-id"])
-        if task in self.hostile and self.claim is not None:
+        if task in self.hostile:
             info = ConfigRecord(dict(info))
-            info["max-row-norm"] = float(self.claim)
+            if self.claim is not None:
+                info["max-row-norm"] = float(self.claim)
+            if self.claim_n is not None:
+                info["n-train"] = self.claim_n
         return info
 
     def mocha_delta(self, task: int, budget: int, n: int) -> np.ndarray:
@@ -134,17 +141,21 @@ def _tamper_one(attacker: Attacker, message: Message, reply: Message) -> list[Me
         return [reply]
     if attacker.lost:
         return []
+    metrics = dict(content["metrics"])
+    if attacker.claim_n is not None:
+        metrics["n-train"] = attacker.claim_n
     if "arrays" not in content or not len(content["arrays"]):
-        return [reply]
+        return [Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=message)]
     task = int(content["metrics"]["task-id"])
     config = message.content["config"]
     budget = 0 if bool(config["dropped"]) else int(config["budget"])
+    attacker.budgets.append(int(config["budget"]))
     if attacker.dual:
         arrays = {"delta-b": to_array(attacker.mocha_delta(
-            task, budget, int(content["metrics"]["n-train"])))}
+            task, budget, int(metrics["n-train"])))}
     else:
         arrays = {"grad": to_array(attacker.mbsgd_grad(task, int(content["metrics"]["count"])))}
-    return [Message(RecordDict({"metrics": MetricRecord(dict(content["metrics"])),
+    return [Message(RecordDict({"metrics": MetricRecord(metrics),
                                 "arrays": ArrayRecord(arrays)}), reply_to=message)]
 
 
@@ -160,8 +171,13 @@ def _tamper_stacked(attacker: Attacker, message: Message, reply: Message) -> lis
         return [reply]
     arrays = {key: np.array(from_array(value)) for key, value in content["arrays"].items()}
     key = "delta-b" if attacker.dual else "grad"
+    if attacker.claim_n is not None:
+        hostile_rows = np.isin(arrays["task-id"], attacker.hostile)
+        arrays["n-train"][hostile_rows] = attacker.claim_n
     if key not in arrays:
-        return [reply]
+        records = dict(content.items())
+        records["arrays"] = ArrayRecord({k: to_array(v) for k, v in arrays.items()})
+        return [Message(RecordDict(records), reply_to=message)]
     budgets = from_array(message.content["arrays"]["budget"])
     dropped = from_array(message.content["arrays"]["dropped"])
     for row, task in enumerate(arrays["task-id"].tolist()):
@@ -198,11 +214,14 @@ def honest_error(problem: Problem, W: np.ndarray, hostile: list[int]) -> float:
 def run(problem: Problem, family: str, *, hostile: list[int], claim: float | None,
         robust: bool, lost: bool = False, per_node: int = 1, rounds: int = 40,
         share: float = SLACK, image: float = SLACK, fence_aware: bool = False,
-        **options: Any) -> tuple[float, Any]:
+        claim_n: int | None = None, naive: bool = False, **options: Any
+        ) -> tuple[float, Any]:
     """One federation with ``hostile`` devices; the honest tasks' mean test error and the
-    strategy."""
-    attacker = Attacker(problem, hostile, claim, robust, family, lost, share, image,
-                        fence_aware)
+    strategy (its ``attacker`` attribute: the :class:`Attacker`). A ``naive`` attacker
+    ignores robust mode's caps (it pushes at the bound it claimed, past its dual-image
+    bound)."""
+    attacker = Attacker(problem, hostile, claim, robust and not naive, family, lost, share,
+                        image, fence_aware, claim_n=claim_n)
     options.setdefault("lam", 0.01)
     if family == "mbsgd":
         strategy = MbSgd(TASKS, discovery_timeout=5.0, robust=robust, **options)
@@ -214,6 +233,7 @@ def run(problem: Problem, family: str, *, hostile: list[int], claim: float | Non
         app = make_mocha_client_app(problem.load)
         handler = PackedMocha(app.mocha_client)
     attacker.strategy = strategy
+    strategy.attacker = attacker
     if per_node == 1:
         grid = HostileGrid(app, TASKS)
         grid.tamper = tamper_for(attacker)
@@ -333,6 +353,65 @@ def test_mbsgd_device_pushing_at_its_bound(problem, claim, per_node):
         assert size_off < 1e-3 * size_on, (size_off, size_on)
 
 
+def rejections(caplog: pytest.LogCaptureFixture, task: int) -> list[str]:
+    """The logged reasons the replies of ``task`` were rejected for."""
+    pattern = re.compile(rf"reply of task {task} \(node \d+\) rejected: (.*)")
+    found = [pattern.search(r.getMessage()) for r in caplog.records]
+    return [m.group(1) for m in found if m]
+
+
+@pytest.mark.parametrize("family", ["mocha", "mbsgd"])
+def test_a_claimed_row_norm_is_capped_by_the_federations_fence(problem, caplog, family):
+    """A device claiming max-row-norm 1e8 and sending replies that size: robust mode checks
+    them against R~ = the fence of all tasks' claims (about 10 times their median) and
+    rejects every train reply; its dual image (MOCHA) stays 0. Robust off: all accepted."""
+    fence = log_upper_fence(np.r_[true_row_norms(problem)[:3], CLAIMED,
+                                  true_row_norms(problem)[4:]])
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        _, strategy = run(problem, family, hostile=[3], claim=CLAIMED, robust=True,
+                          naive=True, rounds=5, **MEAN)
+    reasons = rejections(caplog, 3)
+    key = "|delta-b|" if family == "mocha" else "|grad|"
+    assert len(reasons) == 5 and all(r.startswith(key) and f"max-row-norm {fence:g}" in r
+                                     for r in reasons), reasons
+    if family == "mocha":
+        assert not strategy.state.B[:, 3].any()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        run(problem, family, hostile=[3], claim=CLAIMED, robust=False, rounds=5, **MEAN)
+    assert rejections(caplog, 3) == []
+
+
+def test_the_dual_image_stays_within_the_row_norm(problem, caplog):
+    """b_t = X_t^T alpha_t / n_t with |alpha_ti| <= 1, so |b_t| <= R_t: a device that keeps
+    pushing one way at its step bound has its replies rejected once b_t would leave that
+    ball (robust mode), and |b_t| never exceeds R_t; robust off it grows without end."""
+    R = true_row_norms(problem)[3]
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        _, strategy = run(problem, "mocha", hostile=[3], claim=None, robust=True,
+                          naive=True, **MEAN)
+    reasons = rejections(caplog, 3)
+    assert reasons and all(r.startswith("|b_t + delta-b|") for r in reasons)
+    assert np.linalg.norm(strategy.state.B[:, 3]) <= R * (1 + 1e-9)
+    _, weak = run(problem, "mocha", hostile=[3], claim=None, robust=False, **MEAN)
+    assert np.linalg.norm(weak.state.B[:, 3]) > 2 * R
+
+
+def test_a_claimed_n_train_is_capped_for_the_budgets(problem):
+    """A device claiming n-train = 1e9 (Mb-SDCA: its budget enters every task's update
+    scale through the round's total of steps) is given budgets from the fence of the tasks'
+    n-train in robust mode, from 1e9 without."""
+    sizes = np.array([len(y) for y in problem.ys])
+    sizes[3] = 10**9
+    fence = log_upper_fence(sizes)
+    _, strategy = run(problem, "mb-sdca", hostile=[3], claim=None, robust=True,
+                      claim_n=10**9, share=0.0, rounds=3, **MEAN)
+    assert 0 < max(strategy.attacker.budgets) <= fence
+    _, weak = run(problem, "mb-sdca", hostile=[3], claim=None, robust=False,
+                  claim_n=10**9, share=0.0, rounds=3, **MEAN)
+    assert min(weak.attacker.budgets) >= 10**8
+
+
 @pytest.mark.parametrize("family", ["mocha", "cocoa", "mb-sdca", "mbsgd"])
 def test_an_honest_federation_runs_as_without_robust_mode(problem, family):
     """Nothing decoupled, nothing rejected: robust mode on an honest federation gives the
@@ -396,7 +475,5 @@ def print_table() -> None:
 
 
 if __name__ == "__main__":
-    import logging
-
     logging.getLogger("flwr").setLevel(logging.ERROR)
     print_table()
