@@ -412,6 +412,29 @@ def test_a_claimed_n_train_is_capped_for_the_budgets(problem):
     assert min(weak.attacker.budgets) >= 10**8
 
 
+@pytest.mark.parametrize("family", ["mocha", "mbsgd"])
+def test_decoupling_survives_a_checkpoint(problem, family):
+    """A resumed server keeps the decoupled tasks (sticky for the run): M' (MOCHA) or the
+    block-diagonal K (Mb-SGD), and the Omega-step stays blind to their models."""
+    options = {"omega": "probabilistic", "omega_every": 2}
+    _, strategy = run(problem, family, hostile=[3], claim=None, robust=True, rounds=6,
+                      **options)
+    arrays, meta = strategy.checkpoint_state()
+    if family == "mocha":
+        fresh = Mocha(TASKS, lam=0.01, robust=True, max_failures=0, **options)
+    else:
+        fresh = MbSgd(TASKS, lam=0.01, robust=True, **options)
+    fresh.restore_state(arrays, meta)
+    assert fresh.decoupled.tolist() == strategy.decoupled.tolist()
+    if family == "mocha":
+        assert fresh.state.decoupled.tolist() == strategy.decoupled.tolist()
+        fresh.state.omega_step()
+        assert not fresh.state.M[3, np.arange(TASKS) != 3].any()
+    else:
+        assert np.array_equal(fresh.K, strategy.K)
+        assert not fresh.K[3, np.arange(TASKS) != 3].any()
+
+
 @pytest.mark.parametrize("family", ["mocha", "cocoa", "mb-sdca", "mbsgd"])
 def test_an_honest_federation_runs_as_without_robust_mode(problem, family):
     """Nothing decoupled, nothing rejected: robust mode on an honest federation gives the
