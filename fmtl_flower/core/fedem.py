@@ -39,7 +39,7 @@ import numpy as np
 
 from .backend import ModelBackend
 from .local_sgd import SGDConfig
-from .robust import cap_shares, clip_to_ball, coordinate_median, robust_radius, trimmed_mean
+from .robust import cap_shares, clip_to_ball, coordinate_median, trimmed_mean
 from .special import logsumexp  # numpy: a device needs no scipy
 
 __all__ = [
@@ -288,14 +288,21 @@ def robust_aggregate_components(current: np.ndarray,
                                 total_weight: float | None = None, *,
                                 aggregator: str = "trimmed-mean", trim: float = 0.2,
                                 max_share: float = 1.0,
-                                clip_factor: float = CLIP_FACTOR) -> np.ndarray:
+                                clip_factor: float = CLIP_FACTOR,
+                                responsibilities: np.ndarray | None = None) -> np.ndarray:
     """:func:`aggregate_components` made Byzantine-robust, component by component.
 
     For component m, the updates d_k = theta_{m,k} - theta_m of the devices that trained it
-    (w[k, m] > 0) are
+    (w[k, m] > 0), each divided by the device's responsibility r[k, m] for the component
+    (``responsibilities``, its mean E-step responsibility, its new pi_m; 1 when not given):
+    a device's update to a component scales with its responsibility for it (its local loss
+    is responsibility-weighted), so d_k / r[k, m] are alike across honest devices whatever
+    their mixtures, and robust statistics can compare them. Each device then weighs
+    w[k, m] r[k, m]: the responsibility weights of FedEM. Those updates are
 
-    1. clipped to the ball of radius ``clip_factor`` times their median norm
-       (:func:`~fmtl_flower.core.robust.robust_radius`,
+    1. clipped to the ball of radius ``clip_factor`` times their weighted median norm (the
+       weights share-capped as in 2; r floored at :data:`PI_FLOOR`)
+       (:func:`~fmtl_flower.core.robust.coordinate_median`,
        :func:`~fmtl_flower.core.robust.clip_to_ball`): one device's update can be at most
        that large, whatever bound it was checked against;
     2. weighted by w[k, m] with no device above ``max_share`` of the average that uses them
@@ -309,27 +316,36 @@ def robust_aggregate_components(current: np.ndarray,
        where the cap cannot hold below 1/K, that makes it the median); ``median`` takes the
        weighted median, ``mean`` the weighted mean (clipping and the share cap only).
 
-    The step is the combined update times ``mass / Z_m`` (the replies' total weight over
-    ``total_weight``, the authors' rule of a device not heard from holding theta_m; 1 with
-    ``total_weight`` None), as in :func:`aggregate_components`. A component nobody trained
-    keeps its value.
+    The step is the combined update times the component's share of the replies' data
+    (their responsibilities r[k, m] combined as in 3 with the weights w[k, m]: one device
+    claiming all the responsibility cannot enlarge the step) times ``mass / Z_m`` (the
+    replies' total weight over ``total_weight``, the authors' rule of a device not heard
+    from holding theta_m; 1 with ``total_weight`` None): with every update at
+    d_k = r[k, m] g and the mean, this is :func:`aggregate_components`'s step. A component
+    nobody trained keeps its value.
     """
     if aggregator not in ROBUST_AGGREGATORS:
         raise ValueError(f"aggregator must be one of {ROBUST_AGGREGATORS}, got {aggregator!r}")
     current = np.asarray(current, dtype=np.float64)
     thetas = np.stack([theta for theta, _ in updates])  # (K, M, P)
     weights = np.stack([w for _, w in updates])  # (K, M)
+    resp = np.ones_like(weights) if responsibilities is None else np.asarray(
+        responsibilities, dtype=np.float64)
     out = current.copy()
     for m in range(current.shape[0]):
         live = weights[:, m] > 0
         if not live.any():
             continue
-        deltas = thetas[live, m] - current[m]
-        radius = robust_radius(np.linalg.norm(deltas, axis=1), clip_factor)
+        r = np.maximum(resp[live, m], PI_FLOOR)
+        w = weights[live, m] * r
+        deltas = (thetas[live, m] - current[m]) / r[:, None]
+        sizes = np.linalg.norm(deltas, axis=1)
+        radius = clip_factor * float(coordinate_median(sizes, cap_shares(w, max_share)))
         deltas = clip_to_ball(deltas, np.zeros(current.shape[1]), radius)
-        step = _combine(deltas, weights[live, m], aggregator, trim, max_share)
+        step = _combine(deltas, w, aggregator, trim, max_share)
+        share = _combine(r[:, None], weights[live, m], aggregator, trim, max_share)[0]
         mass = float(weights[live, m].sum())
-        out[m] += step * (mass / total_weight if total_weight is not None else 1.0)
+        out[m] += step * share * (mass / total_weight if total_weight is not None else 1.0)
     return out
 
 

@@ -57,8 +57,12 @@ query ``whoami`` (server -> node): empty ``config``. Reply ConfigRecord ``info``
     Reply: arrays ``components`` float64 (M, P), finite, the locally trained components, and
     ``weights`` float64 (M,): n-train for each trained component, 0 for an untouched one
     (every component for fedem / fedavg / fedprox / fedavg-ft / cfl / pfedme / local,
-    exactly one for clustered); metrics ``task-id``, ``round``, ``n-train`` (ints, matching
-    the message) and
+    exactly one for clustered), ``responsibility`` float64 (M,) on the simplex (within
+    1e-6): the device's mean E-step responsibility of each component, its new pi (1 for the
+    single-model methods, one-hot for clustered; used in robust mode only; optional in a
+    one-task reply, whose device then counts as equally responsible for every component
+    it trained, required in a stacked one); metrics ``task-id``, ``round``, ``n-train`` (ints,
+    matching the message) and
     ``train-loss`` (float >= 0, the mixture's mean negative log-likelihood on the training
     set at the received components); optional ``e-step-s`` and ``train-s`` (floats >= 0, the
     device's seconds in the E-step and in local SGD, summed into the round's record).
@@ -98,8 +102,11 @@ plausible before it enters a weight or a bound.
   the round's median update size around the model sent (so the update-ratio bound above, whose
   reference is the server's own model, is no longer the largest step a device can force), then
   combined by the weighted coordinate-wise trimmed mean (``aggregator`` / ``trim``; or median,
-  or mean) with the devices' weights ``weights`` (their capped n-train). pi stays on the
-  devices.
+  or mean) with the devices' weights ``weights`` (their capped n-train) times their
+  ``responsibility`` for the component, each update divided by that responsibility (so
+  the devices' updates are alike and comparable, and FedEM's step is kept). pi stays on
+  the devices: its reported value enters only that weight, at most the device's capped
+  n-train over all components together.
 * ``test-n`` (``evaluate``) enters the pooled accuracy as at most the log-scale fence of the
   round's test-n values (the reply's accuracy kept: ``test-correct`` scaled alike).
 """
@@ -179,6 +186,24 @@ def _clipped(updates: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
     radius = robust_radius(np.linalg.norm(stacked, axis=1), CLIP_FACTOR)
     clipped = clip_to_ball(stacked, np.zeros(stacked.shape[1]), radius)
     return dict(zip(updates, clipped, strict=True))
+
+
+def _check_responsibility(resp: np.ndarray, num_components: int) -> None:
+    """A reply's ``responsibility``: float64 (M,), finite, on the simplex within 1e-6."""
+    if resp.dtype != np.float64 or resp.shape != (num_components,):
+        raise ReplyError(f"'responsibility' must be float64 of shape ({num_components},), got "
+                         f"{resp.dtype} {resp.shape}")
+    if not np.all(np.isfinite(resp)) or np.any(resp < 0) or abs(float(resp.sum()) - 1) > 1e-6:
+        raise ReplyError("'responsibility' must be finite, >= 0 and sum to 1")
+
+
+def _responsibility(reply: dict[str, Any]) -> np.ndarray:
+    """A reply's ``responsibility``, or when it sent none, equal shares of the components it
+    trained (its total weight over the components is its n-train either way)."""
+    if "responsibility" in reply:
+        return np.asarray(reply["responsibility"], dtype=np.float64)
+    trained = (reply["weights"] > 0).astype(np.float64)
+    return trained / trained.sum()
 
 
 def _capped_test_counts(correct: np.ndarray, counts: np.ndarray
@@ -652,11 +677,12 @@ class FedEM(TaskStrategy):
             n = self.trusted_n_train()
             updates = [(r["components"], np.where(r["weights"] > 0, n[t], 0.0))
                        for t, r in accepted.items()]
+            responsibilities = np.stack([_responsibility(r) for r in accepted.values()])
             if self.aggregation == "all" and self.method != "clustered":
                 total = float(n[~self.unseen].sum())
             components = robust_aggregate_components(
                 self.components, updates, total, aggregator=self.aggregator, trim=self.trim,
-                max_share=self.max_weight_share)
+                max_share=self.max_weight_share, responsibilities=responsibilities)
         else:
             updates = [(r["components"], r["weights"]) for r in accepted.values()]
             if self.aggregation == "all" and self.method != "clustered":
@@ -756,6 +782,8 @@ class FedEM(TaskStrategy):
         arrays = arrays_of(reply)
         if arrays is None or "components" not in arrays or "weights" not in arrays:
             raise ReplyError("arrays 'components' and 'weights' required")
+        if "responsibility" in arrays:
+            out["responsibility"] = from_array(arrays["responsibility"])
         return self._check_arrays(out, from_array(arrays["components"]),
                                   from_array(arrays["weights"]))
 
@@ -771,7 +799,8 @@ class FedEM(TaskStrategy):
                 self._check_arrays(row, row["components"], row["weights"])
 
         return read_stacked_reply(reply, group, self._reply_keys(train),
-                                  ("components", "weights") if train else (), check)
+                                  ("components", "weights", "responsibility") if train else (),
+                                  check)
 
     @staticmethod
     def _reply_keys(train: bool) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
@@ -828,5 +857,7 @@ class FedEM(TaskStrategy):
         if int(np.count_nonzero(weights)) != expected:
             raise ReplyError(f"{int(np.count_nonzero(weights))} trained components, expected "
                              f"{expected}")
+        if self.robust and "responsibility" in out:  # it enters a weight in robust mode only
+            _check_responsibility(out["responsibility"], M)
         out["components"], out["weights"] = theta, weights
         return out

@@ -267,3 +267,20 @@ def test_robust_aggregation_names_a_wrong_aggregator():
     with pytest.raises(ValueError, match="aggregator"):
         robust_aggregate_components(np.zeros((1, 2)), [(np.ones((1, 2)), np.ones(1))],
                                     aggregator="krum")
+
+
+@pytest.mark.parametrize("total", [None, 900.0])
+def test_responsibility_scaled_updates_give_fedem_s_own_step(total):
+    """Devices whose updates are their responsibility times one direction per component
+    (d_k = r[k, m] g_m, as a responsibility-weighted local loss gives): the robust mean is
+    the authors' rule, sum_k n_k d_k / Z, however the devices' mixtures differ."""
+    rng = np.random.default_rng(1)
+    current = rng.normal(size=(3, 4))
+    g = rng.normal(size=(3, 4))
+    resp = rng.dirichlet(np.ones(3), size=8)
+    n = rng.integers(20, 100, size=8).astype(float)
+    updates = [(current + resp[k][:, None] * g, np.full(3, n[k])) for k in range(8)]
+    np.testing.assert_allclose(
+        robust_aggregate_components(current, updates, total, aggregator="mean",
+                                    max_share=1.0, responsibilities=resp),
+        aggregate_components(current, updates, total), rtol=1e-10)
