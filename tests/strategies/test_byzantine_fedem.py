@@ -79,13 +79,14 @@ def hostile_components(attack: str, sent: np.ndarray, honest: np.ndarray) -> np.
 
 
 def _hostile_row(attack: str, sent: np.ndarray, theta: np.ndarray, weights: np.ndarray,
-                 responsibility: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                 responsibility: np.ndarray | None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """The hostile row's components, weights and responsibility (``n-train-direction``
     also claims all the responsibility for the first component it trained)."""
     trained = weights > 0  # an untouched component (IFCA) stays untouched
     out = theta.copy()
     out[trained] = hostile_components(attack, sent, theta)[trained]
-    if attack == "n-train-direction":
+    if attack == "n-train-direction" and responsibility is not None:
         responsibility = np.zeros_like(responsibility)
         responsibility[int(np.argmax(trained))] = 1.0
     return (out, np.where(trained, float(MAX_N), 0.0) if lies(attack) else weights,
@@ -141,10 +142,13 @@ def _tamper_one(attack: str | None, message: Message, reply: Message,
     if "arrays" in reply.content:
         sent = from_array(message.content["arrays"]["components"])
         arrays = reply.content["arrays"]
+        given = arrays["responsibility"] if "responsibility" in arrays else None
         rows = _hostile_row(attack, sent, from_array(arrays["components"]),
-                            from_array(arrays["weights"]), from_array(arrays["responsibility"]))
+                            from_array(arrays["weights"]),
+                            None if given is None else from_array(given))
         records["arrays"] = ArrayRecord({key: to_array(value) for key, value in zip(
-            ("components", "weights", "responsibility"), rows, strict=True)})
+            ("components", "weights", "responsibility"), rows, strict=True)
+            if value is not None})
     return [Message(RecordDict(records), reply_to=message)]
 
 
@@ -175,10 +179,11 @@ def _tamper_stacked(attack: str | None, message: Message, reply: Message,
             which = int(sent_of[int(np.flatnonzero(sent_tasks == HOSTILE)[0])])
             sent = from_array(message.content["arrays"][f"components-{which}"])
             keys = ("components", "weights", "responsibility")
-            for key, value in zip(keys, _hostile_row(attack, sent, *(arrays[key][row]
-                                                                     for key in keys)),
-                                  strict=True):
-                arrays[key][row] = value
+            for key, value in zip(keys, _hostile_row(
+                    attack, sent, *(arrays[key][row] if key in arrays else None
+                                    for key in keys)), strict=True):
+                if value is not None:
+                    arrays[key][row] = value
     content = RecordDict({**dict(reply.content.items()), "stack": ConfigRecord(stack),
                           "arrays": ArrayRecord({k: to_array(v) for k, v in arrays.items()})})
     return [Message(content, reply_to=message)]
