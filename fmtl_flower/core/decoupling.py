@@ -64,6 +64,13 @@ decoupled after :data:`IMAGE_PERSISTENCE` rounds, and a decoupled task moves no 
 (W_H = B_H M'_HH above). Both cases keep W = B M' with M' symmetric positive definite:
 nothing here changes what the certificate certifies (a consistent (W, alpha) pair for the
 valid regulariser K' = M'^-1).
+
+What it does not give: r is relative to the honest tasks' own spread. Where their images
+point different ways (clustered tasks under a learned Omega), r is wide, and colluders kept
+just under it are never decoupled and still shape the Omega-step: 2 of 10 with
+``probabilistic`` (lam = 0.01) take the honest error from 0.130 (replies lost) to 0.242 (the
+Byzantine suite's table, ``python -m tests.strategies.test_byzantine_mocha``). A tighter fence
+would decouple honest tasks of ``small`` (whose distances reach 2.7 times their median).
 """
 
 from __future__ import annotations
