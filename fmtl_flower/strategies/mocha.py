@@ -94,12 +94,11 @@ before) guards this contract with what the federation makes plausible:
   times the others' median, or its b_t farther from the federation's consensus, the
   coordinate-wise median of the tasks' b_t, than the others' distances make plausible
   (median + 5 MADs, from 5 tasks on: :func:`~fmtl_flower.core.decoupling.consensus_fence`;
-  what pulls the others is a coherent direction, not a size), or its model's margin
-  |w_t| beyond 5 times the others' median (a learned Omega inflates a model that pulls);
-  all on the scale min(R~_t, median R~), :class:`~fmtl_flower.core.decoupling.OutlierWatch`)
-  is decoupled from the others for the rest of the run (sticky; the statistics are
-  re-checked every round and only add tasks): its off-diagonal entries of M are set to 0,
-  so it no longer moves any other task's model, and the Omega-step of a learned formulation learns
+  what pulls the others is a coherent direction, not a size); all on the scale
+  min(R~_t, median R~), :class:`~fmtl_flower.core.decoupling.OutlierWatch`) is decoupled
+  from the others for the rest of the run (sticky; the statistics are re-checked every round
+  and only add tasks): its off-diagonal entries of M are set to 0, so it no
+  longer moves any other task's model, and the Omega-step of a learned formulation learns
   nothing from its model (:mod:`fmtl_flower.core.decoupling`). It keeps training its own
   model; W stays W(alpha) for the regulariser M'^-1 and every gap stays a true bound for it.
   Logged once per newly decoupled task; records list ``tasks_decoupled``. The dense server
@@ -489,7 +488,7 @@ class Mocha(LinearTasks, TaskStrategy):
         updated[tasks] = ~self._dropped_now[tasks]
         new = self.watch.update(delta, scale * np.minimum(budget, n) / n,
                                 norm(self.state.B, axis=0), scale, updated,
-                                images=self.state.B, models=norm(self.state.W, axis=0) * scale)
+                                images=self.state.B)
         if not new.any():
             return
         if not isinstance(self.state, MochaServerState):

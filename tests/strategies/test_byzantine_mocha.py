@@ -77,8 +77,8 @@ class Attacker:
     share: float = SLACK  # the share of its step bound it uses
     image: float = SLACK  # the share of its dual-image bound it fills (robust mode)
     #: keep b_t just under robust mode's fences: "size" (|b_t| under the size fence, as the
-    #: attacker robust mode was first tried against), "images" (also the distance from the
-    #: federation's consensus) or "every" (also the size of its model); None: no fence
+    #: attacker robust mode was first tried against) or "every" (every fence: the size and
+    #: the distance from the federation's consensus); None: no fence
     fence_aware: str | None = None
     claim_n: int | None = None  # the n-train it claims (None: its own)
     strategy: Any = None  # the server: a fence-aware attacker reads every task's b_t
@@ -145,11 +145,9 @@ class Attacker:
         """Where an attacker that knows robust mode's fences
         (:class:`~fmtl_flower.core.decoupling.OutlierWatch`) and every task's b_t puts its
         b_t, never crossing a fence it knows, so never decoupled by it: "size", along u at
-        0.9 of the size fence on the honest tasks' |b_t| / min(R_t, median R); "images", from
+        0.9 of the size fence on the honest tasks' |b_t| / min(R_t, median R); "every", from
         the federation's consensus (:func:`~fmtl_flower.core.decoupling.consensus_fence`)
-        along u, at 0.9 of the distance its fence allows, within 0.9 of the size fence;
-        "every", also with its model's margin within 0.9 of the fence on the models
-        (:meth:`model_room`)."""
+        along u, at 0.9 of the distance its fence allows, and within 0.9 of the size fence."""
         state = self.strategy.state
         scale = federation_scale(self.bound)
         honest = [t for t in range(TASKS) if t not in self.hostile]
@@ -165,27 +163,7 @@ class Attacker:
             return np.zeros(DIM)
         target = (center + 0.9 * fence * self.u) * scale[task]
         size = float(np.linalg.norm(target))
-        target = target * (most / size) if size > most else target
-        return target if self.fence_aware == "images" else \
-            target * self.model_room(task, target, scale)
-
-    def model_room(self, task: int, target: np.ndarray, scale: np.ndarray) -> float:
-        """The largest share in [0, 1] of ``target`` that keeps the task's model margin
-        |w_t| scale_t (w_t = B M[:, t] with b_t at that share, M as it is now) within 0.9 of
-        the size fence on the honest tasks' margins."""
-        state = self.strategy.state
-        honest = [t for t in range(TASKS) if t not in self.hostile]
-        margins = np.linalg.norm(state.W[:, honest], axis=0) * scale[honest]
-        if not np.any(margins > 0):
-            return 0.0
-        limit = 0.9 * log_upper_fence(margins[margins > 0], factor=IMAGE_FENCE_FACTOR)
-        own = state.M[task, task] * target * scale[task]  # what b_t adds to its model
-        rest = (state.W[:, task] - state.M[task, task] * state.B[:, task]) * scale[task]
-        # |share * own + rest| <= limit: the larger root of a quadratic in share
-        a, b, c = own @ own, 2.0 * own @ rest, rest @ rest - limit**2
-        if c > 0 or a == 0.0:
-            return 0.0 if c > 0 else 1.0
-        return float(min(1.0, (-b + np.sqrt(b * b - 4.0 * a * c)) / (2.0 * a)))
+        return target * (most / size) if size > most else target
 
     def mbsgd_grad(self, task: int, count: int) -> np.ndarray:
         """The largest summed subgradient the bound lets through, moving w_t along -u."""
@@ -391,22 +369,6 @@ def test_devices_creeping_under_the_step_floor(problem, hostile, options):
     check(problem, "mocha", hostile, None, share=0.45, **options)
 
 
-@pytest.mark.parametrize("fence_aware", ["images", "every"])
-def test_two_devices_under_the_fences_with_a_learned_omega(problem, fence_aware):
-    """2 of 10 devices kept under robust mode's fences with ``probabilistic``. "images":
-    their b_t within the size and consensus fences, a learned Sigma still gave their models
-    10 times the honest median (honest error 0.242 against 0.130 lost) until the models'
-    margins were fenced too: now decoupled. "every": kept under that fence as well, never
-    decoupled, they end within 2 points of their replies lost."""
-    hostile, options = [3, 7], {"omega": "probabilistic", "omega_every": 5}
-    lost = lost_error(problem, "mocha", hostile, **options)
-    on, strategy = run(problem, "mocha", hostile=hostile, claim=None, robust=True,
-                       share=0.45, fence_aware=fence_aware, **options)
-    assert abs(on - lost) <= CLOSE, (on, lost)
-    decoupled = np.flatnonzero(strategy.decoupled).tolist()
-    assert decoupled == (hostile if fence_aware == "images" else []), decoupled
-
-
 @pytest.mark.parametrize("fence_aware", ["size", "every"])
 def test_two_devices_under_the_fences_with_strong_coupling(problem, fence_aware):
     """2 of 10 devices that know robust mode's fences and every task's b_t, with the tasks
@@ -574,10 +536,7 @@ TABLE = [  # (attack, family, hostile, claim, options)
      {**STRONG_MEAN, "share": 0.45, "fence_aware": "every"}),
     ("2 of 10 keep b_t under every fence (mean)", "mocha", [3, 7], None,
      {**MEAN, "share": 0.45, "fence_aware": "every"}),
-    ("2 of 10 keep b_t under the size and consensus fences (probabilistic)", "mocha",
-     [3, 7], None,
-     {"omega": "probabilistic", "omega_every": 5, "share": 0.45, "fence_aware": "images"}),
-    ("2 of 10 keep b_t under every fence (probabilistic)", "mocha", [3, 7], None,
+    ("2 of 10 keep b_t under every fence (probabilistic): NOT defended", "mocha", [3, 7], None,
      {"omega": "probabilistic", "omega_every": 5, "share": 0.45, "fence_aware": "every"}),
     ("Mb-SGD: 1 of 10 claims R=1e8 (lam/lam2 = 10)", "mbsgd", [3], CLAIMED, STRONG_MEAN),
     ("Mb-SGD: 1 of 10, true R (lam/lam2 = 10)", "mbsgd", [3], None, STRONG_MEAN),
@@ -590,8 +549,10 @@ def print_table() -> None:
     fence-aware attackers know every task's b_t (robust off there is no fence and they push
     to their bounds). Kept under the size fence alone, 2 of 10 took the honest error to 0.51
     with lam / lam2 = 10 before the consensus fence; now they are decoupled. Kept under
-    every fence they are never decoupled, and can then pull the others only by a deviation
-    (and, through a learned Omega, a model size) the honest tasks make plausible."""
+    every fence they are never decoupled: with ``mean`` they can then pull the others only
+    by a deviation the honest tasks make plausible (within 2 points); with
+    ``probabilistic`` (lam = 0.01, clustered tasks whose b_t point different ways, so the
+    fence is wide) they still shape the learned Omega: the residual risk, not a test."""
     problem = make_problem(num_tasks=TASKS, dim=DIM, samples_per_task=80, seed=3)
     print("| attack | robust off | robust on | replies lost |")
     print("|---|---|---|---|")
