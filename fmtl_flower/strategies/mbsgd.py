@@ -61,8 +61,10 @@ Robust mode (``robust``, default on; ``robust=False``: as before) uses MOCHA's c
 (:mod:`fmtl_flower.strategies.mocha`): R~_t, the federation-capped row norm, in every bound
 above, and the fenced ``n-train`` for the mini-batch sizes. A task whose mean subgradient
 |grad| / count uses half its bound or more while the others' use 10 times less, or whose
-model's largest margin |w_t| R_t exceeds 5 times the others' median three rounds running
-(on the scale min(R~_t, median R~)), is decoupled for the rest of the run: K becomes
+model's largest margin |w_t| R_t exceeds 5 times the others' median, or whose w_t R_t lies
+farther from the federation's consensus than the others' distances make plausible
+(:func:`~fmtl_flower.core.decoupling.consensus_fence`), three rounds running (on the scale
+min(R~_t, median R~)), is decoupled for the rest of the run: K becomes
 K' = M'^-1, block diagonal (:func:`~fmtl_flower.core.decoupling.block_diagonal_regulariser`:
 no cross term pulls the others), and the projection treats each block on its own ball
 (:func:`~fmtl_flower.core.decoupling.project_blocks`), so a decoupled column can no longer
@@ -368,7 +370,7 @@ class MbSgd(LinearTasks, TaskStrategy):
         assert self.W is not None
         scale = federation_scale(self._row_norms(np.arange(self.num_tasks)))
         new = self.watch.update(norm(G, axis=0), counts * scale, norm(self.W, axis=0),
-                                1.0 / scale, counts > 0)
+                                1.0 / scale, counts > 0, images=self.W)
         if not new.any():
             return
         self._refresh_matrices()

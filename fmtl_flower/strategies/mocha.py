@@ -90,11 +90,14 @@ before) guards this contract with what the federation makes plausible:
   a restart): b_t = X_t^T alpha_t / n_t with every |alpha_ti| <= 1, so no feasible alpha has
   a larger one, however its steps are spread over rounds;
 * a task whose updates are outliers against the federation's (its |delta-b| near its bound
-  while the others' are 10 times smaller, or its |b_t| beyond 5 times the others' median,
-  three rounds running, both on the scale min(R~_t, median R~),
-  :class:`~fmtl_flower.core.decoupling.OutlierWatch`) is decoupled from the others for the
-  rest of the run (sticky; the statistics are re-checked every round and only add tasks):
-  its off-diagonal entries of M are set to 0, so it no
+  while the others' are 10 times smaller; or, three rounds running, its |b_t| beyond 5
+  times the others' median, or its b_t farther from the federation's consensus, the
+  coordinate-wise median of the tasks' b_t, than the others' distances make plausible
+  (median + 5 MADs, from 5 tasks on: :func:`~fmtl_flower.core.decoupling.consensus_fence`;
+  what pulls the others is a coherent direction, not a size); all on the scale
+  min(R~_t, median R~), :class:`~fmtl_flower.core.decoupling.OutlierWatch`) is decoupled
+  from the others for the rest of the run (sticky; the statistics are re-checked every round
+  and only add tasks): its off-diagonal entries of M are set to 0, so it no
   longer moves any other task's model, and the Omega-step of a learned formulation learns
   nothing from its model (:mod:`fmtl_flower.core.decoupling`). It keeps training its own
   model; W stays W(alpha) for the regulariser M'^-1 and every gap stays a true bound for it.
@@ -484,7 +487,8 @@ class Mocha(LinearTasks, TaskStrategy):
         updated = np.zeros(self.num_tasks, dtype=bool)
         updated[tasks] = ~self._dropped_now[tasks]
         new = self.watch.update(delta, scale * np.minimum(budget, n) / n,
-                                norm(self.state.B, axis=0), scale, updated)
+                                norm(self.state.B, axis=0), scale, updated,
+                                images=self.state.B)
         if not new.any():
             return
         if not isinstance(self.state, MochaServerState):

@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 
 from fmtl_flower.core.decoupling import (
+    CONSENSUS_MIN_TASKS,
     IMAGE_PERSISTENCE,
     STEP_SHARE_FLOOR,
     OutlierWatch,
     block_diagonal_regulariser,
+    consensus_fence,
     coupled_models,
     decoupled_inverse,
     federation_scale,
@@ -130,3 +132,55 @@ def test_block_diagonal_regulariser_and_projection():
     out = project_blocks(W, Kp, mask)
     assert np.array_equal(out[:, ~mask], W[:, ~mask])  # the others untouched
     assert np.isclose(np.linalg.norm(out[:, 3]), np.sqrt(1.0 / Kp[3, 3]))
+
+
+def opposed(sizes: np.ndarray, against: list[int]) -> np.ndarray:
+    """Images (2, m) along e_1 of the given sizes, the tasks ``against`` pointing the other way
+    (their sizes typical: no size fence flags them)."""
+    images = np.zeros((2, len(sizes)))
+    images[0] = sizes
+    images[0, against] *= -1.0
+    return images
+
+
+def test_the_consensus_fence_holds_with_two_colluders_of_ten():
+    """2 of 10 tasks at a typical size but against the others' direction lie beyond the
+    consensus fence; honest tasks of spread sizes along it do not; the colluders cannot move
+    the center out of the honest tasks' range nor the fence beyond what the honest tasks'
+    deviations make plausible, wherever they go."""
+    sizes = np.array([0.5, 0.7, 0.6, 0.55, 0.9, 0.4, 0.65, 0.6, 0.75, 0.5])
+    scale = np.ones(10)
+    none = np.zeros(10, dtype=bool)
+    center, fence, deviation = consensus_fence(opposed(sizes, [3, 7]), scale, none)
+    assert np.flatnonzero(deviation > fence).tolist() == [3, 7]
+    honest = np.delete(np.arange(10), [3, 7])
+    fences = set()
+    for far in (1.0, 1e3, 1e9):  # anywhere: the fence and center stay honest-made
+        images = opposed(sizes, [3, 7])
+        images[:, [3, 7]] *= far
+        center, fence, _ = consensus_fence(images, scale, none)
+        assert sizes[honest].min() <= center[0] <= sizes[honest].max() and center[1] == 0
+        fences.add(fence)
+    assert len(fences) == 1 and fences.pop() < 2 * np.median(sizes[honest])
+    _, fence, _ = consensus_fence(opposed(sizes[:CONSENSUS_MIN_TASKS - 1], [0]),
+                                  scale[:CONSENSUS_MIN_TASKS - 1], none[:4])
+    assert fence == np.inf  # too few tasks to judge by
+
+
+def test_a_task_away_from_the_consensus_must_persist_to_be_decoupled():
+    sizes = np.array([0.5, 0.7, 0.6, 0.55, 0.9, 0.4, 0.65, 0.6, 0.75, 0.5])
+    scale, ones = np.ones(10), np.ones(10, dtype=bool)
+    images = opposed(sizes, [3, 7])
+    watch = OutlierWatch(10)
+
+    def step() -> list[bool]:
+        return watch.update(np.zeros(10), scale, np.linalg.norm(images, axis=0), scale, ones,
+                            images=images).tolist()
+    for _ in range(IMAGE_PERSISTENCE - 1):
+        assert not any(step())
+    assert np.flatnonzero(step()).tolist() == [3, 7]
+    # without the images (the size fence alone) they are never decoupled
+    watch = OutlierWatch(10)
+    for _ in range(2 * IMAGE_PERSISTENCE):
+        assert not watch.update(np.zeros(10), scale, np.linalg.norm(images, axis=0), scale,
+                                ones).any()
