@@ -19,6 +19,10 @@ through line by line. What it adds (flwr 1.41/1.42, node authentication on):
   database (or the node was unregistered) ``flower-supernode`` logs a traceback ending in
   ``401 Unauthorized`` and exits 0. The launcher exits 3 and says how to register the
   device's public key again (the command, with the key).
+* **No ClientApp process waits for a stopped run.** A ``flwr-clientapp`` started for a
+  message that ``flower-supernode`` gave up ("Run ID ... is not in `RUNNING` status. Ignoring
+  message ...") would wait up to 2 h for the message's content; it is stopped
+  (:class:`OrphanReaper` says why, with flwr's code locations).
 * SIGTERM and SIGINT are passed on to ``flower-supernode`` (which deactivates its node id
   on the way out); the launcher then exits with its status.
 

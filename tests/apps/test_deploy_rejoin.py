@@ -155,8 +155,8 @@ def test_forgotten_supernode_exits_nonzero_with_the_register_command(
         raise AssertionError(f"the SuperNode did not stop\n{node_log.read_text()}") from None
     text = node_log.read_text(errors="replace")
     context = f"exit {status}\n{text[-4000:]}"
+    assert status == 3, context  # flower-supernode alone: 0
     assert "401 Unauthorized" in text, context
-    assert status == 3, context
     pub = tmp_path / "keys" / "node-0.pub"
     assert f"flwr supernode register {pub}" in text, context
     assert pub.read_text().split()[1] in text, context  # the key itself, to check it
