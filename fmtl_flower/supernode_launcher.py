@@ -244,34 +244,42 @@ class OrphanReaper:
     (``flwr/supercore/inflatable/inflatable_utils.py::pull_objects``: 500 tries of up to 10 s,
     at most ``PULL_MAX_TIME`` = 7200 s), before any ClientApp code of ours runs.
 
-    The SuperNode handles one message at a time (it waits for a reply before it pulls the
-    next), and SuperExec claims the oldest pending task first, so a ``flwr-clientapp`` that
-    appears after such a line and before the SuperNode's next "Receiving:" line is the
-    orphan's. It gets SIGTERM (its exit handler reports the task failed), SIGKILL 10 s later.
+    The SuperNode handles one message at a time: it logs "Receiving: ..." when it pulls one,
+    creates its task at once (SuperExec may start its ``flwr-clientapp`` while the content is
+    still being pulled) and waits for the reply before it pulls the next. So the
+    ``flwr-clientapp`` of the message a "Ignoring message" line gives up is one that appeared
+    after the last "Receiving:" line, or appears before the next one (SuperExec claims the
+    oldest pending task first); one that was there before that "Receiving:" line served an
+    earlier message and is left alone. The orphan gets SIGTERM (its exit handler reports the
+    task failed), SIGKILL 10 s later.
     """
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.window_open = False  # between "Ignoring message" and the next "Receiving:"
+        self.ignored = False  # the current message was given up (until the next "Receiving:")
         self.known: set[int] = set()
+        self.since_receiving: set[int] = set()  # appeared since the last "Receiving:"
         self.reaped: list[int] = []
 
     def note(self, line: str) -> None:
         """Follow flower-supernode's output."""
         if IGNORED.search(line):
             with self.lock:
-                self.window_open = True
+                self.ignored = True
         elif RECEIVING in line:
             with self.lock:
-                self.window_open = False
+                self.ignored = False
+                self.since_receiving = set()
 
     def look(self, supernode_pid: int) -> list[int]:
-        """Reap the orphans among the ``flwr-clientapp`` processes new since the last look."""
+        """Reap the ``flwr-clientapp`` processes of the current message if it was given up."""
         current = clientapp_descendants(supernode_pid)
         with self.lock:
-            new = current - self.known
+            self.since_receiving |= current - self.known
+            self.since_receiving &= current
             self.known = current
-            orphans = sorted(new) if self.window_open else []
+            orphans = sorted(self.since_receiving) if self.ignored else []
+            self.since_receiving -= set(orphans)
         for pid in orphans:
             say(f"stopping flwr-clientapp {pid}: started for a message of a run that is "
                 "no longer RUNNING, it would wait up to 2 h for the message's content")

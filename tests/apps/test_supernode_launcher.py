@@ -8,15 +8,17 @@ exits as it does (the real one against a real SuperLink: ``test_deploy_rejoin.py
 * refused for good: exit 2 after ``--activation-wait`` with the register hint;
 * activated, then ``401 Unauthorized`` and exit 0 (a SuperLink that lost its database): exit 3
   with the ``flwr supernode register`` command and the device's public key;
-* "Run ID ... is not in `RUNNING` status. Ignoring message ..." followed by a
-  ``flwr-clientapp`` that would wait for hours: that process is stopped, while one started
-  for a message the SuperNode received is left alone.
+* "Run ID ... is not in `RUNNING` status. Ignoring message ...": the ``flwr-clientapp`` of
+  that message, started before the line (SuperExec did not wait for the content) or after
+  it, would wait for hours and is stopped; those of messages the SuperNode did not give up
+  are left alone.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -50,19 +52,40 @@ FAKE_SUPERNODE = textwrap.dedent('''\
         sys.exit(0)
     if mode == "orphans":
         app = os.environ["FAKE_CLIENTAPP"]
-        print("INFO :      Receiving: train message (ID: aaa)", flush=True)
-        legit = subprocess.Popen([app])
-        time.sleep(1.5)
-        print("INFO :      Run ID 7 is not in `RUNNING` status. Ignoring message bbb.",
-              flush=True)
-        orphan = subprocess.Popen([app])
+
+        def receiving(message):
+            print(f"INFO :      Receiving: train message (ID: {{message}})", flush=True)
+            time.sleep(1.0)
+
+        def ignoring(message):
+            print(f"INFO :      Run ID 7 is not in `RUNNING` status. Ignoring message "
+                  f"{{message}}.", flush=True)
+            time.sleep(1.0)
+
+        def start():
+            proc = subprocess.Popen([app])
+            time.sleep(1.5)
+            return proc
+
+        receiving("aaa")
+        kept = start()  # served aaa, still exiting when bbb is pulled
+        receiving("bbb")
+        early = start()  # SuperExec started bbb's ClientApp before its content came
+        ignoring("bbb")
+        receiving("ccc")
+        ignoring("ccc")
+        late = start()  # ccc's ClientApp, started after the SuperNode gave ccc up
+        receiving("ddd")
+        kept2 = start()
         deadline = time.monotonic() + 8
-        while orphan.poll() is None and time.monotonic() < deadline:
+        while (early.poll() is None or late.poll() is None) and time.monotonic() < deadline:
             time.sleep(0.1)
-        print(f"FAKE legit={{legit.pid}} alive={{legit.poll() is None}} "
-              f"orphan={{orphan.pid}} returncode={{orphan.poll()}}", flush=True)
-        legit.terminate()
-        legit.wait()
+        procs = dict(kept=kept, early=early, late=late, kept2=kept2)
+        print("FAKE " + " ".join(f"{{k}}={{p.pid}},{{p.poll()}}" for k, p in procs.items()),
+              flush=True)
+        for proc in (kept, kept2):
+            proc.terminate()
+            proc.wait()
         sys.exit(0)
     sys.exit(0)
 ''')
@@ -146,11 +169,12 @@ def test_the_clientapp_of_an_ignored_message_is_stopped_and_no_other(fake):
     out = _launch(fake, "--superlink", "127.0.0.1:9", "--insecure")
     assert out.returncode == 0, out.stdout + out.stderr
     line = next(li for li in out.stdout.splitlines() if li.startswith("FAKE "))
-    fields = dict(item.split("=") for item in line.split()[1:])
-    assert fields["alive"] == "True", out.stdout  # the received message's ClientApp runs on
-    assert fields["returncode"] == "-15", out.stdout  # the orphan got SIGTERM
-    assert f"stopping flwr-clientapp {fields['orphan']}" in out.stdout
-    assert f"flwr-clientapp {fields['legit']}" not in out.stdout
+    procs = {k: v.split(",") for k, v in (item.split("=") for item in line.split()[1:])}
+    assert procs["early"][1] == procs["late"][1] == "-15", out.stdout  # SIGTERM
+    assert procs["kept"][1] == procs["kept2"][1] == "None", out.stdout  # still running
+    stopped = sorted(int(pid) for pid in
+                     re.findall(r"fmtl-supernode: stopping flwr-clientapp (\d+)", out.stdout))
+    assert stopped == sorted([int(procs["early"][0]), int(procs["late"][0])]), out.stdout
 
 
 def test_arguments_go_to_flower_supernode_and_the_state_file_defaults_to_flwr_home(
