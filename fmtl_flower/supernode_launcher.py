@@ -388,12 +388,14 @@ class Launcher:
         """Attempts until one is activated (or the wait runs out); the exit status."""
         first_refusal: float | None = None
         pauses = 0
+        released = False  # once: a release that did not help is not repeated in a loop
         while True:
             attempt = self.run_once()
             if attempt.signalled or not attempt.refused:
                 return self.finish(attempt)
             first_refusal = first_refusal or time.monotonic()
-            if self.try_release():
+            if not released and self.try_release():
+                released = True
                 continue
             waited = time.monotonic() - first_refusal
             if waited >= self.args.activation_wait:
@@ -431,8 +433,10 @@ class Launcher:
 
     def forgotten(self, attempt: Attempt) -> bool:
         """Whether the SuperLink stopped recognising the activated node: a 401 in the output,
-        or (flower-supernode's heartbeat thread exits 0 on a 401 without logging it) an
-        unexplained exit 0 after which the SuperLink refuses the node's own id."""
+        or an exit 0 we did not ask for after which the SuperLink answers the node's own id
+        with 401 (flower-supernode meets a 401 by sending itself SIGINT, in
+        ``flwr/supercore/retry/http_retry.py`` and its heartbeat, and usually logs nothing
+        but "SuperNode terminated gracefully.")."""
         if attempt.node_id is None:
             return False
         if attempt.unauthorized:
