@@ -14,7 +14,9 @@
 #                           connection FEDERATION)
 #   RUN_DIR/nodes/node-<t>/ FLWR_HOME of SuperNode t (it unpacks the app's FAB there); its
 #                           state/ is the node's client-state-dir (as in supernode@.service)
-#                           unless --node-config sets one
+#                           unless --node-config sets one. The SuperNodes run under
+#                           deploy/bin/fmtl-supernode (as in supernode@.service), which
+#                           records the node id in fmtl-supernode.json there
 #   RUN_DIR/env.sh          `. RUN_DIR/env.sh` exports FLWR_HOME (and PATH) for `flwr run`
 #
 # Options
@@ -291,6 +293,7 @@ if [[ -n "$auth_dir" ]]; then
     done
 fi
 
+launcher=$(cd "$(dirname "$0")" && pwd)/bin/fmtl-supernode
 for ((i = 0; i < num_nodes; i++)); do
     t=$((first_task + i))
     node_config="task-id=$t"
@@ -299,7 +302,9 @@ for ((i = 0; i < num_nodes; i++)); do
         mkdir -p "$run_dir/nodes/node-$t/state"
         node_config+=" client-state-dir='$run_dir/nodes/node-$t/state'"
     fi
-    node_cmd=(flower-supernode --superlink "$node_address" --port "${ports[$i]}"
+    # fmtl-supernode: flower-supernode that rejoins after a crash (its old node id released
+    # or waited out) and exits non-zero when the SuperLink no longer knows it
+    node_cmd=("$launcher" --superlink "$node_address" --port "${ports[$i]}"
               --node-config "$node_config${extra_config:+ $extra_config}")
     if [[ -n "$tls_dir" ]]; then
         node_cmd+=(--root-certificates "$ca")

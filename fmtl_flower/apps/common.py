@@ -10,6 +10,7 @@ import functools
 import importlib
 import json
 import os
+import time
 from collections.abc import Callable
 from logging import INFO
 from pathlib import Path
@@ -29,6 +30,8 @@ from ..config import (
     RunConfig,
     settings_from_config,
 )
+from ..core import jit
+from ..engine import GridWrapper, InProcessGrid
 from ..packing import MAX_SLOTS_PER_NODE, PackedGrid, packed_client_app, tasks_of_node
 
 if TYPE_CHECKING:  # the strategies, the other clients and the datasets load on first use
@@ -316,6 +319,29 @@ def build_results(cfg: RunConfig, strategy: Mocha | MbSgd | FedEM | OFMTL | Fsvr
     return results
 
 
+#: ``kernels`` of a deployment's results: each device runs its own ``FMTL_KERNELS`` (default
+#: ``auto``), which the server cannot see.
+DEVICE_KERNELS = "device"
+
+
+def engine_of(grid: Grid) -> str:
+    """The engine a ServerApp runs on, by its grid (wrappers such as PackedGrid looked
+    through): ``inprocess`` (:class:`fmtl_flower.engine.InProcessGrid`), ``ray`` (Flower's
+    simulation engine, whose grid is flwr's ``InMemoryGrid``) or ``deployment`` (a SuperLink's
+    grid, or any other)."""
+    while isinstance(grid, GridWrapper):
+        grid = grid.inner
+    if isinstance(grid, InProcessGrid):
+        return "inprocess"
+    return "ray" if type(grid).__name__ == "InMemoryGrid" else "deployment"
+
+
+def kernels_of(engine: str) -> str:
+    """The results' ``kernels``: a simulation's choice (:func:`fmtl_flower.core.jit.
+    simulation_choice`, what its ClientApps run), or :data:`DEVICE_KERNELS` on a deployment."""
+    return DEVICE_KERNELS if engine == "deployment" else jit.simulation_choice()[0]
+
+
 def write_results(path: str | os.PathLike[str], results: dict[str, Any]) -> None:
     """Write results JSON atomically (write then rename)."""
     path = Path(path)
@@ -339,12 +365,16 @@ def make_server_app(config: RunConfig | None = None,
     """The ServerApp of ``cfg.strategy``: waits for the tasks, runs the rounds, reports results.
 
     The number of tasks is ``num-tasks`` when set, else the named dataset's task count.
-    With ``results-file`` set, the results JSON is written there.
+    With ``results-file`` set, the results JSON is written there; besides what
+    :func:`build_results` gives it holds ``engine`` (:func:`engine_of`), ``kernels``
+    (:func:`kernels_of`) and ``wall_time_s`` (the ServerApp's, discovery included).
     """
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
+        started = time.perf_counter()
+        engine = engine_of(grid)
         cfg = config_from_context(context, config)
         if not is_federated(cfg):
             raise ConfigError(f"strategy={cfg.strategy} with model={cfg.model_family} is a "
@@ -359,6 +389,8 @@ def make_server_app(config: RunConfig | None = None,
         rounds = 0 if cfg.strategy == "ofmtl" else cfg.num_server_rounds  # OFMTL: until all join
         strategy.start(grid=grid, num_rounds=rounds, timeout=cfg.round_timeout)
         results = build_results(cfg, strategy)
+        results.update(engine=engine, kernels=kernels_of(engine),
+                       wall_time_s=time.perf_counter() - started)
         final = results["final"]
         log(INFO, "%s finished: primal=%s test_error=%s accuracy_mean=%s", cfg.strategy,
             final.get("primal"), final.get("test_error"), final.get("accuracy_mean"))

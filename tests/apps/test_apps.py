@@ -77,3 +77,47 @@ def test_a_foreign_family_key_in_the_run_config_fails_the_server_app():
     run_config = {**_project_run_config(), "num-tasks": 2, "fedem.lr": 0.01}
     with pytest.raises(Exception, match="fedem.lr belongs to FedEM's family"):
         run_inprocess(server_app, client_app, 2, run_config=run_config)
+
+
+def test_results_file_names_engine_kernels_and_wall_time(tmp_path, monkeypatch):
+    """The results JSON of the ServerApp (what a deployment's ``results-file`` holds) has the
+    ``engine``, ``kernels`` and ``wall_time_s`` keys of docs/reference/results-json.md."""
+    import json
+    import time
+
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    monkeypatch.setenv("FMTL_KERNELS", "numpy")
+    out = tmp_path / "res.json"
+    run_config = {"num-tasks": 3, "dim": 4, "samples-per-task": 20, "num-server-rounds": 2,
+                  "results-file": str(out)}
+    t0 = time.perf_counter()
+    run_inprocess(server_app, client_app, 3, run_config=run_config)
+    elapsed = time.perf_counter() - t0
+    results = json.loads(out.read_text())
+    assert results["engine"] == "inprocess"
+    assert results["kernels"] == "numpy"
+    assert 0.0 < results["wall_time_s"] <= elapsed
+    assert results["wall_time_s"] >= sum(r["wall_time_s"] for r in results["rounds"][1:])
+
+
+def test_engine_of_a_grid():
+    """``engine`` by the grid the ServerApp is given: wrappers looked through; Flower's
+    simulation grid is ``ray``; a SuperLink's (or any other) grid is a deployment, whose
+    kernels each device sets."""
+    from flwr.serverapp import Grid
+
+    from fmtl_flower.apps.common import engine_of, kernels_of
+    from fmtl_flower.engine import InProcessGrid
+    from fmtl_flower.packing import PackedGrid
+
+    inprocess = InProcessGrid(client_app, 2)
+    assert engine_of(inprocess) == "inprocess"
+    assert engine_of(PackedGrid(inprocess)) == "inprocess"
+    abstract = dict.fromkeys(Grid.__abstractmethods__, lambda *a, **k: None)
+    abstract["run"] = property(lambda self: None)
+    http_grid = type("HttpGrid", (Grid,), abstract)()
+    memory_grid = type("InMemoryGrid", (Grid,), abstract)()
+    assert engine_of(http_grid) == "deployment"
+    assert engine_of(memory_grid) == "ray"
+    assert kernels_of("deployment") == "device"
+    assert kernels_of("ray") in ("auto", "numba", "numpy")

@@ -9,6 +9,8 @@
   would hide a results file;
 * both restart for ever (a refused SuperNode exits 0; a crashed device is refused until its
   old node id times out, about 60 s, so it must keep trying);
+* ``supernode@.service`` runs ``flower-supernode`` under ``fmtl-supernode`` (a crashed device
+  rejoins at once; a forgotten one exits non-zero with the register command);
 * both pass ``systemd-analyze verify`` (when systemd-analyze is installed).
 """
 
@@ -46,6 +48,7 @@ def test_supernode_keeps_its_state_in_a_directory_systemd_creates() -> None:
     assert pairs["task-id"] == "3"
     state = Path(pairs["client-state-dir"])
     assert state in _state_dirs("supernode@.service"), (state, _state_dirs("supernode@.service"))
+    assert Path(argv[0]).name == "fmtl-supernode"
     unit = _unit("supernode@.service")
     assert unit["UMask"] == ["0077"]
     assert unit["Restart"] == ["always"] and unit["StartLimitIntervalSec"] == ["0"]
@@ -71,7 +74,16 @@ def test_superlink_is_loopback_only_private_and_writes_where_runs_write() -> Non
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
 def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
-    venv = Path(sys.executable).parent.parent
+    # the executables the units start, from this venv; fmtl-supernode is the console script
+    # of `pip install fmtl-flower` (deploy/bin/fmtl-supernode where this venv predates it)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    real = Path(sys.executable).parent
+    for exe in ("flower-superlink", "fmtl-supernode"):
+        source = real / exe
+        if not source.exists() and exe == "fmtl-supernode":
+            source = DEPLOY / "bin" / exe
+        (venv / "bin" / exe).symlink_to(source)
     for name in ("superlink.service", "supernode@.service"):
         text = (UNITS / name).read_text().replace("/opt/fmtl/venv", str(venv))
         target = "supernode@3.service" if "@" in name else name
