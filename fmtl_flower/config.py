@@ -278,7 +278,7 @@ def unseen_tasks(cfg: RunConfig, num_tasks: int) -> list[int]:
     return list(range(first, num_tasks))
 
 
-def settings_from_config(cfg: RunConfig, num_tasks: int, num_classes: int = 2
+def settings_from_config(cfg: RunConfig, num_tasks: int, num_classes: int | None = None
                          ) -> StrategySettings:
     """The settings of ``cfg.strategy``'s constructor, from the run config.
 

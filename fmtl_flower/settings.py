@@ -107,6 +107,11 @@ def integer(minimum: int = 0) -> Check:
     return lambda key, value: as_int(key, value, minimum)
 
 
+def optional_integer(minimum: int = 0) -> Check:
+    """None, or an int >= ``minimum``."""
+    return lambda key, value: None if value is None else as_int(key, value, minimum)
+
+
 def number(lo: float | None = None, hi: float | None = None, lo_open: bool = False,
            hi_open: bool = False, finite: bool = True) -> Check:
     """A float in the bounds (:func:`as_float`)."""
@@ -594,8 +599,9 @@ class FedEMSettings(CommonSettings):
     model : str
         ``logistic``, ``softmax``, ``mlp`` or ``torch`` (the run config's ``fedem.model``,
         ``auto`` resolved).
-    num_classes : int
-        Output classes (>= 2; from the data).
+    num_classes : int or None
+        Output classes (>= 2). None: learned at discovery, the most classes a device
+        reported (its labels' largest class id + 1; at least 2).
     hidden : int
         Hidden units of ``mlp`` (``fedem.hidden``).
     lr, batch_size, local_epochs : float, int, int
@@ -639,7 +645,7 @@ class FedEMSettings(CommonSettings):
     method: str = setting("fedem", text)
     num_components: int = setting(3, integer(1), "fedem.M", wire_default=4)
     model: str = setting("logistic", choice("logistic", "softmax", "mlp", "torch"))
-    num_classes: int = setting(2, integer(2))
+    num_classes: int | None = setting(None, optional_integer(2))
     hidden: int = setting(32, integer(1), "fedem.hidden")
     lr: float = setting(0.05, _POSITIVE, "fedem.lr", wire_default=0.3)
     batch_size: int = setting(128, integer(1), "fedem.batch-size")

@@ -280,7 +280,8 @@ def _client_app_of(config: RunConfig, load: Callable[[Context], tuple[np.ndarray
 
 def strategy_from_config(cfg: RunConfig, num_tasks: int,
                          on_round: Callable[[dict[str, Any]], None] | None = None,
-                         num_classes: int = 2) -> Mocha | MbSgd | FedEM | OFMTL | Fsvrg:
+                         num_classes: int | None = None
+                         ) -> Mocha | MbSgd | FedEM | OFMTL | Fsvrg:
     """The strategy configured by ``cfg``: its class (:func:`strategy_class`) built from the
     settings of the run config (:func:`fmtl_flower.config.settings_from_config`), with
     checkpoints on when ``checkpoint-dir`` is set. ``on_round`` gets every record (OFMTL:

@@ -58,7 +58,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from ..checkpoint import check_fingerprint, read_checkpoint, write_checkpoint
 from ..core.rng import train_sample_rng
 from ..wire import metric_record, to_array
-from .discovery import TaskDirectory, wait_for_nodes
+from .discovery import TaskDirectory, suggested_fix, wait_for_nodes
 
 #: Flower's ``train_metrics_aggr_fn`` / ``evaluate_metrics_aggr_fn``:
 #: ``fn(reply contents, weighted_by_key) -> MetricRecord``.
@@ -73,8 +73,10 @@ class NoValidReplies(RuntimeError):
         self.reasons = dict(reasons)
         common = Counter(reasons.values()).most_common(1)
         reason, count = common[0] if common else ("no reply", 0)
+        fix = suggested_fix(reason)
         super().__init__(f"{name}: no valid reply in {rounds} rounds in a row; {count} of "
-                         f"{len(reasons)} tasks failed with: {reason}")
+                         f"{len(reasons)} tasks failed with: {reason}"
+                         + (f". To fix: {fix}" if fix else ""))
 
 
 class TaskStrategy(Strategy):

@@ -168,7 +168,9 @@ class FedEM(TaskStrategy):
         for the single-model methods), independently initialised, all of one layout.
     num_classes, hidden : int
         Classes (2 for logistic) and hidden units (mlp); not used by ``model="torch"`` (the
-        module fixes both).
+        module fixes both). ``num_classes`` None (default): learned at the first round's
+        discovery, the most classes a device reported in its ``whoami`` (``num-classes``:
+        its labels' largest class id + 1), at least 2.
     lr, batch_size, local_epochs, momentum, weight_decay : float / int
         The local solver: epochs of mini-batch SGD with momentum and weight decay (torch's
         rule), one optimiser state per component kept on the device across rounds.
@@ -247,7 +249,7 @@ class FedEM(TaskStrategy):
         self.name = _NAMES[method]
         self.num_components = 1 if method in SINGLE_MODEL else s.num_components
         self.model = None if s.model == "torch" else make_model(
-            s.model, 1, num_classes=s.num_classes, hidden=s.hidden)
+            s.model, 1, num_classes=s.num_classes or 2, hidden=s.hidden)
         self.layout: list[tuple[str, tuple[int, ...], str]] | None = None
         self.model_name = s.model
         self.on_round = on_round
@@ -408,7 +410,8 @@ class FedEM(TaskStrategy):
         """Settings a checkpoint must share with this run to be resumed."""
         return {"strategy": "FedEM", "num_tasks": self.num_tasks, "method": self.method,
                 "num_components": self.num_components, "model": self.model_name,
-                "num_classes": self.num_classes, "hidden": self.hidden, "seed": self.seed,
+                "num_classes": self.settings.num_classes, "hidden": self.hidden,
+                "seed": self.seed,
                 "sgd": [self.sgd.lr, self.sgd.momentum, self.sgd.weight_decay,
                         self.sgd.batch_size, self.sgd.epochs, self.sgd.prox_mu],
                 "fraction": self._train_fraction(), "aggregation": self.aggregation,
@@ -424,7 +427,8 @@ class FedEM(TaskStrategy):
         """The components, the tasks' sizes and the records (client sampling and the
         learning rate derive from the seed and the round; pi stays on the devices)."""
         assert self.components is not None
-        meta: dict[str, Any] = {"records": self.records, "dim": self.directory.dim}
+        meta: dict[str, Any] = {"records": self.records, "dim": self.directory.dim,
+                                "num_classes": self.num_classes}
         if self.method == "cfl":
             meta["clusters"] = [[int(t) for t in c] for c in self.clusters]
         if self.layout is not None:
@@ -434,6 +438,8 @@ class FedEM(TaskStrategy):
     def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
         """Load :meth:`checkpoint_state`'s output."""
         dim = int(meta["dim"])
+        if self.num_classes is None:  # learned by the run that wrote the checkpoint
+            self.num_classes = int(meta.get("num_classes") or 2)
         components = np.asarray(arrays["components"], dtype=np.float64)
         if self.model_name == "torch":
             model = None
@@ -468,12 +474,25 @@ class FedEM(TaskStrategy):
         known (component m from its own seeded stream, so components differ)."""
         self.directory.discover(grid, wait=self.discovery_timeout if wait else 0.0,
                                 query_timeout=max(self.round_timeout, 60.0))
+        if self.num_classes is None and self.directory.dim is not None:
+            self._learn_num_classes()
         if self.components is None and self.directory.dim is not None and self.model is not None:
             self.model = make_model(self.model_name, self.directory.dim,
                                     num_classes=self.num_classes, hidden=self.hidden)
             self.components = np.stack([
                 self.model.init_params(np.random.default_rng([self.seed, m, TAG_INIT]))
                 for m in range(self.num_components)])
+
+    def _learn_num_classes(self) -> None:
+        """``num_classes`` unset: the most classes a device reported at discovery (at least
+        2; logistic: 2), logged. A device found later with more classes fails its replies
+        with the reason, and :class:`~fmtl_flower.strategies.base.NoValidReplies` says to set
+        ``num_classes``."""
+        reported = self.directory.classes_reported()
+        self.num_classes = 2 if self.model_name == "logistic" else max(2, reported)
+        log(INFO, "%s: num_classes = %d (%s)", self.name, self.num_classes,
+            f"the most classes a device reported: {reported}" if reported
+            else "no device reported its classes")
 
     # ------------------------------------------------------------------ torch components
     def _set_initial(self, records: list[ArrayRecord], name: str) -> None:
