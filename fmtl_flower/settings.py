@@ -593,9 +593,10 @@ class FedEMSettings(CommonSettings):
         One of :data:`fmtl_flower.strategies.fedem.METHODS` (the run config's ``strategy``;
         the strategy checks it).
     num_components : int
-        FedEM's M; clustered FL's models (``fedem.M``; 4 on the wire: chosen on a validation
+        FedEM's M; clustered FL's models (``fedem.M``; default 4, chosen on a validation
         split of ``fedem-synthetic``, whose released labels add an 'always 0' component to
-        the 3 of the mixture).
+        the 3 of the mixture; FedAvg, FedProx, FedAvg+, pFedMe and local train one model
+        whatever it says, CFL starts with one and splits).
     model : str
         ``logistic``, ``softmax``, ``mlp`` or ``torch`` (the run config's ``fedem.model``,
         ``auto`` resolved).
@@ -606,7 +607,7 @@ class FedEMSettings(CommonSettings):
         Hidden units of ``mlp`` (``fedem.hidden``).
     lr, batch_size, local_epochs : float, int, int
         The FedEM family's local SGD (``fedem.lr``, ``fedem.batch-size``,
-        ``fedem.local-epochs``; the run config's defaults 0.3, 128, 1 were tuned on a
+        ``fedem.local-epochs``; the defaults 0.3, 128, 1 were tuned on a
         validation split, ``simulations/fedem_tune.py``).
     momentum, weight_decay : float
         torch's SGD rule, one optimiser state per component, kept on the device across
@@ -621,7 +622,8 @@ class FedEMSettings(CommonSettings):
         holding the old value) or ``sampled`` (average over the replying clients: unbiased
         under sampling) (``fedem.aggregation``).
     prox_mu : float
-        FedProx's mu (``fedem.prox-mu``; > 0 for ``fedprox``).
+        FedProx's mu (``fedem.prox-mu``; > 0 for ``fedprox``, whose default 0.1 was tuned
+        on a validation split; the other methods ignore it).
     finetune_epochs : int
         FedAvg+'s fine-tuning epochs (``fedem.finetune-epochs``).
     unseen_tasks : tuple of int
@@ -643,11 +645,11 @@ class FedEMSettings(CommonSettings):
     NAMESPACE: ClassVar[str] = "fedem"
 
     method: str = setting("fedem", text)
-    num_components: int = setting(3, integer(1), "fedem.M", wire_default=4)
+    num_components: int = setting(4, integer(1), "fedem.M")
     model: str = setting("logistic", choice("logistic", "softmax", "mlp", "torch"))
     num_classes: int | None = setting(None, optional_integer(2))
     hidden: int = setting(32, integer(1), "fedem.hidden")
-    lr: float = setting(0.05, _POSITIVE, "fedem.lr", wire_default=0.3)
+    lr: float = setting(0.3, _POSITIVE, "fedem.lr")
     batch_size: int = setting(128, integer(1), "fedem.batch-size")
     local_epochs: int = setting(1, integer(1), "fedem.local-epochs")
     momentum: float = setting(0.9, number(lo=0.0, hi=1.0, hi_open=True), "fedem.momentum")
@@ -655,7 +657,7 @@ class FedEMSettings(CommonSettings):
     lr_schedule: str = setting("constant", choice("constant", "multi-step"), "fedem.lr-schedule")
     fraction: float = setting(1.0, number(lo=0.0, hi=1.0, lo_open=True), "fedem.fraction")
     aggregation: str = setting("all", choice("all", "sampled"), "fedem.aggregation")
-    prox_mu: float = setting(0.0, _NONNEG, "fedem.prox-mu", wire_default=0.1)
+    prox_mu: float = setting(0.1, _NONNEG, "fedem.prox-mu")
     finetune_epochs: int = setting(1, integer(0), "fedem.finetune-epochs")
     unseen_tasks: tuple[int, ...] = setting((), task_ids)
     pi_floor: float = setting(1e-6, _POSITIVE)
