@@ -57,6 +57,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from ..checkpoint import check_fingerprint, read_checkpoint, write_checkpoint
 from ..core.rng import train_sample_rng
+from ..legacy import detect_legacy
 from ..wire import metric_record, to_array
 from .discovery import TaskDirectory, suggested_fix, wait_for_nodes
 
@@ -134,8 +135,11 @@ class TaskStrategy(Strategy):
         (:func:`as_array_record`). ``timeout`` bounds every exchange, the first round's
         discovery included (the strategy's ``discovery_timeout`` is lowered to it). Raises
         :class:`~fmtl_flower.strategies.discovery.DiscoveryError` (a ``RuntimeError``) when
-        fewer than :attr:`min_tasks` tasks have a node by then."""
+        fewer than :attr:`min_tasks` tasks have a node by then. NumPyClient devices are
+        found and served through :func:`~fmtl_flower.legacy.detect_legacy` (unless ``grid``
+        is a wrapper already: then wrap it in ``LegacyGrid`` yourself)."""
         self.check_knobs()
+        grid = detect_legacy(grid)  # a NumPyClient device just works (issue 27)
         self.num_rounds = int(num_rounds)
         self.round_timeout = float(timeout)
         if getattr(self, "discovery_timeout", None) is not None:  # timeout bounds discovery

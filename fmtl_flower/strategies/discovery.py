@@ -140,9 +140,10 @@ KNOWN_FIXES: tuple[tuple[re.Pattern[str], str], ...] = (
      "leave num_classes (fedem.num-classes) unset to learn C from the devices, or set it to C."),
     (re.compile(r"Invalid message type: '?query\.whoami"),
      "The device's ClientApp has no query.whoami handler: a NumPyClient / "
-     "ClientApp(client_fn=...) device. Start the strategy with "
-     "grid=fmtl_flower.legacy.LegacyGrid(grid) (or client-api=numpyclient), or run this "
-     "project's ClientApp on the device."),
+     "ClientApp(client_fn=...) device, which start() serves through "
+     "fmtl_flower.legacy.LegacyGrid unless the grid it was given is another wrapper: pass "
+     "grid=LegacyGrid(grid) (inside any other wrapper), or run this project's ClientApp on "
+     "the device."),
     (re.compile(r"task-id -?\d+ outside 0\.\.\d+"),
      "A device serves a task id beyond this run's tasks: set num-tasks (num_tasks=) to the "
      "federation's number of tasks, or fix the device's task-id / partition-id."),
