@@ -93,8 +93,8 @@ class _RunConfigKeys(RunKeys):
     (``fedem-synthetic``), ``iid`` (``sparse-federated``), ``checkpoint-dir`` /
     ``checkpoint-every``, ``client-state-dir``, ``tasks-per-node`` (task packing, 0:
     automatic in ``fmtl run``, 1 in a Flower app), and Flower's ``min-tasks`` (0: all),
-    ``min-available-nodes``, ``fraction-train``, ``min-train-nodes``
-    (:class:`~fmtl_flower.settings.CommonSettings`).
+    ``min-available-nodes``, ``fraction-train``, ``min-train-nodes``, ``fraction-evaluate``,
+    ``min-evaluate-nodes`` (:class:`~fmtl_flower.settings.CommonSettings`).
 
     The family keys are the settings of :mod:`fmtl_flower.settings` (documented there), with
     the wire's spellings of "unset": 0 for ``mocha.s2``, ``mocha.eta``, ``mocha.clusters``,

@@ -356,6 +356,12 @@ class CommonSettings(StrategySettings):
         (``fraction-train``; 1.0: all).
     min_train_nodes : int
         Lower bound of the sampled tasks per training round (``min-train-nodes``; 0: none).
+    fraction_evaluate : float
+        Fraction of the tasks evaluated in an evaluation round, for the methods that
+        evaluate a sample (``fraction-evaluate``; 1.0: all; 0.0: none, as in Flower).
+    min_evaluate_nodes : int
+        Lower bound of the tasks evaluated per evaluation round (``min-evaluate-nodes``;
+        0: none).
     train_metrics_aggr_fn, evaluate_metrics_aggr_fn : callable or None
         Flower's aggregation of the replies' metrics into the ``Result`` (Python only).
     robust : bool
@@ -384,6 +390,8 @@ class CommonSettings(StrategySettings):
     min_available_nodes: int = setting(0, integer(0), "min-available-nodes")
     fraction_train: float = setting(1.0, number(lo=0.0, hi=1.0, lo_open=True), "fraction-train")
     min_train_nodes: int = setting(0, integer(0), "min-train-nodes")
+    fraction_evaluate: float = setting(1.0, number(lo=0.0, hi=1.0), "fraction-evaluate")
+    min_evaluate_nodes: int = setting(0, integer(0), "min-evaluate-nodes")
     train_metrics_aggr_fn: Callable[..., Any] | None = setting(None, callable_or_none)
     evaluate_metrics_aggr_fn: Callable[..., Any] | None = setting(None, callable_or_none)
     robust: bool = setting(True, boolean, "robust")

@@ -28,6 +28,13 @@ constructor or settings object may override; read when ``start`` runs):
     ``train-sample`` of :mod:`fmtl_flower.core.rng` (FedEM: its ``fedem-sample`` stream). What
     an unsampled device does depends on the method (each strategy's docstring). A strategy
     that does not sample refuses other values with a ``ValueError``.
+``fraction_evaluate`` (float in [0, 1], default 1.0) and ``min_evaluate_nodes`` (int, default 0)
+    Flower's meaning, for the strategies that evaluate a sample of the devices
+    (``samples_evaluation``: the FedEM family): an evaluation round evaluates
+    ``max(floor(fraction_evaluate * K), min_evaluate_nodes)`` (at most K; none at 0.0) of the
+    K known tasks, drawn from the seeded stream ``evaluate-sample``. MOCHA's family
+    evaluates with the training replies, FSVRG and OFMTL every device: they refuse other
+    values with a ``ValueError``.
 ``train_metrics_aggr_fn`` / ``evaluate_metrics_aggr_fn`` (callable or None, default None)
     None: the strategy's own metrics (the round's record). Otherwise called as Flower's
     ``FedAvg`` calls them, ``fn(contents, weighted_by_key) -> MetricRecord``, with one
@@ -56,7 +63,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from ..checkpoint import check_fingerprint, read_checkpoint, write_checkpoint
-from ..core.rng import train_sample_rng
+from ..core.rng import evaluate_sample_rng, train_sample_rng
 from ..legacy import detect_legacy
 from ..wire import metric_record, to_array
 from .discovery import TaskDirectory, suggested_fix, wait_for_nodes
@@ -105,6 +112,8 @@ class TaskStrategy(Strategy):
     min_available_nodes: int = 0
     fraction_train: float = 1.0
     min_train_nodes: int = 0
+    fraction_evaluate: float = 1.0
+    min_evaluate_nodes: int = 0
     train_metrics_aggr_fn: MetricsAggrFn | None = None
     evaluate_metrics_aggr_fn: MetricsAggrFn | None = None
     #: The reply metric that counts a device's examples (Flower's ``weighted_by_key``).
@@ -112,6 +121,9 @@ class TaskStrategy(Strategy):
     #: Whether the strategy samples devices per round (honours ``fraction_train`` and
     #: ``min_train_nodes``); the others refuse values other than the defaults.
     samples_devices: bool = False
+    #: Whether the strategy evaluates a sample of the devices (honours ``fraction_evaluate``
+    #: and ``min_evaluate_nodes``); the others refuse values other than the defaults.
+    samples_evaluation: bool = False
 
     @property
     def first_round(self) -> int:
@@ -255,6 +267,7 @@ class TaskStrategy(Strategy):
             value = getattr(self, key)
             if value is not None and not callable(value):
                 raise ValueError(f"{key} must be callable or None, got {value!r}")
+        check_evaluate_knobs(self, name)
 
     def train_sample_size(self, eligible: int) -> int:
         """How many of ``eligible`` tasks a training round samples: ``max(1, floor(
@@ -276,6 +289,22 @@ class TaskStrategy(Strategy):
         tasks = np.array(ordered, dtype=np.int64)
         rng = train_sample_rng(seed, server_round)
         return sorted(int(t) for t in rng.choice(tasks, size=count, replace=False))
+
+    def sample_evaluate_tasks(self, eligible: Iterable[int], server_round: int,
+                              seed: int) -> list[int]:
+        """The tasks of ``eligible`` evaluated in ``server_round``, as Flower's ``FedAvg``
+        counts them: ``max(floor(fraction_evaluate * K), min_evaluate_nodes)`` of the K
+        (at most K; none when ``fraction_evaluate`` is 0), drawn from the seeded stream
+        ``evaluate-sample`` (:mod:`fmtl_flower.core.rng`); sorted."""
+        ordered = sorted(map(int, eligible))
+        if self.fraction_evaluate == 0.0:
+            return []
+        count = max(math.floor(self.fraction_evaluate * len(ordered)), self.min_evaluate_nodes)
+        if count >= len(ordered):
+            return ordered
+        rng = evaluate_sample_rng(seed, server_round)
+        return sorted(int(t) for t in rng.choice(np.array(ordered, dtype=np.int64),
+                                                 size=count, replace=False))
 
     def seed_model(self, initial_arrays: ArrayRecord) -> None:
         """Take ``start``'s ``initial_arrays`` as the model to start from (strategies with one
@@ -563,3 +592,21 @@ def as_taken_by(grid: Grid, messages: Iterable[Message]) -> Iterable[Message]:
     if getattr(grid, "streams_messages", False):
         return messages
     return list(messages)
+
+
+def check_evaluate_knobs(strategy: Any, name: str) -> None:
+    """ValueError naming ``fraction_evaluate`` / ``min_evaluate_nodes`` (Flower's meaning)
+    when out of range, or when ``strategy`` does not evaluate a sample of the devices
+    (``samples_evaluation``) and they are not at their defaults (1.0, 0)."""
+    fraction, least = strategy.fraction_evaluate, strategy.min_evaluate_nodes
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float) \
+            or not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"fraction_evaluate must be a number in [0, 1], got {fraction!r}")
+    if isinstance(least, bool) or not isinstance(least, int) or least < 0:
+        raise ValueError(f"min_evaluate_nodes must be an int >= 0, got {least!r}")
+    if not getattr(strategy, "samples_evaluation", False) and (fraction != 1.0 or least):
+        raise ValueError(f"{name} evaluates every device (its evaluation comes with the "
+                         "training replies, or on the server); fraction_evaluate and "
+                         "min_evaluate_nodes are for the strategies that evaluate a sample "
+                         f"(FedEM's family) (got fraction_evaluate={fraction!r}, "
+                         f"min_evaluate_nodes={least!r})")

@@ -269,6 +269,7 @@ class FedEM(TaskStrategy):
 
     # ------------------------------------------------------------------ Strategy interface
     samples_devices = True
+    samples_evaluation = True
 
     def summary(self) -> None:
         """Log the configuration."""
@@ -370,11 +371,14 @@ class FedEM(TaskStrategy):
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
-        """``evaluate`` messages to every known client, on evaluation rounds."""
+        """``evaluate`` messages to the known clients, on evaluation rounds: all of them, or
+        Flower's ``fraction_evaluate`` / ``min_evaluate_nodes`` sample of them."""
         if not self._evaluation_due(server_round):
             return []
-        return self._messages(server_round, MessageType.EVALUATE, sorted(self.task_to_node),
-                              grid)
+        known = sorted(self.task_to_node)
+        chosen = self.sample_evaluate_tasks(known, server_round, self.seed)
+        self._not_evaluated = set(known) - set(chosen)
+        return self._messages(server_round, MessageType.EVALUATE, chosen, grid)
 
     def aggregate_evaluate(self, server_round: int,
                            replies: Iterable[Message]) -> MetricRecord | None:
@@ -398,7 +402,8 @@ class FedEM(TaskStrategy):
                     n = np.array([accepted[t]["n-train"] for t in tasks], dtype=float)
                     loss = np.array([accepted[t]["train-loss"] for t in tasks])
                     record["train_loss_eval"] = float(loss @ n / n.sum())
-            record["tasks_missing"] = sorted(set(range(self.num_tasks)) - set(accepted))
+            record["tasks_missing"] = sorted(set(range(self.num_tasks)) - set(accepted)
+                                             - getattr(self, "_not_evaluated", set()))
         record["wall_time_s"] = time.perf_counter() - self._round_start
         if self.on_round is not None:
             self.on_round(self.public_record(record))
