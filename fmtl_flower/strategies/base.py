@@ -126,6 +126,12 @@ class TaskStrategy(Strategy):
     samples_evaluation: bool = False
 
     @property
+    def display_name(self) -> str:
+        """The method's name in log lines (FedEM's family: the method's, e.g. FedAvg)."""
+        name = getattr(self, "name", None)
+        return name if isinstance(name, str) and name else type(self).__name__
+
+    @property
     def first_round(self) -> int:
         """The first round this run trains (1, or the one after the resumed checkpoint)."""
         return self.resumed_from + 1
@@ -232,6 +238,8 @@ class TaskStrategy(Strategy):
         metrics = self.aggregate_evaluate(server_round, replies)
         drain(replies)
         self._take_evaluations(result)
+        if metrics is not None:
+            log_round_summary(self.display_name, server_round, metrics)
         last = getattr(boundary, "last", None)
         if (metrics is not None and self.evaluate_metrics_aggr_fn is not None
                 and last is not None and last.accepted):
@@ -330,6 +338,7 @@ class TaskStrategy(Strategy):
         if not queued:
             return
         for server_round, own, accepted in queued:
+            log_round_summary(self.display_name, server_round, own)
             metrics = own
             if self.evaluate_metrics_aggr_fn is not None and accepted:
                 metrics = aggregate_with(self.evaluate_metrics_aggr_fn, accepted,
@@ -610,3 +619,39 @@ def check_evaluate_knobs(strategy: Any, name: str) -> None:
                          "min_evaluate_nodes are for the strategies that evaluate a sample "
                          f"(FedEM's family) (got fraction_evaluate={fraction!r}, "
                          f"min_evaluate_nodes={least!r})")
+
+
+#: The numbers of a round's record shown in its summary line (key, label, format), in order.
+SUMMARY_KEYS = (("test_error", "test error", ".4f"), ("accuracy_mean", "accuracy", ".4f"),
+                ("accuracy_bottom_decile", "bottom-10% accuracy", ".4f"),
+                ("gap", "gap", ".3e"), ("train_loss", "train loss", ".5f"),
+                ("objective", "objective", ".6e"))
+
+
+def round_summary(metrics: Mapping[str, Any]) -> str:
+    """The round's main numbers in words (:data:`SUMMARY_KEYS`; the gap also relative to
+    the primal), then its reply count: ``test error 0.1339, gap 4.680e-02 (relative
+    2.13e-02), ..., 4 replies``."""
+    parts = []
+    for key, label, spec in SUMMARY_KEYS:
+        value = metrics.get(key)
+        if not _is_number(value) or key == "objective" and "gap" in metrics:
+            continue
+        text = f"{label} {format(value, spec)}"
+        primal = metrics.get("primal")
+        if key == "gap" and _is_number(primal) and primal:
+            text += f" (relative {value / primal:.2e})"
+        parts.append(text)
+    replies = metrics.get("num_replies")
+    if _is_number(replies):
+        parts.append(f"{int(replies)} replies")
+    return ", ".join(parts)
+
+
+def log_round_summary(name: str, server_round: int, metrics: Mapping[str, Any]) -> None:
+    """Log one line with the evaluated round's main numbers (:func:`round_summary`), if it
+    has any (issue 27: the per-round log showed only reply counts)."""
+    if FLOWER_LOGGER.isEnabledFor(INFO):
+        line = round_summary(metrics)
+        if line:
+            log(INFO, "\t└──> %s round %d: %s", name, server_round, line)
