@@ -850,7 +850,8 @@ class RunKeys:
     num_tasks, dim, samples_per_task : int
         Generator sizes for ``synthetic`` and ``sparse-federated`` (0: default;
         ``sparse-federated``: the median rows per device); ``num-tasks`` is also how many
-        devices the server waits for (0: the dataset's task count).
+        devices the server waits for (0: the distinct task ids of the nodes online once
+        ``min-available-nodes`` are, when that is set; else the dataset's task count).
     results_file : str
         The ServerApp writes the results JSON there (useful with ``flwr run``).
     model : str
@@ -984,7 +985,14 @@ def drop_prob_of(value: float | Sequence[float]) -> Any:
 
 
 def check_num_tasks(num_tasks: Any, minimum: int = 1) -> int:
-    """A strategy's ``num_tasks``: an int >= ``minimum`` (a ValueError otherwise)."""
+    """A strategy's ``num_tasks``: an int >= ``minimum`` (a ValueError otherwise; for None,
+    one that says how to learn it from the federation)."""
+    if num_tasks is None:
+        raise ValueError("num_tasks=None: a strategy needs its number of tasks when built; "
+                         "learn it from the nodes online first, as Flower sizes a run by its "
+                         "SuperNodes: num_tasks = fmtl_flower.discover_num_tasks(grid, "
+                         "min_available_nodes=...) in your ServerApp (this project's apps do "
+                         "so when num-tasks is 0 and min-available-nodes is set)")
     if isinstance(num_tasks, bool) or not isinstance(num_tasks, numbers.Integral | float) \
             or int(num_tasks) != num_tasks or num_tasks < minimum:
         raise ValueError(f"num_tasks must be an integer >= {minimum}, got {num_tasks!r}")

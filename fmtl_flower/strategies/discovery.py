@@ -249,6 +249,44 @@ def wait_for_nodes(grid: Grid, required: int, timeout: float, name: str,
         time.sleep(min(poll, max(timeout - waited, 0.0)))
 
 
+#: Largest task id :func:`discover_num_tasks` reads (a whoami reply beyond it is refused).
+MAX_DISCOVERED_TASK_ID = 1_000_000
+
+
+def discover_num_tasks(grid: Grid, min_available_nodes: int = 1, timeout: float = 120.0,
+                       name: str = "discovery") -> int:
+    """The number of tasks of a federation whose size is not configured (Flower's habit:
+    as many tasks as SuperNodes): wait until ``min_available_nodes`` nodes (at least 1) are
+    online, ask every node online ``whoami``, and count the distinct task ids they report.
+
+    The count, not the largest id: a node cannot make the federation larger than the nodes
+    that answered. The strategy built with it then discovers as usual: a node whose task id
+    is not below the count is refused with that reason (and the fix: set ``num-tasks``).
+
+    Raises
+    ------
+    TooFewNodes
+        Fewer than ``min_available_nodes`` nodes connected within ``timeout`` seconds.
+    DiscoveryError
+        No node answered ``whoami`` with a task id (each node's reason listed).
+    """
+    started = time.monotonic()
+    online = wait_for_nodes(grid, max(1, int(min_available_nodes)), timeout, name)
+    nodes = sorted(grid.get_node_ids())
+    asker = TaskDirectory(1, name)
+    asker.num_tasks = MAX_DISCOVERED_TASK_ID + 1  # read_whoami's range; nothing allocated
+    left = max(1.0, timeout - (time.monotonic() - started))
+    answers = asker._ask(grid, nodes, left)
+    tasks = {a["task-id"] for a in answers.values() if isinstance(a, dict)}
+    if not tasks:
+        raise DiscoveryError(name, [], 0, 1, time.monotonic() - started,
+                             {n: str(a) for n, a in answers.items()})
+    log(INFO, "%s: num_tasks = %d, the distinct task ids of the %d node(s) online (%d "
+        "answered whoami with a task id)", name, len(tasks), online,
+        sum(isinstance(a, dict) for a in answers.values()))
+    return len(tasks)
+
+
 class OutsideTaskRange(ReplyError):
     """A node serves a task id outside this federation's 0..num_tasks-1."""
 
