@@ -141,3 +141,21 @@ def test_fedem_configured_num_classes_is_kept_and_a_hostile_count_is_refused():
     assert strategy.num_classes == 5
     with pytest.raises(Exception, match="num-classes 5000 above the limit 1000"):
         strategy.directory._read_classes(5000)
+
+
+def test_a_rounds_same_device_error_is_logged_once_with_a_count_and_the_fix(caplog):
+    """num_classes=2 on 3-class devices: every device fails every round with the same error
+    (its own label list): one line per exchange naming the count, not one per device."""
+    from fmtl_flower import NoValidReplies
+
+    data = three_class_data(tasks=6)
+    app = make_fedem_client_app(lambda ctx: data[int(ctx.node_config["partition-id"])])
+    strategy = FedEM(6, model="softmax", num_classes=2, discovery_timeout=5.0)
+    with caplog.at_level(logging.WARNING, logger="flwr"), pytest.raises(NoValidReplies):
+        strategy.start(grid=InProcessGrid(app, 6), num_rounds=5, timeout=10.0)
+    lines = [r.getMessage() for r in caplog.records if "labels outside" in r.getMessage()]
+    exchanges = [line.split(":")[0] for line in lines]  # "FedEM round k" (train, evaluate)
+    assert len(lines) == len(exchanges) and 3 <= len(lines) <= 6
+    for line in lines:
+        assert "the same error from 5 more task(s): 1, 2, 3, 4, 5" in line
+        assert "To fix: " in line and "num_classes" in line
