@@ -552,6 +552,7 @@ class TaskDirectory:
         self._candidates = {n: c for n, c in self._candidates.items() if n in online}
         self._failed = {n: f for n, f in self._failed.items() if n in online}
         self._reported = {r: n & online for r, n in self._reported.items() if n & online}
+        self._spelled = {r: t for r, t in self._spelled.items() if r in self._reported}
 
     def _claimants(self) -> set[int]:
         return {n for contest in self._contested.values() for n in contest.claimants}
@@ -722,7 +723,7 @@ class TaskDirectory:
     def _log_repeats(self) -> None:
         """One line per reason that more nodes gave since the last call (:meth:`_log_failure`)."""
         for shape, nodes in self._repeats.items():
-            first = min(self._reported[shape] - set(nodes), default=None)
+            first = min(self._reported.get(shape, set()) - set(nodes), default=None)
             log(WARNING, "%s: %d more node(s) failed whoami with the reason logged for node %s "
                 "(%s): %s", self.name, len(nodes), first,
                 _cut(self._spelled.get(shape, shape), 100),
