@@ -95,6 +95,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from ..checkpoint import read_checkpoint
 from ..core.backend import flatten_arrays, layout_of, layout_signature, unflatten_arrays
 from ..core.cfl import split_clusters
 from ..core.fedem import (
@@ -415,8 +416,7 @@ class FedEM(TaskStrategy):
         """Settings a checkpoint must share with this run to be resumed."""
         return {"strategy": "FedEM", "num_tasks": self.num_tasks, "method": self.method,
                 "num_components": self.num_components, "model": self.model_name,
-                "num_classes": self.settings.num_classes, "hidden": self.hidden,
-                "seed": self.seed,
+                "num_classes": self.num_classes, "hidden": self.hidden, "seed": self.seed,
                 "sgd": [self.sgd.lr, self.sgd.momentum, self.sgd.weight_decay,
                         self.sgd.batch_size, self.sgd.epochs, self.sgd.prox_mu],
                 "fraction": self._train_fraction(), "aggregation": self.aggregation,
@@ -427,6 +427,17 @@ class FedEM(TaskStrategy):
                 **({"pfedme": [self.pfedme.lam, self.pfedme.personal_lr,
                                self.pfedme.inner_steps, self.pfedme_beta]}
                    if self.method == "pfedme" else {})}
+
+    def _resume(self) -> None:
+        """As the base's, with ``num_classes`` unset taken from the checkpoint first (the
+        number the run that wrote it learned, or was given): it is part of the model."""
+        if self.num_classes is None and self.checkpoint_dir is not None:
+            checkpoint = read_checkpoint(self.checkpoint_dir)
+            saved = None if checkpoint is None else \
+                (checkpoint.meta.get("fingerprint") or {}).get("num_classes")
+            if isinstance(saved, int) and not isinstance(saved, bool) and saved >= 2:
+                self.num_classes = saved
+        super()._resume()
 
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """The components, the tasks' sizes and the records (client sampling and the

@@ -159,3 +159,32 @@ def test_a_rounds_same_device_error_is_logged_once_with_a_count_and_the_fix(capl
     for line in lines:
         assert "the same error from 5 more task(s): 1, 2, 3, 4, 5" in line
         assert "To fix: " in line and "num_classes" in line
+
+
+def test_a_learned_num_classes_is_resumed_from_the_checkpoint(tmp_path):
+    """num_classes unset takes the checkpoint's (learned or given), and goes on as the
+    uninterrupted run; a different one given is refused."""
+    from fmtl_flower.checkpoint import CheckpointError
+
+    data = three_class_data()
+    app = make_fedem_client_app(lambda ctx: data[int(ctx.node_config["partition-id"])])
+
+    def fedem(**kwargs) -> FedEM:
+        return FedEM(4, model="softmax", discovery_timeout=5.0, seed=2, **kwargs)
+
+    whole = fedem()
+    whole.start(grid=InProcessGrid(app, 4), num_rounds=4, timeout=10.0)
+    devices = InProcessGrid(app, 4)  # the devices live on; the server restarts
+    first = fedem(num_classes=3)  # given (as a checkpoint written before it was learned)
+    first.enable_checkpoints(tmp_path)
+    first.start(grid=devices, num_rounds=2, timeout=10.0)
+    resumed = fedem()
+    resumed.enable_checkpoints(tmp_path)
+    resumed.start(grid=devices, num_rounds=4, timeout=10.0)
+    assert resumed.resumed_from == 2 and resumed.num_classes == 3
+    assert [r["train_loss"] for r in resumed.results()["rounds"]] == \
+        [r["train_loss"] for r in whole.results()["rounds"]]
+    other = fedem(num_classes=5)
+    other.enable_checkpoints(tmp_path)
+    with pytest.raises(CheckpointError, match="num_classes"):
+        other.start(grid=InProcessGrid(app, 4), num_rounds=4, timeout=10.0)
