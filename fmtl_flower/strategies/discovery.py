@@ -134,10 +134,11 @@ KNOWN_FIXES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"labels must be in \{-1, 1\}"),
      "MOCHA, CoCoA, Mb-SDCA, Mb-SGD and OFMTL train on labels -1/+1: map the device's labels "
      "to -1/+1 in its loader (y = 2 * y - 1 for labels 0/1), or build a MOCHA ClientApp with "
-     "make_mocha_client_app(load, labels=\"auto\") (two label values: the smaller becomes -1)."),
+     "make_mocha_client_app(load, labels=\"auto\") (it takes labels 0/1 as -1/+1)."),
     (re.compile(r"labels must be in \{0, 1\}|labels outside|labels must be class ids"),
      "The FedEM family takes labels as class ids 0..C-1: map the device's labels to them, and "
-     "leave num_classes (fedem.num-classes) unset to learn C from the devices, or set it to C."),
+     "leave the strategy's num_classes unset (learned from the devices at discovery), or set "
+     "it to C."),
     (re.compile(r"Invalid message type: '?query\.whoami"),
      "The device's ClientApp has no query.whoami handler: a NumPyClient / "
      "ClientApp(client_fn=...) device, which start() serves through "

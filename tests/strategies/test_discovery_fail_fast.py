@@ -87,8 +87,8 @@ def test_a_run_where_every_reply_fails_stops_with_the_devices_reason():
     app = make_fedem_client_app(lambda ctx: data[int(ctx.node_config["partition-id"])])
     strategy = FedEM(4, model="softmax", num_classes=2, discovery_timeout=5.0)
     with pytest.raises(NoValidReplies, match=r"3 rounds in a row; 4 of 4 tasks failed with: "
-                                             r".*labels outside.*To fix: .*leave num_classes "
-                                             r"\(fedem.num-classes\) unset") as caught:
+                                             r".*labels outside.*To fix: .*leave the strategy's "
+                                             r"num_classes unset") as caught:
         strategy.start(grid=InProcessGrid(app, 4), num_rounds=40, timeout=10.0)
     assert isinstance(caught.value, RuntimeError)
     assert len(strategy.results()["rounds"]) <= 3
