@@ -648,6 +648,11 @@ class FedEMSettings(CommonSettings):
         pFedMe's lambda, inner learning rate, inner steps K per local step and server beta
         (Dinh et al.'s lambda, K and beta; ``fedem.pfedme-*``; ``lr`` is its eta,
         ``momentum`` unused).
+    aggregator, trim : str, float
+        With ``robust``, how each shared model's clipped updates are combined: ``trimmed-mean``
+        (cutting ``trim`` of the weight from each end of every coordinate), ``median`` or
+        ``mean`` (``fedem.aggregator``, ``fedem.trim``;
+        :func:`fmtl_flower.core.fedem.robust_aggregate_components`).
     """
 
     NAMESPACE: ClassVar[str] = "fedem"
@@ -677,6 +682,9 @@ class FedEMSettings(CommonSettings):
     pfedme_lr: float = setting(0.05, _POSITIVE, "fedem.pfedme-lr")
     pfedme_steps: int = setting(5, integer(1), "fedem.pfedme-steps")
     pfedme_beta: float = setting(1.0, _POSITIVE, "fedem.pfedme-beta")
+    aggregator: str = setting("trimmed-mean", choice("trimmed-mean", "median", "mean"),
+                              "fedem.aggregator")
+    trim: float = setting(0.2, number(lo=0.0, hi=0.5, hi_open=True), "fedem.trim")
 
     def _check_together(self) -> None:
         if self.method == "fedprox" and not self.prox_mu > 0:

@@ -7,6 +7,7 @@ These factories serve ``flwr run .`` (config read from ``context.run_config``) a
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import os
 from collections.abc import Callable
@@ -139,25 +140,35 @@ def make_client_app(config: RunConfig | None = None) -> ClientApp:
                                               for p in ("mocha", "mb-sgd", "fedem", "fsvrg")})
 
 
+#: Each stacking protocol (:mod:`fmtl_flower.packing`): the attribute of the app that holds
+#: its family's handlers, their class, and the stacked handler over them (modules, classes).
+_STACKED = {"mocha": ("mocha_client", ("mocha", "MochaClient"), ("packed_mocha", "PackedMocha")),
+            "mb-sgd": ("mbsgd_client", ("mbsgd", "MbSgdClient"), ("packed_mbsgd", "PackedMbSgd")),
+            "fedem": ("fedem_client", ("fedem", "FedEMClient"), ("packed_fedem", "PackedFedEM")),
+            "fsvrg": ("fsvrg_client", ("fsvrg", "FsvrgClient"),
+                      ("packed_fsvrg", "PackedFsvrg"))}
+
+
+def _clients_class(module: str, name: str) -> type:
+    """``fmtl_flower.clients.<module>.<name>``, imported when first asked for."""
+    return getattr(importlib.import_module(f"..clients.{module}", __package__), name)
+
+
+def stacked_handler_of(protocol: str, client: Any) -> Any:
+    """The stacked handler of ``protocol`` over ``client`` (its family's handlers);
+    ValueError when ``client`` serves another family."""
+    _, handlers, stacked = _STACKED[protocol]
+    if not isinstance(client, _clients_class(*handlers)):
+        raise ValueError(f"a stacked {protocol} message in a run of another strategy")
+    return _clients_class(*stacked)(client)
+
+
 def _stacked_handler(app: ClientApp) -> Any:
     """The stacked handler (:mod:`fmtl_flower.packing`) over ``app``'s handlers, if its
     strategy has one."""
-    if hasattr(app, "mocha_client"):
-        from ..clients.packed_mocha import PackedMocha
-
-        return PackedMocha(app.mocha_client)
-    if hasattr(app, "mbsgd_client"):
-        from ..clients.packed_mbsgd import PackedMbSgd
-
-        return PackedMbSgd(app.mbsgd_client)
-    if hasattr(app, "fedem_client"):
-        from ..clients.packed_fedem import PackedFedEM
-
-        return PackedFedEM(app.fedem_client)
-    if hasattr(app, "fsvrg_client"):
-        from ..clients.packed_fsvrg import PackedFsvrg
-
-        return PackedFsvrg(app.fsvrg_client)
+    for protocol, (attribute, _, _) in _STACKED.items():
+        if hasattr(app, attribute):
+            return stacked_handler_of(protocol, getattr(app, attribute))
     return None
 
 
@@ -188,36 +199,8 @@ class _LazyHandlers:
             client = self.of(context)
             key = ("stacked", protocol, id(client))
             packed = self._clients.get(key)
-            if packed is None and protocol == "fedem":
-                from ..clients.fedem import FedEMClient
-                from ..clients.packed_fedem import PackedFedEM
-
-                if not isinstance(client, FedEMClient):
-                    raise ValueError("a stacked fedem message in a run of another strategy")
-                packed = self._clients[key] = PackedFedEM(client)
-            if packed is None and protocol == "fsvrg":
-                from ..clients.fsvrg import FsvrgClient
-                from ..clients.packed_fsvrg import PackedFsvrg
-
-                if not isinstance(client, FsvrgClient):
-                    raise ValueError("a stacked fsvrg message in a run of another strategy")
-                packed = self._clients[key] = PackedFsvrg(client)
             if packed is None:
-                from ..clients.mbsgd import MbSgdClient
-                from ..clients.mocha import MochaClient
-
-                if protocol == "mocha" and isinstance(client, MochaClient):
-                    from ..clients.packed_mocha import PackedMocha
-
-                    packed = PackedMocha(client)
-                elif protocol == "mb-sgd" and isinstance(client, MbSgdClient):
-                    from ..clients.packed_mbsgd import PackedMbSgd
-
-                    packed = PackedMbSgd(client)
-                else:
-                    raise ValueError(f"a stacked {protocol} message in a run of another "
-                                     "strategy")
-                self._clients[key] = packed
+                packed = self._clients[key] = stacked_handler_of(protocol, client)
             return packed(message, context, slot_tasks)
 
         return handle

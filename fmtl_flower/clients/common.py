@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, Context, Message
+from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from ..checkpoint import state_file_path
 from ..core.hinge import classification_errors
 from ..data.validation import node_task_id
-from ..wire import from_array
+from ..wire import from_array, to_array
 
 DataLoader = Callable[[Context], tuple[np.ndarray, ...]]
 TaskIdFn = Callable[[Context], int]
@@ -170,9 +170,27 @@ def use_kernel_cache(context: Context, default_dir: str | None = None) -> None:
         jit.use_cache_dir(directory / "numba-cache")
 
 
-def protocol_rounds(config: Mapping[str, Any]) -> tuple[int, int]:
-    """``(last-accepted-round, checkpoint-round or -1)`` of a dual-protocol message, checked
-    against ``server-round``."""
+def stacked_reply_arrays(metrics: Sequence[Mapping[str, Any]], ints: Sequence[str],
+                         floats: Sequence[str], matrix: str | None = None,
+                         rows: Sequence[np.ndarray] = (), dim: int = 0,
+                         matrix_dtype: type = np.float64) -> ArrayRecord:
+    """A stacked reply's ``arrays`` record (:mod:`fmtl_flower.packing`): each of ``ints``
+    an int64 vector and each of ``floats`` a float64 vector over the replying slots'
+    ``metrics``, and ``matrix`` (when given) the slots' ``rows`` stacked as a
+    ``matrix_dtype`` (k, d) array ((0, ``dim``) when no slot replied)."""
+    out = {key: to_array(np.array([m[key] for m in metrics], dtype=np.int64)) for key in ints}
+    for key in floats:
+        out[key] = to_array(np.array([m[key] for m in metrics], dtype=np.float64))
+    if matrix is not None:
+        stacked = np.stack(rows).astype(matrix_dtype, copy=False) if len(rows) \
+            else np.zeros((0, dim), dtype=matrix_dtype)
+        out[matrix] = to_array(stacked)
+    return ArrayRecord(out)
+
+
+def protocol_rounds(config: Mapping[str, Any]) -> tuple[int, int, str | None]:
+    """``(last-accepted-round, checkpoint-round or -1, run-token or None)`` of a
+    dual-protocol message, checked against ``server-round`` (:func:`run_token`)."""
     last_accepted = config_value(config, "last-accepted-round", int)
     server_round = config_value(config, "server-round", int)
     if not 0 <= last_accepted <= server_round:
@@ -181,7 +199,14 @@ def protocol_rounds(config: Mapping[str, Any]) -> tuple[int, int]:
     checkpoint_round = -1
     if "checkpoint-round" in config:
         checkpoint_round = config_value(config, "checkpoint-round", int)
-    return last_accepted, checkpoint_round
+    return last_accepted, checkpoint_round, run_token(config)
+
+
+def run_token(config: Mapping[str, Any]) -> str | None:
+    """The message's ``run-token`` (the run's identity,
+    :mod:`fmtl_flower.strategies.base`), None when it carries none or "" (a strategy driven
+    by hand); ValueError unless it is a string."""
+    return (config_value(config, "run-token", str) or None) if "run-token" in config else None
 
 
 #: ``labels`` of a hinge-model ClientApp: ``"pm1"`` requires -1/+1; ``"auto"`` also takes 0/1

@@ -13,12 +13,15 @@ and says so (``state-ok = 0``; the server then resets the task). Afterwards the 
 committed state not after C becomes the stable copy. So the device's alpha and the server's
 view of it never drift apart, whatever is lost, reverted or restarted.
 
-The state is bound to the data: it records a fingerprint of the device's training data
-(:func:`data_fingerprint`, meta ``data``), and state kept for other data (a device restarted
-with another dataset of the same size) counts as nothing stored, so the task restarts from
-alpha = 0 and the server resets b_t, as for a lagging state. A message with L = 0 (the server
-holds nothing of the task: a new run reusing a ``client-state-dir``, or a task the server
-reset) starts clean without counting as a reset.
+The state is bound to the data and to the run: it records a fingerprint of the device's
+training data (:func:`data_fingerprint`, meta ``data``) and the run's identity (the
+messages' ``run-token``, meta ``run``: a token the server draws for the run and keeps in its
+checkpoints, and a digest of its settings, :mod:`fmtl_flower.strategies.base`). State kept
+for other data (a device restarted with another dataset of the same size) or written by
+another run (two runs sharing a ``client-state-dir``) counts as nothing stored, so the task
+restarts from alpha = 0 and the server resets b_t, as for a lagging state. A message with
+L = 0 (the server holds nothing of the task: a new run reusing a ``client-state-dir``, or a
+task the server reset) starts clean without counting as a reset.
 
 Functions over numpy arrays and plain dicts; :class:`DualStore` keeps the result in
 ``context.state`` and, with a ``client-state-dir``, in a state file
@@ -59,14 +62,17 @@ META_KEYS = ("task-id", "committed-round", "pending-round", "stable-round")
 @dataclass
 class DualState:
     """The reconciled state: alpha to start from, its round, whether it survived (``ok``),
-    the stable copy ``(alpha, round)`` to keep (or None), and why a stored state was not
-    used (``note``: ``""``, ``"new run"``, ``"data changed"`` or ``"lagging"``)."""
+    the stable copy ``(alpha, round)`` to keep (or None), why a stored state was not
+    used (``note``: ``""``, ``"new run"``, ``"other run"``, ``"data changed"`` or
+    ``"lagging"``) and the run it now belongs to (``run``: the message's ``run-token``,
+    None when the message carried none)."""
 
     alpha: np.ndarray
     committed: int
     ok: bool
     stable: tuple[np.ndarray, int] | None
     note: str = ""
+    run: str | None = None
 
 
 def data_fingerprint(*arrays: np.ndarray) -> str:
@@ -83,13 +89,15 @@ def data_fingerprint(*arrays: np.ndarray) -> str:
 
 def reconcile(duals: np.ndarray | None, meta: Mapping[str, Any] | None, *, task_id: int,
               n: int, last_accepted: int, checkpoint_round: int = -1,
-              fingerprint: str | None = None) -> DualState:
+              fingerprint: str | None = None, run: str | None = None) -> DualState:
     """Apply the protocol to the stored ``duals`` (3, n) and ``meta`` (None: nothing stored).
 
     Stored state of another task or shape, or (``fingerprint`` given) of other data (``meta``
-    ``"data"``), counts as nothing stored. ``last_accepted = 0`` (the server holds nothing of
-    this task: b_t = 0, a new run or a reset) starts clean from alpha = 0 with ``ok`` set,
-    whatever is stored: alpha = 0 is what the server holds, so this is no reset.
+    ``"data"``), or (``run`` given: the message's ``run-token``) of another run (``meta``
+    ``"run"``; state without one is another run's too), counts as nothing stored.
+    ``last_accepted = 0`` (the server holds nothing of this task: b_t = 0, a new run or a
+    reset) starts clean from alpha = 0 with ``ok`` set, whatever is stored: alpha = 0 is
+    what the server holds, so this is no reset.
     """
     alpha, committed, stable, note = np.zeros(n), 0, None, ""
     usable = (duals is not None and meta is not None and meta.get("task-id", -1) == task_id
@@ -100,6 +108,8 @@ def reconcile(duals: np.ndarray | None, meta: Mapping[str, Any] | None, *, task_
         if int(meta["committed-round"]) != 0 or int(meta["pending-round"]) >= 0:
             note = "new run"
         usable = False
+    if usable and run is not None and meta.get("run", "") != run:
+        usable, note = False, "other run"
     if usable:
         alpha, committed = duals[0], int(meta["committed-round"])
         pending_round = int(meta["pending-round"])
@@ -110,11 +120,11 @@ def reconcile(duals: np.ndarray | None, meta: Mapping[str, Any] | None, *, task_
             stable = (duals[2], stable_round)
     if committed != last_accepted:
         if stable is None or stable[1] != last_accepted:
-            return DualState(np.zeros(n), 0, False, None, note or "lagging")
+            return DualState(np.zeros(n), 0, False, None, note or "lagging", run)
         alpha, committed = stable  # back to the server's checkpoint
     if 0 <= checkpoint_round and committed <= checkpoint_round:
         stable = (alpha, committed)
-    return DualState(alpha, committed, True, stable, note)
+    return DualState(alpha, committed, True, stable, note, run)
 
 
 def log_reconciled(name: str, task_id: int, state: DualState, last_accepted: int) -> None:
@@ -122,6 +132,10 @@ def log_reconciled(name: str, task_id: int, state: DualState, last_accepted: int
     if state.note == "new run":
         log(INFO, "%s task %d: new run (the server holds nothing of this task); the stored "
             "state is from another run and is not used: starting clean", name, task_id)
+    elif state.note == "other run":
+        log(WARNING, "%s task %d: the stored state was written by another run (another "
+            "run-token: a client-state-dir shared by two runs, or another server); not used: "
+            "restarting from alpha = 0 (the server resets this task)", name, task_id)
     elif state.note == "data changed":
         log(WARNING, "%s task %d: the stored state belongs to other training data; "
             "restarting from alpha = 0%s", name, task_id,
@@ -136,7 +150,8 @@ def encode(state: DualState, task_id: int, pending: np.ndarray | None,
            pending_round: int, fingerprint: str | None = None
            ) -> tuple[np.ndarray, dict[str, int | str]]:
     """``(duals (3, n), meta)`` to store after a message (``pending``: this round's change;
-    ``fingerprint``: of the data the state belongs to, kept as meta ``"data"``)."""
+    ``fingerprint``: of the data the state belongs to, kept as meta ``"data"``; the
+    state's run, when it has one, as meta ``"run"``)."""
     n = state.alpha.shape[0]
     duals = np.empty((3, n))
     duals[0] = state.alpha
@@ -147,6 +162,8 @@ def encode(state: DualState, task_id: int, pending: np.ndarray | None,
             "stable-round": -1 if state.stable is None else int(state.stable[1])}
     if fingerprint is not None:
         meta["data"] = fingerprint
+    if state.run is not None:
+        meta["run"] = state.run
     return duals, meta
 
 
@@ -177,8 +194,9 @@ def read_dual_file(path: Path, task_id: int, n: int
     try:
         duals = arrays["duals"]
         values: dict[str, int | str] = {k: int(meta[k]) for k in META_KEYS}
-        if "data" in meta:
-            values["data"] = str(meta["data"])
+        for key in ("data", "run"):
+            if key in meta:
+                values[key] = str(meta[key])
     except (KeyError, TypeError, ValueError) as err:
         raise CheckpointError(f"{path}: missing or bad entry ({err})") from None
     if values["task-id"] != task_id or duals.dtype != np.float64 or duals.shape != (3, n) \
@@ -228,7 +246,7 @@ class DualStore:
                   config: Mapping[str, Any]) -> DualState:
         """The protocol over the stored state (read from the state file when
         ``context.state`` holds none) and the message's rounds; logs a state not resumed."""
-        last_accepted, checkpoint_round = protocol_rounds(config)
+        last_accepted, checkpoint_round, run = protocol_rounds(config)
         stored = dict(context.state.items())  # one read; plain-dict lookups below
         if self.meta_key not in stored:
             load_into_context(context, self._file(context, task_id),
@@ -239,7 +257,8 @@ class DualStore:
             meta = dict(stored[self.meta_key].items())
             duals = self._stored_duals(context, stored[self.arrays_key])
         state = reconcile(duals, meta, task_id=task_id, n=n, last_accepted=last_accepted,
-                          checkpoint_round=checkpoint_round, fingerprint=fingerprint)
+                          checkpoint_round=checkpoint_round, fingerprint=fingerprint,
+                          run=run)
         log_reconciled(self.name, task_id, state, last_accepted)
         return state
 

@@ -231,7 +231,8 @@ class FedEMClient:
         metrics = {"task-id": data.task_id, "round": rnd, "n-train": data.n,
                    "train-loss": update.train_loss, "e-step-s": update.estep_s,
                    "train-s": update.train_s}
-        return metrics, {"components": update.components, "weights": update.weights}, state
+        return metrics, {"components": update.components, "weights": update.weights,
+                         "responsibility": update.pi}, state
 
     def evaluate_task(self, data: ClientData, config: Mapping[str, Any],
                       components: np.ndarray, method: str, model: Model,

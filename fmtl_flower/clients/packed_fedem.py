@@ -22,8 +22,9 @@ Reply: ``stack`` naming the k slots that succeeded (row i = slot ``slots[i]``); 
 with one vector (k,) per metric of the one-task reply (int64 for the int metrics: ``task-id``,
 ``round``, ``n-train`` and, for ``evaluate``, ``test-correct``, ``test-n``,
 ``em-iterations``; float64 for the others: ``train-loss`` and, for ``train``, ``e-step-s``,
-``train-s``) and, for ``train``, ``components`` float64 (k, M, P) and ``weights`` float64
-(k, M); ``stack-errors`` names the slots that failed and why (each fails only its task).
+``train-s``) and, for ``train``, ``components`` float64 (k, M, P), ``weights`` float64
+(k, M) and ``responsibility`` float64 (k, M); ``stack-errors`` names the slots that failed
+and why (each fails only its task).
 
 Device state: one stacked record for all slots, ArrayRecord ``fedem.stack``: ``slots``
 int64 (S,); per slot its two generations (newest first, as the one-task client's

@@ -41,13 +41,13 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 
 from ..core.fsvrg import local_gram_product
 from ..packing import SlotFailed, SlotTaskCache, each_slot, read_stacked_instruction
 from ..strategies.packed_fsvrg import MESSAGE_TYPES, reply_keys
-from ..wire import from_array, to_array
-from .common import config_value, protocol_rounds
+from ..wire import from_array
+from .common import config_value, protocol_rounds, stacked_reply_arrays
 from .dual_state import (
     DualState,
     encode,
@@ -156,8 +156,10 @@ class PackedFsvrg(SlotTaskCache):
                                         int(metrics["round"]), task.fingerprint)
 
         results, errors = each_slot(slot_tasks, work)
-        out = _reply_arrays([r for _, r in results], *reply_keys(kind, cocoa, evaluate),
-                            globals_.dim)
+        ints, floats, matrix = reply_keys(kind, cocoa, evaluate)
+        out = stacked_reply_arrays([r[0] for _, r in results], ints, floats, matrix,
+                                   [r[1] for _, r in results], globals_.dim,
+                                   np.int64 if matrix == "counts" else np.float64)
         if state is not None:  # last: the state after every slot
             state.commit(context, [(slot, int(metrics["task-id"]), duals, meta)
                                    for slot, (metrics, _, (duals, meta)) in results])
@@ -197,17 +199,3 @@ class _SharedVectors:
             self.dim = dim
             return v
         return vector
-
-
-def _reply_arrays(rows: list[tuple[Any, ...]], ints: list[str], floats: list[str],
-                  matrix: str | None, dim: int) -> ArrayRecord:
-    out = {key: to_array(np.array([r[0][key] for r in rows], dtype=np.int64)) for key in ints}
-    for key in floats:
-        out[key] = to_array(np.array([r[0][key] for r in rows], dtype=np.float64))
-    if matrix is not None:
-        dtype = np.int64 if matrix == "counts" else np.float64
-        if rows:
-            out[matrix] = to_array(np.stack([r[1] for r in rows]).astype(dtype, copy=False))
-        else:
-            out[matrix] = to_array(np.zeros((0, dim), dtype=dtype))
-    return ArrayRecord(out)

@@ -23,13 +23,12 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from ..core.baselines import mbsgd_local_gradient
 from ..core.rng import coordinate_order
 from ..packing import SlotFailed, each_slot, read_stacked_instruction, stacked_is_train
-from ..wire import to_array
-from .common import config_value
+from .common import config_value, stacked_reply_arrays
 from .mbsgd import MbSgdClient
 from .packed_mocha import PackedMocha
 
@@ -93,12 +92,9 @@ class PackedMbSgd:
         ints = ["task-id", "round", "n-train"] + (["count"] if train else [])
         if evaluate:
             ints += ["test-errors", "test-n"]
-        out = {k: to_array(np.array([r[k] for r in rows], dtype=np.int64)) for k in ints}
-        out["loss-mean"] = to_array(np.array([r["loss-mean"] for r in rows], dtype=np.float64))
-        if train:
-            grads = [grad for _, (_, grad) in results]
-            out["grad"] = to_array(np.stack(grads) if grads else np.zeros((0, w_all.shape[1])))
-        return RecordDict({"arrays": ArrayRecord(out)}), [slot for slot, _ in results], errors
+        out = stacked_reply_arrays(rows, ints, ("loss-mean",), "grad" if train else None,
+                                   [grad for _, (_, grad) in results], w_all.shape[1])
+        return RecordDict({"arrays": out}), [slot for slot, _ in results], errors
 
 
 def _read(content: RecordDict, k: int, train: bool

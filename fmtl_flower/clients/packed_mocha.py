@@ -29,7 +29,8 @@ Device state: one stacked record for all slots, ArrayRecord ``mocha.stack``: ``s
 int64 (S,), ``offsets`` int64 (S + 1,), ``duals`` float64 (3, N) (slot ``slots[j]``'s
 [committed alpha; pending d_alpha; stable alpha] in columns ``offsets[j]:offsets[j+1]``)
 and ``meta`` int64 (S, 4) (``task-id``, ``committed-round``, ``pending-round``,
-``stable-round``) and ``data`` str (S,) (the fingerprint of the slot's training data),
+``stable-round``), ``data`` str (S,) (the fingerprint of the slot's training data) and
+``run`` str (S,) (the run the slot's state belongs to: the messages' ``run-token``),
 reconciled per slot by :func:`~fmtl_flower.clients.dual_state.reconcile`;
 with ``client-state-dir`` each task's state file is the unpacked one (``mocha-task-<id>``).
 """
@@ -51,7 +52,13 @@ from ..packing import (
     stacked_is_train,
 )
 from ..wire import from_array, to_array
-from .common import LocalTask, config_value, state_file_for
+from .common import (
+    LocalTask,
+    config_value,
+    run_token,
+    stacked_reply_arrays,
+    state_file_for,
+)
 from .dual_seed import check_seed_target, seed_duals
 from .dual_state import (
     META_KEYS,
@@ -98,11 +105,13 @@ class StackedState:
             duals = from_array(record["duals"])
             meta = from_array(record["meta"])
             data = from_array(record["data"])
+            runs = from_array(record["run"]) if "run" in record else None
         except (KeyError, TypeError, ValueError):
             return  # unusable state: as if nothing was stored (the protocol restarts)
         s = slots.shape[0] if slots.ndim == 1 else -1
         if (s < 0 or offsets.shape != (s + 1,) or meta.shape != (s, 4) or duals.ndim != 2
                 or data.shape != (s,) or data.dtype.kind != "U"
+                or (runs is not None and (runs.shape != (s,) or runs.dtype.kind != "U"))
                 or duals.shape[0] != 3 or duals.dtype != np.float64
                 or (s and (offsets[0] != 0 or offsets[-1] != duals.shape[1]
                            or np.any(np.diff(offsets) < 0)))):
@@ -113,6 +122,8 @@ class StackedState:
             values: dict[str, int | str] = dict(zip(META_KEYS, (int(v) for v in meta[j]),
                                                     strict=True))
             values["data"] = str(data[j])
+            if runs is not None and str(runs[j]):
+                values["run"] = str(runs[j])
             self.slots[slot] = (duals[:, offsets[j]:offsets[j + 1]], values)
 
     @classmethod
@@ -122,10 +133,10 @@ class StackedState:
         return cls(context.state[key] if key in context.state else None, key, kind, state_dir)
 
     def reconcile(self, context: Context, slot: int, task: Any, last_accepted: int,
-                  checkpoint_round: int) -> DualState:
+                  checkpoint_round: int, run: str | None = None) -> DualState:
         """The commit protocol (as :class:`~fmtl_flower.clients.dual_state.DualStore` applies
         it) over ``slot``'s stored state, else over ``task``'s state file; ``task`` has
-        ``task_id``, ``n`` and ``fingerprint``."""
+        ``task_id``, ``n`` and ``fingerprint``; ``run``: the message's ``run-token``."""
         stored = self.slots.get(slot)
         if stored is None:  # nothing stored for this slot: its state file, if any
             path = state_file_for(context, self.prefix, task.task_id, self.state_dir)
@@ -134,7 +145,7 @@ class StackedState:
         duals, meta = stored if stored is not None else (None, None)
         state = reconcile(duals, meta, task_id=task.task_id, n=task.n,
                           last_accepted=last_accepted, checkpoint_round=checkpoint_round,
-                          fingerprint=task.fingerprint)
+                          fingerprint=task.fingerprint, run=run)
         log_reconciled(self.name, task.task_id, state, last_accepted)
         return state
 
@@ -161,9 +172,11 @@ class StackedState:
         meta = np.array([[self.slots[s][1][k] for k in META_KEYS] for s in order],
                         dtype=np.int64).reshape(len(order), 4)
         data = np.array([str(self.slots[s][1].get("data", "")) for s in order], dtype=str)
+        runs = np.array([str(self.slots[s][1].get("run", "")) for s in order], dtype=str)
         return ArrayRecord({"slots": to_array(np.array(order, dtype=np.int64)),
                             "offsets": to_array(offsets), "duals": to_array(duals),
-                            "meta": to_array(meta), "data": to_array(data)})
+                            "meta": to_array(meta), "data": to_array(data),
+                            "run": to_array(runs)})
 
 
 class PackedMocha(SlotTaskCache):
@@ -208,8 +221,12 @@ class PackedMocha(SlotTaskCache):
         results, errors = each_slot(slot_tasks, work)
         rows = [r[1] for _, r in results]
         deltas = [r[2] for _, r in results] if train else []
-        content = RecordDict({"arrays": _reply_arrays(rows, deltas, train, evaluate,
-                                                      w.shape[1])})
+        ints = ["task-id", "round", "n-train", "state-ok"] + (["steps"] if train else [])
+        if evaluate:
+            ints += ["test-errors", "test-n"]
+        content = RecordDict({"arrays": stacked_reply_arrays(
+            rows, ints, ("loss-mean", "dual-mean"), "delta-b" if train else None, deltas,
+            w.shape[1])})
         state.commit(context, [(slot, task.task_id, duals, meta)  # last: after every slot
                                for slot, (task, _, _, duals, meta) in results])
         return content, [slot for slot, _ in results], errors
@@ -255,7 +272,8 @@ class PackedMocha(SlotTaskCache):
         if not 0 <= last_accepted <= server_round:
             raise SlotFailed(f"last-accepted-round {last_accepted} outside 0..server-round "
                              f"({server_round})")
-        reconciled = state.reconcile(context, slot, task, last_accepted, checkpoint_round)
+        reconciled = state.reconcile(context, slot, task, last_accepted, checkpoint_round,
+                                     run_token(config))
         metrics = MochaClient._metrics(task, w, reconciled.alpha, config, reconciled.ok)
         metrics["round"] = server_round
         if not train:
@@ -299,16 +317,3 @@ def _read_seed_rows(content: RecordDict, k: int) -> tuple[np.ndarray, np.ndarray
         return None
     _, rows = read_stacked_instruction(content, k, "MOCHA", {}, ["seed-w", "seed-b"])
     return rows["seed-w"], rows["seed-b"]
-
-
-def _reply_arrays(rows: Sequence[dict[str, Any]], deltas: Sequence[np.ndarray], train: bool,
-                  evaluate: bool, dim: int) -> ArrayRecord:
-    ints = ["task-id", "round", "n-train", "state-ok"] + (["steps"] if train else [])
-    if evaluate:
-        ints += ["test-errors", "test-n"]
-    out = {key: to_array(np.array([r[key] for r in rows], dtype=np.int64)) for key in ints}
-    for key in ("loss-mean", "dual-mean"):
-        out[key] = to_array(np.array([r[key] for r in rows], dtype=np.float64))
-    if train:
-        out["delta-b"] = to_array(np.stack(deltas) if deltas else np.zeros((0, dim)))
-    return ArrayRecord(out)

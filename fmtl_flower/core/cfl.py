@@ -25,6 +25,8 @@ Nothing here imports flwr; the strategy (:mod:`fmtl_flower.strategies.fedem`, me
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 __all__ = ["EPS1", "EPS2", "bipartition", "cosine_similarities", "should_split",
@@ -83,27 +85,38 @@ def bipartition(updates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return first, second
 
 
-def update_norms(updates: np.ndarray) -> tuple[float, float]:
-    """(|| mean_k dW_k ||, max_k || dW_k ||) of a cluster's updates (rows)."""
+#: How a cluster's updates (n, P) are averaged in the split test.
+MeanUpdate = Callable[[np.ndarray], np.ndarray]
+
+
+def _plain_mean(updates: np.ndarray) -> np.ndarray:
+    return updates.mean(axis=0)
+
+
+def update_norms(updates: np.ndarray, mean: MeanUpdate = _plain_mean) -> tuple[float, float]:
+    """(|| mean_k dW_k ||, max_k || dW_k ||) of a cluster's updates (rows); ``mean`` the
+    average taken (the plain mean, or a robust one)."""
     updates = np.asarray(updates, dtype=np.float64)
     if updates.ndim != 2 or updates.shape[0] < 1:
         raise ValueError(f"updates must be (n >= 1, P), got shape {updates.shape}")
-    return (float(np.linalg.norm(updates.mean(axis=0))),
+    return (float(np.linalg.norm(mean(updates))),
             float(np.linalg.norm(updates, axis=1).max()))
 
 
-def should_split(updates: np.ndarray, eps1: float = EPS1, eps2: float = EPS2) -> bool:
+def should_split(updates: np.ndarray, eps1: float = EPS1, eps2: float = EPS2,
+                 mean: MeanUpdate = _plain_mean) -> bool:
     """Sattler et al.'s criterion: mean update norm < eps1, max update norm > eps2, and more
     than two clients in the cluster."""
     updates = np.asarray(updates, dtype=np.float64)
     if updates.ndim != 2 or updates.shape[0] <= 2:
         return False
-    mean_norm, max_norm = update_norms(updates)
+    mean_norm, max_norm = update_norms(updates, mean)
     return mean_norm < eps1 and max_norm > eps2
 
 
 def split_clusters(clusters: list[np.ndarray], updates: dict[int, np.ndarray],
-                   eps1: float = EPS1, eps2: float = EPS2) -> list[np.ndarray]:
+                   eps1: float = EPS1, eps2: float = EPS2,
+                   mean: MeanUpdate = _plain_mean) -> list[np.ndarray]:
     """One round of CFL's recursion: every cluster whose updates meet :func:`should_split`
     is replaced by its two halves (:func:`bipartition`); the others are kept.
 
@@ -115,6 +128,11 @@ def split_clusters(clusters: list[np.ndarray], updates: dict[int, np.ndarray],
         The round's updates dW_k of the clients heard from; a cluster is judged on the
         updates of its clients present here (a client not heard from this round stays in
         the first half of a split).
+    eps1, eps2 : float
+        The thresholds of :func:`should_split`.
+    mean : callable, optional
+        The average of a cluster's updates in the split test (default the plain mean;
+        robust mode passes a trimmed mean, so one device cannot hold back or force a split).
 
     Returns
     -------
@@ -130,7 +148,7 @@ def split_clusters(clusters: list[np.ndarray], updates: dict[int, np.ndarray],
             out.append(np.asarray(members, dtype=int))
             continue
         block = np.stack([updates[t] for t in heard])
-        if not should_split(block, eps1, eps2):
+        if not should_split(block, eps1, eps2, mean):
             out.append(np.asarray(members, dtype=int))
             continue
         first, second = bipartition(block)

@@ -15,6 +15,10 @@ the client's mixture weights pi (a point of the simplex),
   Z_m the total weight of all training clients (the authors' rule: a client that was not
   sampled counts as holding theta_m) or of the replying clients only (unbiased under partial
   participation);
+* **robust aggregation** (:func:`robust_aggregate_components`, the server's robust mode): each
+  component's updates clipped to a radius from their median size, then a coordinate-wise
+  weighted trimmed mean or median (Flower's ``FedTrimmedAvg`` / ``FedMedian``) with every
+  device's share of the weight capped, so one device cannot steer a shared component;
 * **prediction**: the pi-weighted mixture of the components' class probabilities (eq. 6).
 
 The model is any :class:`fmtl_flower.core.backend.ModelBackend` (the numpy models of
@@ -35,10 +39,12 @@ import numpy as np
 
 from .backend import ModelBackend
 from .local_sgd import SGDConfig
+from .robust import cap_shares, clip_to_ball, coordinate_median, trimmed_mean
 from .special import logsumexp  # numpy: a device needs no scipy
 
 __all__ = [
-    "AGGREGATIONS", "LR_SCHEDULES", "PI_FLOOR", "LocalUpdate", "aggregate_components",
+    "AGGREGATIONS", "LR_SCHEDULES", "PI_FLOOR", "ROBUST_AGGREGATORS", "LocalUpdate",
+    "aggregate_components", "robust_aggregate_components",
     "check_simplex", "component_losses", "e_step", "fit_mixture_weights", "learning_rate",
     "local_update", "mixture_log_likelihood", "mixture_proba", "sample_clients", "update_pi",
 ]
@@ -46,6 +52,10 @@ __all__ = [
 #: Smallest mixture weight a component keeps after a pi update.
 PI_FLOOR = 1e-6
 AGGREGATIONS = ("all", "sampled")
+#: How robust mode combines a component's clipped updates (:func:`robust_aggregate_components`).
+ROBUST_AGGREGATORS = ("trimmed-mean", "median", "mean")
+#: Robust mode's clipping radius: this times the median size of the round's updates.
+CLIP_FACTOR = 3.0
 LR_SCHEDULES = ("constant", "multi-step")
 
 
@@ -271,6 +281,89 @@ def aggregate_components(current: np.ndarray, updates: list[tuple[np.ndarray, np
     live = Z > 0
     out[live] += delta[live] / Z[live, None]
     return out
+
+
+def robust_aggregate_components(current: np.ndarray,
+                                updates: list[tuple[np.ndarray, np.ndarray]],
+                                total_weight: float | None = None, *,
+                                aggregator: str = "trimmed-mean", trim: float = 0.2,
+                                max_share: float = 1.0,
+                                clip_factor: float = CLIP_FACTOR,
+                                responsibilities: np.ndarray | None = None) -> np.ndarray:
+    """:func:`aggregate_components` made Byzantine-robust, component by component.
+
+    For component m, the updates d_k = theta_{m,k} - theta_m of the devices that trained it
+    (w[k, m] > 0), each divided by the device's responsibility r[k, m] for the component
+    (``responsibilities``, its mean E-step responsibility, its new pi_m; 1 when not given):
+    a device's update to a component scales with its responsibility for it (its local loss
+    is responsibility-weighted), so d_k / r[k, m] are alike across honest devices whatever
+    their mixtures, and robust statistics can compare them. Each device then weighs
+    w[k, m] r[k, m]: the responsibility weights of FedEM. Those updates are
+
+    1. clipped to the ball of radius ``clip_factor`` times their weighted median norm (the
+       weights share-capped as in 2; r floored at :data:`PI_FLOOR`)
+       (:func:`~fmtl_flower.core.robust.coordinate_median`,
+       :func:`~fmtl_flower.core.robust.clip_to_ball`): one device's update can be at most
+       that large, whatever bound it was checked against;
+    2. weighted by w[k, m] with no device above ``max_share`` of the average that uses them
+       (:func:`~fmtl_flower.core.robust.cap_shares`): the weights stay the devices' example
+       counts, only an outsized one is cut;
+    3. combined coordinate by coordinate: ``trimmed-mean`` cuts ``trim`` of the weight from
+       each end of every coordinate and averages the rest, the window of weight
+       ``1 - 2 trim``: its shares are capped at ``max_share * (1 - 2 trim)`` first, so that
+       no device carries more than ``max_share`` of the window either, and the cut is at
+       least the largest share, so one device at an extreme is cut whole (with few devices,
+       where the cap cannot hold below 1/K, that makes it the median); ``median`` takes the
+       weighted median, ``mean`` the weighted mean (clipping and the share cap only).
+
+    The step is the combined update times the component's share of the replies' data
+    (their responsibilities r[k, m] combined as in 3 with the weights w[k, m]: one device
+    claiming all the responsibility cannot enlarge the step) times ``mass / Z_m`` (the
+    replies' total weight over ``total_weight``, the authors' rule of a device not heard
+    from holding theta_m; 1 with ``total_weight`` None): with every update at
+    d_k = r[k, m] g and the mean, this is :func:`aggregate_components`'s step. A component
+    nobody trained keeps its value.
+    """
+    if aggregator not in ROBUST_AGGREGATORS:
+        raise ValueError(f"aggregator must be one of {ROBUST_AGGREGATORS}, got {aggregator!r}")
+    current = np.asarray(current, dtype=np.float64)
+    thetas = np.stack([theta for theta, _ in updates])  # (K, M, P)
+    weights = np.stack([w for _, w in updates])  # (K, M)
+    resp = np.ones_like(weights) if responsibilities is None else np.asarray(
+        responsibilities, dtype=np.float64)
+    out = current.copy()
+    for m in range(current.shape[0]):
+        live = weights[:, m] > 0
+        if not live.any():
+            continue
+        r = np.maximum(resp[live, m], PI_FLOOR)
+        w = weights[live, m] * r
+        deltas = (thetas[live, m] - current[m]) / r[:, None]
+        sizes = np.linalg.norm(deltas, axis=1)
+        radius = clip_factor * float(coordinate_median(sizes, cap_shares(w, max_share)))
+        deltas = clip_to_ball(deltas, np.zeros(current.shape[1]), radius)
+        step = _combine(deltas, w, aggregator, trim, max_share)
+        share = _combine(r[:, None], weights[live, m], aggregator, trim, max_share)[0]
+        mass = float(weights[live, m].sum())
+        out[m] += step * share * (mass / total_weight if total_weight is not None else 1.0)
+    return out
+
+
+def _combine(deltas: np.ndarray, weights: np.ndarray, aggregator: str, trim: float,
+             max_share: float) -> np.ndarray:
+    """The weighted coordinate-wise combination of the clipped updates (K, P) (step 3 of
+    :func:`robust_aggregate_components`)."""
+    if aggregator == "mean":
+        w = cap_shares(weights, max_share)
+        return w @ deltas / w.sum()
+    if aggregator == "trimmed-mean":
+        w = cap_shares(weights, max_share * (1.0 - 2.0 * trim))
+        cut = max(trim, float(w.max() / w.sum()))
+        if cut < 0.5:
+            return trimmed_mean(deltas, cut, w)
+    else:
+        w = cap_shares(weights, max_share)
+    return coordinate_median(deltas, w)
 
 
 def sample_clients(eligible: np.ndarray, fraction: float,

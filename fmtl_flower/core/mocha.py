@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .formulations import Formulation, make_formulation
+from .decoupling import coupled_models, decoupled_inverse
+from .formulations import Formulation, make_formulation, sigma_prime
 from .objective import regulariser_value
 
 
@@ -36,6 +37,9 @@ class ServerStateBasics:
     B: np.ndarray
     formulation: Formulation
     W: np.ndarray
+    #: Tasks decoupled by robust mode (bool (m,), :mod:`fmtl_flower.core.decoupling`; None:
+    #: none): the Omega-step learns nothing from their models.
+    decoupled: np.ndarray | None = None
 
     def _check_B(self) -> None:
         if self.B.ndim != 2 or self.B.shape[1] != self.formulation.num_tasks:
@@ -76,7 +80,7 @@ class ServerStateBasics:
         """Omega-step of the formulation for the current W, then W <- B M."""
         if self.formulation.fixed:
             return
-        self.formulation.omega_step(self.W)
+        self.formulation.omega_step(coupled_models(self.W, self.decoupled))
         self._take_inverse()
         self.recompute_models()
 
@@ -140,7 +144,17 @@ class MochaServerState(ServerStateBasics):
 
     def sigma_prime(self, mode: str = "global") -> np.ndarray:
         """Per-task sigma' for the current M (Lemma 9, Remark 5 or spectral)."""
+        if self.decoupled is not None and self.decoupled.any():
+            return sigma_prime(self.M, mode, self.formulation.gamma)
         return self.formulation.sigma_prime(mode)
+
+    def decouple(self, decoupled: np.ndarray) -> None:
+        """Decouple the tasks of the bool mask ``decoupled`` (m,) from the others (M -> M' of
+        :func:`~fmtl_flower.core.decoupling.decoupled_inverse`, now and after every
+        Omega-step), then W <- B M'."""
+        self.decoupled = np.array(decoupled, dtype=bool)
+        self._take_inverse()
+        self.recompute_models()
 
     def recompute_models(self) -> None:
         """W <- B M."""
@@ -150,7 +164,8 @@ class MochaServerState(ServerStateBasics):
         self.W += delta_B @ self.M[tasks, :]
 
     def _take_inverse(self) -> None:
-        self.M = self.formulation.inverse_matrix()
+        M = self.formulation.inverse_matrix()
+        self.M = M if self.decoupled is None else decoupled_inverse(M, self.decoupled)
 
     def state_arrays(self) -> dict[str, np.ndarray]:
         """Everything needed to continue bit for bit: B, W, M and the formulation's arrays.

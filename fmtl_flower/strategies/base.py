@@ -12,6 +12,21 @@ server's by each strategy's commit protocol. A checkpoint written with other set
 difference. Randomness is derived from (seed, task, round) everywhere, so there is no RNG
 state to store: a resumed run draws the same numbers as an uninterrupted one.
 
+The run's identity
+------------------
+Devices that keep state between messages (MOCHA's and CoCoA+'s dual variables, in
+``context.state`` and in ``client-state-dir`` files) must never adopt state written for
+another run: two runs on the same devices can share a ``client-state-dir``. So every message
+of those strategies' rounds carries the config entry ``run-token`` (str,
+:data:`RUN_TOKEN_KEY`; :attr:`TaskStrategy.sent_identity`): a random token the server draws
+when a run starts from round 1, then ``.`` and a digest of the settings' ``fingerprint``
+(:meth:`TaskStrategy.run_identity`).
+Devices store it with their state and treat state of another token as none stored
+(:func:`fmtl_flower.clients.dual_state.reconcile`: the commit protocol's reset, logged). The
+token is kept in every checkpoint, so a run resumed from one sends the same identity and its
+devices' state is still adopted; a checkpoint without one (older files) gets a new token, and
+its devices' state is reset.
+
 Flower's strategy knobs
 -----------------------
 :class:`TaskStrategy` has Flower's usual knobs as attributes (class-level defaults that a
@@ -47,12 +62,15 @@ constructor or settings object may override; read when ``start`` runs):
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import math
+import secrets
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from logging import INFO
+from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +85,9 @@ from ..core.rng import evaluate_sample_rng, train_sample_rng
 from ..legacy import detect_legacy
 from ..wire import metric_record, to_array
 from .discovery import TaskDirectory, suggested_fix, wait_for_nodes
+
+#: The config entry of every round's messages naming the run (module docstring).
+RUN_TOKEN_KEY = "run-token"
 
 #: Flower's ``train_metrics_aggr_fn`` / ``evaluate_metrics_aggr_fn``:
 #: ``fn(reply contents, weighted_by_key) -> MetricRecord``.
@@ -107,6 +128,9 @@ class TaskStrategy(Strategy):
     #: with :class:`NoValidReplies` (0: never stop).
     max_failed_rounds: int = 3
     resumed_from: int = 0  # round of the checkpoint this run continued from (0: none)
+    run_token: str | None = None  # drawn by start, or restored from the checkpoint
+    #: The run's identity as its messages send it (``run-token``; "" until ``start``).
+    sent_identity: str = ""
     last_checkpoint_round: int = 0  # round of the newest checkpoint written or resumed from
     # Flower's knobs (module docstring): class-level defaults, overridden per instance.
     min_available_nodes: int = 0
@@ -153,17 +177,21 @@ class TaskStrategy(Strategy):
         (:func:`as_array_record`). ``timeout`` bounds every exchange, the first round's
         discovery included (the strategy's ``discovery_timeout`` is lowered to it). Raises
         :class:`~fmtl_flower.strategies.discovery.DiscoveryError` (a ``RuntimeError``) when
-        fewer than :attr:`min_tasks` tasks have a node by then. NumPyClient devices are
-        found and served through :func:`~fmtl_flower.legacy.detect_legacy` (unless ``grid``
-        is a wrapper already: then wrap it in ``LegacyGrid`` yourself)."""
+        fewer than :attr:`min_tasks` tasks have a node by then; a ``ValueError`` at once
+        unless ``num_rounds`` is an int >= 1 and ``timeout`` a number > 0
+        (:func:`check_run_length`). NumPyClient devices are found and served through
+        :func:`~fmtl_flower.legacy.detect_legacy` (unless ``grid`` is a wrapper already: then
+        wrap it in ``LegacyGrid`` yourself)."""
         self.check_knobs()
         grid = detect_legacy(grid)  # a NumPyClient device just works (issue 27)
-        self.num_rounds = int(num_rounds)
-        self.round_timeout = float(timeout)
+        self.num_rounds, self.round_timeout = check_run_length(num_rounds, timeout)
         if getattr(self, "discovery_timeout", None) is not None:  # timeout bounds discovery
             self.discovery_timeout = min(float(self.discovery_timeout), self.round_timeout)
         if self.checkpoint_dir is not None and self.resume:
             self._resume()
+        if self.run_token is None:
+            self.run_token = secrets.token_hex(8)
+        self.sent_identity = self.run_identity()
         log(INFO, "Starting %s strategy:", type(self).__name__)
         self.summary()
         result = Result()
@@ -371,6 +399,13 @@ class TaskStrategy(Strategy):
         """Settings a checkpoint must have been written with to be resumed by this strategy."""
         return {"strategy": type(self).__name__, "num_tasks": int(len(self.ever_replied))}
 
+    def run_identity(self) -> str:
+        """The run's identity sent as ``run-token`` (module docstring): the run's token, then
+        ``.`` and 16 hex digits of a digest of :meth:`fingerprint`."""
+        settings = json.dumps(self.fingerprint(), sort_keys=True, default=str)
+        digest = hashlib.blake2b(settings.encode(), digest_size=8).hexdigest()
+        return f"{self.run_token}.{digest}"
+
     def maybe_checkpoint(self, server_round: int) -> Path | None:
         """Write a checkpoint if one is due after ``server_round``."""
         if self.checkpoint_dir is None:
@@ -380,7 +415,8 @@ class TaskStrategy(Strategy):
         arrays, meta = self.checkpoint_state()
         path = write_checkpoint(self.checkpoint_dir, server_round, arrays,
                                 {**meta, "fingerprint": self.fingerprint(),
-                                 "ever_replied": self.ever_replied.tolist()})
+                                 "ever_replied": self.ever_replied.tolist(),
+                                 "run_token": self.run_token})
         self.last_checkpoint_round = server_round
         log(INFO, "%s: checkpoint after round %d written to %s", type(self).__name__,
             server_round, path)
@@ -396,6 +432,13 @@ class TaskStrategy(Strategy):
         check_fingerprint(checkpoint, self.fingerprint())
         self.restore_state(checkpoint.arrays, checkpoint.meta)
         self.ever_replied = np.array(checkpoint.meta["ever_replied"], dtype=bool)
+        token = checkpoint.meta.get("run_token")
+        if isinstance(token, str) and token:
+            self.run_token = token
+        else:
+            log(WARNING, "%s: %s keeps no run token (an older checkpoint): the devices' "
+                "state is from another run for this one and is reset", type(self).__name__,
+                checkpoint.path)
         self.resumed_from = self.last_checkpoint_round = checkpoint.server_round
         log(INFO, "%s: resumed from %s (state after round %d)", type(self).__name__,
             checkpoint.path, checkpoint.server_round)
@@ -484,6 +527,22 @@ def as_array_record(initial_arrays: Any) -> ArrayRecord | None:
     raise TypeError("initial_arrays must be an ArrayRecord (ArrayRecord([W0]) or "
                     "ArrayRecord({'W': Array(W0)})), a numpy array or a dict of numpy arrays, "
                     f"got {type(initial_arrays).__name__}")
+
+
+def check_run_length(num_rounds: Any, timeout: Any, *, no_rounds_ok: bool = False
+                     ) -> tuple[int, float]:
+    """``start``'s ``(num_rounds, timeout)`` as ``(int, float)``; a ValueError naming the
+    argument unless ``num_rounds`` is an int >= 1 (>= 0 with ``no_rounds_ok``: OFMTL's 0,
+    no cap) and ``timeout`` a finite number > 0 (a run of no rounds, or whose every exchange
+    times out at once, would return an empty result without saying why)."""
+    least = 0 if no_rounds_ok else 1
+    if isinstance(num_rounds, bool) or not isinstance(num_rounds, int | np.integer) \
+            or num_rounds < least:
+        raise ValueError(f"num_rounds must be an int >= {least}, got {num_rounds!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float | np.number) \
+            or not 0 < timeout < math.inf:
+        raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+    return int(num_rounds), float(timeout)
 
 
 def initial_model(initial_arrays: ArrayRecord, key: str, num_tasks: int | None,

@@ -57,8 +57,12 @@ query ``whoami`` (server -> node): empty ``config``. Reply ConfigRecord ``info``
     Reply: arrays ``components`` float64 (M, P), finite, the locally trained components, and
     ``weights`` float64 (M,): n-train for each trained component, 0 for an untouched one
     (every component for fedem / fedavg / fedprox / fedavg-ft / cfl / pfedme / local,
-    exactly one for clustered); metrics ``task-id``, ``round``, ``n-train`` (ints, matching
-    the message) and
+    exactly one for clustered), ``responsibility`` float64 (M,) on the simplex (within
+    1e-6): the device's mean E-step responsibility of each component, its new pi (1 for the
+    single-model methods, one-hot for clustered; used in robust mode only; optional in a
+    one-task reply, whose device then counts as equally responsible for every component
+    it trained, required in a stacked one); metrics ``task-id``, ``round``, ``n-train`` (ints,
+    matching the message) and
     ``train-loss`` (float >= 0, the mixture's mean negative log-likelihood on the training
     set at the received components); optional ``e-step-s`` and ``train-s`` (floats >= 0, the
     device's seconds in the E-step and in local SGD, summed into the round's record).
@@ -72,7 +76,9 @@ client receives its cluster's model, a held-out one every cluster's model). Repl
 Every reply is validated (presence, types, shapes, finiteness, weights in {0, n-train},
 matching task and round, the largest absolute parameter below ``max_abs_param``); a reply
 that fails is logged with its reason and counts as a dropped client; the components are
-untouched by it.
+untouched by it. A reply holding anything the contract does not name (another record, metric
+or array, or arrays above the bytes of ``components``' and ``weights``' shapes) is rejected
+before it is decoded (:func:`reply_contracts`).
 
 Bounds: each returned component theta_m must stay within ``max_update_ratio`` times
 max(|theta_m|_2, 1) of the component theta_m it was sent (Euclidean norms over the
@@ -81,6 +87,30 @@ parameters); ``train-loss`` in [0, ``MAX_LOSS`` = 1e6]; ``e-step-s``, ``train-s`
 ``test-n`` at most the discovery limit ``max_n`` and ``0 <= test-correct <= test-n``;
 ``em-iterations`` >= 0. An aggregate that is not finite is not taken (components kept, the
 round's replies rejected).
+
+Robust mode (``robust``, the default; ``robust=False`` takes every device at its word, the
+behaviour before it): what a device says about itself is capped by what the federation makes
+plausible before it enters a weight or a bound.
+
+* ``n-train`` (``whoami``, at most the operator's discovery limit ``max_n``) enters every
+  average as at most :func:`~fmtl_flower.core.robust.log_upper_fence` of the training tasks'
+  n-train (10 times their median, more only when the honest sizes themselves spread that
+  widely): :meth:`FedEM.trusted_n_train`. The replies still report their true n-train.
+* No device's share of any weighted average (a component's aggregate, the round's
+  ``train_loss``) exceeds ``max_weight_share`` (:func:`~fmtl_flower.core.robust.cap_shares`).
+* ``components``: each shared model (FedEM's components, the single model of fedavg / fedprox /
+  fedavg-ft / pfedme, IFCA's cluster models, CFL's cluster models) is aggregated by
+  :func:`~fmtl_flower.core.fedem.robust_aggregate_components`: every update clipped to 3 times
+  the round's median update size around the model sent (so the update-ratio bound above, whose
+  reference is the server's own model, is no longer the largest step a device can force), then
+  combined by the weighted coordinate-wise trimmed mean (``aggregator`` / ``trim``; or median,
+  or mean) with the devices' weights ``weights`` (their capped n-train) times their
+  ``responsibility`` for the component, each update divided by that responsibility (so
+  the devices' updates are alike and comparable, and FedEM's step is kept). pi stays on
+  the devices: its reported value enters only that weight, at most the device's capped
+  n-train over all components together.
+* ``test-n`` (``evaluate``) enters the pooled accuracy as at most the log-scale fence of the
+  round's test-n values (the reply's accuracy kept: ``test-correct`` scaled alike).
 """
 
 from __future__ import annotations
@@ -99,14 +129,23 @@ from ..checkpoint import read_checkpoint
 from ..core.backend import flatten_arrays, layout_of, layout_signature, unflatten_arrays
 from ..core.cfl import split_clusters
 from ..core.fedem import (
+    CLIP_FACTOR,
     aggregate_components,
     learning_rate,
+    robust_aggregate_components,
     sample_clients,
 )
 from ..core.local_sgd import SGDConfig
 from ..core.models import make_model
 from ..core.pfedme import PFedMeConfig
 from ..core.rng import TAG_FEDEM_INIT, TAG_FEDEM_SAMPLE, round_rng
+from ..core.robust import (
+    cap_shares,
+    clip_to_ball,
+    log_upper_fence,
+    robust_radius,
+    trimmed_mean,
+)
 from ..metrics import error_summary, round_record
 from ..packing import StackGroup
 from ..settings import FedEMSettings, apply_settings, check_num_tasks
@@ -121,7 +160,7 @@ from .discovery import (
 )
 from .packed_fedem import PROTOCOL as STACKING_PROTOCOL
 from .packed_fedem import read_stacked_reply, stacked_message
-from .trust import ReplyBoundary, all_finite, check_bound, norm
+from .trust import ReplyBoundary, ReplyContract, all_finite, check_bound, norm
 
 __all__ = ["METHODS", "FedEM", "ReplyError"]
 
@@ -135,12 +174,61 @@ TAG_SAMPLE, TAG_INIT = TAG_FEDEM_SAMPLE, TAG_FEDEM_INIT
 #: Largest ``train-loss`` a reply may report (a mean negative log-likelihood beyond it is
 #: divergence or hostility, and would overflow the round's sums).
 MAX_LOSS = 1e6
+
+
+def reply_contracts() -> dict[str, ReplyContract]:
+    """What a reply may hold, by message type (the wire contract above; ``M``, ``P``: the
+    server's components' shape): the metrics of :meth:`FedEM._reply_keys`, the ``train``
+    reply's ``components`` (M, P), ``weights`` (M,) and ``responsibility`` (M,)."""
+    return {MessageType.TRAIN: ReplyContract.of(
+                [key for keys in FedEM._reply_keys(True) for key in keys],
+                {"components": ("M", "P"), "weights": ("M",), "responsibility": ("M",)}),
+            MessageType.EVALUATE: ReplyContract.of(
+                [key for keys in FedEM._reply_keys(False) for key in keys])}
 _NAMES = {"fedem": "FedEM", "fedavg": "FedAvg", "fedprox": "FedProx", "fedavg-ft": "FedAvg+",
           "clustered": "IFCA", "cfl": "CFL", "pfedme": "pFedMe", "local": "Local"}
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _clipped(updates: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """Robust mode, CFL: every update clipped to 3 times the median update size
+    (:data:`~fmtl_flower.core.fedem.CLIP_FACTOR`) before the split test."""
+    stacked = np.stack(list(updates.values()))
+    radius = robust_radius(np.linalg.norm(stacked, axis=1), CLIP_FACTOR)
+    clipped = clip_to_ball(stacked, np.zeros(stacked.shape[1]), radius)
+    return dict(zip(updates, clipped, strict=True))
+
+
+def _check_responsibility(resp: np.ndarray, num_components: int) -> None:
+    """A reply's ``responsibility``: float64 (M,), finite, on the simplex within 1e-6."""
+    if resp.dtype != np.float64 or resp.shape != (num_components,):
+        raise ReplyError(f"'responsibility' must be float64 of shape ({num_components},), got "
+                         f"{resp.dtype} {resp.shape}")
+    if not np.all(np.isfinite(resp)) or np.any(resp < 0) or abs(float(resp.sum()) - 1) > 1e-6:
+        raise ReplyError("'responsibility' must be finite, >= 0 and sum to 1")
+
+
+def _responsibility(reply: dict[str, Any]) -> np.ndarray:
+    """A reply's ``responsibility``, or when it sent none, equal shares of the components it
+    trained (its total weight over the components is its n-train either way)."""
+    if "responsibility" in reply:
+        return np.asarray(reply["responsibility"], dtype=np.float64)
+    trained = (reply["weights"] > 0).astype(np.float64)
+    return trained / trained.sum()
+
+
+def _capped_test_counts(correct: np.ndarray, counts: np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """Robust mode: every ``test-n`` at most the log-scale fence of the round's test-n values,
+    ``test-correct`` scaled alike (each task's accuracy kept, its weight in the pooled
+    accuracy bounded)."""
+    counts = counts.astype(np.float64)
+    capped = np.minimum(counts, log_upper_fence(counts))
+    scale = np.divide(capped, counts, out=np.zeros_like(counts), where=counts > 0)
+    return correct * scale, capped
 
 
 class FedEM(TaskStrategy):
@@ -205,6 +293,16 @@ class FedEM(TaskStrategy):
     pfedme_lambda, pfedme_lr, pfedme_steps, pfedme_beta : float / int
         pFedMe's lambda, the inner steps' learning rate, their number K, and the server's
         beta (``lr`` is pFedMe's eta; pFedMe's steps use no momentum).
+    robust : bool
+        Robust mode (default True; see the module docstring): n-train capped by the
+        federation, no device above ``max_weight_share`` of any average, shared models
+        aggregated Byzantine-robustly. False: every device taken at its word.
+    max_weight_share : float
+        The largest share of any weighted average one device may carry (robust mode).
+    aggregator : {"trimmed-mean", "median", "mean"}
+        Robust mode's combination of the clipped updates of a shared model.
+    trim : float
+        The weight cut from each end of every coordinate by ``trimmed-mean``, in [0, 0.5).
     dim : int, optional
         The feature dimension when configured (None: by majority of the nodes).
     eval_every : int
@@ -263,7 +361,8 @@ class FedEM(TaskStrategy):
         self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
         self.records: list[dict[str, Any]] = []
         self.components: np.ndarray | None = None
-        self.replies = ReplyBoundary(self.name)
+        self.replies = ReplyBoundary(self.name, reply_contracts(), lambda: dict(
+            zip(("M", "P"), self.components.shape, strict=True)))
         self._round_start = 0.0
         if initial_components is not None:
             self._set_initial(list(initial_components), "initial_components")
@@ -337,14 +436,7 @@ class FedEM(TaskStrategy):
             if self.method == "cfl":
                 components, clusters = self._cfl_aggregate(accepted)
             else:
-                updates = [(r["components"], r["weights"]) for r in accepted.values()]
-                total = None
-                if self.aggregation == "all" and self.method != "clustered":
-                    total = float(self.n_train[~self.unseen].sum())
-                components = aggregate_components(self.components, updates, total)
-                if self.method == "pfedme" and self.pfedme_beta != 1.0:
-                    components = self.components + self.pfedme_beta * (
-                        components - self.components)
+                components = self._aggregate_components(accepted)
             if all_finite(components):
                 self.components, self.clusters = components, clusters
             else:  # the bounds make this unreachable: belt and braces
@@ -352,7 +444,7 @@ class FedEM(TaskStrategy):
                     "of tasks %s rejected", self.name, server_round, list(accepted)[:20])
                 accepted = {}
         aggregate_s = time.perf_counter() - started
-        n = np.array([accepted[t]["n-train"] for t in accepted], dtype=float)
+        n = self._average_weights(list(accepted))
         loss = np.array([accepted[t]["train-loss"] for t in accepted])
         timing = {key: float(sum(r.get(key, 0.0) for r in accepted.values()))
                   for key in ("e-step-s", "train-s")}
@@ -394,13 +486,15 @@ class FedEM(TaskStrategy):
                     continue
                 correct = np.array([accepted[t]["test-correct"] for t in tasks])
                 counts = np.array([accepted[t]["test-n"] for t in tasks])
+                if self.robust:
+                    correct, counts = _capped_test_counts(correct, counts)
                 summary = error_summary(counts - correct, counts)
                 if key:
                     record["unseen_accuracy_mean"] = summary["accuracy_mean"]
                     record["unseen_accuracy_bottom_decile"] = summary["accuracy_bottom_decile"]
                 else:
                     record.update(summary)
-                    n = np.array([accepted[t]["n-train"] for t in tasks], dtype=float)
+                    n = self._average_weights(tasks)
                     loss = np.array([accepted[t]["train-loss"] for t in tasks])
                     record["train_loss_eval"] = float(loss @ n / n.sum())
             record["tasks_missing"] = sorted(set(range(self.num_tasks)) - set(accepted)
@@ -569,19 +663,83 @@ class FedEM(TaskStrategy):
         owner = self.cluster_of()
         updates = {t: r["components"][0] - self.components[owner[t]]
                    for t, r in accepted.items()}
-        clusters = split_clusters(self.clusters, updates, *self.cfl_eps)
+        if self.robust:  # one device's update cannot force, hold back or steer a split
+            updates = _clipped(updates)
+            clusters = split_clusters(self.clusters, updates, *self.cfl_eps,
+                                      mean=self._split_test_mean)
+        else:
+            clusters = split_clusters(self.clusters, updates, *self.cfl_eps)
         models = []
         for members in clusters:
             theta = self.components[owner[members[0]]].copy()
             heard = [int(t) for t in members if int(t) in updates]
             if heard:
-                n = np.array([accepted[t]["n-train"] for t in heard], dtype=float)
-                theta += (n @ np.stack([updates[t] for t in heard])) / n.sum()
+                theta += self._mean_update(np.stack([updates[t] for t in heard]), heard)
             models.append(theta)
         if len(clusters) > len(self.clusters):
             log(INFO, "CFL: %d clusters, sizes %s", len(clusters),
                 [int(c.size) for c in clusters])
         return np.stack(models), clusters
+
+    def _split_test_mean(self, updates: np.ndarray) -> np.ndarray:
+        """Robust mode, CFL's split test: the trimmed mean of a cluster's K >= 3 updates,
+        cutting at least one device's worth (1 / K) from each end of every coordinate."""
+        return trimmed_mean(updates, max(self.trim, 1.0 / updates.shape[0]))
+
+    def _mean_update(self, updates: np.ndarray, tasks: list[int]) -> np.ndarray:
+        """CFL: the weighted mean of a cluster's updates (K, P) of ``tasks``, by n-train; in
+        robust mode clipped to 3 times their median size and trimmed-averaged with capped
+        shares, as :func:`~fmtl_flower.core.fedem.robust_aggregate_components` does."""
+        n = self._average_weights(tasks)
+        if not self.robust:
+            return (n @ updates) / n.sum()
+        one_model = [(update[None], n[k:k + 1]) for k, update in enumerate(updates)]
+        return robust_aggregate_components(
+            np.zeros((1, updates.shape[1])), one_model, aggregator=self.aggregator,
+            trim=self.trim, max_share=self.max_weight_share)[0]
+
+    # ------------------------------------------------------------------ robust mode
+    def trusted_n_train(self) -> np.ndarray:
+        """Each task's n-train as it enters a weight, shape (num_tasks,): as reported, or in
+        robust mode at most the log-scale fence of the training tasks' reported n-train
+        (:func:`~fmtl_flower.core.robust.log_upper_fence`; 0 for a task not discovered)."""
+        n = self.n_train.astype(np.float64)
+        if not self.robust:
+            return n
+        return np.minimum(n, log_upper_fence(n[~self.unseen & (n > 0)]))
+
+    def _average_weights(self, tasks: list[int]) -> np.ndarray:
+        """The weights of ``tasks`` in an average by n-train: the reported n-train, or in
+        robust mode the trusted n-train with no task above ``max_weight_share`` of the sum."""
+        if not self.robust:
+            return np.array([self.n_train[t] for t in tasks], dtype=float)
+        n = self.trusted_n_train()[np.asarray(tasks, dtype=int)]
+        return cap_shares(n, self.max_weight_share) if n.size else n
+
+    def _aggregate_components(self, accepted: dict[int, dict[str, Any]]) -> np.ndarray:
+        """The components after the round's accepted replies (every method but CFL and
+        local): n-weighted averages of the updates (``aggregation``'s rule), made robust in
+        robust mode; pFedMe's server step ``beta`` applied."""
+        assert self.components is not None
+        total = None
+        if self.robust:
+            n = self.trusted_n_train()
+            updates = [(r["components"], np.where(r["weights"] > 0, n[t], 0.0))
+                       for t, r in accepted.items()]
+            responsibilities = np.stack([_responsibility(r) for r in accepted.values()])
+            if self.aggregation == "all" and self.method != "clustered":
+                total = float(n[~self.unseen].sum())
+            components = robust_aggregate_components(
+                self.components, updates, total, aggregator=self.aggregator, trim=self.trim,
+                max_share=self.max_weight_share, responsibilities=responsibilities)
+        else:
+            updates = [(r["components"], r["weights"]) for r in accepted.values()]
+            if self.aggregation == "all" and self.method != "clustered":
+                total = float(self.n_train[~self.unseen].sum())
+            components = aggregate_components(self.components, updates, total)
+        if self.method == "pfedme" and self.pfedme_beta != 1.0:
+            components = self.components + self.pfedme_beta * (components - self.components)
+        return components
 
     def _sent(self, task: int) -> np.ndarray:
         """The components a task receives: CFL's training clients their cluster's model
@@ -673,6 +831,8 @@ class FedEM(TaskStrategy):
         arrays = arrays_of(reply)
         if arrays is None or "components" not in arrays or "weights" not in arrays:
             raise ReplyError("arrays 'components' and 'weights' required")
+        if "responsibility" in arrays:
+            out["responsibility"] = from_array(arrays["responsibility"])
         return self._check_arrays(out, from_array(arrays["components"]),
                                   from_array(arrays["weights"]))
 
@@ -688,7 +848,8 @@ class FedEM(TaskStrategy):
                 self._check_arrays(row, row["components"], row["weights"])
 
         return read_stacked_reply(reply, group, self._reply_keys(train),
-                                  ("components", "weights") if train else (), check)
+                                  ("components", "weights", "responsibility") if train else (),
+                                  check)
 
     @staticmethod
     def _reply_keys(train: bool) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
@@ -745,5 +906,7 @@ class FedEM(TaskStrategy):
         if int(np.count_nonzero(weights)) != expected:
             raise ReplyError(f"{int(np.count_nonzero(weights))} trained components, expected "
                              f"{expected}")
+        if self.robust and "responsibility" in out:  # it enters a weight in robust mode only
+            _check_responsibility(out["responsibility"], M)
         out["components"], out["weights"] = theta, weights
         return out

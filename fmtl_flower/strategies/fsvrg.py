@@ -74,7 +74,8 @@ query ``fsvrg_gradient`` (server -> node): arrays ``w`` float64 (d,); config ``t
 
 ``train`` (server -> node, ``cocoa-plus``): arrays ``w`` float64 (d,) (``w_t``); config
     ``task-id``, ``server-round``, ``seed``, ``last-accepted-round`` (0 = none; < server-round),
-    with checkpoints ``checkpoint-round`` (:mod:`fmtl_flower.clients.dual_state`),
+    ``run-token`` (str: the run's identity, :mod:`fmtl_flower.strategies.base`), with
+    checkpoints ``checkpoint-round`` (:mod:`fmtl_flower.clients.dual_state`),
     ``n`` (the global row count), ``epochs`` (ints), ``method`` (str), ``lam``,
     ``sigma-prime`` (floats > 0), ``eval`` (bool). The node commits or rolls back (above),
     then runs :func:`~fmtl_flower.core.fsvrg.cocoa_plus_local_sdca` over the concatenated
@@ -99,7 +100,9 @@ one bit for bit; a bad row or slot fails only its task.
 
 Every reply is validated (records and keys, int metrics as ints, finite numbers, arrays of
 dtype float64 (integers for ``counts``) and shape (d,), finite, matching task, round and
-n-train); a reply that fails is logged with its reason and counts as a dropped node: no
+n-train; nothing the contract does not name, and arrays within the bytes of their shapes,
+checked before decoding: :func:`reply_contracts`); a reply that fails is logged with its
+reason and counts as a dropped node: no
 gradient term (the gradient and objective are then over the replying nodes, normalised by
 their ``n``; the record's ``objective`` is None and ``tasks_missing`` lists them) or no local
 model (``fsvrg``: weight ``n_k/n`` with the full ``n``, so the node contributes no change;
@@ -141,6 +144,15 @@ breaks; the gap bounds the suboptimality if the devices computed honestly) and
 adds ``certificate_rejections_total`` over the run. GD's ``final``
 adds ``step`` (the step used), ``L_estimate`` (``L`` of the default step; None for a given
 ``step``) and ``power_iterations`` (its round trips, 0 for a given ``step``).
+
+Resume
+------
+``n``, ``lam = 1/n`` (by default), ``fsvrg``'s statistics and CoCoA+'s shares of ``w`` all
+derive from every node's data. A run resumed from a checkpoint rediscovers its nodes and
+compares each task's ``n-train`` with the checkpoint's: another count (the run resumed on
+other data) is a :class:`~fmtl_flower.checkpoint.CheckpointError` naming the tasks, never a
+run that goes on with the old ``n`` and ``lam``. (Other data of the same sizes is not seen
+by the server; CoCoA+'s devices then reset their dual state, which is bound to their data.)
 """
 
 from __future__ import annotations
@@ -156,6 +168,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from ..checkpoint import CheckpointError
 from ..core.certificate import certificate_rejections, logistic_pair_problem
 from ..core.fsvrg import (
     GD_POWER_MAX_ITER,
@@ -178,7 +191,7 @@ from ..metrics import error_summary, round_record
 from ..packing import StackGroup
 from ..settings import FsvrgSettings, apply_settings, check_num_tasks
 from ..wire import from_array, to_array
-from .base import TaskStrategy, check_initial_dim, initial_model
+from .base import RUN_TOKEN_KEY, TaskStrategy, check_initial_dim, initial_model
 from .discovery import (
     ReplyError,
     TaskDirectory,
@@ -188,8 +201,8 @@ from .discovery import (
 )
 from .packed_fsvrg import MESSAGE_TYPES as _MESSAGE_TYPES
 from .packed_fsvrg import PROTOCOL as STACKING_PROTOCOL
-from .packed_fsvrg import read_stacked_reply, stacked_message
-from .trust import ReplyBoundary, all_finite, check_bound, norm
+from .packed_fsvrg import read_stacked_reply, reply_keys, stacked_message
+from .trust import ReplyBoundary, ReplyContract, all_finite, check_bound, norm
 
 __all__ = ["METHODS", "DualLedger", "Fsvrg", "ReplyError"]
 
@@ -198,6 +211,19 @@ DEFAULT_H = 16.0
 _LN2 = math.log(2.0)
 RoundCallback = Callable[[dict[str, Any]], None]
 _NAME = "FSVRG"
+
+
+def reply_contracts(method: str) -> dict[str, ReplyContract]:
+    """What a reply may hold, by message type (the wire contract above; ``d``: the
+    dimension): the metrics and the array of :func:`~.packed_fsvrg.reply_keys` (test errors
+    allowed), CoCoA+'s for ``train`` and ``evaluate`` when ``method`` is ``cocoa-plus``."""
+    out = {}
+    for kind, message_type in _MESSAGE_TYPES.items():
+        cocoa = method == "cocoa-plus" and kind in ("train", "evaluate")
+        ints, floats, array = reply_keys(message_type, cocoa, True)
+        out[message_type] = ReplyContract.of([*ints, *floats],
+                                             {array: ("d",)} if array else None)
+    return out
 
 
 class DualLedger:
@@ -362,7 +388,7 @@ class Fsvrg(TaskStrategy):
         self.exchanges = 0
         self._g: np.ndarray | None = None
         self._gd_replies = 0
-        self.replies = ReplyBoundary(_NAME)
+        self.replies = ReplyBoundary(_NAME, reply_contracts(s.method), lambda: {"d": self.dim})
         self._round_start = 0.0
         self._evaluating = False
         self._seed_w: np.ndarray | None = None  # start()'s initial w0, until discovery
@@ -397,6 +423,8 @@ class Fsvrg(TaskStrategy):
         self._round_start = time.perf_counter()
         wait = self.discovery_timeout if server_round == self.first_round else 0.0
         self.directory.discover(grid, wait=wait, query_timeout=max(self.round_timeout, 60.0))
+        if self._checkpoint_n_train is not None:
+            self._check_resumed_data()
         if self.w is None:
             self._init_model()
         if self.method == "fsvrg" and self.stats is None:
@@ -641,6 +669,7 @@ class Fsvrg(TaskStrategy):
             if protocol:
                 assert self.ledger is not None
                 per_task["last-accepted-round"] = self.ledger.last_accepted
+                shared[RUN_TOKEN_KEY] = self.sent_identity
                 if self.checkpoint_dir is not None:
                     shared["checkpoint-round"] = int(self.last_checkpoint_round)
             for group in groups:
@@ -657,11 +686,12 @@ class Fsvrg(TaskStrategy):
                 RecordDict(records), dst_node_id=node, message_type=message_type)))
         return messages
 
-    def _protocol_config(self, task: int) -> dict[str, int]:
-        """CoCoA+'s commit-protocol keys: ``last-accepted-round`` and, with checkpoints,
-        ``checkpoint-round`` (see :mod:`fmtl_flower.clients.dual_state`)."""
+    def _protocol_config(self, task: int) -> dict[str, int | str]:
+        """CoCoA+'s commit-protocol keys: ``last-accepted-round``, ``run-token`` and, with
+        checkpoints, ``checkpoint-round`` (see :mod:`fmtl_flower.clients.dual_state`)."""
         assert self.ledger is not None
-        out = {"last-accepted-round": int(self.ledger.last_accepted[task])}
+        out: dict[str, int | str] = {"last-accepted-round": int(self.ledger.last_accepted[task]),
+                                     RUN_TOKEN_KEY: self.sent_identity}
         if self.checkpoint_dir is not None:
             out["checkpoint-round"] = int(self.last_checkpoint_round)
         return out
@@ -879,6 +909,22 @@ class Fsvrg(TaskStrategy):
         return record
 
     # ------------------------------------------------------------------ checkpoints
+    _checkpoint_n_train: np.ndarray | None = None  # each task's n-train at the checkpoint
+
+    def _check_resumed_data(self) -> None:
+        """CheckpointError unless every discovered task reports the ``n-train`` it had at
+        the checkpoint this run resumed from (module docstring, Resume)."""
+        assert self._checkpoint_n_train is not None
+        known = self.n_train > 0
+        changed = np.flatnonzero(known & (self.n_train != self._checkpoint_n_train))
+        if len(changed):
+            now, then = self.n_train[changed].tolist(), self._checkpoint_n_train[changed].tolist()
+            raise CheckpointError(
+                f"{_NAME}: resumed on other data: tasks {changed.tolist()[:20]} report "
+                f"n-train {now[:20]}, the checkpoint has {then[:20]}; n = {self.n_total}, "
+                f"lambda = {self.lam} and the statistics of the checkpoint belong to other "
+                "data: use another checkpoint directory")
+
     def fingerprint(self) -> dict[str, Any]:
         """Settings a checkpoint must share with this run to be resumed."""
         return {"strategy": "Fsvrg", "num_tasks": self.num_tasks, "method": self.method,
@@ -908,6 +954,7 @@ class Fsvrg(TaskStrategy):
         if arrays["n_train"].shape != (self.num_tasks,):
             raise ValueError(f"checkpoint 'n_train' must have shape ({self.num_tasks},)")
         self.w = w.copy()
+        self._checkpoint_n_train = np.asarray(arrays["n_train"], dtype=np.int64).copy()
         self.directory.dim = int(w.shape[0])
         self.records = [dict(r) for r in meta["records"]]
         self.exchanges = int(meta["exchanges"])

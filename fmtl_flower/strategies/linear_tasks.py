@@ -9,6 +9,16 @@ stacked reply's rows alike: a packed node and an unpacked one have the same repl
 for the same reasons) and of their test counts, and the completion of a round record from the
 replies (primal, objective, test errors). The strategy supplies the round's messages and
 replies through the hooks below.
+
+Robust mode (``robust``, the default) bounds a task's replies with R~_t, not with the R_t its
+device claims: R~_t = min(R_t, the federation's log-scale upper fence of the reported R's
+(:func:`~fmtl_flower.core.robust.log_upper_fence`: at most 10 times their median, more only
+when the honest values themselves spread that widely), the discovery limit
+``TaskDirectory.max_row_norm``) (:meth:`LinearTasks._row_norms`); a configured
+``max_row_norm`` overrides both, as before. Likewise the ``n-train`` the local budgets are
+computed from is capped by the fence of the reported n's (:meth:`LinearTasks._budget_sizes`),
+so a device claiming 1e9 examples neither gets a huge budget nor (Mb-SDCA) shrinks everyone's
+update scale through the round's total of steps. ``robust=False``: each device's word.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
 from ..core.certificate import certificate_rejections
+from ..core.robust import log_upper_fence
 from ..metrics import error_summary
 from .discovery import ReplyError
 from .trust import BOUND_SLACK, ReplyBoundary
@@ -50,6 +61,7 @@ class LinearTasks:
     """
 
     num_tasks: int
+    robust: bool
     num_rounds: int | None
     records: list[dict[str, Any]]
     max_row_norm: float | None
@@ -109,10 +121,33 @@ class LinearTasks:
 
     def _row_norms(self, tasks: np.ndarray) -> np.ndarray:
         """R_t of ``tasks``: the configured max-row-norm, else the tasks' reports (NaN:
-        none)."""
+        none), in robust mode capped by the federation's fence (module docstring)."""
         if self.max_row_norm is not None:
             return np.full(len(tasks), self.max_row_norm)
-        return self.directory.row_norm[tasks]
+        reported = self.directory.row_norm[tasks]
+        if not self.robust:
+            return reported
+        return np.minimum(reported, self._row_norm_cap())
+
+    def _row_norm_cap(self) -> float:
+        """The largest R_t robust mode believes: the fence of every task's reported R_t, at
+        most the discovery limit (computed once per change of the reports)."""
+        reported = self.directory.row_norm
+        key = reported.tobytes()
+        cached = getattr(self, "_row_norm_cap_of", None)
+        if cached is None or cached[0] != key:
+            cap = min(log_upper_fence(reported), float(self.directory.max_row_norm))
+            self._row_norm_cap_of = cached = (key, cap)
+        return cached[1]
+
+    def _budget_sizes(self, tasks: np.ndarray) -> np.ndarray:
+        """The ``n-train`` of ``tasks`` the local budgets are computed from: as reported, in
+        robust mode capped by the log-scale upper fence of every known task's n-train."""
+        n = self.n_train[tasks]
+        if not self.robust or n.size == 0:
+            return n
+        cap = log_upper_fence(self.n_train[self.n_train > 0])
+        return np.minimum(n, int(cap)) if np.isfinite(cap) else n
 
     def _bound_rows(self, rows: Replies, tasks: np.ndarray,
                     rejected: dict[int, str]) -> np.ndarray:
@@ -136,8 +171,12 @@ class LinearTasks:
         (and the dual numbers) when every task replied consistently, else ``tasks_missing``
         says which did not; ``gap_certified`` (a gap, so every task's pair passed the
         certificate's check) and ``certificate_rejections`` (the replies that failed it);
-        the test errors when evaluated. Passes it to ``on_round``."""
+        the test errors when evaluated. Passes it to ``on_round``.
+        A record completed already (without ``_reg``: the last record of a finished run that
+        was resumed with more rounds, completed by its final metrics round) stays as it is."""
         record = self.records[k]
+        if "_reg" not in record:
+            return record
         consistent = self._consistent_tasks(accepted)
         missing = sorted(set(range(self.num_tasks)) - set(consistent))
         record["tasks_missing"] = missing

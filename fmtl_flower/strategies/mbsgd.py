@@ -48,11 +48,27 @@ Every reply is validated (record and key presence, int metrics typed as ints, fi
 ``grad`` float64 of shape (d,) and finite, matching task, round and n-train,
 ``count <= budget``, ``count == 0`` when dropped, ``grad == 0`` when ``count == 0``); a reply
 that fails counts as a dropped node with a logged reason and leaves W untouched by its term.
-Bounds: each hinge subgradient is ``-y_i x_i`` or 0, so ``|grad|_2 <= count R_t`` with R_t
-the task's ``max-row-norm`` from ``whoami`` (or the run's ``max_row_norm``, which overrides
-it; every reply of a task with neither is rejected, the final ``evaluate`` round's too);
-``loss-mean <= 1 + R_t |w_t|``; ``test-n`` at most the discovery limit ``max_n``. A step that
-leaves W non-finite is not taken (W kept, the round's replies rejected).
+A reply holding anything the contract does not name (another record, metric or array, or
+arrays above the bytes of ``grad``'s shape) is rejected before it is decoded
+(:data:`REPLY_CONTRACTS`). Bounds: each hinge subgradient is ``-y_i x_i`` or 0, so
+``|grad|_2 <= count R_t`` with R_t the task's ``max-row-norm`` from ``whoami`` (or the run's
+``max_row_norm``, which overrides it; every reply of a task with neither is rejected, the
+final ``evaluate`` round's too); ``loss-mean <= 1 + R_t |w_t|``; ``test-n`` at most the
+discovery limit ``max_n``. A step that leaves W non-finite is not taken (W kept, the round's
+replies rejected).
+
+Robust mode (``robust``, default on; ``robust=False``: as before) uses MOCHA's caps
+(:mod:`fmtl_flower.strategies.mocha`): R~_t, the federation-capped row norm, in every bound
+above, and the fenced ``n-train`` for the mini-batch sizes. A task whose mean subgradient
+|grad| / count uses half its bound or more while the others' use 10 times less, or whose
+model's largest margin |w_t| R_t exceeds 5 times the others' median three rounds running
+(on the scale min(R~_t, median R~)), is decoupled for the rest of the run: K becomes
+K' = M'^-1, block diagonal (:func:`~fmtl_flower.core.decoupling.block_diagonal_regulariser`:
+no cross term pulls the others), and the projection treats each block on its own ball
+(:func:`~fmtl_flower.core.decoupling.project_blocks`), so a decoupled column can no longer
+shrink the others through the shared Frobenius projection; the Omega-step sees its model as
+0. Every task's loss counts with weight 1 in P whatever its ``n-train`` (no device carries
+more than 1/m of the sum). Records list ``tasks_decoupled``.
 
 Round bookkeeping
 -----------------
@@ -81,6 +97,13 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from ..core.baselines import mbsgd_radius, mbsgd_server_step, mbsgd_step_size
+from ..core.decoupling import (
+    OutlierWatch,
+    block_diagonal_regulariser,
+    coupled_models,
+    federation_scale,
+    project_blocks,
+)
 from ..core.formulations import Formulation, make_formulation
 from ..core.mocha import formulation_arrays, omega_step_due, set_formulation_arrays
 from ..metrics import round_record
@@ -101,13 +124,20 @@ from .linear_tasks import LinearTasks
 from .packed_mbsgd import PROTOCOL as STACKING_PROTOCOL
 from .packed_mbsgd import read_stacked_reply as read_stacked_mbsgd
 from .packed_mocha import stacked_message
-from .trust import BOUND_SLACK, ReplyBoundary, all_finite, guarded, norm
+from .trust import BOUND_SLACK, ReplyBoundary, ReplyContract, all_finite, guarded, norm
 
 __all__ = ["SCHEDULES", "MbSgd", "ReplyError"]
 
 RoundCallback = Callable[[dict[str, Any]], None]
 SCHEDULES = ("inv", "inv_sqrt")
 _NAME = "Mb-SGD"
+
+#: What a reply may hold, by message type (the wire contract above; ``d``: the dimension):
+#: anything else rejects it before it is decoded (:class:`~.trust.ReplyContract`).
+REPLY_METRICS = ("task-id", "round", "n-train", "loss-mean", "test-errors", "test-n")
+REPLY_CONTRACTS = {
+    MessageType.TRAIN: ReplyContract.of((*REPLY_METRICS, "count"), {"grad": ("d",)}),
+    MessageType.EVALUATE: ReplyContract.of(REPLY_METRICS)}
 
 
 def _is_int(value: Any) -> bool:
@@ -203,18 +233,26 @@ class MbSgd(LinearTasks, TaskStrategy):
         self.W: np.ndarray | None = None
         self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
         self.records: list[dict[str, Any]] = []
-        self.replies = ReplyBoundary(_NAME)
+        self.replies = ReplyBoundary(_NAME, REPLY_CONTRACTS, lambda: {"d": self.dim})
         self._budgets = np.zeros(self.num_tasks, dtype=np.int64)
         self._w_norm = np.zeros(self.num_tasks)  # |w_t| sent this round
         self._dropped_now = np.zeros(self.num_tasks, dtype=bool)
         self._round_start = 0.0
+        self.watch = OutlierWatch(self.num_tasks)  # robust mode's decoupling, sticky
         self._refresh_matrices()
+
+    @property
+    def decoupled(self) -> np.ndarray:
+        """The tasks robust mode decoupled (bool, (m,)), :mod:`fmtl_flower.core.decoupling`."""
+        return self.watch.decoupled
 
     # ------------------------------------------------------------------ K and its constants
     def _refresh_matrices(self) -> None:
         """Cache K, the step scale and the projection radius for the current formulation."""
         K = self.formulation.regulariser_matrix()
         self.K = 0.5 * (K + K.T)
+        if self.decoupled.any():  # robust mode: K' = M'^-1, block diagonal
+            self.K = block_diagonal_regulariser(self.K, self.decoupled)
         lam_min = float(np.linalg.eigvalsh(self.K)[0])
         if not lam_min > 0:
             raise ValueError(f"K must be positive definite, smallest eigenvalue {lam_min}")
@@ -255,7 +293,8 @@ class MbSgd(LinearTasks, TaskStrategy):
         known = np.flatnonzero(self.n_train > 0)
         self._budgets = np.zeros(self.num_tasks, dtype=np.int64)
         self._budgets[known] = np.minimum(
-            local_budgets(self.n_train[known], local_frac=self.local_frac, sys_het=self.sys_het,
+            local_budgets(self._budget_sizes(known), local_frac=self.local_frac,
+                          sys_het=self.sys_het,
                           base=self.sys_het_base, seed=self.seed, server_round=server_round),
             self.n_train[known])
         self._dropped_now = drop_mask(self.num_tasks, self.drop_prob, seed=self.seed,
@@ -284,8 +323,14 @@ class MbSgd(LinearTasks, TaskStrategy):
         for task, reply in accepted.items():
             G[:, task] = reply["grad"]
             counts[task] = reply["count"]
+        if self.robust and accepted:
+            self._decouple_outliers(server_round, G, counts)
         step = mbsgd_step_size(server_round, beta=self.step_scale, schedule=self.schedule)
-        W = mbsgd_server_step(self.W, G, self.K, counts=counts, step=step, radius=self.radius)
+        blocks = self.decoupled.any()
+        W = mbsgd_server_step(self.W, G, self.K, counts=counts, step=step,
+                              radius=None if blocks else self.radius)
+        if blocks and self.project:  # each block onto its own ball
+            W = project_blocks(W, self.K, self.decoupled)
         if all_finite(W):
             self.W = W
         else:  # the bounds make this unreachable: belt and braces
@@ -295,7 +340,7 @@ class MbSgd(LinearTasks, TaskStrategy):
         omega_step = omega_step_due(server_round, self.omega_every, self.num_rounds)
         if omega_step:
             def omega_update() -> None:
-                self.formulation.omega_step(self.W)
+                self.formulation.omega_step(coupled_models(self.W, self.decoupled))
                 self._refresh_matrices()
 
             reason = guarded(omega_update, (self.formulation, self), lambda: all_finite(self.K))
@@ -305,6 +350,8 @@ class MbSgd(LinearTasks, TaskStrategy):
                 omega_step = False
         record = self._new_record(server_round)
         used = int(np.count_nonzero(counts))
+        if self.robust:
+            record["tasks_decoupled"] = [int(t) for t in np.flatnonzero(self.decoupled)]
         record.update(num_replies=len(accepted), num_dropped=self.num_tasks - used,
                       samples=int(counts.sum()), step_size=step, omega_step=omega_step,
                       estimated_time_s=self._estimated_time(accepted, arrived),
@@ -312,6 +359,23 @@ class MbSgd(LinearTasks, TaskStrategy):
         metrics = MetricRecord({"num-replies": len(accepted), "num-dropped": record["num_dropped"],
                                 "num-sampled": self._num_sampled})
         return ArrayRecord({"W": to_array(self.W)}), metrics
+
+    def _decouple_outliers(self, server_round: int, G: np.ndarray, counts: np.ndarray) -> None:
+        """Robust mode: decouple (sticky) the tasks whose round's mean subgradient, or whose
+        model's largest margin |w_t| R_t, is an outlier against the federation's
+        (:class:`~fmtl_flower.core.decoupling.OutlierWatch`); K becomes block diagonal
+        (:meth:`_refresh_matrices`), each newly decoupled task logged once."""
+        assert self.W is not None
+        scale = federation_scale(self._row_norms(np.arange(self.num_tasks)))
+        new = self.watch.update(norm(G, axis=0), counts * scale, norm(self.W, axis=0),
+                                1.0 / scale, counts > 0)
+        if not new.any():
+            return
+        self._refresh_matrices()
+        log(WARNING, "%s round %d: task%s %s decoupled from the others (off-diagonal "
+            "coupling in K^-1 set to 0 for the rest of the run): their updates are outliers "
+            "against the federation's (robust mode)", _NAME, server_round,
+            "s" if new.sum() > 1 else "", np.flatnonzero(new).tolist()[:20])
 
     def _estimated_time(self, accepted: dict[int, dict[str, Any]], arrived: int) -> float:
         """Eq. (30) with method "mb-sgd": the slowest replying node sets the round's time.
@@ -374,6 +438,8 @@ class MbSgd(LinearTasks, TaskStrategy):
         assert self.W is not None
         arrays = {"W": self.W, **{f"formulation.{k}": v
                                    for k, v in formulation_arrays(self.formulation).items()}}
+        if self.robust:
+            arrays["decoupled"] = self.decoupled
         return arrays, {"records": self.records}
 
     def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
@@ -384,6 +450,8 @@ class MbSgd(LinearTasks, TaskStrategy):
         set_formulation_arrays(self.formulation, {
             k[len("formulation."):]: v for k, v in arrays.items()
             if k.startswith("formulation.")})
+        if "decoupled" in arrays and arrays["decoupled"].shape == (self.num_tasks,):
+            self.watch.decoupled[:] = arrays["decoupled"].astype(bool)
         self._refresh_matrices()
         self.W = W.copy()
         self.directory.dim = W.shape[0]

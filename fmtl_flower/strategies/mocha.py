@@ -17,9 +17,11 @@ query ``whoami`` (server -> node): empty ``config``. Reply: ConfigRecord ``info`
     whose reply from this task the server added to B; 0 = none), ``m-tt`` float > 0 (the
     diagonal entry (K^-1)_tt), ``sigma-prime`` float > 0, ``budget`` int >= 0 (coordinate
     steps), ``seed`` int, ``dropped`` bool (simulated drop-out: do no work), ``eval`` bool
-    (also report test errors of w_t), optional ``checkpoint-round`` int (the round of the
-    server's newest checkpoint, 0 = none; sent when checkpoints are on: the device keeps its
-    alpha as of that checkpoint to go back to if the server resumes from it), optional
+    (also report test errors of w_t), ``run-token`` str (the run's identity: the device's
+    state of another run is not resumed, :mod:`fmtl_flower.strategies.base`), optional
+    ``checkpoint-round`` int (the round of the server's newest checkpoint, 0 = none; sent
+    when checkpoints are on: the device keeps its alpha as of that checkpoint to go back to
+    if the server resumes from it), optional
     ``gamma`` float in (0, 1] (default 1: the device applies and sends gamma * d_alpha,
     gamma * d_b), optional ``method`` str
     (``mocha`` by default; ``cocoa`` with ``theta`` float: SDCA until the local gap falls by
@@ -43,6 +45,9 @@ query ``whoami`` (server -> node): empty ``config``. Reply: ConfigRecord ``info`
 
 Every reply is validated (keys, dtypes, shapes, finite values, matching task and round); a
 reply that fails counts as a dropped node with a logged reason and leaves the state untouched.
+A reply holding anything the contract above does not name (another record, metric or array,
+or arrays above the bytes of ``delta-b``'s shape) is rejected before it is decoded
+(:data:`REPLY_CONTRACTS`, :class:`~fmtl_flower.strategies.trust.ReplyContract`).
 
 Packed nodes (:mod:`fmtl_flower.packing`) that speak the stacking protocol ``"mocha"`` get the
 same ``train`` and ``evaluate`` contents for all of their tasks in ONE message, stacked (``w``
@@ -70,6 +75,37 @@ alpha_ti by at most 1 and touches at most min(budget, n_t) of them:
 
 After the round's updates W must be finite (else they are rolled back and the round's replies
 rejected); an Omega-step that raises or leaves W or M non-finite is undone (Omega kept).
+
+Robust mode (``robust``, default on; ``robust=False`` takes every device at its word, as
+before) guards this contract with what the federation makes plausible:
+
+* R_t is capped: R~_t = min(``max-row-norm``_t, the log-scale upper fence of all tasks'
+  reported ``max-row-norm`` (10 times their median, or 5 MADs of their logs if the honest
+  values spread wider), the discovery limit) (:mod:`~fmtl_flower.strategies.linear_tasks`);
+  every bound above uses R~_t. A configured ``max_row_norm`` overrides it, as before;
+* the ``n-train`` the budgets are computed from is capped by the fence of the tasks'
+  ``n-train`` (n enters the |delta-b| bound only as min(budget, n) / n <= 1, and Mb-SDCA's
+  update scale through the round's total of steps, which one huge claim would shrink);
+* ``|b_t + delta-b|_2 <= R~_t`` (b_t the task's accumulated dual image on the server, 0 after
+  a restart): b_t = X_t^T alpha_t / n_t with every |alpha_ti| <= 1, so no feasible alpha has
+  a larger one, however its steps are spread over rounds;
+* a task whose updates are outliers against the federation's (its |delta-b| near its bound
+  while the others' are 10 times smaller, or its |b_t| beyond 5 times the others' median,
+  three rounds running, both on the scale min(R~_t, median R~),
+  :class:`~fmtl_flower.core.decoupling.OutlierWatch`) is decoupled from the others for the
+  rest of the run (sticky; the statistics are re-checked every round and only add tasks):
+  its off-diagonal entries of M are set to 0, so it no
+  longer moves any other task's model, and the Omega-step of a learned formulation learns
+  nothing from its model (:mod:`fmtl_flower.core.decoupling`). It keeps training its own
+  model; W stays W(alpha) for the regulariser M'^-1 and every gap stays a true bound for it.
+  Logged once per newly decoupled task; records list ``tasks_decoupled``. The dense server
+  path only: on the factored one (m > 1000 tasks) an outlier is logged once and listed, but
+  not decoupled;
+* weight shares (``max_weight_share``): no MOCHA-family average weights a device by what it
+  reports. The mean formulation's mean and the sum of the per-task losses give every task
+  1/m, whatever its ``n-train``, so the cap holds for m >= 1 / ``max_weight_share`` (and a
+  cap below 1/m means equal weights, :func:`~fmtl_flower.core.robust.cap_shares`); a task
+  that pulls harder than the others through its b_t is decoupled instead.
 
 Round bookkeeping
 -----------------
@@ -107,6 +143,7 @@ from flwr.serverapp import Grid
 
 from ..core.baselines import mbsdca_scale
 from ..core.certificate import hinge_pair_problems
+from ..core.decoupling import OutlierWatch, federation_scale
 from ..core.formulations import (
     make_formulation,
     options_check_size,
@@ -132,7 +169,7 @@ from ..wire import (
     plain_config,
     record_dict,
 )
-from .base import TaskStrategy, check_initial_dim, initial_model
+from .base import RUN_TOKEN_KEY, TaskStrategy, check_initial_dim, initial_model
 from .discovery import (
     ReplyError,
     TaskDirectory,
@@ -144,10 +181,18 @@ from .faults import TaskHealth
 from .linear_tasks import LinearTasks
 from .packed_mocha import PROTOCOL as STACKING_PROTOCOL
 from .packed_mocha import read_stacked_reply, stacked_message
-from .trust import BOUND_SLACK, ReplyBoundary, all_finite, guarded, norm
+from .trust import BOUND_SLACK, ReplyBoundary, ReplyContract, all_finite, guarded, norm
 
 RoundCallback = Callable[[dict[str, Any]], None]
 DUAL_METHODS = ("mocha", "cocoa", "mb-sdca")
+
+#: What a reply may hold, by message type (the wire contract above; ``d``: the dimension).
+REPLY_METRICS = ("task-id", "round", "n-train", "state-ok", "loss-mean", "dual-mean", "steps",
+                 "test-errors", "test-n")
+REPLY_CONTRACTS = {MessageType.TRAIN: ReplyContract.of(REPLY_METRICS, {"delta-b": ("d",)}),
+                   MessageType.EVALUATE: ReplyContract.of(REPLY_METRICS)}
+#: Why a task's accumulated dual image is bounded (robust mode; in a rejection's reason).
+DUAL_IMAGE_BOUND = "b_t = X_t^T alpha_t / n_t with every |alpha_ti| <= 1"
 
 
 class Mocha(LinearTasks, TaskStrategy):
@@ -299,7 +344,8 @@ class Mocha(LinearTasks, TaskStrategy):
         self.last_accepted = np.zeros(self.num_tasks, dtype=np.int64)
         self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
         self.records: list[dict[str, Any]] = []
-        self.replies = ReplyBoundary("MOCHA")
+        self.replies = ReplyBoundary("MOCHA", REPLY_CONTRACTS,
+                                     lambda: {"d": self.directory.dim})
         self._round_start = 0.0
         self._dropped_now = np.zeros(self.num_tasks, dtype=bool)
         self._scale = 1.0
@@ -308,6 +354,12 @@ class Mocha(LinearTasks, TaskStrategy):
         self._evaluating = False
         self._seed_W: np.ndarray | None = None  # start()'s initial W0, until round 1
         self._seed_targets: tuple[np.ndarray, np.ndarray] | None = None  # (W0, W0 K)
+        self.watch = OutlierWatch(self.num_tasks)  # robust mode's decoupling, sticky
+
+    @property
+    def decoupled(self) -> np.ndarray:
+        """The tasks robust mode decoupled (bool, (m,)), :mod:`fmtl_flower.core.decoupling`."""
+        return self.watch.decoupled
 
     # ------------------------------------------------------------------ Strategy interface
     samples_devices = True
@@ -332,7 +384,7 @@ class Mocha(LinearTasks, TaskStrategy):
             self._new_record(server_round - 1)
         known = np.flatnonzero(self.n_train > 0)
         budgets = np.zeros(self.num_tasks, dtype=np.int64)
-        budgets[known] = local_budgets(self.n_train[known], local_frac=self.local_frac,
+        budgets[known] = local_budgets(self._budget_sizes(known), local_frac=self.local_frac,
                                        sys_het=self.sys_het, base=self.sys_het_base,
                                        seed=self.seed, server_round=server_round)
         budgets[known] = deadline_budgets(budgets[known], self.clock_cycle, self.state.dim,
@@ -396,6 +448,8 @@ class Mocha(LinearTasks, TaskStrategy):
                 self.state.recompute_models()
                 tasks = resets = tasks[:0]
             self.last_accepted[tasks] = server_round
+        if self.robust and len(tasks):
+            self._decouple_outliers(server_round, tasks, accepted)
         omega_step = omega_step_due(server_round, self.omega_every, self.num_rounds)
         if omega_step:
             omega_step = self._omega_step(server_round)
@@ -409,10 +463,41 @@ class Mocha(LinearTasks, TaskStrategy):
                       tasks_excluded=[int(t) for t in np.flatnonzero(self.health.excluded)],
                       estimated_time_s=self._estimated_time(accepted),
                       wall_time_s=time.perf_counter() - self._round_start)
+        if self.robust:
+            record["tasks_decoupled"] = [int(t) for t in np.flatnonzero(self.decoupled)]
         metrics = metric_record({"num-replies": len(tasks),
                                  "num-dropped": record["num_dropped"],
                                  "num-sampled": self._num_sampled})
         return array_record({"W": self.state.W}), metrics
+
+    def _decouple_outliers(self, server_round: int, tasks: np.ndarray,
+                           accepted: dict[int, dict[str, Any]]) -> None:
+        """Robust mode: decouple (sticky) the tasks whose updates are outliers against the
+        federation's (:class:`~fmtl_flower.core.decoupling.OutlierWatch`), logging each newly
+        decoupled task once."""
+        assert self.state is not None
+        scale = federation_scale(self._row_norms(np.arange(self.num_tasks)))
+        budget = np.where(self._dropped_now, 0, self._budgets)
+        n = np.maximum(self.n_train, 1)
+        delta = np.zeros(self.num_tasks)
+        delta[tasks] = norm(np.stack([accepted[t]["delta-b"] for t in tasks.tolist()]), axis=1)
+        updated = np.zeros(self.num_tasks, dtype=bool)
+        updated[tasks] = ~self._dropped_now[tasks]
+        new = self.watch.update(delta, scale * np.minimum(budget, n) / n,
+                                norm(self.state.B, axis=0), scale, updated)
+        if not new.any():
+            return
+        if not isinstance(self.state, MochaServerState):
+            log(WARNING, "MOCHA round %d: tasks %s are outliers, but the factored server path "
+                "cannot decouple them (server-path=dense can)", server_round,
+                np.flatnonzero(new).tolist()[:20])
+            return
+        self.state.decouple(self.decoupled)
+        self._constants = None  # M changed: m_tt and sigma' are recomputed
+        log(WARNING, "MOCHA round %d: task%s %s decoupled from the others (off-diagonal "
+            "coupling in M set to 0 for the rest of the run): %s", server_round,
+            "s" if new.sum() > 1 else "", np.flatnonzero(new).tolist()[:20],
+            "their updates are outliers against the federation's (robust mode)")
 
     def _omega_step(self, server_round: int) -> bool:
         """The Omega-step, undone (Omega, M and W kept) if it raises or leaves W or M
@@ -473,6 +558,8 @@ class Mocha(LinearTasks, TaskStrategy):
         arrays = {**{f"state.{k}": v for k, v in self.state.state_arrays().items()},
                   **{f"health.{k}": v for k, v in health_arrays.items()},
                   "last_accepted": self.last_accepted, "n_train": self.n_train}
+        if self.robust:
+            arrays["decoupled"] = self.decoupled
         return arrays, {"records": self.records, "health": health_meta}
 
     def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
@@ -487,6 +574,10 @@ class Mocha(LinearTasks, TaskStrategy):
             if arrays[key].shape != (self.num_tasks,):
                 raise ValueError(f"checkpoint {key!r} must have shape ({self.num_tasks},)")
         self.last_accepted = arrays["last_accepted"].astype(np.int64)
+        if "decoupled" in arrays and arrays["decoupled"].shape == (self.num_tasks,):
+            self.watch.decoupled[:] = arrays["decoupled"].astype(bool)  # M stored is M'
+            if isinstance(self.state, MochaServerState):
+                self.state.decoupled = self.decoupled.copy()
         self._checkpoint_n_train = arrays["n_train"].astype(np.int64)
         self.records = [dict(r) for r in meta["records"]]
 
@@ -599,7 +690,8 @@ class Mocha(LinearTasks, TaskStrategy):
                     group, message_type, server_round, shared, W, per_task))
         if not chosen:
             return
-        shared: dict[str, Any] = {"seed": self.seed, "eval": bool(evaluate)}  # every task's
+        shared: dict[str, Any] = {"seed": self.seed, "eval": bool(evaluate),  # every task's
+                                  RUN_TOKEN_KEY: self.sent_identity}
         if self.gamma != 1.0:
             shared["gamma"] = self.gamma
         if self.checkpoint_dir is not None:
@@ -641,7 +733,7 @@ class Mocha(LinearTasks, TaskStrategy):
         """The config values shared by every task of a stacked message, and the per-task
         ones as vectors over all tasks (the same values as the one-task messages')."""
         shared: dict[str, Any] = {"server-round": server_round, "seed": self.seed,
-                                  "eval": bool(evaluate)}
+                                  "eval": bool(evaluate), RUN_TOKEN_KEY: self.sent_identity}
         if self.gamma != 1.0:
             shared["gamma"] = self.gamma
         if self.checkpoint_dir is not None:
@@ -740,6 +832,8 @@ class Mocha(LinearTasks, TaskStrategy):
             rejected.setdefault(int(tasks[i]), (
                 f"|delta-b| = {size[i]:.6g} above its bound {limit[i]:.6g} (max-row-norm "
                 f"{bound[i]:g} x min(budget {budget[i]}, n-train {n[i]}) / n-train)"))
+        if self.robust:
+            self._check_dual_images(rows, tasks, deltas, bound, rejected)
         return rejected
 
     def _check_pairs(self, rows: dict[int, dict[str, Any]], tasks: np.ndarray,
@@ -758,6 +852,22 @@ class Mocha(LinearTasks, TaskStrategy):
         coupling = np.where(kept, self._w_dot_b[tasks], 0.0)
         for i, reason in hinge_pair_problems(loss, dual, coupling).items():
             rejected.setdefault(order[i], reason)
+
+    def _check_dual_images(self, rows: dict[int, dict[str, Any]], tasks: np.ndarray,
+                           deltas: np.ndarray, bound: np.ndarray,
+                           rejected: dict[int, str]) -> None:
+        """Robust mode: the dual image a reply would leave, b_t + delta-b (from 0 after a
+        restart, ``state-ok`` 0), within R~_t (:data:`DUAL_IMAGE_BOUND`); adds the broken
+        replies to ``rejected``."""
+        assert self.state is not None
+        restarted = np.array([not rows[t]["state-ok"] for t in tasks.tolist()])
+        start = self.state.B[:, tasks].T.copy()
+        start[restarted] = 0.0
+        size = norm(start + deltas, axis=1)
+        for i in np.flatnonzero(~(size <= bound * BOUND_SLACK)).tolist():
+            rejected.setdefault(int(tasks[i]), (
+                f"|b_t + delta-b| = {size[i]:.6g} above max-row-norm {bound[i]:g} "
+                f"({DUAL_IMAGE_BOUND})"))
 
     # ------------------------------------------------------------------ records
     def _new_record(self, k: int) -> dict[str, Any]:

@@ -50,6 +50,10 @@ the attempt (W, Sigma unchanged).
 ``evaluate.ofmtl`` (server -> every present device, after each event, for the metrics only):
 arrays ``w`` float64 (d,): the device's column of W; config ``task-id``, ``server-round``.
 Reply: metrics ``task-id``, ``round``, ``test-errors``, ``test-n`` (ints).
+
+A reply holding anything these contracts do not name (another record, metric or array, or
+arrays above the bytes of ``w``'s shape) is rejected before it is decoded
+(:data:`REPLY_CONTRACTS`).
 """
 
 from __future__ import annotations
@@ -74,7 +78,7 @@ from ..core.ofmtl_factored import server_ops
 from ..metrics import error_summary, round_record
 from ..settings import OFMTLSettings, apply_settings, check_num_tasks
 from ..wire import from_array, to_array
-from .base import check_evaluate_knobs
+from .base import check_evaluate_knobs, check_run_length
 from .discovery import (
     ReplyError,
     TaskDirectory,
@@ -84,7 +88,7 @@ from .discovery import (
     wait_for_nodes,
 )
 from .mocha import Mocha
-from .trust import ReplyBoundary, all_finite, check_bound, norm
+from .trust import ReplyBoundary, ReplyContract, all_finite, check_bound, norm
 
 __all__ = ["OFMTL"]
 
@@ -92,6 +96,11 @@ RecordCallback = Callable[[dict[str, Any]], None]
 _NAME = "OFMTL"
 NEWCOMER = f"{MessageType.TRAIN}.ofmtl"
 EVALUATE = f"{MessageType.EVALUATE}.ofmtl"
+#: What a reply may hold, by message type (the wire contract above; ``d``: the dimension).
+REPLY_CONTRACTS = {
+    NEWCOMER: ReplyContract.of(("task-id", "step", "n-train", "state-ok", "gap"),
+                               {"w": ("d",)}),
+    EVALUATE: ReplyContract.of(("task-id", "round", "test-errors", "test-n"))}
 
 
 class NewcomerFailed(RuntimeError):
@@ -157,7 +166,7 @@ class OFMTL(Strategy):
         self.on_record = on_record
         self.directory = TaskDirectory(self.num_tasks, _NAME)
         self.directory.task_owners = dict(s.task_owners)
-        self.replies = ReplyBoundary(_NAME)
+        self.replies = ReplyBoundary(_NAME, REPLY_CONTRACTS, lambda: {"d": self.W.shape[0]})
         self.W: np.ndarray | None = None
         self.Sigma: np.ndarray | FactoredMatrix | None = None
         self.records: list[dict[str, Any]] = []
@@ -313,9 +322,12 @@ class OFMTL(Strategy):
               evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None
               ) -> Result:
         """MOCHA over the initial tasks, then admit newcomers until ``num_tasks`` are in (or
-        none arrives within ``arrival_timeout``); ``num_rounds`` > 0 caps the newcomers."""
-        if timeout is not None:
-            self.round_timeout = float(timeout)
+        none arrives within ``arrival_timeout``); ``num_rounds`` > 0 caps the newcomers
+        (0: no cap). A ValueError at once for a negative ``num_rounds`` or a ``timeout``
+        <= 0 (:func:`~fmtl_flower.strategies.base.check_run_length`)."""
+        num_rounds, timeout = check_run_length(
+            num_rounds, self.round_timeout if timeout is None else timeout, no_rounds_ok=True)
+        self.round_timeout = timeout
         self._check_knobs(initial_arrays)
         if self.min_available_nodes:
             wait_for_nodes(grid, self.min_available_nodes,

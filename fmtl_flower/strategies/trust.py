@@ -6,21 +6,36 @@ the strategy's state: a reply that fails any check is logged, counted as a drop
 (:class:`RoundReplies.failed`) and otherwise ignored. The bound checks every strategy applies
 to reported values (:func:`check_bound`), and the guard that undoes a server step that failed
 (:func:`guarded`), live here too, so a reader finds what the server trusts in one place.
+
+The envelope
+------------
+Before a reply is parsed, the boundary checks its envelope (:meth:`ReplyBoundary.read`):
+
+* its ``run_id`` must be the run's: that of the message it answers (a reply from another
+  Flower run is rejected);
+* with a :class:`ReplyContract` for the message's type (each strategy declares one per
+  message type beside its wire contract), the reply may hold only the records, metrics and
+  arrays the contract names (a one-task reply: ``metrics`` and ``arrays``; a stacked reply,
+  :mod:`fmtl_flower.packing`: ``stack``, ``stack-errors`` and ``arrays``, whose entries are
+  the contract's metrics as vectors and its arrays as stacked rows), and its arrays may
+  hold at most the bytes of the contract's shapes (8 bytes an element, plus
+  :data:`ARRAY_HEADER_BYTES` each; a stacked reply's times its rows), counted from the
+  serialised arrays before anything is decoded. Anything else rejects the reply.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from logging import WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import Message
+from flwr.app import ArrayRecord, Message
 from flwr.common.logger import log
 
-from ..packing import StackGroup
+from ..packing import STACK, STACK_ERRORS, StackGroup
 from .discovery import ReplyError, describe_tasks, reason_shape, suggested_fix
 
 #: ``parse_stack(reply, group) -> ({task: values}, {task: reason})``: a stacked reply's rows.
@@ -30,6 +45,107 @@ RowsCheck = Callable[[dict[int, dict[str, Any]]], dict[int, str]]
 
 #: Relative slack of every bound a reply is checked against (the devices' rounding).
 BOUND_SLACK = 1.0 + 1e-6
+
+#: Bytes a serialised array may hold beyond its values (numpy's header: 128 for the shapes
+#: of the wire contracts).
+ARRAY_HEADER_BYTES = 1024
+
+#: Bytes of one array element in a reply's size cap (float64 and int64: the widest a
+#: contract names).
+ELEMENT_BYTES = 8
+
+
+@dataclass(frozen=True)
+class ReplyContract:
+    """What a one-task reply to one message type may hold (the envelope, module docstring).
+
+    Parameters
+    ----------
+    metrics : frozenset of str
+        The keys its ``metrics`` record may have (required or optional: the strategy's parse
+        says which).
+    arrays : mapping of str to tuple
+        The arrays its ``arrays`` record may have, each with its largest shape: ints, or
+        names of the sizes the strategy gives :class:`ReplyBoundary` (``"d"``: the feature
+        dimension, ...).
+    """
+
+    metrics: frozenset[str]
+    arrays: Mapping[str, tuple[int | str, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, metrics: Iterable[str], arrays: Mapping[str, tuple[int | str, ...]] | None = None
+           ) -> ReplyContract:
+        """A contract from the metric names and ``{array: shape}``."""
+        return cls(frozenset(metrics), dict(arrays or {}))
+
+    def size_names(self) -> set[str]:
+        """The sizes its shapes name."""
+        return {s for shape in self.arrays.values() for s in shape if isinstance(s, str)}
+
+    def array_bytes(self, sizes: Mapping[str, int], rows: int = 1) -> int:
+        """The most bytes its arrays may hold: each array's shape in ``sizes``, times
+        ``rows`` (a stacked reply also sends every metric as a vector of ``rows``)."""
+        total = 0
+        for shape in self.arrays.values():
+            elements = 1
+            for size in shape:
+                elements *= size if isinstance(size, int) else int(sizes[size])
+            total += rows * elements * ELEMENT_BYTES + ARRAY_HEADER_BYTES
+        return total
+
+
+@dataclass(frozen=True)
+class ExchangeSizes:
+    """One exchange's sizes for the contracts' shapes, and each message type's byte limit
+    for a one-task reply (None: its sizes could not be given)."""
+
+    sizes: dict[str, int]
+    limits: dict[str, int | None]
+
+
+def check_envelope(content: Any, contract: ReplyContract, limit: int) -> None:
+    """:class:`ReplyError` unless a one-task reply's records hold only what ``contract``
+    names, its arrays at most ``limit`` bytes (:meth:`ReplyContract.array_bytes`; module
+    docstring); nothing is decoded."""
+    for name, record in content.items():
+        if name == "metrics":
+            if not contract.metrics.issuperset(record.keys()):
+                extra = sorted(set(record.keys()) - contract.metrics)
+                raise ReplyError(f"metrics {extra[:5]} are not in the wire contract")
+        elif name == "arrays" and contract.arrays:
+            _check_arrays(record, contract.arrays, limit)
+        else:
+            raise ReplyError(f"record {name!r} is not in the wire contract")
+
+
+def check_stacked_envelope(content: Any, contract: ReplyContract, sizes: Mapping[str, int],
+                           rows: int) -> None:
+    """:class:`ReplyError` unless a stacked reply of ``rows`` slots holds only ``stack``,
+    ``stack-errors`` and ``arrays`` with the contract's metrics (vectors) and arrays (stacked
+    rows), within their size; nothing is decoded."""
+    for name, record in content.items():
+        if name == "arrays":
+            allowed = {**dict.fromkeys(contract.metrics, (1,)), **contract.arrays}
+            limit = contract.array_bytes(sizes, rows) + len(contract.metrics) * (
+                rows * ELEMENT_BYTES + ARRAY_HEADER_BYTES)
+            _check_arrays(record, allowed, limit)
+        elif name not in (STACK, STACK_ERRORS):
+            raise ReplyError(f"record {name!r} is not in the wire contract")
+
+
+def _check_arrays(record: Any, allowed: Mapping[str, Any], limit: int) -> None:
+    """The record is an ArrayRecord whose arrays are among ``allowed`` and whose serialised
+    bytes are at most ``limit`` (each Array's ``data``, not decoded)."""
+    if not isinstance(record, ArrayRecord):
+        raise ReplyError(f"'arrays' must be an ArrayRecord, got a {type(record).__name__}")
+    total = 0
+    for key, array in record.items():
+        if key not in allowed:
+            raise ReplyError(f"array {key!r} is not in the wire contract")
+        total += len(array.data)
+    if total > limit:
+        raise ReplyError(f"arrays of {total} bytes, above the wire contract's {limit}")
 
 
 def norm(values: np.ndarray, axis: int | None = None) -> Any:
@@ -118,6 +234,9 @@ class ReplyBoundary:
     :meth:`read`, giving a ``parse(reply, task)`` function that decodes and checks one reply
     and raises on anything wrong with it. The boundary
 
+    * checks every reply's envelope before parsing it (module docstring): its ``run_id``
+      must be its message's, and with a :class:`ReplyContract` for the message's type, its
+      records, keys and array bytes must be within the contract;
     * ties every reply to the message it answers (``reply_to_message_id``), so an error reply
       made by the SuperLink for a node that died is logged with the task and the real node it
       was sent to, and its cause;
@@ -134,13 +253,23 @@ class ReplyBoundary:
     ----------
     name : str
         Prefix of the log lines (the strategy's name).
+    contracts : mapping of str to ReplyContract, optional
+        The reply contract of each message type the strategy sends (a type without one:
+        only the ``run_id`` is checked).
+    sizes : callable, optional
+        ``sizes() -> {name: int}``: the sizes the contracts' shapes name (``"d"``, ...), read
+        once per :meth:`read` (a size it cannot give rejects the replies with arrays).
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, contracts: Mapping[str, ReplyContract] | None = None,
+                 sizes: Callable[[], Mapping[str, int]] | None = None) -> None:
         self.name = name
+        self.contracts = dict(contracts or {})
+        self._sizes = sizes
         self.sent: dict[int, int] = {}  # node -> task of the current exchange
         self.last: RoundReplies | None = None  # the newest exchange read
-        self._by_id: dict[str, tuple[int, int, str]] = {}  # message id -> (task, node, type)
+        # message id -> (task, node, message type, run id)
+        self._by_id: dict[str, tuple[int, int, str, int]] = {}
         self._pending: list[tuple[int, int, Message]] = []  # sent, id not indexed yet
         self._stacks: list[tuple[StackGroup, Message]] = []  # stacked messages sent
 
@@ -158,10 +287,12 @@ class ReplyBoundary:
         self._stacks.append((group, message))
         return message
 
-    def _match_stack(self, message_id: str) -> tuple[StackGroup, str] | None:
+    def _match_stack(self, message_id: str) -> tuple[StackGroup, str, int] | None:
+        """The (group, message type, run id) of the stacked message ``message_id``, if any."""
         for group, message in self._stacks:
-            if message.metadata.message_id == message_id:
-                return group, message.metadata.message_type
+            meta = message.metadata
+            if meta.message_id == message_id:
+                return group, meta.message_type, meta.run_id
         return None
 
     def track(self, task: int, node: int, message: Message) -> Message:
@@ -170,8 +301,8 @@ class ReplyBoundary:
         self._pending.append((task, node, message))
         return message
 
-    def _match(self, message_id: str) -> tuple[int, int, str] | None:
-        """The (task, node, message type) of the sent message ``message_id``, if any.
+    def _match(self, message_id: str) -> tuple[int, int, str, int] | None:
+        """The (task, node, message type, run id) of the sent message ``message_id``, if any.
 
         Message ids are given when a message is pushed, so the sent messages are indexed
         lazily (each once)."""
@@ -179,9 +310,10 @@ class ReplyBoundary:
         if found is None and self._pending:
             waiting = []
             for task, node, message in self._pending:
-                mid = message.metadata.message_id
+                meta = message.metadata
+                mid = meta.message_id
                 if mid:
-                    self._by_id[mid] = (task, node, message.metadata.message_type)
+                    self._by_id[mid] = (task, node, meta.message_type, meta.run_id)
                 else:
                     waiting.append((task, node, message))
             self._pending = waiting
@@ -222,6 +354,7 @@ class ReplyBoundary:
         accepted: dict[int, dict[str, Any]] = {}
         singles: dict[int, int] = {}  # task -> node of the replies parse accepted
         errors: dict[str, list[tuple[int, int, str]]] = {}  # device errors, by reason shape
+        sizes = self._exchange_sizes()
         for reply in replies:
             try:
                 meta = reply.metadata
@@ -234,14 +367,14 @@ class ReplyBoundary:
                 continue
             if stack is not None:
                 self._read_stack(where, reply, stack, parse_stack, check_rows, accepted, out,
-                                 on_accept)
+                                 on_accept, sizes)
                 continue
             if match is None:
                 cause = f": {reply.error.reason}" if _has_error(reply) else ""
                 log(WARNING, "%s %s: reply from node %s answers no message of this exchange; "
                     "ignored%s", self.name, where, src, cause)
                 continue
-            task, node, message_type = match
+            task, node, message_type, run_id = match
             error = _has_error(reply)
             if src != node and not error:  # (the SuperLink makes error replies)
                 log(WARNING, "%s %s: reply for task %d from node %s, but its message went to "
@@ -257,9 +390,7 @@ class ReplyBoundary:
                 out.failed[task] = reason
                 continue
             try:
-                if meta.message_type != message_type:
-                    raise ReplyError(f"message type {meta.message_type!r}, expected "
-                                     f"{message_type!r}")
+                self._check_envelope(reply, message_type, run_id, sizes)
                 parsed = parse(reply, task)
             except Exception as err:  # noqa: BLE001 - the trust boundary: any failure rejects
                 reason = _reason(err)
@@ -286,6 +417,46 @@ class ReplyBoundary:
         return out
 
 
+    def _exchange_sizes(self) -> ExchangeSizes:
+        """The contracts' sizes for this exchange, and each one-task contract's byte limit."""
+        if not self.contracts:
+            return ExchangeSizes({}, {})
+        try:
+            sizes = dict(self._sizes()) if self._sizes is not None else {}
+        except Exception:  # noqa: BLE001 - no sizes: every reply with arrays is rejected
+            sizes = {}
+        limits: dict[str, int | None] = {}
+        for message_type, contract in self.contracts.items():
+            try:
+                limits[message_type] = contract.array_bytes(sizes)
+            except (KeyError, TypeError, ValueError):
+                limits[message_type] = None
+        return ExchangeSizes(sizes, limits)
+
+    def _check_envelope(self, reply: Message, message_type: str, run_id: int,
+                        sizes: ExchangeSizes, rows: int | None = None) -> None:
+        """:class:`ReplyError` unless ``reply`` has its message's type and run id and, when
+        the type has a contract, only what the contract names (``rows``: a stacked reply's
+        slots); nothing is decoded."""
+        meta = reply.metadata
+        if meta.message_type != message_type:
+            raise ReplyError(f"message type {meta.message_type!r}, expected {message_type!r}")
+        if meta.run_id != run_id:
+            raise ReplyError(f"run_id {meta.run_id}, but its message was sent in run {run_id}")
+        contract = self.contracts.get(message_type)
+        if contract is None:
+            return
+        limit = sizes.limits[message_type]
+        try:
+            if limit is None:
+                raise KeyError(f"sizes {sorted(contract.size_names())} unknown")
+            if rows is None:
+                check_envelope(reply.content, contract, limit)
+            else:
+                check_stacked_envelope(reply.content, contract, sizes.sizes, rows)
+        except (KeyError, TypeError) as err:  # a size the strategy could not give
+            raise ReplyError(f"the reply's arrays cannot be bounded yet ({err})") from None
+
     def _check_rows(self, where: str, check_rows: RowsCheck, singles: dict[int, int],
                     accepted: dict[int, dict[str, Any]], out: RoundReplies) -> None:
         """Reject the replies among ``singles`` that ``check_rows`` names (read's docstring)."""
@@ -299,13 +470,14 @@ class ReplyBoundary:
                     where, task, singles[task], reason)
                 out.failed[task] = reason
 
-    def _read_stack(self, where: str, reply: Message, stack: tuple[StackGroup, str],
+    def _read_stack(self, where: str, reply: Message, stack: tuple[StackGroup, str, int],
                     parse_stack: StackParser | None, check_rows: RowsCheck | None,
                     accepted: dict[int, dict[str, Any]], out: RoundReplies,
-                    on_accept: Callable[[int], None] | None) -> None:
-        """The rows of the reply to a stacked message, each as one task's reply (``parse_stack``
-        then ``check_rows``: :meth:`read`)."""
-        group, message_type = stack
+                    on_accept: Callable[[int], None] | None,
+                    sizes: ExchangeSizes) -> None:
+        """The rows of the reply to a stacked message, each as one task's reply (envelope,
+        ``parse_stack`` then ``check_rows``: :meth:`read`)."""
+        group, message_type, run_id = stack
         src = reply.metadata.src_node_id
         if src != group.node and not _has_error(reply):
             log(WARNING, "%s %s: reply for tasks %s from node %s, but their message went to "
@@ -322,9 +494,7 @@ class ReplyBoundary:
                 group.tasks, group.node, reply.error.reason)
         else:
             try:
-                if reply.metadata.message_type != message_type:
-                    raise ReplyError(f"message type {reply.metadata.message_type!r}, expected "
-                                     f"{message_type!r}")
+                self._check_envelope(reply, message_type, run_id, sizes, len(group.slots))
                 if parse_stack is None:
                     raise ReplyError("a stacked reply where none was expected")
                 rows, rejected = parse_stack(reply, group)

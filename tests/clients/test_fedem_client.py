@@ -60,7 +60,7 @@ def test_labels_mapping():
 def test_train_keeps_pi_and_momentum_on_the_device_only():
     client, ctx = FedEMClient(load), context()
     reply = client.train(message("train"), ctx)
-    assert set(reply.content["arrays"].keys()) == {"components", "weights"}
+    assert set(reply.content["arrays"].keys()) == {"components", "weights", "responsibility"}
     pi = from_array(ctx.state[STATE_ARRAYS]["pi"])
     assert pi.shape == (M,) and pi.sum() == pytest.approx(1.0)
     assert np.any(from_array(ctx.state[STATE_ARRAYS]["momentum"]) != 0)

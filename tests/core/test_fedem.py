@@ -20,6 +20,7 @@ from fmtl_flower.core.fedem import (
     local_update,
     mixture_log_likelihood,
     mixture_proba,
+    robust_aggregate_components,
     sample_clients,
     update_pi,
 )
@@ -200,3 +201,86 @@ def test_mixture_proba_is_the_weighted_mixture():
     pi = np.array([0.2, 0.3, 0.5])
     expected = sum(w * model.predict_proba(t, X) for w, t in zip(pi, comps, strict=True))
     np.testing.assert_allclose(mixture_proba(model, comps, pi, X), expected)
+
+
+# ----------------------------------------------------------------------------- robust mode
+def _honest_updates(rng: np.random.Generator, current: np.ndarray, k: int = 9
+                    ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``k`` replies whose updates have alike sizes (nothing to clip) and weights 20..100."""
+    return [(current + 0.1 * rng.normal(size=current.shape) + 0.05,
+             np.full(current.shape[0], float(rng.integers(20, 100)))) for _ in range(k)]
+
+
+@pytest.mark.parametrize("total", [None, 5000.0])
+def test_robust_mean_with_nothing_to_cut_is_the_plain_rule(total):
+    rng = np.random.default_rng(0)
+    current = rng.normal(size=(2, 6))
+    updates = _honest_updates(rng, current)
+    np.testing.assert_allclose(
+        robust_aggregate_components(current, updates, total, aggregator="mean",
+                                    max_share=1.0),
+        aggregate_components(current, updates, total), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("aggregator", ["trimmed-mean", "median"])
+def test_one_device_far_out_with_a_huge_weight_is_cut_whole(aggregator):
+    """Honest devices agreeing on one update v; the hostile one at 1e6 in every coordinate
+    claiming 1e9 examples: the robust aggregate is v (the plain rule: the hostile's)."""
+    current = np.zeros((2, 5))
+    v = np.array([[0.1, -0.2, 0.3, 0.0, 0.5], [1.0, 1.0, -1.0, 0.2, 0.0]])
+    updates = [(current + v, np.full(2, 50.0 + k)) for k in range(9)]
+    updates.append((current + 1e6, np.full(2, 1e9)))
+    robust = robust_aggregate_components(current, updates, aggregator=aggregator,
+                                         max_share=0.25)
+    np.testing.assert_allclose(robust, v, rtol=1e-12)
+    assert np.all(aggregate_components(current, updates) > 9e5)
+
+
+def test_the_trimmed_window_gives_no_device_more_than_max_share():
+    """A hostile device inside the honest range of every coordinate (not cut) with a huge
+    weight carries at most max_share of the trimmed mean's window: its pull on the
+    aggregate is at most max_share of its distance to the honest result."""
+    current = np.zeros((1, 1))
+    honest = np.linspace(-1.0, 1.0, 9)
+    updates = [(np.array([[x]]), np.array([100.0])) for x in honest]
+    alone = robust_aggregate_components(current, updates, max_share=0.25, trim=0.2)
+    hostile = 0.75  # inside the honest range: not at an extreme
+    pulled = robust_aggregate_components(
+        current, [*updates, (np.array([[hostile]]), np.array([1e9]))], max_share=0.25,
+        trim=0.2)
+    assert 0 < pulled[0, 0] - alone[0, 0] <= 0.25 * (hostile - alone[0, 0])
+
+
+def test_a_component_nobody_trained_keeps_its_value_and_zero_weights_are_ignored():
+    """IFCA: each reply trains one component (weight 0 for the others)."""
+    current = np.arange(6.0).reshape(3, 2)
+    updates = [(current + np.array([[1.0, 1.0], [0.0, 0.0], [0.0, 0.0]]) + k * 0.01,
+                np.array([10.0, 0.0, 0.0])) for k in range(5)]
+    updates.append((current + np.array([[0, 0], [7.0, 7.0], [0, 0]]), np.array([0, 10.0, 0])))
+    out = robust_aggregate_components(current, updates)
+    np.testing.assert_array_equal(out[2], current[2])
+    np.testing.assert_allclose(out[1], current[1] + 7.0)  # its one trainer, clipped to 3x itself
+    assert np.all(np.abs(out[0] - current[0] - 1.02) <= 0.02 + 1e-12)
+
+
+def test_robust_aggregation_names_a_wrong_aggregator():
+    with pytest.raises(ValueError, match="aggregator"):
+        robust_aggregate_components(np.zeros((1, 2)), [(np.ones((1, 2)), np.ones(1))],
+                                    aggregator="krum")
+
+
+@pytest.mark.parametrize("total", [None, 900.0])
+def test_responsibility_scaled_updates_give_fedem_s_own_step(total):
+    """Devices whose updates are their responsibility times one direction per component
+    (d_k = r[k, m] g_m, as a responsibility-weighted local loss gives): the robust mean is
+    the authors' rule, sum_k n_k d_k / Z, however the devices' mixtures differ."""
+    rng = np.random.default_rng(1)
+    current = rng.normal(size=(3, 4))
+    g = rng.normal(size=(3, 4))
+    resp = rng.dirichlet(np.ones(3), size=8)
+    n = rng.integers(20, 100, size=8).astype(float)
+    updates = [(current + resp[k][:, None] * g, np.full(3, n[k])) for k in range(8)]
+    np.testing.assert_allclose(
+        robust_aggregate_components(current, updates, total, aggregator="mean",
+                                    max_share=1.0, responsibilities=resp),
+        aggregate_components(current, updates, total), rtol=1e-10)

@@ -330,7 +330,7 @@ FAULTS = {
     "inf": "non-finite",
     "wrong-shape": "shape",
     "wrong-dtype": "float64",
-    "missing-grad": "'grad' missing",
+    "missing-grad": "array 'g' is not in the wire contract",  # ('grad' replaced by 'g')
     "missing-metrics": "no 'metrics'",
     "count-over-budget": "count",
     "count-float": "'count' must be an int",

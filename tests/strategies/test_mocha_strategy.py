@@ -186,9 +186,10 @@ FAULTS = {
     "inf": r"'delta-b' has non-finite values",
     "wrong-shape": r"'delta-b' must be float64 of shape \(5,\), got float64 \(6,\)",
     "wrong-shape-2d": r"'delta-b' must be float64 of shape \(5,\), got float64 \(5, 1\)",
-    "oversized": r"'delta-b' must be float64 of shape \(5,\), got float64 \(4000000,\)",
+    # rejected by the envelope's size cap before it is decoded (5 floats + one header)
+    "oversized": r"arrays of 32000128 bytes, above the wire contract's 1064",
     "wrong-dtype": r"'delta-b' must be float64 of shape \(5,\), got float32 \(5,\)",
-    "missing-delta": r"array 'delta-b' missing",
+    "missing-delta": r"array 'db' is not in the wire contract",  # ('delta-b' renamed)
     "missing-arrays": r"array 'delta-b' missing",
     "missing-metrics": r"no 'metrics' record",
     "missing-loss": r"metric 'loss-mean' missing",

@@ -1,0 +1,132 @@
+"""Robust mode's decoupling of outlying tasks (fmtl_flower.core.decoupling)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fmtl_flower.core.decoupling import (
+    IMAGE_PERSISTENCE,
+    STEP_SHARE_FLOOR,
+    OutlierWatch,
+    block_diagonal_regulariser,
+    coupled_models,
+    decoupled_inverse,
+    federation_scale,
+    outlying,
+    project_blocks,
+)
+from fmtl_flower.core.formulations import make_formulation
+from fmtl_flower.core.mocha import MochaServerState
+
+M_TASKS = 6
+
+
+def formulation(name: str):  # noqa: ANN201
+    options = {"mean": {"lam2": 0.1}, "clustered": {"eta": 0.1, "k": 2},
+               "graphical": {"s2": 10.0, "lam2": 1e-3}}.get(name, {})
+    return make_formulation(name, M_TASKS, lam=0.05, **options)
+
+
+@pytest.mark.parametrize("name", ["identity", "mean", "probabilistic", "clustered", "graphical"])
+def test_decoupled_inverse_is_block_diagonal_and_positive_definite(name):
+    f = formulation(name)
+    if not f.fixed:
+        f.omega_step(np.random.default_rng(0).normal(size=(4, M_TASKS)))
+    M = f.inverse_matrix()
+    mask = np.zeros(M_TASKS, dtype=bool)
+    mask[[1, 4]] = True
+    out = decoupled_inverse(M, mask)
+    assert np.array_equal(out, out.T) and np.linalg.eigvalsh(out)[0] > 0
+    keep = ~mask
+    assert np.array_equal(out[np.ix_(keep, keep)], M[np.ix_(keep, keep)])
+    assert np.count_nonzero(out[mask]) == mask.sum()  # only their diagonal entries
+    assert np.allclose(np.diag(out)[mask], np.median(np.diag(M)[keep]))
+    assert decoupled_inverse(M, np.zeros(M_TASKS, dtype=bool)) is M
+
+
+def test_the_others_models_are_those_without_the_decoupled_tasks_dual_images():
+    """W_H = B_H M_HH: what the coupled tasks would have with the decoupled b_s = 0."""
+    rng = np.random.default_rng(1)
+    state = MochaServerState(B=rng.normal(size=(3, M_TASKS)), formulation=formulation("mean"))
+    mask = np.zeros(M_TASKS, dtype=bool)
+    mask[2] = True
+    lost = state.B.copy()
+    lost[:, 2] = 0.0
+    expected = (lost @ state.M)[:, ~mask]
+    state.decouple(mask)
+    assert np.allclose(state.W[:, ~mask], expected)
+    state.add_updates(np.array([2]), 1e6 * np.ones((3, 1)))  # the decoupled task's pull
+    assert np.allclose(state.W[:, ~mask], expected)
+
+
+def test_omega_step_learns_nothing_from_a_decoupled_model():
+    rng = np.random.default_rng(2)
+    B = rng.normal(size=(4, M_TASKS))
+    mask = np.zeros(M_TASKS, dtype=bool)
+    mask[0] = True
+    results = []
+    for scale in (1.0, 1e6):
+        state = MochaServerState(B=B.copy(), formulation=formulation("probabilistic"))
+        state.B[:, 0] *= scale
+        state.decouple(mask)
+        state.omega_step()
+        results.append(state.M[np.ix_(~mask, ~mask)])
+    assert np.allclose(results[0], results[1])
+    assert np.array_equal(coupled_models(B, None), B)
+    assert not coupled_models(B, mask)[:, 0].any()
+
+
+def test_outlying_flags_the_upper_side_only():
+    values = np.array([0.1, 0.12, 0.09, 0.11, 5.0, 1e-6, 0.0])
+    assert outlying(values).tolist() == [False, False, False, False, True, False, False]
+    assert outlying(np.array([1.0, 100.0])).tolist() == [False, False]  # no majority
+    assert outlying(np.array([1.0, 1.0, 1.0, np.nan])).tolist() == [False] * 3 + [True]
+
+
+def watch_round(watch: OutlierWatch, step: np.ndarray, image: np.ndarray,
+                scale: np.ndarray | None = None) -> list[bool]:
+    scale = np.ones(len(step)) if scale is None else scale
+    return watch.update(step, scale, image, scale, np.ones(len(step), dtype=bool)).tolist()
+
+
+def test_a_step_outlier_needs_the_floor_and_is_decoupled_at_once():
+    step = np.array([0.01, 0.012, 0.011, 0.009, 0.4])  # 40x the median, under the floor
+    watch = OutlierWatch(5)
+    assert not any(watch_round(watch, step, np.zeros(5)))
+    step[-1] = STEP_SHARE_FLOOR
+    assert watch_round(watch, step, np.zeros(5)) == [False] * 4 + [True]
+    assert watch_round(watch, np.zeros(5), np.zeros(5)) == [False] * 5  # newly: none
+    assert watch.decoupled.tolist() == [False] * 4 + [True]  # sticky
+
+
+def test_an_image_outlier_must_persist_and_cannot_hide_behind_a_claimed_scale():
+    R = np.array([1.0, 1.1, 0.9, 1.0, 10.0])  # the last claims a 10x scale
+    scale = federation_scale(R)
+    image = np.array([0.1, 0.1, 0.12, 0.09, 0.9])  # 9x the others, 0.09 of its own R
+    watch = OutlierWatch(5)
+    for _ in range(IMAGE_PERSISTENCE - 1):
+        assert not any(watch_round(watch, np.zeros(5), image, scale))
+    assert watch_round(watch, np.zeros(5), image, scale) == [False] * 4 + [True]
+    # a late joiner's large first image, retreating every round it works, or back among
+    # the others in between: never
+    for path in ((0.9, 0.8, 0.7, 0.6, 0.55), (0.9, 0.9, 0.15, 0.9, 0.9)):
+        watch = OutlierWatch(5)
+        for late in path:
+            image[-1] = late
+            assert not any(watch_round(watch, np.zeros(5), image, scale))
+
+
+def test_block_diagonal_regulariser_and_projection():
+    K = formulation("mean").regulariser_matrix()
+    mask = np.zeros(M_TASKS, dtype=bool)
+    mask[3] = True
+    Kp = block_diagonal_regulariser(K, mask)
+    M = decoupled_inverse(np.linalg.inv(K), mask)
+    assert np.allclose(Kp @ M, np.eye(M_TASKS))
+    assert block_diagonal_regulariser(K, np.zeros(M_TASKS, dtype=bool)) is K
+    W = np.ones((2, M_TASKS))
+    W[:, 3] = 1e8
+    out = project_blocks(W, Kp, mask)
+    assert np.array_equal(out[:, ~mask], W[:, ~mask])  # the others untouched
+    assert np.isclose(np.linalg.norm(out[:, 3]), np.sqrt(1.0 / Kp[3, 3]))

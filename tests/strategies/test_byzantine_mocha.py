@@ -1,0 +1,502 @@
+"""Byzantine devices against the MOCHA family (MOCHA, CoCoA, Mb-SDCA, Mb-SGD), in-process.
+
+One device (for MOCHA also two) among 10 tasks sends, every round, the worst reply the
+server's bounds allow: an omniscient attacker that knows which bound the server will check
+(the row norm it claimed at discovery, as robust mode caps it by the federation's fence,
+:func:`fmtl_flower.core.robust.log_upper_fence`) and pushes its task's update in one fixed
+direction, against the honest tasks' common model, at the largest size that passes (for
+MOCHA: |delta-b| at its step bound and, in robust mode, b_t within its dual-image bound; for
+Mb-SGD: |grad| = count x R). Its loss and dual values stay the real device's.
+
+The honest tasks' mean test error is compared with the run where the hostile devices'
+replies are lost: with robust mode on it must be within 2 points (0.02); with robust mode off
+the damage must be there (so robust mode is what helps). Packed nodes (2 tasks a node, the
+hostile one sharing its node with an honest one) behave as unpacked ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+from fmtl_flower import MbSgd, Mocha, make_mbsgd_client_app, make_mocha_client_app
+from fmtl_flower.clients.packed_mbsgd import PackedMbSgd
+from fmtl_flower.clients.packed_mocha import PackedMocha
+from fmtl_flower.core.decoupling import IMAGE_FENCE_FACTOR
+from fmtl_flower.core.robust import log_upper_fence
+from fmtl_flower.packing import PackedGrid, packed_client_app, tasks_of_node
+from fmtl_flower.wire import from_array, to_array
+
+from .helpers import Problem, make_problem
+from .hostile import HostileGrid
+
+TASKS, DIM = 10, 10
+CLAIMED = 1e8  # the row norm a lying device reports at discovery
+SLACK = 0.999  # the attacker stays just inside every bound
+
+
+@pytest.fixture(scope="module")
+def problem() -> Problem:
+    return make_problem(num_tasks=TASKS, dim=DIM, samples_per_task=80, seed=3)
+
+
+def true_row_norms(problem: Problem) -> np.ndarray:
+    return np.array([float(np.linalg.norm(X, axis=1).max()) for X in problem.Xs])
+
+
+def attack_direction(problem: Problem, hostile: list[int]) -> np.ndarray:
+    """Unit vector against the honest tasks' common direction (mean of y x)."""
+    honest = [t for t in range(problem.num_tasks) if t not in hostile]
+    common = np.mean([(problem.ys[t][:, None] * problem.Xs[t]).mean(axis=0) for t in honest],
+                     axis=0)
+    return -common / np.linalg.norm(common)
+
+
+@dataclass
+class Attacker:
+    """The hostile devices of one run: what they claimed, and what each has pushed so far."""
+
+    problem: Problem
+    hostile: list[int]
+    claim: float | None  # None: the true row norm
+    robust: bool
+    family: str
+    lost: bool = False  # its replies are lost instead
+    share: float = SLACK  # the share of its step bound it uses
+    image: float = SLACK  # the share of its dual-image bound it fills (robust mode)
+    fence_aware: bool = False  # keep |b_t| just under robust mode's fence (the table only)
+    claim_n: int | None = None  # the n-train it claims (None: its own)
+    strategy: Any = None  # the server: a fence-aware attacker reads every task's b_t
+    sent: dict[int, np.ndarray] = field(default_factory=dict)
+    budgets: list[int] = field(default_factory=list)  # the budgets it was sent
+
+    @property
+    def dual(self) -> bool:
+        """Whether it attacks a dual method (delta-b replies; Mb-SGD's are grad)."""
+        return self.family != "mbsgd"
+
+    def __post_init__(self) -> None:
+        self.u = attack_direction(self.problem, self.hostile)
+        reported = true_row_norms(self.problem)
+        if self.claim is not None:
+            reported[self.hostile] = self.claim
+        self.reported = reported
+        fence = log_upper_fence(reported) if self.robust else math.inf
+        self.bound = np.minimum(reported, fence)  # the R the server checks against
+
+    # -- the replies ---------------------------------------------------------------------
+    def info(self, info: ConfigRecord) -> ConfigRecord:
+        task = int(info["task-id"])
+        if task in self.hostile:
+            info = ConfigRecord(dict(info))
+            if self.claim is not None:
+                info["max-row-norm"] = float(self.claim)
+            if self.claim_n is not None:
+                info["n-train"] = self.claim_n
+        return info
+
+    def mocha_delta(self, task: int, budget: int, n: int) -> np.ndarray:
+        """The largest delta-b along u the server's bounds let through."""
+        step = self.bound[task] * min(budget, n) / n * self.share
+        pushed = self.sent.get(task, np.zeros(DIM))
+        if self.robust:  # |b_t + delta| <= R: b_t is along u, of size pushed . u
+            step = min(step, max(0.0, self.image_limit(task) - float(pushed @ self.u)))
+        delta = step * self.u
+        self.sent[task] = pushed + delta
+        return delta
+
+    def image_limit(self, task: int) -> float:
+        """How far b_t may go: its bound, or (fence-aware) 0.9 of robust mode's fence on the
+        honest tasks' |b_t| / min(R_t, median R) (:class:`~fmtl_flower.core.decoupling.
+        OutlierWatch`), which it never crosses, so it is never decoupled."""
+        if not self.fence_aware:
+            return self.bound[task] * self.image
+        scale = np.minimum(self.bound, np.median(self.bound))
+        honest = [t for t in range(TASKS) if t not in self.hostile]
+        fill = np.linalg.norm(self.strategy.state.B[:, honest], axis=0) / scale[honest]
+        if not np.any(fill > 0):
+            return 0.0
+        return 0.9 * log_upper_fence(fill[fill > 0], factor=IMAGE_FENCE_FACTOR) * scale[task]
+
+    def mbsgd_grad(self, task: int, count: int) -> np.ndarray:
+        """The largest summed subgradient the bound lets through, moving w_t along -u."""
+        return self.bound[task] * count * self.share * self.u
+
+
+def _tamper_one(attacker: Attacker, message: Message, reply: Message) -> list[Message]:
+    """A one-task node's reply, rewritten if its task is hostile."""
+    content = reply.content
+    if "info" in content:
+        return [Message(RecordDict({"info": attacker.info(content["info"])}),
+                        reply_to=message)]
+    if "metrics" not in content or int(content["metrics"]["task-id"]) not in attacker.hostile:
+        return [reply]
+    if attacker.lost:
+        return []
+    metrics = dict(content["metrics"])
+    if attacker.claim_n is not None:
+        metrics["n-train"] = attacker.claim_n
+    if "arrays" not in content or not len(content["arrays"]):
+        return [Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=message)]
+    task = int(content["metrics"]["task-id"])
+    config = message.content["config"]
+    budget = 0 if bool(config["dropped"]) else int(config["budget"])
+    attacker.budgets.append(int(config["budget"]))
+    if attacker.dual:
+        arrays = {"delta-b": to_array(attacker.mocha_delta(
+            task, budget, int(metrics["n-train"])))}
+    else:
+        arrays = {"grad": to_array(attacker.mbsgd_grad(task, int(content["metrics"]["count"])))}
+    return [Message(RecordDict({"metrics": MetricRecord(metrics),
+                                "arrays": ArrayRecord(arrays)}), reply_to=message)]
+
+
+def _tamper_stacked(attacker: Attacker, message: Message, reply: Message) -> list[Message]:
+    """A packed node's replies: its slots' whoami infos, or the hostile rows of a stacked
+    train reply."""
+    content = reply.content
+    if any(key.endswith("/info") for key in content):
+        records = {key: attacker.info(value) if key.endswith("/info") else value
+                   for key, value in content.items()}
+        return [Message(RecordDict(records), reply_to=message)]
+    if "stack" not in content or "arrays" not in content:
+        return [reply]
+    arrays = {key: np.array(from_array(value)) for key, value in content["arrays"].items()}
+    key = "delta-b" if attacker.dual else "grad"
+    if attacker.claim_n is not None:
+        hostile_rows = np.isin(arrays["task-id"], attacker.hostile)
+        arrays["n-train"][hostile_rows] = attacker.claim_n
+    if key not in arrays:
+        records = dict(content.items())
+        records["arrays"] = ArrayRecord({k: to_array(v) for k, v in arrays.items()})
+        return [Message(RecordDict(records), reply_to=message)]
+    budgets = from_array(message.content["arrays"]["budget"])
+    dropped = from_array(message.content["arrays"]["dropped"])
+    for row, task in enumerate(arrays["task-id"].tolist()):
+        if task not in attacker.hostile:
+            continue
+        if attacker.dual:
+            budget = 0 if dropped[row] else int(budgets[row])
+            arrays[key][row] = attacker.mocha_delta(task, budget, int(arrays["n-train"][row]))
+        else:
+            arrays[key][row] = attacker.mbsgd_grad(task, int(arrays["count"][row]))
+    records = dict(content.items())
+    records["arrays"] = ArrayRecord({k: to_array(v) for k, v in arrays.items()})
+    return [Message(RecordDict(records), reply_to=message)]
+
+
+def tamper_for(attacker: Attacker) -> Callable[[Message, Message | None], list[Message]]:
+    def tamper(message: Message, reply: Message | None) -> list[Message]:
+        if reply is None or reply.has_error():
+            return [] if reply is None else [reply]
+        if "stack" in reply.content or "packing" in reply.content:
+            return _tamper_stacked(attacker, message, reply)
+        return _tamper_one(attacker, message, reply)
+    return tamper
+
+
+# ------------------------------------------------------------------------------ runs
+def honest_error(problem: Problem, W: np.ndarray, hostile: list[int]) -> float:
+    """The honest tasks' mean test error of the models W (d, m)."""
+    errors = [float(np.mean(np.sign(problem.Xt[t] @ W[:, t]) != problem.yt[t]))
+              for t in range(problem.num_tasks) if t not in hostile]
+    return float(np.mean(errors))
+
+
+def run(problem: Problem, family: str, *, hostile: list[int], claim: float | None,
+        robust: bool, lost: bool = False, per_node: int = 1, rounds: int = 40,
+        share: float = SLACK, image: float = SLACK, fence_aware: bool = False,
+        claim_n: int | None = None, naive: bool = False, **options: Any
+        ) -> tuple[float, Any]:
+    """One federation with ``hostile`` devices; the honest tasks' mean test error and the
+    strategy (its ``attacker`` attribute: the :class:`Attacker`). A ``naive`` attacker
+    ignores robust mode's caps (it pushes at the bound it claimed, past its dual-image
+    bound)."""
+    attacker = Attacker(problem, hostile, claim, robust and not naive, family, lost, share,
+                        image, fence_aware, claim_n=claim_n)
+    options.setdefault("lam", 0.01)
+    if family == "mbsgd":
+        strategy = MbSgd(TASKS, discovery_timeout=5.0, robust=robust, **options)
+        app = make_mbsgd_client_app(problem.load)
+        handler = PackedMbSgd(app.mbsgd_client)
+    else:
+        strategy = Mocha(TASKS, discovery_timeout=5.0, robust=robust,
+                         max_failures=0, method=family, **options)
+        app = make_mocha_client_app(problem.load)
+        handler = PackedMocha(app.mocha_client)
+    attacker.strategy = strategy
+    strategy.attacker = attacker
+    if per_node == 1:
+        grid = HostileGrid(app, TASKS)
+        grid.tamper = tamper_for(attacker)
+        strategy.start(grid=grid, num_rounds=rounds, timeout=60.0)
+    else:
+        packed = packed_client_app(
+            app, lambda ctx: tasks_of_node(ctx.node_config, per_node, TASKS),
+            {handler.protocol: handler}, {"query.whoami": handler.whoami})
+        inner = HostileGrid(packed, math.ceil(TASKS / per_node))
+        inner.tamper = tamper_for(attacker)
+        strategy.start(grid=PackedGrid(inner, query_timeout=5.0), num_rounds=rounds,
+                       timeout=60.0)
+    W = strategy.W if family == "mbsgd" else strategy.state.W
+    return honest_error(problem, W, hostile), strategy
+
+
+# ------------------------------------------------------------------------------ the tests
+DAMAGE = 0.1  # robust off: at least this much worse than the replies-lost run
+CLOSE = 0.02  # robust on: within this of the replies-lost run
+MEAN = {"omega": "mean", "lam2": 0.1}
+STRONG_MEAN = {"omega": "mean", "lam": 0.1, "lam2": 0.01}  # tasks pulled hard to their mean
+
+
+def lost_error(problem: Problem, family: str, hostile: list[int], **options: Any) -> float:
+    """The honest tasks' mean test error when the hostile devices' replies are lost."""
+    return run(problem, family, hostile=hostile, claim=None, robust=True, lost=True,
+               **options)[0]
+
+
+def check(problem: Problem, family: str, hostile: list[int], claim: float | None,
+          per_node: int = 1, damage: float = DAMAGE, **options: Any) -> None:
+    """Robust on: within CLOSE of the replies-lost run, the hostile tasks (only) decoupled;
+    robust off: ``damage`` worse."""
+    lost = lost_error(problem, family, hostile, **options)
+    on, strategy = run(problem, family, hostile=hostile, claim=claim, robust=True,
+                       per_node=per_node, **options)
+    off, _ = run(problem, family, hostile=hostile, claim=claim, robust=False,
+                 per_node=per_node, **options)
+    assert abs(on - lost) <= CLOSE, (on, lost)
+    assert off >= lost + damage, (off, lost)
+    assert np.flatnonzero(strategy.decoupled).tolist() == hostile
+    assert strategy.records[-1]["tasks_decoupled"] == hostile
+
+
+@pytest.mark.parametrize("per_node", [1, 2])
+@pytest.mark.parametrize("claim", [CLAIMED, None], ids=["claims-1e8", "true-norm"])
+@pytest.mark.parametrize("family", ["mocha", "cocoa", "mb-sdca"])
+def test_one_device_pushing_at_its_bound_does_not_steer_the_others(problem, family, claim,
+                                                                  per_node):
+    """The issue's attack (omega=mean, 10 tasks): a device that claims max-row-norm 1e8 (or
+    tells the truth) and sends the largest delta-b its bound allows in one direction. Before
+    robust mode the honest tasks' error went from 0.14 (its replies lost) to 0.50 and more;
+    now its R is capped by the federation's fence, its b_t by its dual-image bound, and its
+    updates, outliers against the federation's, decouple it in round 1."""
+    check(problem, family, [3], claim, per_node, **MEAN)
+
+
+@pytest.mark.parametrize("claim", [CLAIMED, None], ids=["claims-1e8", "true-norm"])
+@pytest.mark.parametrize("options", [MEAN, {"omega": "probabilistic", "omega_every": 5}],
+                         ids=["mean", "probabilistic"])
+def test_two_devices_pushing_together_do_not_steer_the_others(problem, options, claim):
+    """2 of 10 devices push the same direction: both are decoupled, the others unharmed."""
+    check(problem, "mocha", [3, 7], claim, **options)
+
+
+@pytest.mark.parametrize("options", [
+    {"omega": "probabilistic", "omega_every": 5},
+    {"omega": "graphical", "s2": 10.0, "lam2": 1e-3, "omega_every": 5},
+], ids=["probabilistic", "graphical"])
+def test_learned_relationships_ignore_a_decoupled_task(problem, options):
+    """For a learned Omega the liar also shapes the relationships through its model in the
+    Omega-step; decoupled, the step sees its model as 0 and M' has no coupling to it."""
+    check(problem, "mocha", [3], None, **options)
+
+
+def test_clustered_relationships_with_a_liar_stay_as_without_it(problem):
+    """``clustered`` (where this attack does little harm even without robust mode: off
+    0.14-0.15 against 0.147 lost): decoupled, the honest tasks end as with its replies
+    lost."""
+    options = {"omega": "clustered", "eta": 0.1, "clusters": 3, "omega_every": 5}
+    lost = lost_error(problem, "mocha", [3], **options)
+    on, strategy = run(problem, "mocha", hostile=[3], claim=CLAIMED, robust=True, **options)
+    assert abs(on - lost) <= CLOSE and strategy.decoupled.tolist().count(True) == 1
+
+
+@pytest.mark.parametrize("options", [MEAN, STRONG_MEAN], ids=["mean", "strong-mean"])
+@pytest.mark.parametrize("hostile", [[3], [3, 7]], ids=["one", "two"])
+def test_devices_creeping_under_the_step_floor(problem, hostile, options):
+    """Devices that step at 45 % of their bound (never a step outlier: under
+    STEP_SHARE_FLOOR) in one direction, until b_t reaches its bound: caught by their
+    accumulated dual images, outliers three rounds running, and decoupled; the honest tasks
+    end within 2 points of the hostile replies lost, also with tasks pulled hard to their
+    mean (lam / lam2 = 10)."""
+    check(problem, "mocha", hostile, None, share=0.45, **options)
+
+
+@pytest.mark.parametrize("per_node", [1, 2])
+@pytest.mark.parametrize("claim", [CLAIMED, None], ids=["claims-1e8", "true-norm"])
+def test_mbsgd_device_pushing_at_its_bound(problem, claim, per_node):
+    """Mb-SGD: a device sending |grad| = count x R in one direction. Before, its column grew
+    until the shared projection shrank every honest model (to |w| ~ 1e-8 with R = 1e8) and
+    the coupling pulled them off; now it is decoupled (K block diagonal, each block
+    projected onto its own ball) and the honest models end as with its replies lost."""
+    hostile = [3]
+    lost = lost_error(problem, "mbsgd", hostile, **STRONG_MEAN)
+    on, strategy = run(problem, "mbsgd", hostile=hostile, claim=claim, robust=True,
+                       per_node=per_node, **STRONG_MEAN)
+    off, weak = run(problem, "mbsgd", hostile=hostile, claim=claim, robust=False,
+                    per_node=per_node, **STRONG_MEAN)
+    assert abs(on - lost) <= CLOSE, (on, lost)
+    assert off >= lost + 0.05, (off, lost)
+    assert np.flatnonzero(strategy.decoupled).tolist() == hostile
+    honest = [t for t in range(TASKS) if t not in hostile]
+    size_on = np.linalg.norm(strategy.W[:, honest])
+    size_off = np.linalg.norm(weak.W[:, honest])
+    if claim == CLAIMED:  # the shared projection crushed the honest models
+        assert size_off < 1e-3 * size_on, (size_off, size_on)
+
+
+def rejections(caplog: pytest.LogCaptureFixture, task: int) -> list[str]:
+    """The logged reasons the replies of ``task`` were rejected for."""
+    pattern = re.compile(rf"reply of task {task} \(node \d+\) rejected: (.*)")
+    found = [pattern.search(r.getMessage()) for r in caplog.records]
+    return [m.group(1) for m in found if m]
+
+
+@pytest.mark.parametrize("family", ["mocha", "mbsgd"])
+def test_a_claimed_row_norm_is_capped_by_the_federations_fence(problem, caplog, family):
+    """A device claiming max-row-norm 1e8 and sending replies that size: robust mode checks
+    them against R~ = the fence of all tasks' claims (about 10 times their median) and
+    rejects every train reply; its dual image (MOCHA) stays 0. Robust off: all accepted."""
+    fence = log_upper_fence(np.r_[true_row_norms(problem)[:3], CLAIMED,
+                                  true_row_norms(problem)[4:]])
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        _, strategy = run(problem, family, hostile=[3], claim=CLAIMED, robust=True,
+                          naive=True, rounds=5, **MEAN)
+    reasons = rejections(caplog, 3)
+    key = "|delta-b|" if family == "mocha" else "|grad|"
+    assert len(reasons) == 5 and all(r.startswith(key) and f"max-row-norm {fence:g}" in r
+                                     for r in reasons), reasons
+    if family == "mocha":
+        assert not strategy.state.B[:, 3].any()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        run(problem, family, hostile=[3], claim=CLAIMED, robust=False, rounds=5, **MEAN)
+    assert rejections(caplog, 3) == []
+
+
+def test_the_dual_image_stays_within_the_row_norm(problem, caplog):
+    """b_t = X_t^T alpha_t / n_t with |alpha_ti| <= 1, so |b_t| <= R_t: a device that keeps
+    pushing one way at its step bound has its replies rejected once b_t would leave that
+    ball (robust mode), and |b_t| never exceeds R_t; robust off it grows without end."""
+    R = true_row_norms(problem)[3]
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        _, strategy = run(problem, "mocha", hostile=[3], claim=None, robust=True,
+                          naive=True, **MEAN)
+    reasons = rejections(caplog, 3)
+    assert reasons and all(r.startswith("|b_t + delta-b|") for r in reasons)
+    assert np.linalg.norm(strategy.state.B[:, 3]) <= R * (1 + 1e-9)
+    _, weak = run(problem, "mocha", hostile=[3], claim=None, robust=False, **MEAN)
+    assert np.linalg.norm(weak.state.B[:, 3]) > 2 * R
+
+
+def test_a_claimed_n_train_is_capped_for_the_budgets(problem):
+    """A device claiming n-train = 1e9 (Mb-SDCA: its budget enters every task's update
+    scale through the round's total of steps) is given budgets from the fence of the tasks'
+    n-train in robust mode, from 1e9 without."""
+    sizes = np.array([len(y) for y in problem.ys])
+    sizes[3] = 10**9
+    fence = log_upper_fence(sizes)
+    _, strategy = run(problem, "mb-sdca", hostile=[3], claim=None, robust=True,
+                      claim_n=10**9, share=0.0, rounds=3, **MEAN)
+    assert 0 < max(strategy.attacker.budgets) <= fence
+    _, weak = run(problem, "mb-sdca", hostile=[3], claim=None, robust=False,
+                  claim_n=10**9, share=0.0, rounds=3, **MEAN)
+    assert min(weak.attacker.budgets) >= 10**8
+
+
+@pytest.mark.parametrize("family", ["mocha", "mbsgd"])
+def test_decoupling_survives_a_checkpoint(problem, family):
+    """A resumed server keeps the decoupled tasks (sticky for the run): M' (MOCHA) or the
+    block-diagonal K (Mb-SGD), and the Omega-step stays blind to their models."""
+    options = {"omega": "probabilistic", "omega_every": 2}
+    _, strategy = run(problem, family, hostile=[3], claim=None, robust=True, rounds=6,
+                      **options)
+    arrays, meta = strategy.checkpoint_state()
+    if family == "mocha":
+        fresh = Mocha(TASKS, lam=0.01, robust=True, max_failures=0, **options)
+    else:
+        fresh = MbSgd(TASKS, lam=0.01, robust=True, **options)
+    fresh.restore_state(arrays, meta)
+    assert fresh.decoupled.tolist() == strategy.decoupled.tolist()
+    if family == "mocha":
+        assert fresh.state.decoupled.tolist() == strategy.decoupled.tolist()
+        fresh.state.omega_step()
+        assert not fresh.state.M[3, np.arange(TASKS) != 3].any()
+    else:
+        assert np.array_equal(fresh.K, strategy.K)
+        assert not fresh.K[3, np.arange(TASKS) != 3].any()
+
+
+@pytest.mark.parametrize("family", ["mocha", "cocoa", "mb-sdca", "mbsgd"])
+def test_an_honest_federation_runs_as_without_robust_mode(problem, family):
+    """Nothing decoupled, nothing rejected: robust mode on an honest federation gives the
+    same records, bit for bit, as robust mode off (the caps and fences do not bind)."""
+    options = MEAN if family != "mbsgd" else STRONG_MEAN
+    _, on = run(problem, family, hostile=[], claim=None, robust=True, **options)
+    _, off = run(problem, family, hostile=[], claim=None, robust=False, **options)
+    assert not on.decoupled.any()
+
+    def numbers(strategy: Any) -> list[dict[str, Any]]:
+        return [{k: v for k, v in r.items() if not k.endswith("_s") and k != "tasks_decoupled"}
+                for r in strategy.records]
+    assert numbers(on) == numbers(off)
+
+
+# ------------------------------------------------------------------------------ the table
+TABLE = [  # (attack, family, hostile, claim, options)
+    ("1 of 10 claims R=1e8, pushes at its bound (mean)", "mocha", [3], CLAIMED, MEAN),
+    ("1 of 10, true R, pushes at its bound (mean)", "mocha", [3], None, MEAN),
+    ("CoCoA: 1 of 10 claims R=1e8 (mean)", "cocoa", [3], CLAIMED, MEAN),
+    ("Mb-SDCA: 1 of 10 claims R=1e8 (mean)", "mb-sdca", [3], CLAIMED, MEAN),
+    ("2 of 10 claim R=1e8 (mean)", "mocha", [3, 7], CLAIMED, MEAN),
+    ("2 of 10, true R (probabilistic, Omega every 5)", "mocha", [3, 7], None,
+     {"omega": "probabilistic", "omega_every": 5}),
+    ("1 of 10, true R (graphical, Omega every 5)", "mocha", [3], None,
+     {"omega": "graphical", "s2": 10.0, "lam2": 1e-3, "omega_every": 5}),
+    ("1 of 10 creeps at 45% of its bound (lam/lam2 = 10)", "mocha", [3], None,
+     {**STRONG_MEAN, "share": 0.45}),
+    ("2 of 10 creep at 45% of their bounds (mean)", "mocha", [3, 7], None,
+     {**MEAN, "share": 0.45}),
+    ("1 of 10 fence-aware: |b_t| at 0.9 of the fence (lam/lam2 = 10)", "mocha", [3], None,
+     {**STRONG_MEAN, "share": 0.45, "fence_aware": True}),
+    ("2 of 10 fence-aware (mean)", "mocha", [3, 7], None,
+     {**MEAN, "share": 0.45, "fence_aware": True}),
+    ("2 of 10 fence-aware (lam/lam2 = 10): NOT defended", "mocha", [3, 7], None,
+     {**STRONG_MEAN, "share": 0.45, "fence_aware": True}),
+    ("Mb-SGD: 1 of 10 claims R=1e8 (lam/lam2 = 10)", "mbsgd", [3], CLAIMED, STRONG_MEAN),
+    ("Mb-SGD: 1 of 10, true R (lam/lam2 = 10)", "mbsgd", [3], None, STRONG_MEAN),
+]
+
+
+def print_table() -> None:
+    """The attack x {robust off, robust on, replies lost} table of honest mean test errors
+    (``python -m tests.strategies.test_byzantine_mocha`` from the repository's root). The
+    fence-aware attacker (it knows every task's b_t and stays under robust mode's fence, so
+    it is never decoupled; robust off there is no fence and it pushes to its bound) is the
+    residual risk, not a test:
+    robust mode bounds its pull to about 5 honest tasks' each, which 2 of 10 turn into
+    damage when the tasks are pulled hard to their mean."""
+    problem = make_problem(num_tasks=TASKS, dim=DIM, samples_per_task=80, seed=3)
+    print("| attack | robust off | robust on | replies lost |")
+    print("|---|---|---|---|")
+    for name, family, hostile, claim, options in TABLE:
+        options = dict(options)
+        attack = {"share": options.pop("share", SLACK),
+                  "fence_aware": options.pop("fence_aware", False)}
+        errors = [run(problem, family, hostile=hostile, claim=claim, robust=robust,
+                      **attack, **options)[0] for robust in (False, True)]
+        lost = lost_error(problem, family, hostile, **options)
+        print(f"| {name} | {errors[0]:.3f} | {errors[1]:.3f} | {lost:.3f} |", flush=True)
+
+
+if __name__ == "__main__":
+    logging.getLogger("flwr").setLevel(logging.ERROR)
+    print_table()
