@@ -45,6 +45,7 @@ _EXPORTS = {
     "OFMTL": "fmtl_flower.strategies.ofmtl",
     "Fsvrg": "fmtl_flower.strategies.fsvrg",
     "DiscoveryError": "fmtl_flower.strategies.discovery",
+    "discover_num_tasks": "fmtl_flower.strategies.discovery",
     "NoValidReplies": "fmtl_flower.strategies.base",
     # ClientApp factories
     "make_mocha_client_app": "fmtl_flower.clients.mocha",

@@ -142,13 +142,20 @@ def progress_line(record: dict[str, Any], num_tasks: int) -> str:
             f"{_fmt(record.get('wall_time_s') and record['wall_time_s'] * 1e3, '.1f')} ms")
 
 
+#: The FedEM family's methods that train ``fedem.M`` models (FedEM's components, IFCA's
+#: clusters); the final table shows M for them only.
+MIXTURE_METHODS = ("fedem", "clustered", "ifca")
+
+
 def final_table(results: dict[str, Any]) -> str:
     """The final table printed at the end of a run."""
     final = results["final"]
     cfg = results["config"]
     rows = [("strategy", cfg["strategy"]), ("dataset", cfg["dataset"])]
     if "train_loss" in final or cfg.get("model", "auto") not in ("auto", "svm"):
-        rows += [("model", cfg.get("model")), ("M", cfg.get("fedem.M", cfg.get("M")))]
+        rows.append(("model", cfg.get("model")))
+        if cfg["strategy"] in MIXTURE_METHODS:  # the others train one model (CFL: then splits)
+            rows.append(("M", cfg.get("fedem.M", cfg.get("M"))))
     elif "exchanges" in final:
         rows.append(("lambda", "1/n (the paper's)"))
     else:

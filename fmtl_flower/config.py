@@ -93,8 +93,8 @@ class _RunConfigKeys(RunKeys):
     (``fedem-synthetic``), ``iid`` (``sparse-federated``), ``checkpoint-dir`` /
     ``checkpoint-every``, ``client-state-dir``, ``tasks-per-node`` (task packing, 0:
     automatic in ``fmtl run``, 1 in a Flower app), and Flower's ``min-tasks`` (0: all),
-    ``min-available-nodes``, ``fraction-train``, ``min-train-nodes``
-    (:class:`~fmtl_flower.settings.CommonSettings`).
+    ``min-available-nodes``, ``fraction-train``, ``min-train-nodes``, ``fraction-evaluate``,
+    ``min-evaluate-nodes`` (:class:`~fmtl_flower.settings.CommonSettings`).
 
     The family keys are the settings of :mod:`fmtl_flower.settings` (documented there), with
     the wire's spellings of "unset": 0 for ``mocha.s2``, ``mocha.eta``, ``mocha.clusters``,
@@ -278,7 +278,7 @@ def unseen_tasks(cfg: RunConfig, num_tasks: int) -> list[int]:
     return list(range(first, num_tasks))
 
 
-def settings_from_config(cfg: RunConfig, num_tasks: int, num_classes: int = 2
+def settings_from_config(cfg: RunConfig, num_tasks: int, num_classes: int | None = None
                          ) -> StrategySettings:
     """The settings of ``cfg.strategy``'s constructor, from the run config.
 

@@ -11,6 +11,11 @@ the strategies' math and wire contracts stay as they are:
   re-encoded (:func:`to_legacy`); replies in the legacy layout are turned back into the
   native one (:func:`from_legacy_reply`), which a strategy then validates as usual. Native
   replies pass unchanged, so one federation may mix both kinds of devices.
+* :func:`detect_legacy` is what :meth:`TaskStrategy.start
+  <fmtl_flower.strategies.base.TaskStrategy.start>` does with the grid it is given: a
+  ``LegacyGrid(grid, "auto")``, so a NumPyClient device just works with ``start(grid)``
+  (found at its first ``whoami``: the native query fails with Flower's "Invalid message type:
+  query.whoami", and is asked again in the legacy layout).
 * :func:`native_instruction` and :func:`legacy_result` (device side) rebuild the native
   message from what a ``NumPyClient`` receives and flatten the native reply into
   ``(parameters, num_examples, metrics)``; :mod:`fmtl_flower.clients.numpy_client` uses them
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import copy
 import io
+import itertools
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from logging import INFO, WARNING
@@ -47,6 +53,7 @@ from flwr.app import (
     ArrayRecord,
     ConfigRecord,
     Context,
+    Error,
     Message,
     MessageType,
     Metadata,
@@ -54,15 +61,16 @@ from flwr.app import (
     RecordDict,
 )
 from flwr.app.message.message import make_message
+from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from .engine import GridWrapper
 from .wire import NUMPY_STYPE, from_array, to_array
 
-__all__ = ["ARRAY_NAMES", "CLIENT_APIS", "QUERY_KEY", "LegacyGrid", "from_legacy_reply",
-           "is_legacy_reply", "legacy_result", "native_instruction", "to_legacy",
-           "wrap_grid"]
+__all__ = ["ARRAY_NAMES", "CLIENT_APIS", "QUERY_KEY", "LegacyGrid", "detect_legacy",
+           "from_legacy_reply", "is_legacy_reply", "legacy_result", "native_instruction",
+           "to_legacy", "wrap_grid"]
 
 #: ``client_api`` values: native Message-API devices, NumPyClient devices, or either
 #: (found out per device at discovery).
@@ -266,7 +274,7 @@ class _Ledger:
 
     def native(self, reply: Message) -> Message:
         self._sync()
-        reply = from_legacy_reply(reply)
+        reply = _decoded(reply)
         kind = self._types.pop(reply.metadata.reply_to_message_id, None)
         if kind is not None and reply.metadata.message_type != kind:
             metadata = copy.copy(reply.metadata)
@@ -279,6 +287,25 @@ class _Ledger:
     def clear(self) -> None:
         self._pending.clear()
         self._types.clear()
+
+
+def _decoded(reply: Message) -> Message:
+    """:func:`from_legacy_reply`, or an error reply saying why a reply in the legacy layout
+    could not be decoded (a grid's replies never raise: the strategy's trust boundary counts
+    the error as a drop)."""
+    try:
+        return from_legacy_reply(reply)
+    except Exception as err:  # noqa: BLE001 - a malformed reply is a refused reply
+        reason = f"reply in the legacy layout not decodable: {type(err).__name__}: {err}"
+        return make_message(metadata=copy.copy(reply.metadata),
+                            error=Error(code=ErrorCode.UNKNOWN, reason=reason))
+
+
+def _unknown_message_type(reply: Message) -> bool:
+    """Whether an error reply says the device has no handler for the message's type (a
+    legacy ``ClientApp(client_fn=...)`` asked ``query.whoami``), not that its handler
+    failed."""
+    return reply.has_error() and "Invalid message type" in str(reply.error.reason)
 
 
 class _Replies(Iterator[Message]):
@@ -307,9 +334,11 @@ class LegacyGrid(GridWrapper):
         Flower's grid (simulation, deployment) or the in-process one.
     client_api : {"numpyclient", "auto", "message"}
         ``numpyclient``: every device is a ``ClientApp(client_fn=...)``; ``auto``: a device
-        whose native ``whoami`` fails is asked again in the legacy layout, and whichever form
-        it answers is used for it from then on; ``message``: no translation (replies in the
-        legacy layout are still decoded).
+        whose native ``whoami`` fails because it has no handler for it ("Invalid message
+        type") is asked again in the legacy layout, and whichever form it answers is used
+        for it from then on (any other failure is the device's answer, reason kept);
+        ``message``: no translation (replies in the legacy layout are still decoded). A
+        reply in the legacy layout that cannot be decoded becomes an error reply.
 
     Examples
     --------
@@ -359,7 +388,11 @@ class LegacyGrid(GridWrapper):
         """Send (translated where the device needs it); return the replies, native: tied to
         the messages given here (``reply_to_message_id``, ``message_type``)."""
         self._ledger.clear()  # replies to earlier calls are never delivered
-        if self.client_api != "auto":
+        messages = iter(messages)
+        first = next(messages, None)
+        messages = itertools.chain([] if first is None else [first], messages)
+        if self.client_api != "auto" or first is None \
+                or first.metadata.message_type != WHOAMI:  # a call sends one type: no probe
             encoded = (self._encode(m) for m in messages)
             return _Replies(self.inner.send_and_receive(
                 encoded if self.streams_messages else list(encoded), timeout=timeout),
@@ -379,7 +412,7 @@ class LegacyGrid(GridWrapper):
         retry: dict[int, int] = {}  # probed node whose native whoami failed -> reply index
         for i, reply in enumerate(replies):
             node = dst_of.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
-            if node in probing and reply.has_error():
+            if node in probing and _unknown_message_type(reply):
                 retry[node] = i
             elif node in probing:
                 self.native_nodes.add(node)
@@ -389,6 +422,7 @@ class LegacyGrid(GridWrapper):
             second = list(self.inner.send_and_receive(list(copies.values()), timeout=left))
             node_of = {c.metadata.message_id: n for n, c in copies.items()}
             for reply in second:  # the second answer replaces the first, error or not
+                # (the first said the device has no native whoami)
                 node = node_of.get(reply.metadata.reply_to_message_id)
                 if node is None:
                     continue
@@ -405,3 +439,12 @@ def wrap_grid(grid: Grid, client_api: str) -> Grid:
     if client_api not in CLIENT_APIS:
         raise ValueError(f"client_api must be one of {CLIENT_APIS}, got {client_api!r}")
     return grid if client_api == "message" else LegacyGrid(grid, client_api)
+
+
+def detect_legacy(grid: Grid) -> Grid:
+    """``grid`` as a strategy uses it: ``LegacyGrid(grid, "auto")`` (a NumPyClient device is
+    found at its first ``whoami`` and spoken to in the legacy layout from then on; native
+    devices pass unchanged), or ``grid`` itself when it is a wrapper already
+    (:class:`LegacyGrid`, a :class:`~fmtl_flower.packing.PackedGrid`: packed nodes are this
+    project's own ClientApps)."""
+    return grid if isinstance(grid, GridWrapper) else LegacyGrid(grid, "auto")

@@ -107,6 +107,11 @@ def integer(minimum: int = 0) -> Check:
     return lambda key, value: as_int(key, value, minimum)
 
 
+def optional_integer(minimum: int = 0) -> Check:
+    """None, or an int >= ``minimum``."""
+    return lambda key, value: None if value is None else as_int(key, value, minimum)
+
+
 def number(lo: float | None = None, hi: float | None = None, lo_open: bool = False,
            hi_open: bool = False, finite: bool = True) -> Check:
     """A float in the bounds (:func:`as_float`)."""
@@ -351,6 +356,12 @@ class CommonSettings(StrategySettings):
         (``fraction-train``; 1.0: all).
     min_train_nodes : int
         Lower bound of the sampled tasks per training round (``min-train-nodes``; 0: none).
+    fraction_evaluate : float
+        Fraction of the tasks evaluated in an evaluation round, for the methods that
+        evaluate a sample (``fraction-evaluate``; 1.0: all; 0.0: none, as in Flower).
+    min_evaluate_nodes : int
+        Lower bound of the tasks evaluated per evaluation round (``min-evaluate-nodes``;
+        0: none).
     train_metrics_aggr_fn, evaluate_metrics_aggr_fn : callable or None
         Flower's aggregation of the replies' metrics into the ``Result`` (Python only).
     robust : bool
@@ -379,6 +390,8 @@ class CommonSettings(StrategySettings):
     min_available_nodes: int = setting(0, integer(0), "min-available-nodes")
     fraction_train: float = setting(1.0, number(lo=0.0, hi=1.0, lo_open=True), "fraction-train")
     min_train_nodes: int = setting(0, integer(0), "min-train-nodes")
+    fraction_evaluate: float = setting(1.0, number(lo=0.0, hi=1.0), "fraction-evaluate")
+    min_evaluate_nodes: int = setting(0, integer(0), "min-evaluate-nodes")
     train_metrics_aggr_fn: Callable[..., Any] | None = setting(None, callable_or_none)
     evaluate_metrics_aggr_fn: Callable[..., Any] | None = setting(None, callable_or_none)
     robust: bool = setting(True, boolean, "robust")
@@ -588,19 +601,21 @@ class FedEMSettings(CommonSettings):
         One of :data:`fmtl_flower.strategies.fedem.METHODS` (the run config's ``strategy``;
         the strategy checks it).
     num_components : int
-        FedEM's M; clustered FL's models (``fedem.M``; 4 on the wire: chosen on a validation
+        FedEM's M; clustered FL's models (``fedem.M``; default 4, chosen on a validation
         split of ``fedem-synthetic``, whose released labels add an 'always 0' component to
-        the 3 of the mixture).
+        the 3 of the mixture; FedAvg, FedProx, FedAvg+, pFedMe and local train one model
+        whatever it says, CFL starts with one and splits).
     model : str
         ``logistic``, ``softmax``, ``mlp`` or ``torch`` (the run config's ``fedem.model``,
         ``auto`` resolved).
-    num_classes : int
-        Output classes (>= 2; from the data).
+    num_classes : int or None
+        Output classes (>= 2). None: learned at discovery, the most classes a device
+        reported (its labels' largest class id + 1; at least 2).
     hidden : int
         Hidden units of ``mlp`` (``fedem.hidden``).
     lr, batch_size, local_epochs : float, int, int
         The FedEM family's local SGD (``fedem.lr``, ``fedem.batch-size``,
-        ``fedem.local-epochs``; the run config's defaults 0.3, 128, 1 were tuned on a
+        ``fedem.local-epochs``; the defaults 0.3, 128, 1 were tuned on a
         validation split, ``simulations/fedem_tune.py``).
     momentum, weight_decay : float
         torch's SGD rule, one optimiser state per component, kept on the device across
@@ -615,7 +630,8 @@ class FedEMSettings(CommonSettings):
         holding the old value) or ``sampled`` (average over the replying clients: unbiased
         under sampling) (``fedem.aggregation``).
     prox_mu : float
-        FedProx's mu (``fedem.prox-mu``; > 0 for ``fedprox``).
+        FedProx's mu (``fedem.prox-mu``; > 0 for ``fedprox``, whose default 0.1 was tuned
+        on a validation split; the other methods ignore it).
     finetune_epochs : int
         FedAvg+'s fine-tuning epochs (``fedem.finetune-epochs``).
     unseen_tasks : tuple of int
@@ -642,11 +658,11 @@ class FedEMSettings(CommonSettings):
     NAMESPACE: ClassVar[str] = "fedem"
 
     method: str = setting("fedem", text)
-    num_components: int = setting(3, integer(1), "fedem.M", wire_default=4)
+    num_components: int = setting(4, integer(1), "fedem.M")
     model: str = setting("logistic", choice("logistic", "softmax", "mlp", "torch"))
-    num_classes: int = setting(2, integer(2))
+    num_classes: int | None = setting(None, optional_integer(2))
     hidden: int = setting(32, integer(1), "fedem.hidden")
-    lr: float = setting(0.05, _POSITIVE, "fedem.lr", wire_default=0.3)
+    lr: float = setting(0.3, _POSITIVE, "fedem.lr")
     batch_size: int = setting(128, integer(1), "fedem.batch-size")
     local_epochs: int = setting(1, integer(1), "fedem.local-epochs")
     momentum: float = setting(0.9, number(lo=0.0, hi=1.0, hi_open=True), "fedem.momentum")
@@ -654,7 +670,7 @@ class FedEMSettings(CommonSettings):
     lr_schedule: str = setting("constant", choice("constant", "multi-step"), "fedem.lr-schedule")
     fraction: float = setting(1.0, number(lo=0.0, hi=1.0, lo_open=True), "fedem.fraction")
     aggregation: str = setting("all", choice("all", "sampled"), "fedem.aggregation")
-    prox_mu: float = setting(0.0, _NONNEG, "fedem.prox-mu", wire_default=0.1)
+    prox_mu: float = setting(0.1, _NONNEG, "fedem.prox-mu")
     finetune_epochs: int = setting(1, integer(0), "fedem.finetune-epochs")
     unseen_tasks: tuple[int, ...] = setting((), task_ids)
     pi_floor: float = setting(1e-6, _POSITIVE)
@@ -842,7 +858,8 @@ class RunKeys:
     num_tasks, dim, samples_per_task : int
         Generator sizes for ``synthetic`` and ``sparse-federated`` (0: default;
         ``sparse-federated``: the median rows per device); ``num-tasks`` is also how many
-        devices the server waits for (0: the dataset's task count).
+        devices the server waits for (0: the distinct task ids of the nodes online once
+        ``min-available-nodes`` are, when that is set; else the dataset's task count).
     results_file : str
         The ServerApp writes the results JSON there (useful with ``flwr run``).
     model : str
@@ -976,7 +993,14 @@ def drop_prob_of(value: float | Sequence[float]) -> Any:
 
 
 def check_num_tasks(num_tasks: Any, minimum: int = 1) -> int:
-    """A strategy's ``num_tasks``: an int >= ``minimum`` (a ValueError otherwise)."""
+    """A strategy's ``num_tasks``: an int >= ``minimum`` (a ValueError otherwise; for None,
+    one that says how to learn it from the federation)."""
+    if num_tasks is None:
+        raise ValueError("num_tasks=None: a strategy needs its number of tasks when built; "
+                         "learn it from the nodes online first, as Flower sizes a run by its "
+                         "SuperNodes: num_tasks = fmtl_flower.discover_num_tasks(grid, "
+                         "min_available_nodes=...) in your ServerApp (this project's apps do "
+                         "so when num-tasks is 0 and min-available-nodes is set)")
     if isinstance(num_tasks, bool) or not isinstance(num_tasks, numbers.Integral | float) \
             or int(num_tasks) != num_tasks or num_tasks < minimum:
         raise ValueError(f"num_tasks must be an integer >= {minimum}, got {num_tasks!r}")

@@ -89,3 +89,18 @@ def test_run_config_option_takes_dotted_keys_as_flwr_run_does(tmp_path, capsys):
     capsys.readouterr()
     assert main(["run", "mocha", "--rounds", "2", "--run-config", "fedem.lr=0.01"]) == 2
     assert "fedem.lr belongs to FedEM's family" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("strategy, shows_m", [("fedavg", False), ("fedprox", False),
+                                               ("local", False), ("fedem", True),
+                                               ("clustered", True)])
+def test_the_final_table_shows_m_only_for_methods_that_train_m_models(strategy, shows_m):
+    """`fmtl run fedavg` printed "M 4" for a method that trains one model (issue 27)."""
+    from fmtl_flower.cli import final_table
+
+    results = {"config": {"strategy": strategy, "dataset": "fedem-synthetic",
+                          "model": "logistic", "fedem.M": 4},
+               "final": {"round": 3, "train_loss": 0.5, "accuracy_mean": 0.9}}
+    rows = [line.split() for line in final_table(results).splitlines()]
+    assert (["M", "4"] in rows) is shows_m
+    assert ["model", "logistic"] in rows

@@ -266,7 +266,8 @@ def _client_app_of(config: RunConfig, load: Callable[[Context], tuple[np.ndarray
 
 def strategy_from_config(cfg: RunConfig, num_tasks: int,
                          on_round: Callable[[dict[str, Any]], None] | None = None,
-                         num_classes: int = 2) -> Mocha | MbSgd | FedEM | OFMTL | Fsvrg:
+                         num_classes: int | None = None
+                         ) -> Mocha | MbSgd | FedEM | OFMTL | Fsvrg:
     """The strategy configured by ``cfg``: its class (:func:`strategy_class`) built from the
     settings of the run config (:func:`fmtl_flower.config.settings_from_config`), with
     checkpoints on when ``checkpoint-dir`` is set. ``on_round`` gets every record (OFMTL:
@@ -359,12 +360,29 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
+def server_num_tasks(cfg: RunConfig, grid: Grid) -> int:
+    """The ServerApp's number of tasks: ``num-tasks`` when set; else, with
+    ``min-available-nodes`` set, the tasks of the nodes online once that many are
+    (:func:`~fmtl_flower.strategies.discovery.discover_num_tasks`: Flower's habit of sizing
+    a run by its SuperNodes); else the named dataset's task count."""
+    if cfg.num_tasks:
+        return cfg.num_tasks
+    if cfg.min_available_nodes:
+        from ..strategies.discovery import discover_num_tasks
+
+        return discover_num_tasks(grid, cfg.min_available_nodes,
+                                  max(cfg.round_timeout, 60.0), cfg.strategy)
+    return dataset_for(cfg).num_tasks
+
+
 def make_server_app(config: RunConfig | None = None,
                     on_round: Callable[[dict[str, Any]], None] | None = None,
                     on_done: ResultsCallback | None = None) -> ServerApp:
     """The ServerApp of ``cfg.strategy``: waits for the tasks, runs the rounds, reports results.
 
-    The number of tasks is ``num-tasks`` when set, else the named dataset's task count.
+    The number of tasks is ``num-tasks`` when set, else that of the nodes online once
+    ``min-available-nodes`` are (when set), else the named dataset's task count
+    (:func:`server_num_tasks`).
     With ``results-file`` set, the results JSON is written there; besides what
     :func:`build_results` gives it holds ``engine`` (:func:`engine_of`), ``kernels``
     (:func:`kernels_of`) and ``wall_time_s`` (the ServerApp's, discovery included).
@@ -381,11 +399,11 @@ def make_server_app(config: RunConfig | None = None,
                               "centralised baseline: run it with `fmtl run`; a Flower "
                               f"federation runs one of {FEDERATED} (or local with a model "
                               "other than svm)")
-        num_tasks = cfg.num_tasks or dataset_for(cfg).num_tasks
-        strategy = strategy_from_config(cfg, num_tasks, on_round)
         if cfg.tasks_per_node > 1:  # one message per node carries all of its tasks
             grid = PackedGrid(grid, query_timeout=max(cfg.round_timeout, 60.0),
                               max_slots_per_node=max(MAX_SLOTS_PER_NODE, cfg.tasks_per_node))
+        num_tasks = server_num_tasks(cfg, grid)
+        strategy = strategy_from_config(cfg, num_tasks, on_round)
         rounds = 0 if cfg.strategy == "ofmtl" else cfg.num_server_rounds  # OFMTL: until all join
         strategy.start(grid=grid, num_rounds=rounds, timeout=cfg.round_timeout)
         results = build_results(cfg, strategy)

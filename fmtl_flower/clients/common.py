@@ -207,3 +207,23 @@ def run_token(config: Mapping[str, Any]) -> str | None:
     :mod:`fmtl_flower.strategies.base`), None when it carries none or "" (a strategy driven
     by hand); ValueError unless it is a string."""
     return (config_value(config, "run-token", str) or None) if "run-token" in config else None
+
+
+#: ``labels`` of a hinge-model ClientApp: ``"pm1"`` requires -1/+1; ``"auto"`` also takes 0/1
+#: (0 -> -1, 1 -> +1, the same on every device).
+HINGE_LABELS = ("pm1", "auto")
+
+
+def hinge_labels(y: Any, labels: str) -> Any:
+    """``y`` as a hinge model takes it: unchanged for ``labels="pm1"`` (checked later) or
+    when its values are -1/+1; 0/1 (or booleans) mapped to -1/+1 for ``labels="auto"``.
+    Any other label set is left as it is, for the check to name the values."""
+    if labels not in HINGE_LABELS:
+        raise ValueError(f"labels must be one of {HINGE_LABELS}, got {labels!r}")
+    y = np.asarray(y)
+    if labels == "pm1" or y.size == 0:
+        return y
+    values = np.unique(y)
+    if np.isin(values, (0, 1)).all():
+        return np.where(y.astype(np.float64) > 0, 1.0, -1.0).reshape(y.shape)
+    return y

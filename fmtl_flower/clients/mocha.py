@@ -51,6 +51,7 @@ from .common import (  # DataLoader, LocalTask, TaskIdFn, default_task_id: re-ex
     config_value,
     default_task_id,
     eval_metrics,
+    hinge_labels,
     read_instruction,
     use_kernel_cache,
 )
@@ -73,10 +74,15 @@ class MochaClient:
     state_dir : str, optional
         Where to keep the device's state file when neither the node config nor the run config
         sets ``client-state-dir`` (None: nowhere).
+    labels : {"pm1", "auto"}, default "pm1"
+        ``pm1``: the loader's labels must be -1/+1; ``auto``: 0/1 are taken too, as -1/+1
+        (:func:`~fmtl_flower.clients.common.hinge_labels`).
     """
 
     def __init__(self, load_data: DataLoader, task_id: TaskIdFn | None = None,
-                 state_dir: str | None = None) -> None:
+                 state_dir: str | None = None, labels: str = "pm1") -> None:
+        hinge_labels(np.zeros(0), labels)  # a bad value fails here, not on the first message
+        self._labels = labels
         self._state_dir = state_dir or None
         self._load_data = load_data
         self._task_id = task_id or default_task_id
@@ -106,6 +112,7 @@ class MochaClient:
             X, y, X_test, y_test = loaded
         else:
             raise ValueError("load_data must return (X, y) or (X, y, X_test, y_test)")
+        y, y_test = hinge_labels(y, self._labels), hinge_labels(y_test, self._labels)
         X, y = validate_task(X, y, labels="pm1", name=f"task {tid} (train)")
         if len(y_test):
             X_test, y_test = validate_task(X_test, y_test, labels="pm1", name=f"task {tid} (test)")
@@ -238,7 +245,7 @@ class MochaClient:
 
 
 def make_mocha_client_app(load_data: DataLoader, task_id: TaskIdFn | None = None,
-                          state_dir: str | None = None) -> ClientApp:
+                          state_dir: str | None = None, labels: str = "pm1") -> ClientApp:
     """Build a ready MOCHA ClientApp over your own data.
 
     Parameters
@@ -249,12 +256,14 @@ def make_mocha_client_app(load_data: DataLoader, task_id: TaskIdFn | None = None
         ``task_id(context) -> int``; default: node config ``task-id``, else ``partition-id``.
     state_dir : str, optional
         Default ``client-state-dir`` (device state files that survive a server restart).
+    labels : {"pm1", "auto"}, default "pm1"
+        ``auto`` takes labels 0/1 as -1/+1 (``pm1``: they must be -1/+1).
 
     Examples
     --------
     >>> app = make_mocha_client_app(lambda ctx: my_arrays(ctx.node_config["partition-id"]))
     """
-    client = MochaClient(load_data, task_id, state_dir)
+    client = MochaClient(load_data, task_id, state_dir, labels)
     app = client_app_for(client)
     app.mocha_client = client  # type: ignore[attr-defined]  # for tests and introspection
     return app

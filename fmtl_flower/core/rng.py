@@ -117,6 +117,12 @@ def train_sample_rng(seed: int, server_round: int) -> np.random.Generator:
     return np.random.default_rng([int(seed), int(server_round), 0, TAG_TRAIN_SAMPLE])
 
 
+def evaluate_sample_rng(seed: int, server_round: int) -> np.random.Generator:
+    """The Generator of the devices sampled to evaluate in one round (``evaluate-sample``:
+    ``train-sample``'s tag, index 1)."""
+    return np.random.default_rng([int(seed), int(server_round), 1, TAG_TRAIN_SAMPLE])
+
+
 _SPLITMIX_NAMES = ("_splitmix64", "_splitmix64_numpy", "_permutation", "_permutation_numpy")
 
 

@@ -43,6 +43,13 @@ constructor or settings object may override; read when ``start`` runs):
     ``train-sample`` of :mod:`fmtl_flower.core.rng` (FedEM: its ``fedem-sample`` stream). What
     an unsampled device does depends on the method (each strategy's docstring). A strategy
     that does not sample refuses other values with a ``ValueError``.
+``fraction_evaluate`` (float in [0, 1], default 1.0) and ``min_evaluate_nodes`` (int, default 0)
+    Flower's meaning, for the strategies that evaluate a sample of the devices
+    (``samples_evaluation``: the FedEM family): an evaluation round evaluates
+    ``max(floor(fraction_evaluate * K), min_evaluate_nodes)`` (at most K; none at 0.0) of the
+    K known tasks, drawn from the seeded stream ``evaluate-sample``. MOCHA's family
+    evaluates with the training replies, FSVRG and OFMTL every device: they refuse other
+    values with a ``ValueError``.
 ``train_metrics_aggr_fn`` / ``evaluate_metrics_aggr_fn`` (callable or None, default None)
     None: the strategy's own metrics (the round's record). Otherwise called as Flower's
     ``FedAvg`` calls them, ``fn(contents, weighted_by_key) -> MetricRecord``, with one
@@ -74,9 +81,10 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from ..checkpoint import check_fingerprint, read_checkpoint, write_checkpoint
-from ..core.rng import train_sample_rng
+from ..core.rng import evaluate_sample_rng, train_sample_rng
+from ..legacy import detect_legacy
 from ..wire import metric_record, to_array
-from .discovery import TaskDirectory, wait_for_nodes
+from .discovery import TaskDirectory, suggested_fix, wait_for_nodes
 
 #: The config entry of every round's messages naming the run (module docstring).
 RUN_TOKEN_KEY = "run-token"
@@ -94,8 +102,10 @@ class NoValidReplies(RuntimeError):
         self.reasons = dict(reasons)
         common = Counter(reasons.values()).most_common(1)
         reason, count = common[0] if common else ("no reply", 0)
+        fix = suggested_fix(reason)
         super().__init__(f"{name}: no valid reply in {rounds} rounds in a row; {count} of "
-                         f"{len(reasons)} tasks failed with: {reason}")
+                         f"{len(reasons)} tasks failed with: {reason}"
+                         + (f". To fix: {fix}" if fix else ""))
 
 
 class TaskStrategy(Strategy):
@@ -126,6 +136,8 @@ class TaskStrategy(Strategy):
     min_available_nodes: int = 0
     fraction_train: float = 1.0
     min_train_nodes: int = 0
+    fraction_evaluate: float = 1.0
+    min_evaluate_nodes: int = 0
     train_metrics_aggr_fn: MetricsAggrFn | None = None
     evaluate_metrics_aggr_fn: MetricsAggrFn | None = None
     #: The reply metric that counts a device's examples (Flower's ``weighted_by_key``).
@@ -133,6 +145,15 @@ class TaskStrategy(Strategy):
     #: Whether the strategy samples devices per round (honours ``fraction_train`` and
     #: ``min_train_nodes``); the others refuse values other than the defaults.
     samples_devices: bool = False
+    #: Whether the strategy evaluates a sample of the devices (honours ``fraction_evaluate``
+    #: and ``min_evaluate_nodes``); the others refuse values other than the defaults.
+    samples_evaluation: bool = False
+
+    @property
+    def display_name(self) -> str:
+        """The method's name in log lines (FedEM's family: the method's, e.g. FedAvg)."""
+        name = getattr(self, "name", None)
+        return name if isinstance(name, str) and name else type(self).__name__
 
     @property
     def first_round(self) -> int:
@@ -158,8 +179,11 @@ class TaskStrategy(Strategy):
         :class:`~fmtl_flower.strategies.discovery.DiscoveryError` (a ``RuntimeError``) when
         fewer than :attr:`min_tasks` tasks have a node by then; a ``ValueError`` at once
         unless ``num_rounds`` is an int >= 1 and ``timeout`` a number > 0
-        (:func:`check_run_length`)."""
+        (:func:`check_run_length`). NumPyClient devices are found and served through
+        :func:`~fmtl_flower.legacy.detect_legacy` (unless ``grid`` is a wrapper already: then
+        wrap it in ``LegacyGrid`` yourself)."""
         self.check_knobs()
+        grid = detect_legacy(grid)  # a NumPyClient device just works (issue 27)
         self.num_rounds, self.round_timeout = check_run_length(num_rounds, timeout)
         if getattr(self, "discovery_timeout", None) is not None:  # timeout bounds discovery
             self.discovery_timeout = min(float(self.discovery_timeout), self.round_timeout)
@@ -242,6 +266,8 @@ class TaskStrategy(Strategy):
         metrics = self.aggregate_evaluate(server_round, replies)
         drain(replies)
         self._take_evaluations(result)
+        if metrics is not None:
+            log_round_summary(self.display_name, server_round, metrics)
         last = getattr(boundary, "last", None)
         if (metrics is not None and self.evaluate_metrics_aggr_fn is not None
                 and last is not None and last.accepted):
@@ -277,6 +303,7 @@ class TaskStrategy(Strategy):
             value = getattr(self, key)
             if value is not None and not callable(value):
                 raise ValueError(f"{key} must be callable or None, got {value!r}")
+        check_evaluate_knobs(self, name)
 
     def train_sample_size(self, eligible: int) -> int:
         """How many of ``eligible`` tasks a training round samples: ``max(1, floor(
@@ -298,6 +325,22 @@ class TaskStrategy(Strategy):
         tasks = np.array(ordered, dtype=np.int64)
         rng = train_sample_rng(seed, server_round)
         return sorted(int(t) for t in rng.choice(tasks, size=count, replace=False))
+
+    def sample_evaluate_tasks(self, eligible: Iterable[int], server_round: int,
+                              seed: int) -> list[int]:
+        """The tasks of ``eligible`` evaluated in ``server_round``, as Flower's ``FedAvg``
+        counts them: ``max(floor(fraction_evaluate * K), min_evaluate_nodes)`` of the K
+        (at most K; none when ``fraction_evaluate`` is 0), drawn from the seeded stream
+        ``evaluate-sample`` (:mod:`fmtl_flower.core.rng`); sorted."""
+        ordered = sorted(map(int, eligible))
+        if self.fraction_evaluate == 0.0:
+            return []
+        count = max(math.floor(self.fraction_evaluate * len(ordered)), self.min_evaluate_nodes)
+        if count >= len(ordered):
+            return ordered
+        rng = evaluate_sample_rng(seed, server_round)
+        return sorted(int(t) for t in rng.choice(np.array(ordered, dtype=np.int64),
+                                                 size=count, replace=False))
 
     def seed_model(self, initial_arrays: ArrayRecord) -> None:
         """Take ``start``'s ``initial_arrays`` as the model to start from (strategies with one
@@ -323,6 +366,7 @@ class TaskStrategy(Strategy):
         if not queued:
             return
         for server_round, own, accepted in queued:
+            log_round_summary(self.display_name, server_round, own)
             metrics = own
             if self.evaluate_metrics_aggr_fn is not None and accepted:
                 metrics = aggregate_with(self.evaluate_metrics_aggr_fn, accepted,
@@ -616,3 +660,57 @@ def as_taken_by(grid: Grid, messages: Iterable[Message]) -> Iterable[Message]:
     if getattr(grid, "streams_messages", False):
         return messages
     return list(messages)
+
+
+def check_evaluate_knobs(strategy: Any, name: str) -> None:
+    """ValueError naming ``fraction_evaluate`` / ``min_evaluate_nodes`` (Flower's meaning)
+    when out of range, or when ``strategy`` does not evaluate a sample of the devices
+    (``samples_evaluation``) and they are not at their defaults (1.0, 0)."""
+    fraction, least = strategy.fraction_evaluate, strategy.min_evaluate_nodes
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float) \
+            or not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"fraction_evaluate must be a number in [0, 1], got {fraction!r}")
+    if isinstance(least, bool) or not isinstance(least, int) or least < 0:
+        raise ValueError(f"min_evaluate_nodes must be an int >= 0, got {least!r}")
+    if not getattr(strategy, "samples_evaluation", False) and (fraction != 1.0 or least):
+        raise ValueError(f"{name} evaluates every device (its evaluation comes with the "
+                         "training replies, or on the server); fraction_evaluate and "
+                         "min_evaluate_nodes are for the strategies that evaluate a sample "
+                         f"(FedEM's family) (got fraction_evaluate={fraction!r}, "
+                         f"min_evaluate_nodes={least!r})")
+
+
+#: The numbers of a round's record shown in its summary line (key, label, format), in order.
+SUMMARY_KEYS = (("test_error", "test error", ".4f"), ("accuracy_mean", "accuracy", ".4f"),
+                ("accuracy_bottom_decile", "bottom-10% accuracy", ".4f"),
+                ("gap", "gap", ".3e"), ("train_loss", "train loss", ".5f"),
+                ("objective", "objective", ".6e"))
+
+
+def round_summary(metrics: Mapping[str, Any]) -> str:
+    """The round's main numbers in words (:data:`SUMMARY_KEYS`; the gap also relative to
+    the primal), then its reply count: ``test error 0.1339, gap 4.680e-02 (relative
+    2.13e-02), ..., 4 replies``."""
+    parts = []
+    for key, label, spec in SUMMARY_KEYS:
+        value = metrics.get(key)
+        if not _is_number(value) or key == "objective" and "gap" in metrics:
+            continue
+        text = f"{label} {format(value, spec)}"
+        primal = metrics.get("primal")
+        if key == "gap" and _is_number(primal) and primal:
+            text += f" (relative {value / primal:.2e})"
+        parts.append(text)
+    replies = metrics.get("num_replies")
+    if _is_number(replies):
+        parts.append(f"{int(replies)} replies")
+    return ", ".join(parts)
+
+
+def log_round_summary(name: str, server_round: int, metrics: Mapping[str, Any]) -> None:
+    """Log one line with the evaluated round's main numbers (:func:`round_summary`), if it
+    has any (issue 27: the per-round log showed only reply counts)."""
+    if FLOWER_LOGGER.isEnabledFor(INFO):
+        line = round_summary(metrics)
+        if line:
+            log(INFO, "\t└──> %s round %d: %s", name, server_round, line)

@@ -4,7 +4,8 @@ Flower node ids are random and change when a device restarts; strategies key eve
 task id a node reports (design decision 6). :class:`TaskDirectory` keeps the two-way map,
 asks new nodes ``whoami`` (reply: ConfigRecord ``info`` with int ``task-id`` in
 0..num_tasks-1, ``n-train`` in 1..``max_n``, ``dim`` in 1..``max_dim``, the same on every
-node, optional ``n-test`` in 0..``max_n`` and optional float ``max-row-norm``, the largest
+node, optional ``n-test`` in 0..``max_n``, optional ``num-classes`` in 1..``max_classes``
+(FedEM's devices) and optional float ``max-row-norm``, the largest
 Euclidean norm of a training row, finite, in 0..``max_row_norm``), forgets nodes that go
 offline, and lets a restarted device (new node id) take its task over (logged with the
 reason). A node whose task id lies outside 0..num_tasks-1 (a misconfigured device, or one of a
@@ -42,12 +43,18 @@ answered, at least one of them with an error or an exclusion, and no node came o
 ``fail_fast_after`` seconds (default 10: a failed node is asked again after ``retry_failed`` =
 5 s, so at least twice). A node whose ``whoami`` fails, or does not answer within the query's
 timeout, is logged once (again only when its reason changes); a failed one is asked again at
-most every ``retry_failed`` seconds, not at every poll, a silent one at the next poll.
+most every ``retry_failed`` seconds, not at every poll, a silent one at the next poll; the
+same error (up to its numbers: :func:`reason_shape`) on many nodes is logged in full once,
+then as one line counting the other nodes. Where the server knows the fix of a device's
+error (:func:`suggested_fix`: labels 0/1 for a hinge model, a NumPyClient device, a task id
+beyond ``num_tasks``, ...) or of too few nodes for the tasks, the log line and the
+:class:`DiscoveryError` say it.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
@@ -89,6 +96,9 @@ class DiscoveryError(RuntimeError):
         ``whoami`` failed, and the reason of each excluded node (node id -> reason).
     distinct_reasons : dict of str to list of int
         The same, deduplicated: each distinct reason and the nodes that gave it.
+    fixes : list of str
+        What to change, where the server knows it (:func:`suggested_fix`; too few nodes for
+        the tasks); also at the end of the message, after "To fix:".
     """
 
     #: At most this many distinct reasons are spelled out in the message.
@@ -105,15 +115,90 @@ class DiscoveryError(RuntimeError):
             message += (f"; {len(reasons)} node(s) failed whoami or were excluded, "
                         f"{len(self.distinct_reasons)} distinct reason(s): "
                         + describe_reasons(self.distinct_reasons, self.SHOWN_REASONS))
+        self.fixes = suggested_fixes(self.distinct_reasons)
+        if len(reasons) < len(missing):  # not even one node per missing task answered
+            self.fixes.append(TOO_FEW_NODES_FIX.format(found=found, tasks=found + len(missing)))
+        if self.fixes:
+            message += ". To fix: " + " ".join(self.fixes)
         super().__init__(message)
+
+
+#: The fix of a run with fewer nodes than tasks (DiscoveryError, when fewer nodes answered
+#: than tasks are missing).
+TOO_FEW_NODES_FIX = ("{found} node(s) hold a task but the run has {tasks} tasks: set num-tasks "
+                     "(num_tasks=) to the number of SuperNodes, or set min-tasks (min_tasks=) "
+                     "to run with the tasks found, or start a SuperNode for each missing task.")
+
+#: (what a device's error says, the fix the server knows for it), for :func:`suggested_fix`.
+KNOWN_FIXES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"labels must be in \{-1, 1\}"),
+     "MOCHA, CoCoA, Mb-SDCA, Mb-SGD and OFMTL train on labels -1/+1: map the device's labels "
+     "to -1/+1 in its loader (y = 2 * y - 1 for labels 0/1), or build a MOCHA ClientApp with "
+     "make_mocha_client_app(load, labels=\"auto\") (it takes labels 0/1 as -1/+1)."),
+    (re.compile(r"labels must be in \{0, 1\}|labels outside|labels must be class ids"),
+     "The FedEM family takes labels as class ids 0..C-1: map the device's labels to them, and "
+     "leave the strategy's num_classes unset (learned from the devices at discovery), or set "
+     "it to C."),
+    (re.compile(r"Invalid message type: '?query\.whoami"),
+     "The device's ClientApp has no query.whoami handler: a NumPyClient / "
+     "ClientApp(client_fn=...) device, which start() serves through "
+     "fmtl_flower.legacy.LegacyGrid unless the grid it was given is another wrapper: pass "
+     "grid=LegacyGrid(grid) (inside any other wrapper), or run this project's ClientApp on "
+     "the device."),
+    (re.compile(r"task-id -?\d+ outside 0\.\.\d+"),
+     "A device serves a task id beyond this run's tasks: set num-tasks (num_tasks=) to the "
+     "federation's number of tasks, or fix the device's task-id / partition-id."),
+    (re.compile(r"is claimed by \d+ live nodes"),
+     "Two devices report the same task id: fix one device's task-id, or pin the task to one "
+     "node with task-owners (task_owners=)."),
+    (re.compile(r"features, the federation \d+"),
+     "A device's data has another number of features than the federation's: fix its loader, "
+     "or set dim if the majority is wrong."),
+)
+
+
+def suggested_fix(reason: str) -> str | None:
+    """The fix the server knows for a device's error ``reason`` (:data:`KNOWN_FIXES`), else
+    None."""
+    for pattern, fix in KNOWN_FIXES:
+        if pattern.search(reason):
+            return fix
+    return None
+
+
+def suggested_fixes(grouped: Mapping[str, list[int]]) -> list[str]:
+    """The distinct fixes of the distinct reasons ``grouped`` (in order of first reason)."""
+    fixes: list[str] = []
+    for reason in grouped:
+        fix = suggested_fix(reason)
+        if fix is not None and fix not in fixes:
+            fixes.append(fix)
+    return fixes
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width] + "..."
+
+
+def reason_shape(reason: str) -> str:
+    """``reason`` with its numbers blanked: the same error of several devices (``task 3
+    (train): ... found 12 label(s)`` and ``task 5 (train): ... found 9 label(s)``) has one
+    shape."""
+    return _NUMBER.sub("#", reason)
+
+
+_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 
 
 def distinct_reasons(reasons: dict[int, str]) -> dict[str, list[int]]:
     """``{reason: [nodes]}`` of a ``{node: reason}`` map, in order of each reason's first
-    (smallest) node."""
+    (smallest) node; reasons that differ only in their numbers (:func:`reason_shape`: the
+    same error on devices of other tasks or sizes) are one, spelled as its first node's."""
     out: dict[str, list[int]] = {}
+    first: dict[str, str] = {}  # shape -> the reason that spells it
     for node in sorted(reasons):
-        out.setdefault(reasons[node], []).append(node)
+        spelled = first.setdefault(reason_shape(reasons[node]), reasons[node])
+        out.setdefault(spelled, []).append(node)
     return out
 
 
@@ -138,8 +223,11 @@ class TooFewNodes(DiscoveryError):
         self.missing, self.found, self.required = [], online, required
         self.reasons: dict[int, str] = {}
         self.distinct_reasons: dict[str, list[int]] = {}
+        self.fixes = [f"Start {required - online} more SuperNode(s), or lower "
+                      "min_available_nodes (min-available-nodes)."]
         RuntimeError.__init__(self, f"{name}: {online} node(s) online after {waited:.0f} s, "
-                              f"min_available_nodes = {required} required")
+                              f"min_available_nodes = {required} required. To fix: "
+                              + self.fixes[0])
 
 
 def wait_for_nodes(grid: Grid, required: int, timeout: float, name: str,
@@ -160,6 +248,44 @@ def wait_for_nodes(grid: Grid, required: int, timeout: float, name: str,
                 name, online, required)
             logged = online
         time.sleep(min(poll, max(timeout - waited, 0.0)))
+
+
+#: Largest task id :func:`discover_num_tasks` reads (a whoami reply beyond it is refused).
+MAX_DISCOVERED_TASK_ID = 1_000_000
+
+
+def discover_num_tasks(grid: Grid, min_available_nodes: int = 1, timeout: float = 120.0,
+                       name: str = "discovery") -> int:
+    """The number of tasks of a federation whose size is not configured (Flower's habit:
+    as many tasks as SuperNodes): wait until ``min_available_nodes`` nodes (at least 1) are
+    online, ask every node online ``whoami``, and count the distinct task ids they report.
+
+    The count, not the largest id: a node cannot make the federation larger than the nodes
+    that answered. The strategy built with it then discovers as usual: a node whose task id
+    is not below the count is refused with that reason (and the fix: set ``num-tasks``).
+
+    Raises
+    ------
+    TooFewNodes
+        Fewer than ``min_available_nodes`` nodes connected within ``timeout`` seconds.
+    DiscoveryError
+        No node answered ``whoami`` with a task id (each node's reason listed).
+    """
+    started = time.monotonic()
+    online = wait_for_nodes(grid, max(1, int(min_available_nodes)), timeout, name)
+    nodes = sorted(grid.get_node_ids())
+    asker = TaskDirectory(1, name)
+    asker.num_tasks = MAX_DISCOVERED_TASK_ID + 1  # read_whoami's range; nothing allocated
+    left = max(1.0, timeout - (time.monotonic() - started))
+    answers = asker._ask(grid, nodes, left)
+    tasks = {a["task-id"] for a in answers.values() if isinstance(a, dict)}
+    if not tasks:
+        raise DiscoveryError(name, [], 0, 1, time.monotonic() - started,
+                             {n: str(a) for n, a in answers.items()})
+    log(INFO, "%s: num_tasks = %d, the distinct task ids of the %d node(s) online (%d "
+        "answered whoami with a task id)", name, len(tasks), online,
+        sum(isinstance(a, dict) for a in answers.values()))
+    return len(tasks)
 
 
 class OutsideTaskRange(ReplyError):
@@ -200,6 +326,8 @@ def _same_node(node: int) -> int:
 MAX_DIM = 10_000_000
 MAX_N = 1_000_000_000
 MAX_ROW_NORM = 1e8
+#: Largest ``num-classes`` a node may report (FedEM's devices: the classes of their labels).
+MAX_CLASSES = 1000
 
 
 def read_metrics(reply: Message, *, ints: Iterable[str] = (), numbers: Iterable[str] = (),
@@ -275,6 +403,8 @@ class TaskDirectory:
         Largest ``dim`` and ``n-train`` / ``n-test`` a node may report.
     max_row_norm : float
         Largest ``max-row-norm`` a node may report.
+    max_classes : int
+        Largest ``num-classes`` a node may report.
 
     Attributes
     ----------
@@ -283,6 +413,8 @@ class TaskDirectory:
         Training-set size each task reported (0: not seen yet).
     row_norm : ndarray of shape (num_tasks,), float64
         The ``max-row-norm`` each task reported (NaN: not reported).
+    num_classes : ndarray of shape (num_tasks,), int64
+        The ``num-classes`` each task reported (0: not reported; :meth:`classes_reported`).
     dim : int or None
         The feature dimension: configured, or agreed by a majority (see the module docstring).
     task_owners : dict[int, int]
@@ -293,8 +425,9 @@ class TaskDirectory:
 
     def __init__(self, num_tasks: int, name: str, *, dim: int | None = None,
                  max_dim: int = MAX_DIM, max_n: int = MAX_N,
-                 max_row_norm: float = MAX_ROW_NORM) -> None:
+                 max_row_norm: float = MAX_ROW_NORM, max_classes: int = MAX_CLASSES) -> None:
         self.num_tasks = int(num_tasks)
+        self.max_classes = int(max_classes)
         self.name = name
         self.max_dim, self.max_n = int(max_dim), int(max_n)
         self.max_row_norm = float(max_row_norm)
@@ -304,6 +437,7 @@ class TaskDirectory:
         self.task_to_node: dict[int, int] = {}
         self.n_train = np.zeros(self.num_tasks, dtype=np.int64)
         self.row_norm = np.full(self.num_tasks, np.nan)
+        self.num_classes = np.zeros(self.num_tasks, dtype=np.int64)
         self.dim: int | None = None if dim is None else int(dim)
         self._owners: dict[int, int] = {}  # task -> the physical node pinned to it
         self._contested: dict[int, Contest] = {}  # task -> its live claimants, held by none
@@ -312,6 +446,9 @@ class TaskDirectory:
         self._candidates: dict[int, dict[str, Any]] = {}  # node -> whoami, dim not fixed yet
         self._gone: dict[int, int] = {}  # task -> node it had when that node went offline
         self._failed: dict[int, tuple[float, str]] = {}  # node -> (when, reason) of its failure
+        self._reported: dict[str, set[int]] = {}  # reason shape -> nodes that gave it
+        self._repeats: dict[str, list[int]] = {}  # reason shape -> nodes not logged yet
+        self._spelled: dict[str, str] = {}  # reason shape -> its first spelling
         self._physical: Callable[[int], int] = _same_node  # node id -> its physical node
         self._refusals: Callable[[], dict[int, str]] = dict  # the grid's refused nodes
         self.outside_level = WARNING
@@ -415,6 +552,8 @@ class TaskDirectory:
         self._excluded = {n: r for n, r in self._excluded.items() if n in online}
         self._candidates = {n: c for n, c in self._candidates.items() if n in online}
         self._failed = {n: f for n, f in self._failed.items() if n in online}
+        self._reported = {r: n & online for r, n in self._reported.items() if n & online}
+        self._spelled = {r: t for r, t in self._spelled.items() if r in self._reported}
 
     def _claimants(self) -> set[int]:
         return {n for contest in self._contested.values() for n in contest.claimants}
@@ -533,9 +672,13 @@ class TaskDirectory:
         return out
 
     def _query(self, grid: Grid, nodes: list[int], online: set[int], timeout: float) -> None:
-        for node, answer in sorted(self._ask(grid, nodes, timeout).items()):
+        answers = sorted(self._ask(grid, nodes, timeout).items())
+        for node, answer in answers:
             if isinstance(answer, Exception):
                 self._refuse(node, answer)
+        self._log_repeats()
+        for node, answer in answers:
+            if isinstance(answer, Exception):
                 continue
             self._failed.pop(node, None)
             if self.dim is None:
@@ -555,13 +698,38 @@ class TaskDirectory:
         else:
             reason = str(err)
             if self._failed.get(node, (0.0, None))[1] != reason:  # once per reason
-                what = "whoami failed on node {}: " if isinstance(err, WhoamiFailed) \
-                    else "node {}: bad whoami reply: "
-                log(WARNING, "%s: %s%s (asked again every %.0f s, logged again only if the "
-                    "reason changes)", self.name, what.format(node), reason, self.retry_failed)
+                self._log_failure(node, err)
             # a node that failed rests retry_failed s; one that did not answer does not
             self._failed[node] = (-math.inf if isinstance(err, NoAnswer) else time.monotonic(),
                                   reason)
+
+    def _log_failure(self, node: int, err: Exception) -> None:
+        """Log a node's failed whoami, with its fix when known: the first node of each
+        reason (:func:`reason_shape`) in full; the next ones are counted and logged in one
+        line after the query (:meth:`_log_repeats`), not a traceback per device."""
+        reason = str(err)
+        nodes = self._reported.setdefault(reason_shape(reason), set())
+        self._spelled.setdefault(reason_shape(reason), reason)
+        if nodes - {node}:
+            self._repeats.setdefault(reason_shape(reason), []).append(node)
+        else:
+            what = "whoami failed on node {}: " if isinstance(err, WhoamiFailed) \
+                else "node {}: bad whoami reply: "
+            fix = suggested_fix(reason)
+            log(WARNING, "%s: %s%s (asked again every %.0f s, logged again only if the "
+                "reason changes)%s", self.name, what.format(node), reason, self.retry_failed,
+                f". To fix: {fix}" if fix else "")
+        nodes.add(node)
+
+    def _log_repeats(self) -> None:
+        """One line per reason that more nodes gave since the last call (:meth:`_log_failure`)."""
+        for shape, nodes in self._repeats.items():
+            first = min(self._reported.get(shape, set()) - set(nodes), default=None)
+            log(WARNING, "%s: %d more node(s) failed whoami with the reason logged for node %s "
+                "(%s): %s", self.name, len(nodes), first,
+                _cut(self._spelled.get(shape, shape), 100),
+                describe_tasks(nodes, shown=10))
+        self._repeats = {}
 
     def _exclude(self, node: int, reason: str) -> None:
         """Exclude ``node`` while it stays online, for ``reason`` (logged, and kept for
@@ -601,6 +769,8 @@ class TaskDirectory:
         held = {"task-id": task, "dim": self.dim, "n-train": int(self.n_train[task])}
         if not np.isnan(self.row_norm[task]):
             held["max-row-norm"] = float(self.row_norm[task])
+        if self.num_classes[task]:
+            held["num-classes"] = int(self.num_classes[task])
         self._release(task)
         self._contested[task] = Contest(holder, {holder: held, node: info})
 
@@ -622,6 +792,7 @@ class TaskDirectory:
         self.node_to_task[node] = task
         self.n_train[task] = info["n-train"]
         self.row_norm[task] = info.get("max-row-norm", np.nan)
+        self.num_classes[task] = info.get("num-classes", 0)
 
     def _check_contests(self, grid: Grid, online: set[int], timeout: float) -> None:
         """Ask the claimants of each contested task again (at once for a new contest, then
@@ -644,6 +815,7 @@ class TaskDirectory:
                 del contest.claimants[node]
                 if isinstance(answer, Exception):
                     self._refuse(node, answer)
+        self._log_repeats()
         for task in list(self._contested):
             self._settle_contest(task)
 
@@ -668,10 +840,24 @@ class TaskDirectory:
                 "for it or went offline", self.name, task, contest.holder, node, contest.holder)
         self._hold(node, task, info, "the other claimants stopped answering or left")
 
+    def classes_reported(self) -> int:
+        """The most classes a task holding a node reported (``num-classes``: FedEM's
+        devices, from their labels), 0 if none did. The largest, not a majority: a class
+        that only one device has is still a class (bounded by ``max_classes``)."""
+        held = sorted(self.task_to_node)
+        return int(self.num_classes[held].max(initial=0))
+
+    def _read_classes(self, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ReplyError(f"'num-classes' must be an int >= 1, got {value!r}")
+        if value > self.max_classes:
+            raise BeyondLimits(f"num-classes {value} above the limit {self.max_classes}")
+        return value
+
     def read_whoami(self, reply: Message) -> dict[str, Any]:
         """The checked ``info`` of a whoami reply: ``task-id``, ``n-train``, ``dim`` and, when
-        reported, ``n-test`` and ``max-row-norm``; :class:`ReplyError` if malformed,
-        :class:`OutsideTaskRange` / :class:`BeyondLimits` as their names say."""
+        reported, ``n-test``, ``num-classes`` and ``max-row-norm``; :class:`ReplyError` if
+        malformed, :class:`OutsideTaskRange` / :class:`BeyondLimits` as their names say."""
         if "info" not in reply.content:
             raise ReplyError("no 'info' record")
         info = reply.content["info"]
@@ -693,6 +879,8 @@ class TaskDirectory:
         for key in ("n-train", "n-test"):
             if values.get(key, 0) > self.max_n:
                 raise BeyondLimits(f"{key} {values[key]} above the limit {self.max_n}")
+        if "num-classes" in info:
+            values["num-classes"] = self._read_classes(info["num-classes"])
         if "max-row-norm" in info:
             norm = info["max-row-norm"]
             if isinstance(norm, bool) or not isinstance(norm, int | float) or not (

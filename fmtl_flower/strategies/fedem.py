@@ -125,6 +125,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from ..checkpoint import read_checkpoint
 from ..core.backend import flatten_arrays, layout_of, layout_signature, unflatten_arrays
 from ..core.cfl import split_clusters
 from ..core.fedem import (
@@ -256,7 +257,9 @@ class FedEM(TaskStrategy):
         for the single-model methods), independently initialised, all of one layout.
     num_classes, hidden : int
         Classes (2 for logistic) and hidden units (mlp); not used by ``model="torch"`` (the
-        module fixes both).
+        module fixes both). ``num_classes`` None (default): learned at the first round's
+        discovery, the most classes a device reported in its ``whoami`` (``num-classes``:
+        its labels' largest class id + 1), at least 2.
     lr, batch_size, local_epochs, momentum, weight_decay : float / int
         The local solver: epochs of mini-batch SGD with momentum and weight decay (torch's
         rule), one optimiser state per component kept on the device across rounds.
@@ -345,7 +348,7 @@ class FedEM(TaskStrategy):
         self.name = _NAMES[method]
         self.num_components = 1 if method in SINGLE_MODEL else s.num_components
         self.model = None if s.model == "torch" else make_model(
-            s.model, 1, num_classes=s.num_classes, hidden=s.hidden)
+            s.model, 1, num_classes=s.num_classes or 2, hidden=s.hidden)
         self.layout: list[tuple[str, tuple[int, ...], str]] | None = None
         self.model_name = s.model
         self.on_round = on_round
@@ -366,6 +369,7 @@ class FedEM(TaskStrategy):
 
     # ------------------------------------------------------------------ Strategy interface
     samples_devices = True
+    samples_evaluation = True
 
     def summary(self) -> None:
         """Log the configuration."""
@@ -460,11 +464,14 @@ class FedEM(TaskStrategy):
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
-        """``evaluate`` messages to every known client, on evaluation rounds."""
+        """``evaluate`` messages to the known clients, on evaluation rounds: all of them, or
+        Flower's ``fraction_evaluate`` / ``min_evaluate_nodes`` sample of them."""
         if not self._evaluation_due(server_round):
             return []
-        return self._messages(server_round, MessageType.EVALUATE, sorted(self.task_to_node),
-                              grid)
+        known = sorted(self.task_to_node)
+        chosen = self.sample_evaluate_tasks(known, server_round, self.seed)
+        self._not_evaluated = set(known) - set(chosen)
+        return self._messages(server_round, MessageType.EVALUATE, chosen, grid)
 
     def aggregate_evaluate(self, server_round: int,
                            replies: Iterable[Message]) -> MetricRecord | None:
@@ -490,7 +497,8 @@ class FedEM(TaskStrategy):
                     n = self._average_weights(tasks)
                     loss = np.array([accepted[t]["train-loss"] for t in tasks])
                     record["train_loss_eval"] = float(loss @ n / n.sum())
-            record["tasks_missing"] = sorted(set(range(self.num_tasks)) - set(accepted))
+            record["tasks_missing"] = sorted(set(range(self.num_tasks)) - set(accepted)
+                                             - getattr(self, "_not_evaluated", set()))
         record["wall_time_s"] = time.perf_counter() - self._round_start
         if self.on_round is not None:
             self.on_round(self.public_record(record))
@@ -514,11 +522,23 @@ class FedEM(TaskStrategy):
                                self.pfedme.inner_steps, self.pfedme_beta]}
                    if self.method == "pfedme" else {})}
 
+    def _resume(self) -> None:
+        """As the base's, with ``num_classes`` unset taken from the checkpoint first (the
+        number the run that wrote it learned, or was given): it is part of the model."""
+        if self.num_classes is None and self.checkpoint_dir is not None:
+            checkpoint = read_checkpoint(self.checkpoint_dir)
+            saved = None if checkpoint is None else \
+                (checkpoint.meta.get("fingerprint") or {}).get("num_classes")
+            if isinstance(saved, int) and not isinstance(saved, bool) and saved >= 2:
+                self.num_classes = saved
+        super()._resume()
+
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """The components, the tasks' sizes and the records (client sampling and the
         learning rate derive from the seed and the round; pi stays on the devices)."""
         assert self.components is not None
-        meta: dict[str, Any] = {"records": self.records, "dim": self.directory.dim}
+        meta: dict[str, Any] = {"records": self.records, "dim": self.directory.dim,
+                                "num_classes": self.num_classes}
         if self.method == "cfl":
             meta["clusters"] = [[int(t) for t in c] for c in self.clusters]
         if self.layout is not None:
@@ -528,6 +548,8 @@ class FedEM(TaskStrategy):
     def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
         """Load :meth:`checkpoint_state`'s output."""
         dim = int(meta["dim"])
+        if self.num_classes is None:  # learned by the run that wrote the checkpoint
+            self.num_classes = int(meta.get("num_classes") or 2)
         components = np.asarray(arrays["components"], dtype=np.float64)
         if self.model_name == "torch":
             model = None
@@ -562,12 +584,25 @@ class FedEM(TaskStrategy):
         known (component m from its own seeded stream, so components differ)."""
         self.directory.discover(grid, wait=self.discovery_timeout if wait else 0.0,
                                 query_timeout=max(self.round_timeout, 60.0))
+        if self.num_classes is None and self.directory.dim is not None:
+            self._learn_num_classes()
         if self.components is None and self.directory.dim is not None and self.model is not None:
             self.model = make_model(self.model_name, self.directory.dim,
                                     num_classes=self.num_classes, hidden=self.hidden)
             self.components = np.stack([
                 self.model.init_params(np.random.default_rng([self.seed, m, TAG_INIT]))
                 for m in range(self.num_components)])
+
+    def _learn_num_classes(self) -> None:
+        """``num_classes`` unset: the most classes a device reported at discovery (at least
+        2; logistic: 2), logged. A device found later with more classes fails its replies
+        with the reason, and :class:`~fmtl_flower.strategies.base.NoValidReplies` says to set
+        ``num_classes``."""
+        reported = self.directory.classes_reported()
+        self.num_classes = 2 if self.model_name == "logistic" else max(2, reported)
+        log(INFO, "%s: num_classes = %d (%s)", self.name, self.num_classes,
+            f"the most classes a device reported: {reported}" if reported
+            else "no device reported its classes")
 
     # ------------------------------------------------------------------ torch components
     def _set_initial(self, records: list[ArrayRecord], name: str) -> None:

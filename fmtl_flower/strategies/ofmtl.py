@@ -78,7 +78,7 @@ from ..core.ofmtl_factored import server_ops
 from ..metrics import error_summary, round_record
 from ..settings import OFMTLSettings, apply_settings, check_num_tasks
 from ..wire import from_array, to_array
-from .base import check_run_length
+from .base import check_evaluate_knobs, check_run_length
 from .discovery import (
     ReplyError,
     TaskDirectory,
@@ -305,6 +305,8 @@ class OFMTL(Strategy):
     min_available_nodes: int = 0
     fraction_train: float = 1.0
     min_train_nodes: int = 0
+    fraction_evaluate: float = 1.0
+    min_evaluate_nodes: int = 0
     train_metrics_aggr_fn: Callable[..., MetricRecord] | None = None
     evaluate_metrics_aggr_fn: Callable[..., MetricRecord] | None = None
 
@@ -372,6 +374,7 @@ class OFMTL(Strategy):
         if self.fraction_train != 1.0 or self.min_train_nodes:
             raise ValueError(f"{_NAME} trains every device; fraction_train and "
                              "min_train_nodes must keep their defaults (1.0, 0)")
+        check_evaluate_knobs(self, _NAME)
         for key in ("train_metrics_aggr_fn", "evaluate_metrics_aggr_fn"):
             if getattr(self, key) is not None:
                 raise ValueError(f"{_NAME} reports its own per-event metrics; {key} is not "

@@ -36,7 +36,7 @@ from flwr.app import ArrayRecord, Message
 from flwr.common.logger import log
 
 from ..packing import STACK, STACK_ERRORS, StackGroup
-from .discovery import ReplyError
+from .discovery import ReplyError, describe_tasks, reason_shape, suggested_fix
 
 #: ``parse_stack(reply, group) -> ({task: values}, {task: reason})``: a stacked reply's rows.
 StackParser = Callable[[Message, StackGroup], tuple[dict[int, dict[str, Any]], dict[int, str]]]
@@ -212,6 +212,21 @@ class RoundReplies:
         return len(self.accepted) + len(self.failed)
 
 
+def log_device_errors(name: str, where: str, errors: dict[str, list[tuple[int, int, str]]]
+                      ) -> None:
+    """Log the error replies of an exchange: one line per distinct error (up to its
+    numbers, :func:`~fmtl_flower.strategies.discovery.reason_shape`), its first task's in
+    full with the fix when the server knows it, and how many other tasks sent the same, not
+    one line (a device's traceback) per task."""
+    for failures in errors.values():
+        task, node, reason = failures[0]
+        others = [t for t, _, _ in failures[1:]]
+        fix = suggested_fix(reason)
+        log(WARNING, "%s %s: task %d: node %s failed: %s%s%s", name, where, task, node, reason,
+            f"; the same error from {len(others)} more task(s): {describe_tasks(others, 10)}"
+            if others else "", f". To fix: {fix}" if fix else "")
+
+
 class ReplyBoundary:
     """The trust boundary every strategy reads its nodes' replies through.
 
@@ -338,6 +353,7 @@ class ReplyBoundary:
         out = RoundReplies()
         accepted: dict[int, dict[str, Any]] = {}
         singles: dict[int, int] = {}  # task -> node of the replies parse accepted
+        errors: dict[str, list[tuple[int, int, str]]] = {}  # device errors, by reason shape
         sizes = self._exchange_sizes()
         for reply in replies:
             try:
@@ -370,8 +386,7 @@ class ReplyBoundary:
                 continue
             if error:
                 reason = str(reply.error.reason)
-                log(WARNING, "%s %s: task %d: node %s failed: %s", self.name, where, task,
-                    node, reason)
+                errors.setdefault(reason_shape(reason), []).append((task, node, reason))
                 out.failed[task] = reason
                 continue
             try:
@@ -385,6 +400,7 @@ class ReplyBoundary:
                 continue
             accepted[task] = parsed
             singles[task] = node
+        log_device_errors(self.name, where, errors)
         if check_rows is not None and singles:
             self._check_rows(where, check_rows, singles, accepted, out)
         if on_accept is not None:

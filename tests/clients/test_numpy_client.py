@@ -145,17 +145,57 @@ def test_mixed_federation_auto_serves_both_kinds():
     assert wrapped.native_nodes == set(grid.contexts) - wrapped.legacy_nodes
 
 
-def test_native_devices_do_not_understand_the_legacy_layout():
-    """Without the translation (or with the wrong one) nothing trains: the option matters."""
+def test_a_numpyclient_federation_just_works_with_the_plain_grid():
+    """Issue 27, item 5: ``start(grid)`` without LegacyGrid failed discovery with "Invalid
+    message type: query.whoami"; the strategy now finds the NumPyClient devices itself."""
     problem = make_problem(num_tasks=3)
 
     def client_fn(context: Context):
         t = default_task_id(context)
-        return MochaNumPyClient(context, problem.Xs[t], problem.ys[t]).to_client()
+        return MochaNumPyClient(context, problem.Xs[t], problem.ys[t], problem.Xt[t],
+                                problem.yt[t]).to_client()
 
+    native, _, _ = mocha_federation(make_mocha_client_app(problem.load), None, num_tasks=3)
+    legacy_app = Recorder(ClientApp(client_fn=client_fn))
+    legacy, _, _ = mocha_federation(legacy_app, None, num_tasks=3, discovery_timeout=5.0)
+    assert comparable(legacy.results()) == comparable(native.results())
+    assert {"get_properties", "train"} <= set(legacy_app.types)
+
+
+def test_native_devices_do_not_understand_the_legacy_layout():
+    """With the wrong translation nothing trains: the option matters."""
+    problem = make_problem(num_tasks=3)
     with pytest.raises(RuntimeError, match="task"):
-        mocha_federation(ClientApp(client_fn=client_fn), None, num_tasks=3,
+        mocha_federation(make_mocha_client_app(problem.load), "numpyclient", num_tasks=3,
                          discovery_timeout=0.5)
+
+
+def test_auto_keeps_a_native_devices_own_failure_and_survives_undecodable_replies():
+    """A native device whose whoami fails for its own reason is not asked in the legacy
+    layout (its reason would be lost for "Invalid message type: get_properties"); a reply
+    in the legacy layout that cannot be decoded is an error reply, not an exception."""
+    from flwr.app import ConfigRecord, RecordDict
+
+    from fmtl_flower.strategies.discovery import DiscoveryError
+
+    problem = make_problem(num_tasks=3)
+    app = make_mocha_client_app(problem.load)
+
+    def client(message: Message, context: Context) -> Message:
+        if default_task_id(context) == 0:
+            raise ValueError("this device's own reason")
+        if default_task_id(context) == 1:  # a garbled legacy-layout reply
+            return Message(RecordDict({"getpropertiesres.properties": ConfigRecord({}),
+                                       "fitres.metrics": ConfigRecord({}),
+                                       "fitres.parameters": ConfigRecord({"a": 1})}),
+                           reply_to=message)
+        return app(message, context)
+
+    with pytest.raises(DiscoveryError) as caught:
+        mocha_federation(client, None, num_tasks=3, discovery_timeout=1.0)
+    reasons = set(caught.value.reasons.values())
+    assert "ValueError: this device's own reason" in reasons
+    assert any(r.startswith("reply in the legacy layout not decodable") for r in reasons)
 
 
 def test_get_parameters_returns_the_model_received_last():

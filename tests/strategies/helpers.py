@@ -85,8 +85,9 @@ class TracingMocha(Mocha):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: Any,
                         grid: Grid) -> Iterable[Message]:
         if self.before_round is not None:
-            assert isinstance(grid, InProcessGrid)
-            self.before_round(server_round, grid)
+            inner = getattr(grid, "inner", grid)  # start() serves it through LegacyGrid
+            assert isinstance(inner, InProcessGrid)
+            self.before_round(server_round, inner)
         return super().configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):

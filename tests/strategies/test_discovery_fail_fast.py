@@ -72,7 +72,7 @@ def test_describe_tasks_lists_few_and_summarises_many():
 
 
 def test_a_run_where_every_reply_fails_stops_with_the_devices_reason():
-    """FedEM(model="softmax") on 3-class labels without num_classes=3: every device fails
+    """FedEM(model="softmax") on 3-class labels with num_classes=2: every device fails
     every round; the run stops after max_failed_rounds rounds naming the devices' error
     (it used to run all its rounds and return metrics that were all None)."""
     import numpy as np
@@ -85,9 +85,10 @@ def test_a_run_where_every_reply_fails_stops_with_the_devices_reason():
         X = rng.normal(size=(40, 3))
         data.append((X, np.argmax(X, axis=1)))
     app = make_fedem_client_app(lambda ctx: data[int(ctx.node_config["partition-id"])])
-    strategy = FedEM(4, model="softmax", discovery_timeout=5.0)
+    strategy = FedEM(4, model="softmax", num_classes=2, discovery_timeout=5.0)
     with pytest.raises(NoValidReplies, match=r"3 rounds in a row; 4 of 4 tasks failed with: "
-                                             r".*labels outside") as caught:
+                                             r".*labels outside.*To fix: .*leave the strategy's "
+                                             r"num_classes unset") as caught:
         strategy.start(grid=InProcessGrid(app, 4), num_rounds=40, timeout=10.0)
     assert isinstance(caught.value, RuntimeError)
     assert len(strategy.results()["rounds"]) <= 3

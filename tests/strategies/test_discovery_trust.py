@@ -351,6 +351,9 @@ def test_discovery_still_waits_for_devices_that_have_not_connected(problem):
     strategy = Mocha(TASKS, discovery_timeout=2.0, **RUN)
     strategy.directory.fail_fast_after = 0.5
     started = time.monotonic()
-    with pytest.raises(DiscoveryError, match=r"missing task ids: 3$"):
+    with pytest.raises(DiscoveryError, match=r"missing task ids: 3\. To fix: 3 node\(s\) hold "
+                       r"a task but the run has 4 tasks: set num-tasks \(num_tasks=\) to the "
+                       r"number of SuperNodes, or set min-tasks .* or start a SuperNode for "
+                       r"each missing task\.$"):
         strategy.start(grid=grid, num_rounds=2, timeout=2.0)
     assert time.monotonic() - started >= 2.0

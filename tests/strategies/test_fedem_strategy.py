@@ -205,7 +205,8 @@ def test_reply_for_another_task_or_round_rejected(problem, caplog):
 def test_constructor_validation():
     for kwargs, match in (({"method": "fedsgd"}, "method"), ({"model": "cnn"}, "model"),
                           ({"fraction": 0.0}, "fraction"), ({"aggregation": "x"}, "aggregation"),
-                          ({"method": "fedprox"}, "prox_mu"), ({"num_components": 0}, "num_comp"),
+                          ({"method": "fedprox", "prox_mu": 0.0}, "prox_mu"),
+                          ({"num_components": 0}, "num_comp"),
                           ({"unseen_tasks": [0, 1, 2]}, "at least one"),
                           ({"unseen_tasks": [7]}, "task ids"), ({"lr": -1.0}, "lr")):
         with pytest.raises(ValueError, match=match):

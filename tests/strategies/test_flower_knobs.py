@@ -223,3 +223,71 @@ def test_mbsgd_reports_evaluate_metrics_for_every_round(problem):
                             num_rounds=3, timeout=30.0)
     assert sorted(result.evaluate_metrics_clientapp) == [0, 1, 2, 3]
     assert all("test_error" in m for m in result.evaluate_metrics_clientapp.values())
+
+
+# ---------------------------------------------------------------- fraction_evaluate
+def fedem_evaluated(problem, **knobs) -> tuple[list[int], FedEM]:
+    """Evaluate messages per evaluation round of a 3-round FedAvg run with ``knobs`` given to
+    the constructor (Flower's keywords)."""
+    app = make_fedem_client_app(problem.load)
+    counts: dict[int, int] = {}
+
+    def client(message, context):
+        if message.metadata.message_type == "evaluate":
+            rnd = int(message.content["config"]["server-round"])
+            counts[rnd] = counts.get(rnd, 0) + 1
+        return app(message, context)
+
+    strategy = FedEM(TASKS, method="fedavg", discovery_timeout=5.0, seed=4, **knobs)
+    strategy.start(grid=InProcessGrid(client, TASKS), num_rounds=3, timeout=30.0)
+    return [counts.get(r, 0) for r in (1, 2, 3)], strategy
+
+
+@pytest.mark.parametrize(("fraction", "minimum", "expected"),
+                         [(0.5, 0, 3), (0.2, 0, 1), (0.2, 4, 4), (1.0, 0, 6), (0.0, 0, 0)])
+def test_fedem_fraction_evaluate_and_min_evaluate_nodes_as_flower_counts_them(
+        problem, fraction, minimum, expected):
+    """Flower's FedAvg evaluates max(int(fraction_evaluate * K), min_evaluate_nodes) nodes
+    (none at fraction 0); the quickstarts pass fraction_evaluate, which was a TypeError."""
+    counts, strategy = fedem_evaluated(problem, fraction_evaluate=fraction,
+                                       min_evaluate_nodes=minimum)
+    assert counts == [expected] * 3
+    final = strategy.results()["final"]
+    assert final["tasks_missing"] == []  # the devices left out were not evaluated, not lost
+    if expected:
+        assert final["accuracy_mean"] is not None
+
+
+def test_fedem_evaluation_sample_is_deterministic_per_seed(problem):
+    first, _ = fedem_evaluated(problem, fraction_evaluate=0.5)
+    again, _ = fedem_evaluated(problem, fraction_evaluate=0.5)
+    assert first == again
+
+
+@pytest.mark.parametrize("knobs", [{"fraction_evaluate": 0.5}, {"min_evaluate_nodes": 2}])
+def test_strategies_that_evaluate_every_device_refuse_the_evaluate_knobs(problem, knobs):
+    grid = InProcessGrid(make_mocha_client_app(problem.load), TASKS)
+    strategy = Mocha(TASKS, lam=0.1, discovery_timeout=5.0, **knobs)  # accepted as keywords
+    with pytest.raises(ValueError, match=r"Mocha evaluates every device.*fraction_evaluate "
+                                         r"and min_evaluate_nodes are for the strategies"):
+        strategy.start(grid=grid, num_rounds=1, timeout=10.0)
+
+
+@pytest.mark.parametrize(("key", "value"), [("fraction_evaluate", 1.5),
+                                            ("fraction_evaluate", -0.1),
+                                            ("min_evaluate_nodes", -1)])
+def test_evaluate_knob_values_are_checked(problem, key, value):
+    strategy = FedEM(TASKS, method="fedavg", discovery_timeout=5.0)
+    setattr(strategy, key, value)
+    with pytest.raises(ValueError, match=key):
+        strategy.start(grid=InProcessGrid(make_fedem_client_app(problem.load), TASKS),
+                       num_rounds=1, timeout=10.0)
+
+
+def test_evaluate_knobs_are_run_config_keys():
+    from fmtl_flower.config import RunConfig, settings_from_config
+
+    cfg = RunConfig.from_mapping({"strategy": "fedavg", "fraction-evaluate": 0.5,
+                                  "min-evaluate-nodes": 2})
+    settings = settings_from_config(cfg, TASKS)
+    assert (settings.fraction_evaluate, settings.min_evaluate_nodes) == (0.5, 2)
