@@ -94,7 +94,11 @@ before) guards this contract with what the federation makes plausible:
   times the others' median, or its b_t farther from the federation's consensus, the
   coordinate-wise median of the tasks' b_t, than the others' distances make plausible
   (median + 5 MADs, from 5 tasks on: :func:`~fmtl_flower.core.decoupling.consensus_fence`;
-  what pulls the others is a coherent direction, not a size); all on the scale
+  what pulls the others is a coherent direction, not a size); or, with a learned Omega,
+  its pull on the others, |b_t| times its coupling sum_s |M_st|, beyond 10 times the
+  federation's median pull (:func:`~fmtl_flower.core.decoupling.coupling_weights`: the
+  learned Sigma can give colluders under the other fences 10 to 20 times an honest task's
+  weight in every model); all on the scale
   min(R~_t, median R~), :class:`~fmtl_flower.core.decoupling.OutlierWatch`) is decoupled
   from the others for the rest of the run (sticky; the statistics are re-checked every round
   and only add tasks): its off-diagonal entries of M are set to 0, so it no
@@ -146,7 +150,7 @@ from flwr.serverapp import Grid
 
 from ..core.baselines import mbsdca_scale
 from ..core.certificate import hinge_pair_problems
-from ..core.decoupling import OutlierWatch, federation_scale
+from ..core.decoupling import OutlierWatch, coupling_weights, federation_scale
 from ..core.formulations import (
     make_formulation,
     options_check_size,
@@ -488,7 +492,7 @@ class Mocha(LinearTasks, TaskStrategy):
         updated[tasks] = ~self._dropped_now[tasks]
         new = self.watch.update(delta, scale * np.minimum(budget, n) / n,
                                 norm(self.state.B, axis=0), scale, updated,
-                                images=self.state.B)
+                                images=self.state.B, coupling=self._coupling())
         if not new.any():
             return
         if not isinstance(self.state, MochaServerState):
@@ -502,6 +506,15 @@ class Mocha(LinearTasks, TaskStrategy):
             "coupling in M set to 0 for the rest of the run): %s", server_round,
             "s" if new.sum() > 1 else "", np.flatnonzero(new).tolist()[:20],
             "their updates are outliers against the federation's (robust mode)")
+
+    def _coupling(self) -> np.ndarray | None:
+        """The coupling weights of the current M' (learned formulations on the dense path,
+        :func:`~fmtl_flower.core.decoupling.coupling_weights`): under a fixed Omega every
+        pair is coupled alike and a task's pull is its image's size, fenced already."""
+        state = self.state
+        if not isinstance(state, MochaServerState) or state.formulation.fixed:
+            return None
+        return coupling_weights(state.M)
 
     def _omega_step(self, server_round: int) -> bool:
         """The Omega-step, undone (Omega, M and W kept) if it raises or leaves W or M

@@ -8,11 +8,13 @@ import pytest
 from fmtl_flower.core.decoupling import (
     CONSENSUS_MIN_TASKS,
     IMAGE_PERSISTENCE,
+    PULL_FENCE_FACTOR,
     STEP_SHARE_FLOOR,
     OutlierWatch,
     block_diagonal_regulariser,
     consensus_fence,
     coupled_models,
+    coupling_weights,
     decoupled_inverse,
     federation_scale,
     outlying,
@@ -184,3 +186,38 @@ def test_a_task_away_from_the_consensus_must_persist_to_be_decoupled():
     for _ in range(2 * IMAGE_PERSISTENCE):
         assert not watch.update(np.zeros(10), scale, np.linalg.norm(images, axis=0), scale,
                                 ones).any()
+
+
+def test_coupling_weights_are_the_off_diagonal_column_sums():
+    M = np.array([[2.0, -0.5, 0.1], [-0.5, 1.0, 0.0], [0.1, 0.0, 3.0]])
+    assert np.allclose(coupling_weights(M), [0.6, 0.5, 0.1])
+    mask = np.array([False, True, False])
+    assert coupling_weights(decoupled_inverse(M, mask))[1] == 0.0  # a decoupled task pulls 0
+
+
+def test_a_task_pulling_the_others_through_its_coupling_must_persist_to_be_decoupled():
+    """A task of typical size (no size or consensus outlier) whose coupling to the others is
+    strong, so that its pull (normalised |b_s| times sum_t |M_ts|) is PULL_FENCE_FACTOR times
+    the federation's median or more, three rounds running, is decoupled; honest pulls 5
+    times the median, or the same pull retreating, are not."""
+    rng = np.random.default_rng(0)
+    images = 0.5 + 0.05 * rng.standard_normal((4, 10))  # alike: no image nor consensus outlier
+    scale, ones = np.ones(10), np.ones(10, dtype=bool)
+    size = np.linalg.norm(images, axis=0)
+    coupling = np.full(10, 0.1)
+
+    def step(watch: OutlierWatch) -> list[int]:
+        return np.flatnonzero(watch.update(np.zeros(10), scale, size, scale, ones,
+                                           images=images, coupling=coupling)).tolist()
+    coupling[4] = 0.5  # an honest hub: 5 times the others
+    coupling[[3, 7]] = 1.2 * PULL_FENCE_FACTOR * 0.1
+    watch = OutlierWatch(10)
+    for _ in range(IMAGE_PERSISTENCE - 1):
+        assert step(watch) == []
+    assert step(watch) == [3, 7]
+    assert watch.update(np.zeros(10), scale, size, scale, ones, images=images).sum() == 0
+    watch = OutlierWatch(10)  # beyond the fence but retreating by 10 % a round: never
+    coupling[[3, 7]] = 3.0 * PULL_FENCE_FACTOR * 0.1
+    for _ in range(2 * IMAGE_PERSISTENCE):  # 3 x 0.9^6 > 1.5 times the fence at the end
+        coupling[[3, 7]] *= 0.9
+        assert step(watch) == []
