@@ -9,9 +9,8 @@ update. The runs go through the public API (run config, ServerApp, ClientApp) on
 
 With robust mode on (the default) the honest tasks' mean test accuracy stays within 0.02 of
 the run where the hostile device's replies are lost; with ``robust = false`` the same attack
-costs far more (asserted, so the suite shows the damage it guards against). One attack is
-not held within 0.02 yet (``KNOWN_GAPS``, a strict xfail). The attacker may also claim its
-``responsibility`` (``n-train-direction``: all of it for one component).
+costs far more (asserted, so the suite shows the damage it guards against). The attacker
+may also claim its ``responsibility`` (``n-train-direction``: all of it for one component).
 """
 
 from __future__ import annotations
@@ -223,13 +222,6 @@ def lost_accuracy(method: str, per_node: int = 1, robust: bool = True) -> float:
 HARMLESS_UNPROTECTED = {("fedavg", "scaled"), ("fedprox", "scaled"),
                         ("fedavg-ft", "scaled")}
 TOLERANCE = 0.02  # the honest tasks' accuracy, robust mode against the lost replies
-#: Attacks robust mode does not hold within ``TOLERANCE`` yet, with the measured gap: the
-#: device (2 % of the data) sends its update reversed at the bound; clipped and cut at
-#: every coordinate's extreme, it still shifts each coordinate's trimmed window by its own
-#: weight, and FedEM's three-component EM on 9 honest devices amplifies that (the same gap
-#: with the median; 0.6 to 1.6 points is the gap of an honest participant). Strict: the
-#: test fails once the gap closes, so this list cannot go stale.
-KNOWN_GAPS = {("fedem", "sign-flip"): "0.730 against 0.752 lost (2.2 points)"}
 DAMAGE = 0.05  # what the attacks take at least from an unprotected run (its replies lost)
 
 
@@ -248,11 +240,8 @@ def check_attack(method: str, attack: str, per_node: int = 1) -> None:
 @pytest.mark.parametrize("attack", ATTACKS)
 @pytest.mark.parametrize("method", ["fedem", "fedavg"])
 def test_one_hostile_device_among_ten_cannot_steer_the_shared_models(method, attack,
-                                                                     per_node, request):
+                                                                     per_node):
     """FedEM's components and FedAvg's model, one task per node or four (stacked)."""
-    if (method, attack) in KNOWN_GAPS:
-        request.applymarker(pytest.mark.xfail(strict=True,
-                                              reason=KNOWN_GAPS[method, attack]))
     check_attack(method, attack, per_node)
 
 
