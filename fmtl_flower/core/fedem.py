@@ -305,10 +305,14 @@ def robust_aggregate_components(current: np.ndarray,
 
     1. clipped to the ball around their weighted coordinate-wise median of radius
        ``clip_factor`` times their weighted median distance to it
-       (:func:`clip_around_median`; weights share-capped at ``max_share`` of the component,
-       r floored at :data:`PI_FLOOR`): the radius measures the honest devices' spread, not
-       the updates' size, so a device reversing or inflating its update lands where an
-       honest outlier could be;
+       (:func:`clip_around_median`; r floored at :data:`PI_FLOOR`): the radius measures
+       the honest devices' spread, not the updates' size, so a device reversing or
+       inflating its update lands where an honest outlier could be. The median weighs
+       w[k, m] r[k, m] share-capped at ``max_share`` when the responsibilities are soft
+       (a device with a tiny responsibility for a component sends a noisy d_k / r[k, m]),
+       one vote per device when they are hard (IFCA's and CFL's clusters, one model: a
+       cluster that CFL has yet to split holds two populations, and the heavier must not
+       become the center that clips the other);
     2. weighted by w[k, m] with no device above a share of the average that uses them
        (:func:`~fmtl_flower.core.robust.cap_shares`): ``max_share`` of the component's
        weight, or, when every contributor gave the component all its data (IFCA's and
@@ -352,8 +356,9 @@ def robust_aggregate_components(current: np.ndarray,
         w = weights[live, m] * r
         whole = bool(np.all(resp[live, m] == 1.0))  # hard assignments: clusters, one model
         cap = min(1.0, max_share * round_weight / float(w.sum())) if whole else max_share
-        deltas = clip_around_median((thetas[live, m] - current[m]) / r[:, None],
-                                    cap_shares(w, max_share), clip_factor)
+        votes = np.ones_like(w) if whole else cap_shares(w, max_share)
+        deltas = clip_around_median((thetas[live, m] - current[m]) / r[:, None], votes,
+                                    clip_factor)
         step = _combine(deltas, w, aggregator, trim, cap, whole)
         share = _combine(r[:, None], weights[live, m], aggregator, trim, cap, whole)[0]
         mass = float(weights[live, m].sum())

@@ -97,11 +97,13 @@ def lies(attack: str | None) -> bool:
     return attack is not None and attack.startswith("n-train")
 
 
-def make_tamper(attack: str | None, seen: dict[int, tuple[int, int]]
+def make_tamper(attack: str | None, seen: dict[int, tuple[int, int]],
+                hostile: frozenset[int] = frozenset({HOSTILE})
                 ) -> Callable[[Message, Message | None], list[Message]]:
-    """The grid's tamper for the hostile task ``HOSTILE`` (one-task or stacked messages):
-    ``attack`` None loses its train and evaluate replies; every honest evaluate row is
-    recorded in ``seen`` as ``{task: (test-correct, test-n)}``."""
+    """The grid's tamper for the ``hostile`` tasks (one-task messages, or stacked ones with
+    the one hostile task ``HOSTILE``): ``attack`` None loses their train and evaluate
+    replies; every honest evaluate row is recorded in ``seen`` as
+    ``{task: (test-correct, test-n)}``."""
     def tamper(message: Message, reply: Message | None) -> list[Message]:
         if reply is None or reply.has_error():
             return [] if reply is None else [reply]
@@ -113,23 +115,24 @@ def make_tamper(attack: str | None, seen: dict[int, tuple[int, int]]
             records = dict(content.items())
             for name in infos:
                 info = dict(records[name])
-                if int(info["task-id"]) == HOSTILE:
+                if int(info["task-id"]) in hostile:
                     info["n-train"] = MAX_N
                 records[name] = ConfigRecord(info)
             return [Message(RecordDict(records), reply_to=message)]
         if "stack" in content:
+            assert hostile == {HOSTILE}, "stacked messages: one hostile task"
             return _tamper_stacked(attack, message, reply, seen)
         if "metrics" in content:
-            return _tamper_one(attack, message, reply, seen)
+            return _tamper_one(attack, message, reply, seen, hostile)
         return [reply]  # the slots query of a packed node
     return tamper
 
 
 def _tamper_one(attack: str | None, message: Message, reply: Message,
-                seen: dict[int, tuple[int, int]]) -> list[Message]:
+                seen: dict[int, tuple[int, int]], hostile: frozenset[int]) -> list[Message]:
     metrics = dict(reply.content["metrics"])
     task = int(metrics["task-id"])
-    if task != HOSTILE:
+    if task not in hostile:
         if "test-n" in metrics:
             seen[task] = (int(metrics["test-correct"]), int(metrics["test-n"]))
         return [reply]
@@ -190,28 +193,31 @@ def _tamper_stacked(attack: str | None, message: Message, reply: Message,
 
 # ----------------------------------------------------------------------------- the runs
 def honest_accuracy(method: str, attack: str | None, *, robust: bool = True,
-                    per_node: int = 1, **extra: Any) -> float:
-    """The honest tasks' mean test accuracy after a run of ``method`` where task ``HOSTILE``
-    plays ``attack`` (None: its replies are lost), ``per_node`` tasks to a node."""
+                    per_node: int = 1, hostile: frozenset[int] = frozenset({HOSTILE}),
+                    **extra: Any) -> float:
+    """The honest tasks' mean test accuracy after a run of ``method`` where the ``hostile``
+    tasks play ``attack`` (None: their replies are lost), ``per_node`` tasks to a node."""
     cfg = RunConfig.from_mapping({**BASE, "strategy": method, "robust": robust,
                                   "tasks-per-node": per_node, **extra})
     grid = HostileGrid(make_client_app(cfg), math.ceil(TASKS / per_node))
     seen: dict[int, tuple[int, int]] = {}
-    grid.tamper = make_tamper(attack, seen)
+    grid.tamper = make_tamper(attack, seen, hostile)
     make_server_app(cfg)(grid, Context(run_id=grid.run.run_id, node_id=0, node_config={},
                                        state=RecordDict(), run_config={}))
-    assert sorted(seen) == [t for t in range(TASKS) if t != HOSTILE]
+    assert sorted(seen) == [t for t in range(TASKS) if t not in hostile]
     return float(np.mean([correct / n for correct, n in seen.values()]))
 
 
-_LOST: dict[tuple[str, int, bool], float] = {}
+_LOST: dict[tuple[str, int, bool, frozenset[int]], float] = {}
 
 
-def lost_accuracy(method: str, per_node: int = 1, robust: bool = True) -> float:
-    """The honest tasks' accuracy when the hostile device's replies are lost."""
-    key = (method, per_node, robust)
+def lost_accuracy(method: str, per_node: int = 1, robust: bool = True,
+                  hostile: frozenset[int] = frozenset({HOSTILE})) -> float:
+    """The honest tasks' accuracy when the hostile devices' replies are lost."""
+    key = (method, per_node, robust, hostile)
     if key not in _LOST:
-        _LOST[key] = honest_accuracy(method, None, per_node=per_node, robust=robust)
+        _LOST[key] = honest_accuracy(method, None, per_node=per_node, robust=robust,
+                                     hostile=hostile)
     return _LOST[key]
 
 
@@ -274,16 +280,18 @@ def test_a_claimed_n_train_enters_the_weights_capped_by_the_federation(robust):
         assert n[HOSTILE] / n[:9].sum() > 0.99
 
 
-def print_table(methods: list[str]) -> None:
+def print_table(methods: list[str], hostile: frozenset[int] = frozenset({HOSTILE})) -> None:
     """The honest tasks' accuracy, attack x {robust off, robust on} and the lost replies,
-    as a markdown table (``python -m tests.strategies.test_byzantine_fedem fedem fedavg``)."""
+    as a markdown table (``python -m tests.strategies.test_byzantine_fedem fedem fedavg``;
+    ``--hostile 3,7``: two hostile devices)."""
     print("| method | attack | robust off | robust on | replies lost (off / on) |")
     print("|---|---|---|---|---|")
     for method in methods:
-        lost = f"{lost_accuracy(method, robust=False):.3f} / {lost_accuracy(method):.3f}"
+        lost = (f"{lost_accuracy(method, robust=False, hostile=hostile):.3f} / "
+                f"{lost_accuracy(method, hostile=hostile):.3f}")
         for attack in ATTACKS:
-            off = honest_accuracy(method, attack, robust=False)
-            on = honest_accuracy(method, attack)
+            off = honest_accuracy(method, attack, robust=False, hostile=hostile)
+            on = honest_accuracy(method, attack, hostile=hostile)
             print(f"| {method} | {attack} | {off:.3f} | {on:.3f} | {lost} |", flush=True)
 
 
@@ -291,7 +299,13 @@ if __name__ == "__main__":
     import sys
 
     logging.getLogger("flwr").setLevel(logging.ERROR)
-    print_table(sys.argv[1:] or ["fedem", "fedavg"])
+    args = sys.argv[1:]
+    chosen = frozenset({HOSTILE})
+    if "--hostile" in args:
+        at = args.index("--hostile")
+        chosen = frozenset(int(t) for t in args[at + 1].split(","))
+        del args[at:at + 2]
+    print_table(args or ["fedem", "fedavg"], chosen)
 
 
 @pytest.mark.parametrize("per_node", [1, 4])
