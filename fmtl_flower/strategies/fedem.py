@@ -298,7 +298,8 @@ class FedEM(TaskStrategy):
     aggregator : {"trimmed-mean", "median", "mean"}
         Robust mode's combination of the clipped updates of a shared model.
     trim : float
-        The weight cut from each end of every coordinate by ``trimmed-mean``, in [0, 0.5).
+        ``trimmed-mean`` cuts floor(trim x K) of the K contributors from each end of every
+        coordinate (none below 1 / trim contributors), in [0, 0.5).
     dim : int, optional
         The feature dimension when configured (None: by majority of the nodes).
     eval_every : int
