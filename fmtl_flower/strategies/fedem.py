@@ -187,6 +187,13 @@ _NAMES = {"fedem": "FedEM", "fedavg": "FedAvg", "fedprox": "FedProx", "fedavg-ft
           "clustered": "IFCA", "cfl": "CFL", "pfedme": "pFedMe", "local": "Local"}
 
 
+#: Robust mode, CFL: the clipping radius in honest median distances. Looser than the
+#: components' (:data:`~fmtl_flower.core.fedem.CLIP_FACTOR`): a cluster CFL has yet to split
+#: holds two populations, and clipping one to the other's spread would erase the
+#: heterogeneity its split test looks for (at 1, two opposite groups are never split).
+CFL_CLIP_FACTOR = 3.0
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -196,7 +203,7 @@ def _clipped(updates: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
     :data:`~fmtl_flower.core.fedem.CLIP_FACTOR` times the median distance to it, one vote per
     task (:func:`~fmtl_flower.core.fedem.clip_around_median`), before the split test."""
     stacked = np.stack(list(updates.values()))
-    clipped = clip_around_median(stacked, np.ones(stacked.shape[0]))
+    clipped = clip_around_median(stacked, np.ones(stacked.shape[0]), CFL_CLIP_FACTOR)
     return dict(zip(updates, clipped, strict=True))
 
 
@@ -668,7 +675,7 @@ class FedEM(TaskStrategy):
         return robust_aggregate_components(
             np.zeros((1, updates.shape[1])), one_model, aggregator=self.aggregator,
             trim=self.trim, max_share=self.max_weight_share,
-            round_weight=float(n[round_tasks].sum()))[0]
+            round_weight=float(n[round_tasks].sum()), clip_factor=CFL_CLIP_FACTOR)[0]
 
     # ------------------------------------------------------------------ robust mode
     def trusted_n_train(self) -> np.ndarray:

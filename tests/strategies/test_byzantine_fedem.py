@@ -252,9 +252,10 @@ def test_one_hostile_device_among_ten_cannot_steer_the_shared_models(method, att
 
 
 @pytest.mark.parametrize("attack", ATTACKS)
-@pytest.mark.parametrize("method", ["fedprox", "fedavg-ft", "clustered", "pfedme"])
+@pytest.mark.parametrize("method", ["fedprox", "fedavg-ft", "clustered", "pfedme", "cfl"])
 def test_the_other_shared_models_resist_one_hostile_device(method, attack):
-    """FedProx's and FedAvg+'s model, IFCA's cluster models, pFedMe's global model."""
+    """FedProx's and FedAvg+'s model, IFCA's cluster models, pFedMe's global model, CFL's
+    cluster models and splits."""
     check_attack(method, attack)
 
 
