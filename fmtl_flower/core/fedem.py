@@ -45,7 +45,8 @@ from .special import logsumexp  # numpy: a device needs no scipy
 
 __all__ = [
     "AGGREGATIONS", "LR_SCHEDULES", "PI_FLOOR", "ROBUST_AGGREGATORS", "LocalUpdate",
-    "aggregate_components", "robust_aggregate_components",
+    "aggregate_components", "clip_around_median", "robust_aggregate_components",
+    "trimmed_device_count", "trimmed_mean_of_devices",
     "check_simplex", "component_losses", "e_step", "fit_mixture_weights", "learning_rate",
     "local_update", "mixture_log_likelihood", "mixture_proba", "sample_clients", "update_pi",
 ]
