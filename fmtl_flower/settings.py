@@ -650,7 +650,8 @@ class FedEMSettings(CommonSettings):
         ``momentum`` unused).
     aggregator, trim : str, float
         With ``robust``, how each shared model's clipped updates are combined: ``trimmed-mean``
-        (cutting ``trim`` of the weight from each end of every coordinate), ``median`` or
+        (cutting floor(``trim`` x K) of the K contributors from each end of every
+        coordinate, none below 1 / ``trim`` contributors), ``median`` or
         ``mean`` (``fedem.aggregator``, ``fedem.trim``;
         :func:`fmtl_flower.core.fedem.robust_aggregate_components`).
     """

@@ -16,9 +16,10 @@ the client's mixture weights pi (a point of the simplex),
   sampled counts as holding theta_m) or of the replying clients only (unbiased under partial
   participation);
 * **robust aggregation** (:func:`robust_aggregate_components`, the server's robust mode): each
-  component's updates clipped to a radius from their median size, then a coordinate-wise
-  weighted trimmed mean or median (Flower's ``FedTrimmedAvg`` / ``FedMedian``) with every
-  device's share of the weight capped, so one device cannot steer a shared component;
+  component's updates clipped around their median to a radius from the honest spread, then
+  a coordinate-wise weighted trimmed mean or median (Flower's ``FedTrimmedAvg`` /
+  ``FedMedian``) with every device's share of the weight capped, so one device cannot steer
+  a shared component;
 * **prediction**: the pi-weighted mixture of the components' class probabilities (eq. 6).
 
 The model is any :class:`fmtl_flower.core.backend.ModelBackend` (the numpy models of
@@ -44,7 +45,8 @@ from .special import logsumexp  # numpy: a device needs no scipy
 
 __all__ = [
     "AGGREGATIONS", "LR_SCHEDULES", "PI_FLOOR", "ROBUST_AGGREGATORS", "LocalUpdate",
-    "aggregate_components", "robust_aggregate_components",
+    "aggregate_components", "clip_around_median", "robust_aggregate_components",
+    "trimmed_device_count", "trimmed_mean_of_devices",
     "check_simplex", "component_losses", "e_step", "fit_mixture_weights", "learning_rate",
     "local_update", "mixture_log_likelihood", "mixture_proba", "sample_clients", "update_pi",
 ]
@@ -54,8 +56,9 @@ PI_FLOOR = 1e-6
 AGGREGATIONS = ("all", "sampled")
 #: How robust mode combines a component's clipped updates (:func:`robust_aggregate_components`).
 ROBUST_AGGREGATORS = ("trimmed-mean", "median", "mean")
-#: Robust mode's clipping radius: this times the median size of the round's updates.
-CLIP_FACTOR = 3.0
+#: Robust mode's clipping radius: this times the median distance of the round's updates to
+#: their median (:func:`clip_around_median`).
+CLIP_FACTOR = 2.0
 LR_SCHEDULES = ("constant", "multi-step")
 
 
@@ -289,7 +292,8 @@ def robust_aggregate_components(current: np.ndarray,
                                 aggregator: str = "trimmed-mean", trim: float = 0.2,
                                 max_share: float = 1.0,
                                 clip_factor: float = CLIP_FACTOR,
-                                responsibilities: np.ndarray | None = None) -> np.ndarray:
+                                responsibilities: np.ndarray | None = None,
+                                round_weight: float | None = None) -> np.ndarray:
     """:func:`aggregate_components` made Byzantine-robust, component by component.
 
     For component m, the updates d_k = theta_{m,k} - theta_m of the devices that trained it
@@ -300,28 +304,39 @@ def robust_aggregate_components(current: np.ndarray,
     their mixtures, and robust statistics can compare them. Each device then weighs
     w[k, m] r[k, m]: the responsibility weights of FedEM. Those updates are
 
-    1. clipped to the ball of radius ``clip_factor`` times their weighted median norm (the
-       weights share-capped as in 2; r floored at :data:`PI_FLOOR`)
-       (:func:`~fmtl_flower.core.robust.coordinate_median`,
-       :func:`~fmtl_flower.core.robust.clip_to_ball`): one device's update can be at most
-       that large, whatever bound it was checked against;
-    2. weighted by w[k, m] with no device above ``max_share`` of the average that uses them
-       (:func:`~fmtl_flower.core.robust.cap_shares`): the weights stay the devices' example
-       counts, only an outsized one is cut;
-    3. combined coordinate by coordinate: ``trimmed-mean`` cuts ``trim`` of the weight from
-       each end of every coordinate and averages the rest, the window of weight
-       ``1 - 2 trim``: its shares are capped at ``max_share * (1 - 2 trim)`` first, so that
-       no device carries more than ``max_share`` of the window either, and the cut is at
-       least the largest share, so one device at an extreme is cut whole (with few devices,
-       where the cap cannot hold below 1/K, that makes it the median); ``median`` takes the
-       weighted median, ``mean`` the weighted mean (clipping and the share cap only).
+    1. clipped to the ball around their weighted coordinate-wise median of radius
+       ``clip_factor`` times their weighted median distance to it
+       (:func:`clip_around_median`; r floored at :data:`PI_FLOOR`): the radius measures
+       the honest devices' spread, not the updates' size, so a device reversing or
+       inflating its update lands where an honest outlier could be. The median weighs
+       w[k, m] r[k, m] share-capped at ``max_share`` when the responsibilities are soft
+       (a device with a tiny responsibility for a component sends a noisy d_k / r[k, m]),
+       one vote per device when they are hard (IFCA's and CFL's clusters, one model: a
+       cluster that CFL has yet to split holds two populations, and the heavier must not
+       become the center that clips the other);
+    2. weighted by w[k, m] with no device above a share of the average that uses them
+       (:func:`~fmtl_flower.core.robust.cap_shares`): ``max_share`` of the component's
+       weight, or, when every contributor gave the component all its data (IFCA's and
+       CFL's clusters, one model: r[k, m] = 1), ``max_share`` of ``round_weight`` (the
+       round's total weight, default the replies' sum of w r): a small cluster's devices
+       keep their sizes rather than being equalised;
+    3. combined coordinate by coordinate: ``trimmed-mean`` cuts
+       ``floor(trim * K)`` devices (:func:`trimmed_device_count`) from each end of every
+       coordinate of the K contributors and averages the rest; with hard assignments
+       (r = 1) whole devices (:func:`trimmed_mean_of_devices`), with FedEM's soft ones that
+       many devices' worth of weight (most contributors to a component hold a tiny
+       responsibility for it: cutting them by count would cut its owners), the window's
+       shares capped so that one device at an extreme is cut whole. Below 1 / trim
+       contributors nothing is cut (a 3-device cluster is not reduced to its median):
+       clipping and the share cap bound a device there. ``median`` takes the weighted
+       median, ``mean`` the weighted mean (clipping and the share cap only).
 
     The step is the combined update times the component's share of the replies' data
     (their responsibilities r[k, m] combined as in 3 with the weights w[k, m]: one device
-    claiming all the responsibility cannot enlarge the step) times ``mass / Z_m`` (the
-    replies' total weight over ``total_weight``, the authors' rule of a device not heard
-    from holding theta_m; 1 with ``total_weight`` None): with every update at
-    d_k = r[k, m] g and the mean, this is :func:`aggregate_components`'s step. A component
+    claiming all the responsibility moves it by at most its capped share) times
+    ``mass / Z_m`` (the replies' total weight over ``total_weight``, the authors' rule of a
+    device not heard from holding theta_m; 1 with ``total_weight`` None): with every update
+    at d_k = r[k, m] g and the mean, this is :func:`aggregate_components`'s step. A component
     nobody trained keeps its value.
     """
     if aggregator not in ROBUST_AGGREGATORS:
@@ -331,6 +346,8 @@ def robust_aggregate_components(current: np.ndarray,
     weights = np.stack([w for _, w in updates])  # (K, M)
     resp = np.ones_like(weights) if responsibilities is None else np.asarray(
         responsibilities, dtype=np.float64)
+    if round_weight is None:
+        round_weight = float((weights * resp).sum())
     out = current.copy()
     for m in range(current.shape[0]):
         live = weights[:, m] > 0
@@ -338,27 +355,74 @@ def robust_aggregate_components(current: np.ndarray,
             continue
         r = np.maximum(resp[live, m], PI_FLOOR)
         w = weights[live, m] * r
-        deltas = (thetas[live, m] - current[m]) / r[:, None]
-        sizes = np.linalg.norm(deltas, axis=1)
-        radius = clip_factor * float(coordinate_median(sizes, cap_shares(w, max_share)))
-        deltas = clip_to_ball(deltas, np.zeros(current.shape[1]), radius)
-        step = _combine(deltas, w, aggregator, trim, max_share)
-        share = _combine(r[:, None], weights[live, m], aggregator, trim, max_share)[0]
+        whole = bool(np.all(resp[live, m] == 1.0))  # hard assignments: clusters, one model
+        cap = min(1.0, max_share * round_weight / float(w.sum())) if whole else max_share
+        votes = np.ones_like(w) if whole else cap_shares(w, max_share)
+        deltas = clip_around_median((thetas[live, m] - current[m]) / r[:, None], votes,
+                                    clip_factor)
+        step = _combine(deltas, w, aggregator, trim, cap, whole)
+        share = _combine(r[:, None], weights[live, m], aggregator, trim, cap, whole)[0]
         mass = float(weights[live, m].sum())
         out[m] += step * share * (mass / total_weight if total_weight is not None else 1.0)
     return out
 
 
+def clip_around_median(updates: np.ndarray, weights: np.ndarray,
+                       clip_factor: float = CLIP_FACTOR) -> np.ndarray:
+    """``updates`` (K, P) clipped to the ball around their weighted coordinate-wise median
+    whose radius is ``clip_factor`` times the weighted median distance to it.
+
+    The radius measures the honest devices' spread around their consensus (a minority of
+    devices moves neither the median nor the median distance much), not the size of the
+    updates: a device reversing or inflating its update ends up at most ``clip_factor``
+    typical deviations from the consensus, as far as an honest outlier may be, and its pull
+    on any average is its share times that. ``weights`` should give no device half of the
+    total (share-capped): a device holding most of a small cluster's data must not be the
+    center and make the radius 0. With one update, or all alike, nothing moves.
+    """
+    center = coordinate_median(updates, weights)
+    distances = np.linalg.norm(updates - center, axis=1)
+    radius = clip_factor * float(coordinate_median(distances, weights))
+    return clip_to_ball(updates, center, radius)
+
+
+def trimmed_device_count(trim: float, contributors: int) -> int:
+    """How many devices a trimmed mean over ``contributors`` cuts from each end of a
+    coordinate: floor(trim * K), so none below 1 / trim contributors (a cluster of 3 devices
+    is averaged, not reduced to its median; clipping bounds a device there)."""
+    return int(np.floor(trim * contributors + 1e-9))
+
+
+def trimmed_mean_of_devices(points: np.ndarray, cut: int, weights: np.ndarray) -> np.ndarray:
+    """Coordinate-wise weighted mean of the rows of ``points`` (K, P) after cutting the
+    ``cut`` lowest and ``cut`` highest values of every coordinate (whole devices, whatever
+    their weight; ``2 cut < K``)."""
+    k = points.shape[0]
+    if not 0 <= 2 * cut < k:
+        raise ValueError(f"cannot cut {cut} devices from each end of {k}")
+    order = np.argsort(points, axis=0, kind="stable")
+    values = np.take_along_axis(points, order, axis=0)[cut:k - cut]
+    kept = weights[order][cut:k - cut]
+    return (values * kept).sum(axis=0) / kept.sum(axis=0)
+
+
 def _combine(deltas: np.ndarray, weights: np.ndarray, aggregator: str, trim: float,
-             max_share: float) -> np.ndarray:
+             max_share: float, whole: bool) -> np.ndarray:
     """The weighted coordinate-wise combination of the clipped updates (K, P) (step 3 of
-    :func:`robust_aggregate_components`)."""
-    if aggregator == "mean":
+    :func:`robust_aggregate_components`; ``whole``: every contributor gave the component
+    all its data)."""
+    k = deltas.shape[0]
+    cut_devices = trimmed_device_count(trim, k) if aggregator == "trimmed-mean" else 0
+    if aggregator == "mean" or (aggregator == "trimmed-mean" and cut_devices == 0):
         w = cap_shares(weights, max_share)
         return w @ deltas / w.sum()
+    if aggregator == "trimmed-mean" and whole:
+        return trimmed_mean_of_devices(deltas, cut_devices, cap_shares(
+            weights, max_share * (k - 2 * cut_devices) / k))
     if aggregator == "trimmed-mean":
-        w = cap_shares(weights, max_share * (1.0 - 2.0 * trim))
-        cut = max(trim, float(w.max() / w.sum()))
+        fraction = cut_devices / k
+        w = cap_shares(weights, max_share * (1.0 - 2.0 * fraction))
+        cut = max(fraction, float(w.max() / w.sum()))
         if cut < 0.5:
             return trimmed_mean(deltas, cut, w)
     else:

@@ -100,9 +100,10 @@ plausible before it enters a weight or a bound.
   ``train_loss``) exceeds ``max_weight_share`` (:func:`~fmtl_flower.core.robust.cap_shares`).
 * ``components``: each shared model (FedEM's components, the single model of fedavg / fedprox /
   fedavg-ft / pfedme, IFCA's cluster models, CFL's cluster models) is aggregated by
-  :func:`~fmtl_flower.core.fedem.robust_aggregate_components`: every update clipped to 3 times
-  the round's median update size around the model sent (so the update-ratio bound above, whose
-  reference is the server's own model, is no longer the largest step a device can force), then
+  :func:`~fmtl_flower.core.fedem.robust_aggregate_components`: every update clipped to the
+  ball around the updates' median of twice their median distance to it (the honest spread;
+  so the update-ratio bound above, whose reference is the server's own model, is no longer
+  the largest step a device can force), then
   combined by the weighted coordinate-wise trimmed mean (``aggregator`` / ``trim``; or median,
   or mean) with the devices' weights ``weights`` (their capped n-train) times their
   ``responsibility`` for the component, each update divided by that responsibility (so
@@ -129,8 +130,8 @@ from ..checkpoint import read_checkpoint
 from ..core.backend import flatten_arrays, layout_of, layout_signature, unflatten_arrays
 from ..core.cfl import split_clusters
 from ..core.fedem import (
-    CLIP_FACTOR,
     aggregate_components,
+    clip_around_median,
     learning_rate,
     robust_aggregate_components,
     sample_clients,
@@ -141,9 +142,7 @@ from ..core.pfedme import PFedMeConfig
 from ..core.rng import TAG_FEDEM_INIT, TAG_FEDEM_SAMPLE, round_rng
 from ..core.robust import (
     cap_shares,
-    clip_to_ball,
     log_upper_fence,
-    robust_radius,
     trimmed_mean,
 )
 from ..metrics import error_summary, round_record
@@ -189,16 +188,23 @@ _NAMES = {"fedem": "FedEM", "fedavg": "FedAvg", "fedprox": "FedProx", "fedavg-ft
           "clustered": "IFCA", "cfl": "CFL", "pfedme": "pFedMe", "local": "Local"}
 
 
+#: Robust mode, CFL: the clipping radius in honest median distances. Looser than the
+#: components' (:data:`~fmtl_flower.core.fedem.CLIP_FACTOR`): a cluster CFL has yet to split
+#: holds two populations, and clipping one to the other's spread would erase the
+#: heterogeneity its split test looks for (at 1, two opposite groups are never split).
+CFL_CLIP_FACTOR = 3.0
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _clipped(updates: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
-    """Robust mode, CFL: every update clipped to 3 times the median update size
-    (:data:`~fmtl_flower.core.fedem.CLIP_FACTOR`) before the split test."""
+    """Robust mode, CFL: every update clipped to the ball around their median of
+    :data:`~fmtl_flower.core.fedem.CLIP_FACTOR` times the median distance to it, one vote per
+    task (:func:`~fmtl_flower.core.fedem.clip_around_median`), before the split test."""
     stacked = np.stack(list(updates.values()))
-    radius = robust_radius(np.linalg.norm(stacked, axis=1), CLIP_FACTOR)
-    clipped = clip_to_ball(stacked, np.zeros(stacked.shape[1]), radius)
+    clipped = clip_around_median(stacked, np.ones(stacked.shape[0]), CFL_CLIP_FACTOR)
     return dict(zip(updates, clipped, strict=True))
 
 
@@ -302,7 +308,8 @@ class FedEM(TaskStrategy):
     aggregator : {"trimmed-mean", "median", "mean"}
         Robust mode's combination of the clipped updates of a shared model.
     trim : float
-        The weight cut from each end of every coordinate by ``trimmed-mean``, in [0, 0.5).
+        ``trimmed-mean`` cuts floor(trim x K) of the K contributors from each end of every
+        coordinate (none below 1 / trim contributors), in [0, 0.5).
     dim : int, optional
         The feature dimension when configured (None: by majority of the nodes).
     eval_every : int
@@ -674,7 +681,8 @@ class FedEM(TaskStrategy):
             theta = self.components[owner[members[0]]].copy()
             heard = [int(t) for t in members if int(t) in updates]
             if heard:
-                theta += self._mean_update(np.stack([updates[t] for t in heard]), heard)
+                theta += self._mean_update(np.stack([updates[t] for t in heard]), heard,
+                                           round_tasks=list(updates))
             models.append(theta)
         if len(clusters) > len(self.clusters):
             log(INFO, "CFL: %d clusters, sizes %s", len(clusters),
@@ -686,17 +694,23 @@ class FedEM(TaskStrategy):
         cutting at least one device's worth (1 / K) from each end of every coordinate."""
         return trimmed_mean(updates, max(self.trim, 1.0 / updates.shape[0]))
 
-    def _mean_update(self, updates: np.ndarray, tasks: list[int]) -> np.ndarray:
+    def _mean_update(self, updates: np.ndarray, tasks: list[int], round_tasks: list[int]
+                     ) -> np.ndarray:
         """CFL: the weighted mean of a cluster's updates (K, P) of ``tasks``, by n-train; in
-        robust mode clipped to 3 times their median size and trimmed-averaged with capped
-        shares, as :func:`~fmtl_flower.core.fedem.robust_aggregate_components` does."""
-        n = self._average_weights(tasks)
+        robust mode aggregated as :func:`~fmtl_flower.core.fedem.robust_aggregate_components`
+        does, no device above ``max_weight_share`` of the trusted n-train of the round's
+        ``round_tasks`` (the federation's, not the cluster's: a small cluster's weights stay
+        its devices' sizes)."""
         if not self.robust:
+            n = self._average_weights(tasks)
             return (n @ updates) / n.sum()
-        one_model = [(update[None], n[k:k + 1]) for k, update in enumerate(updates)]
+        n = self.trusted_n_train()
+        one_model = [(update[None], n[t:t + 1]) for t, update in zip(tasks, updates,
+                                                                      strict=True)]
         return robust_aggregate_components(
             np.zeros((1, updates.shape[1])), one_model, aggregator=self.aggregator,
-            trim=self.trim, max_share=self.max_weight_share)[0]
+            trim=self.trim, max_share=self.max_weight_share,
+            round_weight=float(n[round_tasks].sum()), clip_factor=CFL_CLIP_FACTOR)[0]
 
     # ------------------------------------------------------------------ robust mode
     def trusted_n_train(self) -> np.ndarray:

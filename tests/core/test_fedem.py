@@ -22,6 +22,7 @@ from fmtl_flower.core.fedem import (
     mixture_proba,
     robust_aggregate_components,
     sample_clients,
+    trimmed_device_count,
     update_pi,
 )
 from fmtl_flower.core.local_sgd import SGDConfig
@@ -261,6 +262,42 @@ def test_a_component_nobody_trained_keeps_its_value_and_zero_weights_are_ignored
     np.testing.assert_array_equal(out[2], current[2])
     np.testing.assert_allclose(out[1], current[1] + 7.0)  # its one trainer, clipped to 3x itself
     assert np.all(np.abs(out[0] - current[0] - 1.02) <= 0.02 + 1e-12)
+
+
+def test_a_reversed_update_far_out_pulls_no_further_than_the_honest_spread():
+    """Nine devices agreeing on g up to a spread of 0.01 per coordinate, a tenth sending
+    -100 g: clipped to the ball around the median of twice the honest median distance,
+    it moves the mean by a tenth of that radius (clipped around 0 to a multiple of the
+    updates' size, as before, it took 0.4 |g| off the step)."""
+    rng = np.random.default_rng(3)
+    current = np.zeros((1, 5))
+    g = np.array([[0.5, -0.4, 0.3, 0.2, -0.6]])
+    updates = [(g + 0.01 * rng.normal(size=g.shape), np.array([50.0])) for _ in range(9)]
+    updates.append((-100.0 * g, np.array([50.0])))
+    out = robust_aggregate_components(current, updates, aggregator="mean", max_share=1.0)
+    assert np.linalg.norm(out - g) < 0.02 * np.linalg.norm(g)
+
+
+def test_a_small_cluster_keeps_its_devices_sizes():
+    """IFCA: a cluster of 3 devices (86, 192 and 1000 examples) among 10 is averaged with
+    those weights (a trimmed mean over 3 cuts no device, and none holds max_share of the
+    round's data); before, its shares were equalised and cut to the coordinate median."""
+    current = np.zeros((2, 2))
+    small = [np.array([1.0, 0.0]), np.array([0.0, 1.0]), np.array([0.9, 0.9])]
+    n = np.array([86.0, 192.0, 1000.0])
+    updates = [(np.stack([u, np.zeros(2)]), np.array([w, 0.0])) for u, w in zip(small, n,
+                                                                                strict=True)]
+    updates += [(np.stack([np.zeros(2), np.full(2, 0.1 * k)]), np.array([0.0, 1000.0]))
+                for k in range(7)]
+    out = robust_aggregate_components(current, updates, max_share=0.25, trim=0.2)
+    np.testing.assert_allclose(out[0], n @ np.stack(small) / n.sum(), rtol=1e-12)
+
+
+@pytest.mark.parametrize(("contributors", "cut"), [(1, 0), (3, 0), (4, 0), (5, 1), (9, 1),
+                                                   (10, 2), (300, 60)])
+def test_the_trimmed_mean_cuts_whole_devices_and_none_from_a_small_cluster(contributors,
+                                                                            cut):
+    assert trimmed_device_count(0.2, contributors) == cut
 
 
 def test_robust_aggregation_names_a_wrong_aggregator():
