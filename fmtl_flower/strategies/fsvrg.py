@@ -744,11 +744,14 @@ class Fsvrg(TaskStrategy):
         if not self.robust:
             self.n_weight = self.n_train.copy()
             return
-        weight = trusted_counts(self.n_train, self.directory.max_n, self.max_weight_share)
+        # CoCoA+ weights every row by 1/n (its devices' duals): no share cap, and its n must
+        # stay >= each honest device's n_k (the device checks it)
+        share = 1.0 if self.method == "cocoa-plus" else self.max_weight_share
+        weight = trusted_counts(self.n_train, self.directory.max_n, share)
         capped = np.flatnonzero((weight != self.n_train) & (weight != self.n_weight))
         if capped.size:
             log(WARNING, "%s: row counts capped by what the federation makes plausible "
-                "(robust; fence and max-weight-share %g): %s", _NAME, self.max_weight_share,
+                "(robust; fence and max-weight-share %g): %s", _NAME, share,
                 ", ".join(f"task {t} {self.n_train[t]} -> {weight[t]}" for t in capped[:20]))
         self.n_weight = weight
 

@@ -290,16 +290,18 @@ def test_one_hostile_device_cannot_steer_the_model(data, method, attack, packed)
     assert not (honest_objective(data, plain.w) <= 1.05 * lost)  # the attack is real
 
 
-@pytest.mark.parametrize("method", ["fsvrg", "gd", "cocoa-plus"])
-def test_a_claimed_billion_rows_does_not_set_lambda(data, method):
-    """``n-train`` = 1e9 from one device: robust mode keeps ``lam = 1/n`` within 25 % of the
-    true ``1/n`` (the claim is cut to the federation's fence and max-weight-share) and the
-    honest objective within 5 % of the run without the device's replies; without it, ``lam``
-    is 1e-9 for everyone."""
+@pytest.mark.parametrize(("method", "lam_ratio"), [("fsvrg", 0.75), ("gd", 0.75),
+                                                  ("cocoa-plus", 0.5)])
+def test_a_claimed_billion_rows_does_not_set_lambda(data, method, lam_ratio):
+    """``n-train`` = 1e9 from one device: robust mode keeps ``lam = 1/n`` at least
+    ``lam_ratio`` times the true ``1/n`` (the claim is cut to the federation's fence, 10x the
+    median count here, and, but for CoCoA+ whose rows all weigh 1/n, to max-weight-share) and
+    the honest objective within 5 % of the run without the device's replies; without it,
+    ``lam`` is 1e-9 for everyone."""
     true_lam = 1.0 / float(data.n_train.sum())
     lost = honest_objective(data, federate(data, method, None, robust=False).w)
     robust = federate(data, method, "n-train-1e9", robust=True, packed=method == "gd")
-    assert 0.75 * true_lam <= robust.lam <= true_lam
+    assert lam_ratio * true_lam <= robust.lam <= true_lam
     assert honest_objective(data, robust.w) <= 1.05 * lost
     plain = federate(data, method, "n-train-1e9", robust=False)
     assert plain.lam < 1e-6 * true_lam

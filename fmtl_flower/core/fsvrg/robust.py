@@ -54,7 +54,9 @@ __all__ = [
     "QUOTIENT_FACTOR",
     "SQ_NORM_FACTOR",
     "clip_rows",
+    "count_fences",
     "gram_reply_problem",
+    "per_row_fence",
     "trusted_counts",
 ]
 
@@ -76,14 +78,32 @@ def trusted_counts(n_train: np.ndarray, max_n: int, max_share: float) -> np.ndar
     at least 1 where the report is >= 1, ``n_train`` itself where nothing binds."""
     n = np.asarray(n_train, dtype=np.int64)
     seen = n > 0
-    fence = min(float(max_n), log_upper_fence(n[seen], factor=N_FENCE_FACTOR, k=N_FENCE_MADS))
-    capped = np.minimum(n.astype(np.float64), fence)
+    capped = np.minimum(n.astype(np.float64), np.minimum(float(max_n), count_fences(n)))
     if seen.any():
         capped[seen] = _cap_shares_keeping_the_others(capped[seen], max_share)
     if np.all(capped >= n):
         return n.copy()
     out = np.where(capped >= n, n, np.floor(capped).astype(np.int64))
     return np.where(seen, np.maximum(out, 1), 0).astype(np.int64)
+
+
+def count_fences(n_train: np.ndarray) -> np.ndarray:
+    """Each task's fence for its row count, from the *other* tasks' counts (the log-scale
+    fence of the module docstring; a claim does not widen its own fence: with 12 MADs, one
+    claim of 1e9 among ten honest counts moved the fence from 10x to 57x the median). Only
+    the counts above half the smallest possible fence are compared (the others are below
+    any fence); ``inf`` where no other count is known."""
+    n = np.asarray(n_train, dtype=np.float64)
+    seen = n > 0
+    out = np.full(n.shape, np.inf)
+    if not seen.any():
+        return out
+    out[:] = log_upper_fence(n[seen], factor=N_FENCE_FACTOR, k=N_FENCE_MADS)
+    for t in np.flatnonzero(seen & (n > 0.5 * N_FENCE_FACTOR * np.median(n[seen]))):
+        others = seen.copy()
+        others[t] = False
+        out[t] = log_upper_fence(n[others], factor=N_FENCE_FACTOR, k=N_FENCE_MADS)
+    return out
 
 
 def _cap_shares_keeping_the_others(counts: np.ndarray, max_share: float) -> np.ndarray:
