@@ -211,7 +211,8 @@ from .discovery import (
 )
 from .packed_fsvrg import MESSAGE_TYPES as _MESSAGE_TYPES
 from .packed_fsvrg import PROTOCOL as STACKING_PROTOCOL
-from .packed_fsvrg import read_stacked_reply, stacked_message
+from .packed_fsvrg import TEST_KEYS as _TEST_KEYS
+from .packed_fsvrg import read_stacked_reply, reply_keys, stacked_message
 from .trust import ReplyBoundary, all_finite, check_bound, norm
 
 __all__ = ["METHODS", "DualLedger", "Fsvrg", "ReplyError"]
@@ -913,31 +914,28 @@ class Fsvrg(TaskStrategy):
 
     def _parse_reply(self, reply: Message, task: int, server_round: int,
                      kind: str) -> dict[str, Any]:
-        if kind in ("stats", "gram"):
-            out = read_metrics(reply, ints=("task-id", "n-train"))
-        else:
-            out = self._read_round_metrics(reply, kind)
-        key = self._reply_array(kind)
-        if key is not None:
-            out[key] = self._array(reply, key, integer=key == "counts")
+        """A one-task reply's values, typed (its keys: :func:`~.packed_fsvrg.reply_keys`, as
+        for a stacked reply's rows), then :meth:`_check_values`."""
+        ints, floats, matrix = reply_keys(_MESSAGE_TYPES[kind], self._cocoa(kind), False)
+        out = read_metrics(reply, ints=tuple(ints), numbers=tuple(floats),
+                           optional_ints=_TEST_KEYS if floats else ())
+        if matrix is not None:
+            out[matrix] = self._array(reply, matrix, integer=matrix == "counts")
         return self._check_values(out, task, server_round, kind)
 
-    def _reply_array(self, kind: str) -> str | None:
-        """The array of a ``kind`` reply (None: the final evaluate has none)."""
-        if kind == "train":
-            return "d-w" if self.method == "cocoa-plus" else "w-local"
-        return {"stats": "counts", "gram": "gram-v", "gradient": "grad-sum"}.get(kind)
+    def _cocoa(self, kind: str) -> bool:
+        """Whether a ``kind`` exchange is CoCoA+'s (its replies carry the dual)."""
+        return self.method == "cocoa-plus" and kind in ("train", "evaluate")
 
     def _parse_stack(self, reply: Message, group: StackGroup, server_round: int,
                      kind: str) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
         """The rows of a stacked reply (:mod:`~fmtl_flower.strategies.packed_fsvrg`) as
         :meth:`_parse_reply` gives one reply's values (the same checks, each row's in turn;
-        types, shapes and finiteness over all rows at once), and the rejected tasks with
-        their reasons."""
+        types and shapes over all rows at once), and the rejected tasks with their
+        reasons."""
         assert self.dim is not None
-        cocoa = self.method == "cocoa-plus" and kind in ("train", "evaluate")
         return read_stacked_reply(
-            reply, group, _MESSAGE_TYPES[kind], cocoa, self.dim,
+            reply, group, _MESSAGE_TYPES[kind], self._cocoa(kind), self.dim,
             lambda row, task: self._check_values(row, task, server_round, kind))
 
     def _check_values(self, out: dict[str, Any], task: int, server_round: int,
@@ -975,19 +973,9 @@ class Fsvrg(TaskStrategy):
                             "sqrt(n-train sq-norm-sum) / (lambda n) for y alpha in [0, 1]")
         return out
 
-    def _read_round_metrics(self, reply: Message, kind: str) -> dict[str, Any]:
-        """A round reply's metrics, typed: the loss sums (all but local models), CoCoA+'s
-        dual."""
-        dual = self.method == "cocoa-plus" and kind != "gradient"
-        if kind == "train" and not dual:
-            return read_metrics(reply, ints=("task-id", "round", "n-train"))
-        return read_metrics(reply, ints=("task-id", "round", "n-train", *(("state-ok",) * dual)),
-                            numbers=("loss-sum", "sq-norm-sum", *(("dual-sum",) * dual)),
-                            optional_ints=("test-errors", "test-n"))
-
     def _check_round_metrics(self, out: dict[str, Any], kind: str) -> None:
         """The checks of a round reply's metrics (adds ``data-norm``)."""
-        dual = self.method == "cocoa-plus" and kind != "gradient"
+        dual = self._cocoa(kind)
         if kind == "train" and not dual:
             return
         if out["loss-sum"] < 0 or out["sq-norm-sum"] < 0:
