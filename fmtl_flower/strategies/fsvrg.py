@@ -806,7 +806,7 @@ class Fsvrg(TaskStrategy):
         trusted values)."""
         mean_sq = self.mean_sq_norm.copy()
         for task, reply in accepted.items():
-            mean_sq[task] = reply["sq-norm-sum"] / reply["n-train"]
+            mean_sq[task] = reply["sq-norm-sum"] / max(int(self.n_weight[task]), 1)
         fence = per_row_fence(mean_sq, SQ_NORM_FACTOR)
         problems = {}
         for task, reply in accepted.items():

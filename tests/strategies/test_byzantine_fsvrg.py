@@ -333,3 +333,16 @@ def test_honest_runs_without_binding_caps_are_unchanged_by_robust_mode(data, met
     off = federate(data, method, "honest", robust=False)
     np.testing.assert_array_equal(on.w, off.w)
     assert on.lam == off.lam
+
+
+@pytest.mark.parametrize(("method", "attack", "reason"), [
+    ("gd", "gram-v-negative", "v . gram-v = "),
+    ("gd", "gradient-x1e3", "sq-norm-sum capped by the federation's fence"),
+    ("cocoa-plus", "d-w-bound", "sq-norm-sum capped by the federation's fence"),
+])
+def test_robust_rejections_name_their_reason(data, method, attack, reason, caplog):
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        federate(data, method, attack, robust=True, rounds=2)
+    rejected = [r.getMessage() for r in caplog.records
+                if f"reply of task {HOSTILE} " in r.getMessage() and "rejected" in r.getMessage()]
+    assert rejected and all(reason in m for m in rejected)
