@@ -16,7 +16,7 @@ off run's final one.
 
 Run from the repository root:
 ``python benchmarks/fsvrg_byzantine.py attacks [--rounds 8]``,
-``python benchmarks/fsvrg_byzantine.py cost [--tasks 30] [--rounds 20]``.
+``python benchmarks/fsvrg_byzantine.py cost [--tasks 30] [--rounds 20] [--methods gd,...]``.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def attacks(rounds: int) -> None:
               f"{on / lost[method]:8.3f} {honest[method] / lost[method]:16.3f}", flush=True)
 
 
-def cost(num_tasks: int, rounds: int) -> None:
+def cost(num_tasks: int, rounds: int, methods: list[str]) -> None:
     data = make_sparse_federated(num_tasks=num_tasks, seed=0)
     pooled = Pooled(data)
     lam = 1.0 / pooled.n
@@ -70,7 +70,7 @@ def cost(num_tasks: int, rounds: int) -> None:
           f"{'reaches off at':>15s}")
     modes = {"robust off": {"robust": False}, "robust on": {"robust": True},
              "on, max-weight-share 1": {"robust": True, "max_weight_share": 1.0}}
-    for method in ("gd", "cocoa-plus", "fsvrg"):
+    for method in methods:
         final_off = None
         for mode, kwargs in modes.items():
             strategy = run(data, rounds, method=method, **kwargs)
@@ -90,12 +90,13 @@ def main() -> None:
     parser.add_argument("table", choices=("attacks", "cost"))
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--tasks", type=int, default=30)
+    parser.add_argument("--methods", default="gd,cocoa-plus,fsvrg")
     args = parser.parse_args()
     logging.getLogger("flwr").setLevel(logging.ERROR)
     if args.table == "attacks":
         attacks(args.rounds or 8)
     else:
-        cost(args.tasks, args.rounds or 20)
+        cost(args.tasks, args.rounds or 20, args.methods.split(","))
 
 
 if __name__ == "__main__":

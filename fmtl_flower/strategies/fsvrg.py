@@ -191,6 +191,7 @@ from ..core.fsvrg import (
 from ..core.fsvrg.robust import (
     CLIP_FACTOR,
     QUOTIENT_FACTOR,
+    SHARE_FENCE_MADS,
     SQ_NORM_FACTOR,
     clip_rows,
     gram_reply_problem,
@@ -832,7 +833,7 @@ class Fsvrg(TaskStrategy):
         assert self.ledger is not None
         per_row = {t: float(norm((self.ledger.share(t) if r["state-ok"] else 0.0) + r["d-w"]))
                    / max(int(self.n_weight[t]), 1) for t, r in accepted.items()}
-        fence = per_row_fence(np.array(list(per_row.values())), CLIP_FACTOR)
+        fence = per_row_fence(np.array(list(per_row.values())), CLIP_FACTOR, SHARE_FENCE_MADS)
         return {t: f"|the task's share of w| / n-train = {v:.6g} above the round's fence "
                    f"{fence:.6g}" for t, v in per_row.items() if v > fence}
 

@@ -113,6 +113,18 @@ def _d_w_at_the_bound(values: dict, message: Message, strategy: Fsvrg) -> None:
         values["state-ok"] = 1
 
 
+def _share_at_the_verifiable_bound(values: dict, message: Message, strategy: Fsvrg) -> None:
+    """CoCoA+'s share of ``w`` kept at ``0.999 sqrt(n-train sq-norm-sum) / (lam n)`` (all of
+    the device's ``y alpha`` at 1, the bound the server can verify) in a fixed direction, with
+    its true ``sq-norm-sum`` and ``state-ok`` = 1."""
+    if "d-w" in values:
+        limit = math.sqrt(values["n-train"] * values["sq-norm-sum"]) / (
+            strategy.lam * strategy.n_total)
+        share = strategy.ledger.share(HOSTILE)
+        values["d-w"] = 0.999 * limit * _direction(share.size) - share
+        values["state-ok"] = 1
+
+
 def _d_w_at_the_robust_edge(values: dict, message: Message, strategy: Fsvrg) -> None:
     """CoCoA+'s ``d-w`` just inside robust mode's bounds, in a fixed direction: 2.9 x the
     median per-row size of the honest ``d-w`` of the round (an omniscient attacker: the
@@ -163,6 +175,7 @@ ATTACKS: dict[str, Callable[[dict, Message, Fsvrg], None]] = {
     "gram-v-negative": _gram_negative,
     "d-w-bound": _d_w_at_the_bound,
     "d-w-robust-edge": _d_w_at_the_robust_edge,
+    "share-verifiable-bound": _share_at_the_verifiable_bound,
     "n-train-1e9": _claims_a_billion_rows,
     "honest": lambda values, message, strategy: None,
 }
@@ -275,7 +288,8 @@ def federate(data, method: str, attack: str | None, robust: bool, packed: bool =
 
 CASES = [("fsvrg", "w-local-ratio"), ("fsvrg", "gradient-x1e3"), ("fsvrg", "n-train-1e9"),
          ("gd", "gradient-x1e3"), ("gd", "gram-v-negative"), ("gd", "n-train-1e9"),
-         ("cocoa-plus", "d-w-bound"), ("dane", "w-local-ratio"),
+         ("cocoa-plus", "d-w-bound"), ("cocoa-plus", "share-verifiable-bound"),
+         ("dane", "w-local-ratio"),
          ("fsvrg-naive", "w-local-ratio")]
 
 
