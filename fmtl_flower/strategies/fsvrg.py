@@ -776,6 +776,7 @@ class Fsvrg(TaskStrategy):
             log(WARNING, "%s %s: reply of task %d (node %s) rejected: %s", _NAME, where, task,
                 self.task_to_node.get(task), reason)
             if last is not None:
+                last.accepted.pop(task, None)
                 last.failed[task] = reason
         return {t: r for t, r in accepted.items() if t not in problems}
 
