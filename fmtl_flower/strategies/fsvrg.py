@@ -123,6 +123,30 @@ must stay within ``max_update_ratio`` times ``max(|w_t|, 1)`` of ``w_t``
 (``|w-local - w_t|``, ``|d-w|``). A server step whose result is not finite is not taken
 (``w`` kept, the round's replies rejected).
 
+Robust mode (``robust``, the default; :mod:`fmtl_flower.core.fsvrg.robust` has the choices and
+the measurements behind them). What a device says about itself is capped by what the
+federation makes plausible, and the model's updates are aggregated robustly; ``robust=False``
+is the behaviour above, bit for bit:
+
+* ``n-train`` (whoami): each task is weighted by its *trusted* count :attr:`Fsvrg.n_weight`,
+  the reported one cut to the federation's log-scale fence, ``max_n`` and
+  ``max-weight-share`` (logged when a cap binds); ``n``, the default ``lam = 1/n``, the
+  objective, the gradient and FSVRG's weights ``n_k/n`` and statistics use it (a capped
+  task's sums and ``counts`` are scaled by trusted / reported);
+* ``sq-norm-sum``: at most the fence of the federation's mean squared row norms (this
+  exchange's and earlier ones) times the trusted ``n_k``; the bounds on ``grad-sum``,
+  ``loss-sum`` and ``d-w`` above are checked again with it;
+* ``gram-v``: ``v . gram-v >= 0`` and ``|gram-v|^2 <= rho v . gram-v`` (``rho``: the fence of the
+  federation's per-row Rayleigh quotients times the trusted ``n_k``); the estimate of
+  ``sigma_max^2`` never decreases;
+* ``w-local`` and the per-row gradient ``grad-sum / n-train`` are clipped to 3 times the median
+  of the accepted ones' distances (to ``w_t``; to 0);
+* CoCoA+'s ``d-w``: the task's share of ``w`` after it, ``|v_k + d-w|``, at most
+  ``sqrt(n_k S_k) / (lam n)`` (``y alpha`` in [0, 1]) and per row within the fence of the
+  round's shares; a reply above is rejected (the node rolls back), never clipped.
+
+A reply that fails one of these is rejected and logged like any invalid reply.
+
 Records
 -------
 Record k (state after k rounds, k = 0 .. R): ``round``, ``exchanges`` (server-client round
@@ -187,6 +211,16 @@ from ..core.fsvrg import (
     naive_fsvrg_aggregate,
     power_estimate,
 )
+from ..core.fsvrg.robust import (
+    CLIP_FACTOR,
+    QUOTIENT_FACTOR,
+    SHARE_FENCE_MADS,
+    SQ_NORM_FACTOR,
+    clip_rows,
+    gram_reply_problem,
+    per_row_fence,
+    trusted_counts,
+)
 from ..metrics import error_summary, round_record
 from ..packing import StackGroup
 from ..settings import FsvrgSettings, apply_settings, check_num_tasks
@@ -201,6 +235,7 @@ from .discovery import (
 )
 from .packed_fsvrg import MESSAGE_TYPES as _MESSAGE_TYPES
 from .packed_fsvrg import PROTOCOL as STACKING_PROTOCOL
+from .packed_fsvrg import TEST_KEYS as _TEST_KEYS
 from .packed_fsvrg import read_stacked_reply, reply_keys, stacked_message
 from .trust import ReplyBoundary, ReplyContract, all_finite, check_bound, norm
 
@@ -388,10 +423,15 @@ class Fsvrg(TaskStrategy):
         self.exchanges = 0
         self._g: np.ndarray | None = None
         self._gd_replies = 0
+        self._gram_v: np.ndarray | None = None  # the power iteration's v being answered
         self.replies = ReplyBoundary(_NAME, reply_contracts(s.method), lambda: {"d": self.dim})
         self._round_start = 0.0
         self._evaluating = False
         self._seed_w: np.ndarray | None = None  # start()'s initial w0, until discovery
+        #: The row counts devices are weighted by (robust: :func:`trusted_counts`).
+        self.n_weight = np.zeros(self.num_tasks, dtype=np.int64)
+        #: Each task's mean squared row norm as last accepted (robust mode's fence).
+        self.mean_sq_norm = np.full(self.num_tasks, np.nan)
 
     @property
     def dim(self) -> int | None:
@@ -425,6 +465,7 @@ class Fsvrg(TaskStrategy):
         self.directory.discover(grid, wait=wait, query_timeout=max(self.round_timeout, 60.0))
         if self._checkpoint_n_train is not None:
             self._check_resumed_data()
+        self._update_weights()
         if self.w is None:
             self._init_model()
         if self.method == "fsvrg" and self.stats is None:
@@ -448,10 +489,8 @@ class Fsvrg(TaskStrategy):
             log(WARNING, "%s round %d: no gradient reply; the model is kept", _NAME,
                 server_round)
             return []
-        n_rep = int(sum(r["n-train"] for r in accepted.values()))
-        grad_sum = np.zeros(self.dim or 0)
-        for task in sorted(accepted):
-            grad_sum += accepted[task]["grad-sum"]
+        n_rep = int(sum(self.n_weight[t] for t in accepted))
+        grad_sum = self._gradient_sum(accepted)
         assert self.lam is not None and self.w is not None
         self._g = global_gradient(self.w, grad_sum, n_rep, self.lam)
         if self.method == "gd":
@@ -520,7 +559,7 @@ class Fsvrg(TaskStrategy):
         if self._seed_w is not None:  # start()'s initial_arrays: the primal start
             check_initial_dim(self._seed_w, self.dim, "w", _NAME)
             self.w, self._seed_w = self._seed_w, None
-        self.n_total = int(self.n_train.sum())
+        self.n_total = int(self.n_weight.sum())
         if self.lam is None:
             self.lam = 1.0 / float(self.n_total)
         if self.method == "cocoa-plus":
@@ -544,9 +583,11 @@ class Fsvrg(TaskStrategy):
         assert self.w is not None
         tasks = sorted(accepted)
         models = [accepted[t]["w-local"] for t in tasks]
+        if self.robust and models:
+            models = list(self._clipped(np.array(models), self.w, tasks, "w-local - w"))
         if self.method == "fsvrg":
             assert self.stats is not None
-            return fsvrg_aggregate(self.w, models, [int(self.n_train[t]) for t in tasks],
+            return fsvrg_aggregate(self.w, models, [int(self.n_weight[t]) for t in tasks],
                                    self.stats.a, n=self.stats.n)
         if self.method == "dane":
             return dane_aggregate(models) if models else self.w
@@ -601,7 +642,7 @@ class Fsvrg(TaskStrategy):
         self.exchanges += 1
         acc = FeatureCountAccumulator(self.dim)
         for task in sorted(accepted):
-            acc.add(int(self.n_train[task]), accepted[task]["counts"])
+            acc.add(int(self.n_weight[task]), self._trusted_counts_of(task, accepted[task]))
         if acc.n <= 0:
             raise RuntimeError(f"{_NAME}: no node sent its feature counts")
         self.stats = acc.result()
@@ -616,6 +657,7 @@ class Fsvrg(TaskStrategy):
         while iterations < GD_POWER_MAX_ITER:
             messages = self._messages(grid, f"{MessageType.QUERY}.fsvrg_gram", {}, {"v": v})
             replies = grid.send_and_receive(messages, timeout=self.round_timeout)
+            self._gram_v = v
             accepted = self._read_replies(0, replies, kind="gram")
             self.exchanges += 1
             iterations += 1
@@ -626,6 +668,8 @@ class Fsvrg(TaskStrategy):
                 u += accepted[task]["gram-v"]
             previous = estimate
             estimate, v = power_estimate(v, u)
+            if self.robust:  # an honest estimate never decreases (core.fsvrg.gd)
+                estimate = max(estimate, previous)
             if estimate <= previous * (1.0 + GD_POWER_TOL):
                 break
         L = gd_smoothness(estimate, self.n_total, self.lam)
@@ -732,11 +776,178 @@ class Fsvrg(TaskStrategy):
             self.ever_replied[task] = True
 
         where = "setup" if kind in ("stats", "gram") else f"round {server_round} ({kind})"
-        return self.replies.read(
+        accepted = self.replies.read(
             where, replies,
             lambda reply, task: self._parse_reply(reply, task, server_round, kind),
-            on_accept,
+            None,
             lambda reply, group: self._parse_stack(reply, group, server_round, kind)).accepted
+        if self.robust:
+            accepted = self._federation_checks(where, accepted, kind)
+        for task in accepted:
+            on_accept(task)
+        return accepted
+
+    # ------------------------------------------------------------------ robust mode
+    def _update_weights(self) -> None:
+        """:attr:`n_weight` from the discovered counts (robust: capped by
+        :func:`~fmtl_flower.core.fsvrg.robust.trusted_counts`; each new cap logged)."""
+        if not self.robust:
+            self.n_weight = self.n_train.copy()
+            return
+        # CoCoA+ weights every row by 1/n (its devices' duals): no share cap, and its n must
+        # stay >= each honest device's n_k (the device checks it)
+        share = 1.0 if self.method == "cocoa-plus" else self.max_weight_share
+        weight = trusted_counts(self.n_train, self.directory.max_n, share)
+        capped = np.flatnonzero((weight != self.n_train) & (weight != self.n_weight))
+        if capped.size:
+            log(WARNING, "%s: row counts capped by what the federation makes plausible "
+                "(robust; fence and max-weight-share %g): %s", _NAME, share,
+                ", ".join(f"task {t} {self.n_train[t]} -> {weight[t]}" for t in capped[:20]))
+        self.n_weight = weight
+
+    def _federation_checks(self, where: str, accepted: dict[int, dict[str, Any]],
+                           kind: str) -> dict[int, dict[str, Any]]:
+        """Robust mode: the accepted replies checked against what the federation makes
+        plausible (:mod:`fmtl_flower.core.fsvrg.robust`); a reply that fails is logged and
+        rejected like one that failed its own checks."""
+        if kind == "gram":
+            problems = self._gram_problems(accepted)
+        elif "sq-norm-sum" in next(iter(accepted.values()), {}):
+            problems = self._sq_norm_problems(accepted, kind)
+            if kind == "train":  # CoCoA+'s d-w
+                problems.update(self._d_w_outliers(
+                    {t: r for t, r in accepted.items() if t not in problems}))
+        else:
+            problems = {}
+        last = self.replies.last
+        for task, reason in problems.items():
+            log(WARNING, "%s %s: reply of task %d (node %s) rejected: %s", _NAME, where, task,
+                self.task_to_node.get(task), reason)
+            if last is not None:
+                last.accepted.pop(task, None)
+                last.failed[task] = reason
+        return {t: r for t, r in accepted.items() if t not in problems}
+
+    def _gram_problems(self, accepted: dict[int, dict[str, Any]]) -> dict[int, str]:
+        """GD's Gram replies that cannot be ``X_k^T X_k v`` for a plausible ``X_k``: ``v .
+        u_k < 0``, or a Rayleigh quotient above the federation's fence per row times the
+        task's trusted ``n_k``."""
+        v = self._gram_v
+        assert v is not None
+        quotients = {}
+        for task, reply in accepted.items():
+            u = reply["gram-v"]
+            vu = float(v @ u)
+            if vu > 0:
+                quotients[task] = float(u @ u) / vu / max(int(self.n_weight[task]), 1)
+        fence = per_row_fence(np.array(list(quotients.values())), QUOTIENT_FACTOR)
+        problems = {}
+        for task, reply in accepted.items():
+            why = gram_reply_problem(v, reply["gram-v"], fence * int(self.n_weight[task]))
+            if why is not None:
+                problems[task] = why
+        return problems
+
+    def _sq_norm_problems(self, accepted: dict[int, dict[str, Any]],
+                          kind: str) -> dict[int, str]:
+        """Cap each reply's ``sq-norm-sum`` at the federation's fence of mean squared row
+        norms (this round's and the tasks' earlier ones) times its trusted ``n_k``, and check
+        the bounds that depend on it again (``data-norm`` becomes ``sqrt(n_k S_k)`` with the
+        trusted values)."""
+        mean_sq = self.mean_sq_norm.copy()
+        for task, reply in accepted.items():
+            mean_sq[task] = reply["sq-norm-sum"] / max(int(self.n_weight[task]), 1)
+        fence = per_row_fence(mean_sq, SQ_NORM_FACTOR)
+        problems = {}
+        for task, reply in accepted.items():
+            n = int(self.n_weight[task])
+            reply["sq-norm-sum"] = min(reply["sq-norm-sum"], fence * n)
+            reply["data-norm"] = math.sqrt(n * reply["sq-norm-sum"])
+            try:
+                self._check_data_bounds(reply, task, kind)
+            except ReplyError as err:
+                problems[task] = f"{err} (sq-norm-sum capped by the federation's fence)"
+                continue
+            self.mean_sq_norm[task] = reply["sq-norm-sum"] / n
+        return problems
+
+    def _d_w_outliers(self, accepted: dict[int, dict[str, Any]]) -> dict[int, str]:
+        """CoCoA+'s replies after which the task's share of ``w`` per row of the task,
+        ``|v_k + d-w| / n_k``, is above the round's log-scale fence
+        (:func:`~fmtl_flower.core.fsvrg.robust.per_row_fence`, at least
+        :data:`~fmtl_flower.core.fsvrg.robust.CLIP_FACTOR` times the median): what one device
+        adds up over the rounds stays what the federation's shares make plausible. Rejected
+        rather than clipped: a rejected reply rolls the device back (design decision 4), so
+        ``w`` stays ``w(alpha)``; a clipped one would not."""
+        assert self.ledger is not None
+        per_row = {t: float(norm((self.ledger.share(t) if r["state-ok"] else 0.0) + r["d-w"]))
+                   / max(int(self.n_weight[t]), 1) for t, r in accepted.items()}
+        fence = per_row_fence(np.array(list(per_row.values())), CLIP_FACTOR, SHARE_FENCE_MADS)
+        return {t: f"|the task's share of w| / n-train = {v:.6g} above the round's fence "
+                   f"{fence:.6g}" for t, v in per_row.items() if v > fence}
+
+    def _check_data_bounds(self, reply: dict[str, Any], task: int, kind: str) -> None:
+        """The bounds that follow from ``data-norm`` (module docstring); CoCoA+'s share of
+        ``w`` after the reply is one ``|X_k^T alpha_k| / (lam n)`` too."""
+        w_norm = 0.0 if self.w is None else float(norm(self.w))
+        n = int(self.n_weight[task])
+        check_bound("loss-sum", reply["loss-sum"] * n / reply["n-train"],
+                    n * _LN2 + w_norm * reply["data-norm"],
+                    "n-train log 2 + |w| sqrt(n-train sq-norm-sum)")
+        if "grad-sum" in reply:
+            check_bound("|grad-sum|", norm(reply["grad-sum"]) * n / reply["n-train"],
+                        reply["data-norm"], "sqrt(n-train sq-norm-sum) >= sum_i |x_i|")
+        if "d-w" in reply:
+            assert self.lam is not None and self.n_total is not None and self.ledger
+            limit = reply["data-norm"] / (self.lam * self.n_total)
+            share = self.ledger.share(task) if reply["state-ok"] else 0.0
+            check_bound("|d-w|", norm(reply["d-w"]), limit,
+                        "sqrt(n-train sq-norm-sum) / (lambda n) for y alpha in [0, 1]")
+            check_bound("|the task's share of w|", norm(share + reply["d-w"]), limit,
+                        "sqrt(n-train sq-norm-sum) / (lambda n) for y alpha in [0, 1]")
+
+    def _trusted_counts_of(self, task: int, reply: dict[str, Any]) -> np.ndarray:
+        """A task's feature counts scaled to its trusted row count (unchanged if equal)."""
+        n, counts = int(self.n_weight[task]), reply["counts"]
+        if n == reply["n-train"]:
+            return counts
+        return np.minimum(np.floor(counts * (n / reply["n-train"])), n).astype(np.int64)
+
+    def _scaled(self, task: int, reply: dict[str, Any], key: str) -> Any:
+        """A reply's sum ``key`` over its rows rescaled to the task's trusted row count
+        (the value itself, bit for bit, when that is the reported count)."""
+        n = int(self.n_weight[task])
+        return reply[key] if n == reply["n-train"] else reply[key] * (n / reply["n-train"])
+
+    def _gradient_sum(self, accepted: dict[int, dict[str, Any]]) -> np.ndarray:
+        """``sum_k grad-sum_k`` in task order; robust: each ``grad-sum_k / n_k`` (a row's
+        mean gradient) clipped around 0 (:func:`~fmtl_flower.core.fsvrg.robust.clip_rows`)
+        and weighted by the trusted ``n_k``."""
+        tasks = sorted(accepted)
+        grads = [self._scaled(t, accepted[t], "grad-sum") for t in tasks]
+        if self.robust and tasks:
+            n = np.array([float(self.n_weight[t]) for t in tasks])
+            per_row = np.array(grads) / n[:, None]
+            clipped = self._clipped(per_row, np.zeros(per_row.shape[1]), tasks,
+                                    "grad-sum / n-train", changed_only=True)
+            for i in clipped:
+                grads[i] = clipped[i] * n[i]
+        grad_sum = np.zeros(self.dim or 0)
+        for g in grads:
+            grad_sum += g
+        return grad_sum
+
+    def _clipped(self, rows: np.ndarray, center: np.ndarray, tasks: list[int], what: str,
+                 changed_only: bool = False) -> Any:
+        """``rows`` clipped to the robust radius around ``center``, logged; with
+        ``changed_only`` just ``{row index: clipped row}`` of the moved rows."""
+        out, radius, moved = clip_rows(rows, center)
+        if moved.any():
+            log(INFO, "%s: |%s| of tasks %s clipped to %.6g (%g x the median)", _NAME, what,
+                [tasks[i] for i in np.flatnonzero(moved)][:20], radius, CLIP_FACTOR)
+        if changed_only:
+            return {int(i): out[i] for i in np.flatnonzero(moved)}
+        return out
 
     def _array(self, reply: Message, key: str, integer: bool = False) -> np.ndarray:
         arrays = arrays_of(reply)
@@ -753,31 +964,28 @@ class Fsvrg(TaskStrategy):
 
     def _parse_reply(self, reply: Message, task: int, server_round: int,
                      kind: str) -> dict[str, Any]:
-        if kind in ("stats", "gram"):
-            out = read_metrics(reply, ints=("task-id", "n-train"))
-        else:
-            out = self._read_round_metrics(reply, kind)
-        key = self._reply_array(kind)
-        if key is not None:
-            out[key] = self._array(reply, key, integer=key == "counts")
+        """A one-task reply's values, typed (its keys: :func:`~.packed_fsvrg.reply_keys`, as
+        for a stacked reply's rows), then :meth:`_check_values`."""
+        ints, floats, matrix = reply_keys(_MESSAGE_TYPES[kind], self._cocoa(kind), False)
+        out = read_metrics(reply, ints=tuple(ints), numbers=tuple(floats),
+                           optional_ints=_TEST_KEYS if floats else ())
+        if matrix is not None:
+            out[matrix] = self._array(reply, matrix, integer=matrix == "counts")
         return self._check_values(out, task, server_round, kind)
 
-    def _reply_array(self, kind: str) -> str | None:
-        """The array of a ``kind`` reply (None: the final evaluate has none)."""
-        if kind == "train":
-            return "d-w" if self.method == "cocoa-plus" else "w-local"
-        return {"stats": "counts", "gram": "gram-v", "gradient": "grad-sum"}.get(kind)
+    def _cocoa(self, kind: str) -> bool:
+        """Whether a ``kind`` exchange is CoCoA+'s (its replies carry the dual)."""
+        return self.method == "cocoa-plus" and kind in ("train", "evaluate")
 
     def _parse_stack(self, reply: Message, group: StackGroup, server_round: int,
                      kind: str) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
         """The rows of a stacked reply (:mod:`~fmtl_flower.strategies.packed_fsvrg`) as
         :meth:`_parse_reply` gives one reply's values (the same checks, each row's in turn;
-        types, shapes and finiteness over all rows at once), and the rejected tasks with
-        their reasons."""
+        types and shapes over all rows at once), and the rejected tasks with their
+        reasons."""
         assert self.dim is not None
-        cocoa = self.method == "cocoa-plus" and kind in ("train", "evaluate")
         return read_stacked_reply(
-            reply, group, _MESSAGE_TYPES[kind], cocoa, self.dim,
+            reply, group, _MESSAGE_TYPES[kind], self._cocoa(kind), self.dim,
             lambda row, task: self._check_values(row, task, server_round, kind))
 
     def _check_values(self, out: dict[str, Any], task: int, server_round: int,
@@ -832,19 +1040,9 @@ class Fsvrg(TaskStrategy):
         if reason is not None:
             raise ReplyError(reason)
 
-    def _read_round_metrics(self, reply: Message, kind: str) -> dict[str, Any]:
-        """A round reply's metrics, typed: the loss sums (all but local models), CoCoA+'s
-        dual."""
-        dual = self.method == "cocoa-plus" and kind != "gradient"
-        if kind == "train" and not dual:
-            return read_metrics(reply, ints=("task-id", "round", "n-train"))
-        return read_metrics(reply, ints=("task-id", "round", "n-train", *(("state-ok",) * dual)),
-                            numbers=("loss-sum", "sq-norm-sum", *(("dual-sum",) * dual)),
-                            optional_ints=("test-errors", "test-n"))
-
     def _check_round_metrics(self, out: dict[str, Any], kind: str) -> None:
         """The checks of a round reply's metrics (adds ``data-norm``)."""
-        dual = self.method == "cocoa-plus" and kind != "gradient"
+        dual = self._cocoa(kind)
         if kind == "train" and not dual:
             return
         if out["loss-sum"] < 0 or out["sq-norm-sum"] < 0:
@@ -881,8 +1079,8 @@ class Fsvrg(TaskStrategy):
         missing = sorted(set(range(self.num_tasks)) - set(accepted))
         record["tasks_missing"] = missing
         if accepted:
-            n_rep = int(sum(r["n-train"] for r in accepted.values()))
-            loss = float(sum(accepted[t]["loss-sum"] for t in sorted(accepted)))
+            n_rep = int(sum(self.n_weight[t] for t in accepted))
+            loss = float(sum(self._scaled(t, accepted[t], "loss-sum") for t in sorted(accepted)))
             if not missing:
                 record["objective"] = global_objective(self.w, loss, n_rep, self.lam)
             evaluated = sorted(t for t in accepted if "test-n" in accepted[t])

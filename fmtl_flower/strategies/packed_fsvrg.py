@@ -5,7 +5,7 @@ The ``"fsvrg"`` stacking protocol of :mod:`fmtl_flower.packing` (wire contract i
 :mod:`fmtl_flower.clients.packed_fsvrg`). :func:`stacked_message` builds the message of one
 :class:`~fmtl_flower.packing.StackGroup` (the exchange's global vectors once, the task ids and
 per-task values as vectors); :func:`read_stacked_reply` checks a stacked reply's records,
-types, shapes and finiteness over all rows at once, then gives each row, as the values
+types and shapes over all rows at once, then gives each row, as the values
 :meth:`Fsvrg._parse_reply` reads from a one-task reply, to the strategy's own per-reply
 checks: a malformed slot or row fails only its task.
 """
@@ -19,10 +19,11 @@ import numpy as np
 from flwr.app import Array, Message, MessageType
 
 from ..packing import StackGroup, stacked_content
-from ..wire import from_array, to_array
-from .packed_mocha import read_stacked_rows, reply_columns
+from ..wire import to_array
+from .packed_mocha import check_each_row, read_stacked_rows, reply_columns
 
-__all__ = ["MESSAGE_TYPES", "PROTOCOL", "read_stacked_reply", "reply_keys", "stacked_message"]
+__all__ = ["MESSAGE_TYPES", "PROTOCOL", "TEST_KEYS", "read_stacked_reply", "reply_keys",
+           "stacked_message"]
 
 PROTOCOL = "fsvrg"
 #: The message type of each of the strategy's exchanges (its ``kind``).
@@ -30,7 +31,8 @@ MESSAGE_TYPES = {"stats": f"{MessageType.QUERY}.fsvrg_stats",
                  "gram": f"{MessageType.QUERY}.fsvrg_gram",
                  "gradient": f"{MessageType.QUERY}.fsvrg_gradient",
                  "train": MessageType.TRAIN, "evaluate": MessageType.EVALUATE}
-_TEST_KEYS = ("test-errors", "test-n")
+#: The optional metrics of a reply to a message that asked for test errors.
+TEST_KEYS = ("test-errors", "test-n")
 
 
 def reply_keys(message_type: str, cocoa: bool, evaluate: bool
@@ -49,7 +51,7 @@ def reply_keys(message_type: str, cocoa: bool, evaluate: bool
         ints.append("state-ok")
         floats.append("dual-sum")
     if evaluate:
-        ints += list(_TEST_KEYS)
+        ints += list(TEST_KEYS)
     matrix = {MESSAGE_TYPES["gradient"]: "grad-sum", MessageType.TRAIN: "d-w"}.get(message_type)
     return ints, floats, matrix
 
@@ -68,62 +70,29 @@ def stacked_message(group: StackGroup, message_type: str, config: Mapping[str, A
 
 
 def read_stacked_reply(reply: Message, group: StackGroup, message_type: str, cocoa: bool,
-                       dim: int, check: Callable[[dict[str, Any], int], dict[str, Any]]
+                       dim: int, check: Callable[[dict[str, Any], int], Any]
                        ) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
     """``(accepted, rejected)`` of ``group``'s stacked reply (see
-    :func:`fmtl_flower.strategies.packed_mocha.read_stacked_rows`): each row that passes the
-    vectorised checks becomes the dict a one-task reply gives (Python ints and floats, the
-    matrix's row as a (d,) array) and goes through ``check(row, task)``, which returns the
-    accepted values or raises (its message is the row's rejection reason)."""
+    :func:`fmtl_flower.strategies.packed_mocha.read_stacked_rows`): the arrays are read with
+    :func:`~fmtl_flower.strategies.packed_mocha.reply_columns` (the matrix too), and each row,
+    as the values a one-task reply gives (Python ints and floats, the matrix's row as a (d,)
+    array), goes through ``check(row, task)`` (raises on a bad row: its message is the row's
+    rejection reason; :func:`~fmtl_flower.strategies.packed_mocha.check_each_row`), after the
+    finiteness of its metrics and of its float row."""
     ints, floats, matrix = reply_keys(message_type, cocoa, False)
-    optional = list(_TEST_KEYS) if floats else []
-    parsed: dict[int, dict[str, Any]] = {}
+    optional = list(TEST_KEYS) if floats else []
+    rows = () if matrix is None else (matrix,)
+    counts = matrix == "counts"
 
     def columns(k: int) -> dict[str, np.ndarray]:
-        out = reply_columns(reply.content, k, dim, [*ints, *floats], optional, floats, ())
-        if matrix is not None:
-            out[matrix] = _matrix(reply.content["arrays"], matrix, k, dim)
-        return out
+        return reply_columns(reply.content, k, dim, [*ints, *floats, *rows], optional, floats,
+                             () if counts else rows, rows if counts else ())
 
-    def problems(values: dict[str, np.ndarray], tasks: np.ndarray) -> list[str]:
-        reasons = [""] * len(tasks)
-        for key in floats:
-            for i in np.flatnonzero(~np.isfinite(values[key])).tolist():
-                reasons[i] = reasons[i] or f"metric {key!r} is not finite"
-        if matrix is not None and matrix != "counts":
-            finite = np.isfinite(values[matrix]).all(axis=1)
-            for i in np.flatnonzero(~finite).tolist():
-                reasons[i] = reasons[i] or f"{matrix!r} has non-finite values"
-        lists = {key: v.tolist() for key, v in values.items() if key != matrix}
-        for i, task in enumerate(tasks.tolist()):
-            if reasons[i]:
-                continue
-            row: dict[str, Any] = {key: v[i] for key, v in lists.items()}
-            if matrix is not None:
-                row[matrix] = values[matrix][i]
-            try:
-                parsed[task] = check(row, task)
-            except Exception as err:  # noqa: BLE001 - the row's rejection reason
-                reasons[i] = str(err) or type(err).__name__
-        return reasons
+    def check_row(row: dict[str, Any], task: int) -> None:
+        if rows and not counts and not np.all(np.isfinite(row[matrix])):
+            raise ValueError(f"{matrix!r} has non-finite values")
+        check(row, task)
 
-    accepted, rejected = read_stacked_rows(reply, group, PROTOCOL, columns, problems,
-                                           (matrix,) if matrix is not None else ())
-    return {task: parsed[task] for task in accepted}, rejected
-
-
-def _matrix(record: Any, key: str, k: int, dim: int) -> np.ndarray:
-    """The reply's (k, d) matrix ``key`` (int64 ``counts``, float64 otherwise); ValueError
-    names what is wrong (the whole reply is malformed)."""
-    if key not in record:
-        raise ValueError(f"array {key!r} missing")
-    try:
-        values = from_array(record[key])
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"array {key!r} unreadable: {err}") from None
-    dtype = np.int64 if key == "counts" else np.float64
-    shape_ok = values.ndim == 2 and values.shape[0] == k and (k == 0 or values.shape[1] == dim)
-    if values.dtype != dtype or not shape_ok:
-        raise ValueError(f"array {key!r} must be {np.dtype(dtype)} of shape ({k}, {dim}), got "
-                         f"{values.dtype} {values.shape}")
-    return values
+    return read_stacked_rows(reply, group, PROTOCOL, columns,
+                             lambda values, tasks: check_each_row(values, tasks, rows,
+                                                                  check_row), rows)

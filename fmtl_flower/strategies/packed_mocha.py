@@ -96,6 +96,33 @@ def read_stacked_rows(reply: Message, group: StackGroup, protocol: str,
     return accepted, rejected
 
 
+def check_each_row(values: dict[str, np.ndarray], tasks: np.ndarray,
+                   row_arrays: Sequence[str], check: Callable[[dict[str, Any], int], Any]
+                   ) -> list[str]:
+    """Per row of a stacked reply's ``values``, the reason it is rejected ("" when valid): a
+    non-finite metric (the first, in ``values``' order), else whatever ``check(row, task)``
+    raises, ``row`` holding the metrics as Python numbers and each of ``row_arrays`` as its
+    row (the strategy's own checks of a one-task reply: written once, in the strategy)."""
+    scalars = [key for key in values if key not in row_arrays]
+    finite = {key: np.isfinite(values[key]).tolist() for key in scalars}
+    lists = {key: values[key].tolist() for key in scalars}
+    out = []
+    for i, task in enumerate(tasks.tolist()):
+        bad = [key for key in scalars if not finite[key][i]]
+        if bad:
+            out.append(f"metric {bad[0]!r} is not finite")
+            continue
+        row = {key: lists[key][i] for key in scalars}
+        row.update((key, values[key][i]) for key in row_arrays)
+        try:
+            check(row, task)
+        except Exception as err:  # noqa: BLE001 - the trust boundary: any failure rejects
+            out.append(str(err) or type(err).__name__)
+            continue
+        out.append("")
+    return out
+
+
 def _reply_columns(content: RecordDict, k: int, dim: int, with_delta: bool
                    ) -> dict[str, np.ndarray]:
     """The reply's arrays, typed and shaped (ValueError names the first bad one)."""
@@ -105,11 +132,12 @@ def _reply_columns(content: RecordDict, k: int, dim: int, with_delta: bool
 
 
 def reply_columns(content: RecordDict, k: int, dim: int, required: Sequence[str],
-                  optional: Sequence[str], floats: Sequence[str], matrices: Sequence[str]
-                  ) -> dict[str, np.ndarray]:
+                  optional: Sequence[str], floats: Sequence[str], matrices: Sequence[str],
+                  int_matrices: Sequence[str] = ()) -> dict[str, np.ndarray]:
     """The ``arrays`` of a stacked reply with k rows: ``floats`` float64 (k,), ``matrices``
-    float64 (k, dim), the others int64 (k,); ValueError names the first missing or bad
-    one (``optional`` ones may be absent), and test-errors/test-n come together."""
+    float64 (k, dim), ``int_matrices`` int64 (k, dim), the others int64 (k,); ValueError
+    names the first missing or bad one (``optional`` ones may be absent), and
+    test-errors/test-n come together."""
     if "arrays" not in content:
         raise ValueError("no 'arrays' record")
     record = content["arrays"]
@@ -123,7 +151,7 @@ def reply_columns(content: RecordDict, k: int, dim: int, required: Sequence[str]
             values = from_array(record[key])
         except (TypeError, ValueError) as err:
             raise ValueError(f"array {key!r} unreadable: {err}") from None
-        shape = (k, dim) if key in matrices else (k,)
+        shape = (k, dim) if key in (*matrices, *int_matrices) else (k,)
         dtype = np.float64 if key in (*floats, *matrices) else np.int64
         if values.dtype != dtype or values.shape != shape:
             raise ValueError(f"array {key!r} must be {np.dtype(dtype)} of shape {shape}, got "
