@@ -320,3 +320,20 @@ def test_serverapp_killed_and_resumed(federation: LoopbackFederation,
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-m", "slow", "-s", "-q"]))
+
+
+def test_misconfigured_devices_fail_discovery_fast_with_their_reason(
+        federation: LoopbackFederation) -> None:
+    """Issue 26 item 5: every device rejects the run's config within a second (``num-tasks``
+    with a named dataset); the ServerApp must stop with DiscoveryError naming the devices'
+    reason well before discovery's timeout (max(round-timeout, 60) = 180 s here), not after it."""
+    _fresh(federation)
+    config = (f"strategy='mocha' dataset='eat-voc' num-tasks={NUM_NODES} num-server-rounds=2 "
+              "round-timeout=180.0")
+    sub = federation.submit(config, name="misconfigured")
+    match = sub.wait_for(r"DiscoveryError[^\n]*", 150.0, federation.context())
+    elapsed = time.perf_counter() - sub.started
+    text = sub.text()
+    assert "num_tasks" in text[match.start():], text[-3000:]  # the devices' reason, in it
+    assert elapsed < 120.0, f"DiscoveryError after {elapsed:.0f} s\n{text[-3000:]}"
+    sub.wait(RUN_TIMEOUT_S, federation.context())
