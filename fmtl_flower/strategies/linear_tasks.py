@@ -146,8 +146,9 @@ class LinearTasks:
         n = self.n_train[tasks]
         if not self.robust or n.size == 0:
             return n
-        cap = log_upper_fence(self.n_train[self.n_train > 0])
-        return np.minimum(n, int(cap)) if np.isfinite(cap) else n
+        cap = min(log_upper_fence(self.n_train[self.n_train > 0]),
+                  float(self.directory.max_n))  # (a fence can pass what an int64 holds)
+        return np.minimum(n, math.floor(cap)).astype(n.dtype, copy=False)
 
     def _bound_rows(self, rows: Replies, tasks: np.ndarray,
                     rejected: dict[int, str]) -> np.ndarray:

@@ -144,3 +144,16 @@ def test_test_n_above_the_limit_is_rejected_alike_packed_or_not(problem, caplog,
                                        f"test-n {BIG} above the limit 1000000000")
     for strategy in (unpacked, packed):
         assert HOSTILE in strategy.records[-1]["tasks_missing"]
+
+
+@pytest.mark.parametrize("n_train", [[10, 10, 10**6, 10**6], [50, 60, 10**9, 10**9]])
+def test_budget_sizes_survive_a_fence_beyond_int64(n_train):
+    # robust mode caps the n-train that budgets are computed from by a log-scale fence of the
+    # federation's sizes; evenly split sizes (or two claims of 1e9 among four) put that fence
+    # near 1e22, which once overflowed an int64 while the round's messages were built
+    from fmtl_flower import MbSgd, Mocha
+
+    for strategy in (Mocha(4), MbSgd(4)):
+        strategy.directory.n_train[:] = n_train
+        sizes = strategy._budget_sizes(np.arange(4))
+        assert sizes.tolist() == n_train and sizes.dtype == strategy.directory.n_train.dtype
