@@ -32,6 +32,7 @@ from ..config import (
 )
 from ..core import jit
 from ..engine import GridWrapper, InProcessGrid
+from ..legacy import detect_legacy
 from ..packing import MAX_SLOTS_PER_NODE, PackedGrid, packed_client_app, tasks_of_node
 
 if TYPE_CHECKING:  # the strategies, the other clients and the datasets load on first use
@@ -402,6 +403,7 @@ def make_server_app(config: RunConfig | None = None,
         if cfg.tasks_per_node > 1:  # one message per node carries all of its tasks
             grid = PackedGrid(grid, query_timeout=max(cfg.round_timeout, 60.0),
                               max_slots_per_node=max(MAX_SLOTS_PER_NODE, cfg.tasks_per_node))
+        grid = detect_legacy(grid)  # before counting tasks: NumPyClient devices answer too
         num_tasks = server_num_tasks(cfg, grid)
         strategy = strategy_from_config(cfg, num_tasks, on_round)
         rounds = 0 if cfg.strategy == "ofmtl" else cfg.num_server_rounds  # OFMTL: until all join

@@ -67,6 +67,15 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+#: The longest device error reason kept and logged (a hostile node could fill the log).
+MAX_REASON_CHARS = 2000
+
+
+def error_reason(reply: Message) -> str:
+    """An error reply's reason as text, cut at :data:`MAX_REASON_CHARS` characters."""
+    text = str(reply.error.reason)
+    return text if len(text) <= MAX_REASON_CHARS else text[:MAX_REASON_CHARS] + "..."
+
 
 class ReplyError(ValueError):
     """A node's reply broke the wire contract."""
@@ -660,7 +669,7 @@ class TaskDirectory:
                 if node not in asked or node in out:
                     continue  # not an answer to this query, or a second one
                 if reply.has_error():
-                    out[node] = WhoamiFailed(str(reply.error.reason))
+                    out[node] = WhoamiFailed(error_reason(reply))
                     continue
                 out[node] = self.read_whoami(reply)
             except ReplyError as err:

@@ -36,7 +36,7 @@ from flwr.app import ArrayRecord, Message
 from flwr.common.logger import log
 
 from ..packing import STACK, STACK_ERRORS, StackGroup
-from .discovery import ReplyError, describe_tasks, reason_shape, suggested_fix
+from .discovery import ReplyError, describe_tasks, error_reason, reason_shape, suggested_fix
 
 #: ``parse_stack(reply, group) -> ({task: values}, {task: reason})``: a stacked reply's rows.
 StackParser = Callable[[Message, StackGroup], tuple[dict[int, dict[str, Any]], dict[int, str]]]
@@ -370,7 +370,7 @@ class ReplyBoundary:
                                  on_accept, sizes)
                 continue
             if match is None:
-                cause = f": {reply.error.reason}" if _has_error(reply) else ""
+                cause = f": {error_reason(reply)}" if _has_error(reply) else ""
                 log(WARNING, "%s %s: reply from node %s answers no message of this exchange; "
                     "ignored%s", self.name, where, src, cause)
                 continue
@@ -385,7 +385,7 @@ class ReplyBoundary:
                     "is kept", self.name, where, task, node)
                 continue
             if error:
-                reason = str(reply.error.reason)
+                reason = error_reason(reply)
                 errors.setdefault(reason_shape(reason), []).append((task, node, reason))
                 out.failed[task] = reason
                 continue
@@ -489,9 +489,9 @@ class ReplyBoundary:
                 "kept", self.name, where, sorted(set(group.tasks) - set(fresh)), group.node)
         rows: dict[int, dict[str, Any]] = {}
         if _has_error(reply):
-            rejected = {t: str(reply.error.reason) for t in group.tasks}
+            rejected = {t: error_reason(reply) for t in group.tasks}
             log(WARNING, "%s %s: tasks %s: node %s failed: %s", self.name, where,
-                group.tasks, group.node, reply.error.reason)
+                group.tasks, group.node, error_reason(reply))
         else:
             try:
                 self._check_envelope(reply, message_type, run_id, sizes, len(group.slots))

@@ -263,3 +263,27 @@ def test_replies_are_tied_to_the_strategys_messages(client_api):
     (error,) = list(wrapped.send_and_receive(bad, timeout=10.0))
     assert error.has_error() and error.metadata.message_type == "train"
     assert error.metadata.reply_to_message_id == bad[0].metadata.message_id != ""
+
+
+def test_the_app_counts_numpyclient_devices_when_num_tasks_is_unset(tmp_path):
+    """The project's ServerApp with ``num-tasks`` unset and ``min-available-nodes`` set counts
+    the tasks online before ``start`` wraps the grid: NumPyClient devices must answer that
+    count too (they failed it with "Invalid message type: query.whoami")."""
+    import json
+
+    from fmtl_flower.apps.server_app import app as server_app
+    from fmtl_flower.engine import run_inprocess
+
+    problem = make_problem(num_tasks=3)
+
+    def client_fn(context: Context):
+        t = default_task_id(context)
+        return MochaNumPyClient(context, problem.Xs[t], problem.ys[t], problem.Xt[t],
+                                problem.yt[t]).to_client()
+
+    out = tmp_path / "r.json"
+    run_inprocess(server_app, ClientApp(client_fn=client_fn), 3, run_config={
+        "strategy": "mocha", "num-server-rounds": 2, "round-timeout": 5.0,
+        "min-available-nodes": 3, "results-file": str(out)})
+    final = json.loads(out.read_text())["final"]
+    assert final["complete"] is True and final["gap"] is not None

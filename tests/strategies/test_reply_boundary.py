@@ -304,3 +304,17 @@ def test_a_failing_vectorised_check_rejects_its_replies_not_the_run(problem, cap
     assert rounds[BAD_ROUND]["num_replies"] == 0 and not rounds[BAD_ROUND]["counted"]
     assert all(r["num_replies"] == problem.num_tasks for r in rounds[1:] if r["round"]
                != BAD_ROUND)
+
+
+def test_a_huge_error_reason_is_cut_before_it_is_kept_or_logged(problem, caplog):
+    """A hostile node's error reply of 1 MB fills neither the log nor the round's reasons."""
+    from fmtl_flower.strategies.discovery import MAX_REASON_CHARS
+
+    def hostile_error(message: Message, reply: Message) -> Message:
+        return Message(Error(code=0, reason="x" * 1_000_000), reply_to=message)
+
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        run_mocha(problem, replace_with(hostile_error))
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("x" * 100 in line for line in lines)  # the reason is logged, cut
+    assert max(map(len, lines)) < MAX_REASON_CHARS + 1000, max(map(len, lines))
