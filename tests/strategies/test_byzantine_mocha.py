@@ -46,7 +46,7 @@ from fmtl_flower.core.robust import log_upper_fence
 from fmtl_flower.packing import PackedGrid, packed_client_app, tasks_of_node
 from fmtl_flower.wire import from_array, to_array
 
-from .helpers import Problem, make_problem
+from .helpers import Problem, ServerKilled, killed_in, make_problem
 from .hostile import HostileGrid
 
 TASKS, DIM = 10, 10
@@ -539,6 +539,40 @@ def test_decoupling_survives_a_checkpoint(problem, family):
     else:
         assert np.array_equal(fresh.K, strategy.K)
         assert not fresh.K[3, np.arange(TASKS) != 3].any()
+
+
+def test_a_resumed_run_decouples_when_the_uninterrupted_one_does(problem, tmp_path):
+    """Two devices under the size fence (lam / lam2 = 10) are away from the consensus in
+    rounds 4, 5 and 6 and decoupled in round 6. A server killed in round 6 and resumed from
+    round 5's checkpoint must carry their two-round streaks (and every other count and
+    last-round value of the watch) over: before, the checkpoint held only ``decoupled``, the
+    streaks restarted at 0 and the resumed run decoupled them two rounds late."""
+    hostile, rounds = [3, 7], 8
+    attack = {"claim": None, "robust": True, "share": 0.45, "fence_aware": "size"}
+    _, uninterrupted = run(problem, "mocha", hostile=hostile, rounds=rounds, **attack,
+                           **STRONG_MEAN)
+    assert [r["tasks_decoupled"] for r in uninterrupted.records[4:7]] == [[], [], hostile]
+
+    attacker = Attacker(problem, hostile, None, True, "mocha", share=0.45,
+                        fence_aware="size")
+    grid = HostileGrid(make_mocha_client_app(problem.load), TASKS)  # devices keep running
+    grid.tamper = tamper_for(attacker)
+    for cls in (killed_in(Mocha, 6), Mocha):
+        strategy = cls(TASKS, discovery_timeout=5.0, robust=True, max_failures=0,
+                       lam=STRONG_MEAN["lam"], omega="mean", lam2=STRONG_MEAN["lam2"])
+        strategy.enable_checkpoints(tmp_path, every=1)
+        attacker.strategy = strategy
+        try:
+            strategy.start(grid=grid, num_rounds=rounds, timeout=60.0)
+        except ServerKilled:
+            continue
+    assert strategy.resumed_from == 5
+    np.testing.assert_array_equal(strategy.state.W, uninterrupted.state.W)
+    np.testing.assert_array_equal(strategy.decoupled, uninterrupted.decoupled)
+
+    def numbers(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in r.items() if not k.endswith("_s")} for r in records]
+    assert numbers(strategy.records) == numbers(uninterrupted.records)
 
 
 LEARNED = {"probabilistic": {"omega": "probabilistic", "omega_every": 5},
