@@ -1130,9 +1130,11 @@ class Fsvrg(TaskStrategy):
                 "local_epochs": self.local_epochs, "seed": self.seed}
 
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """``w``, the sparsity statistics, CoCoA+'s ledger, the records and counters."""
+        """``w``, the sparsity statistics, CoCoA+'s ledger, the records and counters, and
+        the tasks' mean squared row norms (robust mode's fence remembers them)."""
         assert self.w is not None
-        arrays: dict[str, np.ndarray] = {"w": self.w, "n_train": self.n_train}
+        arrays: dict[str, np.ndarray] = {"w": self.w, "n_train": self.n_train,
+                                         "mean_sq_norm": self.mean_sq_norm}
         meta: dict[str, Any] = {"records": self.records, "exchanges": self.exchanges,
                                 "n_total": self.n_total, "lam": self.lam, "step": self.step,
                                 "gd_estimate": self.gd_estimate,
@@ -1151,6 +1153,10 @@ class Fsvrg(TaskStrategy):
             raise ValueError("checkpoint 'w' must be a finite vector")
         if arrays["n_train"].shape != (self.num_tasks,):
             raise ValueError(f"checkpoint 'n_train' must have shape ({self.num_tasks},)")
+        if "mean_sq_norm" in arrays:  # absent from checkpoints written before it was kept
+            if arrays["mean_sq_norm"].shape != (self.num_tasks,):
+                raise ValueError(f"checkpoint 'mean_sq_norm' must have shape ({self.num_tasks},)")
+            self.mean_sq_norm = np.asarray(arrays["mean_sq_norm"], dtype=np.float64).copy()
         self.w = w.copy()
         self._checkpoint_n_train = np.asarray(arrays["n_train"], dtype=np.int64).copy()
         self.directory.dim = int(w.shape[0])
