@@ -817,6 +817,10 @@ class Fsvrg(TaskStrategy):
             if kind == "train":  # CoCoA+'s d-w
                 problems.update(self._d_w_outliers(
                     {t: r for t, r in accepted.items() if t not in problems}))
+            for task, reply in accepted.items():  # the fence remembers accepted replies only
+                if task not in problems:
+                    self.mean_sq_norm[task] = reply["sq-norm-sum"] / max(
+                        int(self.n_weight[task]), 1)
         else:
             problems = {}
         last = self.replies.last
@@ -851,9 +855,10 @@ class Fsvrg(TaskStrategy):
     def _sq_norm_problems(self, accepted: dict[int, dict[str, Any]],
                           kind: str) -> dict[int, str]:
         """Cap each reply's ``sq-norm-sum`` at the federation's fence of mean squared row
-        norms (this round's and the tasks' earlier ones) times its trusted ``n_k``, and check
-        the bounds that depend on it again (``data-norm`` becomes ``sqrt(n_k S_k)`` with the
-        trusted values)."""
+        norms (this round's and the tasks' earlier ones, :attr:`mean_sq_norm`) times its
+        trusted ``n_k``, and check the bounds that depend on it again (``data-norm`` becomes
+        ``sqrt(n_k S_k)`` with the trusted values). :attr:`mean_sq_norm` is left to the
+        caller: a reply that passes here may still be rejected by another fence."""
         mean_sq = self.mean_sq_norm.copy()
         for task, reply in accepted.items():
             mean_sq[task] = reply["sq-norm-sum"] / max(int(self.n_weight[task]), 1)
@@ -867,8 +872,6 @@ class Fsvrg(TaskStrategy):
                 self._check_data_bounds(reply, task, kind)
             except ReplyError as err:
                 problems[task] = f"{err} (sq-norm-sum capped by the federation's fence)"
-                continue
-            self.mean_sq_norm[task] = reply["sq-norm-sum"] / n
         return problems
 
     def _d_w_outliers(self, accepted: dict[int, dict[str, Any]]) -> dict[int, str]:

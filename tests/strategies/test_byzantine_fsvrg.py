@@ -396,6 +396,34 @@ def test_a_resumed_robust_run_equals_the_uninterrupted_one(data, tmp_path):
     assert numbers(got) == numbers(want)
 
 
+def test_a_reply_the_d_w_fence_rejects_leaves_the_sq_norm_fence_unmoved(data, caplog):
+    """CoCoA+: a reply with ``sq-norm-sum`` x3 (inside the fence of mean squared row norms)
+    whose ``d-w`` is 90 times the others' per row is rejected by the fence on the tasks'
+    shares of ``w``; its ``sq-norm-sum`` must not enter the mean squared row norms the next
+    fences are built from (before, it did: they were updated before the ``d-w`` fence ran)."""
+    strategy = federate(data, "cocoa-plus", "honest", robust=True, rounds=2)
+    before = strategy.mean_sq_norm.copy()
+    u = _direction(DIM)
+    replies = {}
+    for task in range(TASKS):
+        X, n = data.task(task).X_train, int(strategy.n_weight[task])
+        sq = float(X.multiply(X).sum()) * (3.0 if task == HOSTILE else 1.0)
+        limit = math.sqrt(n * sq) / (strategy.lam * strategy.n_total)
+        replies[task] = {"n-train": n, "sq-norm-sum": sq, "loss-sum": 0.5 * n * math.log(2),
+                         "d-w": (0.9 if task == HOSTILE else 0.01) * limit * u, "state-ok": 0}
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        accepted = strategy._federation_checks("test", replies, "train")
+    assert sorted(accepted) == [t for t in range(TASKS) if t != HOSTILE]
+    rejected = [m for m in caplog.messages if "rejected" in m]
+    assert len(rejected) == 1 and f"task {HOSTILE} " in rejected[0], rejected
+    assert "|the task's share of w| / n-train" in rejected[0], rejected  # the d-w fence
+    assert strategy.mean_sq_norm[HOSTILE] == before[HOSTILE]
+    honest = [t for t in range(TASKS) if t != HOSTILE]
+    np.testing.assert_array_equal(strategy.mean_sq_norm[honest],
+                                  [replies[t]["sq-norm-sum"] / replies[t]["n-train"]
+                                   for t in honest])
+
+
 @pytest.mark.parametrize(("method", "attack", "reason"), [
     ("gd", "gram-v-negative", "v . gram-v = "),
     ("gd", "gradient-x1e3", "sq-norm-sum capped by the federation's fence"),
