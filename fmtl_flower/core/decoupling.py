@@ -247,6 +247,37 @@ class OutlierWatch:
         self.pulling = np.zeros(num_tasks, dtype=np.int64)  # rounds an outlier by its pull
         self.pull = np.zeros(num_tasks)  # the pulls of the last round
 
+    #: Everything :meth:`update` carries from round to round, by attribute name.
+    STATE = ("decoupled", "streak", "image", "astray", "deviation", "pulling", "pull")
+
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """The watch's state for a checkpoint, keyed ``watch.<name>`` (:data:`STATE`): a
+        resumed run must decouple exactly when the uninterrupted one would, so the streaks
+        and the last round's values are kept as well as ``decoupled``."""
+        return {f"watch.{name}": getattr(self, name).copy() for name in self.STATE}
+
+    def restore(self, arrays: dict[str, np.ndarray]) -> None:
+        """Load :meth:`state_arrays`' output from a checkpoint's ``arrays`` (other keys are
+        ignored). Names it lacks keep their fresh values; a checkpoint written before the
+        streaks were saved holds ``decoupled`` alone, under that key.
+
+        Raises
+        ------
+        ValueError
+            If an array's shape is not (m,).
+        """
+        for name in self.STATE:
+            value = arrays.get(f"watch.{name}")
+            if value is None and name == "decoupled":
+                value = arrays.get("decoupled")
+            if value is None:
+                continue
+            fresh = getattr(self, name)
+            value = np.asarray(value)
+            if value.shape != fresh.shape:
+                raise ValueError(f"checkpoint watch.{name} must have shape {fresh.shape}")
+            setattr(self, name, value.astype(fresh.dtype))
+
     def update(self, step: np.ndarray, step_bound: np.ndarray, image: np.ndarray,
                image_bound: np.ndarray, updated: np.ndarray,
                images: np.ndarray | None = None,

@@ -817,6 +817,10 @@ class Fsvrg(TaskStrategy):
             if kind == "train":  # CoCoA+'s d-w
                 problems.update(self._d_w_outliers(
                     {t: r for t, r in accepted.items() if t not in problems}))
+            for task, reply in accepted.items():  # the fence remembers accepted replies only
+                if task not in problems:
+                    self.mean_sq_norm[task] = reply["sq-norm-sum"] / max(
+                        int(self.n_weight[task]), 1)
         else:
             problems = {}
         last = self.replies.last
@@ -851,9 +855,10 @@ class Fsvrg(TaskStrategy):
     def _sq_norm_problems(self, accepted: dict[int, dict[str, Any]],
                           kind: str) -> dict[int, str]:
         """Cap each reply's ``sq-norm-sum`` at the federation's fence of mean squared row
-        norms (this round's and the tasks' earlier ones) times its trusted ``n_k``, and check
-        the bounds that depend on it again (``data-norm`` becomes ``sqrt(n_k S_k)`` with the
-        trusted values)."""
+        norms (this round's and the tasks' earlier ones, :attr:`mean_sq_norm`) times its
+        trusted ``n_k``, and check the bounds that depend on it again (``data-norm`` becomes
+        ``sqrt(n_k S_k)`` with the trusted values). :attr:`mean_sq_norm` is left to the
+        caller: a reply that passes here may still be rejected by another fence."""
         mean_sq = self.mean_sq_norm.copy()
         for task, reply in accepted.items():
             mean_sq[task] = reply["sq-norm-sum"] / max(int(self.n_weight[task]), 1)
@@ -867,8 +872,6 @@ class Fsvrg(TaskStrategy):
                 self._check_data_bounds(reply, task, kind)
             except ReplyError as err:
                 problems[task] = f"{err} (sq-norm-sum capped by the federation's fence)"
-                continue
-            self.mean_sq_norm[task] = reply["sq-norm-sum"] / n
         return problems
 
     def _d_w_outliers(self, accepted: dict[int, dict[str, Any]]) -> dict[int, str]:
@@ -1130,9 +1133,11 @@ class Fsvrg(TaskStrategy):
                 "local_epochs": self.local_epochs, "seed": self.seed}
 
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """``w``, the sparsity statistics, CoCoA+'s ledger, the records and counters."""
+        """``w``, the sparsity statistics, CoCoA+'s ledger, the records and counters, and
+        the tasks' mean squared row norms (robust mode's fence remembers them)."""
         assert self.w is not None
-        arrays: dict[str, np.ndarray] = {"w": self.w, "n_train": self.n_train}
+        arrays: dict[str, np.ndarray] = {"w": self.w, "n_train": self.n_train,
+                                         "mean_sq_norm": self.mean_sq_norm}
         meta: dict[str, Any] = {"records": self.records, "exchanges": self.exchanges,
                                 "n_total": self.n_total, "lam": self.lam, "step": self.step,
                                 "gd_estimate": self.gd_estimate,
@@ -1151,6 +1156,10 @@ class Fsvrg(TaskStrategy):
             raise ValueError("checkpoint 'w' must be a finite vector")
         if arrays["n_train"].shape != (self.num_tasks,):
             raise ValueError(f"checkpoint 'n_train' must have shape ({self.num_tasks},)")
+        if "mean_sq_norm" in arrays:  # absent from checkpoints written before it was kept
+            if arrays["mean_sq_norm"].shape != (self.num_tasks,):
+                raise ValueError(f"checkpoint 'mean_sq_norm' must have shape ({self.num_tasks},)")
+            self.mean_sq_norm = np.asarray(arrays["mean_sq_norm"], dtype=np.float64).copy()
         self.w = w.copy()
         self._checkpoint_n_train = np.asarray(arrays["n_train"], dtype=np.int64).copy()
         self.directory.dim = int(w.shape[0])

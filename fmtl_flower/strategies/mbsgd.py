@@ -436,12 +436,13 @@ class MbSgd(LinearTasks, TaskStrategy):
                 "seed": self.seed}
 
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """W, the formulation's Omega and the records (the devices keep no state)."""
+        """W, the formulation's Omega, the records and (robust mode) the decoupling watch's
+        state (the devices keep no state)."""
         assert self.W is not None
         arrays = {"W": self.W, **{f"formulation.{k}": v
                                    for k, v in formulation_arrays(self.formulation).items()}}
         if self.robust:
-            arrays["decoupled"] = self.decoupled
+            arrays.update(self.watch.state_arrays())
         return arrays, {"records": self.records}
 
     def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
@@ -452,8 +453,7 @@ class MbSgd(LinearTasks, TaskStrategy):
         set_formulation_arrays(self.formulation, {
             k[len("formulation."):]: v for k, v in arrays.items()
             if k.startswith("formulation.")})
-        if "decoupled" in arrays and arrays["decoupled"].shape == (self.num_tasks,):
-            self.watch.decoupled[:] = arrays["decoupled"].astype(bool)
+        self.watch.restore(arrays)
         self._refresh_matrices()
         self.W = W.copy()
         self.directory.dim = W.shape[0]

@@ -569,14 +569,15 @@ class Mocha(LinearTasks, TaskStrategy):
                 "method": self.method, "seed": self.seed, "server_path": self.server_path}
 
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """B, W, M, the formulation's Omega, per-task bookkeeping, records and health."""
+        """B, W, M, the formulation's Omega, per-task bookkeeping, records, health and (robust
+        mode) the decoupling watch's streaks and last values (``OutlierWatch.state_arrays``)."""
         assert self.state is not None
         health_arrays, health_meta = self.health.state()
         arrays = {**{f"state.{k}": v for k, v in self.state.state_arrays().items()},
                   **{f"health.{k}": v for k, v in health_arrays.items()},
                   "last_accepted": self.last_accepted, "n_train": self.n_train}
         if self.robust:
-            arrays["decoupled"] = self.decoupled
+            arrays.update(self.watch.state_arrays())
         return arrays, {"records": self.records, "health": health_meta}
 
     def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
@@ -591,10 +592,9 @@ class Mocha(LinearTasks, TaskStrategy):
             if arrays[key].shape != (self.num_tasks,):
                 raise ValueError(f"checkpoint {key!r} must have shape ({self.num_tasks},)")
         self.last_accepted = arrays["last_accepted"].astype(np.int64)
-        if "decoupled" in arrays and arrays["decoupled"].shape == (self.num_tasks,):
-            self.watch.decoupled[:] = arrays["decoupled"].astype(bool)  # M stored is M'
-            if isinstance(self.state, MochaServerState):
-                self.state.decoupled = self.decoupled.copy()
+        self.watch.restore(arrays)
+        if isinstance(self.state, MochaServerState) and self.decoupled.any():
+            self.state.decoupled = self.decoupled.copy()  # M stored is M'
         self._checkpoint_n_train = arrays["n_train"].astype(np.int64)
         self.records = [dict(r) for r in meta["records"]]
 

@@ -32,6 +32,7 @@ from fmtl_flower.packing import PackedGrid, packed_client_app, tasks_of_node
 from fmtl_flower.strategies.fsvrg import Fsvrg
 from fmtl_flower.wire import from_array, to_array
 
+from .helpers import ServerKilled, killed_in
 from .hostile import HostileGrid
 
 TASKS, DIM, ROUNDS, PER_NODE = 10, 300, 8, 4
@@ -347,6 +348,80 @@ def test_honest_runs_without_binding_caps_are_unchanged_by_robust_mode(data, met
     off = federate(data, method, "honest", robust=False)
     np.testing.assert_array_equal(on.w, off.w)
     assert on.lam == off.lam
+
+
+def _losing_in(server_round: int, kept: set[int], tamper):
+    """``tamper``, with the replies of ``server_round`` from the tasks not in ``kept`` lost."""
+    def lossy(message: Message, reply: Message | None) -> list[Message]:
+        return [r for r in tamper(message, reply)
+                if "metrics" not in r.content
+                or r.content["metrics"].get("round") != server_round
+                or r.content["metrics"]["task-id"] in kept]
+    return lossy
+
+
+def test_a_resumed_robust_run_equals_the_uninterrupted_one(data, tmp_path):
+    """The federation's fence on ``sq-norm-sum`` also uses the tasks' earlier mean squared row
+    norms: in round 4 only task 8 and the hostile device (``sq-norm-sum`` x1e6) reply, and
+    the fence of the ten tasks' values still rejects the hostile reply. A server killed in
+    round 4 and resumed from round 3's checkpoint must know those values too: before, the
+    checkpoint lacked them, the fence of the two replies let the hostile one in, and ``w``
+    left the uninterrupted run's."""
+    def start(strategy: Fsvrg, grid: HostileGrid) -> None:
+        grid.tamper = _losing_in(4, {8, HOSTILE}, _hostile_tamper("gradient-x1e3", strategy))
+        strategy.start(grid=grid, num_rounds=6, timeout=30.0)
+
+    def grid() -> HostileGrid:
+        return HostileGrid(make_fsvrg_client_app(
+            lambda ctx: data.task(default_task_id(ctx)).arrays()), TASKS)
+
+    options = {"method": "fsvrg", "robust": True, "discovery_timeout": 5.0}
+    plain = Fsvrg(TASKS, **options)
+    start(plain, grid())
+    killed, resumed, devices = killed_in(Fsvrg, 4)(TASKS, **options), Fsvrg(TASKS, **options), \
+        grid()
+    for strategy in (killed, resumed):
+        strategy.enable_checkpoints(tmp_path, every=1)
+    with pytest.raises(ServerKilled):
+        start(killed, devices)
+    start(resumed, devices)
+    assert resumed.resumed_from == 3
+    np.testing.assert_array_equal(resumed.w, plain.w)
+    np.testing.assert_array_equal(resumed.mean_sq_norm, plain.mean_sq_norm)
+    got, want = resumed.results()["rounds"], plain.results()["rounds"]
+    assert want[3]["tasks_missing"] == [*range(8), HOSTILE]  # round 4's gradients: rejected
+
+    def numbers(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in r.items() if not k.endswith("_s")} for r in rounds]
+    assert numbers(got) == numbers(want)
+
+
+def test_a_reply_the_d_w_fence_rejects_leaves_the_sq_norm_fence_unmoved(data, caplog):
+    """CoCoA+: a reply with ``sq-norm-sum`` x3 (inside the fence of mean squared row norms)
+    whose ``d-w`` is 90 times the others' per row is rejected by the fence on the tasks'
+    shares of ``w``; its ``sq-norm-sum`` must not enter the mean squared row norms the next
+    fences are built from (before, it did: they were updated before the ``d-w`` fence ran)."""
+    strategy = federate(data, "cocoa-plus", "honest", robust=True, rounds=2)
+    before = strategy.mean_sq_norm.copy()
+    u = _direction(DIM)
+    replies = {}
+    for task in range(TASKS):
+        X, n = data.task(task).X_train, int(strategy.n_weight[task])
+        sq = float(X.multiply(X).sum()) * (3.0 if task == HOSTILE else 1.0)
+        limit = math.sqrt(n * sq) / (strategy.lam * strategy.n_total)
+        replies[task] = {"n-train": n, "sq-norm-sum": sq, "loss-sum": 0.5 * n * math.log(2),
+                         "d-w": (0.9 if task == HOSTILE else 0.01) * limit * u, "state-ok": 0}
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        accepted = strategy._federation_checks("test", replies, "train")
+    assert sorted(accepted) == [t for t in range(TASKS) if t != HOSTILE]
+    rejected = [m for m in caplog.messages if "rejected" in m]
+    assert len(rejected) == 1 and f"task {HOSTILE} " in rejected[0], rejected
+    assert "|the task's share of w| / n-train" in rejected[0], rejected  # the d-w fence
+    assert strategy.mean_sq_norm[HOSTILE] == before[HOSTILE]
+    honest = [t for t in range(TASKS) if t != HOSTILE]
+    np.testing.assert_array_equal(strategy.mean_sq_norm[honest],
+                                  [replies[t]["sq-norm-sum"] / replies[t]["n-train"]
+                                   for t in honest])
 
 
 @pytest.mark.parametrize(("method", "attack", "reason"), [

@@ -46,7 +46,7 @@ from fmtl_flower.core.robust import log_upper_fence
 from fmtl_flower.packing import PackedGrid, packed_client_app, tasks_of_node
 from fmtl_flower.wire import from_array, to_array
 
-from .helpers import Problem, make_problem
+from .helpers import Problem, ServerKilled, killed_in, make_problem
 from .hostile import HostileGrid
 
 TASKS, DIM = 10, 10
@@ -539,6 +539,55 @@ def test_decoupling_survives_a_checkpoint(problem, family):
     else:
         assert np.array_equal(fresh.K, strategy.K)
         assert not fresh.K[3, np.arange(TASKS) != 3].any()
+
+
+RESUMED = {  # family: (hostile, attack, options, the round they are decoupled in)
+    "mocha": ([3, 7], {"share": 0.45, "fence_aware": "size"}, STRONG_MEAN, 6),
+    "mbsgd": ([3], {"share": 0.3}, MEAN, 5),
+}
+
+
+@pytest.mark.parametrize("family", sorted(RESUMED))
+def test_a_resumed_run_decouples_when_the_uninterrupted_one_does(problem, tmp_path, family):
+    """MOCHA: two devices under the size fence (lam / lam2 = 10) are away from the consensus
+    in rounds 4, 5 and 6; Mb-SGD: one stepping at 30 % of its bound is an outlier by its
+    size and its distance in rounds 3, 4 and 5. Each is decoupled in the third. A server
+    killed in that round and resumed from the previous round's checkpoint must carry the
+    two-round streaks (and every other count and last-round value of the watch) over:
+    before, the checkpoint held only ``decoupled``, the streaks restarted at 0 and the
+    resumed run decoupled them later, with other models."""
+    hostile, attack, options, decoupled_in = RESUMED[family]
+    rounds = decoupled_in + 2
+    _, uninterrupted = run(problem, family, hostile=hostile, claim=None, robust=True,
+                           rounds=rounds, **attack, **options)
+    got = [r["tasks_decoupled"] for r in uninterrupted.records[decoupled_in - 2:decoupled_in + 1]]
+    assert got == [[], [], hostile], got
+
+    attacker = Attacker(problem, hostile, None, True, family, **attack)
+    if family == "mbsgd":
+        cls, app = MbSgd, make_mbsgd_client_app(problem.load)
+        settings = {"lam": 0.01, **options}
+    else:
+        cls, app = Mocha, make_mocha_client_app(problem.load)
+        settings = {"lam": 0.01, "max_failures": 0, "method": family, **options}
+    grid = HostileGrid(app, TASKS)  # the devices keep running
+    grid.tamper = tamper_for(attacker)
+    for make in (killed_in(cls, decoupled_in), cls):
+        strategy = make(TASKS, discovery_timeout=5.0, robust=True, **settings)
+        strategy.enable_checkpoints(tmp_path, every=1)
+        attacker.strategy = strategy
+        try:
+            strategy.start(grid=grid, num_rounds=rounds, timeout=60.0)
+        except ServerKilled:
+            continue
+    assert strategy.resumed_from == decoupled_in - 1
+    W = (lambda s: s.W) if family == "mbsgd" else (lambda s: s.state.W)
+    np.testing.assert_array_equal(W(strategy), W(uninterrupted))
+    np.testing.assert_array_equal(strategy.decoupled, uninterrupted.decoupled)
+
+    def numbers(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in r.items() if not k.endswith("_s")} for r in records]
+    assert numbers(strategy.records) == numbers(uninterrupted.records)
 
 
 LEARNED = {"probabilistic": {"omega": "probabilistic", "omega_every": 5},
