@@ -59,7 +59,8 @@ query ``whoami`` (server -> node): empty ``config``. Reply ConfigRecord ``info``
     (every component for fedem / fedavg / fedprox / fedavg-ft / cfl / pfedme / local,
     exactly one for clustered), ``responsibility`` float64 (M,) on the simplex (within
     1e-6): the device's mean E-step responsibility of each component, its new pi (1 for the
-    single-model methods, one-hot for clustered; used in robust mode only; optional in a
+    single-model methods, one-hot for clustered: for these the server uses the one-hot of
+    ``weights`` whatever is sent; used in robust mode only; optional in a
     one-task reply, whose device then counts as equally responsible for every component
     it trained, required in a stacked one); metrics ``task-id``, ``round``, ``n-train`` (ints,
     matching the message) and
@@ -217,10 +218,13 @@ def _check_responsibility(resp: np.ndarray, num_components: int) -> None:
         raise ReplyError("'responsibility' must be finite, >= 0 and sum to 1")
 
 
-def _responsibility(reply: dict[str, Any]) -> np.ndarray:
-    """A reply's ``responsibility``, or when it sent none, equal shares of the components it
-    trained (its total weight over the components is its n-train either way)."""
-    if "responsibility" in reply:
+def _responsibility(reply: dict[str, Any], soft: bool) -> np.ndarray:
+    """A reply's ``responsibility`` when ``soft`` (FedEM's mixture) and it sent one, else
+    equal shares of the components it trained (its total weight over the components is its
+    n-train either way). The clustered and single-model methods (``soft`` False) assign hard:
+    the one-hot of the component trained whatever the reply says (a reported soft one would
+    switch its component's whole cluster to the soft aggregation path)."""
+    if soft and "responsibility" in reply:
         return np.asarray(reply["responsibility"], dtype=np.float64)
     trained = (reply["weights"] > 0).astype(np.float64)
     return trained / trained.sum()
@@ -740,7 +744,8 @@ class FedEM(TaskStrategy):
             n = self.trusted_n_train()
             updates = [(r["components"], np.where(r["weights"] > 0, n[t], 0.0))
                        for t, r in accepted.items()]
-            responsibilities = np.stack([_responsibility(r) for r in accepted.values()])
+            responsibilities = np.stack([_responsibility(r, soft=self.method == "fedem")
+                                         for r in accepted.values()])
             if self.aggregation == "all" and self.method != "clustered":
                 total = float(n[~self.unseen].sum())
             components = robust_aggregate_components(
