@@ -118,6 +118,7 @@ plausible before it enters a weight or a bound.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from logging import INFO, WARNING
 from typing import Any
@@ -174,6 +175,9 @@ TAG_SAMPLE, TAG_INIT = TAG_FEDEM_SAMPLE, TAG_FEDEM_INIT
 #: Largest ``train-loss`` a reply may report (a mean negative log-likelihood beyond it is
 #: divergence or hostility, and would overflow the round's sums).
 MAX_LOSS = 1e6
+#: What a device with more classes than the run decided is told (its exclusion's reason).
+CLASSES_FIX = ("set fedem.num-classes (the strategy's num_classes) to the federation's "
+               "number of classes if the devices' labels really have that many")
 
 
 def reply_contracts() -> dict[str, ReplyContract]:
@@ -230,6 +234,22 @@ def _responsibility(reply: dict[str, Any], soft: bool) -> np.ndarray:
     return trained / trained.sum()
 
 
+def decide_num_classes(votes: Sequence[int], robust: bool) -> int:
+    """The run's number of classes from the nodes' reports (one per physical node, each the
+    most classes of its tasks): a single node's value; else the largest value that at least
+    two nodes reach (the second largest report: no single node fixes it), in robust mode at
+    most the largest report within the log-scale fence of the reports
+    (:func:`~fmtl_flower.core.robust.log_upper_fence`: a minority cannot inflate it)."""
+    ordered = sorted((int(v) for v in votes), reverse=True)
+    if len(ordered) < 2:
+        return ordered[0] if ordered else 0
+    decided = ordered[1]
+    if robust:
+        fence = log_upper_fence(np.asarray(ordered, dtype=np.float64))
+        decided = min(decided, max(v for v in ordered if v <= fence))
+    return decided
+
+
 def _capped_test_counts(correct: np.ndarray, counts: np.ndarray
                         ) -> tuple[np.ndarray, np.ndarray]:
     """Robust mode: every ``test-n`` at most the log-scale fence of the round's test-n values,
@@ -268,8 +288,9 @@ class FedEM(TaskStrategy):
     num_classes, hidden : int
         Classes (2 for logistic) and hidden units (mlp); not used by ``model="torch"`` (the
         module fixes both). ``num_classes`` None (default): learned at the first round's
-        discovery, the most classes a device reported in its ``whoami`` (``num-classes``:
-        its labels' largest class id + 1), at least 2.
+        discovery from the classes the devices report in their ``whoami`` (``num-classes``:
+        their labels' largest class id + 1), one vote per physical node
+        (:func:`decide_num_classes`), at least 2; a device reporting more is excluded.
     lr, batch_size, local_epochs, momentum, weight_decay : float / int
         The local solver: epochs of mini-batch SGD with momentum and weight decay (torch's
         rule), one optimiser state per component kept on the device across rounds.
@@ -605,15 +626,24 @@ class FedEM(TaskStrategy):
                 for m in range(self.num_components)])
 
     def _learn_num_classes(self) -> None:
-        """``num_classes`` unset: the most classes a device reported at discovery (at least
-        2; logistic: 2), logged. A device found later with more classes fails its replies
-        with the reason, and :class:`~fmtl_flower.strategies.base.NoValidReplies` says to set
-        ``num_classes``."""
-        reported = self.directory.classes_reported()
-        self.num_classes = 2 if self.model_name == "logistic" else max(2, reported)
-        log(INFO, "%s: num_classes = %d (%s)", self.name, self.num_classes,
-            f"the most classes a device reported: {reported}" if reported
-            else "no device reported its classes")
+        """``num_classes`` unset: decided by the nodes' reports at discovery
+        (:func:`decide_num_classes`, one vote per physical node; at least 2; logistic: 2),
+        logged, with the reports when they disagree. A node whose tasks reported more
+        classes is excluded, now or when it is found, with a reason saying to set
+        ``fedem.num-classes``."""
+        votes = self.directory.classes_by_node()
+        if self.model_name == "logistic" or not votes:
+            self.num_classes = 2
+            log(INFO, "%s: num_classes = 2 (%s)", self.name, "logistic" if votes
+                else "no device reported its classes")
+            return
+        decided = decide_num_classes(list(votes.values()), self.robust)
+        self.num_classes = max(2, decided)
+        counts = Counter(votes.values())
+        log(INFO if len(counts) == 1 else WARNING, "%s: num_classes = %d, decided by the "
+            "%d nodes that reported their classes (%s)", self.name, self.num_classes,
+            len(votes), ", ".join(f"{c}: {k} node(s)" for c, k in sorted(counts.items())))
+        self.directory.cap_classes(self.num_classes, CLASSES_FIX)
 
     # ------------------------------------------------------------------ torch components
     def _set_initial(self, records: list[ArrayRecord], name: str) -> None:

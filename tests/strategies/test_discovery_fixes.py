@@ -188,3 +188,56 @@ def test_a_learned_num_classes_is_resumed_from_the_checkpoint(tmp_path):
     other.enable_checkpoints(tmp_path)
     with pytest.raises(CheckpointError, match="num_classes"):
         other.start(grid=InProcessGrid(app, 4), num_rounds=4, timeout=10.0)
+
+
+def claiming_classes(claims: dict[int, int]):
+    """A tamper whose whoami replies of the tasks in ``claims`` report those num-classes."""
+    from flwr.app import ConfigRecord, Message, RecordDict
+
+    def tamper(message, reply):
+        if reply is None or "info" not in reply.content \
+                or int(reply.content["info"]["task-id"]) not in claims:
+            return [] if reply is None else [reply]
+        info = dict(reply.content["info"])
+        info["num-classes"] = claims[int(info["task-id"])]
+        return [Message(RecordDict({"info": ConfigRecord(info)}), reply_to=message)]
+    return tamper
+
+
+@pytest.mark.parametrize("robust, claims", [(True, {2: 1000}), (False, {2: 1000}),
+                                            (True, {1: 1000, 3: 1000})])
+def test_a_hostile_minority_does_not_set_num_classes(robust, claims, caplog):
+    """One node of 5 claiming 1000 classes (or, in robust mode, two) used to make every
+    component 1000 / 3 times larger; the nodes decide (one vote each): 3, the disagreement
+    logged, the claimants excluded with a reason that says to set fedem.num-classes."""
+    from .hostile import HostileGrid
+
+    data = three_class_data(tasks=5)
+    grid = HostileGrid(make_fedem_client_app(lambda c: data[int(c.node_config["partition-id"])]),
+                       5)
+    grid.tamper = claiming_classes(claims)
+    strategy = FedEM(5, model="softmax", discovery_timeout=5.0, seed=1, robust=robust,
+                     min_tasks=5 - len(claims))
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        strategy.start(grid=grid, num_rounds=2, timeout=10.0)
+    assert strategy.num_classes == 3
+    assert strategy.components.shape[1] == strategy.model.num_params == 3 * 4
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("num_classes = 3" in line and "1000: " in line for line in lines)
+    excluded = [line for line in lines if "excluded" in line and "num-classes 1000" in line]
+    assert len(excluded) == len(claims) and all("fedem.num-classes" in x for x in excluded)
+    assert sorted(strategy.directory.task_to_node) == [t for t in range(5) if t not in claims]
+    assert [r["num_replies"] for r in strategy.results()["rounds"]] == [5 - len(claims)] * 2
+
+
+def test_num_classes_is_decided_by_the_nodes():
+    """One node: its value; more: the largest that two nodes reach, in robust mode at most
+    the log-scale fence of the reports."""
+    from fmtl_flower.strategies.fedem import decide_num_classes
+
+    assert decide_num_classes([7], robust=True) == 7
+    assert decide_num_classes([10, 10, 10, 10, 1000], robust=False) == 10
+    assert decide_num_classes([10, 9, 9, 8], robust=True) == 9
+    assert decide_num_classes([10, 10, 10, 1000, 1000], robust=False) == 1000
+    assert decide_num_classes([10, 10, 10, 1000, 1000], robust=True) == 10
+    assert decide_num_classes([62, 62, 60, 55], robust=True) == 62
