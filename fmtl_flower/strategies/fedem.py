@@ -176,8 +176,8 @@ TAG_SAMPLE, TAG_INIT = TAG_FEDEM_SAMPLE, TAG_FEDEM_INIT
 #: divergence or hostility, and would overflow the round's sums).
 MAX_LOSS = 1e6
 #: What a device with more classes than the run decided is told (its exclusion's reason).
-CLASSES_FIX = ("set fedem.num-classes (the strategy's num_classes) to the federation's "
-               "number of classes if the devices' labels really have that many")
+CLASSES_FIX = ("if the devices' labels really have that many classes, set the strategy's "
+               "num_classes (FedEM(num_classes=C)) to the federation's number of classes")
 
 
 def reply_contracts() -> dict[str, ReplyContract]:
@@ -630,7 +630,7 @@ class FedEM(TaskStrategy):
         (:func:`decide_num_classes`, one vote per physical node; at least 2; logistic: 2),
         logged, with the reports when they disagree. A node whose tasks reported more
         classes is excluded, now or when it is found, with a reason saying to set
-        ``fedem.num-classes``."""
+        ``num_classes`` (:data:`CLASSES_FIX`)."""
         votes = self.directory.classes_by_node()
         if self.model_name == "logistic" or not votes:
             self.num_classes = 2
