@@ -31,7 +31,10 @@ that, of the nodes that answered. Until then the answers wait and nothing is all
 them; a node reporting another ``dim`` than the one fixed, or sizes beyond the limits, is
 excluded with one log line and not asked again while it stays online. The limits are checked
 before anything is allocated from a reported size (and a packed node's slot count before its
-slots exist: :class:`~fmtl_flower.packing.PackedGrid`'s ``max_slots_per_node``).
+slots exist: :class:`~fmtl_flower.packing.PackedGrid`'s ``max_slots_per_node``). FedEM's
+``num-classes`` is decided by the strategy from one vote per physical node
+(:meth:`TaskDirectory.classes_by_node`); a node reporting more is then excluded
+(:meth:`TaskDirectory.cap_classes`).
 
 A waiting discovery (the first round) lasts at most its ``wait`` (the strategies bound it by
 ``start``'s ``timeout``). If fewer than ``min_tasks`` tasks (default: all of them) have a node
@@ -423,7 +426,7 @@ class TaskDirectory:
     row_norm : ndarray of shape (num_tasks,), float64
         The ``max-row-norm`` each task reported (NaN: not reported).
     num_classes : ndarray of shape (num_tasks,), int64
-        The ``num-classes`` each task reported (0: not reported; :meth:`classes_reported`).
+        The ``num-classes`` each task reported (0: not reported; :meth:`classes_by_node`).
     dim : int or None
         The feature dimension: configured, or agreed by a majority (see the module docstring).
     task_owners : dict[int, int]
@@ -437,6 +440,7 @@ class TaskDirectory:
                  max_row_norm: float = MAX_ROW_NORM, max_classes: int = MAX_CLASSES) -> None:
         self.num_tasks = int(num_tasks)
         self.max_classes = int(max_classes)
+        self.classes_fix = ""  # what to do about too many classes (:meth:`cap_classes`)
         self.name = name
         self.max_dim, self.max_n = int(max_dim), int(max_n)
         self.max_row_norm = float(max_row_norm)
@@ -849,18 +853,36 @@ class TaskDirectory:
                 "for it or went offline", self.name, task, contest.holder, node, contest.holder)
         self._hold(node, task, info, "the other claimants stopped answering or left")
 
-    def classes_reported(self) -> int:
-        """The most classes a task holding a node reported (``num-classes``: FedEM's
-        devices, from their labels), 0 if none did. The largest, not a majority: a class
-        that only one device has is still a class (bounded by ``max_classes``)."""
-        held = sorted(self.task_to_node)
-        return int(self.num_classes[held].max(initial=0))
+    def classes_by_node(self) -> dict[int, int]:
+        """``{physical node: the most classes its held tasks reported}`` (``num-classes``:
+        FedEM's devices, from their labels), of the nodes that reported any: one vote per
+        physical node however many slots it hosts; the strategy decides the run's value
+        from the votes (no single node fixes it)."""
+        votes: dict[int, int] = {}
+        for task, node in self.task_to_node.items():
+            if self.num_classes[task]:
+                physical = self._physical(node)
+                votes[physical] = max(votes.get(physical, 0), int(self.num_classes[task]))
+        return votes
+
+    def cap_classes(self, limit: int, fix: str) -> None:
+        """Lower ``max_classes`` to ``limit`` (the run's decided classes): the nodes holding a
+        task that reported more are excluded now, later ones at their whoami; each reason
+        ends with ``fix``."""
+        self.max_classes = min(self.max_classes, int(limit))
+        self.classes_fix = fix
+        for task, node in sorted(self.task_to_node.items()):
+            if self.num_classes[task] > self.max_classes:
+                self._release(task)
+                self._exclude(node, f"task {task}: num-classes {self.num_classes[task]} above "
+                              f"the run's {self.max_classes}; {fix}")
 
     def _read_classes(self, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ReplyError(f"'num-classes' must be an int >= 1, got {value!r}")
         if value > self.max_classes:
-            raise BeyondLimits(f"num-classes {value} above the limit {self.max_classes}")
+            raise BeyondLimits(f"num-classes {value} above the limit {self.max_classes}"
+                               + (f"; {self.classes_fix}" if self.classes_fix else ""))
         return value
 
     def read_whoami(self, reply: Message) -> dict[str, Any]:

@@ -59,7 +59,8 @@ query ``whoami`` (server -> node): empty ``config``. Reply ConfigRecord ``info``
     (every component for fedem / fedavg / fedprox / fedavg-ft / cfl / pfedme / local,
     exactly one for clustered), ``responsibility`` float64 (M,) on the simplex (within
     1e-6): the device's mean E-step responsibility of each component, its new pi (1 for the
-    single-model methods, one-hot for clustered; used in robust mode only; optional in a
+    single-model methods, one-hot for clustered: for these the server uses the one-hot of
+    ``weights`` whatever is sent; used in robust mode only; optional in a
     one-task reply, whose device then counts as equally responsible for every component
     it trained, required in a stacked one); metrics ``task-id``, ``round``, ``n-train`` (ints,
     matching the message) and
@@ -117,6 +118,7 @@ plausible before it enters a weight or a bound.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from logging import INFO, WARNING
 from typing import Any
@@ -173,6 +175,9 @@ TAG_SAMPLE, TAG_INIT = TAG_FEDEM_SAMPLE, TAG_FEDEM_INIT
 #: Largest ``train-loss`` a reply may report (a mean negative log-likelihood beyond it is
 #: divergence or hostility, and would overflow the round's sums).
 MAX_LOSS = 1e6
+#: What a device with more classes than the run decided is told (its exclusion's reason).
+CLASSES_FIX = ("if the devices' labels really have that many classes, set the strategy's "
+               "num_classes (FedEM(num_classes=C)) to the federation's number of classes")
 
 
 def reply_contracts() -> dict[str, ReplyContract]:
@@ -217,13 +222,32 @@ def _check_responsibility(resp: np.ndarray, num_components: int) -> None:
         raise ReplyError("'responsibility' must be finite, >= 0 and sum to 1")
 
 
-def _responsibility(reply: dict[str, Any]) -> np.ndarray:
-    """A reply's ``responsibility``, or when it sent none, equal shares of the components it
-    trained (its total weight over the components is its n-train either way)."""
-    if "responsibility" in reply:
+def _responsibility(reply: dict[str, Any], soft: bool) -> np.ndarray:
+    """A reply's ``responsibility`` when ``soft`` (FedEM's mixture) and it sent one, else
+    equal shares of the components it trained (its total weight over the components is its
+    n-train either way). The clustered and single-model methods (``soft`` False) assign hard:
+    the one-hot of the component trained whatever the reply says (a reported soft one would
+    switch its component's whole cluster to the soft aggregation path)."""
+    if soft and "responsibility" in reply:
         return np.asarray(reply["responsibility"], dtype=np.float64)
     trained = (reply["weights"] > 0).astype(np.float64)
     return trained / trained.sum()
+
+
+def decide_num_classes(votes: Sequence[int], robust: bool) -> int:
+    """The run's number of classes from the nodes' reports (one per physical node, each the
+    most classes of its tasks): a single node's value; else the largest value that at least
+    two nodes reach (the second largest report: no single node fixes it), in robust mode at
+    most the largest report within the log-scale fence of the reports
+    (:func:`~fmtl_flower.core.robust.log_upper_fence`: a minority cannot inflate it)."""
+    ordered = sorted((int(v) for v in votes), reverse=True)
+    if len(ordered) < 2:
+        return ordered[0] if ordered else 0
+    decided = ordered[1]
+    if robust:
+        fence = log_upper_fence(np.asarray(ordered, dtype=np.float64))
+        decided = min(decided, max(v for v in ordered if v <= fence))
+    return decided
 
 
 def _capped_test_counts(correct: np.ndarray, counts: np.ndarray
@@ -264,8 +288,9 @@ class FedEM(TaskStrategy):
     num_classes, hidden : int
         Classes (2 for logistic) and hidden units (mlp); not used by ``model="torch"`` (the
         module fixes both). ``num_classes`` None (default): learned at the first round's
-        discovery, the most classes a device reported in its ``whoami`` (``num-classes``:
-        its labels' largest class id + 1), at least 2.
+        discovery from the classes the devices report in their ``whoami`` (``num-classes``:
+        their labels' largest class id + 1), one vote per physical node
+        (:func:`decide_num_classes`), at least 2; a device reporting more is excluded.
     lr, batch_size, local_epochs, momentum, weight_decay : float / int
         The local solver: epochs of mini-batch SGD with momentum and weight decay (torch's
         rule), one optimiser state per component kept on the device across rounds.
@@ -601,15 +626,24 @@ class FedEM(TaskStrategy):
                 for m in range(self.num_components)])
 
     def _learn_num_classes(self) -> None:
-        """``num_classes`` unset: the most classes a device reported at discovery (at least
-        2; logistic: 2), logged. A device found later with more classes fails its replies
-        with the reason, and :class:`~fmtl_flower.strategies.base.NoValidReplies` says to set
-        ``num_classes``."""
-        reported = self.directory.classes_reported()
-        self.num_classes = 2 if self.model_name == "logistic" else max(2, reported)
-        log(INFO, "%s: num_classes = %d (%s)", self.name, self.num_classes,
-            f"the most classes a device reported: {reported}" if reported
-            else "no device reported its classes")
+        """``num_classes`` unset: decided by the nodes' reports at discovery
+        (:func:`decide_num_classes`, one vote per physical node; at least 2; logistic: 2),
+        logged, with the reports when they disagree. A node whose tasks reported more
+        classes is excluded, now or when it is found, with a reason saying to set
+        ``num_classes`` (:data:`CLASSES_FIX`)."""
+        votes = self.directory.classes_by_node()
+        if self.model_name == "logistic" or not votes:
+            self.num_classes = 2
+            log(INFO, "%s: num_classes = 2 (%s)", self.name, "logistic" if votes
+                else "no device reported its classes")
+            return
+        decided = decide_num_classes(list(votes.values()), self.robust)
+        self.num_classes = max(2, decided)
+        counts = Counter(votes.values())
+        log(INFO if len(counts) == 1 else WARNING, "%s: num_classes = %d, decided by the "
+            "%d nodes that reported their classes (%s)", self.name, self.num_classes,
+            len(votes), ", ".join(f"{c}: {k} node(s)" for c, k in sorted(counts.items())))
+        self.directory.cap_classes(self.num_classes, CLASSES_FIX)
 
     # ------------------------------------------------------------------ torch components
     def _set_initial(self, records: list[ArrayRecord], name: str) -> None:
@@ -740,7 +774,8 @@ class FedEM(TaskStrategy):
             n = self.trusted_n_train()
             updates = [(r["components"], np.where(r["weights"] > 0, n[t], 0.0))
                        for t, r in accepted.items()]
-            responsibilities = np.stack([_responsibility(r) for r in accepted.values()])
+            responsibilities = np.stack([_responsibility(r, soft=self.method == "fedem")
+                                         for r in accepted.values()])
             if self.aggregation == "all" and self.method != "clustered":
                 total = float(n[~self.unseen].sum())
             components = robust_aggregate_components(

@@ -349,3 +349,36 @@ def test_a_responsibility_off_the_simplex_is_rejected(per_node, caplog):
     rejected = [r.getMessage() for r in caplog.records
                 if f"task {HOSTILE} " in r.getMessage() and "rejected" in r.getMessage()]
     assert len(rejected) == 1 and "'responsibility' must be" in rejected[0], rejected
+
+
+def _soft_responsibility(message: Message, reply: Message | None) -> list[Message]:
+    """The hostile task's one-task train reply claims equal responsibility for every
+    component (a point of the simplex) while its ``weights`` train one (IFCA)."""
+    if reply is None or "arrays" not in reply.content or "metrics" not in reply.content \
+            or int(reply.content["metrics"]["task-id"]) != HOSTILE:
+        return [] if reply is None else [reply]
+    arrays = {key: from_array(value) for key, value in reply.content["arrays"].items()}
+    assert np.count_nonzero(arrays["weights"]) == 1  # IFCA trains one cluster model
+    arrays["responsibility"] = np.full(arrays["weights"].shape, 1.0 / arrays["weights"].size)
+    content = RecordDict({**dict(reply.content.items()),
+                          "arrays": ArrayRecord({k: to_array(v) for k, v in arrays.items()})})
+    return [Message(content, reply_to=message)]
+
+
+def test_ifca_takes_the_one_hot_of_the_weights_not_a_reported_soft_responsibility():
+    """IFCA assigns hard: the server uses the one-hot of a reply's ``weights``, so a reply
+    claiming soft responsibilities (on the simplex, so not rejected) aggregates exactly as
+    the honest one; it used to switch its cluster's robust aggregation to FedEM's soft path
+    (other trimming, clipping and share), moving every cluster member's model."""
+    cfg = RunConfig.from_mapping({**BASE, "strategy": "clustered"})
+    components = []
+    for tamper in (None, _soft_responsibility):
+        grid = HostileGrid(make_client_app(cfg), TASKS)
+        if tamper is not None:
+            grid.tamper = tamper
+        strategy = FedEM(TASKS, method="clustered", num_components=3, seed=1)
+        strategy.start(grid=grid, num_rounds=2, timeout=30.0)
+        assert strategy.robust and [r["num_replies"] for r in
+                                    strategy.results()["rounds"]] == [TASKS, TASKS]
+        components.append(strategy.components)
+    np.testing.assert_array_equal(components[1], components[0])

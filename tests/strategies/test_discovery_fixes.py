@@ -188,3 +188,87 @@ def test_a_learned_num_classes_is_resumed_from_the_checkpoint(tmp_path):
     other.enable_checkpoints(tmp_path)
     with pytest.raises(CheckpointError, match="num_classes"):
         other.start(grid=InProcessGrid(app, 4), num_rounds=4, timeout=10.0)
+
+
+def claiming_classes(claims: dict[int, int]):
+    """A tamper whose whoami replies of the tasks in ``claims`` report those num-classes."""
+    from flwr.app import ConfigRecord, Message, RecordDict
+
+    def tamper(message, reply):
+        if reply is None:
+            return []
+        records = dict(reply.content.items())
+        infos = [name for name in records if name.split("/")[-1] == "info"]  # packed: slots'
+        for name in infos:
+            info = dict(records[name])
+            if int(info["task-id"]) in claims:
+                info["num-classes"] = claims[int(info["task-id"])]
+            records[name] = ConfigRecord(info)
+        return [Message(RecordDict(records), reply_to=message)] if infos else [reply]
+    return tamper
+
+
+@pytest.mark.parametrize("robust, claims", [(True, {2: 1000}), (False, {2: 1000}),
+                                            (True, {1: 1000, 3: 1000})])
+def test_a_hostile_minority_does_not_set_num_classes(robust, claims, caplog):
+    """One node of 5 claiming 1000 classes (or, in robust mode, two) used to make every
+    component 1000 / 3 times larger; the nodes decide (one vote each): 3, the disagreement
+    logged, the claimants excluded with a reason that says to set num_classes."""
+    from .hostile import HostileGrid
+
+    data = three_class_data(tasks=5)
+    grid = HostileGrid(make_fedem_client_app(lambda c: data[int(c.node_config["partition-id"])]),
+                       5)
+    grid.tamper = claiming_classes(claims)
+    strategy = FedEM(5, model="softmax", discovery_timeout=5.0, seed=1, robust=robust,
+                     min_tasks=5 - len(claims))
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        strategy.start(grid=grid, num_rounds=2, timeout=10.0)
+    assert strategy.num_classes == 3
+    assert strategy.components.shape[1] == strategy.model.num_params == 3 * 4
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("num_classes = 3" in line and "1000: " in line for line in lines)
+    excluded = [line for line in lines if "excluded" in line and "num-classes 1000" in line]
+    assert len(excluded) == len(claims) and all("set the strategy's num_classes" in x
+                                              for x in excluded)
+    assert sorted(strategy.directory.task_to_node) == [t for t in range(5) if t not in claims]
+    assert [r["num_replies"] for r in strategy.results()["rounds"]] == [5 - len(claims)] * 2
+
+
+def test_num_classes_is_decided_by_the_nodes():
+    """One node: its value; more: the largest that two nodes reach, in robust mode at most
+    the log-scale fence of the reports."""
+    from fmtl_flower.strategies.fedem import decide_num_classes
+
+    assert decide_num_classes([7], robust=True) == 7
+    assert decide_num_classes([10, 10, 10, 10, 1000], robust=False) == 10
+    assert decide_num_classes([10, 9, 9, 8], robust=True) == 9
+    assert decide_num_classes([10, 10, 10, 1000, 1000], robust=False) == 1000
+    assert decide_num_classes([10, 10, 10, 1000, 1000], robust=True) == 10
+    assert decide_num_classes([62, 62, 60, 55], robust=True) == 62
+
+
+def test_a_packed_node_is_one_vote_on_num_classes(caplog):
+    """A packed node hosting 4 of the 10 tasks, all claiming 1000 classes, is one vote of 3
+    (robust mode off: the vote alone decides): num_classes 2, its 4 slots excluded."""
+    from flwr.app import Context, RecordDict
+
+    from fmtl_flower.apps.common import make_client_app, make_server_app
+    from fmtl_flower.config import RunConfig
+
+    from .hostile import HostileGrid
+
+    cfg = RunConfig.from_mapping({
+        "dataset": "fedem-synthetic", "num-tasks": 10, "dim": 10, "n-test": 50,
+        "num-server-rounds": 1, "fedem.M": 2, "model": "softmax", "seed": 1,
+        "strategy": "fedem", "robust": False, "tasks-per-node": 4, "min-tasks": 6})
+    grid = HostileGrid(make_client_app(cfg), 3)
+    grid.tamper = claiming_classes({0: 1000, 1: 1000, 2: 1000, 3: 1000})
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        make_server_app(cfg)(grid, Context(run_id=grid.run.run_id, node_id=0, node_config={},
+                                           state=RecordDict(), run_config={}))
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("num_classes = 2, decided by the 3 nodes" in line and "1000: 1 node" in line
+               for line in lines), [line for line in lines if "num_classes" in line]
+    excluded = [line for line in lines if "excluded" in line and "num-classes 1000" in line]
+    assert len(excluded) == 4, excluded
