@@ -609,8 +609,10 @@ class FedEMSettings(CommonSettings):
         ``logistic``, ``softmax``, ``mlp`` or ``torch`` (the run config's ``fedem.model``,
         ``auto`` resolved).
     num_classes : int or None
-        Output classes (>= 2). None: learned at discovery, the most classes a device
-        reported (its labels' largest class id + 1; at least 2).
+        Output classes (>= 2). None: learned at discovery from the nodes' reports (each
+        its labels' largest class id + 1; one vote per physical node): the largest, in
+        robust mode the largest within the federation's log-scale fence (a device above
+        it is excluded, its reason says to set ``num_classes``); at least 2.
     hidden : int
         Hidden units of ``mlp`` (``fedem.hidden``).
     lr, batch_size, local_epochs : float, int, int

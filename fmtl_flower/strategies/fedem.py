@@ -236,18 +236,18 @@ def _responsibility(reply: dict[str, Any], soft: bool) -> np.ndarray:
 
 def decide_num_classes(votes: Sequence[int], robust: bool) -> int:
     """The run's number of classes from the nodes' reports (one per physical node, each the
-    most classes of its tasks): a single node's value; else the largest value that at least
-    two nodes reach (the second largest report: no single node fixes it), in robust mode at
-    most the largest report within the log-scale fence of the reports
-    (:func:`~fmtl_flower.core.robust.log_upper_fence`: a minority cannot inflate it)."""
+    most classes of its tasks): the largest report, in robust mode the largest within the
+    log-scale fence of the reports (:func:`~fmtl_flower.core.robust.log_upper_fence`: a
+    minority cannot inflate it beyond what the federation makes plausible, while an honest
+    device that alone holds the highest class is kept: label skew is common in federated
+    data, and excluding it would cost an honest device its place)."""
     ordered = sorted((int(v) for v in votes), reverse=True)
-    if len(ordered) < 2:
-        return ordered[0] if ordered else 0
-    decided = ordered[1]
-    if robust:
-        fence = log_upper_fence(np.asarray(ordered, dtype=np.float64))
-        decided = min(decided, max(v for v in ordered if v <= fence))
-    return decided
+    if not ordered:
+        return 0
+    if not robust:
+        return ordered[0]
+    fence = log_upper_fence(np.asarray(ordered, dtype=np.float64))
+    return max(v for v in ordered if v <= fence)
 
 
 def _capped_test_counts(correct: np.ndarray, counts: np.ndarray
