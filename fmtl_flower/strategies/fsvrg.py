@@ -218,9 +218,9 @@ from ..core.fsvrg.robust import (
     SQ_NORM_FACTOR,
     clip_rows,
     gram_reply_problem,
-    per_row_fence,
     trusted_counts,
 )
+from ..core.robust import log_upper_fence
 from ..metrics import error_summary, round_record
 from ..packing import StackGroup
 from ..settings import FsvrgSettings, apply_settings, check_num_tasks
@@ -844,7 +844,7 @@ class Fsvrg(TaskStrategy):
             vu = float(v @ u)
             if vu > 0:
                 quotients[task] = float(u @ u) / vu / max(int(self.n_weight[task]), 1)
-        fence = per_row_fence(np.array(list(quotients.values())), QUOTIENT_FACTOR)
+        fence = log_upper_fence(np.array(list(quotients.values())), factor=QUOTIENT_FACTOR)
         problems = {}
         for task, reply in accepted.items():
             why = gram_reply_problem(v, reply["gram-v"], fence * int(self.n_weight[task]))
@@ -862,7 +862,7 @@ class Fsvrg(TaskStrategy):
         mean_sq = self.mean_sq_norm.copy()
         for task, reply in accepted.items():
             mean_sq[task] = reply["sq-norm-sum"] / max(int(self.n_weight[task]), 1)
-        fence = per_row_fence(mean_sq, SQ_NORM_FACTOR)
+        fence = log_upper_fence(mean_sq, factor=SQ_NORM_FACTOR)
         problems = {}
         for task, reply in accepted.items():
             n = int(self.n_weight[task])
@@ -877,7 +877,7 @@ class Fsvrg(TaskStrategy):
     def _d_w_outliers(self, accepted: dict[int, dict[str, Any]]) -> dict[int, str]:
         """CoCoA+'s replies after which the task's share of ``w`` per row of the task,
         ``|v_k + d-w| / n_k``, is above the round's log-scale fence
-        (:func:`~fmtl_flower.core.fsvrg.robust.per_row_fence`, at least
+        (:func:`~fmtl_flower.core.robust.log_upper_fence`, at least
         :data:`~fmtl_flower.core.fsvrg.robust.CLIP_FACTOR` times the median): what one device
         adds up over the rounds stays what the federation's shares make plausible. Rejected
         rather than clipped: a rejected reply rolls the device back (design decision 4), so
@@ -885,7 +885,8 @@ class Fsvrg(TaskStrategy):
         assert self.ledger is not None
         per_row = {t: float(norm((self.ledger.share(t) if r["state-ok"] else 0.0) + r["d-w"]))
                    / max(int(self.n_weight[t]), 1) for t, r in accepted.items()}
-        fence = per_row_fence(np.array(list(per_row.values())), CLIP_FACTOR, SHARE_FENCE_MADS)
+        fence = log_upper_fence(np.array(list(per_row.values())), factor=CLIP_FACTOR,
+                                k=SHARE_FENCE_MADS)
         return {t: f"|the task's share of w| / n-train = {v:.6g} above the round's fence "
                    f"{fence:.6g}" for t, v in per_row.items() if v > fence}
 

@@ -78,7 +78,6 @@ __all__ = [
     "clip_rows",
     "count_fences",
     "gram_reply_problem",
-    "per_row_fence",
     "trusted_counts",
 ]
 
@@ -140,13 +139,6 @@ def _cap_shares_keeping_the_others(counts: np.ndarray, max_share: float) -> np.n
         return counts if not cut.any() else shares
     scale = float(counts[~cut].sum()) / float(shares[~cut].sum())
     return np.where(cut, shares * scale, counts)
-
-
-def per_row_fence(values: np.ndarray, factor: float, mads: float = 5.0) -> float:
-    """The log-scale upper fence of per-row quantities across the federation: ``factor``
-    times their median, or ``mads`` scaled MADs of their logs above it when they spread
-    more (``inf`` when none is known)."""
-    return log_upper_fence(values, factor=factor, k=mads)
 
 
 def gram_reply_problem(v: np.ndarray, u: np.ndarray, rho: float) -> str | None:
