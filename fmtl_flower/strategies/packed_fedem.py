@@ -21,7 +21,7 @@ from flwr.app import ArrayRecord, Message
 
 from ..packing import StackGroup, stacked_content
 from ..wire import from_array, to_array
-from .packed_mocha import read_stacked_rows
+from .packed_mocha import check_each_row, read_stacked_rows
 
 PROTOCOL = "fedem"
 
@@ -92,23 +92,6 @@ def read_stacked_reply(reply: Message, group: StackGroup, keys: ReplyKeys,
         return out
 
     def problems(values: dict[str, np.ndarray], tasks: np.ndarray) -> list[str]:
-        scalars = [key for key in values if key not in row_arrays]
-        finite = {key: np.isfinite(values[key]).tolist() for key in scalars}
-        lists = {key: values[key].tolist() for key in scalars}
-        out = []
-        for i, task in enumerate(tasks.tolist()):
-            bad = [key for key in scalars if not finite[key][i]]
-            if bad:
-                out.append(f"metric {bad[0]!r} is not finite")
-                continue
-            row = {key: lists[key][i] for key in scalars}
-            row.update((key, values[key][i]) for key in row_arrays)
-            try:
-                check(row, task)
-            except Exception as err:  # noqa: BLE001 - the trust boundary: any failure rejects
-                out.append(str(err) or type(err).__name__)
-                continue
-            out.append("")
-        return out
+        return check_each_row(values, tasks, row_arrays, check)
 
     return read_stacked_rows(reply, group, PROTOCOL, columns, problems, row_arrays)
