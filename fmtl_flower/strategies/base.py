@@ -85,6 +85,7 @@ from ..core.rng import evaluate_sample_rng, train_sample_rng
 from ..legacy import detect_legacy
 from ..wire import metric_record, to_array
 from .discovery import TaskDirectory, discover_num_tasks, suggested_fix, wait_for_nodes
+from .repeated_errors import collapse_repeated_errors
 
 #: The config entry of every round's messages naming the run (module docstring).
 RUN_TOKEN_KEY = "run-token"
@@ -247,6 +248,7 @@ class TaskStrategy(SizedAtStart, Strategy):
         :func:`~fmtl_flower.legacy.detect_legacy` (unless ``grid`` is a wrapper already: then
         wrap it in ``LegacyGrid`` yourself)."""
         num_rounds, timeout = check_run_length(num_rounds, timeout)
+        collapse_repeated_errors()  # one line per repeated device traceback (Flower's, Ray)
         grid = detect_legacy(grid)  # a NumPyClient device just works (issue 27)
         self.build_from_nodes(grid, timeout)  # num_tasks=None: the tasks online
         self.check_knobs()

@@ -89,6 +89,7 @@ from .discovery import (
     wait_for_nodes,
 )
 from .mocha import Mocha
+from .repeated_errors import collapse_repeated_errors
 from .trust import ReplyBoundary, ReplyContract, all_finite, check_bound, norm
 
 __all__ = ["OFMTL"]
@@ -337,6 +338,7 @@ class OFMTL(SizedAtStart, Strategy):
         if timeout is None:  # (a strategy still to be built has its settings' timeout)
             timeout = getattr(self, "round_timeout", self.settings.round_timeout)
         num_rounds, timeout = check_run_length(num_rounds, timeout, no_rounds_ok=True)
+        collapse_repeated_errors()  # one line per repeated device traceback (Flower's, Ray)
         self.build_from_nodes(grid, timeout)  # num_tasks=None: the tasks online
         self.round_timeout = timeout
         self._check_knobs(initial_arrays)
