@@ -3,18 +3,22 @@
 Under Flower's Ray simulation a device-side error is logged by Flower, not by this package:
 for every failed message the simulation engine's worker (``flwr/server/superlink/fleet/vce/
 vce_api.py``, in the process that runs the ServerApp) logs the exception and its traceback
-at ERROR on Flower's logger, and the Ray backend a line before them. Discovery asks every
-device again at every poll, so one misconfigured device prints the same traceback hundreds
-of times, and the one line that says what is wrong is lost among thousands (issue 27 met
-5,600-10,300 lines). Neither Flower nor Ray has a setting for it: Ray's log deduplication
+at ERROR on Flower's logger, and the Ray backend a line before them: about 95 lines per
+failed message, so a federation of misconfigured devices prints one such traceback per
+device (and per retry), and the one line that says what is wrong is lost among them (issue
+27 met 5,600-10,300 lines). Neither Flower nor Ray has a setting for it: Ray's log deduplication
 (``RAY_DEDUP_LOGS``) covers what the actors print, not these records, which Flower logs in
 the driver process.
 
 :class:`RepeatedErrors` is a ``logging.Filter`` for Flower's logger: an ERROR (or worse)
 record whose text was already seen in this run is dropped, except at its 1st, 10th, 100th,
 ... repeat, where it is replaced by one line that counts the repeats and quotes the error's
-last line. Texts are compared without what differs between Ray workers for one error (``pid=``,
-``ip=``, ``actor_id=``, memory addresses). Records below ERROR pass untouched.
+last line. Texts are compared with their numbers and Ray's hexadecimal ids masked: what differs
+between devices and Ray workers reporting one error (task ids and counts in the message, ``pid=``,
+``ip=``, ``actor_id=``, memory addresses; a traceback's line numbers too). No information is
+lost: the strategies log each device's reason at WARNING (never filtered), and a
+:class:`~fmtl_flower.strategies.discovery.DiscoveryError` lists the distinct ones. Records
+below ERROR pass untouched.
 :func:`collapse_repeated_errors` installs it on Flower's logger once per process and starts
 its counts afresh; every strategy's ``start()`` calls it, so a user's own ServerApp gets it
 too. To see every repeat, remove it: ``FLOWER_LOGGER.removeFilter(collapse_repeated_errors())``.
@@ -29,8 +33,9 @@ import threading
 
 from flwr.common.logger import FLOWER_LOGGER
 
-#: What differs between Ray workers reporting one error (masked before comparing texts).
-WORKER_DETAILS = re.compile(r"pid=\d+|ip=[\d.:]+|actor_id=[0-9a-f]+|0x[0-9a-f]+")
+#: What differs between devices and Ray workers reporting one error (masked before comparing
+#: texts): Ray's hexadecimal actor ids and addresses, and every number.
+DETAILS = re.compile(r"actor_id=[0-9a-f]+|0x[0-9a-f]+|\d+")
 #: Distinct error texts remembered per run (the oldest is forgotten beyond it).
 MAX_REMEMBERED = 10_000
 
@@ -55,7 +60,7 @@ class RepeatedErrors(logging.Filter):
         if record.levelno < self.level:
             return True
         text = record.getMessage()
-        key = hashlib.sha1(WORKER_DETAILS.sub("", text).encode(), usedforsecurity=False)
+        key = hashlib.sha1(DETAILS.sub("#", text).encode(), usedforsecurity=False)
         with self._lock:
             repeats = self.repeats.get(key.digest(), -1) + 1
             self.repeats[key.digest()] = repeats

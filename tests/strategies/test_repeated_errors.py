@@ -25,7 +25,8 @@ simulation.ray_transport.ray_actor.ClientAppActor object at 0x7f{address:x}>)
   File "/venv/lib/python3.11/site-packages/flwr/simulation/ray_transport/ray_actor.py", line 65
     raise ClientAppException(str(ex)) from ex
 flwr.clientapp.client_app.ClientAppException:
-Exception ClientAppException occurred. Message: labels must be in {{-1, 1}}, found [0]"""
+Exception ClientAppException occurred. Message: task {task}: labels must be in {{-1, 1}}, \
+found {count} label(s) [0]"""
 
 
 class Kept(logging.Handler):
@@ -47,16 +48,18 @@ def a_logger(name: str) -> tuple[logging.Logger, Kept]:
 def test_one_error_from_many_ray_workers_is_printed_once_then_counted():
     logger, kept = a_logger("ray")
     collapse_repeated_errors(logger)
-    for i in range(1000):  # 1000 failed messages of one error over 8 Ray workers
-        logger.error(RAY_ERROR.format(pid=4000 + i % 8, ip=i % 8, actor=f"{i % 8:032x}",
-                                      address=i))
+    errors = [RAY_ERROR.format(pid=4000 + i % 8, ip=i % 8, actor=f"{i % 8:032x}", address=i,
+                               task=i % 40, count=10 + i % 7)
+              for i in range(1000)]  # 1000 failed messages of 40 devices over 8 Ray workers
+    for error in errors:
+        logger.error(error)
     texts = [r.getMessage() for r in kept.records]
-    assert len(texts) == 4
-    assert texts[0] == RAY_ERROR.format(pid=4000, ip=0, actor=f"{0:032x}", address=0)
-    for text, times in zip(texts[1:], ("once", "10 times", "100 times"), strict=True):
+    assert texts[0] == errors[0] and len(texts) == 4
+    for text, repeat, times in zip(texts[1:], (1, 10, 100), ("once", "10 times", "100 times"),
+                                   strict=True):
         assert text == (f"(the error above repeated {times}; further repeats are counted, "
-                        "not printed: Exception ClientAppException occurred. Message: labels "
-                        "must be in {-1, 1}, found [0])")
+                        "not printed: " + errors[repeat].splitlines()[-1] + ")")
+    assert texts[1].endswith("task 1: labels must be in {-1, 1}, found 11 label(s) [0])")
 
 
 def test_distinct_errors_each_printed_and_lower_levels_untouched():
@@ -98,7 +101,8 @@ def test_a_strategys_run_collapses_the_tracebacks_flower_logs_for_failing_device
     def client(message: Message, context: Context) -> Message:
         try:
             if context.node_config["partition-id"] >= 4:
-                raise ValueError("labels must be in {-1, 1}, found [0]")
+                raise ValueError(f"task {context.node_config['partition-id']}: labels "
+                                 "must be in {-1, 1}, found [0]")
             return app(message, context)
         except Exception as ex:  # as flwr/server/superlink/fleet/vce/vce_api.py's worker
             failed.append(ex)
