@@ -31,3 +31,14 @@ def test_mocha_learns_the_clusters_and_beats_local_and_global_on_average():
     mocha_md = (GUIDES / "mocha.md").read_text()
     assert f"mocha {errors['mocha']:.3f}" in mocha_md  # the guide quotes what this prints
     assert f"local {errors['local']:.3f}" in mocha_md
+
+
+def test_fedem_learns_the_mixture_weights_and_beats_fedavg():
+    result = guide_figures.fedem_learns()
+    final = {method: points[-1][1] for method, points in result["accuracy"].items()}
+    assert final["fedem"] > final["local"] and final["fedem"] > final["fedavg"] + 0.05
+    assert result["cosine"] > 0.95  # one component is rule 0
+    gap = np.abs(result["learned_pi"] - result["true_pi"])
+    assert gap.mean() < 0.1
+    fedem_md = (GUIDES / "fedem.md").read_text()
+    assert f"fedem {final['fedem']:.3f}, fedavg {final['fedavg']:.3f}" in fedem_md
