@@ -152,12 +152,12 @@ class SizedAtStart:
         build = self._build_at_start
         if build is None:
             return False
+        num_tasks = discover_num_tasks(grid, self.min_available_nodes,
+                                       min(self.discovery_timeout, timeout),
+                                       type(self).__name__)  # (raises: still deferred)
         before = self.__dict__.pop("_as_deferred")
         set_since = {key: value for key, value in vars(self).items()
                      if key not in before or before[key] is not value}
-        num_tasks = discover_num_tasks(grid, self.min_available_nodes,
-                                       min(self.discovery_timeout, timeout),
-                                       type(self).__name__)
         self._build_at_start = None
         build(num_tasks)
         for key, value in set_since.items():
@@ -246,7 +246,8 @@ class TaskStrategy(SizedAtStart, Strategy):
         unless ``num_rounds`` is an int >= 1 and ``timeout`` a number > 0
         (:func:`check_run_length`). NumPyClient devices are found and served through
         :func:`~fmtl_flower.legacy.detect_legacy` (unless ``grid`` is a wrapper already: then
-        wrap it in ``LegacyGrid`` yourself)."""
+        wrap it in ``LegacyGrid`` yourself). A strategy built with ``num_tasks=None`` is first
+        built for the tasks of the nodes online (:class:`SizedAtStart`)."""
         num_rounds, timeout = check_run_length(num_rounds, timeout)
         collapse_repeated_errors()  # one line per repeated device traceback (Flower's, Ray)
         grid = detect_legacy(grid)  # a NumPyClient device just works (issue 27)

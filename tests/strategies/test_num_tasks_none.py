@@ -111,11 +111,15 @@ def test_what_is_set_before_start_is_kept_and_unbuilt_state_says_why(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["round-000002.npz"]
 
 
-def test_too_few_nodes_online_is_the_discovery_error_naming_min_available_nodes():
+def test_too_few_nodes_online_is_the_discovery_error_and_a_retry_builds_it():
     from fmtl_flower.strategies.discovery import TooFewNodes
 
     strategy = Mocha(min_available_nodes=4, lam=0.1, discovery_timeout=0.5)
     with pytest.raises(TooFewNodes, match=r"min_available_nodes = 4 required"):
         strategy.start(grid=InProcessGrid(linear_app(make_mocha_client_app), 2), num_rounds=1,
                        timeout=30.0)
+    # still to be built: started again with the nodes there, it runs
+    strategy.start(grid=InProcessGrid(linear_app(make_mocha_client_app), 4), num_rounds=1,
+                   timeout=30.0)
+    assert strategy.num_tasks == 4 and strategy.results()["final"]["complete"] is True
 
