@@ -19,6 +19,13 @@ Writes ``mocha-fig1.json`` with ``{"rows": [{"dataset", "method", "network", "ro
 "estimated_time_s", "primal_suboptimality"}], "optimum": {dataset: P*}, "summary": [...]}``
 (``summary``: estimated time each method needs to reach sub-optimality 1e-2 and 1e-3 of P*),
 a CSV of the rows and a plot (one panel per network).
+
+The methods are compared on a common horizon: on each dataset and network every curve is cut
+at the estimated time of the shortest run (``config["horizon_s"][dataset][network]``; the
+last round of each method that ends within it), so every method has the same time budget,
+the summary's ``-`` means "not reached within it", and the plot's curves end at the same x.
+(The round counts differ by method; without the cut, a method given more rounds ran several
+times longer and ended lower, although it reached every target later.)
 """
 
 from __future__ import annotations
@@ -28,9 +35,20 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..centralized import fit_mocha
 from ..data import load_dataset
-from .optimization import NETWORKS, network_curves, optimum, plot_panels, run_mbsgd, write_curves
+from .optimization import (
+    NETWORKS,
+    cumulative_time,
+    curve_rows,
+    network_curves,
+    optimum,
+    plot_panels,
+    run_mbsgd,
+    write_curves,
+)
 
 NAME = "mocha-fig1"
 METHODS = ("mocha", "cocoa", "mb-sdca", "mb-sgd")
@@ -78,25 +96,54 @@ CurvesFn = Callable[[str, Any, list, float, dict[str, int]], Iterable[Curve]]
 
 
 def run_figure(out_dir: Path, name: str, plot: Callable[[Any, dict[str, Any]], None],
-               quick: bool, datasets: list[str] | None, curves: CurvesFn) -> dict[str, Any]:
+               quick: bool, datasets: list[str] | None, curves: CurvesFn, *,
+               common_horizon: bool = False) -> dict[str, Any]:
     """Figures 1 and 2: on each dataset (:func:`settings`) its problem and P*
     (:func:`problem`), the rows and summary of every curve ``curves`` yields (each on every
     network, :func:`~.optimization.network_curves`; CoCoA's gap checks charged with the
-    tasks' sizes), written by :func:`~.optimization.write_curves`."""
+    tasks' sizes; with ``common_horizon``, cut at the time of the shortest run:
+    :func:`on_common_horizon`), written by :func:`~.optimization.write_curves`."""
     datasets, rounds = settings(datasets, quick)
-    rows, optima, summary = [], {}, []
+    rows, optima, summary, horizon = [], {}, [], {}
     for dataset in datasets:
         data, tasks, p_star = problem(dataset)
         optima[dataset] = p_star
-        for fields, tr, options in curves(dataset, data, tasks, p_star, rounds):
-            method = fields["method"]
-            new_rows, new_summary = network_curves(
-                {"dataset": dataset, **fields}, tr["primal"], tr["steps"], data.dim, method,
-                p_star, n=data.n_train if method == "cocoa" else None, **options)
+        found = [({"dataset": dataset, **fields}, tr,
+                  {"n": data.n_train if fields["method"] == "cocoa" else None, **options})
+                 for fields, tr, options in curves(dataset, data, tasks, p_star, rounds)]
+        if common_horizon:
+            new_rows, new_summary, horizon[dataset] = on_common_horizon(found, data.dim, p_star)
+            rows.extend(new_rows)
+            summary.extend(new_summary)
+            continue
+        for base, tr, options in found:
+            new_rows, new_summary = network_curves(base, tr["primal"], tr["steps"], data.dim,
+                                                   base["method"], p_star, **options)
             rows.extend(new_rows)
             summary.extend(new_summary)
     return write_curves(out_dir, name, plot, rows=rows, optima=optima, summary=summary,
-                        datasets=datasets, lam=LAM, rounds=rounds, quick=quick)
+                        datasets=datasets, lam=LAM, rounds=rounds, quick=quick,
+                        horizon=horizon if common_horizon else None)
+
+
+def on_common_horizon(curves: list[Curve], dim: int, p_star: float
+                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, float]]:
+    """The rows and summary of ``curves`` (row fields, trajectory, time options) on every
+    network, each cut at that network's horizon: the estimated time of the shortest run. A
+    curve keeps its rounds that end within the horizon, so every method has the same time
+    budget; also returns the horizon of each network."""
+    rows, summary, horizon = [], [], {}
+    for network in NETWORKS:
+        times = [cumulative_time(tr["steps"], dim, base["method"], network, **options)
+                 for base, tr, options in curves]
+        horizon[network] = min(float(t[-1]) for t in times)
+        for (base, tr, _), t in zip(curves, times, strict=True):
+            end = int(np.searchsorted(t, horizon[network], side="right"))
+            new_rows, new_summary = curve_rows({**base, "network": network},
+                                               tr["primal"][:end], t[:end], p_star)
+            rows.extend(new_rows)
+            summary.extend(new_summary)
+    return rows, summary, horizon
 
 
 def _curves(dataset: str, data: Any, tasks: list, p_star: float,
@@ -113,13 +160,20 @@ def _curves(dataset: str, data: Any, tasks: list, p_star: float,
 def run(out_dir: Path, quick: bool = False, datasets: list[str] | None = None,
         shuffles: int | None = None) -> dict[str, Any]:
     """Run the experiment and write the outputs (see the module docstring)."""
-    return run_figure(out_dir, NAME, plot, quick, datasets, _curves)
+    return run_figure(out_dir, NAME, plot, quick, datasets, _curves, common_horizon=True)
 
 
 def plot(fig: Any, payload: dict[str, Any]) -> None:
-    """One panel per network: relative primal sub-optimality vs estimated time, log scale."""
+    """One panel per network: relative primal sub-optimality vs estimated time, log scale,
+    the x axis ending at the common horizon (every curve cut there)."""
     plot_panels(fig, payload, [(f": {network}", {"network": network}) for network in NETWORKS],
                 [(method, {"method": method}) for method in METHODS])
+    horizon = payload["config"].get("horizon_s", {}).get(payload["config"]["datasets"][0], {})
+    for ax, network in zip(fig.axes, NETWORKS, strict=True):
+        if network in horizon:
+            ax.set_xlim(0.0, horizon[network])
+    if horizon:
+        fig.suptitle("every method over the same time budget: the shortest run's", fontsize=9)
 
 
 def format_table(payload: dict[str, Any]) -> str:

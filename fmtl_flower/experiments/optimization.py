@@ -89,12 +89,15 @@ def curve_rows(base: dict[str, Any], primal: Sequence[float], times: np.ndarray,
 
 def write_curves(out_dir: Path, name: str, plot: Callable[[Any, dict[str, Any]], None], *,
                  rows: list, optima: dict, summary: list, datasets: list[str], lam: float,
-                 rounds: Any, quick: bool) -> dict[str, Any]:
+                 rounds: Any, quick: bool, horizon: dict | None = None) -> dict[str, Any]:
     """The payload of a sub-optimality-vs-time figure (rows, optima, summary, config), written
-    with :func:`~fmtl_flower.experiments.output.write_outputs`; returned."""
+    with :func:`~fmtl_flower.experiments.output.write_outputs`; returned. ``horizon`` (when
+    the curves were cut at a common time) is kept as ``config["horizon_s"]``."""
     payload = {"rows": rows, "optimum": optima, "summary": summary,
                "config": {"datasets": datasets, "lambda": lam, "rounds": rounds,
                           "time_model": "reference", "quick": quick}}
+    if horizon is not None:
+        payload["config"]["horizon_s"] = horizon
     write_outputs(Path(out_dir), name, payload, plot)
     return payload
 

@@ -84,7 +84,8 @@ from ..checkpoint import check_fingerprint, read_checkpoint, write_checkpoint
 from ..core.rng import evaluate_sample_rng, train_sample_rng
 from ..legacy import detect_legacy
 from ..wire import metric_record, to_array
-from .discovery import TaskDirectory, suggested_fix, wait_for_nodes
+from .discovery import TaskDirectory, discover_num_tasks, suggested_fix, wait_for_nodes
+from .repeated_errors import collapse_repeated_errors
 
 #: The config entry of every round's messages naming the run (module docstring).
 RUN_TOKEN_KEY = "run-token"
@@ -108,7 +109,71 @@ class NoValidReplies(RuntimeError):
                          + (f". To fix: {fix}" if fix else ""))
 
 
-class TaskStrategy(Strategy):
+#: What a strategy built with ``num_tasks=None`` but no ``min_available_nodes`` says.
+NUM_TASKS_NEEDED = ("{name}: num_tasks=None takes the tasks of the nodes online once "
+                    "min_available_nodes are (Flower's habit of sizing a run by its "
+                    "SuperNodes): give min_available_nodes=N (run config: "
+                    "min-available-nodes), or the number of tasks, num_tasks=M")
+
+
+class SizedAtStart:
+    """``num_tasks=None``: the strategy is built when ``start`` runs, for the tasks found.
+
+    A family's constructor given ``num_tasks=None`` checks its settings, calls
+    :meth:`build_at_start` and returns; ``start`` then calls :meth:`build_from_nodes`, which
+    waits until ``min_available_nodes`` nodes are online, counts the distinct task ids they
+    report (:func:`~fmtl_flower.strategies.discovery.discover_num_tasks`, as the project's
+    ServerApp does when ``num-tasks`` is unset) and runs the constructor with that count.
+    Attributes set on the strategy between construction and ``start`` (``enable_checkpoints``,
+    a knob) are set again on the built one. Until then the attributes that depend on the
+    task count do not exist: reading one is an AttributeError that says so.
+    """
+
+    #: The constructor still to run with the discovered number of tasks (None: built).
+    _build_at_start: Callable[[int], None] | None = None
+
+    def build_at_start(self, build: Callable[[int], None], settings: Any) -> None:
+        """Defer ``build(num_tasks)`` (the family's constructor with its checked
+        ``settings``) to :meth:`build_from_nodes`; a ValueError when ``settings`` has no
+        ``min_available_nodes`` (nothing would say how many nodes to wait for)."""
+        if not settings.min_available_nodes:
+            raise ValueError(NUM_TASKS_NEEDED.format(name=type(self).__name__))
+        self.num_tasks = None
+        self.min_available_nodes = int(settings.min_available_nodes)
+        self.discovery_timeout = float(settings.discovery_timeout)
+        self._build_at_start = build
+        self._as_deferred = dict(vars(self))
+
+    def build_from_nodes(self, grid: Grid, timeout: float) -> bool:
+        """Build a deferred strategy for the tasks online (class docstring), waiting at most
+        ``min(discovery_timeout, timeout)`` seconds; False (nothing done) when it was built
+        with a number of tasks. Raises what
+        :func:`~fmtl_flower.strategies.discovery.discover_num_tasks` raises."""
+        build = self._build_at_start
+        if build is None:
+            return False
+        num_tasks = discover_num_tasks(grid, self.min_available_nodes,
+                                       min(self.discovery_timeout, timeout),
+                                       type(self).__name__)  # (raises: still deferred)
+        before = self.__dict__.pop("_as_deferred")
+        set_since = {key: value for key, value in vars(self).items()
+                     if key not in before or before[key] is not value}
+        self._build_at_start = None
+        build(num_tasks)
+        for key, value in set_since.items():
+            setattr(self, key, value)
+        return True
+
+    def __getattr__(self, name: str) -> Any:
+        """Only called for an attribute not found: on a strategy still to be built, say why."""
+        if not name.startswith("__") and self.__dict__.get("_build_at_start") is not None:
+            raise AttributeError(f"{type(self).__name__}.{name} exists once start() has built "
+                                 "the strategy: num_tasks=None takes the tasks of the nodes "
+                                 "online once min_available_nodes are")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+class TaskStrategy(SizedAtStart, Strategy):
     """Base of the strategies that keep one model per task (MOCHA and its baselines).
 
     Subclasses set ``directory`` (a :class:`TaskDirectory`), ``records`` (one dict per state
@@ -181,10 +246,14 @@ class TaskStrategy(Strategy):
         unless ``num_rounds`` is an int >= 1 and ``timeout`` a number > 0
         (:func:`check_run_length`). NumPyClient devices are found and served through
         :func:`~fmtl_flower.legacy.detect_legacy` (unless ``grid`` is a wrapper already: then
-        wrap it in ``LegacyGrid`` yourself)."""
-        self.check_knobs()
+        wrap it in ``LegacyGrid`` yourself). A strategy built with ``num_tasks=None`` is first
+        built for the tasks of the nodes online (:class:`SizedAtStart`)."""
+        num_rounds, timeout = check_run_length(num_rounds, timeout)
+        collapse_repeated_errors()  # one line per repeated device traceback (Flower's, Ray)
         grid = detect_legacy(grid)  # a NumPyClient device just works (issue 27)
-        self.num_rounds, self.round_timeout = check_run_length(num_rounds, timeout)
+        self.build_from_nodes(grid, timeout)  # num_tasks=None: the tasks online
+        self.check_knobs()
+        self.num_rounds, self.round_timeout = num_rounds, timeout
         if getattr(self, "discovery_timeout", None) is not None:  # timeout bounds discovery
             self.discovery_timeout = min(float(self.discovery_timeout), self.round_timeout)
         if self.checkpoint_dir is not None and self.resume:

@@ -120,6 +120,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from logging import INFO, WARNING
 from typing import Any
 
@@ -270,8 +271,11 @@ class FedEM(TaskStrategy):
 
     Parameters
     ----------
-    num_tasks : int
+    num_tasks : int or None
         Number of clients (tasks) to wait for; task ids are 0 .. num_tasks - 1.
+        None (the default): the distinct task ids of the nodes online once
+        ``min_available_nodes`` are, counted when ``start`` runs (Flower's habit of sizing
+        a run by its SuperNodes; :class:`~fmtl_flower.strategies.base.SizedAtStart`).
     method : {"fedem", "fedavg", "fedprox", "fedavg-ft", "cfl", "clustered", "ifca", "pfedme", \
               "local"}
         ``ifca`` is an alias of ``clustered`` (IFCA); ``cfl`` is Sattler et al.'s CFL.
@@ -351,12 +355,17 @@ class FedEM(TaskStrategy):
         (:mod:`fmtl_flower.settings`); keyword arguments override it.
     """
 
-    def __init__(self, num_tasks: int, settings: FedEMSettings | None = None, *,
-                 dim: int | None = None, on_round: RoundCallback | None = None,
+    def __init__(self, num_tasks: int | None = None, settings: FedEMSettings | None = None,
+                 *, dim: int | None = None, on_round: RoundCallback | None = None,
                  initial_components: Sequence[ArrayRecord] | None = None,
                  **kwargs: Any) -> None:
         s = FedEMSettings.resolve(settings, kwargs)
         self.settings = s
+        if num_tasks is None:  # built by start, for the tasks online
+            self.build_at_start(partial(FedEM.__init__, self, settings=s,
+                                        dim=dim, on_round=on_round,
+                                        initial_components=initial_components), s)
+            return
         self.num_tasks = check_num_tasks(num_tasks)
         if s.method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {s.method!r}")

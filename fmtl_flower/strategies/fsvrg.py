@@ -184,6 +184,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 from logging import INFO, WARNING
 from typing import Any
 
@@ -343,9 +344,12 @@ class Fsvrg(TaskStrategy):
 
     Parameters
     ----------
-    num_tasks : int
+    num_tasks : int or None
         Number of nodes ``K`` to wait for; task ids 0 .. K - 1. CoCoA+ uses
         ``sigma' = K``.
+        None (the default): the distinct task ids of the nodes online once
+        ``min_available_nodes`` are, counted when ``start`` runs (Flower's habit of sizing
+        a run by its SuperNodes; :class:`~fmtl_flower.strategies.base.SizedAtStart`).
     method : {"fsvrg", "fsvrg-naive", "gd", "cocoa-plus", "dane"}
     lam : float, optional
         ``lam > 0``; default ``1/n`` (the paper's), ``n`` the total of the discovered
@@ -397,11 +401,15 @@ class Fsvrg(TaskStrategy):
         See the module docstring; read with :meth:`results`.
     """
 
-    def __init__(self, num_tasks: int, settings: FsvrgSettings | None = None, *,
-                 dim: int | None = None, on_round: RoundCallback | None = None,
+    def __init__(self, num_tasks: int | None = None, settings: FsvrgSettings | None = None,
+                 *, dim: int | None = None, on_round: RoundCallback | None = None,
                  **kwargs: Any) -> None:
         s = FsvrgSettings.resolve(settings, kwargs)
         self.settings = s
+        if num_tasks is None:  # built by start, for the tasks online
+            self.build_at_start(partial(Fsvrg.__init__, self, settings=s,
+                                        dim=dim, on_round=on_round), s)
+            return
         self.num_tasks = check_num_tasks(num_tasks)
         if s.method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {s.method!r}")

@@ -90,6 +90,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 from logging import INFO, WARNING
 from typing import Any
 
@@ -157,8 +158,11 @@ class MbSgd(LinearTasks, TaskStrategy):
 
     Parameters
     ----------
-    num_tasks : int
+    num_tasks : int or None
         Number of tasks (nodes) to wait for; task ids are 0 .. num_tasks - 1.
+        None (the default): the distinct task ids of the nodes online once
+        ``min_available_nodes`` are, counted when ``start`` runs (Flower's habit of sizing
+        a run by its SuperNodes; :class:`~fmtl_flower.strategies.base.SizedAtStart`).
     lam : float
         Regularisation strength lambda > 0.
     omega : {"identity", "mean", "probabilistic", "clustered", "graphical"}
@@ -216,11 +220,15 @@ class MbSgd(LinearTasks, TaskStrategy):
         :meth:`results`.
     """
 
-    def __init__(self, num_tasks: int, settings: MbSgdSettings | None = None, *,
-                 dim: int | None = None, on_round: RoundCallback | None = None,
+    def __init__(self, num_tasks: int | None = None, settings: MbSgdSettings | None = None,
+                 *, dim: int | None = None, on_round: RoundCallback | None = None,
                  **kwargs: Any) -> None:
         s = MbSgdSettings.resolve(settings, kwargs)
         self.settings = s
+        if num_tasks is None:  # built by start, for the tasks online
+            self.build_at_start(partial(MbSgd.__init__, self, settings=s,
+                                        dim=dim, on_round=on_round), s)
+            return
         self.num_tasks = check_num_tasks(num_tasks)
         self.formulation_options = s.formulation_options
         self.formulation: Formulation = make_formulation(s.omega, self.num_tasks, lam=s.lam,

@@ -61,6 +61,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,7 @@ from ..core.ofmtl_factored import server_ops
 from ..metrics import error_summary, round_record
 from ..settings import OFMTLSettings, apply_settings, check_num_tasks
 from ..wire import from_array, to_array
-from .base import check_evaluate_knobs, check_run_length
+from .base import SizedAtStart, check_evaluate_knobs, check_run_length
 from .discovery import (
     ReplyError,
     TaskDirectory,
@@ -88,6 +89,7 @@ from .discovery import (
     wait_for_nodes,
 )
 from .mocha import Mocha
+from .repeated_errors import collapse_repeated_errors
 from .trust import ReplyBoundary, ReplyContract, all_finite, check_bound, norm
 
 __all__ = ["OFMTL"]
@@ -107,7 +109,7 @@ class NewcomerFailed(RuntimeError):
     """The newcomer did not complete the protocol (no reply, error, or a bad reply)."""
 
 
-class OFMTL(Strategy):
+class OFMTL(SizedAtStart, Strategy):
     """MOCHA over the initial tasks, then O(1)-communication newcomers (module docstring).
 
     Of Flower's knobs, ``min_available_nodes`` (wait for that many nodes before discovery)
@@ -116,8 +118,12 @@ class OFMTL(Strategy):
 
     Parameters
     ----------
-    num_tasks : int
+    num_tasks : int or None
         Tasks of the whole run (the initial ones plus the newcomers to admit).
+        None (the default): the distinct task ids of the nodes online once
+        ``min_available_nodes`` are, counted when ``start`` runs (Flower's habit of sizing
+        a run by its SuperNodes; :class:`~fmtl_flower.strategies.base.SizedAtStart`).
+        Only the tasks online then: give the number when newcomers join later.
     initial_tasks : int
         Tasks 0 .. initial_tasks - 1 train MOCHA first.
     lam : float
@@ -147,10 +153,14 @@ class OFMTL(Strategy):
         (:mod:`fmtl_flower.settings`); keyword arguments override it.
     """
 
-    def __init__(self, num_tasks: int, settings: OFMTLSettings | None = None, *,
-                 on_record: RecordCallback | None = None, **kwargs: Any) -> None:
+    def __init__(self, num_tasks: int | None = None, settings: OFMTLSettings | None = None,
+                 *, on_record: RecordCallback | None = None, **kwargs: Any) -> None:
         s = OFMTLSettings.resolve(settings, kwargs)
         self.settings = s
+        if num_tasks is None:  # built by start, for the tasks online
+            self.build_at_start(partial(OFMTL.__init__, self, settings=s,
+                                        on_record=on_record), s)
+            return
         self.num_tasks = check_num_tasks(num_tasks, 2)
         if s.initial_tasks >= self.num_tasks:
             raise ValueError(f"initial_tasks ({s.initial_tasks}) must be below num_tasks "
@@ -325,8 +335,11 @@ class OFMTL(Strategy):
         none arrives within ``arrival_timeout``); ``num_rounds`` > 0 caps the newcomers
         (0: no cap). A ValueError at once for a negative ``num_rounds`` or a ``timeout``
         <= 0 (:func:`~fmtl_flower.strategies.base.check_run_length`)."""
-        num_rounds, timeout = check_run_length(
-            num_rounds, self.round_timeout if timeout is None else timeout, no_rounds_ok=True)
+        if timeout is None:  # (a strategy still to be built has its settings' timeout)
+            timeout = getattr(self, "round_timeout", self.settings.round_timeout)
+        num_rounds, timeout = check_run_length(num_rounds, timeout, no_rounds_ok=True)
+        collapse_repeated_errors()  # one line per repeated device traceback (Flower's, Ray)
+        self.build_from_nodes(grid, timeout)  # num_tasks=None: the tasks online
         self.round_timeout = timeout
         self._check_knobs(initial_arrays)
         if self.min_available_nodes:

@@ -63,8 +63,3 @@ def test_no_task_id_at_all_is_a_discovery_error_with_the_reasons():
     with pytest.raises(DiscoveryError, match=r"KeyError: 'task-id'"):
         discover_num_tasks(InProcessGrid(client, 2), 2, timeout=5.0)
 
-
-def test_num_tasks_none_says_how_to_learn_it():
-    with pytest.raises(ValueError, match=r"num_tasks=None: .*discover_num_tasks\(grid, "
-                                         r"min_available_nodes=...\)"):
-        Mocha(None, lam=0.1)
