@@ -54,6 +54,7 @@ __all__ = [
 MAX_CLASS_NAME = 200
 
 Label = int | float | str
+KIND_NAMES = {"str": "strings", "number": "numbers"}
 
 
 @dataclass(frozen=True)
@@ -225,7 +226,8 @@ def decide_classes(votes: Mapping[int, Sequence[Label]], robust: bool, max_class
     majority = Counter(kinds.values()).most_common(1)[0][0]
     for node, kind in kinds.items():
         if kind != majority:
-            refused[node] = f"labels are {kind}s, the federation's are {majority}s"
+            refused[node] = f"labels are {KIND_NAMES[kind]}, the federation's " \
+                            f"{KIND_NAMES[majority]}"
     kept = {node: vote for node, vote in votes.items() if node not in refused}
     if robust and kept:
         fence = log_upper_fence(np.array([len(v) for v in kept.values()], dtype=np.float64))

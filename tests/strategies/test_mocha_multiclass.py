@@ -13,8 +13,10 @@ from flwr.serverapp import Grid, ServerApp
 from scipy.optimize import minimize
 
 from fmtl_flower.clients.mocha import default_task_id, make_mocha_client_app
+from fmtl_flower.clients.packed_mocha import PackedMocha
 from fmtl_flower.core.multiclass import lift, predict_classes, with_intercept
-from fmtl_flower.engine import run_inprocess
+from fmtl_flower.engine import InProcessGrid, run_inprocess
+from fmtl_flower.packing import PackedGrid, packed_client_app, tasks_of_node
 from fmtl_flower.strategies.mocha import Mocha
 
 TASKS, DIM, N, N_TEST = 4, 3, 24, 12
@@ -226,3 +228,21 @@ def test_max_classes_caps_what_a_node_may_claim():
     strategy = run(loader(tasks), "auto", rounds=1, max_classes=3, robust=False,
                    wrap=hostile_labels(0, ["a", "b", "c", "x"]), min_tasks=TASKS - 1)
     assert strategy.lifting.classes == ("a", "b", "c") and 0 not in strategy.task_to_node
+
+
+def test_packed_nodes_lift_their_slots_as_one_task_nodes_do():
+    """Two nodes hosting two tasks each (the stacking protocol): the same W, bit for bit,
+    as one node per task; each packed node is one vote for the class list."""
+    tasks = string_label_tasks(seed=9)
+    single = run(loader(tasks), "auto", fit_intercept=True)
+    app = make_mocha_client_app(loader(tasks), labels="auto")
+    handler = PackedMocha(app.mocha_client)
+    packed = packed_client_app(app, lambda ctx: tasks_of_node(ctx.node_config, 2, TASKS),
+                               {handler.protocol: handler}, {"query.whoami": handler.whoami})
+    strategy = Mocha(TASKS, discovery_timeout=5.0, lam=0.1, omega="probabilistic",
+                     omega_every=2, fit_intercept=True)
+    strategy.start(grid=PackedGrid(InProcessGrid(packed, 2), query_timeout=5.0), num_rounds=6,
+                   timeout=60.0)
+    assert strategy.lifting == single.lifting
+    assert len(strategy.directory.labels_by_node()) == 2
+    np.testing.assert_array_equal(strategy.state.W, single.state.W)
