@@ -724,6 +724,12 @@ class Mocha(LinearTasks, TaskStrategy):
         if votes:
             self.directory.fix_labels(self._allowed_classes(classes), refused, CLASSES_FIX)
 
+    @property
+    def classes(self) -> tuple[Any, ...] | None:
+        """The run's classes once decided at discovery (None before): the agreed sorted
+        class list, or for the binary labels the pair they belong to, (-1, 1) or (0, 1)."""
+        return self._allowed_classes() if self._lifting_fixed else None
+
     def _allowed_classes(self, classes: Iterable[Any] | None = None) -> tuple[Any, ...]:
         """The labels a device may hold in this run: the class list, or for the binary
         labels both of the pair they belong to."""
