@@ -7,9 +7,12 @@ Every message to a task's node carries a ``config`` ConfigRecord and an ``arrays
 query ``whoami`` (server -> node): empty ``config``. Reply: ConfigRecord ``info`` with
     ``task-id`` (int, 0 <= id < num_tasks), ``n-train`` (int >= 1), ``n-test`` (int >= 0),
     ``dim`` (int, the same on every node), ``max-row-norm`` (float, max_i |x_ti|_2 over the
-    training rows; bounds the task's ``delta-b``, below). Sizes beyond the discovery limits
-    and a ``dim`` other than the majority's exclude the node
-    (:mod:`fmtl_flower.strategies.discovery`).
+    training rows; bounds the task's ``delta-b``, below), optional ``classes`` (list of int,
+    float or str: the distinct labels of the device's train and test data, sent by devices
+    built with ``labels="auto"``; at most ``max_classes`` of them). Sizes beyond the
+    discovery limits and a ``dim`` other than the majority's exclude the node
+    (:mod:`fmtl_flower.strategies.discovery`). ``n-train``, ``dim`` and ``max-row-norm`` are
+    of the data as loaded; the server lifts them (below, "Multi-class and intercept").
 
 ``train`` (server -> node):
     arrays ``w``: float64 (d,), the task's model w_t = W(alpha)[:, t];
@@ -26,7 +29,10 @@ query ``whoami`` (server -> node): empty ``config``. Reply: ConfigRecord ``info`
     gamma * d_b), optional ``method`` str
     (``mocha`` by default; ``cocoa`` with ``theta`` float: SDCA until the local gap falls by
     theta, ``budget`` is the cap; ``mb-sdca`` with ``scale`` float: stale-model steps on
-    ``budget`` distinct samples, update scaled by ``scale``).
+    ``budget`` distinct samples, update scaled by ``scale``), optional ``classes`` (list: the
+    run's sorted class list, sent unless the labels are the binary -1/+1 or 0/1) and
+    ``intercept-scaling`` float > 0 (sent when the run fits an intercept): the device
+    prepares its data as they say (below) before anything else; ``evaluate`` too.
     Seeding round (round 1 of a fresh run started with ``initial_arrays``, see
     :meth:`Mocha.seed_model`): also arrays ``seed-w`` and ``seed-b``, float64 (d,) each, the
     target model W0[:, t] and dual image (W0 K)[:, t]; ``budget`` = n-train, ``dropped``
@@ -42,6 +48,26 @@ query ``whoami`` (server -> node): empty ``config``. Reply: ConfigRecord ``info`
 
 ``evaluate`` (server -> node, once, after the last round): the same ``w`` and ``config``
     (``eval`` true); reply: the same metrics, no arrays.
+
+Multi-class and intercept
+-------------------------
+(:mod:`fmtl_flower.core.multiclass`, the maths in ``docs/guides/mocha.md``.) At the first
+discovery the server decides the run's class list from the ``classes`` of the nodes (one
+vote per physical node, :func:`~fmtl_flower.core.multiclass.decide_classes`: every class an
+admitted node holds, so a class only one device holds is one; in robust mode a node claiming
+more classes than the log-scale fence of the nodes' counts is refused; a node claiming more
+than ``max_classes`` (``mocha.max-classes``, default 1000) is refused at its whoami; the
+list is at most ``max_classes`` long). The refused nodes, and the nodes whose labels lie
+outside the list (now or when they appear later), are excluded with the reason. No votes,
+or labels within {-1, +1} or {0, 1}: today's binary problem, nothing more is sent. Two other
+labels: binary, c_0 -> -1, c_1 -> +1. K > 2: one-vs-rest over K blocks with one Omega; each
+w_t then has (d + 1 with an intercept) * K entries, task t has n_t * K lifted samples
+(:attr:`Mocha.n_train`, the budgets and the ``n-train`` of the replies), and the row-norm
+bound R_t becomes sqrt(R_t**2 + ``intercept-scaling``**2) with an intercept
+(``fit_intercept``, ``mocha.fit-intercept``: a constant feature the devices append). The
+SDCA kernel, the dual, sigma', the certificate's check, the bounds above and the server's
+updates are those of the binary problem on the lifted data. Checkpoints keep the class
+list. Packed nodes lift every slot alike.
 
 Every reply is validated (keys, dtypes, shapes, finite values, matching task and round); a
 reply that fails counts as a dropped node with a logged reason and leaves the state untouched.

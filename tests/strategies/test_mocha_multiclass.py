@@ -19,6 +19,8 @@ from fmtl_flower.engine import InProcessGrid, run_inprocess
 from fmtl_flower.packing import PackedGrid, packed_client_app, tasks_of_node
 from fmtl_flower.strategies.mocha import Mocha
 
+from .helpers import ServerKilled, killed_in
+
 TASKS, DIM, N, N_TEST = 4, 3, 24, 12
 NAMES = np.array(["a", "b", "c"])
 
@@ -246,3 +248,31 @@ def test_packed_nodes_lift_their_slots_as_one_task_nodes_do():
     assert strategy.lifting == single.lifting
     assert len(strategy.directory.labels_by_node()) == 2
     np.testing.assert_array_equal(strategy.state.W, single.state.W)
+
+
+def test_a_resumed_multiclass_run_is_the_uninterrupted_one(tmp_path):
+    """Killed in round 4 and resumed from its checkpoint of round 3 (the class list and the
+    intercept kept), it ends bit for bit where the uninterrupted run ends."""
+    tasks = string_label_tasks(seed=10)
+    options = {"lam": 0.1, "omega": "probabilistic", "omega_every": 2, "fit_intercept": True}
+    uninterrupted = run(loader(tasks), "auto", **options)
+
+    def start(strategy: Mocha) -> None:
+        server_app = ServerApp()
+
+        @server_app.main()
+        def main(grid: Grid, context: Context) -> None:
+            strategy.start(grid=grid, num_rounds=6, timeout=60.0)
+
+        run_inprocess(server_app, make_mocha_client_app(loader(tasks), labels="auto"), TASKS,
+                      run_config={"client-state-dir": str(tmp_path / "devices")})
+
+    first = killed_in(Mocha, 4)(TASKS, discovery_timeout=5.0, **options)
+    first.enable_checkpoints(tmp_path / "ckpt")
+    with pytest.raises(ServerKilled):
+        start(first)
+    second = Mocha(TASKS, discovery_timeout=5.0, **options)
+    second.enable_checkpoints(tmp_path / "ckpt")
+    start(second)
+    assert second.resumed_from == 3 and second.lifting == uninterrupted.lifting
+    np.testing.assert_array_equal(second.state.W, uninterrupted.state.W)
