@@ -47,11 +47,15 @@ __all__ = [
     "multiclass_errors",
     "natural_binary",
     "predict_classes",
+    "wire_list",
     "with_intercept",
 ]
 
 #: Longest label (as a string) a device may report at discovery.
 MAX_CLASS_NAME = 200
+#: Most bytes a device's materialised lifting may take (n K rows of d K float64 entries:
+#: K**2 times its data); more is refused with a clear error rather than exhausting memory.
+MAX_LIFTED_BYTES = 2 ** 31
 
 Label = int | float | str
 KIND_NAMES = {"str": "strings", "number": "numbers"}
@@ -103,7 +107,7 @@ class Lifting:
         ``classes`` (list of int, float or str) and ``intercept-scaling`` (float > 0)."""
         out: dict[str, Any] = {}
         if self.classes is not None:
-            out["classes"] = list(self.classes)
+            out["classes"] = wire_list(self.classes)
         if self.intercept_scaling:
             out["intercept-scaling"] = float(self.intercept_scaling)
         return out
@@ -172,10 +176,15 @@ def label_values(*label_arrays: Any) -> list[Label]:
         array = np.asarray(labels)
         if array.size:
             values.update(_canonical(v) for v in np.unique(array).tolist())
-    classes = list(canonical_classes(values))
+    return wire_list(canonical_classes(values))
+
+
+def wire_list(classes: Sequence[Label]) -> list[Label]:
+    """``classes`` as a list a ConfigRecord holds: of one type (ints become floats when
+    floats are among them)."""
     if any(isinstance(v, float) for v in classes):
-        classes = [float(v) for v in classes]
-    return classes
+        return [float(v) for v in classes]
+    return list(classes)
 
 
 def natural_binary(classes: Sequence[Label]) -> bool:
@@ -259,6 +268,12 @@ def lift(X: np.ndarray, label_index: np.ndarray, num_classes: int
     ``(X_lift (nK, dK), y_lift (nK,))``."""
     n, d = X.shape
     K = int(num_classes)
+    size = 8 * n * d * K * K
+    if size > MAX_LIFTED_BYTES:
+        raise ValueError(f"the one-vs-rest lifting of {n} samples x {d} features over {K} "
+                         f"classes would take {size / 2 ** 30:.1f} GiB (at most "
+                         f"{MAX_LIFTED_BYTES / 2 ** 30:.0f}): fewer classes (mocha.max-classes) "
+                         "or fewer samples per device")
     lifted = np.zeros((n, K, K, d))
     ks = np.arange(K)
     lifted[:, ks, ks, :] = X[:, None, :]

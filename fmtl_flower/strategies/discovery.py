@@ -900,14 +900,21 @@ class TaskDirectory:
     def labels_by_node(self) -> dict[int, tuple[Any, ...]]:
         """``{physical node: the sorted union of the labels its held tasks reported}``
         (``classes``: MOCHA's devices built with ``labels="auto"``), of the nodes that
-        reported any: one vote per physical node however many slots it hosts; the strategy
+        reported any: one vote per physical node however many slots it hosts (none for a
+        node whose slots mix strings and numbers); the strategy
         decides the run's class list from the votes
         (:func:`~fmtl_flower.core.multiclass.decide_classes`)."""
         votes: dict[int, set[Any]] = {}
         for task, node in self.task_to_node.items():
             if task in self.labels:
                 votes.setdefault(self._physical(node), set()).update(self.labels[task])
-        return {node: canonical_classes(vote) for node, vote in votes.items()}
+        out = {}
+        for node, vote in votes.items():
+            try:
+                out[node] = canonical_classes(vote)
+            except ValueError:  # a packed node whose slots mix strings and numbers: no vote
+                continue
+        return out
 
     def fix_labels(self, classes: Iterable[Any], refused: Mapping[int, str], fix: str) -> None:
         """Fix the run's class list: the physical nodes in ``refused`` and the holders of a

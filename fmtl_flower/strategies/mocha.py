@@ -188,7 +188,13 @@ from ..core.mocha_factored import (
     make_server_state,
     restore_server_state,
 )
-from ..core.multiclass import Lifting, canonical_classes, decide_classes, natural_binary
+from ..core.multiclass import (
+    Lifting,
+    canonical_classes,
+    decide_classes,
+    natural_binary,
+    wire_list,
+)
 from ..metrics import round_record
 from ..packing import StackGroup
 from ..settings import MochaSettings, apply_settings, check_num_tasks, drop_prob_of
@@ -641,7 +647,7 @@ class Mocha(LinearTasks, TaskStrategy):
             arrays.update(self.watch.state_arrays())
         meta: dict[str, Any] = {"records": self.records, "health": health_meta}
         if self.lifting.classes is not None:
-            meta["classes"] = list(self.lifting.classes)
+            meta["classes"] = wire_list(self.lifting.classes)
         return arrays, meta
 
     def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:

@@ -32,6 +32,11 @@ def test_lift_puts_each_sample_in_its_class_block():
     np.testing.assert_array_equal(Xl @ w, (X @ w.reshape(3, 2).T).ravel())
 
 
+def test_a_lifting_too_large_for_a_device_is_refused():
+    with pytest.raises(ValueError, match=r"over 2000 classes would take 29\.8 GiB"):
+        lift(np.zeros((1, 1000)), np.zeros(1, dtype=np.int64), 2000)
+
+
 def test_predictions_are_the_argmax_over_blocks():
     X = with_intercept(np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, -1.0]]), 2.0)
     assert X.shape == (3, 3) and np.all(X[:, 2] == 2.0)
