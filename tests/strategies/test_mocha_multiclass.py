@@ -17,6 +17,7 @@ from fmtl_flower.clients.packed_mocha import PackedMocha
 from fmtl_flower.core.multiclass import lift, predict_classes, with_intercept
 from fmtl_flower.engine import InProcessGrid, run_inprocess
 from fmtl_flower.packing import PackedGrid, packed_client_app, tasks_of_node
+from fmtl_flower.strategies.discovery import BeyondLimits, ReplyError, TaskDirectory
 from fmtl_flower.strategies.mocha import Mocha
 
 from .helpers import ServerKilled, killed_in
@@ -276,3 +277,22 @@ def test_a_resumed_multiclass_run_is_the_uninterrupted_one(tmp_path):
     start(second)
     assert second.resumed_from == 3 and second.lifting == uninterrupted.lifting
     np.testing.assert_array_equal(second.state.W, uninterrupted.state.W)
+
+
+def whoami(classes: Any) -> Message:
+    """A whoami reply's content (all :meth:`TaskDirectory.read_whoami` reads)."""
+    info = {"task-id": 0, "n-train": 10, "dim": DIM, "classes": classes}
+    return Message(RecordDict({"info": ConfigRecord(info)}), dst_node_id=1,
+                   message_type="query.whoami")
+
+
+def test_a_whoami_with_labels_outside_the_decided_classes_is_refused():
+    directory = TaskDirectory(2, "MOCHA", dim=DIM)
+    assert directory.read_whoami(whoami(["b", "a"]))["classes"] == ("a", "b")
+    directory.fix_labels(("a", "b", "c"), {}, "map the labels")
+    assert directory.read_whoami(whoami(["a", "c"]))["classes"] == ("a", "c")
+    with pytest.raises(BeyondLimits, match=r"labels \['z'\] outside the run's classes; map"):
+        directory.read_whoami(whoami(["a", "z"]))
+    for bad in ([1.0, float("nan")], ["x" * 201], []):
+        with pytest.raises(ReplyError):
+            directory.read_whoami(whoami(bad))
