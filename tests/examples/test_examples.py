@@ -13,7 +13,8 @@ from fmtl_flower.engine import run_inprocess
 from .helpers import EXAMPLES, NAMES, app_config, example_apps, run_config
 
 # quickstart-mocha: three string classes learned at discovery, with an intercept
-FINAL = {"quickstart-mocha": "MOCHA final: 3 classes ['blue', 'green', 'red']", "quickstart-fedem": "fedem final",
+FINAL = {"quickstart-mocha": "MOCHA final: 3 classes ['blue', 'green', 'red']",
+         "quickstart-fedem": "fedem final",
          "legacy-numpyclient": "MOCHA final (NumPyClient devices)"}
 
 
