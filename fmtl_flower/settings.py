@@ -542,6 +542,15 @@ class MochaSettings(_PrimalDualSettings):
         Exclude a task after ``max_failures`` consecutive failed rounds (0: never) and probe
         it every ``probe_every`` rounds; it is readmitted when it answers or reconnects
         (``mocha.max-failures``, ``mocha.probe-every``).
+    fit_intercept : bool
+        Fit a (penalised) bias per task and class through a constant feature the devices
+        append (``mocha.fit-intercept``; :mod:`fmtl_flower.core.multiclass`).
+    intercept_scaling : float
+        That feature's value > 0, as scikit-learn's liblinear ``intercept_scaling``: the
+        larger, the less the bias is penalised (``mocha.intercept-scaling``).
+    max_classes : int
+        Most classes a run may learn from its devices' labels (devices built with
+        ``labels="auto"``; a node claiming more is refused) (``mocha.max-classes``).
     """
 
     method: str = setting("mocha", choice("mocha", "cocoa", "mb-sdca"))
@@ -557,6 +566,10 @@ class MochaSettings(_PrimalDualSettings):
     min_replies: int = setting(1, integer(0), "mocha.min-replies")
     max_failures: int = setting(3, integer(0), "mocha.max-failures")
     probe_every: int = setting(5, integer(1), "mocha.probe-every")
+    # multi-class and intercept (issue 27 item 3 B, :mod:`fmtl_flower.core.multiclass`)
+    fit_intercept: bool = setting(False, boolean, "mocha.fit-intercept")
+    intercept_scaling: float = setting(1.0, _POSITIVE, "mocha.intercept-scaling")
+    max_classes: int = setting(1000, integer(2), "mocha.max-classes")
 
     @property
     def formulation_options(self) -> dict[str, Any]:

@@ -14,7 +14,8 @@ from flwr.clientapp import ClientApp
 
 from ..checkpoint import state_file_path
 from ..core.hinge import classification_errors
-from ..data.validation import node_task_id
+from ..core.multiclass import Lifting, class_indices, lift, multiclass_errors, with_intercept
+from ..data.validation import node_task_id, validate_task
 from ..wire import from_array, to_array
 
 DataLoader = Callable[[Context], tuple[np.ndarray, ...]]
@@ -23,7 +24,13 @@ TaskIdFn = Callable[[Context], int]
 
 @dataclass(frozen=True)
 class LocalTask:
-    """The data one device holds for its task (validated, float64, labels in {-1, +1})."""
+    """The data one device holds for its task as MOCHA sees it (validated, float64, labels
+    in {-1, +1}; lifted and with the intercept column when the run asks,
+    :func:`prepare_task`).
+
+    ``blocks`` is K of a multi-class run (1: binary): ``X_test`` then holds the test
+    features (intercept column included, not lifted) and ``test_classes`` their class
+    indices; the test error is the argmax's (:func:`eval_metrics`)."""
 
     task_id: int
     X: np.ndarray
@@ -32,6 +39,8 @@ class LocalTask:
     y_test: np.ndarray
     sqnorm: np.ndarray
     fingerprint: str = ""  # of (X, y): the dual state is bound to it
+    blocks: int = 1
+    test_classes: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -40,6 +49,104 @@ class LocalTask:
     @property
     def dim(self) -> int:
         return self.X.shape[1]
+
+
+@dataclass(frozen=True)
+class DeviceData:
+    """What a linear-task device's loader returned, checked: features float64 (finite,
+    train and test of the same width) and the labels as given (any values: the run decides
+    what they mean, :func:`prepare_task`)."""
+
+    task_id: int
+    X: np.ndarray
+    labels: np.ndarray
+    X_test: np.ndarray
+    labels_test: np.ndarray
+
+    @classmethod
+    def of(cls, task_id: int, loaded: tuple[Any, ...]) -> DeviceData:
+        """Check a loader's ``(X, y)`` or ``(X, y, X_test, y_test)``; ValueError naming the
+        task otherwise."""
+        if len(loaded) == 2:
+            X, y = loaded
+            X_test, y_test = np.zeros((0, np.shape(X)[1])), np.zeros(0)
+        elif len(loaded) == 4:
+            X, y, X_test, y_test = loaded
+        else:
+            raise ValueError("load_data must return (X, y) or (X, y, X_test, y_test)")
+        X, y = _features(X, y, f"task {task_id} (train)")
+        if len(y_test):
+            X_test, y_test = _features(X_test, y_test, f"task {task_id} (test)")
+            if X_test.shape[1] != X.shape[1]:
+                raise ValueError(f"task {task_id}: test data has {X_test.shape[1]} features, "
+                                 f"train data {X.shape[1]}")
+        else:
+            X_test, y_test = np.zeros((0, X.shape[1])), np.zeros(0)
+        return cls(task_id, X, y, X_test, y_test)
+
+
+def _features(X: Any, y: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(X as :func:`~fmtl_flower.data.validation.validate_task` checks it, the labels as a
+    1-D array of len(X); numeric labels finite)."""
+    labels = np.asarray(y)
+    if labels.ndim == 2 and 1 in labels.shape:
+        labels = labels.reshape(-1)
+    if labels.ndim != 1:
+        raise ValueError(f"{name}: y must be a vector (n,), (n, 1) or (1, n), got shape "
+                         f"{labels.shape}")
+    X, _ = validate_task(X, np.ones(labels.shape[0]), name=name)
+    if labels.dtype.kind in "fc" and not np.isfinite(labels).all():
+        raise ValueError(f"{name}: y contains {int(np.count_nonzero(~np.isfinite(labels)))} "
+                         "non-finite value(s) (NaN or Inf)")
+    return X, labels
+
+
+def prepare_task(data: DeviceData, lifting: Lifting, labels: str) -> LocalTask:
+    """The device's task as the run's ``lifting`` (:mod:`fmtl_flower.core.multiclass`)
+    makes it: without a class list, today's binary labels (``labels``: ``"pm1"`` or
+    ``"auto"``, :func:`hinge_labels`); with two classes c_0 -> -1, c_1 -> +1; with more,
+    the one-vs-rest lifting; the intercept column appended first when the run fits one."""
+    tid, scaling = data.task_id, lifting.intercept_scaling
+    X, X_test = with_intercept(data.X, scaling), with_intercept(data.X_test, scaling)
+    test_classes = None
+    if lifting.classes is None:
+        y = _binary(data.labels, labels, f"task {tid} (train)")
+        y_test = _binary(data.labels_test, labels, f"task {tid} (test)")
+    else:
+        index = class_indices(data.labels, lifting.classes, f"task {tid} (train)")
+        test_index = class_indices(data.labels_test, lifting.classes, f"task {tid} (test)")
+        if lifting.blocks == 1:
+            y, y_test = _pm1(index == 1), _pm1(test_index == 1)
+        else:
+            X, y = lift(X, index, lifting.blocks)
+            y_test, test_classes = np.zeros(0), test_index
+    from .dual_state import data_fingerprint  # (dual_state imports this module)
+
+    sqnorm = np.einsum("ij,ij->i", X, X)
+    return LocalTask(tid, X, y, X_test, y_test, sqnorm, data_fingerprint(X, y),
+                     blocks=lifting.blocks, test_classes=test_classes)
+
+
+def _pm1(positive: np.ndarray) -> np.ndarray:
+    return np.where(positive, 1.0, -1.0)
+
+
+def _binary(y: np.ndarray, labels: str, name: str) -> np.ndarray:
+    """Today's binary labels: ``y`` through :func:`hinge_labels`, checked to be -1/+1."""
+    if y.size == 0:
+        return np.zeros(0)
+    y = hinge_labels(y, labels)
+    if np.asarray(y).dtype.kind not in "biuf":
+        raise ValueError(f"{name}: labels must be in {{-1, 1}} (labels={labels!r}); found "
+                         f"{label_preview(y)}: build the ClientApp with labels=\"auto\" for "
+                         "other labels (any K classes)")
+    return validate_task(np.zeros((len(y), 1)), y, labels="pm1", name=name)[1]
+
+
+def label_preview(y: np.ndarray) -> str:
+    """Up to 5 of ``y``'s distinct values, for an error message."""
+    values = np.unique(y)
+    return f"{values[:5].tolist()}" + (f" ({values.size} distinct)" if values.size > 5 else "")
 
 
 def read_instruction(msg: Message, task: LocalTask, name: str
@@ -66,13 +173,32 @@ def read_instruction(msg: Message, task: LocalTask, name: str
 
 
 
+def lifting_of(msg: Message) -> Lifting:
+    """The lifting a MOCHA message's config asks for (``classes``, ``intercept-scaling``:
+    :meth:`~fmtl_flower.core.multiclass.Lifting.config`; none without a config record:
+    :func:`read_instruction` says what is missing); ValueError if malformed."""
+    if "config" not in msg.content:
+        return Lifting()
+    config = msg.content["config"]
+    return Lifting.from_config({k: config[k] for k in ("classes", "intercept-scaling")
+                                if k in config})
+
+
 def eval_metrics(task: LocalTask, w: np.ndarray, config: Mapping[str, Any]) -> dict[str, int]:
     """``test-errors`` and ``test-n`` of ``w`` on the task's test data when the instruction
     says ``eval``; nothing otherwise."""
     if "eval" in config and config_value(config, "eval", bool):
-        return {"test-errors": classification_errors(task.X_test, task.y_test, w),
-                "test-n": int(task.X_test.shape[0])}
+        return {"test-errors": test_errors(task, w), "test-n": int(task.X_test.shape[0])}
     return {}
+
+
+def test_errors(task: LocalTask, w: np.ndarray) -> int:
+    """Test samples ``w`` gets wrong: the sign's for a binary task, the argmax's over the
+    K blocks of a multi-class one."""
+    if task.blocks > 1:
+        assert task.test_classes is not None
+        return multiclass_errors(task.X_test, task.test_classes, w, task.blocks)
+    return classification_errors(task.X_test, task.y_test, w)
 
 
 def config_value(config: Mapping[str, Any], key: str, kind: type) -> Any:

@@ -39,12 +39,13 @@ from flwr.clientapp import ClientApp
 
 from ..core.baselines import cocoa_local_update, mbsdca_local_update
 from ..core.hinge import hinge_conjugate_value, mean_hinge_loss
+from ..core.multiclass import Lifting, label_values
 from ..core.rng import coordinate_order
 from ..core.sdca import sdca_local_update
-from ..data.validation import validate_task
 from ..wire import array_record, config_record, metric_record, record_dict, reply
 from .common import (  # DataLoader, LocalTask, TaskIdFn, default_task_id: re-exported
     DataLoader,
+    DeviceData,
     LocalTask,
     TaskIdFn,
     client_app_for,
@@ -52,14 +53,17 @@ from .common import (  # DataLoader, LocalTask, TaskIdFn, default_task_id: re-ex
     default_task_id,
     eval_metrics,
     hinge_labels,
+    lifting_of,
+    prepare_task,
     read_instruction,
     use_kernel_cache,
 )
 from .dual_seed import read_seed_target, seed_duals
-from .dual_state import DualState, DualStore, data_fingerprint
+from .dual_state import DualState, DualStore
 
 STATE_ARRAYS = "mocha.arrays"
 STATE_META = "mocha.meta"
+BINARY = Lifting()  # today's binary labels, no intercept
 
 class MochaClient:
     """MOCHA's device-side handlers over a user-supplied data loader.
@@ -86,56 +90,72 @@ class MochaClient:
         self._state_dir = state_dir or None
         self._load_data = load_data
         self._task_id = task_id or default_task_id
-        self._cache: dict[tuple[int, int], LocalTask] = {}
+        self._data: dict[tuple[int, int], DeviceData] = {}
+        self._cache: dict[tuple[int, int, int, Lifting], LocalTask] = {}
         self._duals = DualStore("mocha", "MOCHA", self._state_dir)
 
     # -- data -------------------------------------------------------------------------------
-    def local_task(self, context: Context) -> LocalTask:
-        """The node's validated task data (loaded once per node and run)."""
+    def local_task(self, context: Context, lifting: Lifting = BINARY) -> LocalTask:
+        """The node's validated task data as ``lifting`` makes it (default: today's binary
+        labels, no intercept), loaded once per node and run, prepared once per lifting."""
+        return self.prepared_task(self.device_data(context), context, lifting)
+
+    def device_data(self, context: Context) -> DeviceData:
+        """The node's checked data, labels as loaded (loaded once per node and run)."""
         key = (int(context.run_id), int(context.node_id))
+        data = self._data.get(key)
+        if data is None:
+            use_kernel_cache(context, self._state_dir)  # before any kernel runs
+            data = self._load_device_data(context)
+            if len(self._data) > 4096:
+                self._data.clear()
+            self._data[key] = data
+        return data
+
+    def prepared_task(self, data: DeviceData, context: Context,
+                      lifting: Lifting = BINARY) -> LocalTask:
+        """``data`` as ``lifting`` makes it (:func:`~.common.prepare_task`), kept per node,
+        run, task and lifting."""
+        key = (int(context.run_id), int(context.node_id), data.task_id, lifting)
         task = self._cache.get(key)
         if task is None:
-            use_kernel_cache(context, self._state_dir)  # before any kernel runs
-            task = self._build_task(context)
+            task = prepare_task(data, lifting, self._labels)
             if len(self._cache) > 4096:
                 self._cache.clear()
             self._cache[key] = task
         return task
 
+    def _load_device_data(self, context: Context) -> DeviceData:
+        return DeviceData.of(int(self._task_id(context)), self._load_data(context))
+
     def _build_task(self, context: Context) -> LocalTask:
-        tid = int(self._task_id(context))
-        loaded = self._load_data(context)
-        if len(loaded) == 2:
-            X, y = loaded
-            X_test, y_test = np.zeros((0, np.shape(X)[1])), np.zeros(0)
-        elif len(loaded) == 4:
-            X, y, X_test, y_test = loaded
-        else:
-            raise ValueError("load_data must return (X, y) or (X, y, X_test, y_test)")
-        y, y_test = hinge_labels(y, self._labels), hinge_labels(y_test, self._labels)
-        X, y = validate_task(X, y, labels="pm1", name=f"task {tid} (train)")
-        if len(y_test):
-            X_test, y_test = validate_task(X_test, y_test, labels="pm1", name=f"task {tid} (test)")
-            if X_test.shape[1] != X.shape[1]:
-                raise ValueError(f"task {tid}: test data has {X_test.shape[1]} features, "
-                                 f"train data {X.shape[1]}")
-        else:
-            X_test, y_test = np.zeros((0, X.shape[1])), np.zeros(0)
-        sqnorm = np.einsum("ij,ij->i", X, X)
-        return LocalTask(tid, X, y, X_test, y_test, sqnorm, data_fingerprint(X, y))
+        """The node's binary task (today's labels, no intercept), not cached."""
+        return prepare_task(self._load_device_data(context), BINARY, self._labels)
+
+    def whoami_info(self, data: DeviceData, context: Context) -> dict[str, Any]:
+        """The ``whoami`` reply's values: the task's sizes as loaded (the server lifts them,
+        :class:`~fmtl_flower.core.multiclass.Lifting`) and, with ``labels="auto"``, the
+        labels the device holds (``classes``, train and test: the run's class list is
+        agreed from them). ``labels="pm1"``: the labels are checked to be -1/+1 first."""
+        if self._labels == "pm1":
+            self.prepared_task(data, context)  # today's check: labels -1/+1, else an error
+        info: dict[str, Any] = {
+            "task-id": data.task_id, "n-train": int(data.X.shape[0]),
+            "n-test": int(data.X_test.shape[0]), "dim": int(data.X.shape[1]),
+            "max-row-norm": float(np.sqrt(np.einsum("ij,ij->i", data.X, data.X).max()))}
+        if self._labels == "auto":
+            info["classes"] = label_values(data.labels, data.labels_test)
+        return info
 
     # -- handlers ---------------------------------------------------------------------------
     def whoami(self, msg: Message, context: Context) -> Message:
         """Reply with the task id and the sizes the server needs (no data)."""
-        task = self.local_task(context)
-        info = config_record({"task-id": task.task_id, "n-train": task.n,
-                             "n-test": int(task.X_test.shape[0]), "dim": task.dim,
-                             "max-row-norm": float(np.sqrt(task.sqnorm.max()))})
-        return reply(record_dict({"info": info}), msg)
+        info = self.whoami_info(self.device_data(context), context)
+        return reply(record_dict({"info": config_record(info)}), msg)
 
     def train(self, msg: Message, context: Context) -> Message:
         """Commit or roll back, report the objective's sums, run local SDCA, reply d_b."""
-        task = self.local_task(context)
+        task = self.local_task(context, lifting_of(msg))
         config, w, arrays = self._read_instruction(msg, task)
         server_round = config_value(config, "server-round", int)
         budget = config_value(config, "budget", int)
@@ -171,7 +191,7 @@ class MochaClient:
 
     def evaluate(self, msg: Message, context: Context) -> Message:
         """Commit or roll back, then report the objective's sums and test errors at w_t."""
-        task = self.local_task(context)
+        task = self.local_task(context, lifting_of(msg))
         config, w, _ = self._read_instruction(msg, task)
         state = self._reconcile(context, task, config)
         metrics = self._metrics(task, w, state.alpha, config, state.ok)

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
+from ..core.multiclass import Lifting
 from ..packing import (
     SlotFailed,
     SlotTaskCache,
@@ -53,6 +54,7 @@ from ..packing import (
 )
 from ..wire import from_array, to_array
 from .common import (
+    DeviceData,
     LocalTask,
     config_value,
     run_token,
@@ -69,7 +71,7 @@ from .dual_state import (
     reconcile,
     write_dual_file,
 )
-from .mocha import MochaClient
+from .mocha import BINARY, MochaClient
 
 __all__ = ["INSTRUCTION_ARRAYS", "PROTOCOL", "STATE", "PackedMocha", "SlotFailed",
            "StackedState"]
@@ -212,8 +214,10 @@ class PackedMocha(SlotTaskCache):
                             if "checkpoint-round" in config else -1)
         state = StackedState.of(context, STATE, ("mocha", "MOCHA"), self.client._state_dir)
 
+        lifting = Lifting.from_config(config)
+
         def work(i: int, slot: int, task_id: int) -> tuple[Any, ...]:
-            task = self._local_task(context, slot, task_id)
+            task = self._local_task(context, slot, task_id, lifting)
             return task, *self._slot(context, state, slot, task, config, arrays, w, i,
                                      server_round, checkpoint_round, seed, method, evaluate,
                                      train, seeds)
@@ -235,11 +239,8 @@ class PackedMocha(SlotTaskCache):
                ) -> RecordDict:
         """One slot's ``whoami`` reply (:meth:`MochaClient.whoami`'s), from the data this
         handler keeps for the slot's training (loaded once)."""
-        task = self._local_task(context, slot, task_id)
-        return RecordDict({"info": ConfigRecord({"task-id": task.task_id, "n-train": task.n,
-                                                 "n-test": int(task.X_test.shape[0]),
-                                                 "dim": task.dim, "max-row-norm": float(
-                                                     np.sqrt(task.sqnorm.max()))})})
+        data = self._device_data(context, task_id)
+        return RecordDict({"info": ConfigRecord(self.client.whoami_info(data, context))})
 
     # -- one slot ---------------------------------------------------------------------------
     def _slot(self, context: Context, state: StackedState, slot: int, task: LocalTask,
@@ -294,9 +295,15 @@ class PackedMocha(SlotTaskCache):
         duals, meta = encode(reconciled, task.task_id, d_alpha, server_round, task.fingerprint)
         return metrics, d_b, duals, meta
 
-    def _local_task(self, context: Context, slot: int, task_id: int) -> LocalTask:
-        """The slot's validated data, loaded once per node, run and task."""
-        return self.slot_task(context, task_id, self.client._build_task)
+    def _local_task(self, context: Context, slot: int, task_id: int,
+                    lifting: Lifting = BINARY) -> LocalTask:
+        """The slot's validated data as ``lifting`` makes it, loaded once per node, run and
+        task."""
+        return self.client.prepared_task(self._device_data(context, task_id), context, lifting)
+
+    def _device_data(self, context: Context, task_id: int) -> DeviceData:
+        """The slot's checked data, labels as loaded, loaded once per node, run and task."""
+        return self.slot_task(context, task_id, self.client._load_device_data)
 
 
 def _read_stacked_instruction(content: RecordDict, k: int, train: bool

@@ -19,7 +19,9 @@ downloaded only with ``download=True``.
 The generated datasets are ``"synthetic"`` (MOCHA-style clustered tasks,
 :func:`~fmtl_flower.data.synthetic.make_synthetic_tasks`) and ``"fedem-synthetic"`` (FedEM's
 mixture dataset, :func:`~fmtl_flower.data.fedem_synthetic.make_fedem_synthetic`, with its own
-train/test sets, a fixed generator seed and labels in ``{0, 1}``) and ``"sparse-federated"``
+train/test sets, a fixed generator seed and labels in ``{0, 1}``), ``"digits-dirichlet"``
+(scikit-learn's bundled digits, 10 classes, split among ``num_tasks`` devices (default 10)
+by Dirichlet(0.5) label skew: :mod:`fmtl_flower.data.digits`) and ``"sparse-federated"``
 (the FSVRG paper's setting: sparse, unbalanced, non-IID nodes,
 :func:`~fmtl_flower.data.sparse_federated.make_sparse_federated`; returned as a
 :class:`~fmtl_flower.data.sparse_federated.SparseFederatedDataset` with CSR design matrices;
@@ -46,6 +48,7 @@ import numpy as np
 
 from fmtl_flower.data.arguments import takes_arguments_of
 from fmtl_flower.data.dataset import LoadedTasks, MultiTaskDataset, TaskData, _freeze_task
+from fmtl_flower.data.digits import DIGITS_DIRICHLET, make_digits_dirichlet
 from fmtl_flower.data.download import locate_dataset
 from fmtl_flower.data.fedem_synthetic import _check_generator, make_fedem_synthetic
 from fmtl_flower.data.gleam import load_gleam_tasks
@@ -156,12 +159,14 @@ def available_datasets() -> list[str]:
     Returns
     -------
     list of str
-        ``["synthetic", "fedem-synthetic", "sparse-federated", "small", "eat-voc", "har",
-        "vehicle", "gleam"]``. ``"sparse-federated"`` (the FSVRG generator) gives a
-        :class:`~fmtl_flower.data.sparse_federated.SparseFederatedDataset` (CSR features)
-        rather than a :class:`MultiTaskDataset`.
+        ``["synthetic", "fedem-synthetic", "sparse-federated", "digits-dirichlet", "small",
+        "eat-voc", "har", "vehicle", "gleam"]``. ``"sparse-federated"`` (the FSVRG
+        generator) gives a :class:`~fmtl_flower.data.sparse_federated.SparseFederatedDataset`
+        (CSR features) rather than a :class:`MultiTaskDataset`; ``"digits-dirichlet"``
+        (:mod:`fmtl_flower.data.digits`) has labels 0..9.
     """
-    return [SYNTHETIC, FEDEM_SYNTHETIC, SPARSE_FEDERATED, *NAMED_FILES, *PAPER_DATASETS]
+    return [SYNTHETIC, FEDEM_SYNTHETIC, SPARSE_FEDERATED, DIGITS_DIRICHLET, *NAMED_FILES,
+            *PAPER_DATASETS]
 
 
 def _is_path_like(name_or_path: str | os.PathLike[str]) -> bool:
@@ -490,6 +495,7 @@ def _kind(name_or_path: Any) -> str:
     named = isinstance(name_or_path, str)
     for kind, hit in (("synthetic", named and name_or_path == SYNTHETIC),
                       ("fedem", _is_fedem(name_or_path)), ("sparse", _is_sparse(name_or_path)),
+                      ("digits", named and name_or_path == DIGITS_DIRICHLET),
                       ("named", named and name_or_path in NAMED_FILES),
                       ("paper", _is_paper(name_or_path)),
                       ("path", _is_path_like(name_or_path))):
@@ -533,7 +539,9 @@ def _load(req: _Request) -> MultiTaskDataset | SparseFederatedDataset:
         return _load_sparse(req.seed, req.test_frac, req.num_tasks, req.dim,
                             req.samples_per_task, req.skew, req.iid, req.lazy)
     overrides = {k: getattr(req, k) for k in _GENERATOR_KEYS if getattr(req, k) is not None}
-    if kind == "synthetic":
+    if kind == "digits":
+        dataset = _load_digits(req, overrides)
+    elif kind == "synthetic":
         source = synthetic_source(**overrides, seed=req.seed)
         if _resolve_lazy(SYNTHETIC, source.num_tasks, req.lazy):
             return lazy_synthetic(source, test_frac=req.test_frac, seed=req.seed,
@@ -552,6 +560,18 @@ def _load(req: _Request) -> MultiTaskDataset | SparseFederatedDataset:
     if req.skew is not None:
         dataset = skew_dataset(dataset, ratio=req.skew, seed=req.seed)
     return dataset
+
+
+def _load_digits(req: _Request, overrides: dict[str, Any]) -> MultiTaskDataset:
+    """``"digits-dirichlet"`` (:mod:`fmtl_flower.data.digits`): ``num_tasks`` devices
+    (default 10), ``seed`` and ``test_frac`` apply; ``dim`` and ``samples_per_task`` do
+    not."""
+    rejected = [k for k in overrides if k != "num_tasks"]
+    if rejected:
+        raise ValueError(f"{', '.join(rejected)} cannot be used with {DIGITS_DIRICHLET!r} "
+                         "(64 pixel features; its devices' sizes come from the split)")
+    return make_digits_dirichlet(overrides.get("num_tasks", 10), seed=req.seed,
+                                 test_frac=req.test_frac)
 
 
 def _read_files(req: _Request, kind: str) -> tuple[str, list, list]:

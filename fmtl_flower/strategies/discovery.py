@@ -34,7 +34,14 @@ before anything is allocated from a reported size (and a packed node's slot coun
 slots exist: :class:`~fmtl_flower.packing.PackedGrid`'s ``max_slots_per_node``). FedEM's
 ``num-classes`` is decided by the strategy from one vote per physical node
 (:meth:`TaskDirectory.classes_by_node`); a node reporting more is then excluded
-(:meth:`TaskDirectory.cap_classes`).
+(:meth:`TaskDirectory.cap_classes`). Likewise MOCHA's class list, from the optional
+``classes`` (the distinct labels a device built with ``labels="auto"`` holds, a list of at
+most ``max_classes`` ints, floats or strings of at most
+:data:`~fmtl_flower.core.multiclass.MAX_CLASS_NAME` characters): one vote per physical node
+(:meth:`TaskDirectory.labels_by_node`), decided by the strategy
+(:func:`~fmtl_flower.core.multiclass.decide_classes`); the nodes it refuses and those whose
+labels lie outside the decided list, now or when found later, are excluded
+(:meth:`TaskDirectory.fix_labels`).
 
 A waiting discovery (the first round) lasts at most its ``wait`` (the strategies bound it by
 ``start``'s ``timeout``). If fewer than ``min_tasks`` tasks (default: all of them) have a node
@@ -69,6 +76,8 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
+
+from ..core.multiclass import MAX_CLASS_NAME, canonical_classes
 
 #: The longest device error reason kept and logged (a hostile node could fill the log).
 MAX_REASON_CHARS = 2000
@@ -146,7 +155,8 @@ KNOWN_FIXES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"labels must be in \{-1, 1\}"),
      "MOCHA, CoCoA, Mb-SDCA, Mb-SGD and OFMTL train on labels -1/+1: map the device's labels "
      "to -1/+1 in its loader (y = 2 * y - 1 for labels 0/1), or build a MOCHA ClientApp with "
-     "make_mocha_client_app(load, labels=\"auto\") (it takes labels 0/1 as -1/+1)."),
+     "make_mocha_client_app(load, labels=\"auto\") (it takes labels 0/1 as -1/+1, and "
+     "MOCHA, CoCoA and Mb-SDCA take any K distinct labels, learned at discovery)."),
     (re.compile(r"labels must be in \{0, 1\}|labels outside|labels must be class ids"),
      "The FedEM family takes labels as class ids 0..C-1: map the device's labels to them, and "
      "leave the strategy's num_classes unset (learned from the devices at discovery), or set "
@@ -451,6 +461,10 @@ class TaskDirectory:
         self.n_train = np.zeros(self.num_tasks, dtype=np.int64)
         self.row_norm = np.full(self.num_tasks, np.nan)
         self.num_classes = np.zeros(self.num_tasks, dtype=np.int64)
+        #: task -> the labels its device holds (MOCHA's ``classes``; :meth:`labels_by_node`)
+        self.labels: dict[int, tuple[Any, ...]] = {}
+        #: The run's class list once decided (:meth:`fix_labels`); None: not yet, or no vote.
+        self.allowed_labels: frozenset[Any] | None = None
         self.dim: int | None = None if dim is None else int(dim)
         self._owners: dict[int, int] = {}  # task -> the physical node pinned to it
         self._contested: dict[int, Contest] = {}  # task -> its live claimants, held by none
@@ -784,6 +798,8 @@ class TaskDirectory:
             held["max-row-norm"] = float(self.row_norm[task])
         if self.num_classes[task]:
             held["num-classes"] = int(self.num_classes[task])
+        if task in self.labels:
+            held["classes"] = self.labels[task]
         self._release(task)
         self._contested[task] = Contest(holder, {holder: held, node: info})
 
@@ -806,6 +822,10 @@ class TaskDirectory:
         self.n_train[task] = info["n-train"]
         self.row_norm[task] = info.get("max-row-norm", np.nan)
         self.num_classes[task] = info.get("num-classes", 0)
+        if "classes" in info:
+            self.labels[task] = info["classes"]
+        else:
+            self.labels.pop(task, None)
 
     def _check_contests(self, grid: Grid, online: set[int], timeout: float) -> None:
         """Ask the claimants of each contested task again (at once for a new contest, then
@@ -877,6 +897,62 @@ class TaskDirectory:
                 self._exclude(node, f"task {task}: num-classes {self.num_classes[task]} above "
                               f"the run's {self.max_classes}; {fix}")
 
+    def labels_by_node(self) -> dict[int, tuple[Any, ...]]:
+        """``{physical node: the sorted union of the labels its held tasks reported}``
+        (``classes``: MOCHA's devices built with ``labels="auto"``), of the nodes that
+        reported any: one vote per physical node however many slots it hosts (none for a
+        node whose slots mix strings and numbers); the strategy
+        decides the run's class list from the votes
+        (:func:`~fmtl_flower.core.multiclass.decide_classes`)."""
+        votes: dict[int, set[Any]] = {}
+        for task, node in self.task_to_node.items():
+            if task in self.labels:
+                votes.setdefault(self._physical(node), set()).update(self.labels[task])
+        out = {}
+        for node, vote in votes.items():
+            try:
+                out[node] = canonical_classes(vote)
+            except ValueError:  # a packed node whose slots mix strings and numbers: no vote
+                continue
+        return out
+
+    def fix_labels(self, classes: Iterable[Any], refused: Mapping[int, str], fix: str) -> None:
+        """Fix the run's class list: the physical nodes in ``refused`` and the holders of a
+        task whose labels lie outside ``classes`` are excluded now (reasons ending with
+        ``fix``), a node found later whose labels do at its whoami."""
+        self.allowed_labels = frozenset(classes)
+        self.classes_fix = fix
+        for task, node in sorted(self.task_to_node.items()):
+            why = refused.get(self._physical(node))
+            outside = sorted(set(self.labels.get(task, ())) - self.allowed_labels, key=str)
+            if why is None and outside:
+                why = f"labels {outside[:5]} outside the run's classes"
+            if why is not None:
+                self._release(task)
+                self._exclude(node, f"task {task}: {why}; {fix}")
+
+    def _read_labels(self, value: Any) -> tuple[Any, ...]:
+        """A whoami's ``classes``: a list of at most ``max_classes`` distinct labels (ints,
+        floats or strings of at most MAX_CLASS_NAME characters), within the run's class
+        list once it is fixed."""
+        if not isinstance(value, list) or not value:
+            raise ReplyError(f"'classes' must be a non-empty list, got {type(value).__name__}")
+        if len(value) > self.max_classes:
+            raise BeyondLimits(f"{len(value)} classes above the limit {self.max_classes}")
+        if any(isinstance(v, str) and len(v) > MAX_CLASS_NAME for v in value) or any(
+                isinstance(v, bytes | bool) for v in value):
+            raise ReplyError(f"'classes' must hold numbers or strings of at most "
+                             f"{MAX_CLASS_NAME} characters")
+        try:
+            labels = canonical_classes(value)
+        except ValueError as err:
+            raise ReplyError(f"'classes': {err}") from None
+        if self.allowed_labels is not None and not self.allowed_labels.issuperset(labels):
+            outside = sorted(set(labels) - self.allowed_labels, key=str)
+            raise BeyondLimits(f"labels {outside[:5]} outside the run's classes; "
+                               f"{self.classes_fix}")
+        return labels
+
     def _read_classes(self, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ReplyError(f"'num-classes' must be an int >= 1, got {value!r}")
@@ -887,7 +963,8 @@ class TaskDirectory:
 
     def read_whoami(self, reply: Message) -> dict[str, Any]:
         """The checked ``info`` of a whoami reply: ``task-id``, ``n-train``, ``dim`` and, when
-        reported, ``n-test``, ``num-classes`` and ``max-row-norm``; :class:`ReplyError` if
+        reported, ``n-test``, ``num-classes``, ``classes`` and ``max-row-norm``;
+        :class:`ReplyError` if
         malformed, :class:`OutsideTaskRange` / :class:`BeyondLimits` as their names say."""
         if "info" not in reply.content:
             raise ReplyError("no 'info' record")
@@ -912,6 +989,8 @@ class TaskDirectory:
                 raise BeyondLimits(f"{key} {values[key]} above the limit {self.max_n}")
         if "num-classes" in info:
             values["num-classes"] = self._read_classes(info["num-classes"])
+        if "classes" in info:
+            values["classes"] = self._read_labels(info["classes"])
         if "max-row-norm" in info:
             norm = info["max-row-norm"]
             if isinstance(norm, bool) or not isinstance(norm, int | float) or not (

@@ -123,20 +123,27 @@ class LinearTasks:
         """R_t of ``tasks``: the configured max-row-norm, else the tasks' reports (NaN:
         none), in robust mode capped by the federation's fence (module docstring)."""
         if self.max_row_norm is not None:
-            return np.full(len(tasks), self.max_row_norm)
-        reported = self.directory.row_norm[tasks]
+            return np.full(len(tasks), self._lift_row_norms(self.max_row_norm))
+        reported = self._lift_row_norms(self.directory.row_norm[tasks])
         if not self.robust:
             return reported
         return np.minimum(reported, self._row_norm_cap())
 
+    def _lift_row_norms(self, norms: Any) -> Any:
+        """The row norms of the data the devices train on, from those of the data they
+        report (MOCHA's intercept adds a constant feature: :meth:`Mocha._lift_row_norms`);
+        here the same."""
+        return norms
+
     def _row_norm_cap(self) -> float:
         """The largest R_t robust mode believes: the fence of every task's reported R_t, at
         most the discovery limit (computed once per change of the reports)."""
-        reported = self.directory.row_norm
+        reported = self._lift_row_norms(self.directory.row_norm)
         key = reported.tobytes()
         cached = getattr(self, "_row_norm_cap_of", None)
         if cached is None or cached[0] != key:
-            cap = min(log_upper_fence(reported), float(self.directory.max_row_norm))
+            cap = min(log_upper_fence(reported),
+                      float(self._lift_row_norms(float(self.directory.max_row_norm))))
             self._row_norm_cap_of = cached = (key, cap)
         return cached[1]
 

@@ -7,9 +7,12 @@ Every message to a task's node carries a ``config`` ConfigRecord and an ``arrays
 query ``whoami`` (server -> node): empty ``config``. Reply: ConfigRecord ``info`` with
     ``task-id`` (int, 0 <= id < num_tasks), ``n-train`` (int >= 1), ``n-test`` (int >= 0),
     ``dim`` (int, the same on every node), ``max-row-norm`` (float, max_i |x_ti|_2 over the
-    training rows; bounds the task's ``delta-b``, below). Sizes beyond the discovery limits
-    and a ``dim`` other than the majority's exclude the node
-    (:mod:`fmtl_flower.strategies.discovery`).
+    training rows; bounds the task's ``delta-b``, below), optional ``classes`` (list of int,
+    float or str: the distinct labels of the device's train and test data, sent by devices
+    built with ``labels="auto"``; at most ``max_classes`` of them). Sizes beyond the
+    discovery limits and a ``dim`` other than the majority's exclude the node
+    (:mod:`fmtl_flower.strategies.discovery`). ``n-train``, ``dim`` and ``max-row-norm`` are
+    of the data as loaded; the server lifts them (below, "Multi-class and intercept").
 
 ``train`` (server -> node):
     arrays ``w``: float64 (d,), the task's model w_t = W(alpha)[:, t];
@@ -26,7 +29,10 @@ query ``whoami`` (server -> node): empty ``config``. Reply: ConfigRecord ``info`
     gamma * d_b), optional ``method`` str
     (``mocha`` by default; ``cocoa`` with ``theta`` float: SDCA until the local gap falls by
     theta, ``budget`` is the cap; ``mb-sdca`` with ``scale`` float: stale-model steps on
-    ``budget`` distinct samples, update scaled by ``scale``).
+    ``budget`` distinct samples, update scaled by ``scale``), optional ``classes`` (list: the
+    run's sorted class list, sent unless the labels are the binary -1/+1 or 0/1) and
+    ``intercept-scaling`` float > 0 (sent when the run fits an intercept): the device
+    prepares its data as they say (below) before anything else; ``evaluate`` too.
     Seeding round (round 1 of a fresh run started with ``initial_arrays``, see
     :meth:`Mocha.seed_model`): also arrays ``seed-w`` and ``seed-b``, float64 (d,) each, the
     target model W0[:, t] and dual image (W0 K)[:, t]; ``budget`` = n-train, ``dropped``
@@ -42,6 +48,26 @@ query ``whoami`` (server -> node): empty ``config``. Reply: ConfigRecord ``info`
 
 ``evaluate`` (server -> node, once, after the last round): the same ``w`` and ``config``
     (``eval`` true); reply: the same metrics, no arrays.
+
+Multi-class and intercept
+-------------------------
+(:mod:`fmtl_flower.core.multiclass`, the maths in ``docs/guides/mocha.md``.) At the first
+discovery the server decides the run's class list from the ``classes`` of the nodes (one
+vote per physical node, :func:`~fmtl_flower.core.multiclass.decide_classes`: every class an
+admitted node holds, so a class only one device holds is one; in robust mode a node claiming
+more classes than the log-scale fence of the nodes' counts is refused; a node claiming more
+than ``max_classes`` (``mocha.max-classes``, default 1000) is refused at its whoami; the
+list is at most ``max_classes`` long). The refused nodes, and the nodes whose labels lie
+outside the list (now or when they appear later), are excluded with the reason. No votes,
+or labels within {-1, +1} or {0, 1}: today's binary problem, nothing more is sent. Two other
+labels: binary, c_0 -> -1, c_1 -> +1. K > 2: one-vs-rest over K blocks with one Omega; each
+w_t then has (d + 1 with an intercept) * K entries, task t has n_t * K lifted samples
+(:attr:`Mocha.n_train`, the budgets and the ``n-train`` of the replies), and the row-norm
+bound R_t becomes sqrt(R_t**2 + ``intercept-scaling``**2) with an intercept
+(``fit_intercept``, ``mocha.fit-intercept``: a constant feature the devices append). The
+SDCA kernel, the dual, sigma', the certificate's check, the bounds above and the server's
+updates are those of the binary problem on the lifted data. Checkpoints keep the class
+list. Packed nodes lift every slot alike.
 
 Every reply is validated (keys, dtypes, shapes, finite values, matching task and round); a
 reply that fails counts as a dropped node with a logged reason and leaves the state untouched.
@@ -163,6 +189,13 @@ from ..core.mocha_factored import (
     make_server_state,
     restore_server_state,
 )
+from ..core.multiclass import (
+    Lifting,
+    canonical_classes,
+    decide_classes,
+    natural_binary,
+    wire_list,
+)
 from ..metrics import round_record
 from ..packing import StackGroup
 from ..settings import MochaSettings, apply_settings, check_num_tasks, drop_prob_of
@@ -192,6 +225,9 @@ from .packed_mocha import read_stacked_reply, stacked_message
 from .trust import BOUND_SLACK, ReplyBoundary, ReplyContract, all_finite, guarded, norm
 
 RoundCallback = Callable[[dict[str, Any]], None]
+#: What to do about a device refused for its labels (the end of its exclusion's reason).
+CLASSES_FIX = ("the run's classes were decided at discovery from the devices' labels: map "
+               "this device's labels to them, or raise mocha.max-classes (max_classes=)")
 DUAL_METHODS = ("mocha", "cocoa", "mb-sdca")
 
 #: What a reply may hold, by message type (the wire contract above; ``d``: the dimension).
@@ -297,6 +333,10 @@ class Mocha(LinearTasks, TaskStrategy):
     max_row_norm : float, optional
         The bound R on every task's training-row norms used to check ``delta-b`` (module
         docstring); None: each task's ``max-row-norm`` reported at discovery.
+    fit_intercept, intercept_scaling, max_classes
+        A penalised bias per task (and class) through a constant feature of value
+        ``intercept_scaling`` the devices append; the most classes the devices' labels may
+        make (module docstring, "Multi-class and intercept").
     dim : int, optional
         The feature dimension, when the configuration fixes it (None: the one a majority of
         the discovered nodes report, :class:`~fmtl_flower.strategies.discovery.TaskDirectory`).
@@ -346,6 +386,9 @@ class Mocha(LinearTasks, TaskStrategy):
         self.num_tasks = m
         self.directory = TaskDirectory(m, "MOCHA", dim=dim)
         apply_settings(self, s)
+        self.directory.max_classes = self.max_classes
+        self.lifting = Lifting(None, self.intercept_scaling if self.fit_intercept else 0.0)
+        self._lifting_fixed = False  # the class list is decided at the first discovery
         self.drop_prob = check_drop_prob(drop_prob_of(s.drop_prob), m)
         self.on_round = on_round
         self.round_timeout = 120.0
@@ -360,7 +403,7 @@ class Mocha(LinearTasks, TaskStrategy):
         self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
         self.records: list[dict[str, Any]] = []
         self.replies = ReplyBoundary("MOCHA", REPLY_CONTRACTS,
-                                     lambda: {"d": self.directory.dim})
+                                     lambda: {"d": self.model_dim})
         self._round_start = 0.0
         self._dropped_now = np.zeros(self.num_tasks, dtype=bool)
         self._scale = 1.0
@@ -370,6 +413,25 @@ class Mocha(LinearTasks, TaskStrategy):
         self._seed_W: np.ndarray | None = None  # start()'s initial W0, until round 1
         self._seed_targets: tuple[np.ndarray, np.ndarray] | None = None  # (W0, W0 K)
         self.watch = OutlierWatch(self.num_tasks)  # robust mode's decoupling, sticky
+
+    @property
+    def model_dim(self) -> int | None:
+        """The dimension of each w_t: the devices' ``dim`` as the run's lifting makes it
+        ((d + 1 with an intercept) * K for K > 2 classes; None until known)."""
+        dim = self.directory.dim
+        return None if dim is None else self.lifting.dim(dim)
+
+    @property
+    def n_train(self) -> np.ndarray:
+        """Each task's number of (lifted) training samples: ``n-train`` of its whoami times
+        K in a multi-class run (0: not seen yet)."""
+        blocks = self.lifting.blocks
+        return self.directory.n_train if blocks == 1 else self.directory.n_train * blocks
+
+    def _lift_row_norms(self, norms: Any) -> Any:
+        """Row norms of the devices' data as the run's lifting makes them (the intercept's
+        constant feature adds to them, the class blocks do not)."""
+        return self.lifting.row_norm(norms)
 
     @property
     def decoupled(self) -> np.ndarray:
@@ -385,6 +447,9 @@ class Mocha(LinearTasks, TaskStrategy):
             self.num_tasks, self.lam, self.omega, self.omega_every, self.sigma_mode)
         log(INFO, "\t└── local-frac=%g, sys-het=%s (%s), drop-prob=%s, seed=%d",
             self.local_frac, self.sys_het, self.sys_het_base, self.drop_prob, self.seed)
+        if self.fit_intercept:
+            log(INFO, "\t    intercept: a constant feature %g on every device",
+                self.intercept_scaling)
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
@@ -574,7 +639,9 @@ class Mocha(LinearTasks, TaskStrategy):
         """Settings a checkpoint must share with this run to be resumed."""
         return {"strategy": "Mocha", "num_tasks": self.num_tasks, "lam": self.lam,
                 "omega": self.omega, "formulation": self.formulation_options,
-                "method": self.method, "seed": self.seed, "server_path": self.server_path}
+                "method": self.method, "seed": self.seed, "server_path": self.server_path,
+                **({"intercept_scaling": self.lifting.intercept_scaling}
+                   if self.fit_intercept else {})}
 
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """B, W, M, the formulation's Omega, per-task bookkeeping, records, health and (robust
@@ -586,7 +653,10 @@ class Mocha(LinearTasks, TaskStrategy):
                   "last_accepted": self.last_accepted, "n_train": self.n_train}
         if self.robust:
             arrays.update(self.watch.state_arrays())
-        return arrays, {"records": self.records, "health": health_meta}
+        meta: dict[str, Any] = {"records": self.records, "health": health_meta}
+        if self.lifting.classes is not None:
+            meta["classes"] = wire_list(self.lifting.classes)
+        return arrays, meta
 
     def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
         """Load :meth:`checkpoint_state`'s output (the run's other settings must match)."""
@@ -594,7 +664,13 @@ class Mocha(LinearTasks, TaskStrategy):
             return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
         self.state = restore_server_state(part("state."), self.num_tasks, self.omega,
                                           lam=self.lam, **self.formulation_options)
-        self.directory.dim = self.state.dim
+        classes = meta.get("classes")
+        self.lifting = Lifting(None if classes is None else canonical_classes(classes),
+                               self.lifting.intercept_scaling)
+        self._lifting_fixed = True
+        self.directory.fix_labels(self._allowed_classes(), {}, CLASSES_FIX)
+        self.directory.dim = self.state.dim // self.lifting.blocks \
+            - (self.lifting.intercept_scaling > 0)
         self.health.restore(part("health."), meta["health"])
         for key in ("last_accepted", "n_train"):
             if arrays[key].shape != (self.num_tasks,):
@@ -629,7 +705,7 @@ class Mocha(LinearTasks, TaskStrategy):
         if len(initial_arrays) == 0:
             return
         self._seed_W = initial_model(initial_arrays, "W", self.num_tasks, "MOCHA",
-                                     self.directory.dim)
+                                     None if self.state is None else self.state.dim)
 
     def _seeding_targets(self) -> tuple[np.ndarray, np.ndarray]:
         """(W0, B0 = W0 K) for the seeding round, K = M^-1 of the starting Omega."""
@@ -648,8 +724,10 @@ class Mocha(LinearTasks, TaskStrategy):
         """Map new node ids to tasks (``whoami``); create the state once ``dim`` is known."""
         self.directory.discover(grid, wait=self.discovery_timeout if wait else 0.0,
                                 query_timeout=max(self.round_timeout, 60.0))
+        if not self._lifting_fixed and self.directory.dim is not None:
+            self._fix_lifting()
         if self.state is None and self.directory.dim is not None:
-            self.state = make_server_state(self.directory.dim, self.num_tasks, self.omega,
+            self.state = make_server_state(self.model_dim, self.num_tasks, self.omega,
                                            lam=self.lam, path=self.server_path,
                                            **self.formulation_options)
         if self._seed_W is not None and self.state is not None:
@@ -663,6 +741,42 @@ class Mocha(LinearTasks, TaskStrategy):
                 self.state.reset_tasks(changed)
                 self.last_accepted[changed] = 0
             self._checkpoint_n_train[known] = self.n_train[known]
+
+    def _fix_lifting(self) -> None:
+        """Decide the run's class list from the devices' ``classes`` (one vote per physical
+        node, :func:`~fmtl_flower.core.multiclass.decide_classes`): none reported, or the
+        binary labels {-1, +1} / {0, 1}, keep today's binary problem; two other labels are
+        binary too (c_0 -> -1, c_1 -> +1); more make the one-vs-rest lifting. Logged; the
+        nodes refused and those whose labels lie outside the list are excluded."""
+        votes = self.directory.labels_by_node()
+        classes, refused = decide_classes(votes, self.robust, self.max_classes)
+        if votes:
+            counts = sorted({len(v) for v in votes.values()})
+            log(INFO, "MOCHA: %d classes %s, decided by the %d nodes that reported their "
+                "labels (class counts %s)%s", len(classes), list(classes)[:20], len(votes),
+                counts, f"; refused: {refused}" if refused else "")
+        if len(classes) == 1 and not natural_binary(classes):
+            log(WARNING, "MOCHA: the devices hold one class only (%r); a classifier needs "
+                "two: their messages will fail", classes[0])
+        lifted = None if not classes or natural_binary(classes) else classes
+        self.lifting = Lifting(lifted, self.lifting.intercept_scaling)
+        self._lifting_fixed = True
+        if votes:
+            self.directory.fix_labels(self._allowed_classes(classes), refused, CLASSES_FIX)
+
+    @property
+    def classes(self) -> tuple[Any, ...] | None:
+        """The run's classes once decided at discovery (None before): the agreed sorted
+        class list, or for the binary labels the pair they belong to, (-1, 1) or (0, 1)."""
+        return self._allowed_classes() if self._lifting_fixed else None
+
+    def _allowed_classes(self, classes: Iterable[Any] | None = None) -> tuple[Any, ...]:
+        """The labels a device may hold in this run: the class list, or for the binary
+        labels both of the pair they belong to."""
+        chosen = tuple(classes if classes is not None else self.lifting.classes or ())
+        if not chosen or natural_binary(chosen):
+            return (-1, 1) if set(chosen) <= {-1, 1} else (0, 1)
+        return chosen
 
     # ------------------------------------------------------------------ messages
     def _instructions(self, server_round: int, message_type: str, evaluate: bool,
@@ -716,7 +830,7 @@ class Mocha(LinearTasks, TaskStrategy):
         if not chosen:
             return
         shared: dict[str, Any] = {"seed": self.seed, "eval": bool(evaluate),  # every task's
-                                  RUN_TOKEN_KEY: self.sent_identity}
+                                  RUN_TOKEN_KEY: self.sent_identity, **self.lifting.config()}
         if self.gamma != 1.0:
             shared["gamma"] = self.gamma
         if self.checkpoint_dir is not None:
@@ -758,7 +872,8 @@ class Mocha(LinearTasks, TaskStrategy):
         """The config values shared by every task of a stacked message, and the per-task
         ones as vectors over all tasks (the same values as the one-task messages')."""
         shared: dict[str, Any] = {"server-round": server_round, "seed": self.seed,
-                                  "eval": bool(evaluate), RUN_TOKEN_KEY: self.sent_identity}
+                                  "eval": bool(evaluate), RUN_TOKEN_KEY: self.sent_identity,
+                                  **self.lifting.config()}
         if self.gamma != 1.0:
             shared["gamma"] = self.gamma
         if self.checkpoint_dir is not None:

@@ -40,6 +40,7 @@ def test_available_datasets() -> None:
         "synthetic",
         "fedem-synthetic",
         "sparse-federated",
+        "digits-dirichlet",
         "small",
         "eat-voc",
         "har",
@@ -123,8 +124,8 @@ def test_resolve_paths(tmp_path: Path, write_mat: MatWriter) -> None:
 @pytest.mark.parametrize("name", ["nope", "SMALL", "eat_voc", ""])
 def test_unknown_names(name: str) -> None:
     pattern = (
-        r"unknown dataset .*\['synthetic', 'fedem-synthetic', 'sparse-federated', 'small', "
-        r"'eat-voc', 'har', "
+        r"unknown dataset .*\['synthetic', 'fedem-synthetic', 'sparse-federated', "
+        r"'digits-dirichlet', 'small', 'eat-voc', 'har', "
         r"'vehicle', 'gleam'\]"
     )
     with pytest.raises(ValueError, match=pattern):

@@ -12,7 +12,9 @@ from fmtl_flower.engine import run_inprocess
 
 from .helpers import EXAMPLES, NAMES, app_config, example_apps, run_config
 
-FINAL = {"quickstart-mocha": "MOCHA final", "quickstart-fedem": "fedem final",
+# quickstart-mocha: three string classes learned at discovery, with an intercept
+FINAL = {"quickstart-mocha": "MOCHA final: 3 classes ['blue', 'green', 'red']",
+         "quickstart-fedem": "fedem final",
          "legacy-numpyclient": "MOCHA final (NumPyClient devices)"}
 
 

@@ -66,18 +66,28 @@ def test_labels_auto_takes_zero_one_as_minus_one_plus_one():
         make_mocha_client_app(problem.load, labels="binary")
 
 
-def test_labels_auto_refuses_other_label_sets_naming_them():
+def test_labels_pm1_refuses_other_label_sets_naming_them():
+    """``labels="pm1"`` (the default) refuses labels other than -1/+1, naming them;
+    ``labels="auto"`` takes any two labels as the binary problem (issue 27 item 3 B: the
+    smaller -> -1, the larger -> +1; before, it refused them too)."""
     problem = make_problem(num_tasks=2)
 
     def load(context):
         X, y, Xt, yt = problem.load(context)
-        return X, np.where(y > 0, 2, 7), Xt, np.where(yt > 0, 2, 7)
+        return X, np.where(y > 0, 7, 2), Xt, np.where(yt > 0, 7, 2)
 
-    grid = InProcessGrid(make_mocha_client_app(load, labels="auto"), 2)
+    grid = InProcessGrid(make_mocha_client_app(load), 2)
     strategy = Mocha(2, lam=0.1, discovery_timeout=10.0)
     strategy.directory.fail_fast_after = 0.5
     with pytest.raises(DiscoveryError, match=r"found \d+ label\(s\) with other values"):
         strategy.start(grid=grid, num_rounds=1, timeout=10.0)
+    results = []
+    for app in (make_mocha_client_app(problem.load), make_mocha_client_app(load, labels="auto")):
+        strategy = Mocha(2, lam=0.1, discovery_timeout=10.0)
+        strategy.start(grid=InProcessGrid(app, 2), num_rounds=3, timeout=10.0)
+        results.append([[r[k] for k in ("primal", "dual", "test_error")]
+                        for r in strategy.results()["rounds"]])
+    assert results[0] == results[1]
 
 
 def test_fewer_supernodes_than_num_tasks_say_what_to_change():
