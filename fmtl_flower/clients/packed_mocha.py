@@ -69,7 +69,7 @@ from .dual_state import (
     reconcile,
     write_dual_file,
 )
-from .mocha import MochaClient
+from .mocha import MochaClient, for_loss, loss_of
 
 __all__ = ["INSTRUCTION_ARRAYS", "PROTOCOL", "STATE", "PackedMocha", "SlotFailed",
            "StackedState"]
@@ -253,6 +253,7 @@ class PackedMocha(SlotTaskCache):
         if arrays["task-id"][i] != task.task_id:
             raise SlotFailed(f"message for task {arrays['task-id'][i]} reached the slot "
                              f"of task {task.task_id}")
+        task = for_loss(task, loss_of(config))  # the dual state is bound to the loss too
         w = w_all[i]
         if w.shape != (task.dim,) or not arrays["finite"][i]:
             raise SlotFailed(f"'w' must be finite float64 of shape ({task.dim},)")
