@@ -1,0 +1,165 @@
+"""MOCHA's model family beyond the hinge (``mocha.loss``): federated runs that certify their
+gap and agree with an independent optimum (scipy L-BFGS on the same primal, Omega fixed), the
+loss on the wire, the server's loss-specific checks, and the methods that refuse a loss."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Message
+
+from fmtl_flower.config import RunConfig, settings_from_config
+from fmtl_flower.core.certificate import pair_problems
+from fmtl_flower.core.formulations import make_formulation
+from fmtl_flower.experiments.mocha_losses import lbfgs_optimum, primal_value, run_loss
+from fmtl_flower.settings import ConfigError, MbSgdSettings, MochaSettings, OFMTLSettings
+from fmtl_flower.strategies.mocha import Mocha
+
+from .helpers import make_problem, run_federation, with_metrics
+
+SMOOTH = ["smoothed-hinge", "logistic", "squared"]
+TARGET = 1e-4
+MEAN = {"omega": "mean", "lam": 1e-2, "lam2": 1e-1, "omega_every": 0}
+
+
+def _regulariser_matrix(num_tasks: int, **kwargs) -> np.ndarray:
+    s = MochaSettings(**kwargs)
+    return make_formulation(s.omega, num_tasks, lam=s.lam,
+                            **s.formulation_options).regulariser_matrix()
+
+
+@pytest.mark.parametrize("loss", SMOOTH)
+def test_federated_mocha_certifies_the_gap_and_reaches_the_lbfgs_optimum(loss):
+    """Omega fixed (``mean``: tasks coupled): the record's certified relative gap reaches
+    1e-4, its primal is the loss's P of the server's W (the devices report the loss's
+    loss-mean), and W agrees with L-BFGS's optimum of the same primal."""
+    problem = make_problem(num_tasks=5, dim=4, samples_per_task=24, seed=3)
+    run = run_federation(problem, 80, loss=loss, **MEAN)
+    final = run.final
+    assert final["gap_certified"] and final["certificate_rejections_total"] == 0
+    assert final["gap"] <= TARGET * final["primal"]
+    K = _regulariser_matrix(problem.num_tasks, loss=loss, **MEAN)
+    W = run.strategy.state.W
+    own, _ = primal_value(problem.train(), K, W, loss)
+    assert final["primal"] == pytest.approx(own, rel=1e-10)
+    best, W_star = lbfgs_optimum(problem.train(), K, loss)
+    assert final["dual"] <= best * (1 + 1e-9) and best <= final["primal"] * (1 + 1e-9)
+    assert abs(final["primal"] - best) <= TARGET * best
+    # strong convexity (K >= lam2 I): |W - W*|_F^2 <= 2 (P(W) - P*) / lam2
+    assert np.linalg.norm(W - W_star) ** 2 <= 2 * final["gap"] / MEAN["lam2"] + 1e-9
+
+
+@pytest.mark.parametrize("loss", SMOOTH)
+def test_local_special_case_matches_scikit_learn(loss):
+    """Omega = m I (``identity``): each task is its own regularised problem, c = lambda m;
+    the logistic and squared ones are scikit-learn's LogisticRegression and Ridge."""
+    from sklearn.linear_model import LogisticRegression, Ridge
+
+    problem = make_problem(num_tasks=3, dim=4, samples_per_task=40, seed=7)
+    lam, m = 0.05, problem.num_tasks
+    run = run_federation(problem, 60, loss=loss, omega="identity", lam=lam, omega_every=0)
+    assert run.final["gap"] <= TARGET * run.final["primal"] and run.final["gap_certified"]
+    W = run.strategy.state.W
+    for t, (X, y) in enumerate(problem.train()):
+        n = X.shape[0]
+        if loss == "logistic":
+            ref = LogisticRegression(C=1.0 / (n * lam * m), fit_intercept=False, tol=1e-12,
+                                     max_iter=100000).fit(X, y).coef_.ravel()
+        elif loss == "squared":  # (1/2n)|y - Xw|^2 + (c/2)|w|^2 = Ridge(alpha = n c) / 2n
+            ref = Ridge(alpha=n * lam * m, fit_intercept=False, tol=1e-12).fit(X, y).coef_
+        else:  # no scikit-learn twin: the task's own L-BFGS
+            ref = lbfgs_optimum([(X, y)], np.array([[lam * m]]), loss)[1].ravel()
+        # |w - w*|^2 <= 2 gap_t / c, gap_t <= the run's gap
+        assert np.linalg.norm(W[:, t] - ref) ** 2 <= 2 * run.final["gap"] / (lam * m) + 1e-8
+
+
+def test_the_loss_travels_in_every_message_and_hinge_runs_send_none():
+    problem = make_problem(num_tasks=3, dim=4, samples_per_task=20, seed=1)
+    seen: dict[str, list] = {"logistic": [], "hinge": []}
+
+    def spy(loss):
+        def wrap(client):
+            def call(message: Message, context):
+                config = message.content.get("config")
+                if config is not None and "task-id" in config:
+                    seen[loss].append(config.get("loss"))
+                return client(message, context)
+            return call
+        return wrap
+
+    run_federation(problem, 3, loss="logistic", wrap=spy("logistic"))
+    run_federation(problem, 3, wrap=spy("hinge"))
+    assert len(seen["logistic"]) == 3 * 3 + 3  # train rounds and the final evaluate
+    assert set(seen["logistic"]) == {"logistic"}
+    assert set(seen["hinge"]) == {None}  # the hinge's messages are as before
+
+
+def test_a_dual_mean_outside_the_loss_range_is_rejected_by_the_certificate():
+    """logistic: D(a) = entropy <= log 2, so a dual-mean of 0.9 (a valid hinge value) is
+    impossible; the reply is rejected (counted as a drop) and the record has no gap."""
+    problem = make_problem(num_tasks=3, dim=4, samples_per_task=20, seed=1)
+
+    def lie(client):
+        def call(message: Message, context):
+            reply = client(message, context)
+            config = message.content["config"]
+            if config.get("task-id") == 1 and config.get("server-round") == 2:
+                return with_metrics(reply, message, **{"dual-mean": 0.9})
+            return reply
+        return call
+
+    run = run_federation(problem, 3, loss="logistic", wrap=lie)
+    assert run.rounds[1]["gap"] is None and run.rounds[1]["certificate_rejections"] == 1
+    assert run.final["gap_certified"]
+    assert pair_problems("hinge", np.array([1.0]), np.array([0.9]), np.array([0.0])) == {}
+    assert "dual-mean in [0, 0.693147]" in pair_problems(
+        "logistic", np.array([1.0]), np.array([0.9]), np.array([0.0]))[0]
+
+
+def test_squared_loss_has_no_unit_dual_bound_but_keeps_the_dropped_one():
+    """The squared loss's alpha is unbounded: |delta-b| is not held to R_t min(H, n)/n (an
+    honest step may exceed it), but a dropped task must still send 0."""
+    strategy = Mocha(2, loss="squared")
+    unit = np.array([0.0, 0.5, np.nan])
+    limit = strategy._dual_limit(unit)
+    assert limit[0] == 0.0 and np.isinf(limit[1]) and np.isnan(limit[2])
+    np.testing.assert_array_equal(Mocha(2, loss="logistic")._dual_limit(unit[:2]), unit[:2])
+
+
+def test_settings_name_the_valid_losses_and_mbsgd_ofmtl_refuse_others():
+    assert MochaSettings().loss == "hinge"
+    assert Mocha(2, loss="logistic").loss == "logistic"
+    with pytest.raises(ConfigError, match="mocha.loss .*hinge, smoothed-hinge, logistic, "
+                                          "squared"):
+        MochaSettings(loss="cubic")
+    for settings_cls, name in ((MbSgdSettings, "Mb-SGD"), (OFMTLSettings, "OFMTL")):
+        with pytest.raises(ConfigError, match=f"{name} trains the hinge loss only"):
+            settings_cls(loss="logistic")
+    for strategy in ("mb-sgd", "ofmtl"):
+        cfg = RunConfig.from_mapping({"strategy": strategy, "mocha.loss": "squared"})
+        with pytest.raises(ConfigError, match="hinge loss only"):
+            settings_from_config(cfg, 4)
+    cfg = RunConfig.from_mapping({"strategy": "cocoa", "mocha.loss": "smoothed-hinge"})
+    assert settings_from_config(cfg, 4).loss == "smoothed-hinge"
+
+
+@pytest.mark.parametrize("method", ["cocoa", "mb-sdca"])
+def test_cocoa_and_mbsdca_train_another_loss_with_a_certified_gap(method):
+    problem = make_problem(num_tasks=4, dim=4, samples_per_task=20, seed=2)
+    run = run_federation(problem, 40, loss="logistic", method=method, omega="identity",
+                         lam=0.05, omega_every=0, beta=4.0)
+    gaps = [r["gap"] for r in run.rounds if r.get("gap") is not None]
+    assert run.final["gap_certified"] and all(g >= -1e-12 for g in gaps)
+    assert gaps[-1] < 0.05 * gaps[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dataset", ["small", "synthetic"])
+@pytest.mark.parametrize("loss", SMOOTH)
+def test_datasets_reach_a_certified_1e4_gap_at_the_lbfgs_optimum(dataset, loss):
+    """The table of docs/results.md ("MOCHA losses"): ``small`` and ``synthetic``, Omega
+    fixed (``mean``, lambda 1e-3, lambda2 1e-2), 300 rounds."""
+    run = run_loss(dataset, loss, rounds=300, target=TARGET,
+                   overrides={"mocha.omega": "mean", "mocha.lambda": "1e-3",
+                              "mocha.lambda2": "1e-2"})
+    assert run.passes(TARGET), run.row()
