@@ -153,6 +153,39 @@ def test_cocoa_and_mbsdca_train_another_loss_with_a_certified_gap(method):
     assert gaps[-1] < 0.05 * gaps[0]
 
 
+def _run_config(values: dict) -> dict:
+    """A run of ``values`` through the apps of ``fmtl run`` (in-process): its results."""
+    import math
+
+    from fmtl_flower.apps.common import make_client_app, make_server_app
+    from fmtl_flower.engine import run_inprocess
+
+    cfg = RunConfig.from_mapping(values)
+    box: dict = {}
+    run_inprocess(make_server_app(cfg, on_done=box.update), make_client_app(cfg),
+                  math.ceil(cfg.num_tasks / cfg.tasks_per_node))
+    return box
+
+
+def _untimed(record: dict) -> dict:
+    return {k: v for k, v in record.items() if not k.endswith("_s")}
+
+
+@pytest.mark.parametrize("loss", ["logistic", "squared"])
+def test_stacked_nodes_train_the_loss_bit_for_bit_as_unpacked_ones(loss):
+    """Packed nodes (several tasks per stacked message) get the loss in the shared config:
+    the run equals the one-task-per-node run bit for bit, and differs from the hinge's."""
+    base = {"strategy": "mocha", "num-tasks": 8, "dim": 5, "samples-per-task": 15,
+            "num-server-rounds": 4, "mocha.omega-every": 2, "mocha.drop-prob": 0.2}
+    one = _run_config({**base, "mocha.loss": loss, "tasks-per-node": 1})
+    packed = _run_config({**base, "mocha.loss": loss, "tasks-per-node": 4})
+    hinge = _run_config({**base, "tasks-per-node": 4})
+    assert [_untimed(r) for r in one["rounds"]] == [_untimed(r) for r in packed["rounds"]]
+    assert _untimed(one["final"]) == _untimed(packed["final"])
+    assert packed["final"]["gap_certified"] and packed["final"]["primal"] != \
+        hinge["final"]["primal"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dataset", ["small", "synthetic"])
 @pytest.mark.parametrize("loss", SMOOTH)
