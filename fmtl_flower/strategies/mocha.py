@@ -580,10 +580,15 @@ class Mocha(LinearTasks, TaskStrategy):
 
     # ------------------------------------------------------------------ checkpoints
     def fingerprint(self) -> dict[str, Any]:
-        """Settings a checkpoint must share with this run to be resumed."""
-        return {"strategy": "Mocha", "num_tasks": self.num_tasks, "lam": self.lam,
-                "omega": self.omega, "formulation": self.formulation_options,
-                "method": self.method, "seed": self.seed, "server_path": self.server_path}
+        """Settings a checkpoint must share with this run to be resumed (the loss when it is
+        not the hinge: B is the image of duals of one loss; hinge checkpoints written before
+        the loss family existed stay resumable)."""
+        out = {"strategy": "Mocha", "num_tasks": self.num_tasks, "lam": self.lam,
+               "omega": self.omega, "formulation": self.formulation_options,
+               "method": self.method, "seed": self.seed, "server_path": self.server_path}
+        if self.loss != "hinge":
+            out["loss"] = self.loss
+        return out
 
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """B, W, M, the formulation's Omega, per-task bookkeeping, records, health and (robust

@@ -186,6 +186,54 @@ def test_stacked_nodes_train_the_loss_bit_for_bit_as_unpacked_ones(loss):
         hinge["final"]["primal"]
 
 
+def _run_strategy(problem, strategy: Mocha, rounds: int) -> None:
+    from flwr.serverapp import Grid, ServerApp
+
+    from fmtl_flower.clients.mocha import make_mocha_client_app
+    from fmtl_flower.engine import run_inprocess
+
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid: Grid, context) -> None:
+        strategy.start(grid=grid, num_rounds=rounds, timeout=60.0)
+
+    run_inprocess(server_app, make_mocha_client_app(problem.load), problem.num_tasks)
+
+
+@pytest.mark.parametrize(("first", "second"), [("hinge", "logistic"), ("squared", "hinge")])
+def test_a_checkpoint_of_another_loss_is_refused(first, second, tmp_path):
+    """B is the image of one loss's duals: a run of another loss never resumes it."""
+    from fmtl_flower.checkpoint import CheckpointError
+
+    problem = make_problem(num_tasks=3, dim=4, samples_per_task=20, seed=1)
+    kwargs = {"omega": "identity", "lam": 0.05, "discovery_timeout": 5.0}
+    one = Mocha(3, loss=first, **kwargs)
+    one.enable_checkpoints(tmp_path)
+    _run_strategy(problem, one, 2)
+    other = Mocha(3, loss=second, **kwargs)
+    other.enable_checkpoints(tmp_path)
+    with pytest.raises(CheckpointError, match="loss"):
+        _run_strategy(problem, other, 3)
+    same = Mocha(3, loss=first, **kwargs)  # the same loss resumes
+    same.enable_checkpoints(tmp_path)
+    _run_strategy(problem, same, 3)
+    assert len(same.records) == 4
+
+
+def test_fit_mocha_is_the_federation_bit_for_bit_for_another_loss():
+    from fmtl_flower.centralized import fit_mocha
+
+    problem = make_problem(num_tasks=4, dim=4, samples_per_task=20, seed=5)
+    kwargs = {"loss": "logistic", "omega": "probabilistic", "omega_every": 2, "lam": 0.05,
+              "drop_prob": 0.2, "sys_het": "high"}
+    run = run_federation(problem, 5, **kwargs)
+    fit = fit_mocha(problem.train(), rounds=5, **kwargs)
+    np.testing.assert_array_equal(run.strategy.state.W, fit.W)
+    assert run.final["primal"] == fit.history[-1]["primal"]
+    assert run.final["dual"] == fit.history[-1]["dual"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dataset", ["small", "synthetic"])
 @pytest.mark.parametrize("loss", SMOOTH)
