@@ -84,6 +84,7 @@ def for_loss(task: LocalTask, loss: Loss) -> LocalTask:
         return task
     return dataclasses.replace(task, fingerprint=f"{task.fingerprint}/{loss.name}")
 
+
 class MochaClient:
     """MOCHA's device-side handlers over a user-supplied data loader.
 

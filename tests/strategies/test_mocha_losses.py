@@ -234,6 +234,28 @@ def test_fit_mocha_is_the_federation_bit_for_bit_for_another_loss():
     assert run.final["dual"] == fit.history[-1]["dual"]
 
 
+@pytest.mark.parametrize("loss", ["logistic", "squared"])
+def test_seeding_from_the_optimum_of_a_loss_restarts_there_packed_or_not(loss):
+    """``initial_arrays``: the seeding round solves the loss's own seeding problem (its dual
+    term and domain), on one-task and stacked nodes alike: a W0 at the loss's optimum
+    restarts near it, bit for bit the same packed (where the hinge's seeding would not)."""
+    from .test_initial_arrays import TASKS, record, run_mocha, untimed
+
+    problem = make_problem(num_tasks=TASKS, dim=4, samples_per_task=40, seed=5)
+    solved, solved_result = run_mocha(problem, 60, loss=loss)
+    W_star = solved_result.arrays["W"].numpy()
+    assert solved.results()["final"]["gap"] < 1e-6 * solved.results()["final"]["primal"]
+    _, cold = run_mocha(problem, 1, loss=loss)
+    warm, warm_result = run_mocha(problem, 1, record(W=W_star), loss=loss)
+    packed, _ = run_mocha(problem, 1, record(W=W_star), loss=loss, per_node=2)
+    cold_gap = cold.evaluate_metrics_clientapp[1]["gap"]
+    warm_gap = warm_result.evaluate_metrics_clientapp[1]["gap"]
+    assert -1e-12 <= warm_gap < 0.05 * cold_gap, (warm_gap, cold_gap)
+    assert np.linalg.norm(warm.state.W - W_star) < 0.05 * np.linalg.norm(W_star)
+    assert untimed(packed.results()["rounds"]) == untimed(warm.results()["rounds"])
+    assert np.array_equal(packed.state.W, warm.state.W)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dataset", ["small", "synthetic"])
 @pytest.mark.parametrize("loss", SMOOTH)
