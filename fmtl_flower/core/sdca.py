@@ -35,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from .jit import kernel, steps_work
-from .losses import HINGE, Loss, coordinate_step, dual_peak, get_loss
+from .losses import HINGE, Loss, coordinate_step, dual_peak, get_loss, numpy_step_cost_of
 
 #: numba's fast-math flags of every SDCA-family kernel. Reassociation lets LLVM vectorise the
 #: dot product and the axpy (SIMD); no other fast-math flag is set, so NaN/inf semantics are
@@ -110,7 +110,8 @@ def _sdca_steps_numpy(X, y, alpha, sqnorm, order, start, count, scale, d_alpha, 
 
 
 @kernel(_sdca_steps_numpy, boundscheck=False, fastmath=FASTMATH,
-        work=lambda X, y, alpha, sqnorm, order, start, count, *_: steps_work(count, X.shape[1]))
+        work=lambda X, y, alpha, sqnorm, order, start, count, scale, d_alpha, v, loss:
+        steps_work(count, X.shape[1]) * numpy_step_cost_of(loss))
 def _sdca_steps(X, y, alpha, sqnorm, order, start, count, scale, d_alpha, v,
                 loss):  # pragma: no cover
     """Steps ``start .. start+count-1`` of SDCA on the local subproblem of the loss with code
@@ -145,7 +146,8 @@ def _sdca_kernel_numpy(X, y, alpha, sqnorm, w, order, budget, scale, d_alpha, v,
 
 
 @kernel(_sdca_kernel_numpy, boundscheck=False, fastmath=FASTMATH,
-        work=lambda X, y, alpha, sqnorm, w, order, budget, *_: steps_work(budget, X.shape[1]))
+        work=lambda X, y, alpha, sqnorm, w, order, budget, scale, d_alpha, v, loss:
+        steps_work(budget, X.shape[1]) * numpy_step_cost_of(loss))
 def _sdca_kernel(X, y, alpha, sqnorm, w, order, budget, scale, d_alpha, v,
                  loss):  # pragma: no cover
     """MOCHA's local SDCA: ``budget`` steps of :func:`_sdca_steps` from step 0 (``w`` is the

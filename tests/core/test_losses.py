@@ -159,3 +159,25 @@ def test_logistic_step_is_exact_near_the_box_ends():
         if 0.0 < a < 1.0:  # log((1-a)/a) = z' at the root
             assert math.log1p(-a) - math.log(a) == pytest.approx(z_new, rel=1e-9, abs=1e-9)
     assert coordinate_step.py_func(loss.code, 0.2, 0.0, 0.0) == 0.5
+
+
+def test_the_kernels_work_estimates_scale_with_the_losses_numpy_step_cost():
+    """``auto`` picks numba per call from the numpy run time it estimates: a logistic step
+    (a Newton solve in Python) costs about 10 hinge steps, so numba is chosen 10x sooner."""
+    from fmtl_flower.core.baselines.cocoa import _cocoa_kernel
+    from fmtl_flower.core.baselines.mbsdca import _mbsdca_kernel
+    from fmtl_flower.core.sdca import _sdca_kernel
+
+    X, z, order = np.zeros((50, 7)), np.zeros(50), np.arange(50)
+    for loss in LOSSES.values():
+        sdca = _sdca_kernel.work(X, z, z, z, np.zeros(7), order, 1000, 1.0, z, np.zeros(7),
+                                 loss.code)
+        hinge = _sdca_kernel.work(X, z, z, z, np.zeros(7), order, 1000, 1.0, z, np.zeros(7),
+                                  LOSSES["hinge"].code)
+        assert sdca == pytest.approx(loss.numpy_step_cost * hinge)
+        cocoa = _cocoa_kernel.work(X, z, z, z, order, 1.0, 0.5, 1000, 50, z, np.zeros(7),
+                                   loss.code)
+        assert cocoa > sdca
+        mbsdca = _mbsdca_kernel.work(X, z, z, z, np.zeros(7), order, 50, 1.0, z, loss.code)
+        assert (mbsdca < 50) == (loss.name == "hinge")  # vectorised only for the hinge
+    assert LOSSES["logistic"].numpy_step_cost >= 5 * LOSSES["hinge"].numpy_step_cost

@@ -7,7 +7,15 @@ from __future__ import annotations
 import numpy as np
 
 from ..jit import kernel, steps_work, vector_work
-from ..losses import HINGE, LOSS_BY_CODE, Loss, dual_value, get_loss, loss_value
+from ..losses import (
+    HINGE,
+    LOSS_BY_CODE,
+    Loss,
+    dual_value,
+    get_loss,
+    loss_value,
+    numpy_step_cost_of,
+)
 from ..sdca import FASTMATH, _sdca_steps
 from ._common import _check_positive, _check_steps, _sqnorm, _sub_dalpha, _validate
 
@@ -55,7 +63,8 @@ def _cocoa_work(X, y, alpha, sqnorm, order, scale, theta, max_steps, check_every
                 v, loss):
     """At most ``max_steps`` SDCA steps and a gap check (n rows) every ``check_every``."""
     checks = 1 + -(-max_steps // max(check_every, 1))
-    return steps_work(max_steps, X.shape[1]) + checks * vector_work(X.size)
+    return (steps_work(max_steps, X.shape[1]) * numpy_step_cost_of(loss)
+            + checks * vector_work(X.size))
 
 
 @kernel(boundscheck=False, fastmath=FASTMATH, work=_cocoa_work)

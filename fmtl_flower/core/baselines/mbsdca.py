@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..jit import kernel, vector_work
-from ..losses import HINGE, Loss, coordinate_step, get_loss
+from ..jit import kernel, steps_work, vector_work
+from ..losses import HINGE, Loss, coordinate_step, get_loss, numpy_step_cost_of
 from ..sdca import FASTMATH, _clip01, _step_start
 from ._common import _check_positive, _check_steps, _sqnorm, _sub_dalpha, _validate
 
@@ -35,7 +35,9 @@ def _mbsdca_kernel_numpy(X, y, alpha, sqnorm, w, order, budget, inv_m_tt, d_alph
 
 
 @kernel(_mbsdca_kernel_numpy, boundscheck=False, fastmath=FASTMATH,
-        work=lambda X, y, alpha, sqnorm, w, order, budget, *_: vector_work(budget * X.shape[1]))
+        work=lambda X, y, alpha, sqnorm, w, order, budget, inv_m_tt, d_alpha, loss:
+        vector_work(budget * X.shape[1]) if loss == HINGE
+        else steps_work(budget, X.shape[1]) * numpy_step_cost_of(loss))
 def _mbsdca_kernel(X, y, alpha, sqnorm, w, order, budget, inv_m_tt, d_alpha,
                    loss):  # pragma: no cover
     """The SDCA family's coordinate step (:func:`~fmtl_flower.core.sdca._step_start`, its
