@@ -101,7 +101,7 @@ def main() -> None:
 
         def run(X=X, y=y, sq=sq, order=order, d=d, n=n):  # noqa: ANN001, ANN202
             sdca._sdca_steps_numpy(X, y, np.zeros(n), sq, order, 0, args.steps, 1.0,
-                                   np.zeros(n), np.zeros(d))
+                                   np.zeros(n), np.zeros(d), 0)
 
         per_step.append(cpu_time(run) / args.steps * 1e6)
     A = np.column_stack([np.ones(len(dims)), np.array(dims, dtype=float)])

@@ -78,14 +78,14 @@ def bench_dim(d: int, n: int, repeats: int) -> dict:
     order = rng.permutation(n)
     scale = 1e-4 ** -1 / 29  # m_tt of small.mat's identity start (sigma' = 1)
     d_alpha, v = np.zeros(n), w.copy()
-    _sdca_kernel(X, y, alpha, sqnorm, w, order, n, scale, d_alpha, v)
+    _sdca_kernel(X, y, alpha, sqnorm, w, order, n, scale, d_alpha, v, 0)
     updates = int(np.count_nonzero(d_alpha))
     best = np.inf
     for _ in range(repeats):
         d_alpha[:] = 0.0
         v[:] = w
         t = time.perf_counter()
-        _sdca_kernel(X, y, alpha, sqnorm, w, order, n, scale, d_alpha, v)
+        _sdca_kernel(X, y, alpha, sqnorm, w, order, n, scale, d_alpha, v, 0)
         best = min(best, time.perf_counter() - t)
     ns = best / n * 1e9
     m = min(n, 2000)

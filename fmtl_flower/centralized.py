@@ -20,7 +20,8 @@ import numpy as np
 
 from .core.baselines import cocoa_local_update, mbsdca_local_update, mbsdca_scale
 from .core.formulations import Formulation, make_formulation
-from .core.hinge import classification_errors, hinge_conjugate_value, mean_hinge_loss
+from .core.hinge import classification_errors
+from .core.losses import Loss, get_loss
 from .core.mocha import MochaServerState, omega_step_due
 from .core.rng import TAG_POOLED_INIT, coordinate_order
 from .core.sdca import sdca_local_update
@@ -47,9 +48,9 @@ class MochaFit:
 
 
 def _objective(state: MochaServerState, tasks: Sequence[TaskArrays],
-               alphas: list[np.ndarray]) -> tuple[float, float]:
-    loss = np.array([mean_hinge_loss(X, y, state.W[:, t]) for t, (X, y) in enumerate(tasks)])
-    dual = np.array([hinge_conjugate_value(a, y) for a, (_, y) in zip(alphas, tasks, strict=True)])
+               alphas: list[np.ndarray], loss_fn: Loss) -> tuple[float, float]:
+    loss = np.array([loss_fn.mean_value(X, y, state.W[:, t]) for t, (X, y) in enumerate(tasks)])
+    dual = np.array([loss_fn.dual_mean(a, y) for a, (_, y) in zip(alphas, tasks, strict=True)])
     reg = state.regulariser()
     return float(loss.sum()) + reg, float(dual.sum()) - reg
 
@@ -86,6 +87,7 @@ def fit_mocha(
         ``omega``, ``lam`` and the formulation options; it is used, and stepped, in place.
     """
     s = MochaSettings.resolve(settings, kwargs)
+    loss = get_loss(s.loss)
     m = len(tasks)
     dim = tasks[0][0].shape[1]
     n = np.array([X.shape[0] for X, _ in tasks], dtype=np.int64)
@@ -98,7 +100,7 @@ def fit_mocha(
     method, seed = s.method, s.seed
     for r in range(1, rounds + 1):
         if record_every and (r - 1) % record_every == 0:
-            _record(fit, r - 1, tasks, test)
+            _record(fit, r - 1, tasks, test, loss)
         budgets, dropped, scale = systems.draw(r)
         m_diag = state.m_diag()
         sigma_p = state.sigma_prime(s.sigma_mode)
@@ -111,7 +113,7 @@ def fit_mocha(
             d_alpha, d_b, steps[t] = _local_update(
                 method, X, y, fit.alphas[t], state.W[:, t].copy(), budget=int(budgets[t]),
                 m_tt=float(m_diag[t]), sigma_prime=float(sigma_p[t]), theta=s.theta,
-                order=order, sqnorm=sqnorms[t], scale=scale)
+                order=order, sqnorm=sqnorms[t], scale=scale, loss=loss)
             if s.gamma != 1.0:
                 d_alpha, d_b = s.gamma * d_alpha, s.gamma * d_b
             delta_B[:, t] = d_b
@@ -120,7 +122,7 @@ def fit_mocha(
         state.add_updates(np.arange(m), delta_B)
         if omega_step_due(r, s.omega_every, rounds):
             state.omega_step()
-    _record(fit, rounds, tasks, test)
+    _record(fit, rounds, tasks, test, loss)
     return fit
 
 
@@ -150,25 +152,26 @@ class _Systems:
 def _local_update(method: str, X: np.ndarray, y: np.ndarray, alpha: np.ndarray,
                   w_t: np.ndarray, *, budget: int, m_tt: float, sigma_prime: float,
                   theta: float, order: np.ndarray, sqnorm: np.ndarray,
-                  scale: float) -> tuple[np.ndarray, np.ndarray, int]:
+                  scale: float, loss: Loss) -> tuple[np.ndarray, np.ndarray, int]:
     """One task's local solver of ``method``: (Delta alpha_t, Delta b_t, steps taken)."""
     if method == "mocha":
         d_alpha, d_b = sdca_local_update(X, y, alpha, w_t, budget=budget, m_tt=m_tt,
-                                         sigma_prime=sigma_prime, order=order, sqnorm=sqnorm)
+                                         sigma_prime=sigma_prime, order=order, sqnorm=sqnorm,
+                                         loss=loss)
         return d_alpha, d_b, budget
     if method == "cocoa":
         d_alpha, d_b, steps, _ = cocoa_local_update(
             X, y, alpha, w_t, m_tt=m_tt, sigma_prime=sigma_prime, theta=theta,
-            max_steps=budget, order=order, sqnorm=sqnorm)
+            max_steps=budget, order=order, sqnorm=sqnorm, loss=loss)
         return d_alpha, d_b, steps
     d_alpha, d_b = mbsdca_local_update(X, y, alpha, w_t, m_tt=m_tt, budget=budget, order=order,
-                                       sqnorm=sqnorm)
+                                       sqnorm=sqnorm, loss=loss)
     return scale * d_alpha, scale * d_b, budget
 
 
 def _record(fit: MochaFit, k: int, tasks: Sequence[TaskArrays],
-            test: Sequence[TaskArrays] | None) -> None:
-    primal, dual = _objective(fit.state, tasks, fit.alphas)
+            test: Sequence[TaskArrays] | None, loss: Loss) -> None:
+    primal, dual = _objective(fit.state, tasks, fit.alphas, loss)
     entry = {"round": k, "primal": primal, "dual": dual, "gap": primal - dual}
     if test is not None:
         entry.update(evaluate_models(fit.state.W, test))

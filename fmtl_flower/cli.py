@@ -203,7 +203,10 @@ def _resolve_lambda(cfg: RunConfig, data) -> tuple[RunConfig, dict[float, float]
                  "lam2": settings.lam2, "s2": settings.s2, "eta": settings.eta,
                  "clusters": settings.clusters, "gamma": settings.gamma,
                  "method": settings.method, "theta": settings.theta, "beta": settings.beta,
-                 "local_frac": settings.local_frac, "sigma_mode": settings.sigma_mode}
+                 "local_frac": settings.local_frac, "sigma_mode": settings.sigma_mode,
+                 "loss": settings.loss}
+    else:
+        mocha = {"loss": cfg.loss}
     best, scores = cross_validate_lambda(method, tasks, seed=cfg.seed, **mocha)
     return dataclasses.replace(cfg, lam=best), scores
 
@@ -223,7 +226,7 @@ def run_baseline(cfg: RunConfig, data) -> dict[str, Any]:
 
     tasks = [(t.X_train, t.y_train) for t in data.tasks]
     fit = fit_local_svms if cfg.strategy == "local" else fit_global_svm
-    W = fit(tasks, float(cfg.lam), seed=cfg.seed)
+    W = fit(tasks, float(cfg.lam), seed=cfg.seed, loss=cfg.loss)
     final: dict[str, Any] = {"round": None, "primal": None, "dual": None, "gap": None}
     final.update(evaluate_models(W, [(t.X_test, t.y_test) for t in data.tasks]))
     return {"config": cfg.to_dict(), "rounds": [], "final": final}

@@ -38,14 +38,16 @@ def make_fitter(method: str, seed: int = 0,
                 **mocha_kwargs: Any) -> Callable[[Sequence[TaskArrays], float], np.ndarray]:
     """``fit(tasks, lam) -> W`` (d x m) for ``method`` in {"mtl", "local", "global"}.
 
-    ``mocha_kwargs`` (``rounds``, ``omega``, ...) go to :func:`fit_mocha` for ``mtl``.
+    ``mocha_kwargs`` (``rounds``, ``omega``, ...) go to :func:`fit_mocha` for ``mtl``; the
+    ``local`` and ``global`` fits read only ``loss`` of them (default ``hinge``).
     """
     if method == "mtl":
         return lambda tasks, lam: fit_mocha(tasks, lam=lam, seed=seed, **mocha_kwargs).W
+    loss = mocha_kwargs.get("loss", "hinge")
     if method == "local":
-        return lambda tasks, lam: fit_local_svms(list(tasks), lam, seed=seed)
+        return lambda tasks, lam: fit_local_svms(list(tasks), lam, seed=seed, loss=loss)
     if method == "global":
-        return lambda tasks, lam: fit_global_svm(list(tasks), lam, seed=seed)
+        return lambda tasks, lam: fit_global_svm(list(tasks), lam, seed=seed, loss=loss)
     raise ValueError(f"method must be one of {METHODS}, got {method!r}")
 
 

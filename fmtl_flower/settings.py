@@ -214,6 +214,20 @@ def task_owners_text(key: str, value: Any) -> str:
     return ",".join(f"{task}:{node}" for task, node in task_owner_pairs(key, value))
 
 
+def hinge_only(family: str) -> Check:
+    """``hinge``, the one loss ``family`` trains; any other value is a ConfigError saying so
+    (rather than a run that silently trains the hinge)."""
+    def check(key: str, value: Any) -> str:
+        out = str(value).strip()
+        if out != "hinge":
+            raise ConfigError(f"{key}: {family} trains the hinge loss only; got {value!r} "
+                              "(the other losses, smoothed-hinge, logistic and squared, are "
+                              "MOCHA's, CoCoA's and Mb-SDCA's)")
+        return out
+
+    return check
+
+
 def zero_is_none(value: Any) -> Any:
     """Run-config value -> setting: 0 (or "") means unset (None)."""
     if value is None or (isinstance(value, str) and not value.strip()):
@@ -408,6 +422,9 @@ SYS_HET_BASES = ("n_min", "n_t")
 NETWORKS = ("wifi", "lte", "3g")
 TIME_MODELS = ("physical", "reference")
 SERVER_PATHS = ("auto", "dense", "factored")
+#: The losses of MOCHA's model family, the default first (the registry
+#: :data:`fmtl_flower.core.losses.LOSSES` has exactly these; this module imports no numerics).
+LOSS_NAMES = ("hinge", "smoothed-hinge", "logistic", "squared")
 _POSITIVE = number(lo=0.0, lo_open=True)
 _NONNEG = number(lo=0.0)
 _UNIT_OPEN = number(lo=0.0, hi=1.0, lo_open=True, hi_open=True)
@@ -551,6 +568,11 @@ class MochaSettings(_PrimalDualSettings):
     max_classes : int
         Most classes a run may learn from its devices' labels (devices built with
         ``labels="auto"``; a node claiming more is refused) (``mocha.max-classes``).
+    loss : {"hinge", "smoothed-hinge", "logistic", "squared"}
+        The loss l of the objective's per-task mean l(y x^T w_t) (``mocha.loss``): the SVM's
+        hinge (the papers'), the hinge smoothed with gamma = 1 (Shalev-Shwartz & Zhang),
+        log(1 + e^-z), or (1 - z)^2 / 2 = (y - x^T w)^2 / 2 (labels stay -1/+1); see
+        :mod:`fmtl_flower.core.losses`. Mb-SGD and OFMTL take only ``hinge``.
     """
 
     method: str = setting("mocha", choice("mocha", "cocoa", "mb-sdca"))
@@ -570,6 +592,7 @@ class MochaSettings(_PrimalDualSettings):
     fit_intercept: bool = setting(False, boolean, "mocha.fit-intercept")
     intercept_scaling: float = setting(1.0, _POSITIVE, "mocha.intercept-scaling")
     max_classes: int = setting(1000, integer(2), "mocha.max-classes")
+    loss: str = setting("hinge", choice(*LOSS_NAMES), "mocha.loss")
 
     @property
     def formulation_options(self) -> dict[str, Any]:
@@ -591,6 +614,8 @@ class MbSgdSettings(_PrimalDualSettings):
         Project W onto the ball that holds the optimum (Python only).
     local_frac : float
         The mini-batch as a fraction of n_t, in (0, 1] (distinct samples).
+    loss : {"hinge"}
+        Mb-SGD trains the hinge loss only (``mocha.loss``; any other value is an error).
     """
 
     omega: str = setting("identity", choice(*FORMULATION_NAMES), "mocha.omega")
@@ -602,6 +627,7 @@ class MbSgdSettings(_PrimalDualSettings):
                                  attr="mbsgd_beta")
     schedule: str = setting("inv", choice("inv", "inv_sqrt"))
     project: bool = setting(True, boolean)
+    loss: str = setting("hinge", hinge_only("Mb-SGD"), "mocha.loss")
 
 
 @dataclass(frozen=True)
@@ -735,6 +761,8 @@ class OFMTLSettings(CommonSettings):
         ``round-timeout``).
     max_attempts : int
         Tries of a newcomer before it is given up (Python only).
+    loss : {"hinge"}
+        OFMTL trains the hinge loss only (``mocha.loss``; any other value is an error).
     """
 
     NAMESPACE: ClassVar[str] = "ofmtl"
@@ -756,6 +784,7 @@ class OFMTLSettings(CommonSettings):
     max_attempts: int = setting(3, integer(1))
     round_timeout: float = setting(120.0, _POSITIVE, "round-timeout")
     server_path: str = setting("auto", choice(*SERVER_PATHS), "mocha.server-path")
+    loss: str = setting("hinge", hinge_only("OFMTL"), "mocha.loss")
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from collections.abc import Mapping
 import numpy as np
 from flwr.app import Array
 
+from ..core.losses import Loss
 from ..core.rng import coordinate_order
 from ..core.sdca import sdca_local_update
 from ..wire import from_array
@@ -68,12 +69,16 @@ def check_seed_target(w0: np.ndarray, b0: np.ndarray, dim: int
 
 
 def seed_duals(task: LocalTask, alpha: np.ndarray, w0: np.ndarray, b0: np.ndarray, *,
-               m_tt: float, seed: int, server_round: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """The seeding step (module docstring) from ``alpha``: ``(d_alpha, d_b, steps)``."""
+               m_tt: float, seed: int, server_round: int,
+               loss: str | Loss = "hinge") -> tuple[np.ndarray, np.ndarray, int]:
+    """The seeding step (module docstring) from ``alpha``: ``(d_alpha, d_b, steps)``. For a
+    loss other than the hinge, ``mean_i u_i`` in the problem is the loss's dual term
+    ``mean_i D(u_i)`` and the box its dual domain (:mod:`fmtl_flower.core.losses`)."""
     rho = SEED_STIFFNESS * m_tt
     w_start = w0 + rho * (task.X.T @ alpha / task.n - b0)
     steps = SEED_PASSES * task.n
     d_alpha, d_b = sdca_local_update(
         task.X, task.y, alpha, w_start, budget=steps, m_tt=rho, sigma_prime=1.0,
-        order=coordinate_order(seed, task.task_id, server_round, task.n), sqnorm=task.sqnorm)
+        order=coordinate_order(seed, task.task_id, server_round, task.n), sqnorm=task.sqnorm,
+        loss=loss)
     return d_alpha, d_b, steps

@@ -5,9 +5,13 @@ A device keeps its dual variables alpha in ``context.state`` (ArrayRecord ``moch
 ``duals`` float64 (3, n) = [committed alpha; pending d_alpha; stable alpha], ConfigRecord
 ``mocha.meta``: ``task-id``, ``committed-round``, ``pending-round``, ``stable-round`` (-1:
 none; the stable copy is the newest committed alpha not after the server's newest
-checkpoint), ``data`` (a fingerprint of the training data X, y: state kept for other data is
-never resumed) and never sends them; it sends
-only ``delta-b = X^T d_alpha / n`` (d floats) and a few scalars.
+checkpoint), ``data`` (a fingerprint of the training data X, y and, for a loss other than the
+hinge, of the loss: state kept for other data or another loss is never resumed) and never
+sends them; it sends only ``delta-b = X^T d_alpha / n`` (d floats) and a few scalars.
+
+The loss. The message's optional ``loss`` (``hinge`` when absent; :mod:`fmtl_flower.core.
+losses`) chooses the local solver's coordinate step and what ``loss-mean`` and ``dual-mean``
+report: the mean loss at w_t and the mean dual term D(y * alpha) = -l*(-y * alpha).
 
 Dual commit protocol (design decision 4). The device keeps its newest ``d_alpha`` *pending*
 with the round that produced it. Every message carries ``last-accepted-round`` L, the newest
@@ -30,6 +34,7 @@ Build a MOCHA ClientApp over your own data with :func:`make_mocha_client_app`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -38,7 +43,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from ..core.baselines import cocoa_local_update, mbsdca_local_update
-from ..core.hinge import hinge_conjugate_value, mean_hinge_loss
+from ..core.losses import LOSSES, Loss, get_loss
 from ..core.multiclass import Lifting, label_values
 from ..core.rng import coordinate_order
 from ..core.sdca import sdca_local_update
@@ -64,6 +69,25 @@ from .dual_state import DualState, DualStore
 STATE_ARRAYS = "mocha.arrays"
 STATE_META = "mocha.meta"
 BINARY = Lifting()  # today's binary labels, no intercept
+
+
+def loss_of(config: Mapping[str, Any]) -> Loss:
+    """The loss a MOCHA instruction names (``loss``; the hinge when absent); ValueError
+    naming the valid losses for any other value."""
+    if "loss" not in config:
+        return LOSSES["hinge"]
+    return get_loss(config_value(config, "loss", str))
+
+
+def for_loss(task: LocalTask, loss: Loss) -> LocalTask:
+    """``task`` with its dual state bound to ``loss`` too: the data's fingerprint, plus the
+    loss's name for a loss other than the hinge (a dual of one loss is never continued under
+    another; the hinge keeps the bare data fingerprint, so state written before the loss
+    family existed stays usable)."""
+    if loss.name == "hinge":
+        return task
+    return dataclasses.replace(task, fingerprint=f"{task.fingerprint}/{loss.name}")
+
 
 class MochaClient:
     """MOCHA's device-side handlers over a user-supplied data loader.
@@ -157,6 +181,8 @@ class MochaClient:
         """Commit or roll back, report the objective's sums, run local SDCA, reply d_b."""
         task = self.local_task(context, lifting_of(msg))
         config, w, arrays = self._read_instruction(msg, task)
+        loss = loss_of(config)
+        task = for_loss(task, loss)
         server_round = config_value(config, "server-round", int)
         budget = config_value(config, "budget", int)
         m_tt = config_value(config, "m-tt", float)
@@ -175,7 +201,7 @@ class MochaClient:
         target = read_seed_target(arrays, task.dim)  # initial_arrays
         if target is not None and steps:  # the seeding round: no solver, the seed step
             d_alpha, d_b, steps = seed_duals(task, alpha, *target, m_tt=m_tt, seed=seed,
-                                             server_round=server_round)
+                                             server_round=server_round, loss=loss)
         elif steps == 0:
             d_alpha, d_b = np.zeros(task.n), np.zeros(task.dim)
         else:
@@ -193,6 +219,7 @@ class MochaClient:
         """Commit or roll back, then report the objective's sums and test errors at w_t."""
         task = self.local_task(context, lifting_of(msg))
         config, w, _ = self._read_instruction(msg, task)
+        task = for_loss(task, loss_of(config))
         state = self._reconcile(context, task, config)
         metrics = self._metrics(task, w, state.alpha, config, state.ok)
         metrics["round"] = config_value(config, "server-round", int)
@@ -204,25 +231,28 @@ class MochaClient:
     def _local_update(method: str, task: LocalTask, alpha: np.ndarray, w: np.ndarray,
                       config: Mapping[str, Any], budget: int, m_tt: float, sigma_p: float,
                       seed: int, server_round: int) -> tuple[np.ndarray, np.ndarray, int]:
-        """The local solver of ``method``; returns (d_alpha, d_b, steps done), scaled."""
+        """The local solver of ``method`` for the instruction's loss; returns (d_alpha, d_b,
+        steps done), scaled."""
         order = coordinate_order(seed, task.task_id, server_round, task.n)
+        loss = loss_of(config)
         if method == "mocha":
             d_alpha, d_b = sdca_local_update(
                 task.X, task.y, alpha, w, budget=budget, m_tt=m_tt, sigma_prime=sigma_p,
-                order=order, sqnorm=task.sqnorm)
+                order=order, sqnorm=task.sqnorm, loss=loss)
             steps = budget
         elif method == "cocoa":
             theta = config_value(config, "theta", float)
             d_alpha, d_b, steps, _ = cocoa_local_update(
                 task.X, task.y, alpha, w, m_tt=m_tt, sigma_prime=sigma_p, theta=theta,
-                max_steps=budget, order=order, sqnorm=task.sqnorm)
+                max_steps=budget, order=order, sqnorm=task.sqnorm, loss=loss)
         elif method == "mb-sdca":
             scale = config_value(config, "scale", float)
             if not 0.0 <= scale <= 1.0:
                 raise ValueError(f"scale must be in [0, 1], got {scale}")
             steps = min(budget, task.n)
             d_alpha, d_b = mbsdca_local_update(task.X, task.y, alpha, w, m_tt=m_tt,
-                                               budget=steps, order=order, sqnorm=task.sqnorm)
+                                               budget=steps, order=order, sqnorm=task.sqnorm,
+                                               loss=loss)
             d_alpha, d_b = scale * d_alpha, scale * d_b
         else:
             raise ValueError(f"unknown method {method!r}")
@@ -248,12 +278,15 @@ class MochaClient:
     @staticmethod
     def _metrics(task: LocalTask, w: np.ndarray, alpha: np.ndarray, config: Mapping[str, Any],
                  state_ok: bool) -> dict[str, int | float]:
+        """The reply's metrics: the instruction's loss's ``loss-mean`` at w_t and
+        ``dual-mean`` at alpha (:mod:`fmtl_flower.core.losses`), and the test errors."""
+        loss = loss_of(config)
         out: dict[str, int | float] = {
             "task-id": task.task_id,
             "n-train": task.n,
             "state-ok": int(state_ok),
-            "loss-mean": mean_hinge_loss(task.X, task.y, w),
-            "dual-mean": hinge_conjugate_value(alpha, task.y),
+            "loss-mean": loss.mean_value(task.X, task.y, w),
+            "dual-mean": loss.dual_mean(alpha, task.y),
         }
         out.update(eval_metrics(task, w, config))
         return out

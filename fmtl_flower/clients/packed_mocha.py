@@ -11,8 +11,8 @@ Wire contract (the per-task one of :mod:`fmtl_flower.strategies.mocha`, stacked)
 ``train`` / ``evaluate`` (server -> node): ``stack`` ConfigRecord (``protocol = "mocha"``,
 ``slots``: K slot numbers, row i of every array is slot ``slots[i]``); ``config`` ConfigRecord
 with the values shared by every task (``server-round``, ``seed``, ``eval`` and, when set,
-``checkpoint-round``, ``gamma``, ``method``, ``theta``, ``scale``); ``arrays`` ArrayRecord
-with ``w`` float64 (K, d), ``task-id`` int64 (K,), ``last-accepted-round`` int64 (K,),
+``checkpoint-round``, ``gamma``, ``method``, ``theta``, ``scale``, ``loss``); ``arrays``
+ArrayRecord with ``w`` float64 (K, d), ``task-id`` int64 (K,), ``last-accepted-round`` int64 (K,),
 ``m-tt`` float64 (K,), ``sigma-prime`` float64 (K,) and, for ``train``, ``budget`` int64
 (K,), ``dropped`` bool (K,). The seeding round's ``train`` (``start(initial_arrays=)``) also
 holds ``seed-w`` and ``seed-b`` float64 (K, d), row i the one-task message's values for slot
@@ -29,10 +29,11 @@ Device state: one stacked record for all slots, ArrayRecord ``mocha.stack``: ``s
 int64 (S,), ``offsets`` int64 (S + 1,), ``duals`` float64 (3, N) (slot ``slots[j]``'s
 [committed alpha; pending d_alpha; stable alpha] in columns ``offsets[j]:offsets[j+1]``)
 and ``meta`` int64 (S, 4) (``task-id``, ``committed-round``, ``pending-round``,
-``stable-round``), ``data`` str (S,) (the fingerprint of the slot's training data) and
-``run`` str (S,) (the run the slot's state belongs to: the messages' ``run-token``),
-reconciled per slot by :func:`~fmtl_flower.clients.dual_state.reconcile`;
-with ``client-state-dir`` each task's state file is the unpacked one (``mocha-task-<id>``).
+``stable-round``), ``data`` str (S,) (the fingerprint of the slot's training data, and of
+the loss when it is not the hinge) and ``run`` str (S,) (the run the slot's state belongs
+to: the messages' ``run-token``), reconciled per slot by
+:func:`~fmtl_flower.clients.dual_state.reconcile`; with ``client-state-dir`` each task's
+state file is the unpacked one (``mocha-task-<id>``).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ from .dual_state import (
     reconcile,
     write_dual_file,
 )
-from .mocha import BINARY, MochaClient
+from .mocha import BINARY, MochaClient, for_loss, loss_of
 
 __all__ = ["INSTRUCTION_ARRAYS", "PROTOCOL", "STATE", "PackedMocha", "SlotFailed",
            "StackedState"]
@@ -254,6 +255,7 @@ class PackedMocha(SlotTaskCache):
         if arrays["task-id"][i] != task.task_id:
             raise SlotFailed(f"message for task {arrays['task-id'][i]} reached the slot "
                              f"of task {task.task_id}")
+        task = for_loss(task, loss_of(config))  # the dual state is bound to the loss too
         w = w_all[i]
         if w.shape != (task.dim,) or not arrays["finite"][i]:
             raise SlotFailed(f"'w' must be finite float64 of shape ({task.dim},)")
@@ -286,7 +288,8 @@ class PackedMocha(SlotTaskCache):
             d_alpha, d_b, steps = np.zeros(task.n), np.zeros(task.dim), 0
         elif target is not None:  # the seeding round: no solver, the one-task seed step
             d_alpha, d_b, steps = seed_duals(task, reconciled.alpha, *target, m_tt=m_tt,
-                                             seed=seed, server_round=server_round)
+                                             seed=seed, server_round=server_round,
+                                             loss=loss_of(config))
         else:
             d_alpha, d_b, steps = MochaClient._local_update(
                 method, task, reconciled.alpha, w, config, budget, m_tt, sigma_p, seed,

@@ -18,6 +18,17 @@ max(0, 1 - y_i x_i^T w_t) >= y_i alpha_i - alpha_i x_i^T w_t; averaged over the 
 
 The box is part of the check: ``dual-mean`` in [0, 1] and ``loss-mean`` >= 0.
 
+Any loss of MOCHA's family (:mod:`fmtl_flower.core.losses`)
+------------------------------------------------------------
+Nothing above uses the hinge beyond Fenchel-Young: for a convex loss l with dual term
+D(a) = -l*(-a), task t reports ``loss-mean`` L_t = (1/n_t) sum_i l(y_i x_i^T w_t) and
+``dual-mean`` A_t = (1/n_t) sum_i D(y_i alpha_i), and per sample
+l(z_i) - D(a_i) + a_i z_i >= 0 with z_i = y_i x_i^T w_t, a_i = y_i alpha_i, a_i z_i =
+alpha_i x_i^T w_t, so s_t = L_t - A_t + w_t . b_t >= 0 as before. The box is the loss's:
+``dual-mean`` within the range of D (:attr:`~fmtl_flower.core.losses.Loss.dual_range`:
+[0, 1] hinge, [0, 1/2] smoothed hinge, [0, log 2] logistic, at most 1/2 squared) and
+``loss-mean`` >= 0 (every loss here is >= 0). :func:`pair_problems` checks it.
+
 The sum. The server reports P = sum_t L_t + r and D = sum_t A_t - r with
 r = (1/2) sum_t w_t . b_t (:func:`~fmtl_flower.core.objective.regulariser_value`), so
 
@@ -64,8 +75,10 @@ import math
 
 import numpy as np
 
+from .losses import LOSSES, Loss, get_loss
+
 __all__ = ["PAIR_SLACK", "REASON_PREFIX", "certificate_rejections", "hinge_pair_problems",
-           "logistic_pair_problem", "pair_fails"]
+           "logistic_pair_problem", "pair_fails", "pair_problems"]
 
 #: Relative slack of the Fenchel-Young check: honest pairs differ from exact arithmetic by
 #: rounding (float64 sums over a task's rows, B accumulated over the rounds), orders of
@@ -75,7 +88,7 @@ PAIR_SLACK = 1e-9
 #: Every rejection by the certificate's check starts with this (how the records count them).
 REASON_PREFIX = "certificate check: "
 
-#: The hinge dual box's rounding margin (a device's y * alpha sums to 1 + a few ulps).
+#: The dual box's rounding margin (a device's mean of D sums to its top + a few ulps).
 _BOX_SLACK = 1e-9
 
 
@@ -88,26 +101,38 @@ def pair_fails(loss: np.ndarray, dual: np.ndarray, coupling: np.ndarray) -> np.n
         return ~(slack >= -PAIR_SLACK * scale)
 
 
-def hinge_pair_problems(loss_mean: np.ndarray, dual_mean: np.ndarray,
-                        coupling: np.ndarray) -> dict[int, str]:
-    """The hinge pairs that fail the certificate's check, ``{row: reason}``.
+def pair_problems(loss: str | Loss, loss_mean: np.ndarray, dual_mean: np.ndarray,
+                  coupling: np.ndarray) -> dict[int, str]:
+    """The (``loss-mean``, ``dual-mean``) pairs of MOCHA's family with ``loss`` that fail the
+    certificate's check, ``{row: reason}``.
 
     Parameters
     ----------
+    loss : str or Loss
+        The run's loss (:data:`~fmtl_flower.core.losses.LOSSES`): its dual range is the box.
     loss_mean, dual_mean : ndarray of shape (k,)
         The replies' ``loss-mean`` and ``dual-mean``.
     coupling : ndarray of shape (k,)
         w_t . b_t of each row's task as the server holds them (0 for a device that restarted
         from alpha = 0).
     """
-    box = ~((loss_mean >= 0) & (dual_mean >= 0) & (dual_mean <= 1 + _BOX_SLACK))
+    lo, hi = get_loss(loss).dual_range
+    box = ~((loss_mean >= 0) & (dual_mean >= lo - _BOX_SLACK) & (dual_mean <= hi + _BOX_SLACK))
     fails = pair_fails(loss_mean, dual_mean, coupling)
     out: dict[int, str] = {}
     for i in np.flatnonzero(box | fails).tolist():
-        out[i] = REASON_PREFIX + ("loss-mean must be >= 0 and dual-mean in [0, 1]" if box[i] else (
-            f"loss-mean - dual-mean + w_t.b_t = {loss_mean[i]:.6g} - {dual_mean[i]:.6g} + "
-            f"{coupling[i]:.6g} < 0, impossible for a truthful pair (Fenchel-Young)"))
+        out[i] = REASON_PREFIX + (
+            f"loss-mean must be >= 0 and dual-mean in [{lo:.6g}, {hi:.6g}] "
+            f"({get_loss(loss).name} loss)" if box[i] else (
+                f"loss-mean - dual-mean + w_t.b_t = {loss_mean[i]:.6g} - {dual_mean[i]:.6g} + "
+                f"{coupling[i]:.6g} < 0, impossible for a truthful pair (Fenchel-Young)"))
     return out
+
+
+def hinge_pair_problems(loss_mean: np.ndarray, dual_mean: np.ndarray,
+                        coupling: np.ndarray) -> dict[int, str]:
+    """:func:`pair_problems` of the hinge loss (its box: ``dual-mean`` in [0, 1])."""
+    return pair_problems(LOSSES["hinge"], loss_mean, dual_mean, coupling)
 
 
 def logistic_pair_problem(loss_sum: float, dual_sum: float, n_train: int,

@@ -212,6 +212,12 @@ def sigma_prime(M: np.ndarray, mode: str = "global", gamma: float = 1.0) -> np.n
     -------
     ndarray of shape (m,)
         sigma'_t; every value satisfies inequality (28) for its mode.
+
+    Notes
+    -----
+    Inequality (28) bounds the dual's quadratic term (1/2) tr(B M B^T) across tasks only, so
+    these values hold for every loss of :mod:`fmtl_flower.core.losses`; a loss's smoothness
+    changes the convergence rate, not sigma'.
     """
     gamma = _gamma(gamma)
     M = np.asarray(M, dtype=np.float64)

@@ -57,7 +57,9 @@ importing numba and loading a kernel family from a warm cache. Measured by
 cores): see the constants' comments. For MOCHA's SDCA (dense rows of d features) numba
 runs when ``budget * (STEP_US + ELEMENT_US * d) >= BREAK_EVEN``, about 4e5 coordinate steps
 for d up to a few hundred: a device's message with fewer steps than that (the common case:
-a budget of one pass over a few thousand rows) never imports numba. Kernels without an
+a budget of one pass over a few thousand rows) never imports numba. With another loss than
+the hinge the estimate is multiplied by the loss's measured ``numpy_step_cost``
+(:mod:`fmtl_flower.core.losses`; logistic 10: about 4e4 steps). Kernels without an
 estimate (helpers called from compiled kernels) run numpy unless ``FMTL_KERNELS=numba``.
 While a kernel runs its Python implementation, every kernel it calls runs its Python
 implementation too (one choice per top-level call).

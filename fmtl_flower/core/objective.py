@@ -1,7 +1,10 @@
 """MOCHA's primal and dual objectives, assembled from per-task sums.
 
-P(W) = sum_t L_t(w_t) + (1/2) tr(W K W^T),   L_t = mean hinge loss of task t,
-D(alpha) = sum_t A_t(alpha_t) - (1/2) tr(B K^-1 B^T),   A_t = (1/n_t) sum_i y_ti alpha_ti.
+P(W) = sum_t L_t(w_t) + (1/2) tr(W K W^T),   L_t = (1/n_t) sum_i l(y_ti x_ti^T w_t),
+D(alpha) = sum_t A_t(alpha_t) - (1/2) tr(B K^-1 B^T),   A_t = (1/n_t) sum_i D_l(y_ti alpha_ti),
+
+for the run's loss l and its dual term D_l(a) = -l*(-a) (:mod:`fmtl_flower.core.losses`; the
+hinge's is D_l(a) = a, so A_t is the mean of y * alpha).
 
 For the consistent pair W = W(alpha) = B K^-1, both quadratic terms equal
 (1/2) sum_t w_t^T b_t, which the server computes in O(d m) from W and B alone; the devices
@@ -26,7 +29,8 @@ def primal_dual_gap(
     Parameters
     ----------
     loss_means, dual_means : ndarray of shape (m,)
-        Per-task mean hinge loss at w_t and mean y * alpha.
+        Per-task mean loss at w_t and mean dual term D_l(y * alpha) (for the hinge, the
+        mean of y * alpha).
     W, B : ndarray of shape (d, m)
         Models and dual images ``b_t = X_t^T alpha_t / n_t``.
     """

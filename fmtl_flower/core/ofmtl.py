@@ -74,6 +74,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .hinge import hinge_loss
+from .losses import HINGE
 from .ofmtl_server import (
     _positive,
     extend_sigma,
@@ -224,7 +225,7 @@ def newcomer_sdca(X: np.ndarray, y: np.ndarray, alpha: np.ndarray, w: np.ndarray
     # MOCHA's kernel with m_tt sigma' = 1 / (lam omega), run directly on alpha (its d_alpha
     # accumulator) from a zero base, with v = w(alpha) kept up to date by the kernel.
     _sdca_kernel(X, y, np.zeros(n), sqnorm, w, order, int(budget), 1.0 / (lam * omega),
-                 new_alpha, v)  # visited zero-norm rows: y_i alpha_i = 1 (the kernel's rule)
+                 new_alpha, v, HINGE)  # visited zero-norm rows: y_i alpha_i = 1 (the kernel's rule)
     # alpha_old + (alpha_new - alpha_old) can miss a box bound by one ulp: clip it exactly.
     return y * np.clip(y * new_alpha, 0.0, 1.0)
 
@@ -445,7 +446,8 @@ def _newcomer_rounds(X: np.ndarray, y: np.ndarray, sqnorm: np.ndarray, alpha: np
         order = coordinate_order(seed, task_id, r, n)
         new_alpha = alpha.copy()
         if budget > 0:
-            _sdca_kernel(X, y, zeros, sqnorm, w, order, budget, scale, new_alpha, w.copy())
+            _sdca_kernel(X, y, zeros, sqnorm, w, order, budget, scale, new_alpha, w.copy(),
+                         HINGE)
             new_alpha = y * np.clip(y * new_alpha, 0.0, 1.0)
         alpha = new_alpha
         w = (X.T @ alpha / n - lam * c) / (lam * omega)

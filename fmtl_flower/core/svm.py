@@ -21,13 +21,14 @@ from __future__ import annotations
 import numpy as np
 
 from .jit import kernel, steps_work
+from .losses import HINGE, Loss, dual_value, get_loss, loss_value
 from .rng import TAG_ORDER, _permutation
 from .sdca import _sdca_kernel
 
 
 @kernel(work=lambda X, y, lam, tol, max_epochs, *_: steps_work(max_epochs * X.shape[0],
                                                                X.shape[1]))
-def _svm_sdca(X, y, lam, tol, max_epochs, check_every, seed):  # pragma: no cover - compiled
+def _svm_sdca(X, y, lam, tol, max_epochs, check_every, seed, loss):  # pragma: no cover - compiled
     n, d = X.shape
     sqnorm = np.empty(n)
     for i in range(n):
@@ -41,18 +42,22 @@ def _svm_sdca(X, y, lam, tol, max_epochs, check_every, seed):  # pragma: no cove
         order = _permutation(np.uint64(seed), np.uint64(epoch), np.uint64(0),
                              np.uint64(TAG_ORDER), n)
         # steps on alpha itself: d_alpha accumulates into alpha, v = w + b_change / lam = w(alpha)
-        _sdca_kernel(X, y, zero, sqnorm, w, order, n, scale, alpha, w)
+        _sdca_kernel(X, y, zero, sqnorm, w, order, n, scale, alpha, w, loss)
         if epoch % check_every != 0 and epoch != max_epochs:
             continue
-        loss = 0.0
+        total = 0.0
         dual = 0.0
         for i in range(n):
             margin = y[i] * (X[i] @ w)
+            if loss != HINGE:
+                total += loss_value(loss, margin)
+                dual += dual_value(loss, y[i] * alpha[i])
+                continue
             if margin < 1.0:
-                loss += 1.0 - margin
+                total += 1.0 - margin
             dual += y[i] * alpha[i]
         reg = 0.5 * lam * (w @ w)
-        primal = loss / n + reg
+        primal = total / n + reg
         rel_gap = (primal - (dual / n - reg)) / max(primal, 1e-12)
         if rel_gap <= tol:
             break
@@ -60,9 +65,10 @@ def _svm_sdca(X, y, lam, tol, max_epochs, check_every, seed):  # pragma: no cove
 
 
 def fit_linear_svm(X: np.ndarray, y: np.ndarray, c: float, *, tol: float = 1e-5,
-                   max_epochs: int = 1000, seed: int = 0,
-                   check_every: int = 5) -> tuple[np.ndarray, float]:
-    """Fit the hinge-loss SVM above; return ``(w, relative duality gap)``.
+                   max_epochs: int = 1000, seed: int = 0, check_every: int = 5,
+                   loss: str | Loss = "hinge") -> tuple[np.ndarray, float]:
+    """Fit the hinge-loss SVM above (or the same problem with another loss of
+    :mod:`fmtl_flower.core.losses`); return ``(w, relative duality gap)``.
 
     Parameters
     ----------
@@ -78,7 +84,10 @@ def fit_linear_svm(X: np.ndarray, y: np.ndarray, c: float, *, tol: float = 1e-5,
         Seed of the coordinate orders (one permutation per epoch).
     check_every : int
         Epochs between duality-gap checks.
+    loss : str or Loss, default "hinge"
+        The loss l of ``(1/n) sum_i l(y_i x_i^T w) + (c/2) |w|^2``.
     """
+    code = get_loss(loss).code
     if not c > 0:
         raise ValueError(f"c must be > 0, got {c}")
     if max_epochs < 1 or check_every < 1:
@@ -86,7 +95,7 @@ def fit_linear_svm(X: np.ndarray, y: np.ndarray, c: float, *, tol: float = 1e-5,
     X = np.ascontiguousarray(X, dtype=np.float64)
     y = np.ascontiguousarray(y, dtype=np.float64)
     w, rel_gap = _svm_sdca(X, y, float(c), float(tol), int(max_epochs), int(check_every),
-                           int(seed) & ((1 << 63) - 1))
+                           int(seed) & ((1 << 63) - 1), code)
     return w, float(rel_gap)
 
 

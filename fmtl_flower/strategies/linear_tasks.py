@@ -2,7 +2,8 @@
 
 :class:`LinearTasks` is a mixin for :class:`~fmtl_flower.strategies.base.TaskStrategy`
 subclasses whose task t sends and receives one model ``w_t`` (a column of W) and reports the
-mean hinge loss at it: the final metrics round (``configure_evaluate`` /
+mean loss at it (the hinge's, or the strategy's ``loss``, :mod:`fmtl_flower.core.losses`):
+the final metrics round (``configure_evaluate`` /
 ``aggregate_evaluate``), the row-norm bound R_t of each task, the checks of the replies' loss
 against it (:meth:`LinearTasks._bound_rows`, one vectorised check for one-task replies and a
 stacked reply's rows alike: a packed node and an unpacked one have the same replies rejected
@@ -32,6 +33,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
 from ..core.certificate import certificate_rejections
+from ..core.losses import get_loss
 from ..core.robust import log_upper_fence
 from ..metrics import error_summary
 from .discovery import ReplyError
@@ -41,6 +43,8 @@ __all__ = ["LinearTasks"]
 
 #: Why a reply's ``loss-mean`` is bounded (in the reason of a rejection).
 LOSS_BOUND = "1 + max-row-norm |w_t| >= hinge(y x^T w_t)"
+#: The same for a loss other than the hinge (formatted with its name).
+LOSS_BOUND_OF = "the {} loss at margins |y x^T w_t| <= max-row-norm |w_t|"
 
 #: Why every reply of a task without R_t is rejected.
 NO_ROW_NORM = ("its device reported no max-row-norm at discovery and the run configures none "
@@ -162,15 +166,18 @@ class LinearTasks:
         """The bounds every reply of a task shares, vectorised over the parsed replies
         ``rows`` of ``tasks`` (one-task replies and a stacked reply's rows alike, in every
         round, the final metrics round's too): a task without R_t cannot be bounded
-        (:data:`NO_ROW_NORM`), else ``loss-mean`` must be at most 1 + R_t |w_t| (|w_t| as
-        sent this round, ``_w_norm``). Adds the broken ones to ``rejected`` (a task already
+        (:data:`NO_ROW_NORM`), else ``loss-mean`` must be at most 1 + R_t |w_t| for the hinge
+        (|w_t| as sent this round, ``_w_norm``), the loss's ``value_bound(R_t |w_t|)`` for
+        the strategy's ``loss`` otherwise. Adds the broken ones to ``rejected`` (a task already
         there keeps its reason); returns the tasks' R_t (NaN: none)."""
         bound = self._row_norms(tasks)
         loss = np.array([rows[t]["loss-mean"] for t in tasks.tolist()], dtype=np.float64)
-        limit = 1.0 + bound * self._w_norm[tasks]
+        loss_fn = get_loss(getattr(self, "loss", "hinge"))
+        limit = loss_fn.value_bound(bound * self._w_norm[tasks])
+        why = LOSS_BOUND if loss_fn.name == "hinge" else LOSS_BOUND_OF.format(loss_fn.name)
         for i in np.flatnonzero(~(loss <= limit * BOUND_SLACK)).tolist():  # NaN limit too
             rejected.setdefault(int(tasks[i]), NO_ROW_NORM if math.isnan(limit[i]) else (
-                f"loss-mean = {loss[i]:.6g} above its bound {limit[i]:.6g} ({LOSS_BOUND})"))
+                f"loss-mean = {loss[i]:.6g} above its bound {limit[i]:.6g} ({why})"))
         return bound
 
     # ------------------------------------------------------------------ records

@@ -32,7 +32,10 @@ query ``whoami`` (server -> node): empty ``config``. Reply: ConfigRecord ``info`
     ``budget`` distinct samples, update scaled by ``scale``), optional ``classes`` (list: the
     run's sorted class list, sent unless the labels are the binary -1/+1 or 0/1) and
     ``intercept-scaling`` float > 0 (sent when the run fits an intercept): the device
-    prepares its data as they say (below) before anything else; ``evaluate`` too.
+    prepares its data as they say (below) before anything else; ``evaluate`` too; optional
+    ``loss`` str (sent when the run's loss is not ``hinge``, the default: ``smoothed-hinge``,
+    ``logistic`` or ``squared``, :mod:`fmtl_flower.core.losses`; the device's coordinate
+    steps, ``loss-mean`` and ``dual-mean`` are that loss's, and its dual state is bound to it).
     Seeding round (round 1 of a fresh run started with ``initial_arrays``, see
     :meth:`Mocha.seed_model`): also arrays ``seed-w`` and ``seed-b``, float64 (d,) each, the
     target model W0[:, t] and dual image (W0 K)[:, t]; ``budget`` = n-train, ``dropped``
@@ -42,8 +45,9 @@ query ``whoami`` (server -> node): empty ``config``. Reply: ConfigRecord ``info`
     Stacked messages carry them as (K, d) rows (:mod:`fmtl_flower.clients.packed_mocha`).
     Reply: arrays ``delta-b`` float64 (d,) = X_t^T d_alpha / n_t; metrics ``task-id``,
     ``round`` (= server-round), ``n-train``, ``state-ok`` (0/1: 0 = the device restarted from
-    alpha = 0), ``loss-mean`` (mean hinge loss at the w_t received), ``dual-mean``
-    (mean of y * alpha after the commit), ``steps`` (int, coordinate steps done), and with
+    alpha = 0), ``loss-mean`` (mean loss at the w_t received), ``dual-mean``
+    (mean of the loss's dual term D(y * alpha) = -l*(-y * alpha) after the commit; for the
+    hinge the mean of y * alpha), ``steps`` (int, coordinate steps done), and with
     ``eval`` ``test-errors``, ``test-n`` (ints).
 
 ``evaluate`` (server -> node, once, after the last round): the same ``w`` and ``config``
@@ -84,15 +88,19 @@ above, in vectorised form; a bad row or failed slot drops only its task.
 Bounds (what a feasible dual step can send; each violation rejects the reply). With
 R_t the largest row norm of task t's training data (``max-row-norm`` of its ``whoami``
 reply, or the run's ``max_row_norm`` when configured, which overrides the devices'), every
-dual variable stays in its feasible range (y_ti alpha_ti in [0, 1]), so one step changes each
-alpha_ti by at most 1 and touches at most min(budget, n_t) of them:
+dual variable stays in its feasible range (y_ti alpha_ti in [0, 1] for the hinge, the
+smoothed hinge and the logistic loss), so one step changes each alpha_ti by at most 1 and
+touches at most min(budget, n_t) of them:
 
-* ``|delta-b|_2 <= R_t min(budget, n_t) / n_t`` (0 when ``dropped``);
+* ``|delta-b|_2 <= R_t min(budget, n_t) / n_t`` (0 when ``dropped``); the squared loss's
+  dual domain is unbounded, so for it only the 0 of ``dropped`` is checked;
 * a task whose device reported no ``max-row-norm`` cannot be bounded: all its replies (the
   final ``evaluate`` round's too, whose ``loss-mean`` enters the record) are rejected unless
   the run configures ``max_row_norm``;
-* ``0 <= loss-mean <= 1 + R_t |w_t|`` (a hinge loss at the w_t sent), ``dual-mean`` in
-  [0, 1], ``0 <= test-errors <= test-n <=`` the discovery limit ``max_n``;
+* ``0 <= loss-mean <= l-bound(R_t |w_t|)`` (the loss at margins |z| <= R_t |w_t|: 1 + R|w|
+  for the hinge, 1/2 + R|w| smoothed, log 2 + R|w| logistic, (1 + R|w|)^2 / 2 squared),
+  ``dual-mean`` in the range of the loss's dual term ([0, 1] for the hinge),
+  ``0 <= test-errors <= test-n <=`` the discovery limit ``max_n``;
 * the certificate's check: ``loss-mean - dual-mean + w_t . b_t >= 0`` (Fenchel-Young for a
   truthful pair, up to a relative rounding slack; w_t as sent, b_t = X_t^T alpha_t / n_t as
   the server holds it, 0 for a device that replied ``state-ok`` 0), so that a gap made of
@@ -114,7 +122,8 @@ before) guards this contract with what the federation makes plausible:
   update scale through the round's total of steps, which one huge claim would shrink);
 * ``|b_t + delta-b|_2 <= R~_t`` (b_t the task's accumulated dual image on the server, 0 after
   a restart): b_t = X_t^T alpha_t / n_t with every |alpha_ti| <= 1, so no feasible alpha has
-  a larger one, however its steps are spread over rounds;
+  a larger one, however its steps are spread over rounds (not for the squared loss, whose
+  alpha is unbounded);
 * a task whose updates are outliers against the federation's (its |delta-b| near its bound
   while the others' are 10 times smaller; or, three rounds running, its |b_t| beyond 5
   times the others' median, or its b_t farther from the federation's consensus, the
@@ -176,12 +185,13 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from ..core.baselines import mbsdca_scale
-from ..core.certificate import hinge_pair_problems
+from ..core.certificate import pair_problems
 from ..core.decoupling import OutlierWatch, coupling_weights, federation_scale
 from ..core.formulations import (
     make_formulation,
     options_check_size,
 )
+from ..core.losses import get_loss
 from ..core.mocha import MochaServerState, omega_step_due
 from ..core.mocha_factored import (
     FactoredMochaServerState,
@@ -249,8 +259,9 @@ class Mocha(LinearTasks, TaskStrategy):
     W = B Sigma / lambda. Every ``omega_every`` rounds an Omega-step updates Sigma.
 
     The objective minimised is
-    P(W) = sum_t mean_i hinge(y_ti x_ti^T w_t) + (lambda/2) tr(W Omega W^T)
-    (per-task mean losses, summed over tasks, as in the authors' code).
+    P(W) = sum_t mean_i l(y_ti x_ti^T w_t) + (lambda/2) tr(W Omega W^T)
+    (per-task mean losses, summed over tasks, as in the authors' code), l the hinge by
+    default (``loss``).
 
     Parameters
     ----------
@@ -295,7 +306,11 @@ class Mocha(LinearTasks, TaskStrategy):
         Local coordinate steps per round as a fraction of n_t (when ``sys_het="none"``).
     sigma_mode : {"global", "per-task", "spectral"}
         sigma' of Lemma 9 (one value), of Remark 5 (one per task), or the largest eigenvalue
-        of D^-1/2 M D^-1/2 (one value, never above Lemma 9's).
+        of D^-1/2 M D^-1/2 (one value, never above Lemma 9's). Lemma 9 bounds the dual's
+        quadratic term only: it holds for every loss.
+    loss : {"hinge", "smoothed-hinge", "logistic", "squared"}
+        The loss l (:mod:`fmtl_flower.core.losses`); every method (MOCHA, CoCoA, Mb-SDCA)
+        takes each.
     sys_het, sys_het_base : str
         Systems heterogeneity of the local budgets, see :mod:`fmtl_flower.systems`.
     drop_prob : float or sequence of float
@@ -372,6 +387,7 @@ class Mocha(LinearTasks, TaskStrategy):
             return
         m = check_num_tasks(num_tasks)
         self.formulation_options = s.formulation_options
+        self.loss_fn = get_loss(s.loss)
         # validate the options on a small instance: the dense formulation is m x m
         make_formulation(s.omega, options_check_size(m, s.clusters), lam=s.lam,
                          **self.formulation_options)
@@ -443,8 +459,9 @@ class Mocha(LinearTasks, TaskStrategy):
 
     def summary(self) -> None:
         """Log the configuration."""
-        log(INFO, "\t├── MOCHA: %d tasks, lambda=%g, omega=%s every %d rounds, sigma'=%s",
-            self.num_tasks, self.lam, self.omega, self.omega_every, self.sigma_mode)
+        log(INFO, "\t├── MOCHA: %d tasks, lambda=%g, omega=%s every %d rounds, sigma'=%s, "
+            "loss=%s", self.num_tasks, self.lam, self.omega, self.omega_every, self.sigma_mode,
+            self.loss)
         log(INFO, "\t└── local-frac=%g, sys-het=%s (%s), drop-prob=%s, seed=%d",
             self.local_frac, self.sys_het, self.sys_het_base, self.drop_prob, self.seed)
         if self.fit_intercept:
@@ -636,12 +653,17 @@ class Mocha(LinearTasks, TaskStrategy):
 
     # ------------------------------------------------------------------ checkpoints
     def fingerprint(self) -> dict[str, Any]:
-        """Settings a checkpoint must share with this run to be resumed."""
-        return {"strategy": "Mocha", "num_tasks": self.num_tasks, "lam": self.lam,
-                "omega": self.omega, "formulation": self.formulation_options,
-                "method": self.method, "seed": self.seed, "server_path": self.server_path,
-                **({"intercept_scaling": self.lifting.intercept_scaling}
-                   if self.fit_intercept else {})}
+        """Settings a checkpoint must share with this run to be resumed (the loss when it is
+        not the hinge: B is the image of duals of one loss; hinge checkpoints written before
+        the loss family existed stay resumable; the intercept's scaling when one is fitted)."""
+        out = {"strategy": "Mocha", "num_tasks": self.num_tasks, "lam": self.lam,
+               "omega": self.omega, "formulation": self.formulation_options,
+               "method": self.method, "seed": self.seed, "server_path": self.server_path}
+        if self.loss != "hinge":
+            out["loss"] = self.loss
+        if self.fit_intercept:
+            out["intercept_scaling"] = self.lifting.intercept_scaling
+        return out
 
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """B, W, M, the formulation's Omega, per-task bookkeeping, records, health and (robust
@@ -833,6 +855,8 @@ class Mocha(LinearTasks, TaskStrategy):
                                   RUN_TOKEN_KEY: self.sent_identity, **self.lifting.config()}
         if self.gamma != 1.0:
             shared["gamma"] = self.gamma
+        if self.loss != "hinge":
+            shared["loss"] = self.loss
         if self.checkpoint_dir is not None:
             shared["checkpoint-round"] = self.last_checkpoint_round
         if self.method != "mocha" and budgets is not None:
@@ -876,6 +900,8 @@ class Mocha(LinearTasks, TaskStrategy):
                                   **self.lifting.config()}
         if self.gamma != 1.0:
             shared["gamma"] = self.gamma
+        if self.loss != "hinge":
+            shared["loss"] = self.loss
         if self.checkpoint_dir is not None:
             shared["checkpoint-round"] = self.last_checkpoint_round
         per_task = {"last-accepted-round": np.asarray(self.last_accepted, dtype=np.int64),
@@ -967,7 +993,7 @@ class Mocha(LinearTasks, TaskStrategy):
         n = self.n_train[tasks]
         budget = np.where(self._dropped_now[tasks], 0, self._budgets[tasks])
         size = norm(deltas, axis=1)
-        limit = bound * np.minimum(budget, n) / n
+        limit = self._dual_limit(bound * np.minimum(budget, n) / n)
         for i in np.flatnonzero(~(size <= limit * BOUND_SLACK)).tolist():
             rejected.setdefault(int(tasks[i]), (
                 f"|delta-b| = {size[i]:.6g} above its bound {limit[i]:.6g} (max-row-norm "
@@ -990,8 +1016,18 @@ class Mocha(LinearTasks, TaskStrategy):
         dual = np.array([rows[t]["dual-mean"] for t in order], dtype=np.float64)
         kept = np.array([rows[t]["state-ok"] == 1 for t in order], dtype=bool)
         coupling = np.where(kept, self._w_dot_b[tasks], 0.0)
-        for i, reason in hinge_pair_problems(loss, dual, coupling).items():
+        for i, reason in pair_problems(self.loss_fn, loss, dual, coupling).items():
             rejected.setdefault(order[i], reason)
+
+    def _dual_limit(self, unit: np.ndarray) -> np.ndarray:
+        """A bound on |X^T alpha / n| from its value ``unit`` for |alpha_i| <= 1: times the
+        loss's dual radius (1 for the hinge, smoothed hinge and logistic loss; inf for the
+        squared loss, where only a 0 bound stays 0; NaN stays NaN: no R_t)."""
+        radius = self.loss_fn.dual_radius
+        if radius == 1.0:
+            return unit
+        with np.errstate(invalid="ignore"):
+            return np.where(unit == 0.0, 0.0, unit * radius)
 
     def _check_dual_images(self, rows: dict[int, dict[str, Any]], tasks: np.ndarray,
                            deltas: np.ndarray, bound: np.ndarray,
@@ -1004,7 +1040,7 @@ class Mocha(LinearTasks, TaskStrategy):
         start = self.state.B[:, tasks].T.copy()
         start[restarted] = 0.0
         size = norm(start + deltas, axis=1)
-        for i in np.flatnonzero(~(size <= bound * BOUND_SLACK)).tolist():
+        for i in np.flatnonzero(~(size <= self._dual_limit(bound) * BOUND_SLACK)).tolist():
             rejected.setdefault(int(tasks[i]), (
                 f"|b_t + delta-b| = {size[i]:.6g} above max-row-norm {bound[i]:g} "
                 f"({DUAL_IMAGE_BOUND})"))

@@ -663,3 +663,47 @@ def test_client_app_reused_across_inprocess_runs_loads_new_data():
     fresh = run(make_mocha_client_app(load), 1)
     assert np.array_equal(reused.n_train, fresh.n_train)
     assert np.array_equal(reused.state.W, fresh.state.W)
+
+
+# ------------------------------------------------------------------------------ the loss
+@pytest.mark.parametrize("loss", ["smoothed-hinge", "logistic", "squared"])
+def test_the_instruction_loss_drives_the_step_and_the_reports(app, loss):
+    """``loss`` in the config: the device's SDCA steps, ``loss-mean`` and ``dual-mean`` are
+    that loss's (not the hinge's)."""
+    from fmtl_flower.core.losses import LOSSES
+
+    context = make_context()
+    w1, w2 = random_w(1), random_w(2)
+    first = app(train_msg(1, 0, w1, loss=loss), context)
+    d1, b1 = sdca_local_update(X, Y, np.zeros(N), w1, budget=N, m_tt=M_TT,
+                               sigma_prime=SIGMA_P, order=coordinate_order(3, TASK, 1, N),
+                               loss=loss)
+    np.testing.assert_array_equal(delta_b(first), b1)
+    hinge_b = expected_update(np.zeros(N), w1, 1)[1]
+    assert not np.allclose(delta_b(first), hinge_b)
+    second = metrics(app(train_msg(2, 1, w2, loss=loss), context))
+    assert second["state-ok"] == 1
+    assert second["loss-mean"] == LOSSES[loss].mean_value(X, Y, w2)
+    assert second["dual-mean"] == LOSSES[loss].dual_mean(d1, Y)
+    assert second["loss-mean"] != mean_hinge_loss(X, Y, w2)
+    assert LOSSES[loss].feasible(duals(context)[0], Y)
+
+
+def test_a_dual_of_another_loss_is_never_continued(app):
+    """The dual state is bound to the loss: state written under the hinge is not resumed
+    under the logistic loss (state-ok 0, alpha from 0), nor the other way round."""
+    context = make_context()
+    app(train_msg(1, 0, random_w(1)), context)
+    assert metrics(app(train_msg(2, 1, random_w(2)), context))["state-ok"] == 1
+    switched = metrics(app(train_msg(3, 2, random_w(3), loss="logistic"), context))
+    assert switched["state-ok"] == 0 and switched["dual-mean"] == 0.0
+    assert metrics(app(train_msg(4, 3, random_w(4), loss="logistic"), context))["state-ok"] == 1
+    back = metrics(app(train_msg(5, 4, random_w(5)), context))
+    assert back["state-ok"] == 0 and back["dual-mean"] == 0.0
+
+
+def test_an_unknown_loss_is_an_error_reply_naming_the_losses(app):
+    context = make_context()
+    with pytest.raises(ValueError, match="hinge, smoothed-hinge, logistic, squared"):
+        app.mocha_client.train(train_msg(1, 0, loss="cubic"), context)
+    assert STATE_ARRAYS not in context.state  # nothing written

@@ -277,3 +277,92 @@ def test_cocoa_with_theta_zero_takes_the_same_steps_with_and_without_numba():
     compiled, plain = both(run)
     assert compiled[2] == plain[2] == budget
     np.testing.assert_allclose(plain[0], compiled[0], rtol=1e-9, atol=1e-12)
+
+
+# -- every loss of the family (fmtl_flower.core.losses) -----------------------------------------
+
+LOSS_NAMES = ["hinge", "smoothed-hinge", "logistic", "squared"]
+
+
+@compiled_only
+@settings(max_examples=60, deadline=None)
+@given(problems(), st.sampled_from(LOSS_NAMES), st.sampled_from([0.0, 0.3]),
+       st.integers(1, 7))
+def test_numpy_kernels_equal_compiled_for_every_loss(problem, loss, theta, check_every):
+    """MOCHA's, CoCoA's and Mb-SDCA's kernels with numba and with numpy, per loss (the device
+    works without numba: both must take every loss and agree)."""
+    from fmtl_flower.core import baselines as bl
+
+    X, y, alpha, w, budget, m_tt, sigma_p, order = problem
+    batch = min(budget, X.shape[0])
+
+    def run():
+        return (sdca_local_update(X, y, alpha, w, budget=budget, m_tt=m_tt,
+                                  sigma_prime=sigma_p, order=order, loss=loss),
+                bl.cocoa_local_update(X, y, alpha, w, m_tt=m_tt, sigma_prime=sigma_p,
+                                      theta=theta, max_steps=budget, order=order,
+                                      check_every=check_every, loss=loss)[:3],
+                bl.mbsdca_local_update(X, y, alpha, w, m_tt=m_tt, budget=batch, order=order,
+                                       loss=loss))
+
+    compiled, plain = both(run)
+    assert compiled[1][2] == plain[1][2]  # CoCoA: the same number of steps
+    for got, want in zip(plain, compiled, strict=True):
+        for a, b in zip(got[:2], want[:2], strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+
+
+def _loss_subproblem(loss, X, y, alpha, w, d_alpha, m_tt, sigma_p):
+    """G(d_alpha) of the local subproblem with the loss's dual term (up to a constant)."""
+    from fmtl_flower.core.losses import LOSSES
+
+    n = X.shape[0]
+    d_b = X.T @ d_alpha / n
+    return (LOSSES[loss].dual(y * (alpha + d_alpha)).mean() - w @ d_b
+            - 0.5 * sigma_p * m_tt * d_b @ d_b)
+
+
+@pytest.mark.parametrize("loss", LOSS_NAMES)
+def test_every_step_increases_the_local_subproblem_and_stays_feasible(loss):
+    from fmtl_flower.core.losses import LOSSES
+
+    X, y = _zero_row_task(n=15, d=4, seed=9)
+    rng = np.random.default_rng(1)
+    alpha = y * rng.uniform(0, 1, size=15)
+    w = rng.normal(size=4)
+    order = coordinate_order(3, 0, 1, 15)
+    values = []
+    for budget in range(0, 46):
+        d_alpha, _ = sdca_local_update(X, y, alpha, w, budget=budget, m_tt=0.7,
+                                       sigma_prime=2.0, order=order, loss=loss)
+        assert LOSSES[loss].feasible(alpha + d_alpha, y)
+        values.append(_loss_subproblem(loss, X, y, alpha, w, d_alpha, 0.7, 2.0))
+    assert all(b >= a - 1e-13 for a, b in zip(values, values[1:], strict=False))
+    assert values[-1] > values[0]
+
+
+@pytest.mark.parametrize("loss", LOSS_NAMES)
+def test_single_task_gap_closes_for_every_loss(loss):
+    """SDCA rounds on one task (K = 1 / m_tt) drive the duality gap of the loss to 0, zero
+    rows included (their maximiser is argmax D)."""
+    from fmtl_flower.core.losses import LOSSES
+
+    f = LOSSES[loss]
+    X, y = _zero_row_task()
+    n, m_tt = X.shape[0], 0.5
+    alpha = np.zeros(n)
+
+    def gap_of(alpha):
+        b = X.T @ alpha / n
+        w = m_tt * b
+        primal = f.value(y * (X @ w)).mean() + 0.5 * w @ w / m_tt
+        return primal - (f.dual(y * alpha).mean() - 0.5 * m_tt * b @ b), w
+
+    for r in range(1, 301):
+        gap, w = gap_of(alpha)
+        d_alpha, _ = sdca_local_update(X, y, alpha, w, budget=n, m_tt=m_tt, sigma_prime=1.0,
+                                       order=coordinate_order(0, 0, r, n), loss=loss)
+        alpha = alpha + d_alpha
+    gap, _ = gap_of(alpha)
+    np.testing.assert_allclose(y[[2, 7]] * alpha[[2, 7]], f.peak)
+    assert -1e-12 <= gap < 1e-9

@@ -243,7 +243,7 @@ def test_a_forged_restart_keeps_its_numbers_out_of_the_gap(problem, per_node):
 
 def _check_off(monkeypatch) -> None:  # noqa: ANN001
     """Switch the certificate's check off (as before it existed)."""
-    monkeypatch.setattr(mocha_module, "hinge_pair_problems", lambda *args: {})
+    monkeypatch.setattr(mocha_module, "pair_problems", lambda *args: {})
 
 
 HONEST = {

@@ -7,26 +7,38 @@ from __future__ import annotations
 import numpy as np
 
 from ..jit import kernel, steps_work, vector_work
+from ..losses import (
+    HINGE,
+    LOSS_BY_CODE,
+    Loss,
+    dual_value,
+    get_loss,
+    loss_value,
+    numpy_step_cost_of,
+)
 from ..sdca import FASTMATH, _sdca_steps
 from ._common import _check_positive, _check_steps, _sqnorm, _sub_dalpha, _validate
 
 
-def _local_gap_numpy(X, y, alpha, d_alpha, v):
+def _local_gap_numpy(X, y, alpha, d_alpha, v, loss):
     """:func:`_local_gap` with numpy."""
     n = X.shape[0]
     a = y * (alpha + d_alpha)
+    if loss != HINGE:
+        of = LOSS_BY_CODE[loss]
+        m = y * (X @ v)
+        return float((of.value(m) - of.dual(a) + a * m).sum()) / n
     r = 1.0 - y * (X @ v)
     terms = np.where(r > 0.0, (1.0 - a) * r, -a * r)
     return float(terms.sum()) / n
 
 
 @kernel(_local_gap_numpy, boundscheck=False, fastmath=FASTMATH,
-        work=lambda X, y, alpha, d_alpha, v: vector_work(X.size))
-def _local_gap(X, y, alpha, d_alpha, v):  # pragma: no cover
-    """(1/n) sum_i [max(0, 1 - m_i) - a_i (1 - m_i)], m_i = y_i x_i^T v, a_i = y_i alpha_new_i.
-
-    Every term is >= 0 for a_i in [0, 1] (computed in a form that is exactly non-negative).
-    """
+        work=lambda X, y, alpha, d_alpha, v, loss: vector_work(X.size))
+def _local_gap(X, y, alpha, d_alpha, v, loss):  # pragma: no cover
+    """(1/n) sum_i [l(m_i) - D(a_i) + a_i m_i], m_i = y_i x_i^T v, a_i = y_i alpha_new_i, for
+    the loss with code ``loss``: every term is >= 0 (Fenchel-Young). The hinge's,
+    max(0, 1 - m_i) - a_i (1 - m_i), is computed in a form that is exactly non-negative."""
     n, d = X.shape
     total = 0.0
     for i in range(n):
@@ -35,6 +47,10 @@ def _local_gap(X, y, alpha, d_alpha, v):  # pragma: no cover
             dot += X[i, j] * v[j]
         yi = y[i]
         a = yi * (alpha[i] + d_alpha[i])
+        if loss != HINGE:
+            m = yi * dot
+            total += loss_value(loss, m) - dual_value(loss, a) + a * m
+            continue
         r = 1.0 - yi * dot
         if r > 0.0:
             total += (1.0 - a) * r
@@ -44,19 +60,20 @@ def _local_gap(X, y, alpha, d_alpha, v):  # pragma: no cover
 
 
 def _cocoa_work(X, y, alpha, sqnorm, order, scale, theta, max_steps, check_every, d_alpha,
-                v):
+                v, loss):
     """At most ``max_steps`` SDCA steps and a gap check (n rows) every ``check_every``."""
     checks = 1 + -(-max_steps // max(check_every, 1))
-    return steps_work(max_steps, X.shape[1]) + checks * vector_work(X.size)
+    return (steps_work(max_steps, X.shape[1]) * numpy_step_cost_of(loss)
+            + checks * vector_work(X.size))
 
 
 @kernel(boundscheck=False, fastmath=FASTMATH, work=_cocoa_work)
 def _cocoa_kernel(X, y, alpha, sqnorm, order, scale, theta, max_steps, check_every,
-                  d_alpha, v):  # pragma: no cover
+                  d_alpha, v, loss):  # pragma: no cover
     """SDCA blocks of ``check_every`` steps until the local gap is <= theta times its start
     value or ``max_steps``: (steps, final gap / start gap). Without numba it runs as Python
     over the numpy :func:`_local_gap` and :func:`~fmtl_flower.core.sdca._sdca_steps`."""
-    gap0 = _local_gap(X, y, alpha, d_alpha, v)
+    gap0 = _local_gap(X, y, alpha, d_alpha, v, loss)
     if gap0 <= 0.0:
         return 0, 0.0
     target = theta * gap0
@@ -64,9 +81,9 @@ def _cocoa_kernel(X, y, alpha, sqnorm, order, scale, theta, max_steps, check_eve
     gap = gap0
     while steps < max_steps:
         block = min(check_every, max_steps - steps)
-        _sdca_steps(X, y, alpha, sqnorm, order, steps, block, scale, d_alpha, v)
+        _sdca_steps(X, y, alpha, sqnorm, order, steps, block, scale, d_alpha, v, loss)
         steps += block
-        gap = _local_gap(X, y, alpha, d_alpha, v)
+        gap = _local_gap(X, y, alpha, d_alpha, v, loss)
         if theta > 0.0 and gap <= target:  # theta = 0: no target (a gap that reaches 0
             break  # does so by rounding, differently with and without numba's fastmath)
     return steps, gap / gap0
@@ -85,6 +102,7 @@ def cocoa_local_update(
     order: np.ndarray,
     check_every: int | None = None,
     sqnorm: np.ndarray | None = None,
+    loss: str | Loss = "hinge",
 ) -> tuple[np.ndarray, np.ndarray, int, float]:
     """CoCoA's local solver: SDCA on MOCHA's subproblem until a relative duality gap <= theta.
 
@@ -110,7 +128,10 @@ def cocoa_local_update(
         gap(d_alpha) = P_loc(c d_b) - G(d_alpha)
                      = (1/n) sum_i [max(0, 1 - m_i) - a_i (1 - m_i)] >= 0,  m_i = y_i x_i^T v,
 
-    an upper bound on the true suboptimality ``G* - G(d_alpha)``. At ``d_alpha = 0`` it is
+    an upper bound on the true suboptimality ``G* - G(d_alpha)``. For another loss
+    (:mod:`fmtl_flower.core.losses`, D(a) = -l*(-a)) the same derivation gives
+    ``gap(d_alpha) = (1/n) sum_i [l(m_i) - D(a_i) + a_i m_i] >= 0`` (Fenchel-Young).
+    At ``d_alpha = 0`` it is
     ``gap(0) = L_t(w_t) + w_t^T b_t - A_t``, the task's share of the global duality gap
     ``P - D`` when W = W(alpha) (the shares sum to it).
 
@@ -151,6 +172,8 @@ def cocoa_local_update(
         Coordinate steps between gap checks (>= 1); default n (one pass).
     sqnorm : ndarray of shape (n,), optional
         Precomputed squared row norms of X.
+    loss : str or Loss, default "hinge"
+        A loss of :data:`~fmtl_flower.core.losses.LOSSES` (or its name).
 
     Returns
     -------
@@ -164,6 +187,7 @@ def cocoa_local_update(
         ``steps == 0``).
     """
     X, y, w, order, alpha = _validate(X, y, w, order, alpha)
+    code = get_loss(loss).code
     n, d = X.shape
     _check_positive("m_tt", float(m_tt))
     _check_positive("sigma_prime", float(sigma_prime))
@@ -181,7 +205,7 @@ def cocoa_local_update(
     v = w.copy()
     scale = float(sigma_prime) * float(m_tt)
     steps, rel_gap = _cocoa_kernel(X, y, alpha, sqnorm, order, scale, float(theta),
-                                   max_steps, int(check_every), d_alpha, v)
+                                   max_steps, int(check_every), d_alpha, v, code)
     d_b = np.zeros(d)
     _sub_dalpha(X, d_alpha, d_b)
     return d_alpha, d_b, int(steps), float(rel_gap)
@@ -189,7 +213,7 @@ def cocoa_local_update(
 
 def cocoa_local_gap(
     X: np.ndarray, y: np.ndarray, alpha: np.ndarray, w: np.ndarray, d_alpha: np.ndarray, *,
-    m_tt: float, sigma_prime: float,
+    m_tt: float, sigma_prime: float, loss: str | Loss = "hinge",
 ) -> float:
     """The local gap ``gap(d_alpha)`` of :func:`cocoa_local_update` (absolute, not relative).
 
@@ -197,6 +221,7 @@ def cocoa_local_gap(
     global duality gap.
     """
     X, y, w, _, alpha = _validate(X, y, w, np.zeros(np.shape(X)[0]), alpha)
+    code = get_loss(loss).code
     d_alpha = np.ascontiguousarray(d_alpha, dtype=np.float64)
     if d_alpha.shape != alpha.shape:
         raise ValueError(f"d_alpha must have shape {alpha.shape}, got {d_alpha.shape}")
@@ -205,4 +230,4 @@ def cocoa_local_gap(
     if X.shape[0] == 0:
         return 0.0
     v = w + float(sigma_prime) * float(m_tt) * (X.T @ d_alpha) / X.shape[0]
-    return float(_local_gap(X, y, alpha, d_alpha, v))
+    return float(_local_gap(X, y, alpha, d_alpha, v, code))

@@ -1,0 +1,387 @@
+"""The losses of MOCHA's model family: one entry each in :data:`LOSSES`.
+
+MOCHA, CoCoA and Mb-SDCA minimise (``fmtl_flower.core.objective``)
+
+    P(W) = sum_t (1/n_t) sum_i l(y_ti x_ti^T w_t) + (1/2) tr(W K W^T)
+
+for a convex loss l of the margin z = y x^T w, labels y in {-1, +1}. Their dual variables
+alpha_ti enter through the signed value a = y alpha, whose dual term is the concave
+
+    D(a) = -l*(-a),     l*(u) = sup_z (u z - l(z))   (the convex conjugate),
+
+so the dual's data part is sum_t (1/n_t) sum_i D(a_ti) and Fenchel-Young's inequality reads
+l(z) - D(a) + a z >= 0 for every z and every a in D's domain, with equality iff
+a in -dl(z) (a subgradient pair). The entries (smoothing gamma = 1 for ``smoothed-hinge``, as in
+Shalev-Shwartz & Zhang, "Stochastic dual coordinate ascent methods for regularized loss
+minimization", JMLR 2013, section 6):
+
+=================  ===========================  =====================  ===========  ========
+name               l(z)                         D(a) = -l*(-a)         domain of a  D range
+=================  ===========================  =====================  ===========  ========
+``hinge``          max(0, 1 - z)                a                      [0, 1]       [0, 1]
+``smoothed-hinge`` 0 (z >= 1); 1/2 - z (z <= 0) a - a^2 / 2            [0, 1]       [0, 1/2]
+                   (1 - z)^2 / 2 otherwise
+``logistic``       log(1 + e^-z)                -a log a - (1-a) log   [0, 1]       [0, log 2]
+                                                (1-a) (entropy)
+``squared``        (1 - z)^2 / 2 = (y-x^Tw)^2/2  a - a^2 / 2           R            (-inf, 1/2]
+=================  ===========================  =====================  ===========  ========
+
+**The SDCA coordinate step.** The local subproblem of :mod:`fmtl_flower.core.sdca` restricted
+to one coordinate is, with z = y_i x_i^T v at the running local model v and
+q = sigma' m_tt |x_i|^2 / n (times n, dropping constants),
+
+    max_a  f(a) = D(a) - z (a - a_old) - (q / 2) (a - a_old)^2   over D's domain,
+
+solved exactly by :func:`coordinate_step` (q >= 0):
+
+* ``hinge``: a = clip(a_old + (1 - z) / q, 0, 1);
+* ``smoothed-hinge``: a = clip(a_old + (1 - z - a_old) / (1 + q), 0, 1);
+* ``squared``: a = a_old + (1 - z - a_old) / (1 + q) (no box);
+* ``logistic``: f'(a) = log((1 - a) / a) - z - q (a - a_old) = 0 has no closed form; in
+  u = logit(a) it reads g(u) = -u - z - q (s(u) - a_old) = 0 (s the sigmoid), g strictly
+  decreasing with g' in [-1 - q/4, -1], and its root lies in [-z - q (1 - a_old),
+  -z + q a_old]: a few Newton steps on g, safeguarded by bisection of that bracket
+  (:data:`NEWTON_STEPS` at most; in practice 3 to 6), then a = s(u) (Shalev-Shwartz & Zhang
+  also solve this 1-D problem numerically).
+
+A row with x_i = 0 has q = 0 and z = 0: its step is a = argmax D, the **zero-row rule**
+(:func:`dual_peak`: 1 for the hinges and the squared loss, 1/2 for the logistic loss), which
+every formula above gives at q = 0 except the hinge's, which the kernels special-case.
+
+**What a loss changes and what it does not.** sigma' (Lemma 9 of the MOCHA appendix) and
+gamma bound the *quadratic* part of the dual across tasks and hold for any loss; the loss's
+smoothness (1/mu: the hinge is not smooth, ``smoothed-hinge`` and ``squared`` are
+1-smooth, ``logistic`` 1/4-smooth) only changes the convergence rate (linear for a smooth
+loss). The dual domain bounds |alpha_ti| by 1 for the three classification losses, which is
+what bounds a reply's ``delta-b`` (:mod:`fmtl_flower.strategies.mocha`); the squared loss's
+domain is unbounded (:attr:`Loss.dual_radius` is inf), so that bound does not apply to it.
+
+Adding a loss is one :class:`Loss` subclass and one branch in each scalar kernel
+(:func:`loss_value`, :func:`dual_value`, :func:`coordinate_step`), keyed by its ``code``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .hinge import hinge_conjugate_value, hinge_loss, mean_hinge_loss
+from .jit import kernel
+
+__all__ = ["HINGE", "LOGISTIC", "LOSSES", "LOSS_BY_CODE", "NEWTON_STEPS", "SMOOTHED_HINGE",
+           "SQUARED", "Loss", "coordinate_step", "dual_peak", "dual_value", "get_loss",
+           "loss_value", "numpy_step_cost_of"]
+
+#: The integer codes the compiled kernels switch on (:attr:`Loss.code`).
+HINGE, SMOOTHED_HINGE, LOGISTIC, SQUARED = 0, 1, 2, 3
+
+#: At most this many safeguarded Newton steps per logistic coordinate step.
+NEWTON_STEPS = 60
+
+_LOG2 = math.log(2.0)
+
+
+# ---------------------------------------------------------------------------- scalar kernels
+# One home of each formula for the compiled kernels and the numpy twins alike (the numpy
+# twins call the plain Python functions, ``.py_func``).
+
+
+@kernel(inline="always")
+def _sigmoid(u):  # pragma: no cover - compiled
+    """1 / (1 + e^-u), without overflow."""
+    if u >= 0.0:
+        return 1.0 / (1.0 + math.exp(-u))
+    e = math.exp(u)
+    return e / (1.0 + e)
+
+
+@kernel(inline="always")
+def loss_value(code, z):  # pragma: no cover - compiled
+    """l(z) of the loss with ``code`` at margin ``z``."""
+    if code == SMOOTHED_HINGE:
+        if z >= 1.0:
+            return 0.0
+        if z <= 0.0:
+            return 0.5 - z
+        return 0.5 * (1.0 - z) * (1.0 - z)
+    if code == LOGISTIC:
+        if z > 0.0:
+            return math.log1p(math.exp(-z))
+        return -z + math.log1p(math.exp(z))
+    if code == SQUARED:
+        return 0.5 * (1.0 - z) * (1.0 - z)
+    r = 1.0 - z
+    return r if r > 0.0 else 0.0
+
+
+@kernel(inline="always")
+def dual_value(code, a):  # pragma: no cover - compiled
+    """D(a) = -l*(-a) of the loss with ``code``, for ``a`` in its domain."""
+    if code == SMOOTHED_HINGE or code == SQUARED:
+        return a - 0.5 * a * a
+    if code == LOGISTIC:
+        out = 0.0
+        if a > 0.0:
+            out -= a * math.log(a)
+        if a < 1.0:
+            out -= (1.0 - a) * math.log1p(-a)
+        return out
+    return a
+
+
+@kernel(inline="always")
+def dual_peak(code):  # pragma: no cover - compiled
+    """argmax D: a zero row's coordinate maximiser (the zero-row rule)."""
+    if code == LOGISTIC:
+        return 0.5
+    return 1.0
+
+
+@kernel(inline="always")
+def _logistic_step(a_old, z, q):  # pragma: no cover - compiled
+    """The logistic coordinate maximiser: safeguarded Newton on g(u) (module docstring)."""
+    lo = -z - q * (1.0 - a_old)
+    hi = -z + q * a_old
+    u = -z
+    if u < lo:
+        u = lo
+    if u > hi:
+        u = hi
+    for _ in range(NEWTON_STEPS):
+        if hi - lo <= 1e-15 * (1.0 + abs(u)):
+            break
+        s = _sigmoid(u)
+        g = -u - z - q * (s - a_old)
+        if g == 0.0:
+            break
+        if g > 0.0:
+            lo = u
+        else:
+            hi = u
+        step = g / (1.0 + q * s * (1.0 - s))
+        nxt = u + step
+        if nxt <= lo or nxt >= hi:
+            nxt = 0.5 * (lo + hi)
+        if abs(nxt - u) <= 1e-15 * (1.0 + abs(u)):
+            u = nxt
+            break
+        u = nxt
+    return _sigmoid(u)
+
+
+@kernel(inline="always")
+def coordinate_step(code, a_old, z, q):  # pragma: no cover - compiled
+    """The exact maximiser of f(a) = D(a) - z (a - a_old) - (q/2) (a - a_old)^2 over D's
+    domain (module docstring), ``q >= 0`` (q = 0: a zero row, :func:`dual_peak`)."""
+    if code == SMOOTHED_HINGE or code == SQUARED:
+        a = a_old + (1.0 - z - a_old) / (1.0 + q)
+        if code == SQUARED:
+            return a
+    elif code == LOGISTIC:
+        return _logistic_step(a_old, z, q)
+    else:
+        if q <= 0.0:
+            return 1.0
+        a = a_old + (1.0 - z) / q
+    if a < 0.0:
+        return 0.0
+    if a > 1.0:
+        return 1.0
+    return a
+
+
+# ---------------------------------------------------------------------------- the registry
+
+
+class Loss:
+    """A loss of MOCHA's model family: its value, conjugate, dual domain and SDCA step.
+
+    Attributes
+    ----------
+    name : str
+        The run-config spelling (``mocha.loss``).
+    code : int
+        What the compiled kernels switch on.
+    dual_domain : (float, float)
+        The domain of a = y alpha (D is -inf outside it).
+    dual_range : (float, float)
+        The range of D over its domain: the box a task's ``dual-mean`` lies in.
+    smoothness : float
+        1 / mu for a (1/mu)-smooth loss, inf for the non-smooth hinge (rates only).
+    numpy_step_cost : float
+        The numpy SDCA step's run time relative to the hinge's (the kernels' work estimates,
+        :mod:`fmtl_flower.core.jit`; measured with ``FMTL_KERNELS=numpy``, n = 2000, d = 20,
+        2026-11-27: hinge 0.98, smoothed hinge 1.46, logistic 10.1, squared 1.73 us/step).
+    """
+
+    name = ""
+    code = -1
+    numpy_step_cost = 1.0
+    dual_domain = (0.0, 1.0)
+    dual_range = (0.0, 1.0)
+    smoothness = math.inf
+
+    @property
+    def dual_radius(self) -> float:
+        """The largest |alpha_i| = |a_i| of a feasible dual variable (inf: unbounded)."""
+        return max(abs(self.dual_domain[0]), abs(self.dual_domain[1]))
+
+    # -- vectorised values (the device's reports, objectives) ------------------------------
+    def value(self, margins: np.ndarray) -> np.ndarray:
+        """l(z) elementwise at the margins z = y x^T w."""
+        raise NotImplementedError
+
+    def dual(self, a: np.ndarray) -> np.ndarray:
+        """D(a) = -l*(-a) elementwise (a in the domain, :meth:`feasible`)."""
+        raise NotImplementedError
+
+    def conjugate(self, u: np.ndarray) -> np.ndarray:
+        """l*(u) = sup_z (u z - l(z)) elementwise; +inf outside -domain."""
+        u = np.asarray(u, dtype=np.float64)
+        inside = self.feasible_mask(-u)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out = -self.dual(np.where(inside, -u, self.dual_domain[0]))
+        return np.where(inside, out, np.inf)
+
+    def feasible_mask(self, a: np.ndarray, tol: float = 0.0) -> np.ndarray:
+        """Whether each a lies in the dual domain (up to ``tol``)."""
+        lo, hi = self.dual_domain
+        return (a >= lo - tol) & (a <= hi + tol)
+
+    def feasible(self, alpha: np.ndarray, y: np.ndarray, tol: float = 1e-12) -> bool:
+        """Whether every a_i = y_i alpha_i lies in the dual domain (up to ``tol``)."""
+        return bool(np.all(self.feasible_mask(y * alpha, tol)))
+
+    def mean_value(self, X: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
+        """A task's ``loss-mean``: (1/n) sum_i l(y_i x_i^T w) (0.0 for n = 0)."""
+        if X.shape[0] == 0:
+            return 0.0
+        return float(self.value(y * (X @ w)).mean())
+
+    def dual_mean(self, alpha: np.ndarray, y: np.ndarray) -> float:
+        """A task's ``dual-mean``: (1/n) sum_i D(y_i alpha_i) (0.0 for n = 0)."""
+        if alpha.shape[0] == 0:
+            return 0.0
+        return float(self.dual(y * alpha).mean())
+
+    def value_bound(self, margin_bound: np.ndarray) -> np.ndarray:
+        """An upper bound on l(z) for |z| <= ``margin_bound`` (R_t |w_t| on the server)."""
+        raise NotImplementedError
+
+    # -- the SDCA step -----------------------------------------------------------------------
+    def sdca_step(self, a_old: float, z: float, q: float) -> float:
+        """The exact coordinate maximiser (module docstring; plain Python)."""
+        return coordinate_step.py_func(self.code, a_old, z, q)
+
+    @property
+    def peak(self) -> float:
+        """argmax D (the zero-row rule)."""
+        return dual_peak.py_func(self.code)
+
+    def __repr__(self) -> str:
+        return f"<loss {self.name}>"
+
+
+class _Hinge(Loss):
+    name, code = "hinge", HINGE
+
+    def value(self, margins):
+        return hinge_loss(margins)
+
+    def dual(self, a):
+        return np.asarray(a, dtype=np.float64) * 1.0
+
+    def mean_value(self, X, y, w):
+        return mean_hinge_loss(X, y, w)  # bit for bit the hinge-only code's numbers
+
+    def dual_mean(self, alpha, y):
+        return hinge_conjugate_value(alpha, y)
+
+    def value_bound(self, margin_bound):
+        return 1.0 + margin_bound
+
+
+class _SmoothedHinge(Loss):
+    name, code = "smoothed-hinge", SMOOTHED_HINGE
+    dual_range = (0.0, 0.5)
+    smoothness = 1.0
+    numpy_step_cost = 1.5
+
+    def value(self, margins):
+        z = np.asarray(margins, dtype=np.float64)
+        return np.where(z >= 1.0, 0.0, np.where(z <= 0.0, 0.5 - z, 0.5 * (1.0 - z) ** 2))
+
+    def dual(self, a):
+        a = np.asarray(a, dtype=np.float64)
+        return a - 0.5 * a * a
+
+    def value_bound(self, margin_bound):
+        return 0.5 + margin_bound  # l(z) <= 1/2 + |z|
+
+
+class _Logistic(Loss):
+    name, code = "logistic", LOGISTIC
+    dual_range = (0.0, _LOG2)
+    smoothness = 0.25
+    numpy_step_cost = 10.0
+
+    def value(self, margins):
+        z = np.asarray(margins, dtype=np.float64)
+        return np.logaddexp(0.0, -z)
+
+    def dual(self, a):
+        a = np.asarray(a, dtype=np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            left = np.where(a > 0.0, -a * np.log(np.where(a > 0.0, a, 1.0)), 0.0)
+            right = np.where(a < 1.0, -(1.0 - a) * np.log1p(-np.where(a < 1.0, a, 0.0)), 0.0)
+        return left + right
+
+    def value_bound(self, margin_bound):
+        return _LOG2 + margin_bound  # log(1 + e^-z) <= log 2 + |z|
+
+
+class _Squared(Loss):
+    name, code = "squared", SQUARED
+    dual_domain = (-math.inf, math.inf)
+    dual_range = (-math.inf, 0.5)
+    smoothness = 1.0
+    numpy_step_cost = 1.8
+
+    def value(self, margins):
+        z = np.asarray(margins, dtype=np.float64)
+        return 0.5 * (1.0 - z) ** 2
+
+    def dual(self, a):
+        a = np.asarray(a, dtype=np.float64)
+        return a - 0.5 * a * a
+
+    def value_bound(self, margin_bound):
+        return 0.5 * (1.0 + margin_bound) ** 2
+
+
+#: Every loss by its run-config name; ``hinge`` is the default.
+LOSSES: dict[str, Loss] = {loss.name: loss for loss in
+                           (_Hinge(), _SmoothedHinge(), _Logistic(), _Squared())}
+
+
+#: Every loss by its kernel code.
+LOSS_BY_CODE: dict[int, Loss] = {loss.code: loss for loss in LOSSES.values()}
+
+
+def numpy_step_cost_of(code: int) -> float:
+    """:attr:`Loss.numpy_step_cost` of the loss with kernel ``code`` (1.0 for an unknown one:
+    the call fails in the kernel, not in its work estimate)."""
+    loss = LOSS_BY_CODE.get(code)
+    return 1.0 if loss is None else loss.numpy_step_cost
+
+
+def get_loss(loss: str | Loss) -> Loss:
+    """The :class:`Loss` named ``loss`` (or ``loss`` itself); ValueError naming the valid
+    names otherwise."""
+    if isinstance(loss, Loss):
+        return loss
+    found = LOSSES.get(loss) if isinstance(loss, str) else None
+    if found is None:
+        raise ValueError(f"loss must be one of {', '.join(LOSSES)}; got {loss!r}")
+    return found
