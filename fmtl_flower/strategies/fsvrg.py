@@ -136,6 +136,9 @@ is the behaviour above, bit for bit:
 * ``sq-norm-sum``: at most the fence of the federation's mean squared row norms (this
   exchange's and earlier ones) times the trusted ``n_k``; the bounds on ``grad-sum``,
   ``loss-sum`` and ``d-w`` above are checked again with it;
+* ``grad-sum`` at ``w_t``: ``-W(1/e) n-train <= w_t . grad-sum <= loss-sum`` (what every
+  logistic row meets: ``w . grad l_i(w) = -z_i sigma(-z_i)``); a gradient that keeps pushing
+  ``w`` one way is refused once the server has followed it far enough;
 * ``gram-v``: ``v . gram-v >= 0`` and ``|gram-v|^2 <= rho v . gram-v`` (``rho``: the fence of the
   federation's per-row Rayleigh quotients times the trusted ``n_k``); the estimate of
   ``sigma_max^2`` never decreases;
@@ -217,6 +220,7 @@ from ..core.fsvrg.robust import (
     SHARE_FENCE_MADS,
     SQ_NORM_FACTOR,
     clip_rows,
+    gradient_pairing_problem,
     gram_reply_problem,
     trusted_counts,
 )
@@ -901,6 +905,11 @@ class Fsvrg(TaskStrategy):
         if "grad-sum" in reply:
             check_bound("|grad-sum|", norm(reply["grad-sum"]) * n / reply["n-train"],
                         reply["data-norm"], "sqrt(n-train sq-norm-sum) >= sum_i |x_i|")
+            if self.w is not None:
+                why = gradient_pairing_problem(self.w, reply["grad-sum"], reply["loss-sum"],
+                                               reply["n-train"])
+                if why is not None:
+                    raise ReplyError(why)
         if "d-w" in reply:
             assert self.lam is not None and self.n_total is not None and self.ledger
             limit = reply["data-norm"] / (self.lam * self.n_total)
