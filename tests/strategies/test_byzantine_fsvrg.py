@@ -458,6 +458,27 @@ def test_a_reply_the_d_w_fence_rejects_leaves_the_sq_norm_fence_unmoved(data, ca
                                    for t in honest])
 
 
+def test_an_honest_share_far_above_the_others_per_row_but_small_for_its_rows_is_kept(data):
+    """CoCoA+'s share fence in the first rounds of a large federation (K = 1000: 94 of
+    10,000 honest replies were refused in 10 rounds): shares start at 0 and are alike, and a
+    device whose rows agree holds hundreds of times the median share per row, yet within
+    3.4 % of its verifiable bound ``sqrt(n_k S_k) / (lam n)``. Such a share (30 times the
+    others per row, 3 % of its bound) is kept; one at 90 % of its bound is still refused."""
+    strategy = federate(data, "cocoa-plus", "honest", robust=True, rounds=2)
+    u = _direction(DIM)
+    replies = {}
+    for task in range(TASKS):
+        X, n = data.task(task).X_train, int(strategy.n_weight[task])
+        sq = float(X.multiply(X).sum())
+        limit = math.sqrt(n * sq) / (strategy.lam * strategy.n_total)
+        per_row = limit / n
+        size = {0: 0.03 * limit, HOSTILE: 0.9 * limit}.get(task, 1e-3 * per_row * n)
+        replies[task] = {"n-train": n, "sq-norm-sum": sq, "loss-sum": 0.5 * n * math.log(2),
+                         "d-w": size * u, "state-ok": 0}
+    accepted = strategy._federation_checks("test", replies, "train")
+    assert sorted(accepted) == [t for t in range(TASKS) if t != HOSTILE]
+
+
 @pytest.mark.parametrize(("method", "attack", "reason"), [
     ("gd", "gram-v-negative", "v . gram-v = "),
     ("gd", "gradient-x1e3", "sq-norm-sum capped by the federation's fence"),
