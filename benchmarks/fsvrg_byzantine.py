@@ -58,6 +58,7 @@ from tests.strategies.test_byzantine_fsvrg import (
 from tests.strategies.test_fsvrg_strategy import run
 
 EXTRA_CASES = [("fsvrg", "gradient-pairing-floor"), ("gd", "gradient-pairing-floor"),
+               ("fsvrg", "gradient-orthogonal"), ("gd", "gradient-orthogonal"),
                ("fsvrg", "n-train-200"), ("cocoa-plus", "d-w-robust-edge"),
                ("cocoa-plus", "n-train-1e9")]
 

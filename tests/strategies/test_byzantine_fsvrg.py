@@ -111,6 +111,17 @@ def _gradient_on_the_pairing_floor(values: dict, message: Message, strategy: Fsv
         values["loss-sum"] = max(values["loss-sum"], 1.001 * float(w @ g))
 
 
+def _gradient_orthogonal_to_w(values: dict, message: Message, strategy: Fsvrg) -> None:
+    """:func:`_gradient_at_the_robust_edge` without its component along ``w_t``
+    (``w . grad-sum = 0``: inside the pairing check whatever the round)."""
+    _gradient_at_the_robust_edge(values, message, strategy)
+    if "grad-sum" in values:
+        w, g = _sent(message, "w"), values["grad-sum"]
+        if float(w @ w) > 0:
+            g = g - float(w @ g) / float(w @ w) * w
+            values["grad-sum"] = g * (np.linalg.norm(values["grad-sum"]) / np.linalg.norm(g))
+
+
 def _claims_200_rows(values: dict, message: Message, strategy: Fsvrg) -> None:
     """``n-train`` = 200 (4.8x the median: inside the count fence, cut by max-weight-share to
     160) and the gradient at its bound in a fixed direction."""
@@ -200,6 +211,7 @@ ATTACKS: dict[str, Callable[[dict, Message, Fsvrg], None]] = {
     "gradient-x1e3": _gradient_x1e3,
     "gradient-robust-edge": _gradient_at_the_robust_edge,
     "gradient-pairing-floor": _gradient_on_the_pairing_floor,
+    "gradient-orthogonal": _gradient_orthogonal_to_w,
     "n-train-200": _claims_200_rows,
     "gram-v-negative": _gram_negative,
     "d-w-bound": _d_w_at_the_bound,
