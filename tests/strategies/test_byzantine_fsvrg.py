@@ -473,8 +473,8 @@ def test_a_reply_the_d_w_fence_rejects_leaves_the_sq_norm_fence_unmoved(data, ca
 def test_an_honest_share_far_above_the_others_per_row_but_small_for_its_rows_is_kept(data):
     """CoCoA+'s share fence in the first rounds of a large federation (K = 1000: 94 of
     10,000 honest replies were refused in 10 rounds): shares start at 0 and are alike, and a
-    device whose rows agree holds hundreds of times the median share per row, yet within
-    3.4 % of its verifiable bound ``sqrt(n_k S_k) / (lam n)``. Such a share (30 times the
+    few devices hold hundreds of times the median share per row, yet within 3.4 % of their
+    verifiable bound ``sqrt(n_k S_k) / (lam n)``. Such a share (30 times the
     others per row, 3 % of its bound) is kept; one at 90 % of its bound is still refused."""
     strategy = federate(data, "cocoa-plus", "honest", robust=True, rounds=2)
     u = _direction(DIM)
