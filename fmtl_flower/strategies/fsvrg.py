@@ -136,6 +136,9 @@ is the behaviour above, bit for bit:
 * ``sq-norm-sum``: at most the fence of the federation's mean squared row norms (this
   exchange's and earlier ones) times the trusted ``n_k``; the bounds on ``grad-sum``,
   ``loss-sum`` and ``d-w`` above are checked again with it;
+* ``grad-sum`` at ``w_t``: ``-W(1/e) n-train <= w_t . grad-sum <= loss-sum`` (what every
+  logistic row meets: ``w . grad l_i(w) = -z_i sigma(-z_i)``); a gradient that keeps pushing
+  ``w`` one way is refused once the server has followed it far enough;
 * ``gram-v``: ``v . gram-v >= 0`` and ``|gram-v|^2 <= rho v . gram-v`` (``rho``: the fence of the
   federation's per-row Rayleigh quotients times the trusted ``n_k``); the estimate of
   ``sigma_max^2`` never decreases;
@@ -143,7 +146,8 @@ is the behaviour above, bit for bit:
   of the accepted ones' distances (to ``w_t``; to 0);
 * CoCoA+'s ``d-w``: the task's share of ``w`` after it, ``|v_k + d-w|``, at most
   ``sqrt(n_k S_k) / (lam n)`` (``y alpha`` in [0, 1]) and per row within the fence of the
-  round's shares; a reply above is rejected (the node rolls back), never clipped.
+  round's shares unless within 5 % of that bound; a reply above is rejected (the node rolls
+  back), never clipped.
 
 A reply that fails one of these is rejected and logged like any invalid reply.
 
@@ -215,10 +219,12 @@ from ..core.fsvrg import (
 from ..core.fsvrg.robust import (
     CLIP_FACTOR,
     QUOTIENT_FACTOR,
-    SHARE_FENCE_MADS,
+    SHARE_BOUND_FLOOR,
     SQ_NORM_FACTOR,
     clip_rows,
+    gradient_pairing_problem,
     gram_reply_problem,
+    share_outliers,
     trusted_counts,
 )
 from ..core.robust import log_upper_fence
@@ -883,20 +889,24 @@ class Fsvrg(TaskStrategy):
         return problems
 
     def _d_w_outliers(self, accepted: dict[int, dict[str, Any]]) -> dict[int, str]:
-        """CoCoA+'s replies after which the task's share of ``w`` per row of the task,
-        ``|v_k + d-w| / n_k``, is above the round's log-scale fence
-        (:func:`~fmtl_flower.core.robust.log_upper_fence`, at least
-        :data:`~fmtl_flower.core.fsvrg.robust.CLIP_FACTOR` times the median): what one device
-        adds up over the rounds stays what the federation's shares make plausible. Rejected
-        rather than clipped: a rejected reply rolls the device back (design decision 4), so
-        ``w`` stays ``w(alpha)``; a clipped one would not."""
-        assert self.ledger is not None
-        per_row = {t: float(norm((self.ledger.share(t) if r["state-ok"] else 0.0) + r["d-w"]))
-                   / max(int(self.n_weight[t]), 1) for t, r in accepted.items()}
-        fence = log_upper_fence(np.array(list(per_row.values())), factor=CLIP_FACTOR,
-                                k=SHARE_FENCE_MADS)
-        return {t: f"|the task's share of w| / n-train = {v:.6g} above the round's fence "
-                   f"{fence:.6g}" for t, v in per_row.items() if v > fence}
+        """CoCoA+'s replies after which the task's share of ``w``, ``|v_k + d-w|``, is an
+        outlier of the round (:func:`~fmtl_flower.core.fsvrg.robust.share_outliers`: per row
+        of the task above the round's log-scale fence, and above a twentieth of its verifiable
+        bound ``sqrt(n_k S_k) / (lam n)``): what one device adds up over the rounds stays what
+        the federation's shares make plausible. Rejected rather than clipped: a rejected reply
+        rolls the device back (design decision 4), so ``w`` stays ``w(alpha)``; a clipped one
+        would not."""
+        assert self.ledger is not None and self.lam is not None and self.n_total is not None
+        tasks = sorted(accepted)
+        sizes = np.array([float(norm((self.ledger.share(t) if accepted[t]["state-ok"] else 0.0)
+                                     + accepted[t]["d-w"])) for t in tasks])
+        rows = np.array([max(int(self.n_weight[t]), 1) for t in tasks], dtype=np.float64)
+        bounds = np.array([accepted[t]["data-norm"] for t in tasks]) / (self.lam * self.n_total)
+        outlier, fence = share_outliers(sizes, rows, bounds)
+        return {t: f"|the task's share of w| / n-train = {sizes[i] / rows[i]:.6g} above the "
+                   f"round's fence {fence:.6g}, and {sizes[i] / bounds[i]:.3g} of its bound "
+                   f"sqrt(n-train sq-norm-sum) / (lambda n) (more than {SHARE_BOUND_FLOOR:g})"
+                for i, t in enumerate(tasks) if outlier[i]}
 
     def _check_data_bounds(self, reply: dict[str, Any], task: int, kind: str) -> None:
         """The bounds that follow from ``data-norm`` (module docstring); CoCoA+'s share of
@@ -909,6 +919,11 @@ class Fsvrg(TaskStrategy):
         if "grad-sum" in reply:
             check_bound("|grad-sum|", norm(reply["grad-sum"]) * n / reply["n-train"],
                         reply["data-norm"], "sqrt(n-train sq-norm-sum) >= sum_i |x_i|")
+            if self.w is not None:
+                why = gradient_pairing_problem(self.w, reply["grad-sum"], reply["loss-sum"],
+                                               reply["n-train"])
+                if why is not None:
+                    raise ReplyError(why)
         if "d-w" in reply:
             assert self.lam is not None and self.n_total is not None and self.ledger
             limit = reply["data-norm"] / (self.lam * self.n_total)

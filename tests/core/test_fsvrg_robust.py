@@ -6,8 +6,14 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from fmtl_flower.core.fsvrg import local_gram_product
-from fmtl_flower.core.fsvrg.robust import clip_rows, gram_reply_problem, trusted_counts
+from fmtl_flower.core.fsvrg import local_gram_product, local_loss_grad_sums
+from fmtl_flower.core.fsvrg.robust import (
+    GRADIENT_PAIRING_FLOOR,
+    clip_rows,
+    gradient_pairing_problem,
+    gram_reply_problem,
+    trusted_counts,
+)
 from fmtl_flower.data.sparse_federated import make_sparse_federated
 
 
@@ -28,6 +34,36 @@ def test_a_claim_is_cut_to_the_other_counts_fence_and_the_share_cap():
     np.testing.assert_array_equal(capped[:-1], n[:-1])
     assert capped[-1] == int(n[:-1].sum() / 3)  # a share of 1/4: a third of the others'
     assert trusted_counts(n, 1000, 1.0)[-1] <= 1000  # the operator's max_n
+
+
+@pytest.mark.parametrize("scale", [0.0, 1e-3, 1.0, 30.0, 1e4])
+def test_honest_loss_and_gradient_sums_meet_their_pairing(scale):
+    """``-W(1/e) n <= w . grad-sum <= loss-sum`` for the true sums at any ``w`` (small and huge
+    margins of both signs); the floor is reached: a row at ``z = 1 + W(1/e)`` sits on it."""
+    data = make_sparse_federated(num_tasks=3, dim=300, seed=1).task(0)
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        w = scale * rng.normal(size=300)
+        loss, grad = local_loss_grad_sums(data.X_train, data.y_train, w)
+        assert gradient_pairing_problem(w, grad, loss, data.n_train) is None
+    x = np.array([[1.0, 0.0]])
+    z = 1.0 + GRADIENT_PAIRING_FLOOR  # argmin of -z sigma(-z)
+    loss, grad = local_loss_grad_sums(sp.csr_matrix(x), np.array([1.0]), np.array([z, 0.0]))
+    assert float(np.array([z, 0.0]) @ grad) == pytest.approx(-GRADIENT_PAIRING_FLOOR, rel=1e-12)
+    assert gradient_pairing_problem(np.array([z, 0.0]), grad, loss, 1) is None
+
+
+def test_a_gradient_pushing_against_w_beyond_the_floor_is_refused():
+    data = make_sparse_federated(num_tasks=3, dim=300, seed=1).task(0)
+    w = np.random.default_rng(3).normal(size=300)
+    loss, grad = local_loss_grad_sums(data.X_train, data.y_train, w)
+    n = data.n_train
+    pushed = grad - (float(w @ grad) + 1.01 * GRADIENT_PAIRING_FLOOR * n) / float(w @ w) * w
+    assert "below -W(1/e) n-train" in gradient_pairing_problem(w, pushed, loss, n)
+    pulled = grad + (loss - float(w @ grad) + 1e-3 * n) / float(w @ w) * w
+    assert "above loss-sum" in gradient_pairing_problem(w, pulled, loss, n)
+    # at w = 0 every gradient pairs to 0: the first round's reply is not limited by it
+    assert gradient_pairing_problem(np.zeros(300), pushed, n * np.log(2), n) is None
 
 
 def test_gram_reply_checks_what_the_server_can_verify():

@@ -27,6 +27,7 @@ from fmtl_flower.clients.fsvrg import make_fsvrg_client_app
 from fmtl_flower.clients.mocha import default_task_id
 from fmtl_flower.clients.packed_fsvrg import PackedFsvrg
 from fmtl_flower.core.fsvrg import logistic_objective
+from fmtl_flower.core.fsvrg.robust import GRADIENT_PAIRING_FLOOR
 from fmtl_flower.data.sparse_federated import make_sparse_federated
 from fmtl_flower.packing import PackedGrid, packed_client_app, tasks_of_node
 from fmtl_flower.strategies.fsvrg import Fsvrg
@@ -91,6 +92,42 @@ def _gradient_at_the_robust_edge(values: dict, message: Message, strategy: Fsvrg
     ``sq-norm-sum`` x3 (inside the federation's fence of mean squared row norms)."""
     if "grad-sum" in values:
         values["sq-norm-sum"] *= 3.0
+        size = 0.999 * math.sqrt(values["n-train"] * values["sq-norm-sum"])
+        values["grad-sum"] = size * _direction(values["grad-sum"].size)
+
+
+def _gradient_on_the_pairing_floor(values: dict, message: Message, strategy: Fsvrg) -> None:
+    """:func:`_gradient_at_the_robust_edge` bent, each round, just enough to meet robust
+    mode's pairing check ``w . grad-sum >= -W(1/e) n-train`` (its component along ``w_t``
+    raised to the floor; ``loss-sum`` raised to ``w . grad-sum`` if below): the push stays
+    as close to one direction as the check allows."""
+    _gradient_at_the_robust_edge(values, message, strategy)
+    if "grad-sum" in values:
+        w, g = _sent(message, "w"), values["grad-sum"]
+        floor = -0.999 * GRADIENT_PAIRING_FLOOR * values["n-train"]
+        if float(w @ g) < floor:
+            g = g + (floor - float(w @ g)) / float(w @ w) * w
+        values["grad-sum"] = g
+        values["loss-sum"] = max(values["loss-sum"], 1.001 * float(w @ g))
+
+
+def _gradient_orthogonal_to_w(values: dict, message: Message, strategy: Fsvrg) -> None:
+    """:func:`_gradient_at_the_robust_edge` without its component along ``w_t``
+    (``w . grad-sum = 0``: inside the pairing check whatever the round)."""
+    _gradient_at_the_robust_edge(values, message, strategy)
+    if "grad-sum" in values:
+        w, g = _sent(message, "w"), values["grad-sum"]
+        if float(w @ w) > 0:
+            g = g - float(w @ g) / float(w @ w) * w
+            values["grad-sum"] = g * (np.linalg.norm(values["grad-sum"]) / np.linalg.norm(g))
+
+
+def _claims_200_rows(values: dict, message: Message, strategy: Fsvrg) -> None:
+    """``n-train`` = 200 (4.8x the median: inside the count fence, cut by max-weight-share to
+    160) and the gradient at its bound in a fixed direction."""
+    if "n-train" in values:
+        values["n-train"] = 200
+    if "grad-sum" in values:
         size = 0.999 * math.sqrt(values["n-train"] * values["sq-norm-sum"])
         values["grad-sum"] = size * _direction(values["grad-sum"].size)
 
@@ -173,6 +210,9 @@ ATTACKS: dict[str, Callable[[dict, Message, Fsvrg], None]] = {
     "w-local-ratio": _w_local_at_the_ratio_bound,
     "gradient-x1e3": _gradient_x1e3,
     "gradient-robust-edge": _gradient_at_the_robust_edge,
+    "gradient-pairing-floor": _gradient_on_the_pairing_floor,
+    "gradient-orthogonal": _gradient_orthogonal_to_w,
+    "n-train-200": _claims_200_rows,
     "gram-v-negative": _gram_negative,
     "d-w-bound": _d_w_at_the_bound,
     "d-w-robust-edge": _d_w_at_the_robust_edge,
@@ -288,7 +328,9 @@ def federate(data, method: str, attack: str | None, robust: bool, packed: bool =
 
 
 CASES = [("fsvrg", "w-local-ratio"), ("fsvrg", "gradient-x1e3"), ("fsvrg", "n-train-1e9"),
+         ("fsvrg", "gradient-robust-edge"),
          ("gd", "gradient-x1e3"), ("gd", "gram-v-negative"), ("gd", "n-train-1e9"),
+         ("gd", "gradient-robust-edge"),
          ("cocoa-plus", "d-w-bound"), ("cocoa-plus", "share-verifiable-bound"),
          ("dane", "w-local-ratio"),
          ("fsvrg-naive", "w-local-ratio")]
@@ -323,18 +365,22 @@ def test_a_claimed_billion_rows_does_not_set_lambda(data, method, lam_ratio):
 
 
 @pytest.mark.xfail(strict=True, reason="known limit of robust mode (core.fsvrg.robust): a "
-                   "plausible-size update in a fixed direction is not voted down on sparse "
-                   "non-IID data")
+                   "plausible-size update that keeps inside every check while pushing one way "
+                   "is not voted down on sparse non-IID data")
 @pytest.mark.parametrize(("method", "attack", "rounds"),
-                         [("fsvrg", "gradient-robust-edge", ROUNDS),
+                         [("fsvrg", "gradient-pairing-floor", ROUNDS),
+                          ("fsvrg", "n-train-200", ROUNDS),
                           ("cocoa-plus", "d-w-robust-edge", 30)])
 def test_known_limit_an_update_at_the_robust_edge(data, method, attack, rounds):
-    """Inside every fence, in a fixed direction: FSVRG's gradient at 3 x the median per-row
-    gradient (its local passes take ``h`` times it and ``A`` multiplies rare features) moves
-    the honest objective to 3.3x in 8 rounds; CoCoA+'s share of ``w`` as large as honest
-    shares are (2.9 x the median ``d-w`` a round) by 38 % in 30 rounds, as much as without
-    robust mode. Coordinate-wise trimmed means and medians cost honest runs more (module
-    docstring of :mod:`fmtl_flower.core.fsvrg.robust`)."""
+    """Inside every check, pushing one way as far as they allow: FSVRG's gradient at 3 x the
+    median per-row gradient with its component along ``w_t`` kept on the pairing floor moves
+    the honest objective to 2.0x in 8 rounds (the fixed direction alone: 1.04, held above);
+    200 claimed rows (cut to 160 by max-weight-share) and a gradient at its bound: 1.14x;
+    CoCoA+'s share of ``w`` as large as honest shares are (2.9 x the median ``d-w`` a round)
+    by 38 % in 30 rounds, as much as without robust mode. A device that answers truthfully
+    for label-flipped rows already moves it by 12 % (FSVRG) and 18 % (CoCoA+): no check of
+    the replies holds 5 % against every reply the bounds allow (module docstring of
+    :mod:`fmtl_flower.core.fsvrg.robust`)."""
     lost = honest_objective(data, federate(data, method, None, robust=False, rounds=rounds).w)
     robust = federate(data, method, attack, robust=True, rounds=rounds)
     assert honest_objective(data, robust.w) <= 1.05 * lost
@@ -422,6 +468,27 @@ def test_a_reply_the_d_w_fence_rejects_leaves_the_sq_norm_fence_unmoved(data, ca
     np.testing.assert_array_equal(strategy.mean_sq_norm[honest],
                                   [replies[t]["sq-norm-sum"] / replies[t]["n-train"]
                                    for t in honest])
+
+
+def test_an_honest_share_far_above_the_others_per_row_but_small_for_its_rows_is_kept(data):
+    """CoCoA+'s share fence in the first rounds of a large federation (K = 1000: 94 of
+    10,000 honest replies were refused in 10 rounds): shares start at 0 and are alike, and a
+    few devices hold hundreds of times the median share per row, yet within 3.4 % of their
+    verifiable bound ``sqrt(n_k S_k) / (lam n)``. Such a share (30 times the
+    others per row, 3 % of its bound) is kept; one at 90 % of its bound is still refused."""
+    strategy = federate(data, "cocoa-plus", "honest", robust=True, rounds=2)
+    u = _direction(DIM)
+    replies = {}
+    for task in range(TASKS):
+        X, n = data.task(task).X_train, int(strategy.n_weight[task])
+        sq = float(X.multiply(X).sum())
+        limit = math.sqrt(n * sq) / (strategy.lam * strategy.n_total)
+        per_row = limit / n
+        size = {0: 0.03 * limit, HOSTILE: 0.9 * limit}.get(task, 1e-3 * per_row * n)
+        replies[task] = {"n-train": n, "sq-norm-sum": sq, "loss-sum": 0.5 * n * math.log(2),
+                         "d-w": size * u, "state-ok": 0}
+    accepted = strategy._federation_checks("test", replies, "train")
+    assert sorted(accepted) == [t for t in range(TASKS) if t != HOSTILE]
 
 
 @pytest.mark.parametrize(("method", "attack", "reason"), [
