@@ -7,6 +7,7 @@ import pytest
 
 from fmtl_flower.core.decoupling import (
     CONSENSUS_MIN_TASKS,
+    COUPLING_FENCE_FACTOR,
     IMAGE_PERSISTENCE,
     PULL_FENCE_FACTOR,
     STEP_SHARE_FLOOR,
@@ -14,6 +15,7 @@ from fmtl_flower.core.decoupling import (
     block_diagonal_regulariser,
     consensus_fence,
     coupled_models,
+    coupling_fence,
     coupling_weights,
     decoupled_inverse,
     federation_scale,
@@ -198,8 +200,8 @@ def test_coupling_weights_are_the_off_diagonal_column_sums():
 def test_a_task_pulling_the_others_through_its_coupling_must_persist_to_be_decoupled():
     """A task of typical size (no size or consensus outlier) whose coupling to the others is
     strong, so that its pull (normalised |b_s| times sum_t |M_ts|) is PULL_FENCE_FACTOR times
-    the federation's median or more, three rounds running, is decoupled; honest pulls 5
-    times the median, or the same pull retreating, are not."""
+    the federation's median or more, three rounds running, is decoupled; an honest hub
+    coupled twice as strongly as the others, or the same pull retreating, are not."""
     rng = np.random.default_rng(0)
     images = 0.5 + 0.05 * rng.standard_normal((4, 10))  # alike: no image nor consensus outlier
     scale, ones = np.ones(10), np.ones(10, dtype=bool)
@@ -209,7 +211,7 @@ def test_a_task_pulling_the_others_through_its_coupling_must_persist_to_be_decou
     def step(watch: OutlierWatch) -> list[int]:
         return np.flatnonzero(watch.update(np.zeros(10), scale, size, scale, ones,
                                            images=images, coupling=coupling)).tolist()
-    coupling[4] = 0.5  # an honest hub: 5 times the others
+    coupling[4] = 0.2  # an honest hub: twice the others (under the coupling fence too)
     coupling[[3, 7]] = 1.2 * PULL_FENCE_FACTOR * 0.1
     watch = OutlierWatch(10)
     for _ in range(IMAGE_PERSISTENCE - 1):
@@ -221,3 +223,75 @@ def test_a_task_pulling_the_others_through_its_coupling_must_persist_to_be_decou
     for _ in range(2 * IMAGE_PERSISTENCE):  # 3 x 0.9^6 > 1.5 times the fence at the end
         coupling[[3, 7]] *= 0.9
         assert step(watch) == []
+
+
+def test_the_coupling_fence_is_a_factor_of_the_median_widened_by_a_wide_spread():
+    """COUPLING_FENCE_FACTOR times the reference tasks' median coupling weight (those with an
+    image and not decoupled), more where their logarithms spread (5 scaled MADs); ``inf``
+    when fewer than 3 tasks are references or most are uncoupled (a sparse learned Omega)."""
+    alike = np.array([1.0, 1.1, 0.9, 1.0, 1.05, 0.95, 1.0, 1.0, 7.0, 7.0])
+    imaged, none = np.ones(10, dtype=bool), np.zeros(10, dtype=bool)
+    assert coupling_fence(alike, imaged, none) == pytest.approx(COUPLING_FENCE_FACTOR)
+    excluded = none.copy()
+    excluded[:4] = True  # the decoupled are no reference: the median is that of the rest
+    assert coupling_fence(alike, imaged, excluded) == pytest.approx(
+        COUPLING_FENCE_FACTOR * np.exp(np.median(np.log(alike[4:]))))  # the log scale's
+    spread = np.exp(np.random.default_rng(0).normal(scale=0.6, size=10))
+    assert coupling_fence(spread, imaged, none) > 3.3 * np.median(spread)
+    sparse = np.zeros(10)
+    sparse[[2, 5, 8]] = [0.1, 0.3, 0.2]
+    assert coupling_fence(sparse, imaged, none) == np.inf
+    few = imaged.copy()
+    few[2:] = False
+    assert coupling_fence(alike, few, none) == np.inf
+
+
+def test_a_task_coupled_to_the_others_far_more_strongly_must_persist_to_be_decoupled():
+    """Two tasks of typical image (their pull under PULL_FENCE_FACTOR times the median) whose
+    coupling weights are 3 times the others' (what a learned Omega gave two colluders with
+    identical, never-shrinking b_t) are decoupled after IMAGE_PERSISTENCE rounds; 2.4 times,
+    or 3 times but retreating, is not. A task with no image is judged too (no reference for
+    the median, but it cannot reset its streak by emptying its b_t for a round)."""
+    rng = np.random.default_rng(0)
+    images = 0.5 + 0.05 * rng.standard_normal((4, 10))
+    scale, ones = np.ones(10), np.ones(10, dtype=bool)
+    size = np.linalg.norm(images, axis=0)
+    coupling = np.full(10, 0.1)
+
+    def step(watch: OutlierWatch) -> list[int]:
+        return np.flatnonzero(watch.update(np.zeros(10), scale, size, scale, ones,
+                                           images=images, coupling=coupling)).tolist()
+    coupling[[3, 7]] = 0.24
+    watch = OutlierWatch(10)
+    for _ in range(2 * IMAGE_PERSISTENCE):
+        assert step(watch) == []
+    coupling[[3, 7]] = 0.3
+    for _ in range(IMAGE_PERSISTENCE - 1):
+        assert step(watch) == []
+    assert step(watch) == [3, 7]
+    assert watch.pulling.max() == 0  # the pull fence alone would not have
+    watch = OutlierWatch(10)
+    for _ in range(2 * IMAGE_PERSISTENCE):
+        coupling[[3, 7]] *= 0.9  # retreating by 10 % a round: never
+        assert step(watch) == []
+    watch, coupling[[3, 7]] = OutlierWatch(10), 0.3
+    images[:, 3] = 0.0
+    size = np.linalg.norm(images, axis=0)
+    for _ in range(IMAGE_PERSISTENCE - 1):
+        assert step(watch) == []
+    assert step(watch) == [3, 7]
+
+
+def test_the_watch_state_keeps_the_coupling_streaks():
+    """A checkpoint holds the coupling fence's streaks and last values; one written before
+    them restores with fresh (zero) streaks."""
+    watch = OutlierWatch(4)
+    watch.bonding[:] = [0, 2, 0, 1]
+    watch.bond[:] = [0.1, 0.5, 0.1, 0.3]
+    arrays = watch.state_arrays()
+    fresh = OutlierWatch(4)
+    fresh.restore(arrays)
+    assert fresh.bonding.tolist() == [0, 2, 0, 1] and fresh.bond.tolist() == [0.1, 0.5, 0.1, 0.3]
+    old = OutlierWatch(4)
+    old.restore({k: v for k, v in arrays.items() if "bond" not in k})
+    assert not old.bonding.any() and not old.bond.any()
