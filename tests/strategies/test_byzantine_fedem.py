@@ -11,6 +11,8 @@ With robust mode on (the default) the honest tasks' mean test accuracy stays wit
 the run where the hostile device's replies are lost; with ``robust = false`` the same attack
 costs far more (asserted, so the suite shows the damage it guards against). The attacker
 may also claim its ``responsibility`` (``n-train-direction``: all of it for one component).
+FedEM is also asserted on seeds 2 to 5 of the run (:data:`OTHER_SEEDS`), so that a defence
+that holds on the suite's seed by luck does not pass.
 """
 
 from __future__ import annotations
