@@ -27,6 +27,7 @@ from fmtl_flower.core.fedem import (
 )
 from fmtl_flower.core.local_sgd import SGDConfig
 from fmtl_flower.core.models import make_model
+from fmtl_flower.core.robust import trimmed_mean
 
 
 def direct_e_step(pi: np.ndarray, losses: np.ndarray) -> np.ndarray:
@@ -321,3 +322,42 @@ def test_responsibility_scaled_updates_give_fedem_s_own_step(total):
         robust_aggregate_components(current, updates, total, aggregator="mean",
                                     max_share=1.0, responsibilities=resp),
         aggregate_components(current, updates, total), rtol=1e-10)
+
+
+#: Local SGD steps of devices with 86 to 1000 examples at batch 32, one epoch each.
+STEPS = np.ceil(np.array([86.0, 192, 69, 1000, 936, 115, 145, 304, 710]) / 32)
+
+
+def test_updates_compared_per_local_step_give_fednova_s_step_unclipped():
+    """Honest devices that each take tau_k local steps along one direction (d_k =
+    r[k, m] tau_k g_m: a device with 15 times the data moves 15 times as far): compared per
+    step (``local_steps``) they are alike, nothing is clipped, and the robust mean is the
+    authors' rule; compared at their own scale, devices whose step counts are far from the
+    median's lie outside twice the median distance and were clipped (the mean 11 % off the
+    authors' rule in one component here)."""
+    rng = np.random.default_rng(4)
+    current = rng.normal(size=(2, 5))
+    g = rng.normal(size=(2, 5))
+    resp = rng.dirichlet(np.ones(2), size=STEPS.size)
+    updates = [(current + r[:, None] * tau * g, np.full(2, 32.0 * tau))
+               for r, tau in zip(resp, STEPS, strict=True)]
+    plain = aggregate_components(current, updates)
+    per_step = robust_aggregate_components(current, updates, aggregator="mean", max_share=1.0,
+                                           responsibilities=resp, local_steps=STEPS)
+    np.testing.assert_allclose(per_step, plain, rtol=1e-10)
+    own_scale = robust_aggregate_components(current, updates, aggregator="mean",
+                                            max_share=1.0, responsibilities=resp)
+    off = np.linalg.norm(own_scale - plain, axis=1) / np.linalg.norm(plain - current, axis=1)
+    assert off.max() > 0.1
+
+
+@pytest.mark.parametrize("contributors", [9, 10])
+def test_fedem_s_trimmed_mean_cuts_trim_of_the_weight_whatever_the_count(contributors):
+    """FedEM's soft responsibilities: the trimmed mean cuts ``trim`` of the weight from each
+    end with 9 contributors as with 10 (it cut floor(trim K) / K: 1/9 against 2/10, so a
+    tenth device's reply moved the aggregate of the other nine)."""
+    values = np.array([0.11, 0.12, 0.3, 0.4, 0.5, 0.55, 0.6, 0.85, 0.89, 0.5])[:contributors]
+    updates = [(np.array([[0.5 * x, 0.0], [0.0, 0.0]]), np.full(2, 10.0)) for x in values]
+    out = robust_aggregate_components(np.zeros((2, 2)), updates, trim=0.2,
+                                      responsibilities=np.full((contributors, 2), 0.5))
+    assert out[0, 0] / 0.5 == pytest.approx(float(trimmed_mean(values, 0.2)), rel=1e-12)

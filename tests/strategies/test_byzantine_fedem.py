@@ -11,6 +11,8 @@ With robust mode on (the default) the honest tasks' mean test accuracy stays wit
 the run where the hostile device's replies are lost; with ``robust = false`` the same attack
 costs far more (asserted, so the suite shows the damage it guards against). The attacker
 may also claim its ``responsibility`` (``n-train-direction``: all of it for one component).
+FedEM is also asserted on seeds 2 to 5 of the run (:data:`OTHER_SEEDS`), so that a defence
+that holds on the suite's seed by luck does not pass.
 """
 
 from __future__ import annotations
@@ -208,16 +210,19 @@ def honest_accuracy(method: str, attack: str | None, *, robust: bool = True,
     return float(np.mean([correct / n for correct, n in seen.values()]))
 
 
-_LOST: dict[tuple[str, int, bool, frozenset[int]], float] = {}
+_LOST: dict[tuple[str, int, bool, frozenset[int], int], float] = {}
 
 
 def lost_accuracy(method: str, per_node: int = 1, robust: bool = True,
-                  hostile: frozenset[int] = frozenset({HOSTILE})) -> float:
-    """The honest tasks' accuracy when the hostile devices' replies are lost."""
-    key = (method, per_node, robust, hostile)
+                  hostile: frozenset[int] = frozenset({HOSTILE}),
+                  seed: int | None = None) -> float:
+    """The honest tasks' accuracy when the hostile devices' replies are lost (``seed``:
+    the run's, default ``BASE``'s)."""
+    seed = BASE["seed"] if seed is None else seed
+    key = (method, per_node, robust, hostile, seed)
     if key not in _LOST:
         _LOST[key] = honest_accuracy(method, None, per_node=per_node, robust=robust,
-                                     hostile=hostile)
+                                     hostile=hostile, seed=seed)
     return _LOST[key]
 
 
@@ -249,6 +254,23 @@ def test_one_hostile_device_among_ten_cannot_steer_the_shared_models(method, att
                                                                      per_node):
     """FedEM's components and FedAvg's model, one task per node or four (stacked)."""
     check_attack(method, attack, per_node)
+
+
+#: Seeds of the run (data, initial components, mini-batches) other than the suite's seed 1,
+#: with the number of tasks per node, on which FedEM is asserted too: compared at their own
+#: scale (not per local step), its updates' honest spread was the big devices' and the sign
+#: flip took 5.0 / 5.6 / 7.8 / 3.4 points on seeds 2 / 3 / 4 / 5.
+OTHER_SEEDS = [(2, 1), (3, 1), (4, 1), (5, 1), (2, 4), (3, 4)]
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+@pytest.mark.parametrize(("seed", "per_node"), OTHER_SEEDS)
+def test_fedem_resists_one_hostile_device_on_other_seeds(seed, per_node, attack):
+    """Not a lucky seed: FedEM's components within ``TOLERANCE`` of the lost replies on
+    seeds 2 to 5 (one task per node) and 2, 3 (four, stacked)."""
+    lost = lost_accuracy("fedem", per_node, seed=seed)
+    robust = honest_accuracy("fedem", attack, per_node=per_node, seed=seed)
+    assert abs(robust - lost) <= TOLERANCE, (seed, attack, robust, lost)
 
 
 @pytest.mark.parametrize("attack", ATTACKS)
@@ -293,7 +315,7 @@ def test_a_claimed_n_train_enters_the_weights_capped_by_the_federation(robust):
 def print_table(methods: list[str], hostile: frozenset[int] = frozenset({HOSTILE})) -> None:
     """The honest tasks' accuracy, attack x {robust off, robust on} and the lost replies,
     as a markdown table (``python -m tests.strategies.test_byzantine_fedem fedem fedavg``;
-    ``--hostile 3,7``: two hostile devices)."""
+    ``--hostile 3,7``: two hostile devices; ``--seed 2``: another seed of the run)."""
     print("| method | attack | robust off | robust on | replies lost (off / on) |")
     print("|---|---|---|---|---|")
     for method in methods:
@@ -314,6 +336,10 @@ if __name__ == "__main__":
     if "--hostile" in args:
         at = args.index("--hostile")
         chosen = frozenset(int(t) for t in args[at + 1].split(","))
+        del args[at:at + 2]
+    if "--seed" in args:
+        at = args.index("--seed")
+        BASE["seed"] = int(args[at + 1])
         del args[at:at + 2]
     print_table(args or ["fedem", "fedavg"], chosen)
 
