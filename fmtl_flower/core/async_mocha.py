@@ -529,7 +529,9 @@ def simulate_async_mocha(
     lam, omega, formulation, formulation_options
         The regulariser, as for :func:`fmtl_flower.centralized.fit_mocha`.
     replies : int
-        Applied replies to run (``rounds x m`` for the work of ``rounds`` synchronous rounds).
+        Applied replies to run (``rounds x m`` for the work of ``rounds`` synchronous rounds);
+        the run also ends after ``10 x replies + m`` requests (e.g. a timeout shorter than
+        every request).
     concurrency, tau, gamma, safeguard
         See :class:`AsyncMochaServer` (``concurrency`` None: every task).
     latency_sigma : float
@@ -578,7 +580,8 @@ def simulate_async_mocha(
             push(idle.popleft())
 
     fill()
-    while clock.events and server.counts[APPLIED] < replies:
+    max_requests = 10 * replies + m  # a time-out that no request ever meets must end too
+    while clock.events and server.counts[APPLIED] < replies and server.next_id <= max_requests:
         kind, payload = clock.next()
         if kind == "expire":
             if not server.expire(*payload):
