@@ -370,6 +370,17 @@ class AsyncMochaServer:
         self.counts["expired"] += 1
         return True
 
+    def reject(self, task: int, request_id: int) -> Outcome | None:
+        """A reply to a request in flight that could not be read (the trust boundary
+        rejected it): the request ends as ``invalid`` (theta = 1). None if no such request
+        is in flight."""
+        request = self.in_flight.get(int(task))
+        if request is None or request.request_id != request_id:
+            return None
+        del self.in_flight[request.task]
+        return self._count(Outcome(INVALID, request.task, request.request_id,
+                                   self.version - request.version))
+
     # --- receiving
     def receive(self, reply: Reply) -> Outcome:
         """Apply one reply at the current state (or reject it); never raises on its content."""
@@ -513,7 +524,7 @@ def simulate_async_mocha(
     local_frac: float = 1.0,
     omega_every: int = 0,
     seed: int = 0,
-    deliver: Callable[[Request, Reply], list[Reply]] | None = None,
+    deliver: Callable[[Request, Reply], Sequence[Reply | Rejected]] | None = None,
     timeout_s: float | None = None,
     stop_relative_gap: float | None = None,
     on_event: Callable[[Run, dict[str, Any]], None] | None = None,
@@ -560,7 +571,46 @@ def simulate_async_mocha(
                               concurrency=m if concurrency is None else concurrency, tau=tau,
                               gamma=gamma, safeguard=safeguard, seed=seed)
     devices = [AsyncDevice(t, X, y) for t, (X, y) in enumerate(tasks)]
-    run = Run(server, devices)
+
+    def transport(request: Request) -> list[Reply | Rejected]:
+        reply = devices[request.task].handle(request)
+        return [reply] if deliver is None else list(deliver(request, reply))
+
+    return run_protocol(Run(server, devices), seconds, transport, replies=replies,
+                        latency_sigma=latency_sigma, seed=seed, omega_every=omega_every,
+                        timeout_s=timeout_s, stop_relative_gap=stop_relative_gap,
+                        on_event=on_event)
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """What a transport delivers for a reply it could not read (the trust boundary rejected
+    it): the server counts it ``invalid`` (theta = 1)."""
+
+    task: int
+    request_id: int
+
+
+#: ``transport(request) -> deliveries``: sends one request and returns what will reach the
+#: server at the request's virtual finish time, in order (a reply, a rejection, copies, or
+#: nothing for a lost one).
+Transport = Callable[[Request], Sequence["Reply | Rejected"]]
+
+
+def run_protocol(run: Run, seconds: np.ndarray, transport: Transport, *, replies: int,
+                 latency_sigma: float = 0.0, seed: int = 0, omega_every: int = 0,
+                 timeout_s: float | None = None, stop_relative_gap: float | None = None,
+                 on_event: Callable[[Run, dict[str, Any]], None] | None = None) -> Run:
+    """The protocol's event loop on the virtual clock, for any transport.
+
+    :func:`simulate_async_mocha` calls the devices directly; the Flower strategy
+    (:mod:`fmtl_flower.strategies.async_mocha`) sends messages through a Grid. Both give the
+    same records for the same seed. Arguments as for :func:`simulate_async_mocha`; ``run``
+    holds the server (and, for checks, the devices) and receives the records.
+    """
+    server = run.server
+    m = server.state.num_tasks
+    seconds = np.broadcast_to(np.asarray(seconds, dtype=np.float64), (m,))
     timeout = 10.0 * float(seconds.max()) if timeout_s is None else float(timeout_s)
     clock, idle = _Clock(), deque(range(m))
     omega_due = omega_every * m if omega_every > 0 else 0
@@ -568,11 +618,9 @@ def simulate_async_mocha(
 
     def push(task: int) -> None:
         request = server.issue(task)
-        reply = devices[task].handle(request)
         duration = seconds[task] * latency_factor(seed, task, request.count, latency_sigma)
-        delivered = [reply] if deliver is None else deliver(request, reply)
-        for r in delivered:
-            clock.at(clock.now + duration, "reply", r)
+        for delivery in transport(request):
+            clock.at(clock.now + duration, "reply", delivery)
         clock.at(clock.now + timeout, "expire", (task, request.request_id))
 
     def fill() -> None:
@@ -584,15 +632,14 @@ def simulate_async_mocha(
     while clock.events and server.counts[APPLIED] < replies and server.next_id <= max_requests:
         kind, payload = clock.next()
         if kind == "expire":
-            if not server.expire(*payload):
-                continue
-            idle.append(payload[0])
-            outcome = Outcome("expired", payload[0], payload[1])
+            outcome = Outcome("expired", *payload) if server.expire(*payload) else None
+        elif isinstance(payload, Rejected):
+            outcome = server.reject(payload.task, payload.request_id)
         else:
             outcome = server.receive(payload)
-            if outcome.status == UNKNOWN:
-                continue
-            idle.append(outcome.task)
+        if outcome is None or outcome.status == UNKNOWN:
+            continue
+        idle.append(outcome.task)
         record = _record(server, clock.now, outcome)
         run.records.append(record)
         if on_event is not None:
