@@ -31,7 +31,11 @@ run is >= both P(W_eval) - P* and P* - D(alpha), up to 1e-12 relative) and
 ``within_1e-6_of_optimum``. Targets (issue 28): >= 2x at sigma 1, at most 1.25x slower at
 sigma 0.
 
-Usage: python benchmarks/async_mocha.py [--rounds 600] [--quick]
+Usage: python benchmarks/async_mocha.py [--rounds 600] [--quick] [--out DIR]
+
+``--out DIR`` also writes the line to ``DIR/async-mocha.json`` and the figure (time to the
+target against latency-sigma, both protocols, both datasets) to ``DIR/async-mocha.png``;
+``--replot FILE.json`` redraws the figure from such a file without running anything.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 
@@ -139,12 +144,44 @@ class Bench:
         return bool(ok)
 
 
+def plot(payload: dict, path: Path) -> None:
+    """Time to the target against latency-sigma: AsyncMocha (tuned and default timeout) and
+    synchronous MOCHA with its best deadline, one panel per dataset."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    prefixes = [p for p in ("", "small_") if f"{p}speedup_sigma_1" in payload]
+    fig, axes = plt.subplots(1, len(prefixes), figsize=(5.2 * len(prefixes), 3.8), squeeze=False)
+    for ax, prefix in zip(axes[0], prefixes, strict=True):
+        for label, key, style in (
+                ("AsyncMocha (timeout tuned)", "async_time_s", "o-"),
+                ("AsyncMocha (default timeout)", "async_default_timeout_time_s", "s--"),
+                ("synchronous MOCHA (best deadline)", "sync_time_s", "^-")):
+            ax.plot(SIGMAS, [payload[f"{prefix}{key}_sigma_{_key(s)}"] for s in SIGMAS], style,
+                    label=label)
+        ax.set_title(f"{prefix.rstrip('_') or 'synthetic'}: time to relative gap {TARGET:g}")
+        ax.set_xlabel("latency-sigma (log-normal factor)")
+        ax.set_ylabel("virtual time (s)")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=600,
                         help="cap: synchronous rounds / async applied replies per task")
     parser.add_argument("--quick", action="store_true", help="synthetic only, no 1e-6 runs")
+    parser.add_argument("--out", type=Path, help="also write async-mocha.json and .png here")
+    parser.add_argument("--replot", type=Path, help="redraw the figure of a saved JSON line")
     args = parser.parse_args()
+    if args.replot is not None:
+        plot(json.loads(args.replot.read_text()), args.replot.with_suffix(".png"))
+        return
     out: dict = {"lambda": LAM, "omega": "identity", "network": NETWORK,
                  "target_relative_gap": TARGET,
                  "sync_deadline_grid_x_median_request": [d if d is not None else "none"
@@ -171,7 +208,12 @@ def main() -> None:
         out[f"{prefix}p_star"] = bench.p_star
     out["dual_monotone"] = all(b.monotone for b in benches)
     out["gap_valid"] = all(b.valid for b in benches)
-    print(json.dumps(out))
+    line = json.dumps(out)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "async-mocha.json").write_text(line + "\n")
+        plot(out, args.out / "async-mocha.png")
+    print(line)
 
 
 if __name__ == "__main__":
