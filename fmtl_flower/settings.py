@@ -542,9 +542,17 @@ class MochaSettings(_PrimalDualSettings):
         Exclude a task after ``max_failures`` consecutive failed rounds (0: never) and probe
         it every ``probe_every`` rounds; it is readmitted when it answers or reconnects
         (``mocha.max-failures``, ``mocha.probe-every``).
+    concurrency, tau, latency_sigma : int or None, int or None, float
+        Barrier-free MOCHA (``async-mocha``, ``async-cocoa``;
+        :mod:`fmtl_flower.strategies.async_mocha`): the most requests in flight (None, 0 on
+        the wire: every task), the staleness bound (None, 0 on the wire: unbounded while the
+        tasks are uncoupled, then ``concurrency``) and the virtual clock's log-normal latency
+        factor (0: deterministic) (``mocha.concurrency``, ``mocha.tau``,
+        ``mocha.latency-sigma``).
     """
 
-    method: str = setting("mocha", choice("mocha", "cocoa", "mb-sdca"))
+    method: str = setting("mocha", choice("mocha", "cocoa", "mb-sdca", "async-mocha",
+                                          "async-cocoa"))
     gamma: float = setting(1.0, number(lo=0.0, hi=1.0, lo_open=True), "mocha.gamma")
     theta: float = setting(0.5, _UNIT_OPEN, "mocha.theta")
     beta: float = setting(1.0, _POSITIVE, "mocha.mb-sdca-beta", attr="mbsdca_beta")
@@ -557,6 +565,12 @@ class MochaSettings(_PrimalDualSettings):
     min_replies: int = setting(1, integer(0), "mocha.min-replies")
     max_failures: int = setting(3, integer(0), "mocha.max-failures")
     probe_every: int = setting(5, integer(1), "mocha.probe-every")
+    concurrency: int | None = setting(None, optional(integer(1)), "mocha.concurrency",
+                                      from_wire=zero_is_none, wire_default=0,
+                                      wire_check=integer(0))
+    tau: int | None = setting(None, optional(integer(1)), "mocha.tau", from_wire=zero_is_none,
+                              wire_default=0, wire_check=integer(0))
+    latency_sigma: float = setting(0.0, number(lo=0.0), "mocha.latency-sigma")
 
     @property
     def formulation_options(self) -> dict[str, Any]:
@@ -799,7 +813,7 @@ class FsvrgSettings(CommonSettings):
 #: The run config's ``strategy`` values.
 STRATEGIES = ("mocha", "cocoa", "mb-sdca", "mb-sgd", "local", "global", "fedem", "fedavg",
               "fedprox", "fedavg-ft", "clustered", "ofmtl", "fsvrg", "fsvrg-naive", "gd",
-              "cocoa-plus", "dane", "cfl", "pfedme", "ifca")
+              "cocoa-plus", "dane", "cfl", "pfedme", "ifca", "async-mocha", "async-cocoa")
 #: The run config's ``model`` values.
 MODELS = ("auto", "svm", "logistic", "softmax", "mlp")
 

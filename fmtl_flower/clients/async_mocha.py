@@ -77,7 +77,9 @@ class AsyncMochaClient(MochaClient):
             sigma_prime=config_value(config, "sigma-prime", float),
             budget=config_value(config, "budget", int), seed=config_value(config, "seed", int),
             confirm_id=config_value(config, "confirm-id", int),
-            confirm_gamma=config_value(config, "confirm-gamma", float))
+            confirm_gamma=config_value(config, "confirm-gamma", float),
+            method=config_value(config, "method", str),
+            theta=config_value(config, "theta", float))
         if request.budget < 0 or request.m_tt <= 0 or request.sigma_prime <= 0 \
                 or not 0.0 <= request.confirm_gamma <= 1.0:
             raise ValueError("invalid budget/m-tt/sigma-prime/confirm-gamma: "

@@ -55,6 +55,7 @@ from typing import Any
 
 import numpy as np
 
+from .baselines import cocoa_local_update
 from .formulations import Formulation, make_formulation
 from .hinge import hinge_conjugate_value, mean_hinge_loss
 from .mocha import MochaServerState
@@ -164,6 +165,13 @@ class Request:
     seed: int
     confirm_id: int
     confirm_gamma: float
+    method: str = "mocha"
+    theta: float = 0.5
+
+
+#: The local solvers: MOCHA's SDCA for ``budget`` steps, or CoCoA's (SDCA until the local
+#: gap falls by ``theta``, at most ``budget`` steps).
+METHODS = ("mocha", "cocoa")
 
 
 @dataclass(frozen=True)
@@ -246,12 +254,21 @@ class AsyncDevice:
         loss = mean_hinge_loss(self.X, self.y, request.w)
         dual_mean = hinge_conjugate_value(self.alpha, self.y)
         order = coordinate_order(request.seed, self.task, request.count, n)
-        d_alpha, d_b = sdca_local_update(
-            self.X, self.y, self.alpha, request.w, budget=request.budget, m_tt=request.m_tt,
-            sigma_prime=request.sigma_prime, order=order, sqnorm=self.sqnorm)
+        if request.method == "cocoa":
+            d_alpha, d_b, steps, _ = cocoa_local_update(
+                self.X, self.y, self.alpha, request.w, m_tt=request.m_tt,
+                sigma_prime=request.sigma_prime, theta=request.theta, max_steps=request.budget,
+                order=order, sqnorm=self.sqnorm)
+        elif request.method == "mocha":
+            d_alpha, d_b = sdca_local_update(
+                self.X, self.y, self.alpha, request.w, budget=request.budget, m_tt=request.m_tt,
+                sigma_prime=request.sigma_prime, order=order, sqnorm=self.sqnorm)
+            steps = request.budget
+        else:
+            raise ValueError(f"method must be one of {METHODS}, got {request.method!r}")
         self.pending = (request.request_id, d_alpha)
         return Reply(self.task, request.request_id, d_b, hinge_conjugate_value(d_alpha, self.y),
-                     loss, dual_mean, request.budget, state_ok)
+                     loss, dual_mean, int(steps), state_ok)
 
 
 # ----------------------------------------------------------------------------- server
@@ -293,11 +310,16 @@ class AsyncMochaServer:
         Scale each reply by :func:`safeguard_gamma` (True) or apply it with ``gamma``.
     seed : int
         The run seed (coordinate orders).
+    method, theta : str, float
+        The devices' local solver (:data:`METHODS`) and CoCoA's theta in (0, 1).
     """
 
     def __init__(self, state: MochaServerState, budgets: np.ndarray, *, concurrency: int,
                  tau: int | None = None, gamma: float = 1.0, safeguard: bool = True,
-                 seed: int = 0) -> None:
+                 seed: int = 0, method: str = "mocha", theta: float = 0.5) -> None:
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        self.method, self.theta = method, float(theta)
         m = state.num_tasks
         self.state = state
         self.budgets = np.asarray(budgets, dtype=np.int64)
@@ -355,7 +377,7 @@ class AsyncMochaServer:
                           self.state.W[:, task].copy(),
                           float(self.m_diag[task]), float(self.sigma_prime[task]),
                           int(self.budgets[task]), self.seed, int(self.confirm_id[task]),
-                          float(self.confirm_gamma[task]))
+                          float(self.confirm_gamma[task]), self.method, self.theta)
         self.next_id += 1
         self.in_flight[task] = request
         return request
@@ -528,6 +550,8 @@ def simulate_async_mocha(
     timeout_s: float | None = None,
     stop_relative_gap: float | None = None,
     on_event: Callable[[Run, dict[str, Any]], None] | None = None,
+    method: str = "mocha",
+    theta: float = 0.5,
 ) -> Run:
     """Run barrier-free MOCHA on a virtual clock until ``replies`` replies are applied.
 
@@ -562,6 +586,9 @@ def simulate_async_mocha(
         Stop early once the certified relative gap is at most this.
     on_event : callable, optional
         Called with the run (server and devices) and each new record.
+    method, theta : str, float
+        ``mocha`` (SDCA for the budget) or ``cocoa`` (the CoCoA baseline: SDCA until the local
+        gap falls by ``theta``).
     """
     m = len(tasks)
     seconds = np.broadcast_to(np.asarray(seconds, dtype=np.float64), (m,))
@@ -569,7 +596,8 @@ def simulate_async_mocha(
         tasks, formulation, lam, omega, formulation_options or {}))
     server = AsyncMochaServer(state, _budgets(tasks, local_frac),
                               concurrency=m if concurrency is None else concurrency, tau=tau,
-                              gamma=gamma, safeguard=safeguard, seed=seed)
+                              gamma=gamma, safeguard=safeguard, seed=seed, method=method,
+                              theta=theta)
     devices = [AsyncDevice(t, X, y) for t, (X, y) in enumerate(tasks)]
 
     def transport(request: Request) -> list[Reply | Rejected]:
@@ -661,7 +689,9 @@ def run_protocol(run: Run, seconds: np.ndarray, transport: Transport, *, replies
 
 def _record(server: AsyncMochaServer, time_s: float, outcome: Outcome) -> dict[str, Any]:
     cert = server.certificate()
-    return {"time_s": time_s, "applied": server.counts[APPLIED], "status": outcome.status,
+    applied = server.counts[APPLIED]
+    return {"time_s": time_s, "applied": applied, "round": applied // server.state.num_tasks,
+            "status": outcome.status,
             "task": outcome.task, "staleness": outcome.staleness, "gamma": outcome.gamma,
             "dual": server.dual(), "primal": None if cert is None else cert.primal,
             "gap": None if cert is None else cert.gap}

@@ -19,8 +19,10 @@ query ``whoami``: as MOCHA's (:mod:`fmtl_flower.strategies.mocha`): ConfigRecord
     version; config ``task-id`` int, ``request-id`` int >= 1 (unique in the run), ``count``
     int >= 1 (the task's request number; keys the coordinate order), ``m-tt`` float > 0,
     ``sigma-prime`` float > 0, ``budget`` int >= 0, ``seed`` int, ``confirm-id`` int >= 0
-    (the task's newest request whose reply was applied, 0: none) and ``confirm-gamma`` float
-    in [0, 1] (the factor it was applied with). Reply: arrays ``delta-b`` float64 (d,); metrics
+    (the task's newest request whose reply was applied, 0: none), ``confirm-gamma`` float
+    in [0, 1] (the factor it was applied with), ``method`` str (``mocha``: SDCA for the
+    budget; ``cocoa``: until the local gap falls by ``theta`` float, at most the budget).
+    Reply: arrays ``delta-b`` float64 (d,); metrics
     ``task-id``, ``request-id``, ``delta-dual-mean`` (the change of the conjugate term,
     |.| <= 1), ``loss-mean`` (>= 0, at the w received), ``dual-mean`` (in [0, 1], after the
     commit), ``steps`` (int), ``state-ok`` (0/1).
@@ -38,9 +40,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -63,6 +65,9 @@ from ..systems.timing import node_times
 from ..wire import array_record, config_record, from_array, message, record_dict
 from .discovery import ReplyError, arrays_of, read_metrics
 from .trust import BOUND_SLACK, ReplyBoundary, ReplyContract
+
+if TYPE_CHECKING:
+    from ..settings import MochaSettings
 
 NAME = "AsyncMocha"
 TRAIN_METRICS = ("task-id", "request-id", "delta-dual-mean", "loss-mean", "dual-mean", "steps",
@@ -100,6 +105,10 @@ class AsyncMocha(Strategy):
         Real seconds to wait for a pushed message's reply before counting it lost.
     seed : int
         The run seed.
+    method, theta : str, float
+        ``mocha``, or ``cocoa`` (the CoCoA baseline) with its theta in (0, 1).
+    on_round : callable, optional
+        Called with the record that completes each ``m`` applied replies (a "round" of work).
     """
 
     def __init__(self, *, lam: float = 0.1, omega: str = "identity",
@@ -108,7 +117,8 @@ class AsyncMocha(Strategy):
                  latency_sigma: float = 0.0, gamma: float = 1.0, local_frac: float = 1.0,
                  omega_every: int = 0, network: str = "lte", time_model: str = "physical",
                  request_timeout_s: float | None = None, pull_timeout_s: float = 600.0,
-                 seed: int = 0) -> None:
+                 seed: int = 0, method: str = "mocha", theta: float = 0.5,
+                 on_round: Callable[[dict[str, Any]], None] | None = None) -> None:
         if concurrency is not None and concurrency < 1:
             raise ValueError(f"concurrency must be >= 1 (or None: every task), got {concurrency}")
         if tau is not None and tau < 0:
@@ -121,10 +131,26 @@ class AsyncMocha(Strategy):
         self.gamma, self.local_frac, self.omega_every = gamma, local_frac, omega_every
         self.network, self.time_model = network, time_model
         self.request_timeout_s, self.pull_timeout_s = request_timeout_s, pull_timeout_s
-        self.seed = seed
+        self.seed, self.method, self.theta, self.on_round = seed, method, theta, on_round
         self.replies = ReplyBoundary(NAME, REPLY_CONTRACTS, sizes=lambda: {"d": self.dim})
         self.dim = 0
         self.run: Run | None = None
+
+    @classmethod
+    def from_settings(cls, settings: MochaSettings,
+                      on_round: Callable[[dict[str, Any]], None] | None = None) -> AsyncMocha:
+        """The strategy of ``fmtl run async-mocha`` / ``async-cocoa``: MOCHA's settings
+        (lambda, the formulation and its options, local-frac, network, time model, gamma,
+        theta, seed) and ``concurrency``, ``tau``, ``latency_sigma``. MOCHA's systems
+        settings (sys-het, drop-prob, clock-cycle, ...) do not apply."""
+        options = {k: v for k, v in settings.formulation_options.items() if k != "gamma"}
+        return cls(lam=settings.lam, omega=settings.omega, formulation_options=options,
+                   concurrency=settings.concurrency, tau=settings.tau,
+                   latency_sigma=settings.latency_sigma, gamma=settings.gamma,
+                   local_frac=settings.local_frac, omega_every=settings.omega_every,
+                   network=settings.network, time_model=settings.time_model,
+                   seed=settings.seed, theta=settings.theta, on_round=on_round,
+                   method="cocoa" if settings.method == "async-cocoa" else "mocha")
 
     # Strategy's round-based interface: not used (there are no rounds) -----------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -168,13 +194,14 @@ class AsyncMocha(Strategy):
         formulation = make_formulation(self.omega, m, lam=self.lam, **self.formulation_options)
         server = AsyncMochaServer(MochaServerState.zeros(self.dim, formulation), budgets,
                                   concurrency=m if self.concurrency is None else self.concurrency,
-                                  tau=self.tau, gamma=self.gamma, seed=self.seed)
+                                  tau=self.tau, gamma=self.gamma, seed=self.seed,
+                                  method=self.method, theta=self.theta)
         self.run = Run(server, [])
         transport = _GridTransport(self, grid, nodes)
         run_protocol(self.run, seconds, transport, replies=num_rounds * m,
                      latency_sigma=self.latency_sigma, seed=self.seed,
                      omega_every=self.omega_every, timeout_s=self.request_timeout_s,
-                     on_event=lambda run, record: _log_record(record, m))
+                     on_event=lambda run, record: self._on_event(record, m))
         result = Result()
         result.arrays = ArrayRecord({"W": array_record({"W": server.state.W})["W"]})
         final = self.results()["final"]
@@ -182,18 +209,31 @@ class AsyncMocha(Strategy):
             {k: v for k, v in final.items() if isinstance(v, (int, float))})
         return result
 
+    def _on_event(self, record: dict[str, Any], m: int) -> None:
+        """Log, and pass each completed round's record (m more replies applied) to
+        ``on_round``."""
+        _log_record(record, m)
+        if self.on_round is not None and record["status"] == APPLIED \
+                and record["applied"] % m == 0:
+            self.on_round(record)
+
     def results(self) -> dict[str, Any]:
-        """``records`` (one per reply event, time-stamped) and ``final``."""
+        """``rounds``: one time-stamped record per reply event (``time_s`` virtual seconds,
+        ``applied``, ``round`` = applied // m, ``status``, ``task``, ``staleness``, ``gamma``,
+        ``dual``, ``primal``, ``gap``), and ``final`` (``primal``, ``dual``, ``gap`` of the
+        certificate, ``virtual_time_s``, ``round``, the reply counts)."""
         if self.run is None:
-            return {"records": [], "final": {}}
+            return {"rounds": [], "final": {}}
         server, records = self.run.server, self.run.records
         cert = server.certificate()
-        final = {"primal": None if cert is None else cert.primal, "dual": server.dual(),
+        m = server.state.num_tasks
+        final = {"round": server.counts[APPLIED] // m,
+                 "primal": None if cert is None else cert.primal, "dual": server.dual(),
                  "gap": None if cert is None else cert.gap,
                  "virtual_time_s": self.run.virtual_time_s,
                  "replies_applied": server.counts[APPLIED], **{
                      f"replies_{k}": v for k, v in server.counts.items() if k != APPLIED}}
-        return {"records": records, "final": final}
+        return {"rounds": records, "final": final}
 
     def _discover(self, grid: Grid, timeout: float) -> tuple[list[int], dict[int, dict]]:
         """Ask every node ``whoami``; tasks must be 0 .. m-1 with one node each."""
@@ -253,7 +293,8 @@ class _GridTransport:
             "task-id": request.task, "request-id": request.request_id, "count": request.count,
             "m-tt": request.m_tt, "sigma-prime": request.sigma_prime, "budget": request.budget,
             "seed": request.seed, "confirm-id": request.confirm_id,
-            "confirm-gamma": request.confirm_gamma})
+            "confirm-gamma": request.confirm_gamma, "method": request.method,
+            "theta": request.theta})
         msg = message(record_dict({"arrays": array_record({"w": request.w}), "config": config}),
                       node, "train")
         s.replies.begin()

@@ -376,3 +376,20 @@ def test_deterministic_clock_without_safeguard_is_synchronous_mocha():
     guarded = simulate_async_mocha(tasks, np.ones(6), lam=0.05, replies=6 * 5, seed=3)
     assert [r["gamma"] for r in guarded.records] == [1.0] * 30  # fresh steps: kept whole
     assert [r["dual"] for r in guarded.records] == [r["dual"] for r in a.records]
+
+
+def test_async_cocoa_baseline_monotone_and_certified():
+    """The CoCoA baseline (SDCA until the local gap falls by theta): the same guarantees."""
+    tasks = _tasks()
+    lam = 0.02
+    p_star = optimum(tasks, lam)
+    run = simulate_async_mocha(tasks, np.linspace(1, 2, 6), lam=lam, replies=6 * 200,
+                               latency_sigma=1.0, seed=2, method="cocoa", theta=0.3)
+    duals = [r["dual"] for r in run.records]
+    assert _monotone(duals)
+    for r in run.records:
+        if r["gap"] is not None:
+            assert r["gap"] >= max(r["primal"] - p_star, p_star - r["dual"]) - 1e-12 * p_star
+    assert run.records[-1]["gap"] <= 1e-4 * p_star
+    with pytest.raises(ValueError, match="method"):
+        simulate_async_mocha(tasks, np.ones(6), replies=6, method="mb-sdca")

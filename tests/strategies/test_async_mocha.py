@@ -86,3 +86,33 @@ def test_hostile_reply_is_rejected_and_the_run_goes_on():
     assert server.counts[APPLIED] == 30
     assert np.abs(server.state.W - server.state.B @ server.state.M).max() <= 1e-12
     assert np.all(np.isfinite(server.state.W))
+
+
+@pytest.mark.parametrize("strategy", ["async-mocha", "async-cocoa"])
+def test_fmtl_run_async(strategy, tmp_path):
+    """`fmtl run async-mocha` / `async-cocoa`: --rounds N applies N x m replies; the results
+    JSON's final keeps primal, dual, gap and adds virtual_time_s; records are time-stamped."""
+    from fmtl_flower.cli import main
+
+    out = tmp_path / "r.json"
+    assert main(["run", strategy, "--rounds", "4", "--quiet", "--out", str(out), "--set",
+                 "mocha.latency-sigma=1.0", "--set", "mocha.concurrency=10", "--set",
+                 "mocha.omega=identity", "--set", "mocha.lambda=0.01"]) == 0
+    import json
+
+    results = json.loads(out.read_text())
+    final, m = results["final"], 30
+    assert final["replies_applied"] == 4 * m and final["round"] == 4
+    assert final["virtual_time_s"] > 0 and final["gap"] >= 0
+    assert final["primal"] - final["dual"] == pytest.approx(final["gap"])
+    times = [r["time_s"] for r in results["rounds"]]
+    assert times == sorted(times) and times[-1] == final["virtual_time_s"]
+    assert results["config"]["mocha.concurrency"] == 10
+
+
+def test_packed_nodes_are_refused_clearly(capsys):
+    from fmtl_flower.cli import main
+
+    assert main(["run", "async-mocha", "--rounds", "1", "--quiet", "--set",
+                 "tasks-per-node=3"]) == 2
+    assert "does not run on packed nodes yet" in capsys.readouterr().err
