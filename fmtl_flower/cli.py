@@ -246,6 +246,7 @@ def run_federation(cfg: RunConfig, data, engine: str, print_every: int,
 
     m = data.num_tasks
     every = print_every or max(1, math.ceil(cfg.num_server_rounds / 50))
+    cfg = _unpacked_for_async(cfg)
     if cfg.tasks_per_node == 0:  # automatic task packing (documented rule, in the header)
         from .packing import auto_packing
 
@@ -259,6 +260,19 @@ def run_federation(cfg: RunConfig, data, engine: str, print_every: int,
             print(progress_line(record, m), flush=True)
 
     return run(cfg, data, engine, on_round=on_round, ray_address=ray_address)
+
+
+def _unpacked_for_async(cfg: RunConfig) -> RunConfig:
+    """Barrier-free MOCHA sends one message per task (no packed nodes yet): automatic
+    packing means one task per node; an explicit ``tasks-per-node`` above 1 is an error."""
+    from .config import ASYNC_MOCHA
+
+    if cfg.strategy not in ASYNC_MOCHA:
+        return cfg
+    if cfg.tasks_per_node > 1:
+        raise ConfigError(f"strategy={cfg.strategy} does not run on packed nodes yet: "
+                          "set tasks-per-node=1")
+    return dataclasses.replace(cfg, tasks_per_node=1)
 
 
 def _check_sparse_for_fsvrg(cfg: RunConfig, data: Any) -> None:

@@ -49,13 +49,16 @@ from .settings import (
 )
 
 __all__ = [
-    "FEDERATED", "FEDEM_FAMILY", "FSVRG_FAMILY", "MOCHA_FAMILY", "MODELS", "STRATEGIES",
+    "ASYNC_MOCHA", "FEDERATED", "FEDEM_FAMILY", "FSVRG_FAMILY", "MOCHA_FAMILY", "MODELS",
+    "STRATEGIES",
     "ConfigError", "RunConfig", "as_float", "as_int", "check_known_keys", "parse_set_options",
     "positive_int", "settings_from_config", "split_set_option", "unseen_tasks",
 ]
 
 #: Strategies of MOCHA's primal-dual / primal family (one linear SVM per task).
-MOCHA_FAMILY = ("mocha", "cocoa", "mb-sdca", "mb-sgd")
+MOCHA_FAMILY = ("mocha", "cocoa", "mb-sdca", "mb-sgd", "async-mocha", "async-cocoa")
+#: Barrier-free MOCHA and its CoCoA baseline (:mod:`fmtl_flower.strategies.async_mocha`).
+ASYNC_MOCHA = ("async-mocha", "async-cocoa")
 #: Strategies of FedEM's family (``local`` joins it with a model other than ``svm``).
 FEDEM_FAMILY = ("fedem", "fedavg", "fedprox", "fedavg-ft", "clustered", "cfl", "pfedme", "ifca")
 #: Strategies of FSVRG's family (one global sparse logistic-regression model).

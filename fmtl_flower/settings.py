@@ -573,9 +573,17 @@ class MochaSettings(_PrimalDualSettings):
         hinge (the papers'), the hinge smoothed with gamma = 1 (Shalev-Shwartz & Zhang),
         log(1 + e^-z), or (1 - z)^2 / 2 = (y - x^T w)^2 / 2 (labels stay -1/+1); see
         :mod:`fmtl_flower.core.losses`. Mb-SGD and OFMTL take only ``hinge``.
+    concurrency, tau, latency_sigma : int or None, int or None, float
+        Barrier-free MOCHA (``async-mocha``, ``async-cocoa``;
+        :mod:`fmtl_flower.strategies.async_mocha`): the most requests in flight (None, 0 on
+        the wire: every task), the staleness bound (None, 0 on the wire: unbounded while the
+        tasks are uncoupled, then ``concurrency``) and the virtual clock's log-normal latency
+        factor (0: deterministic) (``mocha.concurrency``, ``mocha.tau``,
+        ``mocha.latency-sigma``).
     """
 
-    method: str = setting("mocha", choice("mocha", "cocoa", "mb-sdca"))
+    method: str = setting("mocha", choice("mocha", "cocoa", "mb-sdca", "async-mocha",
+                                          "async-cocoa"))
     gamma: float = setting(1.0, number(lo=0.0, hi=1.0, lo_open=True), "mocha.gamma")
     theta: float = setting(0.5, _UNIT_OPEN, "mocha.theta")
     beta: float = setting(1.0, _POSITIVE, "mocha.mb-sdca-beta", attr="mbsdca_beta")
@@ -593,10 +601,28 @@ class MochaSettings(_PrimalDualSettings):
     intercept_scaling: float = setting(1.0, _POSITIVE, "mocha.intercept-scaling")
     max_classes: int = setting(1000, integer(2), "mocha.max-classes")
     loss: str = setting("hinge", choice(*LOSS_NAMES), "mocha.loss")
+    concurrency: int | None = setting(None, optional(integer(1)), "mocha.concurrency",
+                                      from_wire=zero_is_none, wire_default=0,
+                                      wire_check=integer(0))
+    tau: int | None = setting(None, optional(integer(1)), "mocha.tau", from_wire=zero_is_none,
+                              wire_default=0, wire_check=integer(0))
+    latency_sigma: float = setting(0.0, number(lo=0.0), "mocha.latency-sigma")
 
     @property
     def formulation_options(self) -> dict[str, Any]:
         return {**super().formulation_options, "gamma": self.gamma}
+
+    def _check_together(self) -> None:
+        """Besides the formulation's bound: the barrier-free methods train the binary hinge
+        without an intercept only (their device handlers predate the loss family)."""
+        super()._check_together()
+        if self.method.startswith("async-"):
+            if self.loss != "hinge":
+                raise ConfigError(f"{self.label('loss')}: {self.method} trains the hinge "
+                                  f"loss only; got {self.loss!r} (use method mocha or cocoa)")
+            if self.fit_intercept:
+                raise ConfigError(f"{self.label('fit_intercept')}: {self.method} fits no "
+                                  "intercept yet (use method mocha or cocoa)")
 
 
 @dataclass(frozen=True)
@@ -841,7 +867,7 @@ class FsvrgSettings(CommonSettings):
 #: The run config's ``strategy`` values.
 STRATEGIES = ("mocha", "cocoa", "mb-sdca", "mb-sgd", "local", "global", "fedem", "fedavg",
               "fedprox", "fedavg-ft", "clustered", "ofmtl", "fsvrg", "fsvrg-naive", "gd",
-              "cocoa-plus", "dane", "cfl", "pfedme", "ifca")
+              "cocoa-plus", "dane", "cfl", "pfedme", "ifca", "async-mocha", "async-cocoa")
 #: The run config's ``model`` values.
 MODELS = ("auto", "svm", "logistic", "softmax", "mlp")
 

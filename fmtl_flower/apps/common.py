@@ -24,6 +24,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from ..clients.common import default_task_id
 from ..config import (
+    ASYNC_MOCHA,
     FEDERATED,
     FSVRG_FAMILY,
     ConfigError,
@@ -260,6 +261,10 @@ def _client_app_of(config: RunConfig, load: Callable[[Context], tuple[np.ndarray
         from ..clients.mbsgd import make_mbsgd_client_app
 
         return make_mbsgd_client_app(load)
+    if config.strategy in ASYNC_MOCHA:
+        from ..clients.async_mocha import make_async_mocha_client_app
+
+        return make_async_mocha_client_app(load)
     from ..clients.mocha import make_mocha_client_app
 
     return make_mocha_client_app(load, state_dir=config.client_state_dir or None)
@@ -275,6 +280,8 @@ def strategy_from_config(cfg: RunConfig, num_tasks: int,
     every event's)."""
     settings = settings_from_config(cfg, num_tasks, num_classes)
     cls = strategy_class(cfg)
+    if cfg.strategy in ASYNC_MOCHA:  # no rounds, no checkpoints yet
+        return cls.from_settings(settings, on_round=on_round)
     if cfg.strategy == "ofmtl":
         strategy = cls(num_tasks, settings, on_record=on_round)
     else:
@@ -305,6 +312,10 @@ def strategy_class(cfg: RunConfig) -> type:
         from ..strategies.mbsgd import MbSgd
 
         return MbSgd
+    if cfg.strategy in ASYNC_MOCHA:
+        from ..strategies.async_mocha import AsyncMocha
+
+        return AsyncMocha
     from ..strategies.mocha import Mocha
 
     return Mocha

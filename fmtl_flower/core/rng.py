@@ -68,6 +68,10 @@ TAG_IMAGES_UNSEEN = 77
 #: (:meth:`fmtl_flower.strategies.base.TaskStrategy.sample_train_tasks`; four words, so it
 #: meets no ``[seed, id, tag]`` stream).
 TAG_TRAIN_SAMPLE = 67
+#: Barrier-free MOCHA's virtual clock: the log-normal latency factor of task ``t``'s k-th
+#: request ``[seed, t, k, TAG_LATENCY]`` (:mod:`fmtl_flower.core.async_mocha`; synchronous
+#: MOCHA's round k draws the same factor, so both meet the same delays).
+TAG_LATENCY = 71
 
 #: Every stream: name -> seed layout. An int is a fixed word, ``"seed"`` the run seed and the
 #: other names ids that range over ``0, 1, 2, ...`` (``"round"`` and ``"epoch"`` from 1).
@@ -98,6 +102,7 @@ STREAMS: dict[str, tuple[str, tuple[int | str, ...]]] = {
     "images-subsample": ("numpy", ("seed", TAG_IMAGES_SUBSAMPLE)),
     "images-unseen": ("numpy", ("seed", TAG_IMAGES_UNSEEN)),
     "train-sample": ("numpy", ("seed", "round", 0, TAG_TRAIN_SAMPLE)),
+    "latency": ("numpy", ("seed", "task", "request", TAG_LATENCY)),
     "coordinate-order": ("splitmix", ("seed", "task", "round", TAG_ORDER)),
     "global-svm-epoch": ("splitmix", ("seed", "epoch", 0, TAG_ORDER)),
 }

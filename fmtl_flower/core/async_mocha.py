@@ -1,0 +1,788 @@
+"""Barrier-free MOCHA (issue 28), free of any Flower dependency.
+
+No round waits for the slowest device: the server keeps up to ``concurrency`` requests in
+flight, applies each reply as it arrives and sends new work to the device that replied. The
+server state is MOCHA's (:class:`~fmtl_flower.core.mocha.MochaServerState`: B, M = K^-1 and
+W = B M), kept exact after every single reply by a rank-one update. The guarantees, with
+their proofs, are in ``docs/guides/async-mocha.md``; in short:
+
+* **Stale updates are safe.** A request is computed against the W of some *version* (the
+  number of replies applied so far). A reply is applied only if at most ``tau`` replies were
+  applied since its request left (its *staleness*); the others are rejected (theta = 1, the
+  device discards its step). With at most ``K_c = concurrency`` requests in flight, every
+  applied update overlaps at most ``tau + K_c - 1`` others, so the local subproblems' sigma'
+  of :func:`async_sigma_prime`, ``gamma (1 + (tau + K_c - 1) max_{s != t} |N_ts|)`` with
+  ``N = D^-1/2 M D^-1/2``, keeps the dual of every prefix of applied updates at least its
+  start value (it is never above ``gamma (tau + K_c)``; for uncoupled tasks it is gamma,
+  whatever the staleness, and in the synchronous case, where each pair of updates overlaps
+  once, the same argument gives Lemma 9's row sum ``gamma sum_s |N_ts|``).
+* **Safeguard.** A reply also carries the change of its conjugate term,
+  ``delta A_t = (1/n_t) sum_i y_ti d_alpha_ti``. Applied with a factor g in [0, 1] at the
+  *current* state, the dual changes by ``g a - g^2 h / 2`` with ``a = delta A_t - w_t . d_b``
+  (``w_t`` the current model) and ``h = M_tt |d_b|^2`` (the regulariser is quadratic), so the
+  server applies ``g = gamma`` when that change is >= 0 (always for a fresh update), else the
+  maximiser ``clip(a / h, 0, gamma)`` (:func:`safeguard_gamma`): the dual never decreases,
+  whatever the actual staleness.
+* **Commit protocol per reply.** The device keeps its step pending; the next request to it
+  names the newest applied request of its task and the factor g applied to it, and the device
+  commits ``g d_alpha`` only if they match (otherwise it discards the step: lost, expired,
+  duplicated, rejected and too-stale replies all count as theta = 1). A device whose
+  committed state differs from the server's restarts from alpha = 0 and says so; the server
+  resets b_t. So alpha on the devices and B on the server never drift apart.
+* **Certificate without a barrier.** The server tracks the dual exactly (sum of the A_t it
+  applied minus the regulariser of the consistent pair). Each reply reports the loss of the
+  model its request carried; the primal is evaluated on those models, ``W_eval`` (column t:
+  the model task t last evaluated its loss on), with the current K, and ``P(W_eval) - D(alpha)``
+  is the certified gap: weak duality holds for any pair, so it bounds both ``P(W_eval) - P*``
+  and ``D* - D(alpha)``. Per-task gaps of different versions are never summed.
+* **Omega-steps** drain: no new work is sent until every request in flight has come back
+  (or expired), then Omega and sigma' are updated and W <- B M.
+
+:func:`simulate_async_mocha` runs the protocol on a virtual clock: task t's k-th request
+takes ``seconds[t]`` (eq. (30)'s time, :func:`fmtl_flower.systems.timing.node_times`) times
+the log-normal factor :func:`latency_factor` ``(seed, t, k)``; :func:`simulate_sync_mocha`
+runs synchronous MOCHA with a deadline on the same clock and the same draws.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .baselines import cocoa_local_update
+from .formulations import Formulation, make_formulation
+from .hinge import hinge_conjugate_value, mean_hinge_loss
+from .mocha import MochaServerState
+from .rng import TAG_LATENCY, coordinate_order
+from .sdca import sdca_local_update
+
+TaskArrays = tuple[np.ndarray, np.ndarray]
+
+#: Outcomes of :meth:`AsyncMochaServer.receive`.
+APPLIED, STALE, UNKNOWN, INVALID = "applied", "stale", "unknown", "invalid"
+
+
+# ----------------------------------------------------------------------------- the math
+
+
+def coupling_max(M: np.ndarray) -> np.ndarray:
+    """``nu_t = max_{s != t} |N_ts|`` with ``N = D^-1/2 M D^-1/2``, ``D = diag(M)``, per task.
+
+    Each ``|N_ts| <= 1`` (M is positive definite); all are 0 for uncoupled tasks.
+    """
+    M = np.asarray(M, dtype=np.float64)
+    scale = 1.0 / np.sqrt(np.diag(M))
+    N = np.abs(M * np.outer(scale, scale))
+    np.fill_diagonal(N, 0.0)
+    return N.max(axis=1) if M.shape[0] > 1 else np.zeros(M.shape[0])
+
+
+def async_sigma_prime(M: np.ndarray, tau: int | None, concurrency: int,
+                      gamma: float = 1.0) -> np.ndarray:
+    """The per-task sigma' that makes updates of staleness <= ``tau`` safe.
+
+    ``sigma'_t = gamma (1 + (tau + concurrency - 1) nu_t)`` with ``nu_t`` of
+    :func:`coupling_max` (module docstring). ``tau=None`` (no staleness bound) is only
+    possible for uncoupled tasks (every ``nu_t = 0``), where sigma' is gamma.
+
+    Raises
+    ------
+    ValueError
+        ``tau`` None while some tasks are coupled, or bad ``tau`` / ``concurrency``.
+    """
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    nu = coupling_max(M)
+    if tau is None:
+        if np.any(nu > 0):
+            raise ValueError("tau (the staleness bound) must be set when tasks are coupled "
+                             "(M has off-diagonal entries)")
+        return np.full(nu.shape, float(gamma))
+    if tau < 0:
+        raise ValueError(f"tau must be >= 0, got {tau}")
+    return gamma * (1.0 + (tau + concurrency - 1) * nu)
+
+
+def safeguard_gamma(ascent: float, curvature: float, cap: float = 1.0) -> float:
+    """The factor in [0, cap] applied to one reply: ``cap`` when the full step does not lower
+    the dual, else the maximiser of ``g ascent - g^2 curvature / 2``.
+
+    That expression is the dual's change when one task's update is applied scaled by g at
+    the current state (module docstring: ``ascent = delta A_t - w_t . d_b``,
+    ``curvature = M_tt |d_b|^2``), so the result never makes the dual worse (g = 0 is
+    allowed). A fresh update (staleness 0) always gets ``cap``: its local subproblem's value
+    ``ascent - sigma' curvature / 2 >= 0`` with ``sigma' >= cap``; so the safeguard leaves
+    MOCHA unchanged wherever a step cannot hurt.
+    """
+    if not (math.isfinite(ascent) and math.isfinite(curvature)) or curvature < 0:
+        return 0.0
+    if cap * (ascent - 0.5 * cap * curvature) >= 0.0:
+        return float(cap)
+    if curvature == 0.0:  # d_b = 0 and a negative conjugate change: nothing to gain
+        return 0.0
+    return float(min(max(ascent / curvature, 0.0), cap))
+
+
+def latency_factor(seed: int, task: int, request: int, sigma: float) -> float:
+    """The log-normal factor ``exp(sigma z)``, z ~ N(0, 1), of task ``task``'s ``request``-th
+    request (1-based) under ``seed`` (1.0 when sigma is 0). Synchronous round k draws the same
+    factor as the k-th request, so both protocols meet the same delays."""
+    if sigma < 0 or not math.isfinite(sigma):
+        raise ValueError(f"latency-sigma must be a finite number >= 0, got {sigma}")
+    if sigma == 0.0:
+        return 1.0
+    z = np.random.default_rng([int(seed), int(task), int(request), TAG_LATENCY]).standard_normal()
+    return float(math.exp(sigma * z))
+
+
+# ----------------------------------------------------------------------------- messages
+
+
+@dataclass(frozen=True)
+class Request:
+    """One unit of work sent to a task's device.
+
+    ``request_id``: unique in the run (>= 1); ``count``: this task's request number k
+    (1-based), which keys the coordinate order as synchronous MOCHA's round k does.
+    ``confirm_id`` / ``confirm_gamma``: the newest request of this task whose reply the
+    server applied (0: none) and the factor it applied, for the device's commit.
+    """
+
+    task: int
+    request_id: int
+    count: int
+    version: int
+    w: np.ndarray
+    m_tt: float
+    sigma_prime: float
+    budget: int
+    seed: int
+    confirm_id: int
+    confirm_gamma: float
+    method: str = "mocha"
+    theta: float = 0.5
+
+
+#: The local solvers: MOCHA's SDCA for ``budget`` steps, or CoCoA's (SDCA until the local
+#: gap falls by ``theta``, at most ``budget`` steps).
+METHODS = ("mocha", "cocoa")
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A device's answer to a :class:`Request`.
+
+    ``d_b = X^T d_alpha / n``; ``delta_dual = (1/n) sum y d_alpha`` (the change of the
+    conjugate term); ``loss_mean``: the mean hinge loss at the request's w; ``dual_mean``:
+    ``(1/n) sum y alpha`` after the commit, before this step; ``state_ok``: False when the
+    device restarted from alpha = 0.
+    """
+
+    task: int
+    request_id: int
+    d_b: np.ndarray
+    delta_dual: float
+    loss_mean: float
+    dual_mean: float
+    steps: int
+    state_ok: bool = True
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the server did with a reply: ``status`` one of ``applied``, ``stale`` (beyond
+    tau), ``unknown`` (no such request in flight: a duplicate, expired or foreign reply) or
+    ``invalid`` (malformed); ``gamma`` the factor applied (0 unless applied) and
+    ``dual_change`` the dual's change it caused."""
+
+    status: str
+    task: int
+    request_id: int
+    staleness: int = 0
+    gamma: float = 0.0
+    dual_change: float = 0.0
+
+
+# ----------------------------------------------------------------------------- device
+
+
+class AsyncDevice:
+    """The device half: one task's data, its dual variables and the commit protocol.
+
+    Parameters
+    ----------
+    task : int
+    X, y : ndarray
+        Training rows (n, d) and labels in {-1, +1}.
+    """
+
+    def __init__(self, task: int, X: np.ndarray, y: np.ndarray) -> None:
+        self.task = int(task)
+        self.X = np.ascontiguousarray(X, dtype=np.float64)
+        self.y = np.asarray(y, dtype=np.float64)
+        self.sqnorm = np.einsum("ij,ij->i", self.X, self.X)
+        self.alpha = np.zeros(self.X.shape[0])
+        self.committed_id = 0
+        self.pending: tuple[int, np.ndarray] | None = None
+
+    def commit(self, confirm_id: int, confirm_gamma: float) -> bool:
+        """Commit the pending step if ``confirm_id`` names it (scaled by ``confirm_gamma``),
+        else discard it; restart from alpha = 0 when the committed state is not the server's.
+        Returns whether the state was kept."""
+        if self.pending is not None and self.pending[0] == confirm_id:
+            a = self.y * (self.alpha + confirm_gamma * self.pending[1])
+            self.alpha = self.y * np.clip(a, 0.0, 1.0)  # in the box by convexity; round-off
+            self.committed_id = confirm_id
+        self.pending = None
+        if self.committed_id != confirm_id:
+            self.alpha = np.zeros_like(self.alpha)
+            self.committed_id = confirm_id
+            return False
+        return True
+
+    def handle(self, request: Request) -> Reply:
+        """Commit, evaluate the loss at the request's w, run the local SDCA, keep the step
+        pending and reply."""
+        state_ok = self.commit(request.confirm_id, request.confirm_gamma)
+        n = self.X.shape[0]
+        loss = mean_hinge_loss(self.X, self.y, request.w)
+        dual_mean = hinge_conjugate_value(self.alpha, self.y)
+        order = coordinate_order(request.seed, self.task, request.count, n)
+        if request.method == "cocoa":
+            d_alpha, d_b, steps, _ = cocoa_local_update(
+                self.X, self.y, self.alpha, request.w, m_tt=request.m_tt,
+                sigma_prime=request.sigma_prime, theta=request.theta, max_steps=request.budget,
+                order=order, sqnorm=self.sqnorm)
+        elif request.method == "mocha":
+            d_alpha, d_b = sdca_local_update(
+                self.X, self.y, self.alpha, request.w, budget=request.budget, m_tt=request.m_tt,
+                sigma_prime=request.sigma_prime, order=order, sqnorm=self.sqnorm)
+            steps = request.budget
+        else:
+            raise ValueError(f"method must be one of {METHODS}, got {request.method!r}")
+        self.pending = (request.request_id, d_alpha)
+        return Reply(self.task, request.request_id, d_b, hinge_conjugate_value(d_alpha, self.y),
+                     loss, dual_mean, int(steps), state_ok)
+
+
+# ----------------------------------------------------------------------------- server
+
+
+@dataclass(frozen=True)
+class Certificate:
+    """``primal`` = P(W_eval) (the models the devices last evaluated their losses on, with
+    the current K), ``dual`` = D(alpha) of the applied replies, ``gap`` = primal - dual."""
+
+    primal: float
+    dual: float
+    gap: float
+
+    @property
+    def relative_gap(self) -> float:
+        return self.gap / max(abs(self.primal), np.finfo(float).tiny)
+
+
+class AsyncMochaServer:
+    """The server half of barrier-free MOCHA (module docstring).
+
+    Parameters
+    ----------
+    state : MochaServerState
+        B, M, W (W = B M kept exact after every reply).
+    budgets : ndarray of shape (m,), int
+        Local SDCA steps per request of each task.
+    concurrency : int
+        The most requests in flight at once (K_c).
+    tau : int or None
+        Staleness bound: a reply more than ``tau`` applied replies behind is rejected. None:
+        unbounded while the tasks are uncoupled; when an Omega-step couples them, ``tau``
+        becomes ``concurrency``.
+    gamma : float
+        MOCHA's aggregation parameter in (0, 1]: the safeguard's largest factor, and
+        sigma''s scale.
+    safeguard : bool
+        Scale each reply by :func:`safeguard_gamma` (True) or apply it with ``gamma``.
+    seed : int
+        The run seed (coordinate orders).
+    method, theta : str, float
+        The devices' local solver (:data:`METHODS`) and CoCoA's theta in (0, 1).
+    """
+
+    def __init__(self, state: MochaServerState, budgets: np.ndarray, *, concurrency: int,
+                 tau: int | None = None, gamma: float = 1.0, safeguard: bool = True,
+                 seed: int = 0, method: str = "mocha", theta: float = 0.5) -> None:
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        self.method, self.theta = method, float(theta)
+        m = state.num_tasks
+        self.state = state
+        self.budgets = np.asarray(budgets, dtype=np.int64)
+        if self.budgets.shape != (m,) or np.any(self.budgets < 0):
+            raise ValueError(f"budgets must be {m} integers >= 0")
+        if not 1 <= concurrency:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        self.concurrency = int(min(concurrency, m))
+        self.tau = tau
+        self.gamma = float(gamma)
+        self.safeguard = bool(safeguard)
+        self.seed = int(seed)
+        self.version = 0
+        self.next_id = 1
+        self.in_flight: dict[int, Request] = {}
+        self.confirm_id = np.zeros(m, dtype=np.int64)
+        self.sent = np.zeros(m, dtype=np.int64)
+        self.confirm_gamma = np.ones(m)
+        self.conjugate = np.zeros(m)  # A_t of the applied replies
+        self.eval_W = np.zeros((state.dim, m))
+        self.eval_loss = np.full(m, np.nan)
+        self.counts = {APPLIED: 0, STALE: 0, UNKNOWN: 0, INVALID: 0, "expired": 0,
+                       "resets": 0}
+        self._refresh_inverse()
+
+    # --- the regulariser and sigma'
+    def _refresh_inverse(self) -> None:
+        if self.tau is None and np.any(coupling_max(self.state.M) > 0):
+            self.tau = self.concurrency
+        self.sigma_prime = async_sigma_prime(self.state.M, self.tau, self.concurrency,
+                                             self.gamma)
+        self.m_diag = self.state.m_diag()
+        self.K = self.state.formulation.regulariser_matrix()
+
+    # --- sending
+    def can_issue(self) -> bool:
+        """Whether one more request may leave now: fewer than ``concurrency`` in flight, and
+        (flow control) every request in flight can still be applied within ``tau`` even if
+        all the others, and the new one, are applied first."""
+        if len(self.in_flight) >= self.concurrency:
+            return False
+        if self.tau is None or not self.in_flight:
+            return True
+        oldest = min(r.version for r in self.in_flight.values())
+        return self.version - oldest + len(self.in_flight) <= self.tau
+
+    def issue(self, task: int) -> Request:
+        """A new request for ``task`` (none of its own may be in flight)."""
+        task = int(task)
+        if task in self.in_flight:
+            raise RuntimeError(f"task {task} already has request "
+                               f"{self.in_flight[task].request_id} in flight")
+        self.sent[task] += 1
+        request = Request(task, self.next_id, int(self.sent[task]), self.version,
+                          self.state.W[:, task].copy(),
+                          float(self.m_diag[task]), float(self.sigma_prime[task]),
+                          int(self.budgets[task]), self.seed, int(self.confirm_id[task]),
+                          float(self.confirm_gamma[task]), self.method, self.theta)
+        self.next_id += 1
+        self.in_flight[task] = request
+        return request
+
+    def expire(self, task: int, request_id: int) -> bool:
+        """Give up on a request (lost, or past its deadline): theta = 1. False if it was not
+        in flight (already answered or expired)."""
+        request = self.in_flight.get(int(task))
+        if request is None or request.request_id != request_id:
+            return False
+        del self.in_flight[int(task)]
+        self.counts["expired"] += 1
+        return True
+
+    def reject(self, task: int, request_id: int) -> Outcome | None:
+        """A reply to a request in flight that could not be read (the trust boundary
+        rejected it): the request ends as ``invalid`` (theta = 1). None if no such request
+        is in flight."""
+        request = self.in_flight.get(int(task))
+        if request is None or request.request_id != request_id:
+            return None
+        del self.in_flight[request.task]
+        return self._count(Outcome(INVALID, request.task, request.request_id,
+                                   self.version - request.version))
+
+    # --- receiving
+    def receive(self, reply: Reply) -> Outcome:
+        """Apply one reply at the current state (or reject it); never raises on its content."""
+        request = self.in_flight.get(int(reply.task))
+        if request is None or request.request_id != reply.request_id:
+            return self._count(Outcome(UNKNOWN, int(reply.task), int(reply.request_id)))
+        del self.in_flight[request.task]
+        staleness = self.version - request.version
+        if not self._well_formed(reply):
+            return self._count(Outcome(INVALID, request.task, request.request_id, staleness))
+        if self.tau is not None and staleness > self.tau:
+            return self._count(Outcome(STALE, request.task, request.request_id, staleness))
+        return self._count(self._apply(request, reply, staleness))
+
+    def _well_formed(self, reply: Reply) -> bool:
+        d_b = np.asarray(reply.d_b)
+        scalars = (reply.delta_dual, reply.loss_mean, reply.dual_mean)
+        return (d_b.shape == (self.state.dim,) and bool(np.all(np.isfinite(d_b)))
+                and all(math.isfinite(float(v)) for v in scalars)
+                and abs(float(reply.delta_dual)) <= 1.0 and float(reply.loss_mean) >= 0.0)
+
+    def _apply(self, request: Request, reply: Reply, staleness: int) -> Outcome:
+        t = request.task
+        dual_before = self.dual()
+        if not reply.state_ok:
+            self.state.reset_tasks(np.array([t]))
+            self.conjugate[t] = 0.0
+            self.counts["resets"] += 1
+        d_b = np.asarray(reply.d_b, dtype=np.float64)
+        ascent = float(reply.delta_dual) - float(self.state.W[:, t] @ d_b)
+        curvature = float(self.m_diag[t] * (d_b @ d_b))
+        g = safeguard_gamma(ascent, curvature, self.gamma) if self.safeguard else self.gamma
+        if g > 0.0:
+            self.state.add_updates(np.array([t]), (g * d_b)[:, None])
+            self.conjugate[t] += g * float(reply.delta_dual)
+        self.version += 1
+        self.confirm_id[t] = request.request_id
+        self.confirm_gamma[t] = g
+        self.eval_W[:, t] = request.w
+        self.eval_loss[t] = float(reply.loss_mean)
+        return Outcome(APPLIED, t, request.request_id, staleness, g, self.dual() - dual_before)
+
+    def _count(self, outcome: Outcome) -> Outcome:
+        self.counts[outcome.status] += 1
+        return outcome
+
+    # --- objectives
+    def dual(self) -> float:
+        """D(alpha) = sum_t A_t - (1/2) tr(B M B^T) of the applied replies."""
+        return float(self.conjugate.sum()) - self.state.regulariser()
+
+    def certificate(self) -> Certificate | None:
+        """The certified gap (module docstring); None until every task has evaluated once."""
+        if np.any(np.isnan(self.eval_loss)):
+            return None
+        reg = 0.5 * float(np.einsum("ij,ij->", self.eval_W @ self.K, self.eval_W))
+        primal = float(self.eval_loss.sum()) + reg
+        dual = self.dual()
+        return Certificate(primal, dual, primal - dual)
+
+    # --- Omega
+    def omega_step(self) -> None:
+        """Omega-step (only with nothing in flight: drain first), then sigma' and K."""
+        if self.in_flight:
+            raise RuntimeError(f"{len(self.in_flight)} requests in flight: drain before the "
+                               "Omega-step")
+        self.state.omega_step()
+        self._refresh_inverse()
+
+
+# ----------------------------------------------------------------------------- simulation
+
+
+@dataclass
+class Run:
+    """The result of a simulation: the server (the state, for a synchronous run), the
+    devices, one record per event that
+    changed the state (``time_s``, ``applied``, ``status``, ``task``, ``staleness``, ``gamma``,
+    ``dual``, and ``primal``, ``gap`` once certified) and the final virtual time."""
+
+    server: Any
+    devices: list[AsyncDevice]
+    records: list[dict[str, Any]] = field(default_factory=list)
+    virtual_time_s: float = 0.0
+    alphas: list[np.ndarray] | None = None
+
+    def dual_variables(self) -> list[np.ndarray]:
+        """Each task's committed dual variables (the devices', or the synchronous run's)."""
+        return self.alphas if self.alphas is not None else [d.alpha for d in self.devices]
+
+    def time_to_gap(self, relative_gap: float) -> float | None:
+        """Virtual time of the first record whose certified relative gap is <= the target."""
+        for r in self.records:
+            if r.get("gap") is not None and r["gap"] <= relative_gap * abs(r["primal"]):
+                return r["time_s"]
+        return None
+
+
+def _formulation(tasks: Sequence[TaskArrays], formulation: Formulation | None, lam: float,
+                 omega: str, options: dict[str, Any]) -> Formulation:
+    return formulation if formulation is not None else make_formulation(
+        omega, len(tasks), lam=lam, **options)
+
+
+def _budgets(tasks: Sequence[TaskArrays], local_frac: float) -> np.ndarray:
+    n = np.array([X.shape[0] for X, _ in tasks], dtype=np.int64)
+    return np.maximum(np.floor(local_frac * n), 1).astype(np.int64)
+
+
+class _Clock:
+    """The virtual clock's event queue: (time, sequence, kind, payload)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[float, int, str, Any]] = []
+        self.seq = 0
+        self.now = 0.0
+
+    def at(self, time_s: float, kind: str, payload: Any) -> None:
+        heapq.heappush(self.events, (time_s, self.seq, kind, payload))
+        self.seq += 1
+
+    def next(self) -> tuple[str, Any]:
+        self.now, _, kind, payload = heapq.heappop(self.events)
+        return kind, payload
+
+
+def simulate_async_mocha(
+    tasks: Sequence[TaskArrays],
+    seconds: np.ndarray,
+    *,
+    lam: float = 0.1,
+    omega: str = "identity",
+    formulation: Formulation | None = None,
+    formulation_options: dict[str, Any] | None = None,
+    replies: int,
+    concurrency: int | None = None,
+    tau: int | None = None,
+    latency_sigma: float = 0.0,
+    gamma: float = 1.0,
+    safeguard: bool = True,
+    local_frac: float = 1.0,
+    omega_every: int = 0,
+    seed: int = 0,
+    deliver: Callable[[Request, Reply], Sequence[Reply | Rejected]] | None = None,
+    timeout_s: float | None = None,
+    stop_relative_gap: float | None = None,
+    on_event: Callable[[Run, dict[str, Any]], None] | None = None,
+    method: str = "mocha",
+    theta: float = 0.5,
+) -> Run:
+    """Run barrier-free MOCHA on a virtual clock until ``replies`` replies are applied.
+
+    Parameters
+    ----------
+    tasks : sequence of (X, y)
+        Each task's training data (one device each).
+    seconds : ndarray of shape (m,)
+        Eq. (30)'s time of one request of each task (before the latency factor).
+    lam, omega, formulation, formulation_options
+        The regulariser, as for :func:`fmtl_flower.centralized.fit_mocha`.
+    replies : int
+        Applied replies to run (``rounds x m`` for the work of ``rounds`` synchronous rounds);
+        the run also ends after ``10 x replies + m`` requests (e.g. a timeout shorter than
+        every request).
+    concurrency, tau, gamma, safeguard
+        See :class:`AsyncMochaServer` (``concurrency`` None: every task).
+    latency_sigma : float
+        sigma of the log-normal latency factor (0: deterministic).
+    local_frac : float
+        Local steps per request as a fraction of n_t.
+    omega_every : int
+        An Omega-step every ``omega_every x m`` applied replies (0: never), after draining.
+    deliver : callable, optional
+        ``deliver(request, reply) -> replies`` decides what reaches the server (tests: lose,
+        duplicate, tamper); each delivered reply arrives at the request's finish time, in
+        order. By default the reply itself.
+    timeout_s : float, optional
+        A request still unanswered this long after it left expires (theta = 1). Default:
+        10 times the slowest nominal request time.
+    stop_relative_gap : float, optional
+        Stop early once the certified relative gap is at most this.
+    on_event : callable, optional
+        Called with the run (server and devices) and each new record.
+    method, theta : str, float
+        ``mocha`` (SDCA for the budget) or ``cocoa`` (the CoCoA baseline: SDCA until the local
+        gap falls by ``theta``).
+    """
+    m = len(tasks)
+    seconds = np.broadcast_to(np.asarray(seconds, dtype=np.float64), (m,))
+    state = MochaServerState.zeros(tasks[0][0].shape[1], _formulation(
+        tasks, formulation, lam, omega, formulation_options or {}))
+    server = AsyncMochaServer(state, _budgets(tasks, local_frac),
+                              concurrency=m if concurrency is None else concurrency, tau=tau,
+                              gamma=gamma, safeguard=safeguard, seed=seed, method=method,
+                              theta=theta)
+    devices = [AsyncDevice(t, X, y) for t, (X, y) in enumerate(tasks)]
+
+    def transport(request: Request) -> list[Reply | Rejected]:
+        reply = devices[request.task].handle(request)
+        return [reply] if deliver is None else list(deliver(request, reply))
+
+    return run_protocol(Run(server, devices), seconds, transport, replies=replies,
+                        latency_sigma=latency_sigma, seed=seed, omega_every=omega_every,
+                        timeout_s=timeout_s, stop_relative_gap=stop_relative_gap,
+                        on_event=on_event)
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """What a transport delivers for a reply it could not read (the trust boundary rejected
+    it): the server counts it ``invalid`` (theta = 1)."""
+
+    task: int
+    request_id: int
+
+
+#: ``transport(request) -> deliveries``: sends one request and returns what will reach the
+#: server at the request's virtual finish time, in order (a reply, a rejection, copies, or
+#: nothing for a lost one).
+Transport = Callable[[Request], Sequence["Reply | Rejected"]]
+
+
+def run_protocol(run: Run, seconds: np.ndarray, transport: Transport, *, replies: int,
+                 latency_sigma: float = 0.0, seed: int = 0, omega_every: int = 0,
+                 timeout_s: float | None = None, stop_relative_gap: float | None = None,
+                 on_event: Callable[[Run, dict[str, Any]], None] | None = None) -> Run:
+    """The protocol's event loop on the virtual clock, for any transport.
+
+    :func:`simulate_async_mocha` calls the devices directly; the Flower strategy
+    (:mod:`fmtl_flower.strategies.async_mocha`) sends messages through a Grid. Both give the
+    same records for the same seed. Arguments as for :func:`simulate_async_mocha`; ``run``
+    holds the server (and, for checks, the devices) and receives the records.
+    """
+    server = run.server
+    m = server.state.num_tasks
+    seconds = np.broadcast_to(np.asarray(seconds, dtype=np.float64), (m,))
+    timeout = 10.0 * float(seconds.max()) if timeout_s is None else float(timeout_s)
+    clock, idle = _Clock(), deque(range(m))
+    omega_due = omega_every * m if omega_every > 0 else 0
+    draining = False
+
+    def push(task: int) -> None:
+        request = server.issue(task)
+        duration = seconds[task] * latency_factor(seed, task, request.count, latency_sigma)
+        for delivery in transport(request):
+            clock.at(clock.now + duration, "reply", delivery)
+        clock.at(clock.now + timeout, "expire", (task, request.request_id))
+
+    def fill() -> None:
+        while not draining and idle and server.can_issue():
+            push(idle.popleft())
+
+    fill()
+    max_requests = 10 * replies + m  # a time-out that no request ever meets must end too
+    while clock.events and server.counts[APPLIED] < replies and server.next_id <= max_requests:
+        kind, payload = clock.next()
+        if kind == "expire":
+            outcome = Outcome("expired", *payload) if server.expire(*payload) else None
+        elif isinstance(payload, Rejected):
+            outcome = server.reject(payload.task, payload.request_id)
+        else:
+            outcome = server.receive(payload)
+        if outcome is None or outcome.status == UNKNOWN:
+            continue
+        idle.append(outcome.task)
+        record = _record(server, clock.now, outcome)
+        run.records.append(record)
+        if on_event is not None:
+            on_event(run, record)
+        if stop_relative_gap is not None and record.get("gap") is not None \
+                and record["gap"] <= stop_relative_gap * abs(record["primal"]):
+            break
+        applied = server.counts[APPLIED]
+        if omega_due and outcome.status == APPLIED and applied % omega_due == 0 \
+                and applied < replies:
+            draining = True
+        if draining and not server.in_flight:
+            server.omega_step()
+            draining = False
+        fill()
+    run.virtual_time_s = clock.now
+    return run
+
+
+def _record(server: AsyncMochaServer, time_s: float, outcome: Outcome) -> dict[str, Any]:
+    cert = server.certificate()
+    applied = server.counts[APPLIED]
+    return {"time_s": time_s, "applied": applied, "round": applied // server.state.num_tasks,
+            "status": outcome.status,
+            "task": outcome.task, "staleness": outcome.staleness, "gamma": outcome.gamma,
+            "dual": server.dual(), "primal": None if cert is None else cert.primal,
+            "gap": None if cert is None else cert.gap}
+
+
+# ----------------------------------------------------------------------------- synchronous
+
+
+def steps_by_deadline(budget: int, seconds: float, deadline: float | None,
+                      comm_s: float) -> int:
+    """Steps a device that needs ``seconds`` for ``budget`` steps (``comm_s`` of it
+    communication, scaled alike) completes within ``deadline``: all of them without a
+    deadline, 0 when even its communication misses it (it cannot reply: dropped)."""
+    if deadline is None or seconds <= deadline:
+        return int(budget)
+    compute = seconds - comm_s
+    if comm_s >= deadline or compute <= 0:
+        return 0
+    return int(math.floor(budget * (deadline - comm_s) / compute))
+
+
+def simulate_sync_mocha(
+    tasks: Sequence[TaskArrays],
+    seconds: np.ndarray,
+    comm_seconds: np.ndarray,
+    *,
+    lam: float = 0.1,
+    omega: str = "identity",
+    formulation_options: dict[str, Any] | None = None,
+    rounds: int,
+    deadline: float | None = None,
+    latency_sigma: float = 0.0,
+    gamma: float = 1.0,
+    sigma_mode: str = "global",
+    local_frac: float = 1.0,
+    seed: int = 0,
+    stop_relative_gap: float | None = None,
+) -> Run:
+    """Synchronous MOCHA (fixed Omega) on the same virtual clock and latency draws.
+
+    Round k: task t's device would need ``seconds[t] x latency_factor(seed, t, k)``; with a
+    ``deadline`` it does the steps that fit (:func:`steps_by_deadline`; 0 fitting: dropped)
+    and the round lasts ``min(deadline, slowest reply)`` (until the deadline if any device
+    is dropped: the server cannot tell it from a slow one). Updates are applied together
+    with Lemma 9's sigma' (``sigma_mode``). Certificate as the asynchronous one: the primal
+    at the models the devices evaluated their losses on (each round's start models, kept
+    for a dropped device from its last round), the dual after the round.
+    """
+    m = len(tasks)
+    seconds = np.broadcast_to(np.asarray(seconds, dtype=np.float64), (m,))
+    comm_seconds = np.broadcast_to(np.asarray(comm_seconds, dtype=np.float64), (m,))
+    state = MochaServerState.zeros(tasks[0][0].shape[1], make_formulation(
+        omega, m, lam=lam, gamma=gamma, **(formulation_options or {})))
+    budgets = _budgets(tasks, local_frac)
+    alphas = [np.zeros(X.shape[0]) for X, _ in tasks]
+    sqnorms = [np.einsum("ij,ij->i", X, X) for X, _ in tasks]
+    eval_W, eval_loss = np.zeros((state.dim, m)), np.full(m, np.nan)
+    K, m_diag, sigma_p = (state.formulation.regulariser_matrix(), state.m_diag(),
+                          state.sigma_prime(sigma_mode))
+    run, now = Run(state, [], alphas=alphas), 0.0
+    for k in range(1, rounds + 1):
+        delta_B, longest = np.zeros((state.dim, m)), 0.0
+        for t, (X, y) in enumerate(tasks):
+            f = latency_factor(seed, t, k, latency_sigma)
+            steps = steps_by_deadline(int(budgets[t]), seconds[t] * f, deadline,
+                                      comm_seconds[t] * f)
+            # a device cut to the deadline replies at it; a dropped one holds the round there
+            longest = max(longest, seconds[t] * f if deadline is None
+                          else min(seconds[t] * f, deadline) if steps else deadline)
+            if steps == 0:
+                continue
+            eval_W[:, t] = state.W[:, t]
+            eval_loss[t] = mean_hinge_loss(X, y, state.W[:, t])
+            d_alpha, d_b = sdca_local_update(
+                X, y, alphas[t], state.W[:, t].copy(), budget=steps, m_tt=float(m_diag[t]),
+                sigma_prime=float(sigma_p[t]), order=coordinate_order(seed, t, k, X.shape[0]),
+                sqnorm=sqnorms[t])
+            alphas[t] += gamma * d_alpha
+            delta_B[:, t] = gamma * d_b
+        state.add_updates(np.arange(m), delta_B)
+        now += longest
+        dual = sum(hinge_conjugate_value(a, y) for a, (_, y) in zip(alphas, tasks, strict=True)) \
+            - state.regulariser()
+        record = {"time_s": now, "applied": k * m, "round": k, "dual": dual,
+                  "primal": None, "gap": None}
+        if not np.any(np.isnan(eval_loss)):
+            primal = float(eval_loss.sum()) + 0.5 * float(np.einsum("ij,ij->", eval_W @ K, eval_W))
+            record.update(primal=primal, gap=primal - dual)
+        run.records.append(record)
+        if stop_relative_gap is not None and record["gap"] is not None \
+                and record["gap"] <= stop_relative_gap * abs(record["primal"]):
+            break
+    run.virtual_time_s = now
+    return run

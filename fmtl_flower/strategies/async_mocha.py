@@ -1,0 +1,346 @@
+"""Barrier-free MOCHA (issue 28) as a Flower ``Strategy``, on a virtual clock.
+
+The protocol, its guarantees and their proofs are in :mod:`fmtl_flower.core.async_mocha` and
+``docs/guides/async-mocha.md``. This module carries it over Flower's Message API: each request
+is one ``train`` message pushed to the task's node (``Grid.push_messages``), its reply is
+pulled (``Grid.pull_messages``) and read through the trust boundary
+(:class:`~fmtl_flower.strategies.trust.ReplyBoundary`: anything wrong with a reply is a logged
+rejection, theta = 1, never an exception), and the event loop of
+:func:`~fmtl_flower.core.async_mocha.run_protocol` applies the replies in the order of their
+virtual finish times. So for the same seed the records equal those of
+:func:`~fmtl_flower.core.async_mocha.simulate_async_mocha` (a test checks it in-process).
+
+Wire contract
+-------------
+query ``whoami``: as MOCHA's (:mod:`fmtl_flower.strategies.mocha`): ConfigRecord ``info``
+    with ``task-id``, ``n-train``, ``n-test``, ``dim``, ``max-row-norm``.
+
+``train`` (server -> node): arrays ``w`` float64 (d,), the task's model at the current
+    version; config ``task-id`` int, ``request-id`` int >= 1 (unique in the run), ``count``
+    int >= 1 (the task's request number; keys the coordinate order), ``m-tt`` float > 0,
+    ``sigma-prime`` float > 0, ``budget`` int >= 0, ``seed`` int, ``confirm-id`` int >= 0
+    (the task's newest request whose reply was applied, 0: none), ``confirm-gamma`` float
+    in [0, 1] (the factor it was applied with), ``method`` str (``mocha``: SDCA for the
+    budget; ``cocoa``: until the local gap falls by ``theta`` float, at most the budget).
+    Reply: arrays ``delta-b`` float64 (d,); metrics
+    ``task-id``, ``request-id``, ``delta-dual-mean`` (the change of the conjugate term,
+    |.| <= 1), ``loss-mean`` (>= 0, at the w received), ``dual-mean`` (in [0, 1], after the
+    commit), ``steps`` (int), ``state-ok`` (0/1).
+
+Every reply is validated (keys, dtypes, shapes, finite values, matching task and request) and
+|delta-b| is bounded by the task's ``max-row-norm`` times min(budget, n) / n, as MOCHA's.
+
+Scope of this version: the virtual clock only (in-process engine; on Ray each request is
+pulled before the next event, so the wall-clock run is serial); fixed Omega or Omega-steps
+with draining; no checkpoints, packed nodes, robust-mode statistics or deployment real-time
+mode yet.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from logging import INFO, WARNING
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from ..core.async_mocha import (
+    APPLIED,
+    AsyncMochaServer,
+    Rejected,
+    Reply,
+    Request,
+    Run,
+    run_protocol,
+)
+from ..core.formulations import make_formulation
+from ..core.mocha import MochaServerState
+from ..systems.timing import node_times
+from ..wire import array_record, config_record, from_array, message, record_dict
+from .discovery import ReplyError, arrays_of, read_metrics
+from .trust import BOUND_SLACK, ReplyBoundary, ReplyContract
+
+if TYPE_CHECKING:
+    from ..settings import MochaSettings
+
+NAME = "AsyncMocha"
+TRAIN_METRICS = ("task-id", "request-id", "delta-dual-mean", "loss-mean", "dual-mean", "steps",
+                 "state-ok")
+REPLY_CONTRACTS = {"train": ReplyContract.of(TRAIN_METRICS, {"delta-b": ("d",)})}
+
+
+class AsyncMocha(Strategy):
+    """Barrier-free MOCHA: no round barrier, a certified gap (module docstring).
+
+    Parameters
+    ----------
+    lam : float
+        lambda > 0.
+    omega : str
+        The formulation (:mod:`fmtl_flower.core.formulations`); ``formulation_options`` its
+        other arguments (``lam2``, ...).
+    concurrency : int or None
+        The most requests in flight (None: every task).
+    tau : int or None
+        Staleness bound (None: unbounded while the tasks are uncoupled).
+    latency_sigma : float
+        The virtual clock's log-normal factor (0: deterministic eq. (30) times).
+    gamma : float
+        MOCHA's aggregation parameter in (0, 1].
+    local_frac : float
+        Local SDCA steps per request as a fraction of n_t.
+    omega_every : int
+        Omega-steps every ``omega_every x m`` applied replies (0: never), after draining.
+    network, time_model : str
+        Eq. (30)'s link and table (:mod:`fmtl_flower.systems.timing`).
+    request_timeout_s : float or None
+        Virtual seconds after which a request expires (None: 10 x the slowest request).
+    pull_timeout_s : float
+        Real seconds to wait for a pushed message's reply before counting it lost.
+    seed : int
+        The run seed.
+    method, theta : str, float
+        ``mocha``, or ``cocoa`` (the CoCoA baseline) with its theta in (0, 1).
+    on_round : callable, optional
+        Called with the record that completes each ``m`` applied replies (a "round" of work).
+    """
+
+    def __init__(self, *, lam: float = 0.1, omega: str = "identity",
+                 formulation_options: dict[str, Any] | None = None,
+                 concurrency: int | None = None, tau: int | None = None,
+                 latency_sigma: float = 0.0, gamma: float = 1.0, local_frac: float = 1.0,
+                 omega_every: int = 0, network: str = "lte", time_model: str = "physical",
+                 request_timeout_s: float | None = None, pull_timeout_s: float = 600.0,
+                 seed: int = 0, method: str = "mocha", theta: float = 0.5,
+                 on_round: Callable[[dict[str, Any]], None] | None = None) -> None:
+        if concurrency is not None and concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1 (or None: every task), got {concurrency}")
+        if tau is not None and tau < 0:
+            raise ValueError(f"tau must be >= 0 (or None: unbounded), got {tau}")
+        if not (math.isfinite(latency_sigma) and latency_sigma >= 0):
+            raise ValueError(f"latency_sigma must be a finite number >= 0, got {latency_sigma}")
+        self.lam, self.omega = lam, omega
+        self.formulation_options = dict(formulation_options or {})
+        self.concurrency, self.tau, self.latency_sigma = concurrency, tau, latency_sigma
+        self.gamma, self.local_frac, self.omega_every = gamma, local_frac, omega_every
+        self.network, self.time_model = network, time_model
+        self.request_timeout_s, self.pull_timeout_s = request_timeout_s, pull_timeout_s
+        self.seed, self.method, self.theta, self.on_round = seed, method, theta, on_round
+        self.replies = ReplyBoundary(NAME, REPLY_CONTRACTS, sizes=lambda: {"d": self.dim})
+        self.dim = 0
+        self.run: Run | None = None
+
+    @classmethod
+    def from_settings(cls, settings: MochaSettings,
+                      on_round: Callable[[dict[str, Any]], None] | None = None) -> AsyncMocha:
+        """The strategy of ``fmtl run async-mocha`` / ``async-cocoa``: MOCHA's settings
+        (lambda, the formulation and its options, local-frac, network, time model, gamma,
+        theta, seed) and ``concurrency``, ``tau``, ``latency_sigma``. MOCHA's systems
+        settings (sys-het, drop-prob, clock-cycle, ...) do not apply."""
+        options = {k: v for k, v in settings.formulation_options.items() if k != "gamma"}
+        return cls(lam=settings.lam, omega=settings.omega, formulation_options=options,
+                   concurrency=settings.concurrency, tau=settings.tau,
+                   latency_sigma=settings.latency_sigma, gamma=settings.gamma,
+                   local_frac=settings.local_frac, omega_every=settings.omega_every,
+                   network=settings.network, time_model=settings.time_model,
+                   seed=settings.seed, theta=settings.theta, on_round=on_round,
+                   method="cocoa" if settings.method == "async-cocoa" else "mocha")
+
+    # Strategy's round-based interface: not used (there are no rounds) -----------------------
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        raise NotImplementedError("AsyncMocha has no rounds: run it with start()")
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> Any:
+        raise NotImplementedError("AsyncMocha has no rounds: run it with start()")
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        raise NotImplementedError("AsyncMocha has no rounds: run it with start()")
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Any:
+        raise NotImplementedError("AsyncMocha has no rounds: run it with start()")
+
+    def summary(self) -> None:
+        """Log the settings."""
+        log(INFO, "%s: lambda=%g omega=%s concurrency=%s tau=%s latency-sigma=%g", NAME,
+            self.lam, self.omega, self.concurrency, self.tau, self.latency_sigma)
+
+    # the run ---------------------------------------------------------------------------------
+    def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int = 3,
+              timeout: float = 3600) -> Result:
+        """Discover the tasks, then apply ``num_rounds x m`` replies on the virtual clock.
+
+        Returns Flower's ``Result``; ``self.results()`` holds the records and ``final``
+        (``primal``, ``dual``, ``gap``, ``virtual_time_s``).
+        """
+        if not isinstance(num_rounds, int) or num_rounds < 1:
+            raise ValueError(f"num_rounds must be an int >= 1, got {num_rounds!r}")
+        self.summary()
+        nodes, info = self._discover(grid, timeout)
+        m = len(nodes)
+        n = np.array([info[t]["n-train"] for t in range(m)], dtype=np.int64)
+        self.dim = int(info[0]["dim"])
+        self.row_norm = np.array([info[t]["max-row-norm"] for t in range(m)])
+        budgets = np.maximum(np.floor(self.local_frac * n), 1).astype(np.int64)
+        self.budgets, self.n = budgets, n
+        seconds = node_times(budgets, self.dim, "mocha", self.network, model=self.time_model)
+        formulation = make_formulation(self.omega, m, lam=self.lam, **self.formulation_options)
+        server = AsyncMochaServer(MochaServerState.zeros(self.dim, formulation), budgets,
+                                  concurrency=m if self.concurrency is None else self.concurrency,
+                                  tau=self.tau, gamma=self.gamma, seed=self.seed,
+                                  method=self.method, theta=self.theta)
+        self.run = Run(server, [])
+        transport = _GridTransport(self, grid, nodes)
+        run_protocol(self.run, seconds, transport, replies=num_rounds * m,
+                     latency_sigma=self.latency_sigma, seed=self.seed,
+                     omega_every=self.omega_every, timeout_s=self.request_timeout_s,
+                     on_event=lambda run, record: self._on_event(record, m))
+        result = Result()
+        result.arrays = ArrayRecord({"W": array_record({"W": server.state.W})["W"]})
+        final = self.results()["final"]
+        result.evaluate_metrics_serverapp[num_rounds] = MetricRecord(
+            {k: v for k, v in final.items() if isinstance(v, (int, float))})
+        return result
+
+    def _on_event(self, record: dict[str, Any], m: int) -> None:
+        """Log, and pass each completed round's record (m more replies applied) to
+        ``on_round``."""
+        _log_record(record, m)
+        if self.on_round is not None and record["status"] == APPLIED \
+                and record["applied"] % m == 0:
+            self.on_round(record)
+
+    def results(self) -> dict[str, Any]:
+        """``rounds``: one time-stamped record per reply event (``time_s`` virtual seconds,
+        ``applied``, ``round`` = applied // m, ``status``, ``task``, ``staleness``, ``gamma``,
+        ``dual``, ``primal``, ``gap``), and ``final`` (``primal``, ``dual``, ``gap`` of the
+        certificate, ``virtual_time_s``, ``round``, the reply counts)."""
+        if self.run is None:
+            return {"rounds": [], "final": {}}
+        server, records = self.run.server, self.run.records
+        cert = server.certificate()
+        m = server.state.num_tasks
+        final = {"round": server.counts[APPLIED] // m,
+                 "primal": None if cert is None else cert.primal, "dual": server.dual(),
+                 "gap": None if cert is None else cert.gap,
+                 "virtual_time_s": self.run.virtual_time_s,
+                 "replies_applied": server.counts[APPLIED], **{
+                     f"replies_{k}": v for k, v in server.counts.items() if k != APPLIED}}
+        return {"rounds": records, "final": final}
+
+    def _discover(self, grid: Grid, timeout: float) -> tuple[list[int], dict[int, dict]]:
+        """Ask every node ``whoami``; tasks must be 0 .. m-1 with one node each."""
+        self.replies.begin()
+        sent = [self.replies.track(-1 - i, node, message(record_dict({}), node, "query.whoami"))
+                for i, node in enumerate(grid.get_node_ids())]
+        by_node = {msg.metadata.dst_node_id: -1 - i for i, msg in enumerate(sent)}
+        replies = grid.send_and_receive(sent, timeout=timeout)
+        got = self.replies.read("setup", replies, _parse_whoami)
+        info = {v["task-id"]: {**v, "node": node} for node, slot in by_node.items()
+                if (v := got.accepted.get(slot)) is not None}
+        m = len(info)
+        if m == 0 or sorted(info) != list(range(m)):
+            raise RuntimeError(f"{NAME}: tasks must be 0 .. m-1 with one node each, found "
+                               f"{sorted(info)}")
+        dims = {v["dim"] for v in info.values()}
+        if len(dims) != 1:
+            raise RuntimeError(f"{NAME}: nodes disagree on the dimension: {sorted(dims)}")
+        return [info[t]["node"] for t in range(m)], info
+
+    def parse_train(self, reply: Message, request: Request) -> Reply:
+        """Decode and check one ``train`` reply (raises on anything wrong)."""
+        values = read_metrics(reply, ints=("task-id", "request-id", "steps", "state-ok"),
+                              numbers=("delta-dual-mean", "loss-mean", "dual-mean"))
+        if values["task-id"] != request.task or values["request-id"] != request.request_id:
+            raise ReplyError(f"reply for task {values['task-id']} request "
+                             f"{values['request-id']}, expected {request.task} "
+                             f"{request.request_id}")
+        arrays = arrays_of(reply)
+        if arrays is None or "delta-b" not in arrays:
+            raise ReplyError("no array 'delta-b'")
+        d_b = from_array(arrays["delta-b"])
+        if d_b.dtype != np.float64 or d_b.shape != (self.dim,) or not np.isfinite(d_b).all():
+            raise ReplyError(f"'delta-b' must be finite float64 ({self.dim},)")
+        t = request.task
+        bound = self.row_norm[t] * min(request.budget, self.n[t]) / self.n[t]
+        if float(np.linalg.norm(d_b)) > bound * BOUND_SLACK:
+            raise ReplyError(f"|delta-b| {np.linalg.norm(d_b):.3g} above its bound {bound:.3g}")
+        if abs(values["delta-dual-mean"]) > 1 or values["loss-mean"] < 0 \
+                or not 0 <= values["dual-mean"] <= 1 or values["state-ok"] not in (0, 1):
+            raise ReplyError("delta-dual-mean, loss-mean, dual-mean or state-ok out of range")
+        return Reply(t, request.request_id, d_b, float(values["delta-dual-mean"]),
+                     float(values["loss-mean"]), float(values["dual-mean"]),
+                     int(values["steps"]), bool(values["state-ok"]))
+
+
+class _GridTransport:
+    """Sends a request as a ``train`` message and returns what the boundary made of its
+    reply: a :class:`Reply`, a :class:`Rejected`, or nothing (no reply in time: lost)."""
+
+    def __init__(self, strategy: AsyncMocha, grid: Grid, nodes: list[int]) -> None:
+        self.strategy, self.grid, self.nodes = strategy, grid, nodes
+
+    def __call__(self, request: Request) -> list[Reply | Rejected]:
+        s, node = self.strategy, self.nodes[request.task]
+        config = config_record({
+            "task-id": request.task, "request-id": request.request_id, "count": request.count,
+            "m-tt": request.m_tt, "sigma-prime": request.sigma_prime, "budget": request.budget,
+            "seed": request.seed, "confirm-id": request.confirm_id,
+            "confirm-gamma": request.confirm_gamma, "method": request.method,
+            "theta": request.theta})
+        msg = message(record_dict({"arrays": array_record({"w": request.w}), "config": config}),
+                      node, "train")
+        s.replies.begin()
+        s.replies.track(request.task, node, msg)
+        ids = list(self.grid.push_messages([msg]))
+        replies = self._pull(ids)
+        got = s.replies.read(f"request {request.request_id}", replies,
+                             lambda reply, _task: {"reply": s.parse_train(reply, request)})
+        if request.task in got.accepted:
+            return [got.accepted[request.task]["reply"]]
+        if request.task in got.failed:
+            return [Rejected(request.task, request.request_id)]
+        return []
+
+    def _pull(self, ids: list[str]) -> list[Message]:
+        deadline = time.monotonic() + self.strategy.pull_timeout_s
+        while ids:
+            replies = list(self.grid.pull_messages(ids))
+            if replies or time.monotonic() > deadline:
+                return replies
+            time.sleep(0.01)
+        return []
+
+
+def _parse_whoami(reply: Message, _slot: int) -> dict[str, Any]:
+    if "info" not in reply.content:
+        raise ReplyError("no 'info' record")
+    info = dict(reply.content["info"].items())
+    out = {}
+    for key, kind in (("task-id", int), ("n-train", int), ("dim", int),
+                      ("max-row-norm", float)):
+        value = info.get(key)
+        if kind is float and type(value) is int:
+            value = float(value)
+        if type(value) is not kind or (kind is float and not math.isfinite(value)):
+            raise ReplyError(f"'{key}' missing or not a {kind.__name__}")
+        out[key] = value
+    if out["task-id"] < 0 or out["n-train"] < 1 or out["dim"] < 1 or out["max-row-norm"] < 0:
+        raise ReplyError("task-id, n-train, dim or max-row-norm out of range")
+    return out
+
+
+def _log_record(record: dict[str, Any], m: int) -> None:
+    applied = record["applied"]
+    if record["status"] != APPLIED:
+        log(WARNING, "%s: task %d's reply %s", NAME, record["task"], record["status"])
+    elif applied % m == 0 and record["gap"] is not None:
+        log(INFO, "%s: %d replies applied (%.2f rounds), t = %.3f s, gap %.3e", NAME, applied,
+            applied / m, record["time_s"], record["gap"])
