@@ -31,6 +31,11 @@ process: Flower's runtime imports, the app, the data, the solver, the reply. The
 record the largest RSS and PSS seen of a SuperNode, a SuperExec and a ClientApp process
 (``peak_rss_mb``, ``peak_pss_mb``; a sample every 0.2 s, so a short peak can be missed).
 
+With ``--phases``, every ClientApp process runs under ``benchmarks/clientapp_phases.py`` (put
+first on the SuperNodes' ``PATH`` as ``flwr-clientapp``) and each line adds ``cpu_phases_s``:
+the mean CPU seconds per process of each phase of a message (Flower's runtime imports, pulling
+the message and the FAB, installing the FAB, importing the app, the handler, the reply).
+
 Prints ONE JSON line per strategy: {"strategy", "unit", "round_trips_per_round",
 "rounds_measured", "loopback_round_s", "loopback_first_round_s", "loopback_run_wall_s",
 "inprocess_round_s", "inprocess_run_wall_s", "overhead_round_s", "overhead_ratio",
@@ -40,7 +45,7 @@ the trivial app (strategy "trivial-flower-app"). Every process it started is sto
 at the end (none by name).
 
 Usage: python benchmarks/loopback_rounds.py [--rounds 3] [--strategies mocha,fedem,ofmtl,fsvrg]
-                                            [--no-trivial] [--keep DIR]
+                                            [--no-trivial] [--phases] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -67,6 +72,10 @@ from tests.apps.loopback import BIN, LoopbackFederation  # noqa: E402
 NUM_NODES = 4
 TRIVIAL_APP = ROOT / "benchmarks" / "trivial_flower_app"
 OFMTL_OUTER = 10  # OFMTL's newcomer round trips
+#: Seconds to wait for the SuperExecs to have no ClientApp process, before and after a run. A
+#: run's last ClientApps can outlive it (seen: the trivial app's last four were still there
+#: when MOCHA's run was submitted, and were counted among MOCHA's messages).
+IDLE_WAIT_S = 60.0
 UNITS = {"mocha": ("training round", 1), "fedem": ("training round", 1),
          "fsvrg": ("round (gradient exchange + local pass)", 2),
          "ofmtl": ("newcomer round trip", 1)}
@@ -162,9 +171,16 @@ class MessageCPU:
 
     def __enter__(self) -> MessageCPU:
         self._procs = self._superexecs()
+        self._wait_idle()  # a previous run's last ClientApps are not this run's
         self._before = self._reaped_cpu(self._procs)
         self._thread.start()
         return self
+
+    def _wait_idle(self, timeout: float = IDLE_WAIT_S) -> None:
+        """Wait until no SuperExec has a ClientApp process (or ``timeout`` s passed)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self._busy():
+            time.sleep(0.2)
 
     def _busy(self) -> bool:
         """Whether a SuperExec still has a ClientApp process (not yet exited and reaped)."""
@@ -177,9 +193,7 @@ class MessageCPU:
         return False
 
     def __exit__(self, *exc: object) -> None:
-        deadline = time.monotonic() + 30.0  # let the last ClientApps exit and be reaped
-        while time.monotonic() < deadline and self._busy():
-            time.sleep(0.2)
+        self._wait_idle()  # let the last ClientApps exit and be reaped
         self._stop.set()
         self._thread.join()
         after = self._reaped_cpu(self._procs)
@@ -193,7 +207,42 @@ class MessageCPU:
         return round(self.seconds / self.messages, 3) if self.messages else None
 
 
-def trivial_run(fed: LoopbackFederation, workdir: Path, rounds: int, dim: int) -> dict:
+class Phases:
+    """Per-phase CPU of the ClientApp processes (``--phases``): the SuperNodes start
+    ``benchmarks/clientapp_phases.py`` as ``flwr-clientapp``; it writes one JSON file per
+    process into ``<workdir>/phases``."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.dir = workdir / "phases"
+        self.bin = workdir / "phases-bin"
+
+    def install(self, fed: LoopbackFederation) -> None:
+        """Put the timing ``flwr-clientapp`` first on ``fed``'s PATH (before ``fed.start``)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.bin.mkdir(parents=True, exist_ok=True)
+        shim = self.bin / "flwr-clientapp"
+        shim.write_text(f'#!/bin/sh\nexec "{BIN / "python"}" '
+                        f'"{ROOT / "benchmarks" / "clientapp_phases.py"}" "$@"\n')
+        shim.chmod(0o755)
+        fed.env["PATH"] = os.pathsep.join([str(self.bin), fed.env["PATH"]])
+        fed.env["FMTL_PHASES_DIR"] = str(self.dir)
+
+    def take(self, name: str) -> dict[str, float]:
+        """The mean of each phase over the processes recorded since the last call (their
+        files move to ``phases/<name>/``)."""
+        done = self.dir / name
+        done.mkdir(exist_ok=True)
+        rows = []
+        for path in sorted(self.dir.glob("cpu-*.json")):
+            rows.append(json.loads(path.read_text()))
+            path.rename(done / path.name)
+        keys = dict.fromkeys(key for row in rows for key in row)
+        return {key: round(float(np.mean([row.get(key, 0.0) for row in rows])), 3)
+                for key in keys} | {"processes": len(rows)}
+
+
+def trivial_run(fed: LoopbackFederation, workdir: Path, rounds: int, dim: int,
+                phases: Phases | None = None) -> dict:
     """The trivial Flower App on the federation's SuperNodes: its JSON line's figures."""
     app = workdir / "trivial-app"
     shutil.copytree(TRIVIAL_APP, app, dirs_exist_ok=True)
@@ -208,12 +257,13 @@ def trivial_run(fed: LoopbackFederation, workdir: Path, rounds: int, dim: int) -
     if sub.popen.returncode != 0 or not out["final"]["complete"]:
         raise RuntimeError(f"trivial app run failed ({sub.popen.returncode})\n{fed.context()}")
     times = [r["wall_time_s"] for r in out["rounds"]]
+    extra = {} if phases is None else {"cpu_phases_s": phases.take("trivial")}
     return {"strategy": "trivial-flower-app", "unit": "training round",
             "rounds_measured": len(times) - 1,
             "loopback_round_s": round(float(np.median(times[1:])), 3),
             "loopback_first_round_s": round(times[0], 3), "loopback_run_wall_s": round(wall, 1),
             "messages": cpu.messages, "cpu_per_message_s": cpu.per_message(),
-            "peak_rss_mb": cpu.rss_mb, "peak_pss_mb": cpu.pss_mb,
+            "peak_rss_mb": cpu.rss_mb, "peak_pss_mb": cpu.pss_mb, **extra,
             "load_avg_1m": round(os.getloadavg()[0], 2)}
 
 
@@ -238,6 +288,8 @@ def main() -> int:
     parser.add_argument("--strategies", default="mocha,fedem,ofmtl,fsvrg")
     parser.add_argument("--no-trivial", action="store_true",
                         help="skip the trivial Flower App run before mocha")
+    parser.add_argument("--phases", action="store_true",
+                        help="time each phase of every ClientApp process (clientapp_phases.py)")
     parser.add_argument("--keep", type=Path, default=None,
                         help="work directory to keep (logs, results); default: a temp dir")
     args = parser.parse_args()
@@ -251,6 +303,9 @@ def main() -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     all_configs = configs(args.rounds)
     fed = LoopbackFederation(workdir / "federation", NUM_NODES)
+    phases = Phases(workdir) if args.phases else None
+    if phases is not None:
+        phases.install(fed)
     survivors: list[int] = []
     try:
         started = time.perf_counter()
@@ -262,7 +317,7 @@ def main() -> int:
         for strategy in strategies:
             cfg = all_configs[strategy]
             if strategy == "mocha" and not args.no_trivial:
-                trivial = trivial_run(fed, workdir, args.rounds, int(cfg["dim"]))
+                trivial = trivial_run(fed, workdir, args.rounds, int(cfg["dim"]), phases)
                 print(json.dumps(trivial), flush=True)
             results_path = workdir / f"{strategy}-loopback.json"
             run_config = " ".join(f"{k}={toml_value(v)}" for k, v in cfg.items())
@@ -276,18 +331,20 @@ def main() -> int:
             loop = sub.read_results()
             if not loop["final"].get("complete"):
                 raise RuntimeError(f"{strategy}: loopback run incomplete: {loop['final']}")
+            versus: dict[str, object] = {}
+            if phases is not None:
+                versus["cpu_phases_s"] = phases.take(strategy)
             local, local_wall = inprocess(cfg, workdir / f"{strategy}-inprocess.json")
             loop_rounds, loop_first = round_times(loop, strategy)
             local_rounds, _ = round_times(local, strategy)
             loop_s = float(np.median(loop_rounds))
             local_s = float(np.median(local_rounds))
             unit, trips = UNITS[strategy]
-            versus = {}
             if strategy == "mocha" and trivial is not None:
-                versus = {"trivial_round_s": trivial["loopback_round_s"],
-                          "trivial_cpu_per_message_s": trivial["cpu_per_message_s"],
-                          "mocha_vs_trivial_round_ratio":
-                              round(loop_s / trivial["loopback_round_s"], 2)}
+                versus.update({"trivial_round_s": trivial["loopback_round_s"],
+                               "trivial_cpu_per_message_s": trivial["cpu_per_message_s"],
+                               "mocha_vs_trivial_round_ratio":
+                                   round(loop_s / trivial["loopback_round_s"], 2)})
             print(json.dumps({
                 "strategy": strategy, "unit": unit, "round_trips_per_round": trips,
                 "rounds_measured": len(loop_rounds),
