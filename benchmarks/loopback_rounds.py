@@ -72,10 +72,6 @@ from tests.apps.loopback import BIN, LoopbackFederation  # noqa: E402
 NUM_NODES = 4
 TRIVIAL_APP = ROOT / "benchmarks" / "trivial_flower_app"
 OFMTL_OUTER = 10  # OFMTL's newcomer round trips
-#: Seconds to wait for the SuperExecs to have no ClientApp process, before and after a run. A
-#: run's last ClientApps can outlive it (seen: the trivial app's last four were still there
-#: when MOCHA's run was submitted, and were counted among MOCHA's messages).
-IDLE_WAIT_S = 60.0
 UNITS = {"mocha": ("training round", 1), "fedem": ("training round", 1),
          "fsvrg": ("round (gradient exchange + local pass)", 2),
          "ofmtl": ("newcomer round trip", 1)}
@@ -171,16 +167,10 @@ class MessageCPU:
 
     def __enter__(self) -> MessageCPU:
         self._procs = self._superexecs()
-        self._wait_idle()  # a previous run's last ClientApps are not this run's
         self._before = self._reaped_cpu(self._procs)
         self._thread.start()
         return self
 
-    def _wait_idle(self, timeout: float = IDLE_WAIT_S) -> None:
-        """Wait until no SuperExec has a ClientApp process (or ``timeout`` s passed)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self._busy():
-            time.sleep(0.2)
 
     def _busy(self) -> bool:
         """Whether a SuperExec still has a ClientApp process (not yet exited and reaped)."""
@@ -193,7 +183,9 @@ class MessageCPU:
         return False
 
     def __exit__(self, *exc: object) -> None:
-        self._wait_idle()  # let the last ClientApps exit and be reaped
+        deadline = time.monotonic() + 30.0  # let the last ClientApps exit and be reaped
+        while time.monotonic() < deadline and self._busy():
+            time.sleep(0.2)
         self._stop.set()
         self._thread.join()
         after = self._reaped_cpu(self._procs)
