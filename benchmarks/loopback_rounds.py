@@ -23,6 +23,19 @@ and numpy only) runs on the same SuperNodes just before it, with the same rounds
 Flower's own floor per round on these nodes. MOCHA's line then adds ``trivial_round_s`` and
 ``mocha_vs_trivial_round_ratio`` (MOCHA's loopback seconds per round over the trivial app's).
 
+Rounds come in steps of about 3 s, for both apps (flwr 1.42, none of it a setting):
+``HttpGrid.send_and_receive`` (``flwr/superlink/grid/http_grid.py``), which the strategies and
+the trivial app call, pulls the replies right after pushing and then every 3 s
+(``time.sleep(3)``), so a round lasts a whole number of 3 s steps plus the last pull; and a
+SuperNode with nothing to do asks the SuperLink for a message every 3 s
+(``flwr/supernode/start_client_internal.py``), so each message waits 0-3 s before its node
+sees it. A SuperExec looks for new tasks every ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` s (1 s by
+default; read from the environment, not in Flower's docs). A ServerApp could shorten its own
+step only by not using ``send_and_receive`` (``push_messages``, then ``pull_messages`` at an
+interval of its own, as Flower's in-memory grid does every 0.1 s), in both apps for a fair
+ratio. So extra work per message of a fraction of a second either costs nothing or a whole
+step: the ratio of two such runs jumps between about 1.0 and 1.5.
+
 CPU per message (every line, and the trivial app's): the CPU time (user + system) of the
 ``flwr-clientapp`` processes the SuperNodes' SuperExecs started during the run (the
 SuperExecs' reaped-children CPU, read before and after), divided by the number of those
@@ -30,6 +43,11 @@ processes (polled every 0.2 s; each handles one message). It covers the whole pe
 process: Flower's runtime imports, the app, the data, the solver, the reply. The same polls
 record the largest RSS and PSS seen of a SuperNode, a SuperExec and a ClientApp process
 (``peak_rss_mb``, ``peak_pss_mb``; a sample every 0.2 s, so a short peak can be missed).
+Caveat: a SuperExec starts ClientApps with ``subprocess.Popen`` and never waits for them, so
+a finished one stays a zombie until that SuperExec's next launch reaps it; its CPU then lands
+in whichever window that launch falls in. After the trivial app, MOCHA's line counted 28
+processes for its 24 messages (``--rounds 4``; the SuperNodes' logs and ``--phases`` say
+24): read ``cpu_per_message_s`` as approximate; ``cpu_phases_s`` counts each process once.
 
 With ``--phases``, every ClientApp process runs under ``benchmarks/clientapp_phases.py`` (put
 first on the SuperNodes' ``PATH`` as ``flwr-clientapp``) and each line adds ``cpu_phases_s``:
