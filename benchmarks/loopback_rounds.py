@@ -37,17 +37,16 @@ ratio. So extra work per message of a fraction of a second either costs nothing 
 step: the ratio of two such runs jumps between about 1.0 and 1.5.
 
 CPU per message (every line, and the trivial app's): the CPU time (user + system) of the
-``flwr-clientapp`` processes the SuperNodes' SuperExecs started during the run (the
-SuperExecs' reaped-children CPU, read before and after), divided by the number of those
-processes (polled every 0.2 s; each handles one message). It covers the whole per-message
+``flwr-clientapp`` processes the SuperNodes' SuperExecs started during the run (each one's
+own, read every 0.2 s until it has finished: :class:`MessageCPU`), divided by the number of
+those processes (each handles one message). It covers the whole per-message
 process: Flower's runtime imports, the app, the data, the solver, the reply. The same polls
 record the largest RSS and PSS seen of a SuperNode, a SuperExec and a ClientApp process
 (``peak_rss_mb``, ``peak_pss_mb``; a sample every 0.2 s, so a short peak can be missed).
-Caveat: a SuperExec starts ClientApps with ``subprocess.Popen`` and never waits for them, so
-a finished one stays a zombie until that SuperExec's next launch reaps it; its CPU then lands
-in whichever window that launch falls in. After the trivial app, MOCHA's line counted 28
-processes for its 24 messages (``--rounds 4``; the SuperNodes' logs and ``--phases`` say
-24): read ``cpu_per_message_s`` as approximate; ``cpu_phases_s`` counts each process once.
+(Before, the SuperExecs' reaped-children CPU was read instead; but a finished ClientApp is
+only reaped at its SuperExec's next launch, so each run's window held the previous run's
+last four processes (MOCHA after the trivial app: 28 processes counted for its 24 messages)
+and not its own last four.)
 
 With ``--phases``, every ClientApp process runs under ``benchmarks/clientapp_phases.py`` (put
 first on the SuperNodes' ``PATH`` as ``flwr-clientapp``) and each line adds ``cpu_phases_s``:
@@ -125,12 +124,19 @@ def round_times(results: dict, strategy: str) -> tuple[list[float], float | None
 
 class MessageCPU:
     """CPU time and count of the ``flwr-clientapp`` processes the SuperNodes start while it is
-    active (``with MessageCPU(fed) as cpu: ...``; then ``cpu.messages``, ``cpu.seconds``)."""
+    active (``with MessageCPU(fed) as cpu: ...``; then ``cpu.messages``, ``cpu.seconds``).
+
+    Every 0.2 s it reads the CPU time (user + system) of each ClientApp process under a
+    SuperExec, keeping the last value per process. A finished ClientApp stays a zombie, its
+    CPU time still readable, until its SuperExec's next launch reaps it (flwr 1.42's
+    SuperExec starts them with ``subprocess.Popen`` and never waits): so the last message of
+    each node is counted in full, and a previous run's zombies, there when this one starts,
+    are left out."""
 
     def __init__(self, fed: LoopbackFederation) -> None:
         self.fed = fed
-        self.seen: set[tuple[int, float]] = set()
-        self.seconds = 0.0
+        self.cpu_s: dict[tuple[int, float], float] = {}  # (pid, start time) -> CPU seconds
+        self._earlier: set[tuple[int, float]] = set()  # a previous run's processes
         #: the largest RSS and PSS seen (MB) of a SuperNode, a SuperExec, a ClientApp process
         self.rss_mb = {"supernode": 0.0, "superexec": 0.0, "message_process": 0.0}
         self.pss_mb = dict(self.rss_mb)
@@ -146,16 +152,14 @@ class MessageCPU:
                 continue
         return found
 
-    @staticmethod
-    def _reaped_cpu(procs: list[psutil.Process]) -> dict[int, float]:
-        cpu = {}
-        for proc in procs:
+    def _clientapps(self) -> list[psutil.Process]:
+        found = []
+        for superexec in self._superexecs():
             try:
-                times = proc.cpu_times()
-                cpu[proc.pid] = times.children_user + times.children_system
+                found += superexec.children()
             except psutil.NoSuchProcess:
                 continue
-        return cpu
+        return found
 
     def _rss(self, role: str, proc: psutil.Process) -> None:
         try:
@@ -165,6 +169,15 @@ class MessageCPU:
             memory, pss = proc.memory_info(), 0.0
         self.rss_mb[role] = round(max(self.rss_mb[role], memory.rss / 2**20), 1)
         self.pss_mb[role] = round(max(self.pss_mb[role], pss), 1)
+
+    def _sample(self, proc: psutil.Process) -> None:
+        key = (proc.pid, proc.create_time())
+        if key in self._earlier:
+            return
+        times = proc.cpu_times()
+        self.cpu_s[key] = max(self.cpu_s.get(key, 0.0), times.user + times.system)
+        if proc.status() != psutil.STATUS_ZOMBIE:
+            self._rss("message_process", proc)
 
     def _poll(self) -> None:
         while not self._stop.is_set():
@@ -176,42 +189,49 @@ class MessageCPU:
             for superexec in self._superexecs():
                 try:
                     self._rss("superexec", superexec)
-                    for child in superexec.children():
-                        self.seen.add((child.pid, child.create_time()))
-                        self._rss("message_process", child)
+                except psutil.NoSuchProcess:
+                    continue
+            for proc in self._clientapps():
+                try:
+                    self._sample(proc)
                 except psutil.NoSuchProcess:
                     continue
             self._stop.wait(0.2)
 
     def __enter__(self) -> MessageCPU:
-        self._procs = self._superexecs()
-        self._before = self._reaped_cpu(self._procs)
+        for proc in self._clientapps():
+            try:
+                self._earlier.add((proc.pid, proc.create_time()))
+            except psutil.NoSuchProcess:
+                continue
         self._thread.start()
         return self
 
-
     def _busy(self) -> bool:
-        """Whether a SuperExec still has a ClientApp process (not yet exited and reaped)."""
-        for proc in self._procs:
+        """Whether a ClientApp process is still running (zombies have finished)."""
+        for proc in self._clientapps():
             try:
-                if proc.children():
+                if proc.status() != psutil.STATUS_ZOMBIE:
                     return True
             except psutil.NoSuchProcess:
                 continue
         return False
 
     def __exit__(self, *exc: object) -> None:
-        deadline = time.monotonic() + 30.0  # let the last ClientApps exit and be reaped
+        deadline = time.monotonic() + 30.0  # let the last ClientApps finish
         while time.monotonic() < deadline and self._busy():
             time.sleep(0.2)
+        time.sleep(0.5)  # a last sample of the last ones
         self._stop.set()
         self._thread.join()
-        after = self._reaped_cpu(self._procs)
-        self.seconds = sum(after.get(pid, 0.0) - before for pid, before in self._before.items())
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.cpu_s.values())
 
     @property
     def messages(self) -> int:
-        return len(self.seen)
+        return len(self.cpu_s)
 
     def per_message(self) -> float | None:
         return round(self.seconds / self.messages, 3) if self.messages else None
