@@ -23,13 +23,35 @@ and numpy only) runs on the same SuperNodes just before it, with the same rounds
 Flower's own floor per round on these nodes. MOCHA's line then adds ``trivial_round_s`` and
 ``mocha_vs_trivial_round_ratio`` (MOCHA's loopback seconds per round over the trivial app's).
 
+Rounds come in steps of about 3 s, for both apps (flwr 1.42, none of it a setting):
+``HttpGrid.send_and_receive`` (``flwr/superlink/grid/http_grid.py``), which the strategies and
+the trivial app call, pulls the replies right after pushing and then every 3 s
+(``time.sleep(3)``), so a round lasts a whole number of 3 s steps plus the last pull; and a
+SuperNode with nothing to do asks the SuperLink for a message every 3 s
+(``flwr/supernode/start_client_internal.py``), so each message waits 0-3 s before its node
+sees it. A SuperExec looks for new tasks every ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` s (1 s by
+default; read from the environment, not in Flower's docs). A ServerApp could shorten its own
+step only by not using ``send_and_receive`` (``push_messages``, then ``pull_messages`` at an
+interval of its own, as Flower's in-memory grid does every 0.1 s), in both apps for a fair
+ratio. So extra work per message of a fraction of a second either costs nothing or a whole
+step: the ratio of two such runs jumps between about 1.0 and 1.5.
+
 CPU per message (every line, and the trivial app's): the CPU time (user + system) of the
-``flwr-clientapp`` processes the SuperNodes' SuperExecs started during the run (the
-SuperExecs' reaped-children CPU, read before and after), divided by the number of those
-processes (polled every 0.2 s; each handles one message). It covers the whole per-message
+``flwr-clientapp`` processes the SuperNodes' SuperExecs started during the run (each one's
+own, read every 0.2 s until it has finished: :class:`MessageCPU`), divided by the number of
+those processes (each handles one message). It covers the whole per-message
 process: Flower's runtime imports, the app, the data, the solver, the reply. The same polls
 record the largest RSS and PSS seen of a SuperNode, a SuperExec and a ClientApp process
 (``peak_rss_mb``, ``peak_pss_mb``; a sample every 0.2 s, so a short peak can be missed).
+(Before, the SuperExecs' reaped-children CPU was read instead; but a finished ClientApp is
+only reaped at its SuperExec's next launch, so each run's window held the previous run's
+last four processes (MOCHA after the trivial app: 28 processes counted for its 24 messages)
+and not its own last four.)
+
+With ``--phases``, every ClientApp process runs under ``benchmarks/clientapp_phases.py`` (put
+first on the SuperNodes' ``PATH`` as ``flwr-clientapp``) and each line adds ``cpu_phases_s``:
+the mean CPU seconds per process of each phase of a message (Flower's runtime imports, pulling
+the message and the FAB, installing the FAB, importing the app, the handler, the reply).
 
 Prints ONE JSON line per strategy: {"strategy", "unit", "round_trips_per_round",
 "rounds_measured", "loopback_round_s", "loopback_first_round_s", "loopback_run_wall_s",
@@ -40,7 +62,7 @@ the trivial app (strategy "trivial-flower-app"). Every process it started is sto
 at the end (none by name).
 
 Usage: python benchmarks/loopback_rounds.py [--rounds 3] [--strategies mocha,fedem,ofmtl,fsvrg]
-                                            [--no-trivial] [--keep DIR]
+                                            [--no-trivial] [--phases] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -102,12 +124,19 @@ def round_times(results: dict, strategy: str) -> tuple[list[float], float | None
 
 class MessageCPU:
     """CPU time and count of the ``flwr-clientapp`` processes the SuperNodes start while it is
-    active (``with MessageCPU(fed) as cpu: ...``; then ``cpu.messages``, ``cpu.seconds``)."""
+    active (``with MessageCPU(fed) as cpu: ...``; then ``cpu.messages``, ``cpu.seconds``).
+
+    Every 0.2 s it reads the CPU time (user + system) of each ClientApp process under a
+    SuperExec, keeping the last value per process. A finished ClientApp stays a zombie, its
+    CPU time still readable, until its SuperExec's next launch reaps it (flwr 1.42's
+    SuperExec starts them with ``subprocess.Popen`` and never waits): so the last message of
+    each node is counted in full, and a previous run's zombies, there when this one starts,
+    are left out."""
 
     def __init__(self, fed: LoopbackFederation) -> None:
         self.fed = fed
-        self.seen: set[tuple[int, float]] = set()
-        self.seconds = 0.0
+        self.cpu_s: dict[tuple[int, float], float] = {}  # (pid, start time) -> CPU seconds
+        self._earlier: set[tuple[int, float]] = set()  # a previous run's processes
         #: the largest RSS and PSS seen (MB) of a SuperNode, a SuperExec, a ClientApp process
         self.rss_mb = {"supernode": 0.0, "superexec": 0.0, "message_process": 0.0}
         self.pss_mb = dict(self.rss_mb)
@@ -123,16 +152,14 @@ class MessageCPU:
                 continue
         return found
 
-    @staticmethod
-    def _reaped_cpu(procs: list[psutil.Process]) -> dict[int, float]:
-        cpu = {}
-        for proc in procs:
+    def _clientapps(self) -> list[psutil.Process]:
+        found = []
+        for superexec in self._superexecs():
             try:
-                times = proc.cpu_times()
-                cpu[proc.pid] = times.children_user + times.children_system
+                found += superexec.children()
             except psutil.NoSuchProcess:
                 continue
-        return cpu
+        return found
 
     def _rss(self, role: str, proc: psutil.Process) -> None:
         try:
@@ -142,6 +169,15 @@ class MessageCPU:
             memory, pss = proc.memory_info(), 0.0
         self.rss_mb[role] = round(max(self.rss_mb[role], memory.rss / 2**20), 1)
         self.pss_mb[role] = round(max(self.pss_mb[role], pss), 1)
+
+    def _sample(self, proc: psutil.Process) -> None:
+        key = (proc.pid, proc.create_time())
+        if key in self._earlier:
+            return
+        times = proc.cpu_times()
+        self.cpu_s[key] = max(self.cpu_s.get(key, 0.0), times.user + times.system)
+        if proc.status() != psutil.STATUS_ZOMBIE:
+            self._rss("message_process", proc)
 
     def _poll(self) -> None:
         while not self._stop.is_set():
@@ -153,47 +189,90 @@ class MessageCPU:
             for superexec in self._superexecs():
                 try:
                     self._rss("superexec", superexec)
-                    for child in superexec.children():
-                        self.seen.add((child.pid, child.create_time()))
-                        self._rss("message_process", child)
+                except psutil.NoSuchProcess:
+                    continue
+            for proc in self._clientapps():
+                try:
+                    self._sample(proc)
                 except psutil.NoSuchProcess:
                     continue
             self._stop.wait(0.2)
 
     def __enter__(self) -> MessageCPU:
-        self._procs = self._superexecs()
-        self._before = self._reaped_cpu(self._procs)
+        for proc in self._clientapps():
+            try:
+                self._earlier.add((proc.pid, proc.create_time()))
+            except psutil.NoSuchProcess:
+                continue
         self._thread.start()
         return self
 
     def _busy(self) -> bool:
-        """Whether a SuperExec still has a ClientApp process (not yet exited and reaped)."""
-        for proc in self._procs:
+        """Whether a ClientApp process is still running (zombies have finished)."""
+        for proc in self._clientapps():
             try:
-                if proc.children():
+                if proc.status() != psutil.STATUS_ZOMBIE:
                     return True
             except psutil.NoSuchProcess:
                 continue
         return False
 
     def __exit__(self, *exc: object) -> None:
-        deadline = time.monotonic() + 30.0  # let the last ClientApps exit and be reaped
+        deadline = time.monotonic() + 30.0  # let the last ClientApps finish
         while time.monotonic() < deadline and self._busy():
             time.sleep(0.2)
+        time.sleep(0.5)  # a last sample of the last ones
         self._stop.set()
         self._thread.join()
-        after = self._reaped_cpu(self._procs)
-        self.seconds = sum(after.get(pid, 0.0) - before for pid, before in self._before.items())
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.cpu_s.values())
 
     @property
     def messages(self) -> int:
-        return len(self.seen)
+        return len(self.cpu_s)
 
     def per_message(self) -> float | None:
         return round(self.seconds / self.messages, 3) if self.messages else None
 
 
-def trivial_run(fed: LoopbackFederation, workdir: Path, rounds: int, dim: int) -> dict:
+class Phases:
+    """Per-phase CPU of the ClientApp processes (``--phases``): the SuperNodes start
+    ``benchmarks/clientapp_phases.py`` as ``flwr-clientapp``; it writes one JSON file per
+    process into ``<workdir>/phases``."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.dir = workdir / "phases"
+        self.bin = workdir / "phases-bin"
+
+    def install(self, fed: LoopbackFederation) -> None:
+        """Put the timing ``flwr-clientapp`` first on ``fed``'s PATH (before ``fed.start``)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.bin.mkdir(parents=True, exist_ok=True)
+        shim = self.bin / "flwr-clientapp"
+        shim.write_text(f'#!/bin/sh\nexec "{BIN / "python"}" '
+                        f'"{ROOT / "benchmarks" / "clientapp_phases.py"}" "$@"\n')
+        shim.chmod(0o755)
+        fed.env["PATH"] = os.pathsep.join([str(self.bin), fed.env["PATH"]])
+        fed.env["FMTL_PHASES_DIR"] = str(self.dir)
+
+    def take(self, name: str) -> dict[str, float]:
+        """The mean of each phase over the processes recorded since the last call (their
+        files move to ``phases/<name>/``)."""
+        done = self.dir / name
+        done.mkdir(exist_ok=True)
+        rows = []
+        for path in sorted(self.dir.glob("cpu-*.json")):
+            rows.append(json.loads(path.read_text()))
+            path.rename(done / path.name)
+        keys = dict.fromkeys(key for row in rows for key in row)
+        return {key: round(float(np.mean([row.get(key, 0.0) for row in rows])), 3)
+                for key in keys} | {"processes": len(rows)}
+
+
+def trivial_run(fed: LoopbackFederation, workdir: Path, rounds: int, dim: int,
+                phases: Phases | None = None) -> dict:
     """The trivial Flower App on the federation's SuperNodes: its JSON line's figures."""
     app = workdir / "trivial-app"
     shutil.copytree(TRIVIAL_APP, app, dirs_exist_ok=True)
@@ -208,12 +287,13 @@ def trivial_run(fed: LoopbackFederation, workdir: Path, rounds: int, dim: int) -
     if sub.popen.returncode != 0 or not out["final"]["complete"]:
         raise RuntimeError(f"trivial app run failed ({sub.popen.returncode})\n{fed.context()}")
     times = [r["wall_time_s"] for r in out["rounds"]]
+    extra = {} if phases is None else {"cpu_phases_s": phases.take("trivial")}
     return {"strategy": "trivial-flower-app", "unit": "training round",
             "rounds_measured": len(times) - 1,
             "loopback_round_s": round(float(np.median(times[1:])), 3),
             "loopback_first_round_s": round(times[0], 3), "loopback_run_wall_s": round(wall, 1),
             "messages": cpu.messages, "cpu_per_message_s": cpu.per_message(),
-            "peak_rss_mb": cpu.rss_mb, "peak_pss_mb": cpu.pss_mb,
+            "peak_rss_mb": cpu.rss_mb, "peak_pss_mb": cpu.pss_mb, **extra,
             "load_avg_1m": round(os.getloadavg()[0], 2)}
 
 
@@ -238,6 +318,8 @@ def main() -> int:
     parser.add_argument("--strategies", default="mocha,fedem,ofmtl,fsvrg")
     parser.add_argument("--no-trivial", action="store_true",
                         help="skip the trivial Flower App run before mocha")
+    parser.add_argument("--phases", action="store_true",
+                        help="time each phase of every ClientApp process (clientapp_phases.py)")
     parser.add_argument("--keep", type=Path, default=None,
                         help="work directory to keep (logs, results); default: a temp dir")
     args = parser.parse_args()
@@ -251,6 +333,9 @@ def main() -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     all_configs = configs(args.rounds)
     fed = LoopbackFederation(workdir / "federation", NUM_NODES)
+    phases = Phases(workdir) if args.phases else None
+    if phases is not None:
+        phases.install(fed)
     survivors: list[int] = []
     try:
         started = time.perf_counter()
@@ -262,7 +347,7 @@ def main() -> int:
         for strategy in strategies:
             cfg = all_configs[strategy]
             if strategy == "mocha" and not args.no_trivial:
-                trivial = trivial_run(fed, workdir, args.rounds, int(cfg["dim"]))
+                trivial = trivial_run(fed, workdir, args.rounds, int(cfg["dim"]), phases)
                 print(json.dumps(trivial), flush=True)
             results_path = workdir / f"{strategy}-loopback.json"
             run_config = " ".join(f"{k}={toml_value(v)}" for k, v in cfg.items())
@@ -276,18 +361,20 @@ def main() -> int:
             loop = sub.read_results()
             if not loop["final"].get("complete"):
                 raise RuntimeError(f"{strategy}: loopback run incomplete: {loop['final']}")
+            versus: dict[str, object] = {}
+            if phases is not None:
+                versus["cpu_phases_s"] = phases.take(strategy)
             local, local_wall = inprocess(cfg, workdir / f"{strategy}-inprocess.json")
             loop_rounds, loop_first = round_times(loop, strategy)
             local_rounds, _ = round_times(local, strategy)
             loop_s = float(np.median(loop_rounds))
             local_s = float(np.median(local_rounds))
             unit, trips = UNITS[strategy]
-            versus = {}
             if strategy == "mocha" and trivial is not None:
-                versus = {"trivial_round_s": trivial["loopback_round_s"],
-                          "trivial_cpu_per_message_s": trivial["cpu_per_message_s"],
-                          "mocha_vs_trivial_round_ratio":
-                              round(loop_s / trivial["loopback_round_s"], 2)}
+                versus.update({"trivial_round_s": trivial["loopback_round_s"],
+                               "trivial_cpu_per_message_s": trivial["cpu_per_message_s"],
+                               "mocha_vs_trivial_round_ratio":
+                                   round(loop_s / trivial["loopback_round_s"], 2)})
             print(json.dumps({
                 "strategy": strategy, "unit": unit, "round_trips_per_round": trips,
                 "rounds_measured": len(loop_rounds),
