@@ -31,7 +31,6 @@ Functions over numpy arrays and plain dicts; :class:`DualStore` keeps the result
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from logging import INFO, WARNING
@@ -51,7 +50,7 @@ from ..wire import (
     refill_config,
     to_array,
 )
-from .common import protocol_rounds, state_file_for
+from .common import data_fingerprint, protocol_rounds, state_file_for  # noqa: F401 (re-exported)
 
 __all__ = ["DualState", "DualStore", "data_fingerprint", "encode", "load_into_context",
            "log_reconciled", "read_dual_file", "reconcile", "write_dual_file"]
@@ -73,18 +72,6 @@ class DualState:
     stable: tuple[np.ndarray, int] | None
     note: str = ""
     run: str | None = None
-
-
-def data_fingerprint(*arrays: np.ndarray) -> str:
-    """A cheap fingerprint of a device's training data (hex of a 64-bit BLAKE2b over the
-    arrays' shapes, dtypes and bytes): stored with the dual state, so that state kept for
-    other data is never resumed (one pass over the data, about 1 GB/s)."""
-    digest = hashlib.blake2b(digest_size=8)
-    for array in arrays:
-        array = np.ascontiguousarray(array)
-        digest.update(f"{array.dtype.str}{array.shape};".encode())
-        digest.update(memoryview(array).cast("B"))
-    return digest.hexdigest()
 
 
 def reconcile(duals: np.ndarray | None, meta: Mapping[str, Any] | None, *, task_id: int,

@@ -72,6 +72,9 @@ TAG_TRAIN_SAMPLE = 67
 #: request ``[seed, t, k, TAG_LATENCY]`` (:mod:`fmtl_flower.core.async_mocha`; synchronous
 #: MOCHA's round k draws the same factor, so both meet the same delays).
 TAG_LATENCY = 71
+#: The digits split among devices (Dirichlet label skew) and its train/test cut
+#: ``[seed, TAG_DIGITS]`` (:mod:`fmtl_flower.data.digits`).
+TAG_DIGITS = 27
 
 #: Every stream: name -> seed layout. An int is a fixed word, ``"seed"`` the run seed and the
 #: other names ids that range over ``0, 1, 2, ...`` (``"round"`` and ``"epoch"`` from 1).
@@ -103,6 +106,7 @@ STREAMS: dict[str, tuple[str, tuple[int | str, ...]]] = {
     "images-unseen": ("numpy", ("seed", TAG_IMAGES_UNSEEN)),
     "train-sample": ("numpy", ("seed", "round", 0, TAG_TRAIN_SAMPLE)),
     "latency": ("numpy", ("seed", "task", "request", TAG_LATENCY)),
+    "digits": ("numpy", ("seed", TAG_DIGITS)),
     "coordinate-order": ("splitmix", ("seed", "task", "round", TAG_ORDER)),
     "global-svm-epoch": ("splitmix", ("seed", "epoch", 0, TAG_ORDER)),
 }

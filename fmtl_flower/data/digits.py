@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core.rng import TAG_DIGITS
 from .dataset import MultiTaskDataset
 from .fedem_images import dirichlet_label_split
 from .split import split_tasks
@@ -48,7 +49,8 @@ def make_digits_dirichlet(num_tasks: int = 10, alpha: float = 0.5, test_frac: fl
     test_frac : float, default 0.25
         Per-class test fraction of every device.
     seed : int, default 0
-        Seeds the split (``np.random.default_rng([seed, 27])``) and the train/test cut.
+        Seeds the split (``np.random.default_rng([seed, TAG_DIGITS])``,
+        :mod:`fmtl_flower.core.rng`) and the train/test cut.
     min_samples : int, default 20
         Fewest samples a device may get (the split is redrawn until each has as many).
 
@@ -63,7 +65,7 @@ def make_digits_dirichlet(num_tasks: int = 10, alpha: float = 0.5, test_frac: fl
                          f"got {num_tasks!r}")
     if not alpha > 0:
         raise ValueError(f"alpha must be > 0, got {alpha!r}")
-    rng = np.random.default_rng([seed, 27])
+    rng = np.random.default_rng([seed, TAG_DIGITS])
     for _ in range(MAX_DRAWS):
         parts = dirichlet_label_split(y, num_tasks, alpha, rng)
         if min(p.size for p in parts) >= min_samples:
