@@ -24,10 +24,11 @@ def test_quick_fig2_rows(tmp_path):
     rows = json.loads((tmp_path / "mocha-fig2.json").read_text())["rows"]
     assert {r["sys_het"] for r in rows} == {"low", "high"}
     assert all(set(r) == KEYS | {"sys_het"} for r in rows)
-    # Under high heterogeneity the methods that cannot adapt wait for slow devices.
-    end = {(r["method"], r["sys_het"]): r["estimated_time_s"] for r in rows
-           if r["network"] == "lte"}
-    assert end[("cocoa", "high")] > end[("cocoa", "low")]
+    # Under high heterogeneity the methods that cannot adapt wait for slow devices: within
+    # the common time budget they finish fewer rounds than under low heterogeneity.
+    done = {(r["method"], r["sys_het"]): r["round"] for r in rows if r["network"] == "lte"}
+    for method in ("cocoa", "mb-sdca", "mb-sgd"):
+        assert done[(method, "high")] < done[(method, "low")]
 
 
 def test_quick_fig3_rows_and_the_silent_device(tmp_path):
