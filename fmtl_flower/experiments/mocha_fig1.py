@@ -97,12 +97,13 @@ CurvesFn = Callable[[str, Any, list, float, dict[str, int]], Iterable[Curve]]
 
 def run_figure(out_dir: Path, name: str, plot: Callable[[Any, dict[str, Any]], None],
                quick: bool, datasets: list[str] | None, curves: CurvesFn, *,
-               common_horizon: bool = False) -> dict[str, Any]:
+               common_horizon: bool = False, hold: bool = False) -> dict[str, Any]:
     """Figures 1 and 2: on each dataset (:func:`settings`) its problem and P*
     (:func:`problem`), the rows and summary of every curve ``curves`` yields (each on every
     network, :func:`~.optimization.network_curves`; CoCoA's gap checks charged with the
     tasks' sizes; with ``common_horizon``, cut at the time of the shortest run:
-    :func:`on_common_horizon`), written by :func:`~.optimization.write_curves`."""
+    :func:`on_common_horizon`, ``hold`` passed on), written by
+    :func:`~.optimization.write_curves`."""
     datasets, rounds = settings(datasets, quick)
     rows, optima, summary, horizon = [], {}, [], {}
     for dataset in datasets:
@@ -112,7 +113,8 @@ def run_figure(out_dir: Path, name: str, plot: Callable[[Any, dict[str, Any]], N
                   {"n": data.n_train if fields["method"] == "cocoa" else None, **options})
                  for fields, tr, options in curves(dataset, data, tasks, p_star, rounds)]
         if common_horizon:
-            new_rows, new_summary, horizon[dataset] = on_common_horizon(found, data.dim, p_star)
+            new_rows, new_summary, horizon[dataset] = on_common_horizon(found, data.dim, p_star,
+                                                                        hold=hold)
             rows.extend(new_rows)
             summary.extend(new_summary)
             continue
@@ -126,12 +128,15 @@ def run_figure(out_dir: Path, name: str, plot: Callable[[Any, dict[str, Any]], N
                         horizon=horizon if common_horizon else None)
 
 
-def on_common_horizon(curves: list[Curve], dim: int, p_star: float
+def on_common_horizon(curves: list[Curve], dim: int, p_star: float, *, hold: bool = False
                       ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, float]]:
     """The rows and summary of ``curves`` (row fields, trajectory, time options) on every
     network, each cut at that network's horizon: the estimated time of the shortest run. A
     curve keeps its rounds that end within the horizon, so every method has the same time
-    budget; also returns the horizon of each network."""
+    budget; also returns the horizon of each network. With ``hold``, a curve whose last kept
+    round ends before the horizon gets one more row at the horizon with that round's value
+    (the round in progress has not finished), so a method with long rounds ends at the same x
+    as the others."""
     rows, summary, horizon = [], [], {}
     for network in NETWORKS:
         times = [cumulative_time(tr["steps"], dim, base["method"], network, **options)
@@ -141,6 +146,8 @@ def on_common_horizon(curves: list[Curve], dim: int, p_star: float
             end = int(np.searchsorted(t, horizon[network], side="right"))
             new_rows, new_summary = curve_rows({**base, "network": network},
                                                tr["primal"][:end], t[:end], p_star)
+            if hold and t[end - 1] < horizon[network]:
+                new_rows.append({**new_rows[-1], "estimated_time_s": horizon[network]})
             rows.extend(new_rows)
             summary.extend(new_summary)
     return rows, summary, horizon
