@@ -355,6 +355,9 @@ class FedEM(TaskStrategy):
         (:mod:`fmtl_flower.settings`); keyword arguments override it.
     """
 
+    #: Client-level DP (:func:`fmtl_flower.strategies.privacy.enable_client_dp`), or None.
+    privacy: Any = None
+
     def __init__(self, num_tasks: int | None = None, settings: FedEMSettings | None = None,
                  *, dim: int | None = None, on_round: RoundCallback | None = None,
                  initial_components: Sequence[ArrayRecord] | None = None,
@@ -497,6 +500,7 @@ class FedEM(TaskStrategy):
             num_dropped=len(self._sampled) - len(accepted), lr=self._lr(server_round),
             client_estep_s=timing["e-step-s"], client_train_s=timing["train-s"],
             aggregate_s=aggregate_s, _reg=None,
+            **({} if self.privacy is None else self.privacy.record_fields(self.records)),
             **({"num_clusters": len(self.clusters)} if self.method == "cfl" else {}))
         self.records.append(record)
         metrics = MetricRecord({"num-replies": len(accepted),
@@ -779,7 +783,11 @@ class FedEM(TaskStrategy):
         robust mode; pFedMe's server step ``beta`` applied."""
         assert self.components is not None
         total = None
-        if self.robust:
+        if self.privacy is not None:  # client-level DP: clipped noisy mean (strategies/privacy)
+            components = self.privacy.aggregate(
+                self.components, [r["components"] for r in accepted.values()],
+                len(self._sampled), self.records, self.num_rounds or 1)
+        elif self.robust:
             n = self.trusted_n_train()
             updates = [(r["components"], np.where(r["weights"] > 0, n[t], 0.0))
                        for t, r in accepted.items()]
