@@ -28,8 +28,29 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 #: Bounds of the noise-multiplier search of :func:`noise_multiplier_for_epsilon`.
 MAX_NOISE_MULTIPLIER = 1e4
+
+
+def clip_update(update: np.ndarray, clip: float) -> tuple[np.ndarray, bool]:
+    """``update`` scaled to L2 norm at most ``clip`` (Flower's ``clip_inputs_inplace``: one
+    norm over every entry), and whether it was scaled."""
+    norm = float(np.linalg.norm(update))
+    if norm <= clip:
+        return update, False
+    return update * (clip / norm), True
+
+
+def clip_towards(received: np.ndarray, trained: np.ndarray, clip: float) -> np.ndarray:
+    """``trained`` moved back towards ``received`` so that their difference has L2 norm at
+    most ``clip`` (a device's own clipping, Flower's ``fixedclipping_mod``); a ValueError
+    unless ``clip`` is a finite number > 0."""
+    if isinstance(clip, bool) or not isinstance(clip, (int, float)) \
+            or not math.isfinite(clip) or clip <= 0:
+        raise ValueError(f"dp-clip must be a finite number > 0, got {clip!r}")
+    return received + clip_update(trained - received, float(clip))[0]
 
 
 def _dp_accounting() -> Any:

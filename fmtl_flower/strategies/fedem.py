@@ -54,6 +54,9 @@ query ``whoami`` (server -> node): empty ``config``. Reply ConfigRecord ``info``
     :func:`fmtl_flower.core.backend.layout_signature`), P being the state_dict's size.
     With ``method`` ``"pfedme"`` also ``pfedme-lambda``, ``pfedme-lr`` (floats) and
     ``pfedme-steps`` (int). CFL sends each device only its cluster's model (M = 1).
+    With client-level DP ``client-clip`` also ``dp-clip`` (float > 0): the device moves its
+    returned components back to within that L2 distance of those sent
+    (:mod:`~fmtl_flower.strategies.privacy`).
     Reply: arrays ``components`` float64 (M, P), finite, the locally trained components, and
     ``weights`` float64 (M,): n-train for each trained component, 0 for an untouched one
     (every component for fedem / fedavg / fedprox / fedavg-ft / cfl / pfedme / local,
@@ -853,6 +856,8 @@ class FedEM(TaskStrategy):
                          "pfedme-steps": self.pfedme.inner_steps})
         if self.layout is not None:
             base["layout"] = layout_signature(self.layout)
+        if self.privacy is not None and message_type == MessageType.TRAIN:
+            base.update(self.privacy.wire_config())  # client-clip: dp-clip
         self.replies.begin()
         out = []
         stacked_groups = getattr(grid, "stacked_groups", None)

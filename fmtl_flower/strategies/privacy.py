@@ -9,8 +9,12 @@ Each round the server
 2. averages the clipped updates over the K devices *sampled* (a fixed denominator, so one
    device moves the mean by at most C / K);
 3. adds Gaussian noise N(0, (z C / K)^2) to every coordinate of the mean, z being the noise
-   multiplier;
+   multiplier.
 
+With ``client-clip`` the train messages also carry ``dp-clip`` and each device clips its
+own update before replying (Flower's ``DifferentialPrivacyClientSideFixedClipping`` with
+``fixedclipping_mod``); the server clips again, which changes nothing for an honest device
+and keeps the guarantee whatever a device sends. ``central`` is
 exactly Flower's ``DifferentialPrivacyServerSideFixedClipping`` (``flwr.supercore.
 differential_privacy``: ``compute_clip_model_update``, ``compute_stdv`` = z C / K) with the
 uniform average its accountant requires. The noisy components are what every device
@@ -52,17 +56,8 @@ from typing import Any
 import numpy as np
 from flwr.supercore import log
 
-from ..core.privacy import GaussianAccountant, noise_multiplier_for_epsilon
+from ..core.privacy import GaussianAccountant, clip_update, noise_multiplier_for_epsilon
 from ..settings import DP_CLIENT_LEVEL_METHODS, ConfigError, DPSettings
-
-
-def clip_update(update: np.ndarray, clip: float) -> tuple[np.ndarray, bool]:
-    """``update`` scaled to L2 norm at most ``clip`` (Flower's ``clip_inputs_inplace``: one
-    norm over every entry), and whether it was scaled."""
-    norm = float(np.linalg.norm(update))
-    if norm <= clip:
-        return update, False
-    return update * (clip / norm), True
 
 
 class ClientLevelDP:
@@ -146,6 +141,11 @@ class ClientLevelDP:
             "epsilon=%.4g at delta=%g after %d releases", clipped, len(returned), self.clip,
             std, self._release["epsilon"], self.settings.delta, account.releases)
         return current + total / k + noise
+
+    def wire_config(self) -> dict[str, float]:
+        """What the train messages add: ``dp-clip`` (the norm each device clips its own
+        update to) with ``client-clip``; nothing with ``central``."""
+        return {"dp-clip": self.clip} if self.settings.mechanism == "client-clip" else {}
 
     def record_fields(self, records: list[dict[str, Any]]) -> dict[str, Any]:
         """The privacy keys of the round's record: this round's release, or (no release)

@@ -53,8 +53,9 @@ def problem():
     return equal_size_problem()
 
 
-def run(data, strategy: FedEM, rounds: int) -> FedEM:
+def run(data, strategy: FedEM, rounds: int, wrap=None) -> FedEM:
     app = make_fedem_client_app(lambda context: data[default_task_id(context)])
+    app = app if wrap is None else wrap(app)
     server = ServerApp()
 
     @server.main()
@@ -169,6 +170,40 @@ def test_the_account_resumes_from_the_records():
     current = np.zeros((1, 4))
     dp.aggregate(current, [current], 1, records, 10)
     assert dp.record_fields(records)["epsilon"] == rdp_epsilon([(1.5, 1.0, 3)], 1e-5)
+
+
+def test_client_clip_devices_clip_their_own_update(problem):
+    """With client-clip every device's reply is within ``clip`` of what it was sent, and
+    the server's release is the central one (its own clipping changes nothing more)."""
+    clip, distances = 0.3, []
+
+    def spy(app):
+        def handler(msg, context):
+            reply = app(msg, context)
+            if msg.metadata.message_type == "train" and "arrays" in reply.content:
+                sent = msg.content["arrays"]["components"].numpy()
+                back = reply.content["arrays"]["components"].numpy()
+                distances.append(float(np.linalg.norm(back - sent)))
+                assert msg.content["config"]["dp-clip"] == clip
+            return reply
+        return handler
+
+    client = run(problem, enable_client_dp(fedem(), mechanism="client-clip", clip=clip,
+                                           noise_multiplier=0.8, noise_seed=7), 3, wrap=spy)
+    central = run(problem, enable_client_dp(fedem(), mechanism="central", clip=clip,
+                                            noise_multiplier=0.8, noise_seed=7), 3)
+    assert len(distances) == 3 * NUM_TASKS
+    assert max(distances) <= clip * (1 + 1e-12) and min(distances) > 0.99 * clip
+    np.testing.assert_allclose(client.components, central.components, rtol=1e-12, atol=1e-13)
+
+
+def test_a_device_refuses_a_bad_clip():
+    from fmtl_flower.core.privacy import clip_towards
+
+    with pytest.raises(ValueError, match="dp-clip"):
+        clip_towards(np.zeros(3), np.ones(3), -1.0)
+    np.testing.assert_allclose(clip_towards(np.zeros(2), np.array([3.0, 4.0]), 1.0),
+                               [0.6, 0.8])
 
 
 # ------------------------------------------------------------------ Flower's wrappers
