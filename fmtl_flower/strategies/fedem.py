@@ -568,7 +568,8 @@ class FedEM(TaskStrategy):
                 **({"cfl_eps": list(self.cfl_eps)} if self.method == "cfl" else {}),
                 **({"pfedme": [self.pfedme.lam, self.pfedme.personal_lr,
                                self.pfedme.inner_steps, self.pfedme_beta]}
-                   if self.method == "pfedme" else {})}
+                   if self.method == "pfedme" else {}),
+                **({"dp": self.privacy.fingerprint()} if self.privacy is not None else {})}
 
     def _resume(self) -> None:
         """As the base's, with ``num_classes`` unset taken from the checkpoint first (the

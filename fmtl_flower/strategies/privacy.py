@@ -142,6 +142,12 @@ class ClientLevelDP:
             std, self._release["epsilon"], self.settings.delta, account.releases)
         return current + total / k + noise
 
+    def fingerprint(self) -> list[Any]:
+        """The settings a checkpoint must share to be resumed by this run (the account
+        composes on the checkpoint's releases)."""
+        s = self.settings
+        return [s.mechanism, s.clip, s.noise_multiplier, s.epsilon, s.delta]
+
     def wire_config(self) -> dict[str, float]:
         """What the train messages add: ``dp-clip`` (the norm each device clips its own
         update to) with ``client-clip``; nothing with ``central``."""

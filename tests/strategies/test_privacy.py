@@ -66,10 +66,12 @@ def run(data, strategy: FedEM, rounds: int, wrap=None) -> FedEM:
     return strategy
 
 
-def fedem(**kwargs: Any) -> FedEM:
-    kwargs = {"num_components": 2, "lr": 0.5, "batch_size": 32, "robust": False,
-              "aggregation": "sampled", **kwargs}
-    return FedEM(NUM_TASKS, discovery_timeout=5.0, **kwargs)
+FEDEM_SETTINGS = {"num_components": 2, "lr": 0.5, "batch_size": 32, "robust": False,
+                  "aggregation": "sampled", "discovery_timeout": 5.0}
+
+
+def fedem(cls: type = FedEM, **kwargs: Any) -> FedEM:
+    return cls(NUM_TASKS, **{**FEDEM_SETTINGS, **kwargs})
 
 
 # ------------------------------------------------------------------ the mechanism itself
@@ -259,3 +261,34 @@ def test_methods_with_per_cluster_averages_are_refused(method):
     with pytest.raises(ConfigError, match="covers"):
         enable_client_dp(fedem(method=method), mechanism="central", clip=1.0,
                          noise_multiplier=1.0)
+
+
+def test_a_resumed_run_continues_the_account(problem, tmp_path):
+    """Killed after round 3's checkpoint and resumed: the rounds 4-5 compose on the
+    checkpoint's 3 releases (epsilon of 5 releases at the end, not of 2)."""
+    from tests.strategies.helpers import ServerKilled, killed_in
+
+    z, settings = 1.2, {"mechanism": "central", "clip": 0.5, "noise_multiplier": 1.2}
+    first = enable_client_dp(fedem(killed_in(FedEM, 4)), **settings)
+    first.enable_checkpoints(tmp_path)
+    with pytest.raises(ServerKilled):
+        run(problem, first, 5)
+    resumed = enable_client_dp(fedem(), **settings)
+    resumed.enable_checkpoints(tmp_path)
+    run(problem, resumed, 5)
+    assert resumed.resumed_from == 3
+    assert [r["epsilon"] for r in resumed.results()["rounds"]] == pytest.approx(
+        [rdp_epsilon([(z, 1.0, k)], 1e-5) for k in range(1, 6)], rel=1e-12)
+
+
+def test_a_checkpoint_resumes_only_with_the_same_dp_settings(problem, tmp_path):
+    from fmtl_flower.checkpoint import CheckpointError
+
+    first = enable_client_dp(fedem(), mechanism="central", clip=0.5, noise_multiplier=1.2)
+    first.enable_checkpoints(tmp_path)
+    run(problem, first, 2)
+    for other in (fedem(), enable_client_dp(fedem(), mechanism="central", clip=0.5,
+                                            noise_multiplier=0.6)):
+        other.enable_checkpoints(tmp_path)
+        with pytest.raises(CheckpointError, match="dp"):
+            run(problem, other, 3)
