@@ -292,3 +292,16 @@ def test_a_checkpoint_resumes_only_with_the_same_dp_settings(problem, tmp_path):
         other.enable_checkpoints(tmp_path)
         with pytest.raises(CheckpointError, match="dp"):
             run(problem, other, 3)
+
+
+def test_fmtl_runs_final_table_shows_epsilon():
+    from fmtl_flower.cli import final_table
+
+    results = {"config": {"strategy": "fedavg", "dataset": "fedem-synthetic",
+                          "model": "logistic"},
+               "final": {"round": 3, "train_loss": 0.5, "accuracy_mean": 0.9,
+                         "epsilon": 7.9998, "dp_noise_multiplier": 1.4259}}
+    rows = [line.split() for line in final_table(results).splitlines()]
+    assert ["epsilon", "7.9998"] in rows and ["dp_noise_multiplier", "1.4259"] in rows
+    del results["final"]["epsilon"]
+    assert "epsilon" not in final_table(results)
