@@ -34,13 +34,16 @@ import numpy as np
 MAX_NOISE_MULTIPLIER = 1e4
 
 
-def clip_update(update: np.ndarray, clip: float) -> tuple[np.ndarray, bool]:
+#: Relative slack under which an update counts as within the clip norm: one a device clipped
+#: itself lands on the norm only up to rounding.
+CLIP_SLACK = 1e-9
+
+
+def clip_update(update: np.ndarray, clip: float) -> tuple[np.ndarray, float]:
     """``update`` scaled to L2 norm at most ``clip`` (Flower's ``clip_inputs_inplace``: one
-    norm over every entry), and whether it was scaled."""
+    norm over every entry), and its norm before."""
     norm = float(np.linalg.norm(update))
-    if norm <= clip:
-        return update, False
-    return update * (clip / norm), True
+    return (update if norm <= clip else update * (clip / norm)), norm
 
 
 def clip_towards(received: np.ndarray, trained: np.ndarray, clip: float) -> np.ndarray:

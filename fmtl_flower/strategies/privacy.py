@@ -56,7 +56,12 @@ from typing import Any
 import numpy as np
 from flwr.supercore import log
 
-from ..core.privacy import GaussianAccountant, clip_update, noise_multiplier_for_epsilon
+from ..core.privacy import (
+    CLIP_SLACK,
+    GaussianAccountant,
+    clip_update,
+    noise_multiplier_for_epsilon,
+)
 from ..settings import DP_CLIENT_LEVEL_METHODS, ConfigError, DPSettings
 
 
@@ -128,9 +133,9 @@ class ClientLevelDP:
         total = np.zeros_like(current)
         clipped = 0
         for theta in returned:
-            update, was_clipped = clip_update(np.asarray(theta) - current, self.clip)
+            update, norm = clip_update(np.asarray(theta) - current, self.clip)
             total += update
-            clipped += was_clipped
+            clipped += norm > self.clip * (1 + CLIP_SLACK)
         std = z * self.clip / k
         noise = self._rng().normal(0.0, std, size=current.shape) if std > 0 else 0.0
         account = self.accountant(records)
@@ -185,7 +190,7 @@ def enable_client_dp(strategy: Any, settings: DPSettings | None = None, *,
     settings = DPSettings.resolve(settings, kwargs)
     if not settings.enabled:
         return strategy
-    method = getattr(strategy, "method", None)
+    method = getattr(getattr(strategy, "settings", None), "method", None)  # built or not
     if not hasattr(strategy, "privacy") or method not in DP_CLIENT_LEVEL_METHODS + ("local",):
         raise ConfigError(f"dp.mechanism={settings.mechanism} covers "
                           f"{', '.join(DP_CLIENT_LEVEL_METHODS)} (and local, which releases "

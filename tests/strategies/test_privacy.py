@@ -305,3 +305,33 @@ def test_fmtl_runs_final_table_shows_epsilon():
     assert ["epsilon", "7.9998"] in rows and ["dp_noise_multiplier", "1.4259"] in rows
     del results["final"]["epsilon"]
     assert "epsilon" not in final_table(results)
+
+
+def test_a_strategy_sized_at_start_keeps_its_dp(problem):
+    """num_tasks=None (the ServerApp's default): the strategy built at start keeps DP."""
+    strategy = FedEM(None, min_available_nodes=NUM_TASKS, **FEDEM_SETTINGS)
+    enable_client_dp(strategy, mechanism="central", clip=0.5, noise_multiplier=2.0)
+    run(problem, strategy, 2)
+    assert strategy.num_tasks == NUM_TASKS
+    assert strategy.results()["final"]["epsilon"] == rdp_epsilon([(2.0, 1.0, 2)], 1e-5)
+
+
+@pytest.mark.parametrize("tasks_per_node", [1, 3])
+@pytest.mark.parametrize("mechanism", ["central", "client-clip"])
+def test_the_server_app_takes_dp_from_the_run_config(tasks_per_node, mechanism):
+    """`flwr run` / `fmtl run`: the dp.* keys reach the strategy, packed nodes included."""
+    from fmtl_flower.apps.common import make_client_app, make_server_app
+
+    cfg = RunConfig.from_mapping({
+        "strategy": "fedavg", "dataset": "synthetic", "num-tasks": 12, "dim": 5,
+        "samples-per-task": 30, "num-server-rounds": 3, "tasks-per-node": tasks_per_node,
+        "dp.mechanism": mechanism, "dp.clip": 0.2, "dp.noise-multiplier": 1.5})
+    box: dict = {}
+    run_inprocess(make_server_app(cfg, on_done=box.update), make_client_app(cfg),
+                  12 // tasks_per_node)
+    final = box["final"]
+    assert final["epsilon"] == rdp_epsilon([(1.5, 1.0, 3)], 1e-5)
+    assert final["dp_noise_std"] == pytest.approx(1.5 * 0.2 / 12)
+    assert final["num_replies"] == 12
+    # with client-clip the devices clipped already: the server finds nothing above 0.2
+    assert (final["dp_clipped"] == 0) == (mechanism == "client-clip")
