@@ -10,6 +10,13 @@ numbers it plots and writes ``privacy-epsilon.png`` (a few seconds):
   one Gaussian mechanism with mu = sqrt(T) / z; Balle and Wang 2018);
 * right: the noise multiplier a target epsilon needs over T rounds
   (:func:`~fmtl_flower.core.privacy.noise_multiplier_for_epsilon`).
+
+``python -m fmtl_flower.experiments.privacy_figure --table DIR`` prints instead the
+privacy-utility table of the ``fmtl run ... --out DIR/NAME.json`` results in ``DIR``
+(docs/results.md gives the runs): one row per file-name stem (``fedem-eps8``,
+``fedem-eps8-seed1``, ... grouped by the part before ``-seed``), mean and standard deviation
+over seeds of the final mean and bottom-decile accuracy, with the final epsilon and noise
+multiplier.
 """
 
 from __future__ import annotations
@@ -42,10 +49,38 @@ def exact_gaussian_epsilon(z: float, steps: int, delta: float = DELTA) -> float:
     return float(brentq(excess, 0.0, 1e4, xtol=1e-10)) if excess(0.0) > 0 else 0.0
 
 
+def utility_table(directory: Path) -> str:
+    """The Markdown privacy-utility table of the results JSON files in ``directory``."""
+    import json
+    from collections import defaultdict
+
+    import numpy as np
+
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for path in sorted(directory.glob("*.json")):
+        groups[path.stem.split("-seed")[0]].append(json.loads(path.read_text())["final"])
+    lines = ["| run | seeds | epsilon (delta 1e-5) | noise multiplier | average accuracy | "
+             "bottom decile |", "|---|---|---|---|---|---|"]
+    for name, finals in groups.items():
+        acc = 100 * np.array([f["accuracy_mean"] for f in finals])
+        low = 100 * np.array([f["accuracy_bottom_decile"] for f in finals])
+        eps = finals[0].get("epsilon")
+        z = finals[0].get("dp_noise_multiplier")
+        lines.append(f"| {name} | {len(finals)} | {'-' if eps is None else f'{eps:.3g}'} | "
+                     f"{'-' if z is None else f'{z:.3g}'} | {acc.mean():.1f} ± {acc.std():.1f}"
+                     f" | {low.mean():.1f} ± {low.std():.1f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="docs/guides/figures")
+    parser.add_argument("--table", help="print the privacy-utility table of this directory's "
+                        "results JSON files instead")
     args = parser.parse_args(argv)
+    if args.table:
+        print(utility_table(Path(args.table)))
+        return
     import matplotlib
 
     matplotlib.use("Agg")
