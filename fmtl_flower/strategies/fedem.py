@@ -430,6 +430,10 @@ class FedEM(TaskStrategy):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         """``train`` messages to the round's sampled training clients."""
+        if not self.sent_identity:  # not from start(): Flower's generic loop (e.g. a DP wrapper)
+            raise RuntimeError(f"{self.name} runs through its own start(); Flower's DP "
+                               "wrappers cannot wrap it: use fmtl_flower.strategies.privacy."
+                               "from_flower(wrapper) or enable_client_dp(strategy, ...)")
         self._round_start = time.perf_counter()
         self.discover(grid, wait=server_round == self.first_round)
         if self.components is None and self.model_name == "torch":

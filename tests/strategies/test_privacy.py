@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import Context
+from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import (
     DifferentialPrivacyClientSideFixedClipping,
@@ -226,6 +226,25 @@ def test_flowers_fixed_clipping_wrappers_convert_to_the_same_mechanism(problem):
         fedem(), noise_multiplier=0.1, num_sampled_clients=NUM_TASKS)
     with pytest.raises(ValueError, match="adaptive"):
         from_flower(adaptive)
+
+
+def test_flowers_wrapper_started_directly_says_what_to_do(problem):
+    """The issue's attempt, `DifferentialPrivacyServerSideFixedClipping(FedEM(...)).start`,
+    failed with `zip() argument 2 is shorter than argument 1`; it now says what to use."""
+    wrapped = DifferentialPrivacyServerSideFixedClipping(
+        fedem(), noise_multiplier=1.0, clipping_norm=1.0, num_sampled_clients=NUM_TASKS)
+    app = make_fedem_client_app(lambda context: problem[default_task_id(context)])
+    server, caught = ServerApp(), []
+
+    @server.main()
+    def main(grid: Grid, context: Context) -> None:
+        try:
+            wrapped.start(grid=grid, initial_arrays=ArrayRecord(), num_rounds=2)
+        except RuntimeError as err:
+            caught.append(str(err))
+
+    run_inprocess(server, app, NUM_TASKS)
+    assert caught and "from_flower" in caught[0]
 
 
 # ------------------------------------------------------------------ settings
