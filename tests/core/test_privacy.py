@@ -152,3 +152,18 @@ def test_bad_inputs_are_refused():
     with pytest.raises(ValueError, match="epsilon"):
         noise_multiplier_for_epsilon(0.0, DELTA, 10)
     assert noise_multiplier_for_epsilon(np.inf, DELTA, 10) == 0.0
+
+
+def test_the_privacy_guide_quotes_what_its_figure_script_prints():
+    from pathlib import Path
+
+    from fmtl_flower.experiments.privacy_figure import exact_gaussian_epsilon as figure_exact
+
+    guide = (Path(__file__).parents[2] / "docs/guides/privacy.md").read_text()
+    guide = " ".join(guide.split())
+    rdp, exact = rdp_epsilon([(1.5, 1.0, 500)], DELTA), figure_exact(1.5, 500)
+    assert exact == pytest.approx(exact_gaussian_epsilon(1.5, 500, DELTA), rel=1e-9)
+    assert (f"z=1.5: epsilon after 500 rounds RDP {rdp:.3g}, exact {exact:.3g} "
+            f"(RDP/exact {rdp / exact:.3f})") in guide
+    z = noise_multiplier_for_epsilon(8.0, DELTA, 500)
+    assert f"epsilon=8.0: noise multiplier for 500 rounds {z:.3g}" in guide
