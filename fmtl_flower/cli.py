@@ -168,7 +168,8 @@ def final_table(results: dict[str, Any]) -> str:
             continue
         rows.append((key, "-" if value is None else
                      (f"{value:.6g}" if isinstance(value, float) else str(value))))
-    for key in ("devices", "retrainings", "cumulative_floats", "objective", "exchanges"):
+    for key in ("devices", "retrainings", "cumulative_floats", "objective", "exchanges",
+                "epsilon", "dp_noise_multiplier"):  # epsilon: client-level DP (dp.*)
         if key in final:
             rows.append((key, str(final[key])))
     if final.get("primal") and final.get("gap") is not None:

@@ -991,9 +991,104 @@ class RunKeys:
     arrivals: str = setting("", _arrivals, "ofmtl.arrivals")
 
 
+# ---------------------------------------------------------------------------- differential privacy
+#: ``dp.mechanism`` values: none, client-level DP with server-side clipping (``central``) or
+#: device-side clipping (``client-clip``), record-level DP on the device (``record``).
+DP_MECHANISMS = ("none", "central", "client-clip", "record")
+#: The strategies whose shared model client-level DP protects (FedEM's family).
+DP_CLIENT_LEVEL_METHODS = ("fedem", "fedavg", "fedprox", "fedavg-ft", "pfedme")
+
+
+def _blank_or(check: Check) -> Check:
+    """The run config's spelling of an optional number: "" (unset), else what ``check``
+    takes."""
+    def out(key: str, value: Any) -> Any:
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return ""
+        return check(key, value)
+    return out
+
+
+def _blank_to_none(value: Any) -> Any:
+    """Run-config value -> setting: "" means unset (None); 0 stays 0."""
+    return None if value is None or (isinstance(value, str) and not value.strip()) else value
+
+
+@dataclass(frozen=True)
+class DPSettings(StrategySettings):
+    """Differential privacy (``dp.*``; :mod:`fmtl_flower.strategies.privacy`, the guide
+    ``docs/guides/privacy.md``).
+
+    Attributes
+    ----------
+    mechanism : {"none", "central", "client-clip", "record"}
+        ``central``: the server clips each device's update (relative to the model it sent
+        it) to L2 norm ``clip`` and adds Gaussian noise to the aggregate (Flower's
+        ``DifferentialPrivacyServerSideFixedClipping``); ``client-clip``: the devices clip
+        their own update and the server clips again and adds the noise (Flower's
+        ``DifferentialPrivacyClientSideFixedClipping`` with ``fixedclipping_mod``); both
+        for FedEM's family (fedem, fedavg, fedprox, fedavg-ft, pfedme). ``record``
+        (record-level DP on the device for MOCHA's family) is not implemented yet
+        (``dp.mechanism``).
+    noise_multiplier : float or None
+        z >= 0: the noise on the mean of the K sampled devices' clipped updates has
+        standard deviation z * ``clip`` / K (``dp.noise-multiplier``; "" unset). Give it
+        or ``epsilon``, not both.
+    epsilon : float or None
+        A target epsilon > 0 at ``delta`` for the whole run: the smallest noise multiplier
+        whose ``num-server-rounds`` releases cost at most that (RDP accountant;
+        ``dp.epsilon``; ``inf``: no noise; "" unset).
+    delta : float
+        The delta of the reported (epsilon, delta) guarantee, in (0, 1) (``dp.delta``).
+    clip : float or None
+        The clipping norm C > 0 of a device's update (all its components together)
+        (``dp.clip``; 0 unset).
+    """
+
+    NAMESPACE: ClassVar[str] = "dp"
+
+    mechanism: str = setting("none", choice(*DP_MECHANISMS), "dp.mechanism",
+                             attr="dp_mechanism")
+    noise_multiplier: float | None = setting(
+        None, optional(number(lo=0.0)), "dp.noise-multiplier", from_wire=_blank_to_none,
+        wire_default="", wire_check=_blank_or(number(lo=0.0)), attr="dp_noise_multiplier")
+    epsilon: float | None = setting(
+        None, optional(number(lo=0.0, lo_open=True, finite=False)), "dp.epsilon",
+        from_wire=_blank_to_none, wire_default="",
+        wire_check=_blank_or(number(lo=0.0, lo_open=True, finite=False)), attr="dp_epsilon")
+    delta: float = setting(1e-5, number(lo=0.0, hi=1.0, lo_open=True, hi_open=True),
+                           "dp.delta", attr="dp_delta")
+    clip: float | None = setting(None, optional(number(lo=0.0, lo_open=True)), "dp.clip",
+                                 from_wire=zero_is_none, wire_default=0.0,
+                                 wire_check=number(lo=0.0), attr="dp_clip")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether a mechanism is on."""
+        return self.mechanism != "none"
+
+    def _check_together(self) -> None:
+        knobs = [k for k in ("noise_multiplier", "epsilon", "clip") if getattr(self, k) is not None]
+        if not self.enabled:
+            if knobs:
+                raise ConfigError(f"{', '.join(self.label(k) for k in knobs)} set with "
+                                  "dp.mechanism=none: choose a mechanism (central, client-clip)")
+            return
+        if self.mechanism == "record":
+            raise ConfigError("dp.mechanism=record (record-level DP on the device for MOCHA's "
+                              "family) is not implemented yet; use central or client-clip "
+                              f"with one of {', '.join(DP_CLIENT_LEVEL_METHODS)}")
+        if self.clip is None:
+            raise ConfigError(f"dp.mechanism={self.mechanism} needs {self.label('clip')} > 0")
+        if (self.noise_multiplier is None) == (self.epsilon is None):
+            raise ConfigError(f"dp.mechanism={self.mechanism} needs exactly one of "
+                              f"{self.label('noise_multiplier')} and {self.label('epsilon')}")
+
+
 #: The settings dataclasses with run-config keys, in the order RunConfig adds their keys.
 SETTINGS_CLASSES: tuple[type[StrategySettings], ...] = (
-    CommonSettings, MochaSettings, MbSgdSettings, FedEMSettings, OFMTLSettings, FsvrgSettings)
+    CommonSettings, MochaSettings, MbSgdSettings, FedEMSettings, OFMTLSettings, FsvrgSettings,
+    DPSettings)
 
 
 def run_config_keys() -> list[str]:

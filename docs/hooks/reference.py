@@ -33,12 +33,12 @@ HELP_MARKER = "<!-- fmtl-help -->"
 #: The classes whose docstrings describe run-config keys, most specific first.
 DOCUMENTED = (settings.RunKeys, settings.CommonSettings, settings._PrimalDualSettings,
               settings.MochaSettings, settings.MbSgdSettings, settings.FedEMSettings,
-              settings.OFMTLSettings, settings.FsvrgSettings)
+              settings.OFMTLSettings, settings.FsvrgSettings, settings.DPSettings)
 SETTINGS = settings.SETTINGS_CLASSES[1:]  # the families' (each extends CommonSettings)
 _ENTRY = re.compile(r"^    (?P<names>[A-Za-z_][\w, ]*?)(?: : (?P<type>.*))?$")
 _ROLE = re.compile(r":(?:mod|class|func|meth|data|attr):`~?([^`]+)`")
 #: The namespaces in the order of the page ("" the common keys).
-ORDER = ("", "mocha", "fedem", "ofmtl", "fsvrg")
+ORDER = ("", "mocha", "fedem", "ofmtl", "fsvrg", "dp")
 
 
 def attributes(cls: type) -> dict[str, str]:

@@ -286,6 +286,11 @@ def strategy_from_config(cfg: RunConfig, num_tasks: int,
         strategy = cls(num_tasks, settings, on_record=on_round)
     else:
         strategy = cls(num_tasks, settings, on_round=on_round)
+    if cfg.dp_mechanism != "none":  # dp.*: client-level DP (strategies/privacy.py)
+        from ..settings import DPSettings
+        from ..strategies.privacy import enable_client_dp
+
+        enable_client_dp(strategy, DPSettings.from_run_config(cfg.to_dict(every_family=True)))
     if cfg.checkpoint_dir:
         if cfg.strategy == "ofmtl":  # after every event
             strategy.enable_checkpoints(cfg.checkpoint_dir)

@@ -51,6 +51,7 @@ from ..core.labels import labels_as_classes
 from ..core.local_sgd import SGDConfig
 from ..core.models import Model, make_model
 from ..core.pfedme import PFedMeConfig, local_pass
+from ..core.privacy import clip_towards
 from ..core.rng import TAG_FEDEM_FINETUNE, TAG_FEDEM_TRAIN
 from ..wire import from_array, to_array
 from .common import (
@@ -231,7 +232,10 @@ class FedEMClient:
         metrics = {"task-id": data.task_id, "round": rnd, "n-train": data.n,
                    "train-loss": update.train_loss, "e-step-s": update.estep_s,
                    "train-s": update.train_s}
-        return metrics, {"components": update.components, "weights": update.weights,
+        sent = update.components
+        if "dp-clip" in config:  # client-level DP, client-clip: this device clips its update
+            sent = clip_towards(components, sent, config_value(config, "dp-clip", float))
+        return metrics, {"components": sent, "weights": update.weights,
                          "responsibility": update.pi}, state
 
     def evaluate_task(self, data: ClientData, config: Mapping[str, Any],

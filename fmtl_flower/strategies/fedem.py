@@ -54,6 +54,9 @@ query ``whoami`` (server -> node): empty ``config``. Reply ConfigRecord ``info``
     :func:`fmtl_flower.core.backend.layout_signature`), P being the state_dict's size.
     With ``method`` ``"pfedme"`` also ``pfedme-lambda``, ``pfedme-lr`` (floats) and
     ``pfedme-steps`` (int). CFL sends each device only its cluster's model (M = 1).
+    With client-level DP ``client-clip`` also ``dp-clip`` (float > 0): the device moves its
+    returned components back to within that L2 distance of those sent
+    (:mod:`~fmtl_flower.strategies.privacy`).
     Reply: arrays ``components`` float64 (M, P), finite, the locally trained components, and
     ``weights`` float64 (M,): n-train for each trained component, 0 for an untouched one
     (every component for fedem / fedavg / fedprox / fedavg-ft / cfl / pfedme / local,
@@ -358,6 +361,9 @@ class FedEM(TaskStrategy):
         (:mod:`fmtl_flower.settings`); keyword arguments override it.
     """
 
+    #: Client-level DP (:func:`fmtl_flower.strategies.privacy.enable_client_dp`), or None.
+    privacy: Any = None
+
     def __init__(self, num_tasks: int | None = None, settings: FedEMSettings | None = None,
                  *, dim: int | None = None, on_round: RoundCallback | None = None,
                  initial_components: Sequence[ArrayRecord] | None = None,
@@ -427,6 +433,10 @@ class FedEM(TaskStrategy):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         """``train`` messages to the round's sampled training clients."""
+        if not self.sent_identity:  # not from start(): Flower's generic loop (e.g. a DP wrapper)
+            raise RuntimeError(f"{self.name} runs through its own start(); Flower's DP "
+                               "wrappers cannot wrap it: use fmtl_flower.strategies.privacy."
+                               "from_flower(wrapper) or enable_client_dp(strategy, ...)")
         self._round_start = time.perf_counter()
         self.discover(grid, wait=server_round == self.first_round)
         if self.components is None and self.model_name == "torch":
@@ -500,6 +510,7 @@ class FedEM(TaskStrategy):
             num_dropped=len(self._sampled) - len(accepted), lr=self._lr(server_round),
             client_estep_s=timing["e-step-s"], client_train_s=timing["train-s"],
             aggregate_s=aggregate_s, _reg=None,
+            **({} if self.privacy is None else self.privacy.record_fields(self.records)),
             **({"num_clusters": len(self.clusters)} if self.method == "cfl" else {}))
         self.records.append(record)
         metrics = MetricRecord({"num-replies": len(accepted),
@@ -564,7 +575,8 @@ class FedEM(TaskStrategy):
                 **({"cfl_eps": list(self.cfl_eps)} if self.method == "cfl" else {}),
                 **({"pfedme": [self.pfedme.lam, self.pfedme.personal_lr,
                                self.pfedme.inner_steps, self.pfedme_beta]}
-                   if self.method == "pfedme" else {})}
+                   if self.method == "pfedme" else {}),
+                **({"dp": self.privacy.fingerprint()} if self.privacy is not None else {})}
 
     def _resume(self) -> None:
         """As the base's, with ``num_classes`` unset taken from the checkpoint first (the
@@ -802,7 +814,11 @@ class FedEM(TaskStrategy):
         robust mode; pFedMe's server step ``beta`` applied."""
         assert self.components is not None
         total = None
-        if self.robust:
+        if self.privacy is not None:  # client-level DP: clipped noisy mean (strategies/privacy)
+            components = self.privacy.aggregate(
+                self.components, [r["components"] for r in accepted.values()],
+                len(self._sampled), self.records, self.num_rounds or 1)
+        elif self.robust:
             n = self.trusted_n_train()
             updates = [(r["components"], np.where(r["weights"] > 0, n[t], 0.0))
                        for t, r in accepted.items()]
@@ -870,6 +886,8 @@ class FedEM(TaskStrategy):
                          "pfedme-steps": self.pfedme.inner_steps})
         if self.layout is not None:
             base["layout"] = layout_signature(self.layout)
+        if self.privacy is not None and message_type == MessageType.TRAIN:
+            base.update(self.privacy.wire_config())  # client-clip: dp-clip
         self.replies.begin()
         out = []
         stacked_groups = getattr(grid, "stacked_groups", None)
