@@ -8,7 +8,8 @@ factor the server applied (``confirm-gamma``) if ``confirm-id`` names it, else d
 restart from alpha = 0 when the committed state is not the server's; evaluate the loss at the
 ``w`` received; run SDCA; keep the step pending; reply ``delta-b`` and the change of the
 conjugate term. The state lives in ``context.state`` (ArrayRecord ``async-mocha.arrays``:
-``alpha``, ``pending``; ConfigRecord ``async-mocha.meta``: ``task-id``, ``committed-id``,
+``alpha``, ``pending``; ConfigRecord ``async-mocha.meta``: ``task-id``, ``committed-id`` (-1:
+restarted from alpha = 0, not confirmed yet),
 ``pending-id``, -1 for none). State files (``client-state-dir``) are not supported yet.
 """
 

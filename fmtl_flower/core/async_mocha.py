@@ -35,6 +35,20 @@ their proofs, are in ``docs/guides/async-mocha.md``; in short:
   the model task t last evaluated its loss on), with the current K, and ``P(W_eval) - D(alpha)``
   is the certified gap: weak duality holds for any pair, so it bounds both ``P(W_eval) - P*``
   and ``D* - D(alpha)``. Per-task gaps of different versions are never summed.
+* **Checks of a reply** (:class:`ReplyBounds`, as synchronous MOCHA's,
+  :mod:`fmtl_flower.strategies.mocha`): with R_t the bound on task t's training-row norms,
+  ``0 <= loss-mean <= 1 + R_t |w_t|``, ``|d_b| <= R_t min(budget, n_t) / n_t`` and, in
+  robust mode, ``|b_t + d_b| <= R_t`` (b_t the task's image on the server, 0 after a
+  restart: no feasible alpha has a larger one, however its steps are spread over replies).
+  And the certificate's check (:mod:`fmtl_flower.core.certificate`, always on): the reported
+  pair, ``loss-mean - dual-mean + w . b_t >= 0`` (w the request's model, b_t before the
+  update), and the pair the certificate will use, ``loss-mean - A_t' + w . b_t' >= 0`` with
+  A_t', b_t' the server's conjugate term and image *after* the update scaled by g. A reply
+  that fails any of them is ``invalid`` (theta = 1) and changes nothing. Why the last one
+  makes every certified gap >= 0: ``P(W_eval) - D(alpha) = sum_t (L_t - A_t + w_t . b_t) +
+  (1/2) tr((W_eval - B M) K (W_eval - B M)^T)``, and each task's (L_t, A_t, b_t, w_t)
+  changes only when its own reply is applied, so each summand is a pair that passed the
+  check; the quadratic term is >= 0 (the certificate never comes from a forged pair).
 * **Omega-steps** drain: no new work is sent until every request in flight has come back
   (or expired), then Omega and sigma' are updated and W <- B M.
 
@@ -56,6 +70,7 @@ from typing import Any
 import numpy as np
 
 from .baselines import cocoa_local_update
+from .certificate import REASON_PREFIX, pair_problems
 from .formulations import Formulation, make_formulation
 from .hinge import hinge_conjugate_value, mean_hinge_loss
 from .mocha import MochaServerState
@@ -63,6 +78,10 @@ from .rng import TAG_LATENCY, coordinate_order
 from .sdca import sdca_local_update
 
 TaskArrays = tuple[np.ndarray, np.ndarray]
+
+#: A device's committed request id after a restart from alpha = 0 that the server has not
+#: confirmed yet (request ids are >= 1, 0 is "none applied").
+RESTARTED = -1
 
 #: Outcomes of :meth:`AsyncMochaServer.receive`.
 APPLIED, STALE, UNKNOWN, INVALID = "applied", "stale", "unknown", "invalid"
@@ -195,6 +214,59 @@ class Reply:
 
 
 @dataclass(frozen=True)
+class ReplyBounds:
+    """What the server checks each reply's numbers against (module docstring, "Checks").
+
+    Parameters
+    ----------
+    row_norm : ndarray of shape (m,)
+        R_t, the bound on task t's training-row norms (the strategy's, fenced in robust
+        mode; NaN: none known, every reply of the task is rejected).
+    n_train : ndarray of shape (m,)
+        n_t, the task's training rows (as its device reported them).
+    robust : bool
+        Also bound the dual image a reply would leave, ``|b_t + d_b| <= R_t``.
+    slack : float
+        Relative rounding slack of the bounds (as
+        :data:`fmtl_flower.strategies.trust.BOUND_SLACK`).
+    """
+
+    row_norm: np.ndarray
+    n_train: np.ndarray
+    robust: bool = True
+    slack: float = 1.0 + 1e-6
+
+    @classmethod
+    def of_tasks(cls, tasks: Sequence[TaskArrays], robust: bool = True) -> ReplyBounds:
+        """The true bounds of the tasks' data (the simulation knows them)."""
+        return cls(np.array([float(np.sqrt(np.einsum("ij,ij->i", X, X).max(initial=0.0)))
+                             for X, _ in tasks]),
+                   np.array([X.shape[0] for X, _ in tasks], dtype=np.int64), robust)
+
+    def problem(self, request: Request, reply: Reply, b_before: np.ndarray) -> str | None:
+        """Why ``reply`` breaks a bound (None: it does not); ``b_before`` is the task's image
+        it starts from (0 after a restart)."""
+        t = request.task
+        R, n = float(self.row_norm[t]), int(self.n_train[t])
+        if not R >= 0 or n < 1:
+            return "no max-row-norm or n-train known for the task: its replies cannot be bounded"
+        w_norm = float(np.linalg.norm(request.w))
+        loss_limit = (1.0 + R * w_norm) * self.slack
+        if not float(reply.loss_mean) <= loss_limit:
+            return (f"loss-mean = {reply.loss_mean:.6g} above its bound {loss_limit:.6g} "
+                    "(1 + max-row-norm |w_t| >= hinge(y x^T w_t))")
+        size, limit = float(np.linalg.norm(reply.d_b)), R * min(request.budget, n) / n
+        if not size <= limit * self.slack:
+            return (f"|delta-b| = {size:.6g} above its bound {limit:.6g} (max-row-norm {R:g} "
+                    f"x min(budget {request.budget}, n-train {n}) / n-train)")
+        image = float(np.linalg.norm(b_before + reply.d_b))
+        if self.robust and not image <= R * self.slack:
+            return (f"|b_t + delta-b| = {image:.6g} above max-row-norm {R:g} (b_t = X_t^T "
+                    "alpha_t / n_t with every |alpha_ti| <= 1)")
+        return None
+
+
+@dataclass(frozen=True)
 class Outcome:
     """What the server did with a reply: ``status`` one of ``applied``, ``stale`` (beyond
     tau), ``unknown`` (no such request in flight: a duplicate, expired or foreign reply) or
@@ -207,6 +279,7 @@ class Outcome:
     staleness: int = 0
     gamma: float = 0.0
     dual_change: float = 0.0
+    reason: str = ""
 
 
 # ----------------------------------------------------------------------------- device
@@ -233,16 +306,20 @@ class AsyncDevice:
 
     def commit(self, confirm_id: int, confirm_gamma: float) -> bool:
         """Commit the pending step if ``confirm_id`` names it (scaled by ``confirm_gamma``),
-        else discard it; restart from alpha = 0 when the committed state is not the server's.
-        Returns whether the state was kept."""
+        else discard it; restart from alpha = 0 when the committed state is not the server's
+        (until the server applies a reply of the restarted state, every reply says so: a
+        rejected or lost one leaves the server's b_t as it was). Returns whether the state
+        was kept."""
         if self.pending is not None and self.pending[0] == confirm_id:
             a = self.y * (self.alpha + confirm_gamma * self.pending[1])
             self.alpha = self.y * np.clip(a, 0.0, 1.0)  # in the box by convexity; round-off
             self.committed_id = confirm_id
         self.pending = None
         if self.committed_id != confirm_id:
+            # restart from alpha = 0, and keep saying so (committed -1: a state the server
+            # does not know) until the server applies a reply of the restarted state
             self.alpha = np.zeros_like(self.alpha)
-            self.committed_id = confirm_id
+            self.committed_id = RESTARTED
             return False
         return True
 
@@ -312,11 +389,15 @@ class AsyncMochaServer:
         The run seed (coordinate orders).
     method, theta : str, float
         The devices' local solver (:data:`METHODS`) and CoCoA's theta in (0, 1).
+    bounds : ReplyBounds, optional
+        The bounds each reply is checked against (None: none; the certificate's check of
+        the pairs is always on).
     """
 
     def __init__(self, state: MochaServerState, budgets: np.ndarray, *, concurrency: int,
                  tau: int | None = None, gamma: float = 1.0, safeguard: bool = True,
-                 seed: int = 0, method: str = "mocha", theta: float = 0.5) -> None:
+                 seed: int = 0, method: str = "mocha", theta: float = 0.5,
+                 bounds: ReplyBounds | None = None) -> None:
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
         self.method, self.theta = method, float(theta)
@@ -343,6 +424,9 @@ class AsyncMochaServer:
         self.eval_loss = np.full(m, np.nan)
         self.counts = {APPLIED: 0, STALE: 0, UNKNOWN: 0, INVALID: 0, "expired": 0,
                        "resets": 0}
+        self.bounds = bounds
+        self.certificate_rejections = 0  # replies whose pair failed the certificate's check
+        self.last_rejection: Outcome | None = None  # the newest reply rejected with a reason
         self._refresh_inverse()
 
     # --- the regulariser and sigma'
@@ -427,14 +511,25 @@ class AsyncMochaServer:
     def _apply(self, request: Request, reply: Reply, staleness: int) -> Outcome:
         t = request.task
         dual_before = self.dual()
-        if not reply.state_ok:
+        saved = None
+        if not reply.state_ok:  # the device restarted from alpha = 0: so does b_t
+            saved = (self.state.B[:, t].copy(), self.state.W.copy(), float(self.conjugate[t]))
             self.state.reset_tasks(np.array([t]))
             self.conjugate[t] = 0.0
-            self.counts["resets"] += 1
         d_b = np.asarray(reply.d_b, dtype=np.float64)
         ascent = float(reply.delta_dual) - float(self.state.W[:, t] @ d_b)
         curvature = float(self.m_diag[t] * (d_b @ d_b))
         g = safeguard_gamma(ascent, curvature, self.gamma) if self.safeguard else self.gamma
+        reason = self._reply_problem(request, reply, g, self.state.B[:, t].copy(),
+                                     float(self.conjugate[t]))
+        if reason is not None:
+            if saved is not None:  # undo the reset: the reply changes nothing
+                self.state.B[:, t], self.state.W, self.conjugate[t] = saved
+            self.certificate_rejections += reason.startswith(REASON_PREFIX)
+            self.last_rejection = Outcome(INVALID, t, request.request_id, staleness,
+                                          reason=reason)
+            return self.last_rejection
+        self.counts["resets"] += saved is not None
         if g > 0.0:
             self.state.add_updates(np.array([t]), (g * d_b)[:, None])
             self.conjugate[t] += g * float(reply.delta_dual)
@@ -444,6 +539,26 @@ class AsyncMochaServer:
         self.eval_W[:, t] = request.w
         self.eval_loss[t] = float(reply.loss_mean)
         return Outcome(APPLIED, t, request.request_id, staleness, g, self.dual() - dual_before)
+
+    def _reply_problem(self, request: Request, reply: Reply, g: float, b_before: np.ndarray,
+                       conjugate_before: float) -> str | None:
+        """Why a reply must be rejected (module docstring, "Checks"), None if it passes: the
+        bounds, then the certificate's check of the reported pair and of the pair after the
+        update scaled by ``g``."""
+        if self.bounds is not None:
+            reason = self.bounds.problem(request, reply, b_before)
+            if reason is not None:
+                return reason
+        w, d_b = request.w, np.asarray(reply.d_b, dtype=np.float64)
+        loss = float(reply.loss_mean)
+        problems = pair_problems(
+            "hinge", np.array([loss, loss]),
+            np.array([float(reply.dual_mean), conjugate_before + g * float(reply.delta_dual)]),
+            np.array([float(w @ b_before), float(w @ (b_before + g * d_b))]))
+        if not problems:
+            return None
+        which, reason = min(problems.items())
+        return reason + ("" if which == 0 else " (the pair after the update)")
 
     def _count(self, outcome: Outcome) -> Outcome:
         self.counts[outcome.status] += 1
@@ -552,6 +667,7 @@ def simulate_async_mocha(
     on_event: Callable[[Run, dict[str, Any]], None] | None = None,
     method: str = "mocha",
     theta: float = 0.5,
+    robust: bool = True,
 ) -> Run:
     """Run barrier-free MOCHA on a virtual clock until ``replies`` replies are applied.
 
@@ -589,6 +705,9 @@ def simulate_async_mocha(
     method, theta : str, float
         ``mocha`` (SDCA for the budget) or ``cocoa`` (the CoCoA baseline: SDCA until the local
         gap falls by ``theta``).
+    robust : bool
+        Check the replies against the tasks' true bounds (:meth:`ReplyBounds.of_tasks`) with
+        the dual-image bound (True) or without it; the certificate's check is always on.
     """
     m = len(tasks)
     seconds = np.broadcast_to(np.asarray(seconds, dtype=np.float64), (m,))
@@ -597,7 +716,7 @@ def simulate_async_mocha(
     server = AsyncMochaServer(state, _budgets(tasks, local_frac),
                               concurrency=m if concurrency is None else concurrency, tau=tau,
                               gamma=gamma, safeguard=safeguard, seed=seed, method=method,
-                              theta=theta)
+                              theta=theta, bounds=ReplyBounds.of_tasks(tasks, robust))
     devices = [AsyncDevice(t, X, y) for t, (X, y) in enumerate(tasks)]
 
     def transport(request: Request) -> list[Reply | Rejected]:

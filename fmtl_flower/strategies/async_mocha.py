@@ -27,8 +27,25 @@ query ``whoami``: as MOCHA's (:mod:`fmtl_flower.strategies.mocha`): ConfigRecord
     |.| <= 1), ``loss-mean`` (>= 0, at the w received), ``dual-mean`` (in [0, 1], after the
     commit), ``steps`` (int), ``state-ok`` (0/1).
 
-Every reply is validated (keys, dtypes, shapes, finite values, matching task and request) and
-|delta-b| is bounded by the task's ``max-row-norm`` times min(budget, n) / n, as MOCHA's.
+Every reply is validated (keys, dtypes, shapes, finite values, matching task and request)
+at the trust boundary; its numbers are then checked by the server as it applies the reply
+(:class:`~fmtl_flower.core.async_mocha.ReplyBounds` and the certificate's check of
+:class:`~fmtl_flower.core.async_mocha.AsyncMochaServer`, as synchronous MOCHA's,
+:mod:`fmtl_flower.strategies.mocha`): ``loss-mean <= 1 + R_t |w_t|``,
+``|delta-b| <= R_t min(budget, n_t) / n_t``, in robust mode ``|b_t + delta-b| <= R_t``, and
+``loss-mean - dual-mean + w_t . b_t >= 0`` for the reported pair and for the pair after the
+update (so every certified gap is >= 0). A reply that fails is ``invalid`` (theta = 1), logged
+with its reason; ``final`` counts the certificate's rejections
+(``certificate_rejections_total``).
+
+Robust mode (``robust``, default on; ``robust=False`` takes every device at its word), as
+synchronous MOCHA's (:mod:`fmtl_flower.strategies.linear_tasks`): R_t is
+min(the device's ``max-row-norm``, the log-scale upper fence of every task's
+(:func:`~fmtl_flower.core.robust.log_upper_fence`: 10 times their median unless the honest
+values spread wider), the discovery limit); the ``n-train`` the budgets are computed from is
+capped by the fence of the reported n's (and the discovery limit); the dual-image bound
+above is on. A configured ``max_row_norm`` overrides the devices' reports. Not done here:
+synchronous MOCHA's decoupling of outlier tasks.
 
 Scope of this version: the virtual clock only (in-process engine; on Ray each request is
 pulled before the next event, so the wall-clock run is serial); fixed Omega or Omega-steps
@@ -52,18 +69,21 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from ..core.async_mocha import (
     APPLIED,
+    INVALID,
     AsyncMochaServer,
     Rejected,
     Reply,
+    ReplyBounds,
     Request,
     Run,
     run_protocol,
 )
 from ..core.formulations import make_formulation
 from ..core.mocha import MochaServerState
+from ..core.robust import log_upper_fence
 from ..systems.timing import node_times
 from ..wire import array_record, config_record, from_array, message, record_dict
-from .discovery import ReplyError, arrays_of, read_metrics
+from .discovery import MAX_N, MAX_ROW_NORM, ReplyError, arrays_of, read_metrics
 from .trust import BOUND_SLACK, ReplyBoundary, ReplyContract
 
 if TYPE_CHECKING:
@@ -107,6 +127,10 @@ class AsyncMocha(Strategy):
         The run seed.
     method, theta : str, float
         ``mocha``, or ``cocoa`` (the CoCoA baseline) with its theta in (0, 1).
+    robust : bool
+        Distrust the devices' claims (module docstring, "Robust mode").
+    max_row_norm : float or None
+        The bound R on every task's training-row norms (None: each device's report).
     on_round : callable, optional
         Called with the record that completes each ``m`` applied replies (a "round" of work).
     """
@@ -118,6 +142,7 @@ class AsyncMocha(Strategy):
                  omega_every: int = 0, network: str = "lte", time_model: str = "physical",
                  request_timeout_s: float | None = None, pull_timeout_s: float = 600.0,
                  seed: int = 0, method: str = "mocha", theta: float = 0.5,
+                 robust: bool = True, max_row_norm: float | None = None,
                  on_round: Callable[[dict[str, Any]], None] | None = None) -> None:
         if concurrency is not None and concurrency < 1:
             raise ValueError(f"concurrency must be >= 1 (or None: every task), got {concurrency}")
@@ -132,6 +157,7 @@ class AsyncMocha(Strategy):
         self.network, self.time_model = network, time_model
         self.request_timeout_s, self.pull_timeout_s = request_timeout_s, pull_timeout_s
         self.seed, self.method, self.theta, self.on_round = seed, method, theta, on_round
+        self.robust, self.max_row_norm = bool(robust), max_row_norm
         self.replies = ReplyBoundary(NAME, REPLY_CONTRACTS, sizes=lambda: {"d": self.dim})
         self.dim = 0
         self.run: Run | None = None
@@ -150,6 +176,7 @@ class AsyncMocha(Strategy):
                    local_frac=settings.local_frac, omega_every=settings.omega_every,
                    network=settings.network, time_model=settings.time_model,
                    seed=settings.seed, theta=settings.theta, on_round=on_round,
+                   robust=settings.robust, max_row_norm=settings.max_row_norm,
                    method="cocoa" if settings.method == "async-cocoa" else "mocha")
 
     # Strategy's round-based interface: not used (there are no rounds) -----------------------
@@ -187,15 +214,19 @@ class AsyncMocha(Strategy):
         m = len(nodes)
         n = np.array([info[t]["n-train"] for t in range(m)], dtype=np.int64)
         self.dim = int(info[0]["dim"])
-        self.row_norm = np.array([info[t]["max-row-norm"] for t in range(m)])
-        budgets = np.maximum(np.floor(self.local_frac * n), 1).astype(np.int64)
+        claimed = np.array([info[t]["max-row-norm"] for t in range(m)])
+        self.row_norm = self._row_norms(claimed)
+        budgets = np.maximum(np.floor(self.local_frac * self._budget_sizes(n)), 1
+                             ).astype(np.int64)
         self.budgets, self.n = budgets, n
         seconds = node_times(budgets, self.dim, "mocha", self.network, model=self.time_model)
         formulation = make_formulation(self.omega, m, lam=self.lam, **self.formulation_options)
         server = AsyncMochaServer(MochaServerState.zeros(self.dim, formulation), budgets,
                                   concurrency=m if self.concurrency is None else self.concurrency,
                                   tau=self.tau, gamma=self.gamma, seed=self.seed,
-                                  method=self.method, theta=self.theta)
+                                  method=self.method, theta=self.theta,
+                                  bounds=ReplyBounds(self.row_norm, n, self.robust,
+                                                     BOUND_SLACK))
         self.run = Run(server, [])
         transport = _GridTransport(self, grid, nodes)
         run_protocol(self.run, seconds, transport, replies=num_rounds * m,
@@ -209,9 +240,32 @@ class AsyncMocha(Strategy):
             {k: v for k, v in final.items() if isinstance(v, (int, float))})
         return result
 
+    def _row_norms(self, claimed: np.ndarray) -> np.ndarray:
+        """R_t: the configured ``max_row_norm``, else the devices' claims, in robust mode
+        capped by their log-scale upper fence and the discovery limit."""
+        if self.max_row_norm is not None:
+            return np.full(claimed.shape, float(self.max_row_norm))
+        if not self.robust:
+            return claimed
+        return np.minimum(claimed, min(log_upper_fence(claimed), MAX_ROW_NORM))
+
+    def _budget_sizes(self, n: np.ndarray) -> np.ndarray:
+        """The ``n-train`` the budgets come from: as reported, in robust mode capped by the
+        log-scale upper fence of the reported n's and the discovery limit."""
+        if not self.robust:
+            return n
+        return np.minimum(n, math.floor(min(log_upper_fence(n), MAX_N)))
+
     def _on_event(self, record: dict[str, Any], m: int) -> None:
         """Log, and pass each completed round's record (m more replies applied) to
         ``on_round``."""
+        rejected = self.run.server.last_rejection if self.run is not None else None
+        if record["status"] == INVALID and rejected is not None \
+                and rejected.task == record["task"]:
+            log(WARNING, "%s: task %d's reply rejected: %s", NAME, rejected.task,
+                rejected.reason)
+            self.run.server.last_rejection = None
+            return
         _log_record(record, m)
         if self.on_round is not None and record["status"] == APPLIED \
                 and record["applied"] % m == 0:
@@ -231,7 +285,8 @@ class AsyncMocha(Strategy):
                  "primal": None if cert is None else cert.primal, "dual": server.dual(),
                  "gap": None if cert is None else cert.gap,
                  "virtual_time_s": self.run.virtual_time_s,
-                 "replies_applied": server.counts[APPLIED], **{
+                 "replies_applied": server.counts[APPLIED],
+                 "certificate_rejections_total": server.certificate_rejections, **{
                      f"replies_{k}": v for k, v in server.counts.items() if k != APPLIED}}
         return {"rounds": records, "final": final}
 
@@ -269,9 +324,6 @@ class AsyncMocha(Strategy):
         if d_b.dtype != np.float64 or d_b.shape != (self.dim,) or not np.isfinite(d_b).all():
             raise ReplyError(f"'delta-b' must be finite float64 ({self.dim},)")
         t = request.task
-        bound = self.row_norm[t] * min(request.budget, self.n[t]) / self.n[t]
-        if float(np.linalg.norm(d_b)) > bound * BOUND_SLACK:
-            raise ReplyError(f"|delta-b| {np.linalg.norm(d_b):.3g} above its bound {bound:.3g}")
         if abs(values["delta-dual-mean"]) > 1 or values["loss-mean"] < 0 \
                 or not 0 <= values["dual-mean"] <= 1 or values["state-ok"] not in (0, 1):
             raise ReplyError("delta-dual-mean, loss-mean, dual-mean or state-ok out of range")
