@@ -6,7 +6,7 @@ is one ``train`` message pushed to the task's node (``Grid.push_messages``), its
 pulled (``Grid.pull_messages``) and read through the trust boundary
 (:class:`~fmtl_flower.strategies.trust.ReplyBoundary`: anything wrong with a reply is a logged
 rejection, theta = 1, never an exception), and the event loop of
-:func:`~fmtl_flower.core.async_mocha.run_protocol` applies the replies in the order of their
+:class:`~fmtl_flower.core.async_mocha.EventLoop` applies the replies in the order of their
 virtual finish times. So for the same seed the records equal those of
 :func:`~fmtl_flower.core.async_mocha.simulate_async_mocha` (a test checks it in-process).
 
@@ -21,7 +21,10 @@ query ``whoami``: as MOCHA's (:mod:`fmtl_flower.strategies.mocha`): ConfigRecord
     ``sigma-prime`` float > 0, ``budget`` int >= 0, ``seed`` int, ``confirm-id`` int >= 0
     (the task's newest request whose reply was applied, 0: none), ``confirm-gamma`` float
     in [0, 1] (the factor it was applied with), ``method`` str (``mocha``: SDCA for the
-    budget; ``cocoa``: until the local gap falls by ``theta`` float, at most the budget).
+    budget; ``cocoa``: until the local gap falls by ``theta`` float, at most the budget),
+    ``keep-id`` int >= 0 (the task's ``confirm-id`` at the server's newest checkpoint, 0:
+    none; the device keeps its newest committed state not after it, its stable copy, and
+    goes back to it when a ``confirm-id`` names it: the server resumed from the checkpoint).
     Reply: arrays ``delta-b`` float64 (d,); metrics
     ``task-id``, ``request-id``, ``delta-dual-mean`` (the change of the conjugate term,
     |.| <= 1), ``loss-mean`` (>= 0, at the w received), ``dual-mean`` (in [0, 1], after the
@@ -47,10 +50,25 @@ capped by the fence of the reported n's (and the discovery limit); the dual-imag
 above is on. A configured ``max_row_norm`` overrides the devices' reports. Not done here:
 synchronous MOCHA's decoupling of outlier tasks.
 
+Checkpoints
+-----------
+:meth:`AsyncMocha.enable_checkpoints` writes the state after every ``every x m`` applied
+replies and after the last (:mod:`fmtl_flower.checkpoint`: atomic, pickle-free files named by
+the count of applied replies): the server's state and bookkeeping, the requests in flight with
+their virtual send times and queue order, the records
+(:meth:`~fmtl_flower.core.async_mocha.EventLoop.state_arrays`). A resumed run re-issues the
+requests that were in flight, unchanged, at their original virtual times. Every request
+carries ``keep-id``, the task's ``confirm-id`` at the newest checkpoint: the device keeps its
+newest committed state not after it and goes back to it when the resumed server confirms
+it. So with devices that kept their state the resumed run continues bit for bit (same
+records, W, certificate); a device that lost its state restarts from alpha = 0 and says so
+(the server resets b_t): consistent, not bit for bit. The devices keep their state in
+``context.state`` only (no state files yet), which a real Flower deployment loses when the
+resumed server starts a new run.
+
 Scope of this version: the virtual clock only (in-process engine; on Ray each request is
 pulled before the next event, so the wall-clock run is serial); fixed Omega or Omega-steps
-with draining; no checkpoints, packed nodes, robust-mode statistics or deployment real-time
-mode yet.
+with draining; no packed nodes, device state files or deployment real-time mode yet.
 """
 
 from __future__ import annotations
@@ -59,6 +77,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -67,16 +86,17 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from ..checkpoint import check_fingerprint, read_checkpoint, write_checkpoint
 from ..core.async_mocha import (
     APPLIED,
     INVALID,
     AsyncMochaServer,
+    EventLoop,
     Rejected,
     Reply,
     ReplyBounds,
     Request,
     Run,
-    run_protocol,
 )
 from ..core.formulations import make_formulation
 from ..core.mocha import MochaServerState
@@ -161,6 +181,9 @@ class AsyncMocha(Strategy):
         self.replies = ReplyBoundary(NAME, REPLY_CONTRACTS, sizes=lambda: {"d": self.dim})
         self.dim = 0
         self.run: Run | None = None
+        self.checkpoint_dir: Path | None = None
+        self.checkpoint_every, self.resume, self.resumed_from = 1, True, 0
+        self.num_rounds = 0
 
     @classmethod
     def from_settings(cls, settings: MochaSettings,
@@ -228,17 +251,71 @@ class AsyncMocha(Strategy):
                                   bounds=ReplyBounds(self.row_norm, n, self.robust,
                                                      BOUND_SLACK))
         self.run = Run(server, [])
-        transport = _GridTransport(self, grid, nodes)
-        run_protocol(self.run, seconds, transport, replies=num_rounds * m,
-                     latency_sigma=self.latency_sigma, seed=self.seed,
-                     omega_every=self.omega_every, timeout_s=self.request_timeout_s,
-                     on_event=lambda run, record: self._on_event(record, m))
+        loop = EventLoop(self.run, seconds, _GridTransport(self, grid, nodes),
+                         latency_sigma=self.latency_sigma, seed=self.seed,
+                         omega_every=self.omega_every, timeout_s=self.request_timeout_s)
+        self.num_rounds = num_rounds
+        if self.checkpoint_dir is not None and self.resume:
+            self._resume(loop)
+        loop.run(num_rounds * m, on_event=lambda run, record: self._on_event(record, m),
+                 after_event=None if self.checkpoint_dir is None else self._maybe_checkpoint)
+        server = self.run.server
         result = Result()
         result.arrays = ArrayRecord({"W": array_record({"W": server.state.W})["W"]})
         final = self.results()["final"]
         result.evaluate_metrics_serverapp[num_rounds] = MetricRecord(
             {k: v for k, v in final.items() if isinstance(v, (int, float))})
         return result
+
+    # checkpoints -----------------------------------------------------------------------------
+    def enable_checkpoints(self, directory: str | Path, every: int = 1,
+                           resume: bool = True) -> None:
+        """Write a checkpoint after every ``every x m`` applied replies (``every`` rounds of
+        work) and the last; with ``resume``, continue from the newest one in ``directory``
+        when the run starts (module docstring, "Checkpoints")."""
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"checkpoint every must be an int >= 1, got {every!r}")
+        self.checkpoint_dir, self.checkpoint_every = Path(directory), every
+        self.resume = bool(resume)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The settings a checkpoint must have been written with to be resumed."""
+        return {"strategy": NAME, "num_tasks": self.run.server.state.num_tasks if self.run
+                else None, "lam": self.lam, "omega": self.omega,
+                "formulation": self.formulation_options, "concurrency": self.concurrency,
+                "tau": self.tau, "latency_sigma": self.latency_sigma, "gamma": self.gamma,
+                "local_frac": self.local_frac, "omega_every": self.omega_every,
+                "network": str(self.network), "time_model": self.time_model,
+                "request_timeout_s": self.request_timeout_s, "seed": self.seed,
+                "method": self.method, "theta": self.theta, "robust": self.robust,
+                "max_row_norm": self.max_row_norm}
+
+    def _maybe_checkpoint(self, loop: EventLoop, record: dict[str, Any]) -> None:
+        """After an event: write a checkpoint when ``every x m`` more replies were applied,
+        or the run's last one was."""
+        m = loop.server.state.num_tasks
+        applied = record["applied"]
+        if record["status"] != APPLIED or (applied % (self.checkpoint_every * m)
+                                           and applied != self.num_rounds * m):
+            return
+        assert self.checkpoint_dir is not None
+        arrays, meta = loop.state_arrays()
+        path = write_checkpoint(self.checkpoint_dir, applied, arrays,
+                                {**meta, "fingerprint": self.fingerprint()})
+        log(INFO, "%s: checkpoint after %d applied replies written to %s", NAME, applied, path)
+
+    def _resume(self, loop: EventLoop) -> None:
+        """Continue from the newest checkpoint, if any (its settings must be this run's)."""
+        assert self.checkpoint_dir is not None
+        checkpoint = read_checkpoint(self.checkpoint_dir)
+        if checkpoint is None:
+            log(INFO, "%s: no checkpoint in %s; starting afresh", NAME, self.checkpoint_dir)
+            return
+        check_fingerprint(checkpoint, self.fingerprint())
+        loop.restore(checkpoint.arrays, checkpoint.meta)
+        self.resumed_from = checkpoint.server_round
+        log(INFO, "%s: resumed from %s (%d replies applied; %d requests in flight re-issued)",
+            NAME, checkpoint.path, checkpoint.server_round, len(loop.server.in_flight))
 
     def _row_norms(self, claimed: np.ndarray) -> np.ndarray:
         """R_t: the configured ``max_row_norm``, else the devices' claims, in robust mode
@@ -285,7 +362,7 @@ class AsyncMocha(Strategy):
                  "primal": None if cert is None else cert.primal, "dual": server.dual(),
                  "gap": None if cert is None else cert.gap,
                  "virtual_time_s": self.run.virtual_time_s,
-                 "replies_applied": server.counts[APPLIED],
+                 "replies_applied": server.counts[APPLIED], "resumed_from": self.resumed_from,
                  "certificate_rejections_total": server.certificate_rejections, **{
                      f"replies_{k}": v for k, v in server.counts.items() if k != APPLIED}}
         return {"rounds": records, "final": final}
@@ -346,7 +423,7 @@ class _GridTransport:
             "m-tt": request.m_tt, "sigma-prime": request.sigma_prime, "budget": request.budget,
             "seed": request.seed, "confirm-id": request.confirm_id,
             "confirm-gamma": request.confirm_gamma, "method": request.method,
-            "theta": request.theta})
+            "theta": request.theta, "keep-id": request.keep_id})
         msg = message(record_dict({"arrays": array_record({"w": request.w}), "config": config}),
                       node, "train")
         s.replies.begin()

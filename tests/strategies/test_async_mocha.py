@@ -15,7 +15,7 @@ from fmtl_flower.strategies.async_mocha import AsyncMocha
 from fmtl_flower.systems.timing import node_times
 from fmtl_flower.wire import from_array, to_array
 
-from .helpers import make_problem
+from .helpers import ServerKilled, make_problem
 
 KNOBS = dict(lam=0.05, omega="mean", formulation_options={"lam2": 0.01}, concurrency=4,
              tau=5, latency_sigma=1.0, omega_every=0, seed=3)
@@ -225,3 +225,82 @@ def test_robust_off_takes_the_claimed_row_norms():
     strategy = _hostile_run(problem, _largest_old_delta_b(problem, 1e4), robust=False)
     assert strategy.run.server.counts[INVALID] == 0
     assert strategy.row_norm[2] == pytest.approx(1e4 * problem_row_norm(problem, 2))
+
+
+# ------------------------------------------------------------------------- checkpoints
+def _killed_at(record_count):
+    """AsyncMocha whose server 'dies' while handling its ``record_count``-th event (after
+    the reply was applied, before any checkpoint of that event is written)."""
+    class Killed(AsyncMocha):
+        def _on_event(self, record, m):
+            if len(self.run.records) == record_count:
+                raise ServerKilled(record_count)
+            super()._on_event(record, m)
+    return Killed
+
+
+def _start(strategy, grid, rounds, ckpt=None, every=1):
+    if ckpt is not None:
+        strategy.enable_checkpoints(ckpt, every=every)
+    strategy.start(grid, num_rounds=rounds)
+    return strategy
+
+
+RESUME_KNOBS = {"omega": "probabilistic", "formulation_options": {}, "omega_every": 2}
+
+
+@pytest.mark.parametrize(("kill_at", "every", "knobs"), [
+    (5, 1, {}), (23, 1, {}), (23, 2, {}), (40, 3, RESUME_KNOBS), (17, 1, RESUME_KNOBS)])
+def test_killed_and_resumed_run_is_bit_identical(tmp_path, kill_at, every, knobs):
+    """The server dies mid-flight (requests of other tasks in flight, devices ahead of the
+    newest checkpoint when ``every`` > 1); the resumed server re-issues the requests that were
+    in flight at the checkpoint and the devices go back to their stable copies: the records,
+    W and the certificate equal the uninterrupted run's, bit for bit."""
+    problem = make_problem(num_tasks=6, dim=5, samples_per_task=30)
+    rounds = 8
+    whole = _run(problem, rounds, **knobs)
+    grid = InProcessGrid(make_async_mocha_client_app(problem.load), problem.num_tasks)
+    settings = {**KNOBS, **knobs}
+    with pytest.raises(ServerKilled):
+        _start(_killed_at(kill_at)(**settings), grid, rounds, tmp_path, every)
+    resumed = _start(AsyncMocha(**settings), grid, rounds, tmp_path, every)
+    m = problem.num_tasks
+    applied_at_kill = whole.run.records[kill_at - 1]["applied"]
+    assert resumed.resumed_from == (applied_at_kill - 1) // (every * m) * every * m
+    assert resumed.run.records == whole.run.records
+    assert np.array_equal(resumed.run.server.state.W, whole.run.server.state.W)
+    assert np.array_equal(resumed.run.server.state.B, whole.run.server.state.B)
+    got, want = resumed.results()["final"], whole.results()["final"]
+    assert got["gap"] == want["gap"] and got["virtual_time_s"] == want["virtual_time_s"]
+    assert got["replies_resets"] == 0
+
+
+def test_resumed_with_devices_that_lost_their_state_stays_consistent(tmp_path):
+    """The devices lost their state too (a new Flower run: fresh contexts): each task
+    restarts from alpha = 0 and says so, the server resets its b_t; the run completes its
+    replies with W = B M, the records up to the checkpoint kept and every gap >= 0."""
+    problem = make_problem(num_tasks=6, dim=5, samples_per_task=30)
+    app = make_async_mocha_client_app(problem.load)
+    with pytest.raises(ServerKilled):
+        _start(_killed_at(20)(**KNOBS), InProcessGrid(app, 6), 6, tmp_path)
+    fresh = InProcessGrid(make_async_mocha_client_app(problem.load), 6)
+    resumed = _start(AsyncMocha(**KNOBS), fresh, 6, tmp_path)
+    server, whole = resumed.run.server, _run(problem, 6)
+    checkpoint = (whole.run.records[19]["applied"] - 1) // 6 * 6
+    assert resumed.resumed_from == checkpoint > 0 and server.counts[APPLIED] == 36
+    assert server.counts["resets"] >= 1
+    assert np.abs(server.state.W - server.state.B @ server.state.M).max() <= 1e-12
+    assert all(r["gap"] >= 0 for r in resumed.run.records if r["gap"] is not None)
+    kept = [r for r in resumed.run.records if r["applied"] <= checkpoint]
+    assert kept == whole.run.records[:len(kept)]
+    assert resumed.run.records != whole.run.records
+
+
+def test_checkpoint_of_other_settings_is_refused(tmp_path):
+    from fmtl_flower.checkpoint import CheckpointError
+
+    problem = make_problem(num_tasks=6, dim=5, samples_per_task=30)
+    grid = InProcessGrid(make_async_mocha_client_app(problem.load), 6)
+    _start(AsyncMocha(**KNOBS), grid, 2, tmp_path)
+    with pytest.raises(CheckpointError, match="tau"):
+        _start(AsyncMocha(**{**KNOBS, "tau": 6}), grid, 3, tmp_path)
