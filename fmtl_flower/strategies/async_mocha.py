@@ -103,7 +103,14 @@ from ..core.mocha import MochaServerState
 from ..core.robust import log_upper_fence
 from ..systems.timing import node_times
 from ..wire import array_record, config_record, from_array, message, record_dict
-from .discovery import MAX_N, MAX_ROW_NORM, ReplyError, arrays_of, read_metrics
+from .discovery import (
+    MAX_N,
+    MAX_ROW_NORM,
+    ReplyError,
+    arrays_of,
+    read_metrics,
+    wait_for_nodes,
+)
 from .trust import BOUND_SLACK, ReplyBoundary, ReplyContract
 
 if TYPE_CHECKING:
@@ -149,6 +156,10 @@ class AsyncMocha(Strategy):
         ``mocha``, or ``cocoa`` (the CoCoA baseline) with its theta in (0, 1).
     robust : bool
         Distrust the devices' claims (module docstring, "Robust mode").
+    num_tasks : int or None
+        The tasks to wait for: discovery waits (at most ``start``'s ``timeout``) until the
+        grid has that many nodes (None: the nodes online when the run starts; on Ray they
+        register after the ServerApp has started).
     max_row_norm : float or None
         The bound R on every task's training-row norms (None: each device's report).
     on_round : callable, optional
@@ -163,6 +174,7 @@ class AsyncMocha(Strategy):
                  request_timeout_s: float | None = None, pull_timeout_s: float = 600.0,
                  seed: int = 0, method: str = "mocha", theta: float = 0.5,
                  robust: bool = True, max_row_norm: float | None = None,
+                 num_tasks: int | None = None,
                  on_round: Callable[[dict[str, Any]], None] | None = None) -> None:
         if concurrency is not None and concurrency < 1:
             raise ValueError(f"concurrency must be >= 1 (or None: every task), got {concurrency}")
@@ -178,6 +190,7 @@ class AsyncMocha(Strategy):
         self.request_timeout_s, self.pull_timeout_s = request_timeout_s, pull_timeout_s
         self.seed, self.method, self.theta, self.on_round = seed, method, theta, on_round
         self.robust, self.max_row_norm = bool(robust), max_row_norm
+        self.num_tasks = num_tasks
         self.replies = ReplyBoundary(NAME, REPLY_CONTRACTS, sizes=lambda: {"d": self.dim})
         self.dim = 0
         self.run: Run | None = None
@@ -187,7 +200,8 @@ class AsyncMocha(Strategy):
 
     @classmethod
     def from_settings(cls, settings: MochaSettings,
-                      on_round: Callable[[dict[str, Any]], None] | None = None) -> AsyncMocha:
+                      on_round: Callable[[dict[str, Any]], None] | None = None,
+                      num_tasks: int | None = None) -> AsyncMocha:
         """The strategy of ``fmtl run async-mocha`` / ``async-cocoa``: MOCHA's settings
         (lambda, the formulation and its options, local-frac, network, time model, gamma,
         theta, seed) and ``concurrency``, ``tau``, ``latency_sigma``. MOCHA's systems
@@ -200,6 +214,7 @@ class AsyncMocha(Strategy):
                    network=settings.network, time_model=settings.time_model,
                    seed=settings.seed, theta=settings.theta, on_round=on_round,
                    robust=settings.robust, max_row_norm=settings.max_row_norm,
+                   num_tasks=num_tasks,
                    method="cocoa" if settings.method == "async-cocoa" else "mocha")
 
     # Strategy's round-based interface: not used (there are no rounds) -----------------------
@@ -369,6 +384,8 @@ class AsyncMocha(Strategy):
 
     def _discover(self, grid: Grid, timeout: float) -> tuple[list[int], dict[int, dict]]:
         """Ask every node ``whoami``; tasks must be 0 .. m-1 with one node each."""
+        if self.num_tasks:
+            wait_for_nodes(grid, self.num_tasks, timeout, NAME)
         self.replies.begin()
         sent = [self.replies.track(-1 - i, node, message(record_dict({}), node, "query.whoami"))
                 for i, node in enumerate(grid.get_node_ids())]
