@@ -53,9 +53,10 @@ synchronous MOCHA's decoupling of outlier tasks.
 Checkpoints
 -----------
 :meth:`AsyncMocha.enable_checkpoints` writes the state after every ``every x m`` applied
-replies and after the last (:mod:`fmtl_flower.checkpoint`: atomic, pickle-free files named by
-the count of applied replies): the server's state and bookkeeping, the requests in flight with
-their virtual send times and queue order, the records
+replies and after the last (:mod:`fmtl_flower.checkpoint`: atomic, pickle-free files
+``round-NNNNNN.npz`` named by the rounds of work applied, applied replies // m; ``final``
+says ``resumed_from``, in the same unit): the server's state and bookkeeping, the requests
+in flight with their virtual send times and queue order, the records
 (:meth:`~fmtl_flower.core.async_mocha.EventLoop.state_arrays`). A resumed run re-issues the
 requests that were in flight, unchanged, at their original virtual times. Every request
 carries ``keep-id``, the task's ``confirm-id`` at the newest checkpoint: the device keeps its
@@ -315,7 +316,7 @@ class AsyncMocha(Strategy):
             return
         assert self.checkpoint_dir is not None
         arrays, meta = loop.state_arrays()
-        path = write_checkpoint(self.checkpoint_dir, applied, arrays,
+        path = write_checkpoint(self.checkpoint_dir, applied // m, arrays,
                                 {**meta, "fingerprint": self.fingerprint()})
         log(INFO, "%s: checkpoint after %d applied replies written to %s", NAME, applied, path)
 
@@ -329,8 +330,9 @@ class AsyncMocha(Strategy):
         check_fingerprint(checkpoint, self.fingerprint())
         loop.restore(checkpoint.arrays, checkpoint.meta)
         self.resumed_from = checkpoint.server_round
-        log(INFO, "%s: resumed from %s (%d replies applied; %d requests in flight re-issued)",
-            NAME, checkpoint.path, checkpoint.server_round, len(loop.server.in_flight))
+        log(INFO, "%s: resumed from %s (%d rounds of replies applied; %d requests in flight "
+            "re-issued)", NAME, checkpoint.path, checkpoint.server_round,
+            len(loop.server.in_flight))
 
     def _row_norms(self, claimed: np.ndarray) -> np.ndarray:
         """R_t: the configured ``max_row_norm``, else the devices' claims, in robust mode

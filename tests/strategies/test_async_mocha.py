@@ -266,7 +266,7 @@ def test_killed_and_resumed_run_is_bit_identical(tmp_path, kill_at, every, knobs
     resumed = _start(AsyncMocha(**settings), grid, rounds, tmp_path, every)
     m = problem.num_tasks
     applied_at_kill = whole.run.records[kill_at - 1]["applied"]
-    assert resumed.resumed_from == (applied_at_kill - 1) // (every * m) * every * m
+    assert resumed.resumed_from == (applied_at_kill - 1) // (every * m) * every  # rounds
     assert resumed.run.records == whole.run.records
     assert np.array_equal(resumed.run.server.state.W, whole.run.server.state.W)
     assert np.array_equal(resumed.run.server.state.B, whole.run.server.state.B)
@@ -286,12 +286,12 @@ def test_resumed_with_devices_that_lost_their_state_stays_consistent(tmp_path):
     fresh = InProcessGrid(make_async_mocha_client_app(problem.load), 6)
     resumed = _start(AsyncMocha(**KNOBS), fresh, 6, tmp_path)
     server, whole = resumed.run.server, _run(problem, 6)
-    checkpoint = (whole.run.records[19]["applied"] - 1) // 6 * 6
+    checkpoint = (whole.run.records[19]["applied"] - 1) // 6  # rounds of 6 replies
     assert resumed.resumed_from == checkpoint > 0 and server.counts[APPLIED] == 36
     assert server.counts["resets"] >= 1
     assert np.abs(server.state.W - server.state.B @ server.state.M).max() <= 1e-12
     assert all(r["gap"] >= 0 for r in resumed.run.records if r["gap"] is not None)
-    kept = [r for r in resumed.run.records if r["applied"] <= checkpoint]
+    kept = [r for r in resumed.run.records if r["applied"] <= 6 * checkpoint]
     assert kept == whole.run.records[:len(kept)]
     assert resumed.run.records != whole.run.records
 
