@@ -280,8 +280,11 @@ def strategy_from_config(cfg: RunConfig, num_tasks: int,
     every event's)."""
     settings = settings_from_config(cfg, num_tasks, num_classes)
     cls = strategy_class(cfg)
-    if cfg.strategy in ASYNC_MOCHA:  # no rounds, no checkpoints yet
-        return cls.from_settings(settings, on_round=on_round)
+    if cfg.strategy in ASYNC_MOCHA:  # no rounds: checkpoints every N x m applied replies
+        strategy = cls.from_settings(settings, on_round=on_round, num_tasks=num_tasks)
+        if cfg.checkpoint_dir:
+            strategy.enable_checkpoints(cfg.checkpoint_dir, every=cfg.checkpoint_every)
+        return strategy
     if cfg.strategy == "ofmtl":
         strategy = cls(num_tasks, settings, on_record=on_round)
     else:

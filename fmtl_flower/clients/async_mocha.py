@@ -8,8 +8,11 @@ factor the server applied (``confirm-gamma``) if ``confirm-id`` names it, else d
 restart from alpha = 0 when the committed state is not the server's; evaluate the loss at the
 ``w`` received; run SDCA; keep the step pending; reply ``delta-b`` and the change of the
 conjugate term. The state lives in ``context.state`` (ArrayRecord ``async-mocha.arrays``:
-``alpha``, ``pending``; ConfigRecord ``async-mocha.meta``: ``task-id``, ``committed-id``,
-``pending-id``, -1 for none). State files (``client-state-dir``) are not supported yet.
+``alpha``, ``pending``; ConfigRecord ``async-mocha.meta``: ``task-id``, ``committed-id`` (-1:
+restarted from alpha = 0, not confirmed yet),
+``pending-id``, -1 for none; ``stable-id`` and array ``stable``: the stable copy, the
+newest committed state not after the ``keep-id`` of the server's newest checkpoint, to go
+back to when the server resumes from it). State files (``client-state-dir``) are not supported yet.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ def _device(task: LocalTask, context: Context) -> AsyncDevice:
         return device
     device.alpha = arrays["alpha"].copy()
     device.committed_id = int(meta["committed-id"])
+    if "stable" in arrays and int(meta.get("stable-id", -1)) >= 0:
+        device.stable = (int(meta["stable-id"]), arrays["stable"].copy())
     if int(meta["pending-id"]) >= 0:
         device.pending = (int(meta["pending-id"]), arrays["pending"].copy())
     return device
@@ -56,10 +61,12 @@ def _device(task: LocalTask, context: Context) -> AsyncDevice:
 def _keep(device: AsyncDevice, context: Context) -> None:
     pending_id, pending = device.pending if device.pending is not None else (
         -1, np.zeros_like(device.alpha))
-    context.state[STATE_ARRAYS] = array_record({"alpha": device.alpha, "pending": pending})
+    context.state[STATE_ARRAYS] = array_record({"alpha": device.alpha, "pending": pending,
+                                                "stable": device.stable[1]})
     context.state[STATE_META] = config_record({"task-id": device.task,
                                                "committed-id": device.committed_id,
-                                               "pending-id": pending_id})
+                                               "pending-id": pending_id,
+                                               "stable-id": device.stable[0]})
 
 
 class AsyncMochaClient(MochaClient):
@@ -79,7 +86,8 @@ class AsyncMochaClient(MochaClient):
             confirm_id=config_value(config, "confirm-id", int),
             confirm_gamma=config_value(config, "confirm-gamma", float),
             method=config_value(config, "method", str),
-            theta=config_value(config, "theta", float))
+            theta=config_value(config, "theta", float),
+            keep_id=config_value(config, "keep-id", int) if "keep-id" in config else 0)
         if request.budget < 0 or request.m_tt <= 0 or request.sigma_prime <= 0 \
                 or not 0.0 <= request.confirm_gamma <= 1.0:
             raise ValueError("invalid budget/m-tt/sigma-prime/confirm-gamma: "

@@ -35,6 +35,20 @@ their proofs, are in ``docs/guides/async-mocha.md``; in short:
   the model task t last evaluated its loss on), with the current K, and ``P(W_eval) - D(alpha)``
   is the certified gap: weak duality holds for any pair, so it bounds both ``P(W_eval) - P*``
   and ``D* - D(alpha)``. Per-task gaps of different versions are never summed.
+* **Checks of a reply** (:class:`ReplyBounds`, as synchronous MOCHA's,
+  :mod:`fmtl_flower.strategies.mocha`): with R_t the bound on task t's training-row norms,
+  ``0 <= loss-mean <= 1 + R_t |w_t|``, ``|d_b| <= R_t min(budget, n_t) / n_t`` and, in
+  robust mode, ``|b_t + d_b| <= R_t`` (b_t the task's image on the server, 0 after a
+  restart: no feasible alpha has a larger one, however its steps are spread over replies).
+  And the certificate's check (:mod:`fmtl_flower.core.certificate`, always on): the reported
+  pair, ``loss-mean - dual-mean + w . b_t >= 0`` (w the request's model, b_t before the
+  update), and the pair the certificate will use, ``loss-mean - A_t' + w . b_t' >= 0`` with
+  A_t', b_t' the server's conjugate term and image *after* the update scaled by g. A reply
+  that fails any of them is ``invalid`` (theta = 1) and changes nothing. Why the last one
+  makes every certified gap >= 0: ``P(W_eval) - D(alpha) = sum_t (L_t - A_t + w_t . b_t) +
+  (1/2) tr((W_eval - B M) K (W_eval - B M)^T)``, and each task's (L_t, A_t, b_t, w_t)
+  changes only when its own reply is applied, so each summand is a pair that passed the
+  check; the quadratic term is >= 0 (the certificate never comes from a forged pair).
 * **Omega-steps** drain: no new work is sent until every request in flight has come back
   (or expired), then Omega and sigma' are updated and W <- B M.
 
@@ -56,6 +70,7 @@ from typing import Any
 import numpy as np
 
 from .baselines import cocoa_local_update
+from .certificate import REASON_PREFIX, pair_problems
 from .formulations import Formulation, make_formulation
 from .hinge import hinge_conjugate_value, mean_hinge_loss
 from .mocha import MochaServerState
@@ -63,6 +78,10 @@ from .rng import TAG_LATENCY, coordinate_order
 from .sdca import sdca_local_update
 
 TaskArrays = tuple[np.ndarray, np.ndarray]
+
+#: A device's committed request id after a restart from alpha = 0 that the server has not
+#: confirmed yet (request ids are >= 1, 0 is "none applied").
+RESTARTED = -1
 
 #: Outcomes of :meth:`AsyncMochaServer.receive`.
 APPLIED, STALE, UNKNOWN, INVALID = "applied", "stale", "unknown", "invalid"
@@ -152,6 +171,9 @@ class Request:
     (1-based), which keys the coordinate order as synchronous MOCHA's round k does.
     ``confirm_id`` / ``confirm_gamma``: the newest request of this task whose reply the
     server applied (0: none) and the factor it applied, for the device's commit.
+    ``keep_id``: this task's ``confirm_id`` at the server's newest checkpoint (0: none); the
+    device keeps its newest committed state not after it, to go back to if the server
+    resumes from that checkpoint.
     """
 
     task: int
@@ -167,6 +189,7 @@ class Request:
     confirm_gamma: float
     method: str = "mocha"
     theta: float = 0.5
+    keep_id: int = 0
 
 
 #: The local solvers: MOCHA's SDCA for ``budget`` steps, or CoCoA's (SDCA until the local
@@ -195,6 +218,59 @@ class Reply:
 
 
 @dataclass(frozen=True)
+class ReplyBounds:
+    """What the server checks each reply's numbers against (module docstring, "Checks").
+
+    Parameters
+    ----------
+    row_norm : ndarray of shape (m,)
+        R_t, the bound on task t's training-row norms (the strategy's, fenced in robust
+        mode; NaN: none known, every reply of the task is rejected).
+    n_train : ndarray of shape (m,)
+        n_t, the task's training rows (as its device reported them).
+    robust : bool
+        Also bound the dual image a reply would leave, ``|b_t + d_b| <= R_t``.
+    slack : float
+        Relative rounding slack of the bounds (as
+        :data:`fmtl_flower.strategies.trust.BOUND_SLACK`).
+    """
+
+    row_norm: np.ndarray
+    n_train: np.ndarray
+    robust: bool = True
+    slack: float = 1.0 + 1e-6
+
+    @classmethod
+    def of_tasks(cls, tasks: Sequence[TaskArrays], robust: bool = True) -> ReplyBounds:
+        """The true bounds of the tasks' data (the simulation knows them)."""
+        return cls(np.array([float(np.sqrt(np.einsum("ij,ij->i", X, X).max(initial=0.0)))
+                             for X, _ in tasks]),
+                   np.array([X.shape[0] for X, _ in tasks], dtype=np.int64), robust)
+
+    def problem(self, request: Request, reply: Reply, b_before: np.ndarray) -> str | None:
+        """Why ``reply`` breaks a bound (None: it does not); ``b_before`` is the task's image
+        it starts from (0 after a restart)."""
+        t = request.task
+        R, n = float(self.row_norm[t]), int(self.n_train[t])
+        if not R >= 0 or n < 1:
+            return "no max-row-norm or n-train known for the task: its replies cannot be bounded"
+        w_norm = float(np.linalg.norm(request.w))
+        loss_limit = (1.0 + R * w_norm) * self.slack
+        if not float(reply.loss_mean) <= loss_limit:
+            return (f"loss-mean = {reply.loss_mean:.6g} above its bound {loss_limit:.6g} "
+                    "(1 + max-row-norm |w_t| >= hinge(y x^T w_t))")
+        size, limit = float(np.linalg.norm(reply.d_b)), R * min(request.budget, n) / n
+        if not size <= limit * self.slack:
+            return (f"|delta-b| = {size:.6g} above its bound {limit:.6g} (max-row-norm {R:g} "
+                    f"x min(budget {request.budget}, n-train {n}) / n-train)")
+        image = float(np.linalg.norm(b_before + reply.d_b))
+        if self.robust and not image <= R * self.slack:
+            return (f"|b_t + delta-b| = {image:.6g} above max-row-norm {R:g} (b_t = X_t^T "
+                    "alpha_t / n_t with every |alpha_ti| <= 1)")
+        return None
+
+
+@dataclass(frozen=True)
 class Outcome:
     """What the server did with a reply: ``status`` one of ``applied``, ``stale`` (beyond
     tau), ``unknown`` (no such request in flight: a duplicate, expired or foreign reply) or
@@ -207,6 +283,7 @@ class Outcome:
     staleness: int = 0
     gamma: float = 0.0
     dual_change: float = 0.0
+    reason: str = ""
 
 
 # ----------------------------------------------------------------------------- device
@@ -230,26 +307,41 @@ class AsyncDevice:
         self.alpha = np.zeros(self.X.shape[0])
         self.committed_id = 0
         self.pending: tuple[int, np.ndarray] | None = None
+        self.stable: tuple[int, np.ndarray] = (0, self.alpha.copy())
 
-    def commit(self, confirm_id: int, confirm_gamma: float) -> bool:
+    def _keep_stable(self, keep_id: int) -> None:
+        """The stable copy: the newest committed state not after ``keep_id``."""
+        if 0 <= self.committed_id <= keep_id and self.stable[0] != self.committed_id:
+            self.stable = (self.committed_id, self.alpha.copy())
+
+    def commit(self, confirm_id: int, confirm_gamma: float, keep_id: int = 0) -> bool:
         """Commit the pending step if ``confirm_id`` names it (scaled by ``confirm_gamma``),
-        else discard it; restart from alpha = 0 when the committed state is not the server's.
-        Returns whether the state was kept."""
+        else discard it; restart from alpha = 0 when the committed state is not the server's
+        (until the server applies a reply of the restarted state, every reply says so: a
+        rejected or lost one leaves the server's b_t as it was), unless the stable copy is
+        the server's (it resumed from a checkpoint: the device goes back to it). Returns
+        whether the state was kept."""
+        self._keep_stable(keep_id)
         if self.pending is not None and self.pending[0] == confirm_id:
             a = self.y * (self.alpha + confirm_gamma * self.pending[1])
             self.alpha = self.y * np.clip(a, 0.0, 1.0)  # in the box by convexity; round-off
             self.committed_id = confirm_id
         self.pending = None
+        if self.committed_id != confirm_id and self.stable[0] == confirm_id:
+            self.alpha, self.committed_id = self.stable[1].copy(), confirm_id
+        self._keep_stable(keep_id)
         if self.committed_id != confirm_id:
+            # restart from alpha = 0, and keep saying so (committed -1: a state the server
+            # does not know) until the server applies a reply of the restarted state
             self.alpha = np.zeros_like(self.alpha)
-            self.committed_id = confirm_id
+            self.committed_id = RESTARTED
             return False
         return True
 
     def handle(self, request: Request) -> Reply:
         """Commit, evaluate the loss at the request's w, run the local SDCA, keep the step
         pending and reply."""
-        state_ok = self.commit(request.confirm_id, request.confirm_gamma)
+        state_ok = self.commit(request.confirm_id, request.confirm_gamma, request.keep_id)
         n = self.X.shape[0]
         loss = mean_hinge_loss(self.X, self.y, request.w)
         dual_mean = hinge_conjugate_value(self.alpha, self.y)
@@ -312,11 +404,15 @@ class AsyncMochaServer:
         The run seed (coordinate orders).
     method, theta : str, float
         The devices' local solver (:data:`METHODS`) and CoCoA's theta in (0, 1).
+    bounds : ReplyBounds, optional
+        The bounds each reply is checked against (None: none; the certificate's check of
+        the pairs is always on).
     """
 
     def __init__(self, state: MochaServerState, budgets: np.ndarray, *, concurrency: int,
                  tau: int | None = None, gamma: float = 1.0, safeguard: bool = True,
-                 seed: int = 0, method: str = "mocha", theta: float = 0.5) -> None:
+                 seed: int = 0, method: str = "mocha", theta: float = 0.5,
+                 bounds: ReplyBounds | None = None) -> None:
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
         self.method, self.theta = method, float(theta)
@@ -338,11 +434,15 @@ class AsyncMochaServer:
         self.confirm_id = np.zeros(m, dtype=np.int64)
         self.sent = np.zeros(m, dtype=np.int64)
         self.confirm_gamma = np.ones(m)
+        self.keep_id = np.zeros(m, dtype=np.int64)  # confirm_id at the newest checkpoint
         self.conjugate = np.zeros(m)  # A_t of the applied replies
         self.eval_W = np.zeros((state.dim, m))
         self.eval_loss = np.full(m, np.nan)
         self.counts = {APPLIED: 0, STALE: 0, UNKNOWN: 0, INVALID: 0, "expired": 0,
                        "resets": 0}
+        self.bounds = bounds
+        self.certificate_rejections = 0  # replies whose pair failed the certificate's check
+        self.last_rejection: Outcome | None = None  # the newest reply rejected with a reason
         self._refresh_inverse()
 
     # --- the regulariser and sigma'
@@ -377,7 +477,8 @@ class AsyncMochaServer:
                           self.state.W[:, task].copy(),
                           float(self.m_diag[task]), float(self.sigma_prime[task]),
                           int(self.budgets[task]), self.seed, int(self.confirm_id[task]),
-                          float(self.confirm_gamma[task]), self.method, self.theta)
+                          float(self.confirm_gamma[task]), self.method, self.theta,
+                          int(self.keep_id[task]))
         self.next_id += 1
         self.in_flight[task] = request
         return request
@@ -427,14 +528,25 @@ class AsyncMochaServer:
     def _apply(self, request: Request, reply: Reply, staleness: int) -> Outcome:
         t = request.task
         dual_before = self.dual()
-        if not reply.state_ok:
+        saved = None
+        if not reply.state_ok:  # the device restarted from alpha = 0: so does b_t
+            saved = (self.state.B[:, t].copy(), self.state.W.copy(), float(self.conjugate[t]))
             self.state.reset_tasks(np.array([t]))
             self.conjugate[t] = 0.0
-            self.counts["resets"] += 1
         d_b = np.asarray(reply.d_b, dtype=np.float64)
         ascent = float(reply.delta_dual) - float(self.state.W[:, t] @ d_b)
         curvature = float(self.m_diag[t] * (d_b @ d_b))
         g = safeguard_gamma(ascent, curvature, self.gamma) if self.safeguard else self.gamma
+        reason = self._reply_problem(request, reply, g, self.state.B[:, t].copy(),
+                                     float(self.conjugate[t]))
+        if reason is not None:
+            if saved is not None:  # undo the reset: the reply changes nothing
+                self.state.B[:, t], self.state.W, self.conjugate[t] = saved
+            self.certificate_rejections += reason.startswith(REASON_PREFIX)
+            self.last_rejection = Outcome(INVALID, t, request.request_id, staleness,
+                                          reason=reason)
+            return self.last_rejection
+        self.counts["resets"] += saved is not None
         if g > 0.0:
             self.state.add_updates(np.array([t]), (g * d_b)[:, None])
             self.conjugate[t] += g * float(reply.delta_dual)
@@ -444,6 +556,26 @@ class AsyncMochaServer:
         self.eval_W[:, t] = request.w
         self.eval_loss[t] = float(reply.loss_mean)
         return Outcome(APPLIED, t, request.request_id, staleness, g, self.dual() - dual_before)
+
+    def _reply_problem(self, request: Request, reply: Reply, g: float, b_before: np.ndarray,
+                       conjugate_before: float) -> str | None:
+        """Why a reply must be rejected (module docstring, "Checks"), None if it passes: the
+        bounds, then the certificate's check of the reported pair and of the pair after the
+        update scaled by ``g``."""
+        if self.bounds is not None:
+            reason = self.bounds.problem(request, reply, b_before)
+            if reason is not None:
+                return reason
+        w, d_b = request.w, np.asarray(reply.d_b, dtype=np.float64)
+        loss = float(reply.loss_mean)
+        problems = pair_problems(
+            "hinge", np.array([loss, loss]),
+            np.array([float(reply.dual_mean), conjugate_before + g * float(reply.delta_dual)]),
+            np.array([float(w @ b_before), float(w @ (b_before + g * d_b))]))
+        if not problems:
+            return None
+        which, reason = min(problems.items())
+        return reason + ("" if which == 0 else " (the pair after the update)")
 
     def _count(self, outcome: Outcome) -> Outcome:
         self.counts[outcome.status] += 1
@@ -462,6 +594,59 @@ class AsyncMochaServer:
         primal = float(self.eval_loss.sum()) + reg
         dual = self.dual()
         return Certificate(primal, dual, primal - dual)
+
+    # --- checkpoints
+    def state_arrays(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Everything needed to continue bit for bit (``(arrays, JSON meta)``): MOCHA's
+        state (B, W, M, the formulation's arrays), the per-task bookkeeping, the requests in
+        flight and the counts. Marks the current ``confirm_id`` as the checkpoint's
+        (``keep_id``): call it only for a checkpoint that is written."""
+        self.keep_id = self.confirm_id.copy()
+        flight = [self.in_flight[t] for t in sorted(self.in_flight)]
+        arrays = {**{f"state.{k}": v for k, v in self.state.state_arrays().items()},
+                  "confirm_id": self.confirm_id, "confirm_gamma": self.confirm_gamma,
+                  "sent": self.sent, "keep_id": self.keep_id, "conjugate": self.conjugate,
+                  "eval_W": self.eval_W, "eval_loss": self.eval_loss,
+                  "flight.ints": np.array([[r.task, r.request_id, r.count, r.version, r.budget,
+                                            r.confirm_id] for r in flight],
+                                          dtype=np.int64).reshape(-1, 6),
+                  "flight.floats": np.array([[r.m_tt, r.sigma_prime, r.confirm_gamma]
+                                             for r in flight]).reshape(-1, 3),
+                  "flight.w": np.array([r.w for r in flight]).reshape(-1, self.state.dim)}
+        meta = {"version": self.version, "next_id": self.next_id, "tau": self.tau,
+                "counts": self.counts, "certificate_rejections": self.certificate_rejections}
+        return arrays, meta
+
+    def restore(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+        """Load :meth:`state_arrays`' output into this server (built with the same
+        settings and an empty state of the same shapes)."""
+        state = MochaServerState.from_state_arrays(
+            {k[len("state."):]: v for k, v in arrays.items() if k.startswith("state.")},
+            self.state.formulation)
+        m = state.num_tasks
+        for key, shape in (("confirm_id", (m,)), ("eval_W", (state.dim, m)),
+                           ("eval_loss", (m,)), ("conjugate", (m,))):
+            if arrays[key].shape != shape:
+                raise ValueError(f"checkpoint {key!r} has shape {arrays[key].shape}, "
+                                 f"expected {shape}")
+        self.state = state
+        for key in ("confirm_id", "sent", "keep_id"):
+            setattr(self, key, np.array(arrays[key], dtype=np.int64))
+        for key in ("confirm_gamma", "conjugate", "eval_W", "eval_loss"):
+            setattr(self, key, np.array(arrays[key], dtype=np.float64))
+        self.version, self.next_id = int(meta["version"]), int(meta["next_id"])
+        self.tau = meta["tau"]
+        self.counts = {k: int(v) for k, v in meta["counts"].items()}
+        self.certificate_rejections = int(meta["certificate_rejections"])
+        self.in_flight = {}
+        for ints, floats, w in zip(arrays["flight.ints"], arrays["flight.floats"],
+                                   arrays["flight.w"], strict=True):
+            task, request_id, count, version, budget, confirm_id = (int(v) for v in ints)
+            self.in_flight[task] = Request(
+                task, request_id, count, version, np.array(w), float(floats[0]),
+                float(floats[1]), budget, self.seed, confirm_id, float(floats[2]),
+                self.method, self.theta, int(self.keep_id[task]))
+        self._refresh_inverse()
 
     # --- Omega
     def omega_step(self) -> None:
@@ -513,19 +698,22 @@ def _budgets(tasks: Sequence[TaskArrays], local_frac: float) -> np.ndarray:
 
 
 class _Clock:
-    """The virtual clock's event queue: (time, sequence, kind, payload)."""
+    """The virtual clock's event queue: (time, sequence, kind, payload), in that order (a
+    unique counter after the sequence keeps payloads from ever being compared)."""
 
     def __init__(self) -> None:
-        self.events: list[tuple[float, int, str, Any]] = []
+        self.events: list[tuple[float, int, int, str, Any]] = []
         self.seq = 0
         self.now = 0.0
+        self._unique = 0
 
     def at(self, time_s: float, kind: str, payload: Any) -> None:
-        heapq.heappush(self.events, (time_s, self.seq, kind, payload))
+        heapq.heappush(self.events, (time_s, self.seq, self._unique, kind, payload))
         self.seq += 1
+        self._unique += 1
 
     def next(self) -> tuple[str, Any]:
-        self.now, _, kind, payload = heapq.heappop(self.events)
+        self.now, _, _, kind, payload = heapq.heappop(self.events)
         return kind, payload
 
 
@@ -552,6 +740,7 @@ def simulate_async_mocha(
     on_event: Callable[[Run, dict[str, Any]], None] | None = None,
     method: str = "mocha",
     theta: float = 0.5,
+    robust: bool = True,
 ) -> Run:
     """Run barrier-free MOCHA on a virtual clock until ``replies`` replies are applied.
 
@@ -589,6 +778,9 @@ def simulate_async_mocha(
     method, theta : str, float
         ``mocha`` (SDCA for the budget) or ``cocoa`` (the CoCoA baseline: SDCA until the local
         gap falls by ``theta``).
+    robust : bool
+        Check the replies against the tasks' true bounds (:meth:`ReplyBounds.of_tasks`) with
+        the dual-image bound (True) or without it; the certificate's check is always on.
     """
     m = len(tasks)
     seconds = np.broadcast_to(np.asarray(seconds, dtype=np.float64), (m,))
@@ -597,7 +789,7 @@ def simulate_async_mocha(
     server = AsyncMochaServer(state, _budgets(tasks, local_frac),
                               concurrency=m if concurrency is None else concurrency, tau=tau,
                               gamma=gamma, safeguard=safeguard, seed=seed, method=method,
-                              theta=theta)
+                              theta=theta, bounds=ReplyBounds.of_tasks(tasks, robust))
     devices = [AsyncDevice(t, X, y) for t, (X, y) in enumerate(tasks)]
 
     def transport(request: Request) -> list[Reply | Rejected]:
@@ -636,55 +828,133 @@ def run_protocol(run: Run, seconds: np.ndarray, transport: Transport, *, replies
     same records for the same seed. Arguments as for :func:`simulate_async_mocha`; ``run``
     holds the server (and, for checks, the devices) and receives the records.
     """
-    server = run.server
-    m = server.state.num_tasks
-    seconds = np.broadcast_to(np.asarray(seconds, dtype=np.float64), (m,))
-    timeout = 10.0 * float(seconds.max()) if timeout_s is None else float(timeout_s)
-    clock, idle = _Clock(), deque(range(m))
-    omega_due = omega_every * m if omega_every > 0 else 0
-    draining = False
+    loop = EventLoop(run, seconds, transport, latency_sigma=latency_sigma, seed=seed,
+                     omega_every=omega_every, timeout_s=timeout_s)
+    return loop.run(replies, stop_relative_gap=stop_relative_gap, on_event=on_event)
 
-    def push(task: int) -> None:
-        request = server.issue(task)
-        duration = seconds[task] * latency_factor(seed, task, request.count, latency_sigma)
-        for delivery in transport(request):
-            clock.at(clock.now + duration, "reply", delivery)
-        clock.at(clock.now + timeout, "expire", (task, request.request_id))
 
-    def fill() -> None:
-        while not draining and idle and server.can_issue():
-            push(idle.popleft())
+class EventLoop:
+    """The protocol's event loop on the virtual clock (:func:`run_protocol`), with its state
+    (the clock's queue, the idle tasks, the drain before an Omega-step) kept between events so
+    that it can be checkpointed after any event and resumed (:meth:`state_arrays`,
+    :meth:`restore`): the requests in flight are re-issued, unchanged, at their original
+    virtual times, so a device that kept its state (or went back to its stable copy) replies
+    the same and the resumed run continues bit for bit."""
 
-    fill()
-    max_requests = 10 * replies + m  # a time-out that no request ever meets must end too
-    while clock.events and server.counts[APPLIED] < replies and server.next_id <= max_requests:
-        kind, payload = clock.next()
-        if kind == "expire":
-            outcome = Outcome("expired", *payload) if server.expire(*payload) else None
-        elif isinstance(payload, Rejected):
-            outcome = server.reject(payload.task, payload.request_id)
-        else:
-            outcome = server.receive(payload)
-        if outcome is None or outcome.status == UNKNOWN:
-            continue
-        idle.append(outcome.task)
-        record = _record(server, clock.now, outcome)
-        run.records.append(record)
-        if on_event is not None:
-            on_event(run, record)
-        if stop_relative_gap is not None and record.get("gap") is not None \
-                and record["gap"] <= stop_relative_gap * abs(record["primal"]):
-            break
-        applied = server.counts[APPLIED]
-        if omega_due and outcome.status == APPLIED and applied % omega_due == 0 \
-                and applied < replies:
-            draining = True
-        if draining and not server.in_flight:
-            server.omega_step()
-            draining = False
-        fill()
-    run.virtual_time_s = clock.now
-    return run
+    def __init__(self, run: Run, seconds: np.ndarray, transport: Transport, *,
+                 latency_sigma: float = 0.0, seed: int = 0, omega_every: int = 0,
+                 timeout_s: float | None = None) -> None:
+        self.run_, self.transport = run, transport
+        self.server = server = run.server
+        m = server.state.num_tasks
+        self.seconds = np.broadcast_to(np.asarray(seconds, dtype=np.float64), (m,))
+        self.timeout = 10.0 * float(self.seconds.max()) if timeout_s is None \
+            else float(timeout_s)
+        self.latency_sigma, self.seed = latency_sigma, seed
+        self.clock, self.idle = _Clock(), deque(range(m))
+        self.omega_due = omega_every * m if omega_every > 0 else 0
+        self.draining = False
+        self.issued: dict[int, tuple[float, int]] = {}  # request id -> (time sent, first seq)
+        self._reissue: list[Request] = []  # restored requests in flight, re-issued by run()
+
+    def push(self, task: int) -> None:
+        """Issue a request to ``task`` now and queue what it delivers and its expiry."""
+        request = self.server.issue(task)
+        self.issued[request.request_id] = (self.clock.now, self.clock.seq)
+        self._queue(request, self.clock.now)
+
+    def _queue(self, request: Request, sent: float) -> None:
+        duration = self.seconds[request.task] * latency_factor(
+            self.seed, request.task, request.count, self.latency_sigma)
+        for delivery in self.transport(request):
+            self.clock.at(sent + duration, "reply", delivery)
+        self.clock.at(sent + self.timeout, "expire", (request.task, request.request_id))
+
+    def fill(self) -> None:
+        """Send work to idle tasks while the server may issue (not while draining)."""
+        while not self.draining and self.idle and self.server.can_issue():
+            self.push(self.idle.popleft())
+
+    def run(self, replies: int, *, stop_relative_gap: float | None = None,
+            on_event: Callable[[Run, dict[str, Any]], None] | None = None,
+            after_event: Callable[[EventLoop, dict[str, Any]], None] | None = None) -> Run:
+        """Process events until ``replies`` replies are applied (module docstring);
+        ``after_event(loop, record)`` is called once each event is done (new work sent):
+        where a checkpoint may be taken."""
+        server, run, m = self.server, self.run_, self.server.state.num_tasks
+        if server.counts[APPLIED] < replies:
+            self._requeue()
+        self.fill()
+        max_requests = 10 * replies + m  # a time-out that no request ever meets must end too
+        while self.clock.events and server.counts[APPLIED] < replies \
+                and server.next_id <= max_requests:
+            kind, payload = self.clock.next()
+            if kind == "expire":
+                outcome = Outcome("expired", *payload) if server.expire(*payload) else None
+            elif isinstance(payload, Rejected):
+                outcome = server.reject(payload.task, payload.request_id)
+            else:
+                outcome = server.receive(payload)
+            if outcome is None or outcome.status == UNKNOWN:
+                continue
+            self.issued.pop(outcome.request_id, None)
+            self.idle.append(outcome.task)
+            record = _record(server, self.clock.now, outcome)
+            run.records.append(record)
+            if on_event is not None:
+                on_event(run, record)
+            if stop_relative_gap is not None and record.get("gap") is not None \
+                    and record["gap"] <= stop_relative_gap * abs(record["primal"]):
+                break
+            applied = server.counts[APPLIED]
+            if self.omega_due and outcome.status == APPLIED and applied % self.omega_due == 0 \
+                    and applied < replies:
+                self.draining = True
+            if self.draining and not server.in_flight:
+                server.omega_step()
+                self.draining = False
+            self.fill()
+            if after_event is not None:
+                after_event(self, record)
+        run.virtual_time_s = self.clock.now
+        return run
+
+    # --- checkpoints
+    def state_arrays(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The server's state and the loop's (``(arrays, JSON meta)``), after an event."""
+        arrays, meta = self.server.state_arrays()
+        flight = sorted(r.request_id for r in self.server.in_flight.values())
+        arrays["flight.sent"] = np.array([self.issued[i][0] for i in flight])
+        arrays["flight.seq"] = np.array([self.issued[i][1] for i in flight], dtype=np.int64)
+        meta.update(now=self.clock.now, seq=self.clock.seq, idle=list(self.idle),
+                    draining=self.draining, records=self.run_.records)
+        return arrays, meta
+
+    def restore(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+        """Continue from :meth:`state_arrays`' output: the server's state, the records, and
+        the requests in flight re-issued through the transport with their original send
+        times and queue order (the events of requests no longer in flight are dropped:
+        late duplicates and expiries of answered requests change nothing)."""
+        self.server.restore(arrays, meta)
+        self.run_.records = [dict(r) for r in meta["records"]]
+        self.idle = deque(int(t) for t in meta["idle"])
+        self.draining = bool(meta["draining"])
+        self.clock = _Clock()
+        self.clock.now = float(meta["now"])
+        self._reissue = sorted(self.server.in_flight.values(), key=lambda r: r.request_id)
+        for sent, seq, request in zip(arrays["flight.sent"], arrays["flight.seq"],
+                                      self._reissue, strict=True):
+            self.issued[request.request_id] = (float(sent), int(seq))
+        self.clock.seq = int(meta["seq"])
+
+    def _requeue(self) -> None:
+        """Re-issue the restored requests in flight (once, when the run goes on)."""
+        end = self.clock.seq
+        for request in self._reissue:
+            sent, self.clock.seq = self.issued[request.request_id]  # the original order
+            self._queue(request, sent)
+        self.clock.seq = max(self.clock.seq, end)
+        self._reissue = []
 
 
 def _record(server: AsyncMochaServer, time_s: float, outcome: Outcome) -> dict[str, Any]:

@@ -6,7 +6,7 @@ is one ``train`` message pushed to the task's node (``Grid.push_messages``), its
 pulled (``Grid.pull_messages``) and read through the trust boundary
 (:class:`~fmtl_flower.strategies.trust.ReplyBoundary`: anything wrong with a reply is a logged
 rejection, theta = 1, never an exception), and the event loop of
-:func:`~fmtl_flower.core.async_mocha.run_protocol` applies the replies in the order of their
+:class:`~fmtl_flower.core.async_mocha.EventLoop` applies the replies in the order of their
 virtual finish times. So for the same seed the records equal those of
 :func:`~fmtl_flower.core.async_mocha.simulate_async_mocha` (a test checks it in-process).
 
@@ -21,19 +21,55 @@ query ``whoami``: as MOCHA's (:mod:`fmtl_flower.strategies.mocha`): ConfigRecord
     ``sigma-prime`` float > 0, ``budget`` int >= 0, ``seed`` int, ``confirm-id`` int >= 0
     (the task's newest request whose reply was applied, 0: none), ``confirm-gamma`` float
     in [0, 1] (the factor it was applied with), ``method`` str (``mocha``: SDCA for the
-    budget; ``cocoa``: until the local gap falls by ``theta`` float, at most the budget).
+    budget; ``cocoa``: until the local gap falls by ``theta`` float, at most the budget),
+    ``keep-id`` int >= 0 (the task's ``confirm-id`` at the server's newest checkpoint, 0:
+    none; the device keeps its newest committed state not after it, its stable copy, and
+    goes back to it when a ``confirm-id`` names it: the server resumed from the checkpoint).
     Reply: arrays ``delta-b`` float64 (d,); metrics
     ``task-id``, ``request-id``, ``delta-dual-mean`` (the change of the conjugate term,
     |.| <= 1), ``loss-mean`` (>= 0, at the w received), ``dual-mean`` (in [0, 1], after the
     commit), ``steps`` (int), ``state-ok`` (0/1).
 
-Every reply is validated (keys, dtypes, shapes, finite values, matching task and request) and
-|delta-b| is bounded by the task's ``max-row-norm`` times min(budget, n) / n, as MOCHA's.
+Every reply is validated (keys, dtypes, shapes, finite values, matching task and request)
+at the trust boundary; its numbers are then checked by the server as it applies the reply
+(:class:`~fmtl_flower.core.async_mocha.ReplyBounds` and the certificate's check of
+:class:`~fmtl_flower.core.async_mocha.AsyncMochaServer`, as synchronous MOCHA's,
+:mod:`fmtl_flower.strategies.mocha`): ``loss-mean <= 1 + R_t |w_t|``,
+``|delta-b| <= R_t min(budget, n_t) / n_t``, in robust mode ``|b_t + delta-b| <= R_t``, and
+``loss-mean - dual-mean + w_t . b_t >= 0`` for the reported pair and for the pair after the
+update (so every certified gap is >= 0). A reply that fails is ``invalid`` (theta = 1), logged
+with its reason; ``final`` counts the certificate's rejections
+(``certificate_rejections_total``).
+
+Robust mode (``robust``, default on; ``robust=False`` takes every device at its word), as
+synchronous MOCHA's (:mod:`fmtl_flower.strategies.linear_tasks`): R_t is
+min(the device's ``max-row-norm``, the log-scale upper fence of every task's
+(:func:`~fmtl_flower.core.robust.log_upper_fence`: 10 times their median unless the honest
+values spread wider), the discovery limit); the ``n-train`` the budgets are computed from is
+capped by the fence of the reported n's (and the discovery limit); the dual-image bound
+above is on. A configured ``max_row_norm`` overrides the devices' reports. Not done here:
+synchronous MOCHA's decoupling of outlier tasks.
+
+Checkpoints
+-----------
+:meth:`AsyncMocha.enable_checkpoints` writes the state after every ``every x m`` applied
+replies and after the last (:mod:`fmtl_flower.checkpoint`: atomic, pickle-free files
+``round-NNNNNN.npz`` named by the rounds of work applied, applied replies // m; ``final``
+says ``resumed_from``, in the same unit): the server's state and bookkeeping, the requests
+in flight with their virtual send times and queue order, the records
+(:meth:`~fmtl_flower.core.async_mocha.EventLoop.state_arrays`). A resumed run re-issues the
+requests that were in flight, unchanged, at their original virtual times. Every request
+carries ``keep-id``, the task's ``confirm-id`` at the newest checkpoint: the device keeps its
+newest committed state not after it and goes back to it when the resumed server confirms
+it. So with devices that kept their state the resumed run continues bit for bit (same
+records, W, certificate); a device that lost its state restarts from alpha = 0 and says so
+(the server resets b_t): consistent, not bit for bit. The devices keep their state in
+``context.state`` only (no state files yet), which a real Flower deployment loses when the
+resumed server starts a new run.
 
 Scope of this version: the virtual clock only (in-process engine; on Ray each request is
 pulled before the next event, so the wall-clock run is serial); fixed Omega or Omega-steps
-with draining; no checkpoints, packed nodes, robust-mode statistics or deployment real-time
-mode yet.
+with draining; no packed nodes, device state files or deployment real-time mode yet.
 """
 
 from __future__ import annotations
@@ -42,6 +78,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -50,20 +87,31 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from ..checkpoint import check_fingerprint, read_checkpoint, write_checkpoint
 from ..core.async_mocha import (
     APPLIED,
+    INVALID,
     AsyncMochaServer,
+    EventLoop,
     Rejected,
     Reply,
+    ReplyBounds,
     Request,
     Run,
-    run_protocol,
 )
 from ..core.formulations import make_formulation
 from ..core.mocha import MochaServerState
+from ..core.robust import log_upper_fence
 from ..systems.timing import node_times
 from ..wire import array_record, config_record, from_array, message, record_dict
-from .discovery import ReplyError, arrays_of, read_metrics
+from .discovery import (
+    MAX_N,
+    MAX_ROW_NORM,
+    ReplyError,
+    arrays_of,
+    read_metrics,
+    wait_for_nodes,
+)
 from .trust import BOUND_SLACK, ReplyBoundary, ReplyContract
 
 if TYPE_CHECKING:
@@ -107,6 +155,14 @@ class AsyncMocha(Strategy):
         The run seed.
     method, theta : str, float
         ``mocha``, or ``cocoa`` (the CoCoA baseline) with its theta in (0, 1).
+    robust : bool
+        Distrust the devices' claims (module docstring, "Robust mode").
+    num_tasks : int or None
+        The tasks to wait for: discovery waits (at most ``start``'s ``timeout``) until the
+        grid has that many nodes (None: the nodes online when the run starts; on Ray they
+        register after the ServerApp has started).
+    max_row_norm : float or None
+        The bound R on every task's training-row norms (None: each device's report).
     on_round : callable, optional
         Called with the record that completes each ``m`` applied replies (a "round" of work).
     """
@@ -118,6 +174,8 @@ class AsyncMocha(Strategy):
                  omega_every: int = 0, network: str = "lte", time_model: str = "physical",
                  request_timeout_s: float | None = None, pull_timeout_s: float = 600.0,
                  seed: int = 0, method: str = "mocha", theta: float = 0.5,
+                 robust: bool = True, max_row_norm: float | None = None,
+                 num_tasks: int | None = None,
                  on_round: Callable[[dict[str, Any]], None] | None = None) -> None:
         if concurrency is not None and concurrency < 1:
             raise ValueError(f"concurrency must be >= 1 (or None: every task), got {concurrency}")
@@ -132,13 +190,19 @@ class AsyncMocha(Strategy):
         self.network, self.time_model = network, time_model
         self.request_timeout_s, self.pull_timeout_s = request_timeout_s, pull_timeout_s
         self.seed, self.method, self.theta, self.on_round = seed, method, theta, on_round
+        self.robust, self.max_row_norm = bool(robust), max_row_norm
+        self.num_tasks = num_tasks
         self.replies = ReplyBoundary(NAME, REPLY_CONTRACTS, sizes=lambda: {"d": self.dim})
         self.dim = 0
         self.run: Run | None = None
+        self.checkpoint_dir: Path | None = None
+        self.checkpoint_every, self.resume, self.resumed_from = 1, True, 0
+        self.num_rounds = 0
 
     @classmethod
     def from_settings(cls, settings: MochaSettings,
-                      on_round: Callable[[dict[str, Any]], None] | None = None) -> AsyncMocha:
+                      on_round: Callable[[dict[str, Any]], None] | None = None,
+                      num_tasks: int | None = None) -> AsyncMocha:
         """The strategy of ``fmtl run async-mocha`` / ``async-cocoa``: MOCHA's settings
         (lambda, the formulation and its options, local-frac, network, time model, gamma,
         theta, seed) and ``concurrency``, ``tau``, ``latency_sigma``. MOCHA's systems
@@ -150,6 +214,8 @@ class AsyncMocha(Strategy):
                    local_frac=settings.local_frac, omega_every=settings.omega_every,
                    network=settings.network, time_model=settings.time_model,
                    seed=settings.seed, theta=settings.theta, on_round=on_round,
+                   robust=settings.robust, max_row_norm=settings.max_row_norm,
+                   num_tasks=num_tasks,
                    method="cocoa" if settings.method == "async-cocoa" else "mocha")
 
     # Strategy's round-based interface: not used (there are no rounds) -----------------------
@@ -187,21 +253,29 @@ class AsyncMocha(Strategy):
         m = len(nodes)
         n = np.array([info[t]["n-train"] for t in range(m)], dtype=np.int64)
         self.dim = int(info[0]["dim"])
-        self.row_norm = np.array([info[t]["max-row-norm"] for t in range(m)])
-        budgets = np.maximum(np.floor(self.local_frac * n), 1).astype(np.int64)
+        claimed = np.array([info[t]["max-row-norm"] for t in range(m)])
+        self.row_norm = self._row_norms(claimed)
+        budgets = np.maximum(np.floor(self.local_frac * self._budget_sizes(n)), 1
+                             ).astype(np.int64)
         self.budgets, self.n = budgets, n
         seconds = node_times(budgets, self.dim, "mocha", self.network, model=self.time_model)
         formulation = make_formulation(self.omega, m, lam=self.lam, **self.formulation_options)
         server = AsyncMochaServer(MochaServerState.zeros(self.dim, formulation), budgets,
                                   concurrency=m if self.concurrency is None else self.concurrency,
                                   tau=self.tau, gamma=self.gamma, seed=self.seed,
-                                  method=self.method, theta=self.theta)
+                                  method=self.method, theta=self.theta,
+                                  bounds=ReplyBounds(self.row_norm, n, self.robust,
+                                                     BOUND_SLACK))
         self.run = Run(server, [])
-        transport = _GridTransport(self, grid, nodes)
-        run_protocol(self.run, seconds, transport, replies=num_rounds * m,
-                     latency_sigma=self.latency_sigma, seed=self.seed,
-                     omega_every=self.omega_every, timeout_s=self.request_timeout_s,
-                     on_event=lambda run, record: self._on_event(record, m))
+        loop = EventLoop(self.run, seconds, _GridTransport(self, grid, nodes),
+                         latency_sigma=self.latency_sigma, seed=self.seed,
+                         omega_every=self.omega_every, timeout_s=self.request_timeout_s)
+        self.num_rounds = num_rounds
+        if self.checkpoint_dir is not None and self.resume:
+            self._resume(loop)
+        loop.run(num_rounds * m, on_event=lambda run, record: self._on_event(record, m),
+                 after_event=None if self.checkpoint_dir is None else self._maybe_checkpoint)
+        server = self.run.server
         result = Result()
         result.arrays = ArrayRecord({"W": array_record({"W": server.state.W})["W"]})
         final = self.results()["final"]
@@ -209,9 +283,83 @@ class AsyncMocha(Strategy):
             {k: v for k, v in final.items() if isinstance(v, (int, float))})
         return result
 
+    # checkpoints -----------------------------------------------------------------------------
+    def enable_checkpoints(self, directory: str | Path, every: int = 1,
+                           resume: bool = True) -> None:
+        """Write a checkpoint after every ``every x m`` applied replies (``every`` rounds of
+        work) and the last; with ``resume``, continue from the newest one in ``directory``
+        when the run starts (module docstring, "Checkpoints")."""
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"checkpoint every must be an int >= 1, got {every!r}")
+        self.checkpoint_dir, self.checkpoint_every = Path(directory), every
+        self.resume = bool(resume)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The settings a checkpoint must have been written with to be resumed."""
+        return {"strategy": NAME, "num_tasks": self.run.server.state.num_tasks if self.run
+                else None, "lam": self.lam, "omega": self.omega,
+                "formulation": self.formulation_options, "concurrency": self.concurrency,
+                "tau": self.tau, "latency_sigma": self.latency_sigma, "gamma": self.gamma,
+                "local_frac": self.local_frac, "omega_every": self.omega_every,
+                "network": str(self.network), "time_model": self.time_model,
+                "request_timeout_s": self.request_timeout_s, "seed": self.seed,
+                "method": self.method, "theta": self.theta, "robust": self.robust,
+                "max_row_norm": self.max_row_norm}
+
+    def _maybe_checkpoint(self, loop: EventLoop, record: dict[str, Any]) -> None:
+        """After an event: write a checkpoint when ``every x m`` more replies were applied,
+        or the run's last one was."""
+        m = loop.server.state.num_tasks
+        applied = record["applied"]
+        if record["status"] != APPLIED or (applied % (self.checkpoint_every * m)
+                                           and applied != self.num_rounds * m):
+            return
+        assert self.checkpoint_dir is not None
+        arrays, meta = loop.state_arrays()
+        path = write_checkpoint(self.checkpoint_dir, applied // m, arrays,
+                                {**meta, "fingerprint": self.fingerprint()})
+        log(INFO, "%s: checkpoint after %d applied replies written to %s", NAME, applied, path)
+
+    def _resume(self, loop: EventLoop) -> None:
+        """Continue from the newest checkpoint, if any (its settings must be this run's)."""
+        assert self.checkpoint_dir is not None
+        checkpoint = read_checkpoint(self.checkpoint_dir)
+        if checkpoint is None:
+            log(INFO, "%s: no checkpoint in %s; starting afresh", NAME, self.checkpoint_dir)
+            return
+        check_fingerprint(checkpoint, self.fingerprint())
+        loop.restore(checkpoint.arrays, checkpoint.meta)
+        self.resumed_from = checkpoint.server_round
+        log(INFO, "%s: resumed from %s (%d rounds of replies applied; %d requests in flight "
+            "re-issued)", NAME, checkpoint.path, checkpoint.server_round,
+            len(loop.server.in_flight))
+
+    def _row_norms(self, claimed: np.ndarray) -> np.ndarray:
+        """R_t: the configured ``max_row_norm``, else the devices' claims, in robust mode
+        capped by their log-scale upper fence and the discovery limit."""
+        if self.max_row_norm is not None:
+            return np.full(claimed.shape, float(self.max_row_norm))
+        if not self.robust:
+            return claimed
+        return np.minimum(claimed, min(log_upper_fence(claimed), MAX_ROW_NORM))
+
+    def _budget_sizes(self, n: np.ndarray) -> np.ndarray:
+        """The ``n-train`` the budgets come from: as reported, in robust mode capped by the
+        log-scale upper fence of the reported n's and the discovery limit."""
+        if not self.robust:
+            return n
+        return np.minimum(n, math.floor(min(log_upper_fence(n), MAX_N)))
+
     def _on_event(self, record: dict[str, Any], m: int) -> None:
         """Log, and pass each completed round's record (m more replies applied) to
         ``on_round``."""
+        rejected = self.run.server.last_rejection if self.run is not None else None
+        if record["status"] == INVALID and rejected is not None \
+                and rejected.task == record["task"]:
+            log(WARNING, "%s: task %d's reply rejected: %s", NAME, rejected.task,
+                rejected.reason)
+            self.run.server.last_rejection = None
+            return
         _log_record(record, m)
         if self.on_round is not None and record["status"] == APPLIED \
                 and record["applied"] % m == 0:
@@ -231,12 +379,15 @@ class AsyncMocha(Strategy):
                  "primal": None if cert is None else cert.primal, "dual": server.dual(),
                  "gap": None if cert is None else cert.gap,
                  "virtual_time_s": self.run.virtual_time_s,
-                 "replies_applied": server.counts[APPLIED], **{
+                 "replies_applied": server.counts[APPLIED], "resumed_from": self.resumed_from,
+                 "certificate_rejections_total": server.certificate_rejections, **{
                      f"replies_{k}": v for k, v in server.counts.items() if k != APPLIED}}
         return {"rounds": records, "final": final}
 
     def _discover(self, grid: Grid, timeout: float) -> tuple[list[int], dict[int, dict]]:
         """Ask every node ``whoami``; tasks must be 0 .. m-1 with one node each."""
+        if self.num_tasks:
+            wait_for_nodes(grid, self.num_tasks, timeout, NAME)
         self.replies.begin()
         sent = [self.replies.track(-1 - i, node, message(record_dict({}), node, "query.whoami"))
                 for i, node in enumerate(grid.get_node_ids())]
@@ -269,9 +420,6 @@ class AsyncMocha(Strategy):
         if d_b.dtype != np.float64 or d_b.shape != (self.dim,) or not np.isfinite(d_b).all():
             raise ReplyError(f"'delta-b' must be finite float64 ({self.dim},)")
         t = request.task
-        bound = self.row_norm[t] * min(request.budget, self.n[t]) / self.n[t]
-        if float(np.linalg.norm(d_b)) > bound * BOUND_SLACK:
-            raise ReplyError(f"|delta-b| {np.linalg.norm(d_b):.3g} above its bound {bound:.3g}")
         if abs(values["delta-dual-mean"]) > 1 or values["loss-mean"] < 0 \
                 or not 0 <= values["dual-mean"] <= 1 or values["state-ok"] not in (0, 1):
             raise ReplyError("delta-dual-mean, loss-mean, dual-mean or state-ok out of range")
@@ -294,7 +442,7 @@ class _GridTransport:
             "m-tt": request.m_tt, "sigma-prime": request.sigma_prime, "budget": request.budget,
             "seed": request.seed, "confirm-id": request.confirm_id,
             "confirm-gamma": request.confirm_gamma, "method": request.method,
-            "theta": request.theta})
+            "theta": request.theta, "keep-id": request.keep_id})
         msg = message(record_dict({"arrays": array_record({"w": request.w}), "config": config}),
                       node, "train")
         s.replies.begin()

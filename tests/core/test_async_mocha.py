@@ -18,6 +18,7 @@ from fmtl_flower.core.async_mocha import (
     UNKNOWN,
     AsyncDevice,
     AsyncMochaServer,
+    ReplyBounds,
     async_sigma_prime,
     coupling_max,
     latency_factor,
@@ -25,6 +26,7 @@ from fmtl_flower.core.async_mocha import (
     simulate_async_mocha,
     simulate_sync_mocha,
 )
+from fmtl_flower.core.certificate import REASON_PREFIX
 from fmtl_flower.core.formulations import make_formulation, sigma_prime
 from fmtl_flower.core.hinge import hinge_conjugate_value
 from fmtl_flower.core.mocha import MochaServerState
@@ -284,6 +286,81 @@ def test_device_that_lost_its_state_is_reset():
     assert server.counts["resets"] == 1
     server.receive(devices[1].handle(server.issue(1)))
     _check_consistent(server, devices, tasks)
+
+
+def test_restarted_device_whose_reply_is_rejected_keeps_saying_so():
+    """A device that restarted from alpha = 0 and whose reply is then rejected: the server's
+    b_t stays as it was (the reset is undone with the reply), and the device's next reply still
+    says it restarted, so the reset happens when a reply of it is applied: B and the devices
+    never drift apart."""
+    tasks = _tasks(m=3)
+    server, devices = _server(tasks, lam2=0.01)
+    for _ in range(2):
+        for t in range(3):
+            server.receive(devices[t].handle(server.issue(t)))
+    B, W = server.state.B.copy(), server.state.W.copy()
+    devices[1] = AsyncDevice(1, *tasks[1])  # restarted: alpha = 0
+    reply = devices[1].handle(server.issue(1))
+    assert server.receive(dataclasses.replace(reply, d_b=reply.d_b * np.nan)).status == INVALID
+    assert np.array_equal(server.state.B, B) and np.array_equal(server.state.W, W)
+    again = devices[1].handle(server.issue(1))
+    assert not again.state_ok
+    assert server.receive(again).status == APPLIED and server.counts["resets"] == 1
+    server.receive(devices[1].handle(server.issue(1)))
+    _check_consistent(server, devices, tasks)
+
+
+def _laps(server, devices, laps):
+    for _ in range(laps):
+        for t in range(len(devices)):
+            server.receive(devices[t].handle(server.issue(t)))
+
+
+def test_certificate_check_rejects_a_forged_pair_before_and_after_the_update():
+    """The reported pair (a loss of 0 claimed) and the pair the certificate would use after
+    the update (an inflated change of the conjugate term, which would raise the dual): both
+    rejected, counted, nothing changed; the honest replies all pass."""
+    tasks = _tasks(m=4)
+    server, devices = _server(tasks, lam2=0.01)
+    _laps(server, devices, 3)
+    assert server.counts[INVALID] == 0 and server.certificate_rejections == 0
+    for forge, where in ((lambda r: dataclasses.replace(r, loss_mean=0.0)), "Fenchel"), \
+            ((lambda r: dataclasses.replace(r, delta_dual=1.0)), "after the update"):
+        B, dual, eval_loss = server.state.B.copy(), server.dual(), server.eval_loss.copy()
+        outcome = server.receive(forge(devices[2].handle(server.issue(2))))
+        assert outcome.status == INVALID and where in outcome.reason
+        assert outcome.reason.startswith(REASON_PREFIX)
+        assert np.array_equal(server.state.B, B) and server.dual() == dual
+        assert np.array_equal(server.eval_loss, eval_loss, equal_nan=True)
+    assert server.certificate_rejections == 2
+    _laps(server, devices, 2)
+    _check_consistent(server, devices, tasks)
+    assert server.certificate().gap >= 0
+
+
+@pytest.mark.parametrize("robust", [True, False])
+def test_dual_image_bound_stops_updates_that_add_up_beyond_the_row_norm(robust):
+    """Task 0's device sends, every time, the largest delta-b one reply may carry
+    (R_0 min(budget, n) / n), always in the same direction: each passes the per-reply bound,
+    but from the second one on, b_0 + delta-b is longer than R_0, which no feasible alpha
+    gives: robust mode rejects them (and the reply's other checks pass: it is the image
+    bound); without it they are applied."""
+    tasks = _tasks(m=3)
+    server, devices = _server(tasks, lam2=0.01)
+    server.bounds = ReplyBounds.of_tasks(tasks, robust=robust)
+    R, d = server.bounds.row_norm[0], tasks[0][0].shape[1]
+    statuses = []
+    for _ in range(3):
+        reply = devices[0].handle(server.issue(0))
+        push = np.full(d, R * (1 - 1e-9) / np.sqrt(d))
+        outcome = server.receive(dataclasses.replace(reply, d_b=push, delta_dual=1.0))
+        statuses.append(outcome.status)
+    if robust:
+        assert statuses == [APPLIED, INVALID, INVALID]
+        assert "|b_t + delta-b|" in server.last_rejection.reason
+        assert np.linalg.norm(server.state.B[:, 0]) <= R
+    else:
+        assert statuses[1:] == [APPLIED, APPLIED]
 
 
 def test_simulation_with_lost_and_duplicated_replies_still_converges():
