@@ -34,12 +34,11 @@ is then retrained on the full training split and scored once on the test split. 
 * FedAvg: lr in :data:`FEDAVG_LRS`, rounds as for MOCHA (one run per lr);
 * local models: C in :data:`LOCAL_CS`.
 
-``mocha-identity`` is not part of it (``--methods`` must leave it out). ``--select none`` (the
+``mocha-identity`` is not part of it. ``--select none`` (the
 default) runs the given ``--lam``, ``--loss`` and ``--rounds`` with no selection.
 
 Usage: python benchmarks/mocha_multiclass_digits.py [--rounds 100] [--seed 0] [--lam 1e-3]
-       python benchmarks/mocha_multiclass_digits.py --select validation --seed 0 \
-           --methods mocha,fedavg,local-logreg,local-svm
+       python benchmarks/mocha_multiclass_digits.py --select validation --seed 0
 """
 
 from __future__ import annotations
@@ -234,8 +233,9 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=10)
     parser.add_argument("--lam", type=float, default=1e-3, help="MOCHA's lambda")
     parser.add_argument("--loss", default="hinge", help="MOCHA's loss (mocha.loss)")
-    parser.add_argument("--methods", default="mocha,mocha-identity,fedavg,local-logreg,local-svm",
-                        help="comma-separated subset of the methods to run")
+    parser.add_argument("--methods", default=None,
+                        help="comma-separated subset of the methods to run (default: all of "
+                             "those of the --select mode)")
     parser.add_argument("--select", choices=("none", "validation"), default="none",
                         help="validation: hyper-parameters picked on 20%% of each device's "
                              "training data, then retrained and scored once on the test split")
@@ -254,7 +254,7 @@ def main() -> None:
             "fedavg": lambda: run_fedavg(tasks, args.rounds, args.seed),
             "local-logreg": lambda: run_local(tasks, "logreg", args.seed),
             "local-svm": lambda: run_local(tasks, "svm", args.seed)}
-    methods = args.methods.split(",")
+    methods = args.methods.split(",") if args.methods else list(runs)
     unknown = sorted(set(methods) - set(runs))
     if unknown:
         parser.error(f"unknown methods {unknown} (with --select {args.select}); choose from "
