@@ -195,7 +195,9 @@ class _LazyHandlers:
             return self.get("fsvrg")
         if cfg.strategy == "mb-sgd":
             return self.get("mb-sgd")
-        return self.get("ofmtl" if cfg.strategy == "ofmtl" else "mocha")
+        if cfg.strategy == "ofmtl":
+            return self.get("ofmtl")
+        return self.get("mocha", mocha_labels(cfg))
 
     def stacked(self, protocol: str) -> Callable[..., Any]:
         """The stacked handler of ``protocol`` ("mocha", "mb-sgd", "fedem" or "fsvrg",
@@ -210,11 +212,14 @@ class _LazyHandlers:
 
         return handle
 
-    def get(self, family: str) -> Any:
-        """The handlers of ``family`` (mocha, ofmtl, mb-sgd, fedem or fsvrg), built once."""
-        client = self._clients.get(family)
+    def get(self, family: str, labels: str | None = None) -> Any:
+        """The handlers of ``family`` (mocha, ofmtl, mb-sgd, fedem or fsvrg), built once
+        (MOCHA's once per ``labels`` mode, :func:`mocha_labels`)."""
+        key = family if labels is None else (family, labels)
+        client = self._clients.get(key)
         if client is None:
-            client = self._clients[family] = _client_class(family)(self._load)
+            extra = {} if labels is None else {"labels": labels}
+            client = self._clients[key] = _client_class(family)(self._load, **extra)
         return client
 
 
@@ -267,7 +272,28 @@ def _client_app_of(config: RunConfig, load: Callable[[Context], tuple[np.ndarray
         return make_async_mocha_client_app(load)
     from ..clients.mocha import make_mocha_client_app
 
-    return make_mocha_client_app(load, state_dir=config.client_state_dir or None)
+    return make_mocha_client_app(load, state_dir=config.client_state_dir or None,
+                                 labels=mocha_labels(config))
+
+
+def mocha_labels(cfg: RunConfig) -> str:
+    """The label mode of MOCHA's devices in a run of ``cfg``: ``"auto"`` (K classes agreed
+    at discovery, :mod:`fmtl_flower.core.multiclass`) when the dataset holds more than two
+    distinct labels (``digits-dirichlet``), else ``"pm1"`` as before (binary runs unchanged;
+    lazy and sparse datasets are not scanned)."""
+    from ..data import MultiTaskDataset
+    from ..data.lazy import LazyFederatedDataset
+
+    data = dataset_for(cfg)
+    if not isinstance(data, MultiTaskDataset) or isinstance(data, LazyFederatedDataset):
+        return "pm1"
+    labels: set[Any] = set()
+    for task in data.tasks:
+        labels.update(np.unique(task.y_train).tolist())
+        labels.update(np.unique(task.y_test).tolist())
+        if len(labels) > 2:
+            return "auto"
+    return "pm1"
 
 
 def strategy_from_config(cfg: RunConfig, num_tasks: int,

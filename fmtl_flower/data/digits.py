@@ -10,18 +10,22 @@ dominant classes), redrawn from the same stream until every device has at least
 (``test_frac``, stratified by class, :func:`~fmtl_flower.data.split.split_tasks`). Labels
 are the digits 0..9 as float64: a multi-class problem for MOCHA's devices built with
 ``labels="auto"`` (:mod:`fmtl_flower.core.multiclass`) and class ids for the FedEM family.
+
+:func:`validation_split` holds out part of every device's TRAINING data (stratified) to pick
+hyper-parameters on, without looking at the test split.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..core.rng import TAG_DIGITS
+from ..core.rng import TAG_CV, TAG_DIGITS
 from .dataset import MultiTaskDataset
 from .fedem_images import dirichlet_label_split
-from .split import split_tasks
+from .split import split_tasks, train_test_split_task
 
-__all__ = ["DIGITS_DIRICHLET", "load_digits_arrays", "make_digits_dirichlet"]
+__all__ = ["DIGITS_DIRICHLET", "load_digits_arrays", "make_digits_dirichlet",
+           "validation_split"]
 
 DIGITS_DIRICHLET = "digits-dirichlet"
 #: Redraws of the split before giving up on ``min_samples``.
@@ -75,3 +79,36 @@ def make_digits_dirichlet(num_tasks: int = 10, alpha: float = 0.5, test_frac: fl
                          f"devices {min_samples} samples in {MAX_DRAWS} draws")
     return split_tasks([X[p] for p in parts], [y[p].astype(np.float64) for p in parts],
                        test_frac, seed, DIGITS_DIRICHLET)
+
+
+def validation_split(data: MultiTaskDataset, val_frac: float = 0.2,
+                     seed: int = 0) -> MultiTaskDataset:
+    """Every device's training data split into a fitting part and a validation part.
+
+    The test split is not read: task ``t``'s training samples are cut by
+    :func:`~fmtl_flower.data.split.train_test_split_task` (stratified by class; a class with
+    one training sample stays in the fitting part) with ``np.random.default_rng([seed, t,
+    TAG_CV])``, the tag of :mod:`fmtl_flower.model_selection`'s folds.
+
+    Parameters
+    ----------
+    data : MultiTaskDataset
+        The dataset whose training parts are split (e.g. :func:`make_digits_dirichlet`'s).
+    val_frac : float, default 0.2
+        Per-class share of each device's training samples held out, in (0, 1).
+    seed : int, default 0
+        Seeds the cut.
+
+    Returns
+    -------
+    MultiTaskDataset
+        Named ``"<name>-validation"``: each task's ``X_train, y_train`` the fitting part and
+        its ``X_test, y_test`` the validation part.
+    """
+    if not 0.0 < val_frac < 1.0:
+        raise ValueError(f"val_frac must be in (0, 1), got {val_frac!r}")
+    tasks = tuple(train_test_split_task(task.X_train, task.y_train, val_frac,
+                                        np.random.default_rng([seed, t, TAG_CV]),
+                                        name=f"{data.name}: task {t}")
+                  for t, task in enumerate(data.tasks))
+    return MultiTaskDataset(name=f"{data.name}-validation", tasks=tasks)

@@ -36,3 +36,26 @@ def test_the_split_is_seeded_and_checked():
         load_dataset("digits-dirichlet", dim=5)
     with pytest.raises(ValueError, match="num_tasks must be"):
         make_digits_dirichlet(num_tasks=500)
+
+
+def test_the_validation_split_cuts_the_training_data_only():
+    from fmtl_flower.data.digits import validation_split
+
+    data = make_digits_dirichlet(seed=1)
+    held = validation_split(data, 0.2, seed=1)
+    assert held.name == "digits-dirichlet-validation" and len(held.tasks) == len(data.tasks)
+    for task, part in zip(data.tasks, held.tasks, strict=True):
+        rows = np.concatenate([part.X_train, part.X_test])
+        labels = np.concatenate([part.y_train, part.y_test])
+        order = np.lexsort(rows.T)
+        expected = np.lexsort(task.X_train.T)  # a partition of the training rows
+        np.testing.assert_array_equal(rows[order], task.X_train[expected])
+        np.testing.assert_array_equal(labels[order], task.y_train[expected])
+        for c in np.unique(task.y_train):  # stratified: round(0.2 n_c) of each class held out
+            n_c = int(np.count_nonzero(task.y_train == c))
+            assert np.count_nonzero(part.y_test == c) == max(0, min(round(0.2 * n_c), n_c - 1))
+    again = validation_split(data, 0.2, seed=1)
+    assert all(np.array_equal(a.y_test, b.y_test) for a, b in zip(held.tasks, again.tasks,
+                                                                  strict=True))
+    with pytest.raises(ValueError, match="val_frac must be in"):
+        validation_split(data, 0.0)
