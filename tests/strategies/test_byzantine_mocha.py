@@ -728,16 +728,23 @@ def test_an_honest_federation_runs_as_without_robust_mode(problem, family):
     assert same_records(on, off)
 
 
-@pytest.fixture(scope="module")
-def label_skewed_digits() -> list[Any]:
+def label_skewed_digits(seed: int) -> list[Any]:
     """Ten devices of scikit-learn's digits with Dirichlet label skew (10 classes, lifted to
     one-vs-rest blocks of d K features by MOCHA's multi-class lifting)."""
-    return list(load_dataset("digits-dirichlet", num_tasks=TASKS, seed=0).tasks)
+    return list(load_dataset("digits-dirichlet", num_tasks=TASKS, seed=seed).tasks)
 
 
-@pytest.mark.parametrize("loss", ["logistic", "squared", "smoothed-hinge", "hinge"])
-def test_an_honest_multiclass_federation_runs_as_without_robust_mode(label_skewed_digits,
-                                                                     loss):
+OPEN_SEED_1 = pytest.mark.xfail(strict=True, reason=(
+    "open (issue 25): with seed 1, 4 of the 10 honest devices (1, 2, 3, 8) lie 5 to 14 "
+    "times ahead of the other 6's median |b_t|, hold still (not shrinking) while the fences "
+    "grow 34-47 % a round, and 1, 8 are decoupled in round 3 by the consensus fence; no "
+    "rule on moving back separates them from a device held still at its bound"))
+
+
+@pytest.mark.parametrize("seed, loss", [
+    (0, "logistic"), (0, "squared"), (0, "smoothed-hinge"), (0, "hinge"),
+    pytest.param(1, "logistic", marks=OPEN_SEED_1)])
+def test_an_honest_multiclass_federation_runs_as_without_robust_mode(seed, loss):
     """Multi-class, label-skewed devices with an intercept under ``mean`` (lam = 1e-3,
     lam2 = 1e-5): honest dual images differ a lot in size and direction early in the run
     (with the logistic loss one device's b_t is 14 times the others' median in round 1:
@@ -745,7 +752,7 @@ def test_an_honest_multiclass_federation_runs_as_without_robust_mode(label_skewe
     toward it. Robust mode decoupled it in round 3 (size and consensus fences, three rounds
     running, its own statistic barely shrinking); the fences now judge moving back against
     the federation's fence, and the records equal robust mode off's."""
-    tasks = label_skewed_digits
+    tasks = label_skewed_digits(seed)
 
     def load(context: Context) -> tuple[np.ndarray, ...]:
         t = tasks[default_task_id(context)]
@@ -753,7 +760,7 @@ def test_an_honest_multiclass_federation_runs_as_without_robust_mode(label_skewe
 
     def one(robust: bool) -> Any:
         strategy = Mocha(TASKS, lam=1e-3, lam2=1e-5, omega="mean", fit_intercept=True,
-                         loss=loss, seed=0, discovery_timeout=5.0, robust=robust)
+                         loss=loss, seed=seed, discovery_timeout=5.0, robust=robust)
         grid = HostileGrid(make_mocha_client_app(load, labels="auto"), TASKS)
         strategy.start(grid=grid, num_rounds=12, timeout=60.0)
         return strategy
