@@ -32,9 +32,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from fmtl_flower import MbSgd, Mocha, make_mbsgd_client_app, make_mocha_client_app
+from fmtl_flower.clients.common import default_task_id
 from fmtl_flower.clients.packed_mbsgd import PackedMbSgd
 from fmtl_flower.clients.packed_mocha import PackedMocha
 from fmtl_flower.core.decoupling import (
@@ -48,6 +49,7 @@ from fmtl_flower.core.decoupling import (
     federation_scale,
 )
 from fmtl_flower.core.robust import log_upper_fence
+from fmtl_flower.data import load_dataset
 from fmtl_flower.packing import PackedGrid, packed_client_app, tasks_of_node
 from fmtl_flower.wire import from_array, to_array
 
@@ -698,22 +700,74 @@ LEARNED = {"probabilistic": {"omega": "probabilistic", "omega_every": 5},
            "clustered": {"omega": "clustered", "eta": 0.1, "clusters": 3, "omega_every": 5}}
 
 
-@pytest.mark.parametrize("family", ["mocha", "cocoa", "mb-sdca", "mbsgd", *LEARNED])
+#: MOCHA's other losses on the honest synthetic problem (``mean``).
+LOSSES = {loss: {**MEAN, "loss": loss} for loss in ("logistic", "squared", "smoothed-hinge")}
+
+
+def same_records(on: Any, off: Any) -> bool:
+    """Whether two runs' records are equal, bit for bit, but for timings and
+    ``tasks_decoupled`` (robust mode's key)."""
+    def numbers(strategy: Any) -> list[dict[str, Any]]:
+        return [{k: v for k, v in r.items() if not k.endswith("_s") and k != "tasks_decoupled"}
+                for r in strategy.records]
+    return numbers(on) == numbers(off)
+
+
+@pytest.mark.parametrize("family", ["mocha", "cocoa", "mb-sdca", "mbsgd", *LEARNED, *LOSSES])
 def test_an_honest_federation_runs_as_without_robust_mode(problem, family):
     """Nothing decoupled, nothing rejected: robust mode on an honest federation gives the
     same records, bit for bit, as robust mode off (the caps and fences do not bind; for
     MOCHA's learned formulations also the pull fence, whose honest pulls stay within 2.2
-    times their median here, and the coupling fence)."""
-    options = STRONG_MEAN if family == "mbsgd" else LEARNED.get(family, MEAN)
-    family = "mocha" if family in LEARNED else family
+    times their median here, and the coupling fence; also with the logistic, squared and
+    smoothed-hinge losses)."""
+    options = STRONG_MEAN if family == "mbsgd" else {**LEARNED, **LOSSES}.get(family, MEAN)
+    family = "mocha" if family in LEARNED or family in LOSSES else family
     _, on = run(problem, family, hostile=[], claim=None, robust=True, **options)
     _, off = run(problem, family, hostile=[], claim=None, robust=False, **options)
     assert not on.decoupled.any()
+    assert same_records(on, off)
 
-    def numbers(strategy: Any) -> list[dict[str, Any]]:
-        return [{k: v for k, v in r.items() if not k.endswith("_s") and k != "tasks_decoupled"}
-                for r in strategy.records]
-    assert numbers(on) == numbers(off)
+
+def label_skewed_digits(seed: int) -> list[Any]:
+    """Ten devices of scikit-learn's digits with Dirichlet label skew (10 classes, lifted to
+    one-vs-rest blocks of d K features by MOCHA's multi-class lifting)."""
+    return list(load_dataset("digits-dirichlet", num_tasks=TASKS, seed=seed).tasks)
+
+
+OPEN_SEED_1 = pytest.mark.xfail(strict=True, reason=(
+    "open (issue 25): with seed 1, 4 of the 10 honest devices (1, 2, 3, 8) lie 5 to 14 "
+    "times ahead of the other 6's median |b_t|, hold still (not shrinking) while the fences "
+    "grow 34-47 % a round, and 1, 8 are decoupled in round 3 by the consensus fence; no "
+    "rule on moving back separates them from a device held still at its bound"))
+
+
+@pytest.mark.parametrize("seed, loss", [
+    (0, "logistic"), (0, "squared"), (0, "smoothed-hinge"), (0, "hinge"),
+    pytest.param(1, "logistic", marks=OPEN_SEED_1)])
+def test_an_honest_multiclass_federation_runs_as_without_robust_mode(seed, loss):
+    """Multi-class, label-skewed devices with an intercept under ``mean`` (lam = 1e-3,
+    lam2 = 1e-5): honest dual images differ a lot in size and direction early in the run
+    (with the logistic loss one device's b_t is 14 times the others' median in round 1:
+    one sample's dual variable near 1 where the others' are near 0.005), then the others grow
+    toward it. Robust mode decoupled it in round 3 (size and consensus fences, three rounds
+    running, its own statistic barely shrinking); the fences now judge moving back against
+    the federation's fence, and the records equal robust mode off's."""
+    tasks = label_skewed_digits(seed)
+
+    def load(context: Context) -> tuple[np.ndarray, ...]:
+        t = tasks[default_task_id(context)]
+        return t.X_train, t.y_train, t.X_test, t.y_test
+
+    def one(robust: bool) -> Any:
+        strategy = Mocha(TASKS, lam=1e-3, lam2=1e-5, omega="mean", fit_intercept=True,
+                         loss=loss, seed=seed, discovery_timeout=5.0, robust=robust)
+        grid = HostileGrid(make_mocha_client_app(load, labels="auto"), TASKS)
+        strategy.start(grid=grid, num_rounds=12, timeout=60.0)
+        return strategy
+
+    on, off = one(True), one(False)
+    assert not on.decoupled.any()
+    assert same_records(on, off)
 
 
 # ------------------------------------------------------------------------------ the table
