@@ -29,9 +29,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable
+from logging import INFO
 from typing import Any
 
 from flwr.app import Message
+from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 __all__ = ["DEPLOYMENT_GRIDS", "PollingGrid", "check_interval", "poll_replies"]
@@ -138,4 +140,8 @@ def poll_replies(grid: Grid, interval: float) -> Grid:
     simulation's ``InMemoryGrid`` pulls every 0.1 s already; the in-process engine, a
     ``PollingGrid`` and our wrappers are left alone)."""
     interval = check_interval(interval)
-    return PollingGrid(grid, interval) if type(grid).__name__ in DEPLOYMENT_GRIDS else grid
+    if type(grid).__name__ not in DEPLOYMENT_GRIDS:
+        return grid
+    log(INFO, "replies pulled every %g s (reply-poll-interval; Flower's %s: every 3 s)",
+        interval, type(grid).__name__)
+    return PollingGrid(grid, interval)
