@@ -37,6 +37,17 @@ ours: a SuperNode with nothing to do asks the SuperLink for a message every 3 s
 sees it; a SuperExec looks for new tasks every ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` s (1 s by
 default; read from the environment, not in Flower's docs).
 
+Measured (``--strategies mocha --rounds 4 --reply-poll-interval 3,0.5``, six runs, one of them
+``0.5,3``; the shared 2-core machine at load average 3-12; seconds per round, median of rounds
+2-4; ratio = MOCHA / trivial). At 3 s both apps land on 3 s steps (push, pulls at about 0.3,
+3.3, 6.3, 9.3 s): MOCHA 9.28-9.83 s, trivial 6.22-9.52 s, ratios 1.03, 1.05, 1.01, 1.03, 0.99
+and 1.49 (the least loaded run: the trivial app on the 6 s step, MOCHA on the 9 s one). At
+0.5 s: MOCHA 7.02-10.23 s, trivial 6.05-9.00 s, ratios 1.14, 1.01, 1.16, 1.07, 1.11, 1.16.
+CPU per message process, MOCHA against trivial: 1.48-1.72 s against 1.33-1.59 s (MOCHA's
+extra 0.11-0.29 s; both inflated by the load). What is left of a round is the SuperNodes' 3 s
+idle poll and one ``flwr-clientapp`` process started per message, four nodes sharing two busy
+cores.
+
 CPU per message (every line, and the trivial app's): the CPU time (user + system) of the
 ``flwr-clientapp`` processes the SuperNodes' SuperExecs started during the run (each one's
 own, read every 0.2 s until it has finished: :class:`MessageCPU`), divided by the number of
