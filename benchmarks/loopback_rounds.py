@@ -23,18 +23,30 @@ and numpy only) runs on the same SuperNodes just before it, with the same rounds
 Flower's own floor per round on these nodes. MOCHA's line then adds ``trivial_round_s`` and
 ``mocha_vs_trivial_round_ratio`` (MOCHA's loopback seconds per round over the trivial app's).
 
-Rounds come in steps of about 3 s, for both apps (flwr 1.42, none of it a setting):
-``HttpGrid.send_and_receive`` (``flwr/superlink/grid/http_grid.py``), which the strategies and
-the trivial app call, pulls the replies right after pushing and then every 3 s
-(``time.sleep(3)``), so a round lasts a whole number of 3 s steps plus the last pull; and a
-SuperNode with nothing to do asks the SuperLink for a message every 3 s
+Polling. flwr 1.42's ``HttpGrid.send_and_receive`` (``flwr/superlink/grid/http_grid.py``)
+pulls the replies right after pushing and then every 3 s (``time.sleep(3)``), so with it a
+round lasts a whole number of 3 s steps plus the last pull, and extra work per message of a
+fraction of a second costs either nothing or a whole step (ratios jumped between about 1.0 and
+1.5). fmtl-flower's ServerApp pulls every ``reply-poll-interval`` s instead (run config,
+default 0.5; :mod:`fmtl_flower.polling`), and so does the trivial app here, through the same
+module (copied into it as ``reply_polling.py``): like with like. ``--reply-poll-interval
+3,0.5`` runs both apps once per value on the same SuperNodes (3 is Flower's own pause: the
+same loop as Flower's) and every line says its ``reply_poll_interval``. Not a setting of
+ours: a SuperNode with nothing to do asks the SuperLink for a message every 3 s
 (``flwr/supernode/start_client_internal.py``), so each message waits 0-3 s before its node
-sees it. A SuperExec looks for new tasks every ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` s (1 s by
-default; read from the environment, not in Flower's docs). A ServerApp could shorten its own
-step only by not using ``send_and_receive`` (``push_messages``, then ``pull_messages`` at an
-interval of its own, as Flower's in-memory grid does every 0.1 s), in both apps for a fair
-ratio. So extra work per message of a fraction of a second either costs nothing or a whole
-step: the ratio of two such runs jumps between about 1.0 and 1.5.
+sees it; a SuperExec looks for new tasks every ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` s (1 s by
+default; read from the environment, not in Flower's docs).
+
+Measured (``--strategies mocha --rounds 4 --reply-poll-interval 3,0.5``, six runs, one of them
+``0.5,3``; the shared 2-core machine at load average 3-12; seconds per round, median of rounds
+2-4; ratio = MOCHA / trivial). At 3 s both apps land on 3 s steps (push, pulls at about 0.3,
+3.3, 6.3, 9.3 s): MOCHA 9.28-9.83 s, trivial 6.22-9.52 s, ratios 1.03, 1.05, 1.01, 1.03, 0.99
+and 1.49 (the least loaded run: the trivial app on the 6 s step, MOCHA on the 9 s one). At
+0.5 s: MOCHA 7.02-10.23 s, trivial 6.05-9.00 s, ratios 1.14, 1.01, 1.16, 1.07, 1.11, 1.16.
+CPU per message process, MOCHA against trivial: 1.48-1.72 s against 1.33-1.59 s (MOCHA's
+extra 0.11-0.29 s; both inflated by the load). What is left of a round is the SuperNodes' 3 s
+idle poll and one ``flwr-clientapp`` process started per message, four nodes sharing two busy
+cores.
 
 CPU per message (every line, and the trivial app's): the CPU time (user + system) of the
 ``flwr-clientapp`` processes the SuperNodes' SuperExecs started during the run (each one's
@@ -53,7 +65,8 @@ first on the SuperNodes' ``PATH`` as ``flwr-clientapp``) and each line adds ``cp
 the mean CPU seconds per process of each phase of a message (Flower's runtime imports, pulling
 the message and the FAB, installing the FAB, importing the app, the handler, the reply).
 
-Prints ONE JSON line per strategy: {"strategy", "unit", "round_trips_per_round",
+Prints ONE JSON line per strategy and interval: {"strategy", "unit", "reply_poll_interval",
+"round_trips_per_round",
 "rounds_measured", "loopback_round_s", "loopback_first_round_s", "loopback_run_wall_s",
 "inprocess_round_s", "inprocess_run_wall_s", "overhead_round_s", "overhead_ratio",
 "messages", "cpu_per_message_s", "peak_rss_mb", "peak_pss_mb", "load_avg_1m"} (mocha also
@@ -63,6 +76,7 @@ at the end (none by name).
 
 Usage: python benchmarks/loopback_rounds.py [--rounds 3] [--strategies mocha,fedem,ofmtl,fsvrg]
                                             [--no-trivial] [--phases] [--keep DIR]
+                                            [--reply-poll-interval 0.5 | 3,0.5]
 """
 
 from __future__ import annotations
@@ -84,6 +98,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fmtl_flower.polling import check_interval  # noqa: E402
 from tests.apps.loopback import BIN, LoopbackFederation  # noqa: E402
 
 NUM_NODES = 4
@@ -94,9 +109,9 @@ UNITS = {"mocha": ("training round", 1), "fedem": ("training round", 1),
          "ofmtl": ("newcomer round trip", 1)}
 
 
-def configs(rounds: int) -> dict[str, dict[str, object]]:
+def configs(rounds: int, interval: float) -> dict[str, dict[str, object]]:
     small = {"num-tasks": NUM_NODES, "dim": 5, "samples-per-task": 30}
-    common = {"round-timeout": 120.0, "seed": 0}
+    common = {"round-timeout": 120.0, "seed": 0, "reply-poll-interval": interval}
     return {
         "mocha": {"strategy": "mocha", **small, "num-server-rounds": rounds, **common},
         "fedem": {"strategy": "fedem", "dataset": "fedem-synthetic", "num-tasks": NUM_NODES,
@@ -272,14 +287,17 @@ class Phases:
 
 
 def trivial_run(fed: LoopbackFederation, workdir: Path, rounds: int, dim: int,
-                phases: Phases | None = None) -> dict:
-    """The trivial Flower App on the federation's SuperNodes: its JSON line's figures."""
+                interval: float, phases: Phases | None = None) -> dict:
+    """The trivial Flower App on the federation's SuperNodes, pulling its replies every
+    ``interval`` s through MOCHA's own module (copied in): its JSON line's figures."""
     app = workdir / "trivial-app"
     shutil.copytree(TRIVIAL_APP, app, dirs_exist_ok=True)
     shutil.copy(ROOT / "LICENSE", app / "LICENSE")
-    results = workdir / "trivial-loopback.json"
+    shutil.copy(ROOT / "fmtl_flower" / "polling.py",  # the very module MOCHA's ServerApp uses
+                app / "trivial_flower_app" / "reply_polling.py")
+    results = workdir / f"trivial-loopback-{interval:g}.json"
     config = (f"num-nodes={NUM_NODES} num-server-rounds={rounds} dim={dim} "
-              f"round-timeout=120.0 results-file='{results}'")
+              f"round-timeout=120.0 reply-poll-interval={interval} results-file='{results}'")
     with MessageCPU(fed) as cpu:
         sub = fed.submit(config, name="trivial", results=results, app=app)
         wall = sub.wait(1800.0, fed.context())
@@ -289,7 +307,7 @@ def trivial_run(fed: LoopbackFederation, workdir: Path, rounds: int, dim: int,
     times = [r["wall_time_s"] for r in out["rounds"]]
     extra = {} if phases is None else {"cpu_phases_s": phases.take("trivial")}
     return {"strategy": "trivial-flower-app", "unit": "training round",
-            "rounds_measured": len(times) - 1,
+            "reply_poll_interval": interval, "rounds_measured": len(times) - 1,
             "loopback_round_s": round(float(np.median(times[1:])), 3),
             "loopback_first_round_s": round(times[0], 3), "loopback_run_wall_s": round(wall, 1),
             "messages": cpu.messages, "cpu_per_message_s": cpu.per_message(),
@@ -320,6 +338,11 @@ def main() -> int:
                         help="skip the trivial Flower App run before mocha")
     parser.add_argument("--phases", action="store_true",
                         help="time each phase of every ClientApp process (clientapp_phases.py)")
+    parser.add_argument("--reply-poll-interval", default="0.5",
+                        help="seconds between pulls of the replies, both apps (run-config key "
+                             "reply-poll-interval); a comma list runs every strategy (and the "
+                             "trivial app) once per value on the same SuperNodes, e.g. 3,0.5 "
+                             "(3: Flower's own pause; default 0.5)")
     parser.add_argument("--keep", type=Path, default=None,
                         help="work directory to keep (logs, results); default: a temp dir")
     args = parser.parse_args()
@@ -329,9 +352,12 @@ def main() -> int:
         parser.error(f"unknown strategies {unknown}; choose from {sorted(UNITS)}")
     if args.rounds < 2:
         parser.error("--rounds must be >= 2 (the first round is discovery)")
+    try:
+        intervals = [check_interval(v) for v in args.reply_poll_interval.split(",") if v]
+    except ValueError as err:
+        parser.error(f"--reply-poll-interval: {err}")
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="loopback-rounds-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    all_configs = configs(args.rounds)
     fed = LoopbackFederation(workdir / "federation", NUM_NODES)
     phases = Phases(workdir) if args.phases else None
     if phases is not None:
@@ -343,52 +369,56 @@ def main() -> int:
         fed.wait_nodes_registered()
         print(f"# SuperLink + {NUM_NODES} SuperNodes up in {time.perf_counter() - started:.1f} s "
               f"(work dir {workdir})", file=sys.stderr, flush=True)
-        trivial = None
-        for strategy in strategies:
-            cfg = all_configs[strategy]
-            if strategy == "mocha" and not args.no_trivial:
-                trivial = trivial_run(fed, workdir, args.rounds, int(cfg["dim"]), phases)
-                print(json.dumps(trivial), flush=True)
-            results_path = workdir / f"{strategy}-loopback.json"
-            run_config = " ".join(f"{k}={toml_value(v)}" for k, v in cfg.items())
-            with MessageCPU(fed) as cpu:
-                sub = fed.submit(f"{run_config} results-file='{results_path}'", name=strategy,
-                                 results=results_path)
-                wall = sub.wait(3600.0, fed.context())
-            if sub.popen.returncode != 0:
-                raise RuntimeError(f"flwr run {strategy} exited {sub.popen.returncode}\n"
-                                   f"{fed.context()}")
-            loop = sub.read_results()
-            if not loop["final"].get("complete"):
-                raise RuntimeError(f"{strategy}: loopback run incomplete: {loop['final']}")
-            versus: dict[str, object] = {}
-            if phases is not None:
-                versus["cpu_phases_s"] = phases.take(strategy)
-            local, local_wall = inprocess(cfg, workdir / f"{strategy}-inprocess.json")
-            loop_rounds, loop_first = round_times(loop, strategy)
-            local_rounds, _ = round_times(local, strategy)
-            loop_s = float(np.median(loop_rounds))
-            local_s = float(np.median(local_rounds))
-            unit, trips = UNITS[strategy]
-            if strategy == "mocha" and trivial is not None:
-                versus.update({"trivial_round_s": trivial["loopback_round_s"],
-                               "trivial_cpu_per_message_s": trivial["cpu_per_message_s"],
-                               "mocha_vs_trivial_round_ratio":
-                                   round(loop_s / trivial["loopback_round_s"], 2)})
-            print(json.dumps({
-                "strategy": strategy, "unit": unit, "round_trips_per_round": trips,
-                "rounds_measured": len(loop_rounds),
-                "loopback_round_s": round(loop_s, 3),
-                "loopback_first_round_s": None if loop_first is None else round(loop_first, 3),
-                "loopback_run_wall_s": round(wall, 1),
-                "inprocess_round_s": round(local_s, 5),
-                "inprocess_run_wall_s": round(local_wall, 2),
-                "overhead_round_s": round(loop_s - local_s, 3),
-                "overhead_ratio": round(loop_s / local_s, 1) if local_s > 0 else None,
-                "messages": cpu.messages, "cpu_per_message_s": cpu.per_message(),
-                "peak_rss_mb": cpu.rss_mb, "peak_pss_mb": cpu.pss_mb, **versus,
-                "load_avg_1m": round(os.getloadavg()[0], 2),
-            }), flush=True)
+        for interval in intervals:
+            trivial = None
+            all_configs = configs(args.rounds, interval)
+            for strategy in strategies:
+                cfg = all_configs[strategy]
+                if strategy == "mocha" and not args.no_trivial:
+                    trivial = trivial_run(fed, workdir, args.rounds, int(cfg["dim"]), interval,
+                                          phases)
+                    print(json.dumps(trivial), flush=True)
+                results_path = workdir / f"{strategy}-loopback-{interval:g}.json"
+                run_config = " ".join(f"{k}={toml_value(v)}" for k, v in cfg.items())
+                with MessageCPU(fed) as cpu:
+                    sub = fed.submit(f"{run_config} results-file='{results_path}'", name=strategy,
+                                     results=results_path)
+                    wall = sub.wait(3600.0, fed.context())
+                if sub.popen.returncode != 0:
+                    raise RuntimeError(f"flwr run {strategy} exited {sub.popen.returncode}\n"
+                                       f"{fed.context()}")
+                loop = sub.read_results()
+                if not loop["final"].get("complete"):
+                    raise RuntimeError(f"{strategy}: loopback run incomplete: {loop['final']}")
+                versus: dict[str, object] = {}
+                if phases is not None:
+                    versus["cpu_phases_s"] = phases.take(strategy)
+                local, local_wall = inprocess(cfg, workdir / f"{strategy}-inprocess.json")
+                loop_rounds, loop_first = round_times(loop, strategy)
+                local_rounds, _ = round_times(local, strategy)
+                loop_s = float(np.median(loop_rounds))
+                local_s = float(np.median(local_rounds))
+                unit, trips = UNITS[strategy]
+                if strategy == "mocha" and trivial is not None:
+                    versus.update({"trivial_round_s": trivial["loopback_round_s"],
+                                   "trivial_cpu_per_message_s": trivial["cpu_per_message_s"],
+                                   "mocha_vs_trivial_round_ratio":
+                                       round(loop_s / trivial["loopback_round_s"], 2)})
+                print(json.dumps({
+                    "strategy": strategy, "unit": unit, "reply_poll_interval": interval,
+                    "round_trips_per_round": trips,
+                    "rounds_measured": len(loop_rounds),
+                    "loopback_round_s": round(loop_s, 3),
+                    "loopback_first_round_s": None if loop_first is None else round(loop_first, 3),
+                    "loopback_run_wall_s": round(wall, 1),
+                    "inprocess_round_s": round(local_s, 5),
+                    "inprocess_run_wall_s": round(local_wall, 2),
+                    "overhead_round_s": round(loop_s - local_s, 3),
+                    "overhead_ratio": round(loop_s / local_s, 1) if local_s > 0 else None,
+                    "messages": cpu.messages, "cpu_per_message_s": cpu.per_message(),
+                    "peak_rss_mb": cpu.rss_mb, "peak_pss_mb": cpu.pss_mb, **versus,
+                    "load_avg_1m": round(os.getloadavg()[0], 2),
+                }), flush=True)
     finally:
         survivors = fed.stop()
         if args.keep is None:

@@ -393,6 +393,12 @@ class CommonSettings(StrategySettings):
         in Python): only that node (for a packed node: its physical node id) may hold the
         task; without a pin, a task claimed by two live nodes is held by neither
         (:mod:`fmtl_flower.strategies.discovery`).
+    reply_poll_interval : float
+        Seconds between two pulls of a round's missing replies on a deployment
+        (``reply-poll-interval``, > 0; default 0.5). Flower's deployment grid pauses 3 s
+        between pulls, so a round lasts a whole number of 3 s steps; the ServerApp and
+        ``start`` pull at this interval instead (:mod:`fmtl_flower.polling`; one request to
+        the SuperLink per pull; the simulation and in-process engines are unaffected).
     """
 
     seed: int = setting(0, integer(0), "seed")
@@ -414,6 +420,8 @@ class CommonSettings(StrategySettings):
     task_owners: tuple[tuple[int, int], ...] = setting((), task_owner_pairs, "task-owners",
                                                        wire_default="",
                                                        wire_check=task_owners_text)
+    reply_poll_interval: float = setting(0.5, number(lo=0.0, lo_open=True),
+                                         "reply-poll-interval")
 
 
 FORMULATION_NAMES = ("identity", "mean", "probabilistic", "clustered", "graphical")

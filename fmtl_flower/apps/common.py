@@ -35,6 +35,7 @@ from ..core import jit
 from ..engine import GridWrapper, InProcessGrid
 from ..legacy import detect_legacy
 from ..packing import MAX_SLOTS_PER_NODE, PackedGrid, packed_client_app, tasks_of_node
+from ..polling import poll_replies
 
 if TYPE_CHECKING:  # the strategies, the other clients and the datasets load on first use
     from ..data import MultiTaskDataset
@@ -445,6 +446,7 @@ def make_server_app(config: RunConfig | None = None,
                               "centralised baseline: run it with `fmtl run`; a Flower "
                               f"federation runs one of {FEDERATED} (or local with a model "
                               "other than svm)")
+        grid = poll_replies(grid, cfg.reply_poll_interval)  # a deployment's: not every 3 s
         if cfg.tasks_per_node > 1:  # one message per node carries all of its tasks
             grid = PackedGrid(grid, query_timeout=max(cfg.round_timeout, 60.0),
                               max_slots_per_node=max(MAX_SLOTS_PER_NODE, cfg.tasks_per_node))

@@ -83,6 +83,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from ..checkpoint import check_fingerprint, read_checkpoint, write_checkpoint
 from ..core.rng import evaluate_sample_rng, train_sample_rng
 from ..legacy import detect_legacy
+from ..polling import poll_replies
 from ..wire import metric_record, to_array
 from .discovery import TaskDirectory, discover_num_tasks, suggested_fix, wait_for_nodes
 from .repeated_errors import collapse_repeated_errors
@@ -205,6 +206,8 @@ class TaskStrategy(SizedAtStart, Strategy):
     min_evaluate_nodes: int = 0
     train_metrics_aggr_fn: MetricsAggrFn | None = None
     evaluate_metrics_aggr_fn: MetricsAggrFn | None = None
+    #: Seconds between pulls of a deployment's replies (``reply-poll-interval``).
+    reply_poll_interval: float = 0.5
     #: The reply metric that counts a device's examples (Flower's ``weighted_by_key``).
     weighted_by_key: str = "n-train"
     #: Whether the strategy samples devices per round (honours ``fraction_train`` and
@@ -246,10 +249,13 @@ class TaskStrategy(SizedAtStart, Strategy):
         unless ``num_rounds`` is an int >= 1 and ``timeout`` a number > 0
         (:func:`check_run_length`). NumPyClient devices are found and served through
         :func:`~fmtl_flower.legacy.detect_legacy` (unless ``grid`` is a wrapper already: then
-        wrap it in ``LegacyGrid`` yourself). A strategy built with ``num_tasks=None`` is first
-        built for the tasks of the nodes online (:class:`SizedAtStart`)."""
+        wrap it in ``LegacyGrid`` yourself). A Flower deployment grid pulls its replies every
+        :attr:`reply_poll_interval` s (:func:`~fmtl_flower.polling.poll_replies`). A strategy
+        built with ``num_tasks=None`` is first built for the tasks of the nodes online
+        (:class:`SizedAtStart`)."""
         num_rounds, timeout = check_run_length(num_rounds, timeout)
         collapse_repeated_errors()  # one line per repeated device traceback (Flower's, Ray)
+        grid = poll_replies(grid, self.reply_poll_interval)  # a deployment's, not every 3 s
         grid = detect_legacy(grid)  # a NumPyClient device just works (issue 27)
         self.build_from_nodes(grid, timeout)  # num_tasks=None: the tasks online
         self.check_knobs()

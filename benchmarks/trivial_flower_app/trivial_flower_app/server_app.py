@@ -1,5 +1,10 @@
 """Waits for ``num-nodes`` SuperNodes, then ``num-server-rounds`` rounds of one train message
-per node; writes per-round wall times to ``results-file`` (JSON)."""
+per node; writes per-round wall times to ``results-file`` (JSON).
+
+``reply-poll-interval`` > 0: the replies are pulled every that many seconds, through the very
+module fmtl-flower's ServerApp uses (``fmtl_flower/polling.py``, which
+``benchmarks/loopback_rounds.py`` copies here as ``reply_polling.py``); 0 (the default): by
+Flower's own ``send_and_receive`` (a pull every 3 s on a deployment)."""
 
 import json
 import time
@@ -30,6 +35,11 @@ def _content(dim: int, rnd: int) -> RecordDict:
 def main(grid: Grid, context: Context) -> None:
     """The rounds, timed like a strategy's ``wall_time_s`` (send -> all replies)."""
     cfg = context.run_config
+    interval = float(cfg.get("reply-poll-interval", 0.0))
+    if interval > 0:  # like fmtl-flower's ServerApp (the same module)
+        from .reply_polling import poll_replies
+
+        grid = poll_replies(grid, interval)
     nodes = wait_for_nodes(grid, int(cfg["num-nodes"]), max(60.0, float(cfg["round-timeout"])))
     rounds = []
     for rnd in range(1, int(cfg["num-server-rounds"]) + 1):
