@@ -140,37 +140,6 @@ within 0.64 of the fence and keep their records bit for bit. The 2-point target 
 problem's noise: colluders that keep their coupling at 0.5 of the fence, an honest task's,
 still move seed 3's honest error to 0.151 (lost 0.130) through their direction alone (at 0.3
 of it: 0.128).
-
-Early rounds: a task ahead of a federation that grows toward it (:func:`_closing`)
-----------------------------------------------------------------------------------
-The persistence rule forgives an outlier's round when the task moves back toward the
-others. Its statistic shrinking by :data:`IMAGE_RETREAT` is one way; the others growing
-toward it is the other, and early in a run it is the honest one. Label-skewed multi-class
-devices (``digits-dirichlet``, 10 tasks, one-vs-rest lifted to d K = 650 features, the
-logistic loss, ``mean`` with lam = 1e-3, lam2 = 1e-5, an intercept) take tiny dual steps
-(q = sigma' m_tt |x|^2 / n near 10^3: a dual variable moves to about log(q) / q = 0.005 from
-0), but within one local round the running model v can overshoot on a lifted sample, whose
-exact coordinate step then takes its dual variable near 1 (0.94 in a local round replayed
-apart): task 6's b_t, its class-6 block 50 times the typical block, was 14 times the
-others' median in round 1 (7.0e-4 of its bound against 4.9e-5; the size fence 2.4e-4,
-the consensus fence 1.0e-4 against its distance 6.9e-4). Its share then shrank 2 to 3 % a
-round (6.99, 6.78, 6.56e-4) while the others' grew 15 to 20 % (the fences with them, to
-3.5e-4 and 1.9e-4 in round 3): neither shrinking 5 %, it was decoupled in round 3 by both
-fences, and the honest error jumped from 0.115 to 0.357 in the next round (an honest
-record robust mode off never has). So a round also counts as moving back when the task's
-statistic shrinks (any amount) *and* its multiple of the round's fence shrinks by
-:data:`IMAGE_RETREAT` (the last round's fences are kept in the watch's state). Both are
-needed: a device that holds still at its bound while the honest tasks grow (the Byzantine
-suite's creepers) closes on the fence too, but does not shrink, and is decoupled as before.
-What this leaves an attacker: staying an outlier only by shrinking every round while the
-honest fence grows at least 5 % faster; that ends when the honest images settle (they are
-bounded), and its pull falls meanwhile, as with the 5 % retreat it could already make.
-Not solved: the same split with seed 1 puts 4 of the 10 honest devices 5 to 14 times ahead
-of the others' median; they hold still (growing 0.1 to 1 % a round) while the fences grow 34
-to 47 %, and two are decoupled in round 3 by the consensus fence. Forgiving a task that
-holds still (at most 5 % growth) while it closes on the fence still decouples one of them in
-round 14 (the others stop growing fast first), and it would forgive a device held still at
-its bound; the test suite marks the case as an expected failure.
 """
 
 from __future__ import annotations
@@ -203,7 +172,6 @@ __all__ = [
     "coupling_weights",
     "decoupled_inverse",
     "federation_scale",
-    "outlier_fence",
     "outlying",
     "project_blocks",
 ]
@@ -281,20 +249,13 @@ def outlying(values: np.ndarray, factor: float = FENCE_FACTOR,
     that did little work, or dropped, is no threat).
     """
     v = np.asarray(values, dtype=np.float64).ravel()
+    finite = np.isfinite(v)
+    positive = finite & (v > 0)
+    if int(positive.sum()) < 3:
+        return ~finite
+    fence = log_upper_fence(v[positive], factor=factor, k=k)
     with np.errstate(invalid="ignore"):
-        return (v > outlier_fence(v, factor, k)) | ~np.isfinite(v)
-
-
-def outlier_fence(values: np.ndarray, factor: float = FENCE_FACTOR,
-                  k: float = FENCE_MADS) -> float:
-    """The fence of :func:`outlying`: the log-scale upper fence of the positive finite
-    entries of ``values`` (:func:`~.robust.log_upper_fence`), ``inf`` with fewer than 3 of
-    them."""
-    v = np.asarray(values, dtype=np.float64).ravel()
-    positive = v[np.isfinite(v) & (v > 0)]
-    if positive.size < 3:
-        return math.inf
-    return log_upper_fence(positive, factor=factor, k=k)
+        return (v > fence) | ~finite
 
 
 class OutlierWatch:
@@ -311,11 +272,9 @@ class OutlierWatch:
       device that pushes more gently, or stopped moving after driving its b_t far, is caught
       here once it has been an outlier in :data:`IMAGE_PERSISTENCE` rounds in which it
       updated without moving back toward the others (its share shrinking by at least
-      :data:`IMAGE_RETREAT`, or shrinking while its multiple of the fence does by that much:
-      :func:`_closing`), with no round among the others in between: an honest task that
+      :data:`IMAGE_RETREAT`), with no round among the others in between: an honest task that
       joins late (or comes back after drop-outs) takes a large first step from alpha = 0 and
-      then returns to the others over a few rounds, its share shrinking every round it works,
-      and an honest task ahead of the others early in a run waits for them to grow;
+      then returns to the others over a few rounds, its share shrinking every round it works;
     * with ``images`` (the accumulated vectors themselves, (d, m), e.g. B): the distance of
       each normalised image ``images[:, t] / image_bound[t]`` from the consensus of the
       coupled tasks' (:func:`consensus_fence`), beyond its fence in
@@ -346,12 +305,10 @@ class OutlierWatch:
         self.pull = np.zeros(num_tasks)  # the pulls of the last round
         self.bonding = np.zeros(num_tasks, dtype=np.int64)  # rounds an outlier by its coupling
         self.bond = np.zeros(num_tasks)  # the coupling weights of the last round
-        #: the last round's fences of the size, consensus, pull and coupling statistics
-        self.fences = np.full(4, math.inf)
 
     #: Everything :meth:`update` carries from round to round, by attribute name.
     STATE = ("decoupled", "streak", "image", "astray", "deviation", "pulling", "pull",
-             "bonding", "bond", "fences")
+             "bonding", "bond")
 
     def state_arrays(self) -> dict[str, np.ndarray]:
         """The watch's state for a checkpoint, keyed ``watch.<name>`` (:data:`STATE`): a
@@ -367,8 +324,7 @@ class OutlierWatch:
         Raises
         ------
         ValueError
-            If an array's shape is not that of the watch's own (``fences``: (4,), every
-            other: (m,)).
+            If an array's shape is not (m,).
         """
         for name in self.STATE:
             value = arrays.get(f"watch.{name}")
@@ -393,32 +349,23 @@ class OutlierWatch:
         used = _share(step, step_bound)
         pushing = outlying(used) & (used >= STEP_SHARE_FLOOR) & updated
         share = _share(image, image_bound)
-        fences = self.fences.copy()  # the last round's: moving back is judged against them
-        fence = outlier_fence(share, factor=IMAGE_FENCE_FACTOR)
-        self.streak = _persisting(outlying(share, factor=IMAGE_FENCE_FACTOR), updated,
-                                  share, self.image, _closing(share, fence, self.image,
-                                                              fences[0]), self.streak)
-        self.image, self.fences[0] = share, fence
+        far = outlying(share, factor=IMAGE_FENCE_FACTOR)
+        self.streak = _persisting(far, updated, share, self.image, self.streak)
+        self.image = share
         if images is not None:
             _, fence, deviation = consensus_fence(images, image_bound, self.decoupled)
             self.astray = _persisting(deviation > fence, updated, deviation, self.deviation,
-                                      _closing(deviation, fence, self.deviation, fences[1]),
                                       self.astray)
-            self.deviation, self.fences[1] = deviation, fence
+            self.deviation = deviation
         if coupling is not None:
             coupling = np.array(coupling, dtype=np.float64)  # a copy: kept as self.bond
             pull = share * coupling
-            fence = outlier_fence(pull, factor=PULL_FENCE_FACTOR, k=PULL_FENCE_MADS)
             far = outlying(pull, factor=PULL_FENCE_FACTOR, k=PULL_FENCE_MADS)
-            self.pulling = _persisting(far, updated, pull, self.pull,
-                                       _closing(pull, fence, self.pull, fences[2]),
-                                       self.pulling)
-            self.pull, self.fences[2] = pull, fence
-            fence = coupling_fence(coupling, share > 0, self.decoupled)
-            self.bonding = _persisting(coupling > fence, updated, coupling, self.bond,
-                                       _closing(coupling, fence, self.bond, fences[3]),
-                                       self.bonding)
-            self.bond, self.fences[3] = coupling, fence
+            self.pulling = _persisting(far, updated, pull, self.pull, self.pulling)
+            self.pull = pull
+            far = coupling > coupling_fence(coupling, share > 0, self.decoupled)
+            self.bonding = _persisting(far, updated, coupling, self.bond, self.bonding)
+            self.bond = coupling
         persistent = ((self.streak >= IMAGE_PERSISTENCE) | (self.astray >= IMAGE_PERSISTENCE)
                       | (self.pulling >= IMAGE_PERSISTENCE) | (self.bonding >= IMAGE_PERSISTENCE))
         new = (pushing | persistent) & ~self.decoupled
@@ -427,27 +374,12 @@ class OutlierWatch:
 
 
 def _persisting(outlier: np.ndarray, updated: np.ndarray, value: np.ndarray,
-                previous: np.ndarray, closing: np.ndarray, streak: np.ndarray) -> np.ndarray:
+                previous: np.ndarray, streak: np.ndarray) -> np.ndarray:
     """The streaks of :class:`OutlierWatch`: +1 for an outlier that updated without moving
-    back (``value`` not below ``1 - IMAGE_RETREAT`` of ``previous``, and not ``closing``,
-    :func:`_closing`), kept for one that did not update, 0 for a task that is no outlier."""
-    holding = updated & (value > (1.0 - IMAGE_RETREAT) * previous) & ~closing
+    back (``value`` not below ``1 - IMAGE_RETREAT`` of ``previous``), kept for one that did
+    not update, 0 for a task that is no outlier."""
+    holding = updated & (value > (1.0 - IMAGE_RETREAT) * previous)
     return np.where(outlier, streak + holding, 0)
-
-
-def _closing(value: np.ndarray, fence: float, previous: np.ndarray,
-             previous_fence: float) -> np.ndarray:
-    """Whether each task moves back toward the others while the others move toward it
-    (module docstring, "Early rounds"): its statistic shrinks (``value < previous``) and
-    its multiple of the fence shrinks by at least :data:`IMAGE_RETREAT` (``value / fence``
-    at most ``1 - IMAGE_RETREAT`` of ``previous / previous_fence``). False where either
-    fence is not a positive finite number."""
-    value = np.asarray(value, dtype=np.float64)
-    if not (0 < fence < math.inf and 0 < previous_fence < math.inf):
-        return np.zeros(value.shape, dtype=bool)
-    with np.errstate(invalid="ignore"):
-        return (value < previous) & (value / fence
-                                     <= (1.0 - IMAGE_RETREAT) * previous / previous_fence)
 
 
 def consensus_fence(images: np.ndarray, scale: np.ndarray, excluded: np.ndarray

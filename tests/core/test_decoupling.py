@@ -295,36 +295,3 @@ def test_the_watch_state_keeps_the_coupling_streaks():
     old = OutlierWatch(4)
     old.restore({k: v for k, v in arrays.items() if "bond" not in k})
     assert not old.bonding.any() and not old.bond.any()
-
-
-def test_a_task_ahead_of_a_growing_federation_is_moving_back_toward_it():
-    """Early in a run an honest task's dual image can lie far ahead of the others' (the
-    label-skewed digits with the logistic loss: 14 times their median in round 1) while the
-    others grow toward it and it shrinks a little: moving back toward them, never decoupled.
-    A task that holds still (e.g. at its bound) while they grow is not moving back: decoupled
-    after IMAGE_PERSISTENCE rounds, as before."""
-    scale = np.ones(5)
-    for ahead, decoupled_at in ((0.7, None), (1.0, IMAGE_PERSISTENCE)):
-        watch = OutlierWatch(5)
-        image = np.array([0.05, 0.048, 0.052, 0.05, ahead])
-        for round_ in range(1, 2 * IMAGE_PERSISTENCE + 1):
-            new = watch_round(watch, np.zeros(5), image, scale)
-            assert new[-1] == (round_ == decoupled_at) and not any(new[:-1])
-            image[:4] *= 1.15  # the others grow 15 % a round (the fence with them)
-            if ahead < 1.0:
-                image[-1] *= 0.97  # it shrinks 3 %: not the 5 % of IMAGE_RETREAT
-    assert watch.fences[0] < np.inf and watch.decoupled[-1]
-
-
-def test_the_watch_state_keeps_the_last_fences():
-    """A checkpoint holds the last round's fences (moving back is judged against them); one
-    written before them restores with none (no task counts as closing in its first round)."""
-    watch = OutlierWatch(5)
-    watch_round(watch, np.zeros(5), np.array([0.05, 0.048, 0.052, 0.05, 0.7]), np.ones(5))
-    arrays = watch.state_arrays()
-    fresh = OutlierWatch(5)
-    fresh.restore(arrays)
-    assert np.isfinite(fresh.fences[0]) and fresh.fences[0] == watch.fences[0]
-    old = OutlierWatch(5)
-    old.restore({k: v for k, v in arrays.items() if k != "watch.fences"})
-    assert np.isinf(old.fences).all()
