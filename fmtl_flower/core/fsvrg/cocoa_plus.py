@@ -5,12 +5,12 @@ the adding aggregation, the primal point w(alpha) and the dual objective (see
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 
 from fmtl_flower.core.jit import kernel, steps_work
+from fmtl_flower.core.losses import _sigmoid  # one home of the overflow-safe sigmoid
 
 from .logistic import (
     _as_csr,
@@ -20,14 +20,6 @@ from .logistic import (
     _csr_rows,
     _positive,
 )
-
-
-@kernel(inline="always")
-def _sigmoid(u):  # pragma: no cover - compiled
-    if u >= 0.0:
-        return 1.0 / (1.0 + math.exp(-u))
-    e = math.exp(u)
-    return e / (1.0 + e)
 
 
 @kernel()
