@@ -198,6 +198,8 @@ class _LazyHandlers:
             return self.get("mb-sgd")
         if cfg.strategy == "ofmtl":
             return self.get("ofmtl")
+        if cfg.strategy in ASYNC_MOCHA:
+            return self.get("async-mocha")
         return self.get("mocha", mocha_labels(cfg))
 
     def stacked(self, protocol: str) -> Callable[..., Any]:
@@ -214,8 +216,8 @@ class _LazyHandlers:
         return handle
 
     def get(self, family: str, labels: str | None = None) -> Any:
-        """The handlers of ``family`` (mocha, ofmtl, mb-sgd, fedem or fsvrg), built once
-        (MOCHA's once per ``labels`` mode, :func:`mocha_labels`)."""
+        """The handlers of ``family`` (mocha, ofmtl, mb-sgd, fedem, fsvrg or async-mocha),
+        built once (MOCHA's once per ``labels`` mode, :func:`mocha_labels`)."""
         key = family if labels is None else (family, labels)
         client = self._clients.get(key)
         if client is None:
@@ -245,6 +247,10 @@ def _client_class(family: str) -> type:
         from ..clients.fsvrg import FsvrgClient
 
         return FsvrgClient
+    if family == "async-mocha":
+        from ..clients.async_mocha import AsyncMochaClient
+
+        return AsyncMochaClient
     raise ValueError(f"unknown client family {family!r}")
 
 

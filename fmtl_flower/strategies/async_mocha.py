@@ -67,9 +67,21 @@ records, W, certificate); a device that lost its state restarts from alpha = 0 a
 ``context.state`` only (no state files yet), which a real Flower deployment loses when the
 resumed server starts a new run.
 
+Packed nodes
+------------
+On a :class:`~fmtl_flower.packing.PackedGrid` (``tasks-per-node`` > 1) each task on a node
+keeps its own block of duals and its own request in flight, exactly as unpacked:
+:meth:`PackedGrid.push_messages <fmtl_flower.packing.PackedGrid.push_messages>` sends each
+request as a packed message of one slot, and its reply is split back to the task's virtual
+node and read through the trust boundary like any other (a bad slot fails only its task).
+This is the simpler correct design: the messages, the protocol and the records are those of
+the unpacked run, bit for bit (a test checks it); a node-level request carrying all of a
+node's tasks would make them wait for each other, a barrier inside the node. Packing saves no
+messages here (one per request either way); it lets one Flower node host several tasks.
+
 Scope of this version: the virtual clock only (in-process engine; on Ray each request is
 pulled before the next event, so the wall-clock run is serial); fixed Omega or Omega-steps
-with draining; no packed nodes, device state files or deployment real-time mode yet.
+with draining; no device state files or deployment real-time mode yet.
 """
 
 from __future__ import annotations
