@@ -24,7 +24,9 @@ query ``whoami``: as MOCHA's (:mod:`fmtl_flower.strategies.mocha`): ConfigRecord
     budget; ``cocoa``: until the local gap falls by ``theta`` float, at most the budget),
     ``keep-id`` int >= 0 (the task's ``confirm-id`` at the server's newest checkpoint, 0:
     none; the device keeps its newest committed state not after it, its stable copy, and
-    goes back to it when a ``confirm-id`` names it: the server resumed from the checkpoint).
+    goes back to it when a ``confirm-id`` names it: the server resumed from the checkpoint),
+    ``run-token`` str (the run's identity, :meth:`AsyncMocha.run_identity`: the device's state
+    and state file are bound to it; kept in checkpoints).
     Reply: arrays ``delta-b`` float64 (d,); metrics
     ``task-id``, ``request-id``, ``delta-dual-mean`` (the change of the conjugate term,
     |.| <= 1), ``loss-mean`` (>= 0, at the w received), ``dual-mean`` (in [0, 1], after the
@@ -64,8 +66,10 @@ newest committed state not after it and goes back to it when the resumed server 
 it. So with devices that kept their state the resumed run continues bit for bit (same
 records, W, certificate); a device that lost its state restarts from alpha = 0 and says so
 (the server resets b_t): consistent, not bit for bit. The devices keep their state in
-``context.state`` only (no state files yet), which a real Flower deployment loses when the
-resumed server starts a new run.
+``context.state``, which a real Flower deployment loses when a SuperNode restarts or the
+resumed server starts a new Flower run; with a ``client-state-dir`` they also keep it in a
+state file (:mod:`fmtl_flower.clients.async_mocha`), bound to their data and to the run's
+``run-token`` (kept in the checkpoint), and continue from it.
 
 Packed nodes
 ------------
@@ -81,12 +85,15 @@ messages here (one per request either way); it lets one Flower node host several
 
 Scope of this version: the virtual clock only (in-process engine; on Ray each request is
 pulled before the next event, so the wall-clock run is serial); fixed Omega or Omega-steps
-with draining; no device state files or deployment real-time mode yet.
+with draining; no deployment real-time mode yet.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import secrets
 import time
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
@@ -210,6 +217,8 @@ class AsyncMocha(Strategy):
         self.checkpoint_dir: Path | None = None
         self.checkpoint_every, self.resume, self.resumed_from = 1, True, 0
         self.num_rounds = 0
+        self.run_token: str | None = None  # drawn by start, or restored from the checkpoint
+        self.sent_identity = ""  # the run's identity as its messages send it (run-token)
 
     @classmethod
     def from_settings(cls, settings: MochaSettings,
@@ -285,6 +294,9 @@ class AsyncMocha(Strategy):
         self.num_rounds = num_rounds
         if self.checkpoint_dir is not None and self.resume:
             self._resume(loop)
+        if self.run_token is None:
+            self.run_token = secrets.token_hex(8)
+        self.sent_identity = self.run_identity()
         loop.run(num_rounds * m, on_event=lambda run, record: self._on_event(record, m),
                  after_event=None if self.checkpoint_dir is None else self._maybe_checkpoint)
         server = self.run.server
@@ -318,6 +330,15 @@ class AsyncMocha(Strategy):
                 "method": self.method, "theta": self.theta, "robust": self.robust,
                 "max_row_norm": self.max_row_norm}
 
+    def run_identity(self) -> str:
+        """The run's identity sent as ``run-token`` (as the synchronous strategies',
+        :meth:`fmtl_flower.strategies.base.TaskStrategy.run_identity`): the run's token, then
+        ``.`` and 16 hex digits of a digest of :meth:`fingerprint`. Devices bind their state
+        (and state files) to it; a resumed run keeps the checkpoint's token."""
+        settings = json.dumps(self.fingerprint(), sort_keys=True, default=str)
+        digest = hashlib.blake2b(settings.encode(), digest_size=8).hexdigest()
+        return f"{self.run_token}.{digest}"
+
     def _maybe_checkpoint(self, loop: EventLoop, record: dict[str, Any]) -> None:
         """After an event: write a checkpoint when ``every x m`` more replies were applied,
         or the run's last one was."""
@@ -329,7 +350,8 @@ class AsyncMocha(Strategy):
         assert self.checkpoint_dir is not None
         arrays, meta = loop.state_arrays()
         path = write_checkpoint(self.checkpoint_dir, applied // m, arrays,
-                                {**meta, "fingerprint": self.fingerprint()})
+                                {**meta, "fingerprint": self.fingerprint(),
+                                 "run_token": self.run_token})
         log(INFO, "%s: checkpoint after %d applied replies written to %s", NAME, applied, path)
 
     def _resume(self, loop: EventLoop) -> None:
@@ -342,6 +364,8 @@ class AsyncMocha(Strategy):
         check_fingerprint(checkpoint, self.fingerprint())
         loop.restore(checkpoint.arrays, checkpoint.meta)
         self.resumed_from = checkpoint.server_round
+        token = checkpoint.meta.get("run_token")
+        self.run_token = token if isinstance(token, str) and token else None
         log(INFO, "%s: resumed from %s (%d rounds of replies applied; %d requests in flight "
             "re-issued)", NAME, checkpoint.path, checkpoint.server_round,
             len(loop.server.in_flight))
@@ -454,7 +478,8 @@ class _GridTransport:
             "m-tt": request.m_tt, "sigma-prime": request.sigma_prime, "budget": request.budget,
             "seed": request.seed, "confirm-id": request.confirm_id,
             "confirm-gamma": request.confirm_gamma, "method": request.method,
-            "theta": request.theta, "keep-id": request.keep_id})
+            "theta": request.theta, "keep-id": request.keep_id,
+            "run-token": s.sent_identity})
         msg = message(record_dict({"arrays": array_record({"w": request.w}), "config": config}),
                       node, "train")
         s.replies.begin()
