@@ -24,10 +24,17 @@ server from a checkpoint): the device then continues from its alpha. A stored st
 another task or size, of other training data, or written by another run (another
 ``run-token``) is not used (logged): the device starts from alpha = 0 and the commit
 protocol resets the task on the server, as for a lost state.
+
+Emulating a slow device: a node started with ``--node-config "emulate-delay-s=2.0"``
+(:data:`DELAY_KEY`) sleeps that many seconds in every ``train`` before replying; for
+experiments and tests of barrier-free runs on real deployments (e.g. one slow SuperNode on
+loopback), never needed otherwise.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from logging import WARNING
 from pathlib import Path
 from typing import Any
@@ -59,6 +66,9 @@ STATE_META = "async-mocha.meta"
 #: The state files' kind: ``<client-state-dir>/async-mocha-task-<id>.npz``.
 STATE_KIND = "async-mocha"
 NAME = "AsyncMocha"
+#: Node-config key: seconds a device sleeps in every ``train`` before replying (emulating a
+#: slow device; default none). For experiments and tests only.
+DELAY_KEY = "emulate-delay-s"
 
 
 def _stored(task: LocalTask, context: Context, path: Path | None
@@ -146,6 +156,17 @@ def _keep(device: AsyncDevice, task: LocalTask, context: Context, run: str | Non
         write_state_file(path, arrays, meta)
 
 
+def _emulate_slow_device(context: Context) -> None:
+    """Sleep the node config's :data:`DELAY_KEY` seconds (none: no delay): a documented
+    setting for experiments and tests that need a slow device on a real deployment."""
+    if DELAY_KEY not in context.node_config:
+        return
+    delay = float(context.node_config[DELAY_KEY])
+    if not (math.isfinite(delay) and delay >= 0):
+        raise ValueError(f"node config {DELAY_KEY} must be a number >= 0, got {delay}")
+    time.sleep(delay)
+
+
 class AsyncMochaClient(MochaClient):
     """MOCHA's device (data, ``whoami``) with barrier-free MOCHA's ``train`` and
     ``evaluate``; arguments as :class:`~fmtl_flower.clients.mocha.MochaClient`."""
@@ -171,6 +192,7 @@ class AsyncMochaClient(MochaClient):
                              f"{request.budget}, {request.m_tt}, {request.sigma_prime}, "
                              f"{request.confirm_gamma}")
         run = run_token(config)
+        _emulate_slow_device(context)
         path = state_file_for(context, STATE_KIND, task.task_id, self._state_dir)
         device = _device(task, context, run, path)
         answer = device.handle(request)

@@ -83,9 +83,22 @@ the unpacked run, bit for bit (a test checks it); a node-level request carrying 
 node's tasks would make them wait for each other, a barrier inside the node. Packing saves no
 messages here (one per request either way); it lets one Flower node host several tasks.
 
-Scope of this version: the virtual clock only (in-process engine; on Ray each request is
-pulled before the next event, so the wall-clock run is serial); fixed Omega or Omega-steps
-with draining; no deployment real-time mode yet.
+Real time
+---------
+On the simulation engines (in-process, Ray) the run keeps the virtual clock: each request is
+pulled before the next event, so the wall-clock run is serial but the records are
+reproducible. On a deployment (``clock="wall"``, which ``fmtl``'s ServerApp sets when its
+grid is a SuperLink's) the run keeps real time (:class:`WallClockLoop`): up to
+``concurrency`` requests are really in flight at once, each reply is applied as it arrives,
+in arrival order, and a request unanswered ``pull_timeout_s`` seconds after it left
+expires. The protocol and its guarantees do not depend on the clock (staleness is counted
+in applied replies, not seconds). Records are stamped with wall seconds since the run
+started; ``final`` says ``clock`` (``virtual`` or ``wall``) and ``time_s`` (the run's length
+on it), and ``virtual_time_s`` is None on the wall clock. A checkpoint records its clock (a
+run of the other clock refuses it). The eq. (30) times and ``latency-sigma`` only shape the
+virtual clock.
+
+Scope of this version: fixed Omega or Omega-steps with draining.
 """
 
 from __future__ import annotations
@@ -95,7 +108,9 @@ import json
 import math
 import secrets
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -110,13 +125,16 @@ from ..checkpoint import check_fingerprint, read_checkpoint, write_checkpoint
 from ..core.async_mocha import (
     APPLIED,
     INVALID,
+    UNKNOWN,
     AsyncMochaServer,
     EventLoop,
+    Outcome,
     Rejected,
     Reply,
     ReplyBounds,
     Request,
     Run,
+    _record,
 )
 from ..core.formulations import make_formulation
 from ..core.mocha import MochaServerState
@@ -137,6 +155,8 @@ if TYPE_CHECKING:
     from ..settings import MochaSettings
 
 NAME = "AsyncMocha"
+#: The clocks a run can keep (:class:`AsyncMocha`'s ``clock``).
+CLOCKS = ("virtual", "wall")
 TRAIN_METRICS = ("task-id", "request-id", "delta-dual-mean", "loss-mean", "dual-mean", "steps",
                  "state-ok")
 REPLY_CONTRACTS = {"train": ReplyContract.of(TRAIN_METRICS, {"delta-b": ("d",)})}
@@ -182,6 +202,10 @@ class AsyncMocha(Strategy):
         register after the ServerApp has started).
     max_row_norm : float or None
         The bound R on every task's training-row norms (None: each device's report).
+    clock : {"virtual", "wall"}
+        ``virtual``: the simulation engines' virtual clock (module docstring); ``wall``: real
+        time, the replies applied as they arrive (deployments, "Real time"; ``fmtl``'s
+        ServerApp chooses it on a deployment).
     on_round : callable, optional
         Called with the record that completes each ``m`` applied replies (a "round" of work).
     """
@@ -194,8 +218,10 @@ class AsyncMocha(Strategy):
                  request_timeout_s: float | None = None, pull_timeout_s: float = 600.0,
                  seed: int = 0, method: str = "mocha", theta: float = 0.5,
                  robust: bool = True, max_row_norm: float | None = None,
-                 num_tasks: int | None = None,
+                 num_tasks: int | None = None, clock: str = "virtual",
                  on_round: Callable[[dict[str, Any]], None] | None = None) -> None:
+        if clock not in CLOCKS:
+            raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
         if concurrency is not None and concurrency < 1:
             raise ValueError(f"concurrency must be >= 1 (or None: every task), got {concurrency}")
         if tau is not None and tau < 0:
@@ -210,7 +236,7 @@ class AsyncMocha(Strategy):
         self.request_timeout_s, self.pull_timeout_s = request_timeout_s, pull_timeout_s
         self.seed, self.method, self.theta, self.on_round = seed, method, theta, on_round
         self.robust, self.max_row_norm = bool(robust), max_row_norm
-        self.num_tasks = num_tasks
+        self.num_tasks, self.clock = num_tasks, clock
         self.replies = ReplyBoundary(NAME, REPLY_CONTRACTS, sizes=lambda: {"d": self.dim})
         self.dim = 0
         self.run: Run | None = None
@@ -262,10 +288,10 @@ class AsyncMocha(Strategy):
     # the run ---------------------------------------------------------------------------------
     def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int = 3,
               timeout: float = 3600) -> Result:
-        """Discover the tasks, then apply ``num_rounds x m`` replies on the virtual clock.
+        """Discover the tasks, then apply ``num_rounds x m`` replies on the run's clock.
 
         Returns Flower's ``Result``; ``self.results()`` holds the records and ``final``
-        (``primal``, ``dual``, ``gap``, ``virtual_time_s``).
+        (``primal``, ``dual``, ``gap``, ``virtual_time_s``, ``clock``, ``time_s``).
         """
         if not isinstance(num_rounds, int) or num_rounds < 1:
             raise ValueError(f"num_rounds must be an int >= 1, got {num_rounds!r}")
@@ -288,9 +314,14 @@ class AsyncMocha(Strategy):
                                   bounds=ReplyBounds(self.row_norm, n, self.robust,
                                                      BOUND_SLACK))
         self.run = Run(server, [])
-        loop = EventLoop(self.run, seconds, _GridTransport(self, grid, nodes),
-                         latency_sigma=self.latency_sigma, seed=self.seed,
-                         omega_every=self.omega_every, timeout_s=self.request_timeout_s)
+        if self.clock == "wall":
+            loop: EventLoop | WallClockLoop = WallClockLoop(
+                self, grid, nodes, self.run, omega_every=self.omega_every,
+                timeout_s=self.pull_timeout_s)
+        else:
+            loop = EventLoop(self.run, seconds, _GridTransport(self, grid, nodes),
+                             latency_sigma=self.latency_sigma, seed=self.seed,
+                             omega_every=self.omega_every, timeout_s=self.request_timeout_s)
         self.num_rounds = num_rounds
         if self.checkpoint_dir is not None and self.resume:
             self._resume(loop)
@@ -328,7 +359,7 @@ class AsyncMocha(Strategy):
                 "network": str(self.network), "time_model": self.time_model,
                 "request_timeout_s": self.request_timeout_s, "seed": self.seed,
                 "method": self.method, "theta": self.theta, "robust": self.robust,
-                "max_row_norm": self.max_row_norm}
+                "max_row_norm": self.max_row_norm, "clock": self.clock}
 
     def run_identity(self) -> str:
         """The run's identity sent as ``run-token`` (as the synchronous strategies',
@@ -402,10 +433,12 @@ class AsyncMocha(Strategy):
             self.on_round(record)
 
     def results(self) -> dict[str, Any]:
-        """``rounds``: one time-stamped record per reply event (``time_s`` virtual seconds,
-        ``applied``, ``round`` = applied // m, ``status``, ``task``, ``staleness``, ``gamma``,
-        ``dual``, ``primal``, ``gap``), and ``final`` (``primal``, ``dual``, ``gap`` of the
-        certificate, ``virtual_time_s``, ``round``, the reply counts)."""
+        """``rounds``: one time-stamped record per reply event (``time_s`` seconds on the
+        run's clock, ``applied``, ``round`` = applied // m, ``status``, ``task``,
+        ``staleness``, ``gamma``, ``dual``, ``primal``, ``gap``), and ``final`` (``primal``,
+        ``dual``, ``gap`` of the certificate, ``clock`` (``virtual`` or ``wall``),
+        ``time_s`` (the run's length on that clock), ``virtual_time_s`` (None on the wall
+        clock: there is no virtual time), ``round``, the reply counts)."""
         if self.run is None:
             return {"rounds": [], "final": {}}
         server, records = self.run.server, self.run.records
@@ -414,7 +447,9 @@ class AsyncMocha(Strategy):
         final = {"round": server.counts[APPLIED] // m,
                  "primal": None if cert is None else cert.primal, "dual": server.dual(),
                  "gap": None if cert is None else cert.gap,
-                 "virtual_time_s": self.run.virtual_time_s,
+                 "clock": self.clock, "time_s": self.run.virtual_time_s,
+                 "virtual_time_s": self.run.virtual_time_s if self.clock == "virtual"
+                 else None,
                  "replies_applied": server.counts[APPLIED], "resumed_from": self.resumed_from,
                  "certificate_rejections_total": server.certificate_rejections, **{
                      f"replies_{k}": v for k, v in server.counts.items() if k != APPLIED}}
@@ -440,6 +475,33 @@ class AsyncMocha(Strategy):
         if len(dims) != 1:
             raise RuntimeError(f"{NAME}: nodes disagree on the dimension: {sorted(dims)}")
         return [info[t]["node"] for t in range(m)], info
+
+    def train_message(self, request: Request, node: int) -> Message:
+        """The ``train`` message of ``request`` to ``node`` (wire contract)."""
+        config = config_record({
+            "task-id": request.task, "request-id": request.request_id, "count": request.count,
+            "m-tt": request.m_tt, "sigma-prime": request.sigma_prime, "budget": request.budget,
+            "seed": request.seed, "confirm-id": request.confirm_id,
+            "confirm-gamma": request.confirm_gamma, "method": request.method,
+            "theta": request.theta, "keep-id": request.keep_id,
+            "run-token": self.sent_identity})
+        return message(record_dict({"arrays": array_record({"w": request.w}),
+                                    "config": config}), node, "train")
+
+    def read_train_reply(self, request: Request, node: int, msg: Message,
+                         replies: list[Message]) -> Reply | Rejected | None:
+        """What the trust boundary makes of the replies to ``msg`` (sent to ``node`` for
+        ``request``): the :class:`Reply`, a :class:`Rejected` (theta = 1, logged), or None
+        (no reply for it: lost)."""
+        self.replies.begin()
+        self.replies.track(request.task, node, msg)
+        got = self.replies.read(f"request {request.request_id}", replies,
+                                lambda reply, _task: {"reply": self.parse_train(reply, request)})
+        if request.task in got.accepted:
+            return got.accepted[request.task]["reply"]
+        if request.task in got.failed:
+            return Rejected(request.task, request.request_id)
+        return None
 
     def parse_train(self, reply: Message, request: Request) -> Reply:
         """Decode and check one ``train`` reply (raises on anything wrong)."""
@@ -473,26 +535,10 @@ class _GridTransport:
 
     def __call__(self, request: Request) -> list[Reply | Rejected]:
         s, node = self.strategy, self.nodes[request.task]
-        config = config_record({
-            "task-id": request.task, "request-id": request.request_id, "count": request.count,
-            "m-tt": request.m_tt, "sigma-prime": request.sigma_prime, "budget": request.budget,
-            "seed": request.seed, "confirm-id": request.confirm_id,
-            "confirm-gamma": request.confirm_gamma, "method": request.method,
-            "theta": request.theta, "keep-id": request.keep_id,
-            "run-token": s.sent_identity})
-        msg = message(record_dict({"arrays": array_record({"w": request.w}), "config": config}),
-                      node, "train")
-        s.replies.begin()
-        s.replies.track(request.task, node, msg)
+        msg = s.train_message(request, node)
         ids = list(self.grid.push_messages([msg]))
-        replies = self._pull(ids)
-        got = s.replies.read(f"request {request.request_id}", replies,
-                             lambda reply, _task: {"reply": s.parse_train(reply, request)})
-        if request.task in got.accepted:
-            return [got.accepted[request.task]["reply"]]
-        if request.task in got.failed:
-            return [Rejected(request.task, request.request_id)]
-        return []
+        delivery = s.read_train_reply(request, node, msg, self._pull(ids))
+        return [] if delivery is None else [delivery]
 
     def _pull(self, ids: list[str]) -> list[Message]:
         deadline = time.monotonic() + self.strategy.pull_timeout_s
@@ -502,6 +548,164 @@ class _GridTransport:
                 return replies
             time.sleep(0.01)
         return []
+
+
+@dataclass
+class _Sent:
+    """A request pushed in real time: its message, the id the grid gave it (None: the grid
+    could not send it) and when it left (``time.monotonic()``)."""
+
+    request: Request
+    message: Message
+    message_id: str | None
+    sent_at: float
+
+
+class WallClockLoop:
+    """The protocol in real time (deployments; module docstring, "Real time").
+
+    Requests are pushed to up to ``concurrency`` tasks (``Grid.push_messages``); the loop
+    polls ``Grid.pull_messages`` for every request in flight and applies each reply as it
+    arrives, in arrival order, through the trust boundary, then pushes new work to the task
+    that replied. A request unanswered ``timeout_s`` real seconds after it left expires
+    (theta = 1). Omega-steps drain as on the virtual clock. Records are stamped with the
+    seconds since the run started (a resumed run's clock continues from its checkpoint).
+    Same interface as :class:`~fmtl_flower.core.async_mocha.EventLoop` (``run``,
+    ``state_arrays``, ``restore``); a resumed run re-pushes the requests that were in
+    flight, unchanged.
+    """
+
+    def __init__(self, strategy: AsyncMocha, grid: Grid, nodes: list[int], run: Run, *,
+                 omega_every: int = 0, timeout_s: float = 600.0, poll_s: float = 0.05) -> None:
+        self.strategy, self.grid, self.nodes = strategy, grid, nodes
+        self.run_, self.server = run, run.server
+        m = self.server.state.num_tasks
+        self.idle = deque(range(m))
+        self.omega_due = omega_every * m if omega_every > 0 else 0
+        self.draining = False
+        self.timeout_s, self.poll_s = float(timeout_s), float(poll_s)
+        self.flight: dict[int, _Sent] = {}  # request id -> what was pushed
+        self.offset = 0.0  # the clock's reading when this process's part of the run began
+        self.started = time.monotonic()
+
+    def now(self) -> float:
+        """Seconds since the run started (on a resumed run: since the original start)."""
+        return self.offset + time.monotonic() - self.started
+
+    def push(self, request: Request) -> None:
+        """Push ``request``'s ``train`` message now."""
+        node = self.nodes[request.task]
+        msg = self.strategy.train_message(request, node)
+        ids = list(self.grid.push_messages([msg]))
+        self.flight[request.request_id] = _Sent(request, msg, ids[0] if ids else None,
+                                                time.monotonic())
+
+    def fill(self) -> None:
+        """Send work to idle tasks while the server may issue (not while draining)."""
+        while not self.draining and self.idle and self.server.can_issue():
+            self.push(self.server.issue(self.idle.popleft()))
+
+    def run(self, replies: int, *,
+            on_event: Callable[[Run, dict[str, Any]], None] | None = None,
+            after_event: Callable[[WallClockLoop, dict[str, Any]], None] | None = None
+            ) -> Run:
+        """Apply replies as they arrive until ``replies`` are applied (or no request is left
+        in flight, or ``10 x replies + m`` requests were issued)."""
+        server, m = self.server, self.server.state.num_tasks
+        self.started = time.monotonic()
+        if server.counts[APPLIED] < replies:  # a resumed run: re-push what was in flight
+            for request in sorted(server.in_flight.values(), key=lambda r: r.request_id):
+                self.push(request)
+        self.fill()
+        max_requests = 10 * replies + m
+        while self.flight and server.counts[APPLIED] < replies \
+                and server.next_id <= max_requests:
+            events = self._arrivals() + self._expiries()
+            if not events:
+                time.sleep(self.poll_s)
+                continue
+            for sent, delivery in events:
+                if server.counts[APPLIED] >= replies:
+                    break
+                self._handle(sent, delivery, replies, on_event, after_event)
+        self.run_.virtual_time_s = self.now()
+        return self.run_
+
+    def _arrivals(self) -> list[tuple[_Sent, Reply | Rejected | None]]:
+        """The replies that arrived, each read through the trust boundary (None: a reply the
+        boundary ignored, e.g. from another node: its request stays in flight)."""
+        by_id = {s.message_id: s for s in self.flight.values() if s.message_id is not None}
+        if not by_id:
+            return []
+        out = []
+        for reply in self.grid.pull_messages(list(by_id)):
+            sent = by_id.get(reply.metadata.reply_to_message_id)
+            if sent is None or sent.request.request_id not in self.flight:
+                continue
+            request = sent.request
+            delivery = self.strategy.read_train_reply(request, self.nodes[request.task],
+                                                      sent.message, [reply])
+            if delivery is not None:
+                del self.flight[request.request_id]
+            out.append((sent, delivery))
+        return out
+
+    def _expiries(self) -> list[tuple[_Sent, None]]:
+        """The requests in flight for longer than the timeout (removed from the flight)."""
+        now = time.monotonic()
+        late = [s for s in self.flight.values() if now - s.sent_at > self.timeout_s]
+        for sent in late:
+            del self.flight[sent.request.request_id]
+        return [(sent, None) for sent in late]
+
+    def _handle(self, sent: _Sent, delivery: Reply | Rejected | None, replies: int,
+                on_event: Callable[[Run, dict[str, Any]], None] | None,
+                after_event: Callable[[WallClockLoop, dict[str, Any]], None] | None) -> None:
+        """Apply one arrival or expiry, record it, Omega-step when due, send new work."""
+        server, request = self.server, sent.request
+        if isinstance(delivery, Reply):
+            outcome = server.receive(delivery)
+        elif isinstance(delivery, Rejected):
+            outcome = server.reject(delivery.task, delivery.request_id)
+        elif sent.request.request_id in self.flight:
+            return  # a reply the boundary ignored: the request is still in flight
+        else:
+            outcome = (Outcome("expired", request.task, request.request_id)
+                       if server.expire(request.task, request.request_id) else None)
+        if outcome is None or outcome.status == UNKNOWN:
+            return
+        self.idle.append(outcome.task)
+        record = _record(server, self.now(), outcome)
+        self.run_.records.append(record)
+        if on_event is not None:
+            on_event(self.run_, record)
+        applied = server.counts[APPLIED]
+        if self.omega_due and outcome.status == APPLIED and applied % self.omega_due == 0 \
+                and applied < replies:
+            self.draining = True
+        if self.draining and not server.in_flight:
+            server.omega_step()
+            self.draining = False
+        self.fill()
+        if after_event is not None:
+            after_event(self, record)
+
+    # --- checkpoints
+    def state_arrays(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The server's state and the loop's (``(arrays, JSON meta)``), after an event."""
+        arrays, meta = self.server.state_arrays()
+        meta.update(now=self.now(), idle=list(self.idle), draining=self.draining,
+                    records=self.run_.records)
+        return arrays, meta
+
+    def restore(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+        """Continue from :meth:`state_arrays`' output (the requests in flight are pushed
+        again, unchanged, when the run goes on)."""
+        self.server.restore(arrays, meta)
+        self.run_.records = [dict(r) for r in meta["records"]]
+        self.idle = deque(int(t) for t in meta["idle"])
+        self.draining = bool(meta["draining"])
+        self.offset = float(meta["now"])
 
 
 def _parse_whoami(reply: Message, _slot: int) -> dict[str, Any]:
