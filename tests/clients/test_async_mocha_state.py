@@ -76,7 +76,7 @@ def test_device_restart_keeps_its_alpha_with_a_state_file(problem, tmp_path):
     assert np.array_equal(kept.run.server.state.W, whole.run.server.state.W)
     final = kept.results()["final"]
     assert final["replies_resets"] == 0 and final["gap"] == whole.results()["final"]["gap"]
-    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == [
+    assert sorted(p.name for p in (tmp_path / "state").glob("*.npz")) == [
         f"async-mocha-task-{t}.npz" for t in range(M)]
     _consistent(kept)
     lost = _run(problem, 8, None, RESTARTS)
@@ -121,7 +121,7 @@ def test_state_file_of_another_run_is_reset_and_logged(problem, tmp_path, caplog
     state, ckpt = tmp_path / "state", tmp_path / "ckpt"
     with pytest.raises(ServerKilled):
         _run(problem, 6, state, ckpt=ckpt, strategy_cls=_killed_at(20))
-    for path in state.iterdir():
+    for path in state.glob("*.npz"):
         arrays, meta = read_state_file(path)
         meta.pop("format", None)
         write_state_file(path, arrays, {**meta, "run": "0123456789abcdef.0123456789abcdef"})
