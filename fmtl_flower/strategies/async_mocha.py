@@ -81,7 +81,9 @@ node and read through the trust boundary like any other (a bad slot fails only i
 This is the simpler correct design: the messages, the protocol and the records are those of
 the unpacked run, bit for bit (a test checks it); a node-level request carrying all of a
 node's tasks would make them wait for each other, a barrier inside the node. Packing saves no
-messages here (one per request either way); it lets one Flower node host several tasks.
+messages here (one per request either way); it lets one Flower node host several tasks. On
+a deployment the SuperNode (flwr 1.42) serves one message at a time, so the requests of a
+node's tasks queue there behind each other (a loopback test runs two packed SuperNodes).
 
 Real time
 ---------

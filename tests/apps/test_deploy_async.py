@@ -189,3 +189,38 @@ def test_loopback_deployment_with_a_slow_supernode(tmp_path) -> None:
     assert applied[SLOW_TASK] >= 1 and min(fast) > applied[SLOW_TASK], applied
     # the slow device's requests really took its delay: the run lasted at least its replies
     assert final["time_s"] >= applied[SLOW_TASK] * DELAY_S
+
+
+PACKED_CONFIG = (f"strategy='async-mocha' num-tasks={NODES} dim=5 samples-per-task=30 "
+                 f"num-server-rounds={ROUNDS} seed=2 round-timeout=120.0 tasks-per-node=2 "
+                 f"mocha.concurrency={NODES} mocha.tau={2 * NODES} mocha.omega='identity'")
+
+
+@pytest.mark.slow  # a real SuperLink and two SuperNodes: a few minutes on the 2-core machine
+def test_loopback_deployment_on_packed_nodes(tmp_path) -> None:
+    """Two SuperNodes host two tasks each (``tasks-per-node=2``), with state files: both
+    tasks of a node have a request in flight at once (a one-slot packed message each; the
+    SuperNode of flwr 1.42 serves them one after the other: its log alternates receive and
+    send). The run completes with a valid certificate and no reset: every task kept its
+    duals across the per-message ClientApp processes."""
+    from .loopback import LoopbackFederation
+
+    fed = LoopbackFederation(tmp_path, 2, state_dirs=True,
+                             node_configs=["task-ids='0,1'", "task-ids='2,3'"])
+    try:
+        fed.start()
+        fed.wait_nodes_registered()
+        results = tmp_path / "packed.json"
+        sub = fed.submit(f"{PACKED_CONFIG} results-file='{results}'", results=results)
+        seconds = sub.wait(1200.0, fed.context())
+        assert sub.popen.returncode == 0, fed.context()
+        out = sub.read_results()
+    finally:
+        survivors = fed.stop()
+    assert not survivors, f"processes still alive: {survivors}"
+    print(f"loopback packed async-mocha run: {seconds:.1f} s (flwr run)")
+    final, records = out["final"], out["rounds"]
+    assert final["clock"] == "wall" and final["replies_applied"] == ROUNDS * NODES
+    assert final["gap"] >= 0 and all(r["gap"] >= 0 for r in records if r["gap"] is not None)
+    assert final["replies_resets"] == 0, final
+    assert _applied_by_task(records).keys() == set(range(NODES))
