@@ -130,3 +130,33 @@ def test_packed_grid_push_pull_of_an_unknown_id_or_node_drops_it(where):
         assert list(grid.push_messages([message(record_dict({}), 999, "train")])) == []
     else:
         assert list(grid.pull_messages(["no-such-id"])) == []
+
+
+ENGINE_CONFIG = {"strategy": "async-mocha", "dataset": "synthetic", "num-tasks": 4, "dim": 5,
+                 "samples-per-task": 30, "num-server-rounds": 4, "seed": 3,
+                 "mocha.omega": "probabilistic", "mocha.omega-every": 2,
+                 "mocha.concurrency": 3, "mocha.tau": 4, "mocha.latency-sigma": 1.0}
+
+
+def _engine_run(engine: str, tasks_per_node: int) -> dict:
+    from fmtl_flower.apps.common import make_client_app, make_server_app
+    from fmtl_flower.config import RunConfig
+    from fmtl_flower.engine import run_inprocess, run_ray
+
+    cfg = RunConfig.from_mapping({**ENGINE_CONFIG, "tasks-per-node": tasks_per_node})
+    box: dict = {}
+    server_app, client_app = make_server_app(cfg, on_done=box.update), make_client_app(cfg)
+    nodes = -(-ENGINE_CONFIG["num-tasks"] // tasks_per_node)
+    (run_inprocess if engine == "inprocess" else run_ray)(server_app, client_app, nodes)
+    assert box, f"{engine}: the ServerApp finished without results"
+    return box
+
+
+@pytest.mark.slow  # Ray's start and shutdown: about a minute on the 2-core machine
+def test_ray_engine_on_packed_nodes_gives_the_unpacked_inprocess_records():
+    """Four tasks on two packed Ray nodes: the records and certificate of the in-process run
+    with one task per node."""
+    local, ray = _engine_run("inprocess", 1), _engine_run("ray", 2)
+    assert ray["config"]["tasks-per-node"] == 2 and ray["engine"] == "ray"
+    assert ray["rounds"] == local["rounds"] and len(local["rounds"]) >= 16
+    assert ray["final"] == local["final"] and ray["final"]["gap"] >= 0
