@@ -112,6 +112,22 @@ def test_wall_clock_applies_replies_as_they_arrive():
     assert strategy.worst <= 1e-12
 
 
+def test_wall_clock_expires_a_device_that_never_replies():
+    """Task 1's replies never come: each of its requests expires after ``pull_timeout_s``
+    real seconds (theta = 1) and is sent again; the other tasks apply theirs meanwhile, and
+    without task 1's loss there is no certificate (None, never a made-up gap)."""
+    problem = make_problem(num_tasks=6, dim=5, samples_per_task=30)
+    grid = _grid(problem)
+    grid.delay_s = float("inf")
+    strategy = Checked(**{**KNOBS, "pull_timeout_s": 0.3})
+    strategy.start(grid, num_rounds=2)
+    records, final = strategy.run.records, strategy.results()["final"]
+    expired = [r["task"] for r in records if r["status"] == "expired"]
+    assert final["replies_applied"] == 12 and final["replies_expired"] == len(expired) >= 1
+    assert set(expired) == {SLOW_TASK} and SLOW_TASK not in _applied_by_task(records)
+    assert final["gap"] is None and strategy.worst <= 1e-12
+
+
 def test_wall_clock_resumes_mid_flight(tmp_path):
     """The server dies mid-flight; resumed from its checkpoint it re-pushes the requests in
     flight, its clock continues, and the run completes consistent."""
