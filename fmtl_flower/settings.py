@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from .families import CENTRALISED, FAMILIES
+
 __all__ = [
     "CommonSettings",
     "ConfigError",
@@ -872,10 +874,16 @@ class FsvrgSettings(CommonSettings):
 # every run-config key: :class:`fmtl_flower.config.RunConfig` is built from both, and
 # :func:`check_known_keys` checks a run config against both.
 
-#: The run config's ``strategy`` values.
-STRATEGIES = ("mocha", "cocoa", "mb-sdca", "mb-sgd", "local", "global", "fedem", "fedavg",
-              "fedprox", "fedavg-ft", "clustered", "ofmtl", "fsvrg", "fsvrg-naive", "gd",
-              "cocoa-plus", "dane", "cfl", "pfedme", "ifca", "async-mocha", "async-cocoa")
+#: The run config's ``strategy`` values: every family's (:data:`fmtl_flower.families.FAMILIES`)
+#: and the centralised baselines, as the package ships them.
+STRATEGIES = (*(s for f in FAMILIES for s in f.strategies), *CENTRALISED)
+
+
+def strategy_name(key: str, value: Any) -> str:
+    """A ``strategy`` value: a registered family's (also one registered after import,
+    :func:`~fmtl_flower.families.register_family`) or a centralised baseline."""
+    served = (*(s for f in FAMILIES for s in f.strategies), *CENTRALISED)
+    return choice(*served)(key, value)
 #: The run config's ``model`` values.
 MODELS = ("auto", "svm", "logistic", "softmax", "mlp")
 
@@ -975,7 +983,7 @@ class RunKeys:
         permutation ``3,0,2,1``; "": in order).
     """
 
-    strategy: str = setting("mocha", choice(*STRATEGIES), "strategy")
+    strategy: str = setting("mocha", strategy_name, "strategy")
     dataset: str = setting("synthetic", text, "dataset")
     num_server_rounds: int = setting(100, integer(1), "num-server-rounds")
     test_frac: float = setting(0.25, number(lo=0.0, hi=1.0, hi_open=True), "test-frac")
