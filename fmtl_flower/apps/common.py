@@ -270,7 +270,7 @@ def _client_app_of(config: RunConfig, load: Callable[[Context], tuple[np.ndarray
     if config.strategy in ASYNC_MOCHA:
         from ..clients.async_mocha import make_async_mocha_client_app
 
-        return make_async_mocha_client_app(load)
+        return make_async_mocha_client_app(load, labels=mocha_labels(config))
     from ..clients.mocha import make_mocha_client_app
 
     return make_mocha_client_app(load, state_dir=config.client_state_dir or None,
