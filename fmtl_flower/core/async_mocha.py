@@ -51,6 +51,37 @@ their proofs, are in ``docs/guides/async-mocha.md``; in short:
   check; the quadratic term is >= 0 (the certificate never comes from a forged pair).
 * **Omega-steps** drain: no new work is sent until every request in flight has come back
   (or expired), then Omega and sigma' are updated and W <- B M.
+* **Any loss** of :mod:`fmtl_flower.core.losses` (hinge, smoothed hinge, logistic,
+  squared). The device's SDCA steps, ``loss_mean`` and ``dual_mean`` are the loss's, and
+  ``delta A_t`` is the change of its conjugate term by the whole step,
+  ``(1/n) sum_i [D(a_i + d_i) - D(a_i)]`` with ``a_i = y_i alpha_i``
+  (:func:`conjugate_change`). D is concave, so the change by the step scaled by g is at
+  least the chord ``g delta A_t``: the safeguard's ``g a - g^2 h / 2`` above is a lower bound
+  of the dual's change, exact for the hinge's linear D and for g in {0, 1}, and the factor
+  it picks never lowers the dual. The server adds the chord to A_t; after a step applied
+  with 0 < g < 1 under a curved D it knows A_t only from below (its dual is then a lower
+  bound of D(alpha), and every certified gap stays an upper bound) until the task's next
+  reply, whose ``dual_mean`` is the exact value at the same alpha (the device committed
+  exactly ``g d_alpha``): the server takes it if it is larger, so the dual is again exact,
+  and still never decreases. The bounds take the loss's value bound and dual radius (none
+  on ``|d_b|`` or the dual image for the squared loss, whose dual is unbounded), the
+  certificate's check the loss's dual range. The intercept and multi-class are synchronous
+  MOCHA's lifting (:mod:`fmtl_flower.core.multiclass`): the devices change their rows, the
+  protocol is unchanged.
+* **Decoupling** (robust mode: ``bounds.robust``). Every m applied replies (a round of
+  work) the server feeds :class:`~fmtl_flower.core.decoupling.OutlierWatch` what
+  synchronous MOCHA feeds it every round: each task's largest |d_b| since the last check
+  over its bound ``scale_t min(budget_t, n_t) / n_t`` (:func:`~fmtl_flower.core.decoupling.
+  federation_scale` of the R_t), |b_t|, B, and for a learned Omega the coupling weights of
+  M. A task it finds is decoupled (M -> M', :mod:`fmtl_flower.core.decoupling`; W <- B M',
+  then sigma' and K) and logged. Why at once, with requests in flight: M' keeps the coupled
+  tasks' block of M and zeroes the decoupled task's coupling, so every in-flight request's
+  sigma' stays safe (the max |N_ts| only falls), and the safeguard computes each reply's
+  factor at the *current* state (m_tt, w_t of M'), so no reply can lower the (new) dual
+  whatever it was computed for. The switch itself changes the problem (K' = M'^-1, as in
+  synchronous MOCHA), so the dual is monotone between switches. Without the safeguard that
+  argument fails for the decoupled task's own requests in flight, so the decoupling then
+  waits for the next drain (:meth:`AsyncMochaServer.omega_step`).
 
 :func:`simulate_async_mocha` runs the protocol on a virtual clock: task t's k-th request
 takes ``seconds[t]`` (eq. (30)'s time, :func:`fmtl_flower.systems.timing.node_times`) times
