@@ -622,18 +622,6 @@ class MochaSettings(_PrimalDualSettings):
     def formulation_options(self) -> dict[str, Any]:
         return {**super().formulation_options, "gamma": self.gamma}
 
-    def _check_together(self) -> None:
-        """Besides the formulation's bound: the barrier-free methods train the binary hinge
-        without an intercept only (their device handlers predate the loss family)."""
-        super()._check_together()
-        if self.method.startswith("async-"):
-            if self.loss != "hinge":
-                raise ConfigError(f"{self.label('loss')}: {self.method} trains the hinge "
-                                  f"loss only; got {self.loss!r} (use method mocha or cocoa)")
-            if self.fit_intercept:
-                raise ConfigError(f"{self.label('fit_intercept')}: {self.method} fits no "
-                                  "intercept yet (use method mocha or cocoa)")
-
 
 @dataclass(frozen=True)
 class MbSgdSettings(_PrimalDualSettings):
