@@ -23,28 +23,27 @@ constructors take the typed settings of :mod:`fmtl_flower.settings`, which
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from . import settings as _settings
+from .families import CENTRALISED, FAMILIES, Family, family_of_strategy, strategies_of
 from .settings import (
     MODELS,
     SETTINGS_CLASSES,
     STRATEGIES,
     ConfigError,
-    FedEMSettings,
-    FsvrgSettings,
-    MbSgdSettings,
     MochaSettings,
-    OFMTLSettings,
     RunKeys,
     StrategySettings,
     as_float,
     as_int,
     check_known_keys,
-    choice,
     setting,
+    strategy_name,
     unknown_key_message,
 )
 
@@ -56,29 +55,48 @@ __all__ = [
 ]
 
 #: Strategies of MOCHA's primal-dual / primal family (one linear SVM per task).
-MOCHA_FAMILY = ("mocha", "cocoa", "mb-sdca", "mb-sgd", "async-mocha", "async-cocoa")
+MOCHA_FAMILY = strategies_of("mocha", "mb-sgd", "async-mocha")
 #: Barrier-free MOCHA and its CoCoA baseline (:mod:`fmtl_flower.strategies.async_mocha`).
-ASYNC_MOCHA = ("async-mocha", "async-cocoa")
+ASYNC_MOCHA = strategies_of("async-mocha")
 #: Strategies of FedEM's family (``local`` joins it with a model other than ``svm``).
-FEDEM_FAMILY = ("fedem", "fedavg", "fedprox", "fedavg-ft", "clustered", "cfl", "pfedme", "ifca")
+FEDEM_FAMILY = strategies_of("fedem")
 #: Strategies of FSVRG's family (one global sparse logistic-regression model).
-FSVRG_FAMILY = ("fsvrg", "fsvrg-naive", "gd", "cocoa-plus", "dane")
-FEDERATED = MOCHA_FAMILY + FEDEM_FAMILY + ("ofmtl",) + FSVRG_FAMILY
+FSVRG_FAMILY = strategies_of("fsvrg")
+FEDERATED = tuple(s for f in FAMILIES for s in f.strategies)
+
+#: How errors name each run-config namespace, and which of them the centralised baselines
+#: (``local``, ``global``) read. Which families read a namespace is theirs to say
+#: (:attr:`fmtl_flower.families.Family.namespace` and ``reads``).
+_NAMESPACE_TITLES = {"mocha": "MOCHA's family", "fedem": "FedEM's family", "ofmtl": "OFMTL",
+                     "fsvrg": "FSVRG's family",
+                     "dp": "differential privacy (fmtl_flower.strategies.privacy; guide: "
+                           "privacy)"}
+_CENTRALISED_READ = ("mocha", "fedem", "dp")
 
 
-#: The families' namespaces: the strategies that read them, and how errors name them.
-NAMESPACES: dict[str, tuple[tuple[str, ...], str]] = {
-    "mocha": (MOCHA_FAMILY + ("ofmtl", "local", "global"),
-              "MOCHA's family (mocha, cocoa, mb-sdca, mb-sgd; also read by ofmtl, local, global)"),
-    "fedem": (FEDEM_FAMILY + ("local", "global"),
-              f"FedEM's family ({', '.join(FEDEM_FAMILY)}; also local/global with a model "
-              "other than svm)"),
-    "ofmtl": (("ofmtl",), "OFMTL (ofmtl)"),
-    "fsvrg": (FSVRG_FAMILY, f"FSVRG's family ({', '.join(FSVRG_FAMILY)})"),
-    "dp": (FEDEM_FAMILY + ("local", "global"),
-           "FedEM's family's differential privacy (fmtl_flower.strategies.privacy; guide: "
-           "privacy)"),
-}
+def _readers(namespace: str) -> tuple[str, ...]:
+    """The ``strategy`` values whose runs read ``namespace``'s keys."""
+    owners = tuple(s for f in FAMILIES if f.namespace == namespace for s in f.strategies)
+    others = tuple(s for f in FAMILIES if namespace in f.reads for s in f.strategies)
+    return owners + others + (CENTRALISED if namespace in _CENTRALISED_READ else ())
+
+
+def namespaces() -> dict[str, tuple[tuple[str, ...], str]]:
+    """Each namespace: the strategies that read it, and how errors name it."""
+    out = {}
+    for namespace, title in _NAMESPACE_TITLES.items():
+        owners = tuple(s for f in FAMILIES if f.namespace == namespace for s in f.strategies)
+        readers = _readers(namespace)
+        also = [s for s in readers if s not in owners]
+        listed = ", ".join(owners) + (f"; also read by {', '.join(also)}" if also and owners
+                                      else ", ".join(also))
+        out[namespace] = (readers, f"{title} ({listed})")
+    return out
+
+
+#: The families' namespaces: the strategies that read them, and how errors name them
+#: (those of the families the package ships; :func:`namespaces` for the current ones).
+NAMESPACES: dict[str, tuple[tuple[str, ...], str]] = namespaces()
 
 
 def positive_int(key: str, value: Any) -> int:
@@ -132,10 +150,16 @@ class _RunConfigKeys(RunKeys):
         return "logistic"
 
     @property
+    def family(self) -> Family | None:
+        """The family serving this run (:mod:`fmtl_flower.families`); None for a
+        centralised baseline."""
+        return family_of_strategy(self.strategy, self.model_family)
+
+    @property
     def is_fedem_family(self) -> bool:
         """Whether the run uses FedEM's strategy and clients."""
-        return self.strategy in FEDEM_FAMILY or (
-            self.strategy == "local" and self.model_family != "svm")
+        family = self.family
+        return family is not None and family.name == "fedem"
 
     @classmethod
     def keys(cls) -> list[str]:
@@ -171,7 +195,7 @@ class _RunConfigKeys(RunKeys):
         """
         base = base or cls()
         by_key = {f.metadata["key"]: f for f in dataclasses.fields(cls)}
-        strategy = choice(*STRATEGIES)("strategy", values.get("strategy", base.strategy))
+        strategy = strategy_name("strategy", values.get("strategy", base.strategy))
         parsed: dict[str, Any] = {}
         for raw_key, raw in values.items():
             key = _current_key(raw_key, strategy)
@@ -228,7 +252,7 @@ RunConfig.__doc__ = _RunConfigKeys.__doc__
 def _reads(strategy: str, key: str) -> bool:
     """Whether a run of ``strategy`` reads ``key`` (common keys: always)."""
     namespace, dot, _ = key.partition(".")
-    return not dot or strategy in NAMESPACES[namespace][0]
+    return not dot or strategy in _readers(namespace)
 
 
 def _foreign(key: str, strategy: str, raw: Any, f: dataclasses.Field,
@@ -241,7 +265,7 @@ def _foreign(key: str, strategy: str, raw: Any, f: dataclasses.Field,
                 return
         except ConfigError:
             pass
-    family = NAMESPACES[key.partition(".")[0]][1]
+    family = namespaces()[key.partition(".")[0]][1]
     raise ConfigError(f"{key} belongs to {family}; strategy={strategy} does not read it "
                       "(remove it, or set it for a run of that family)")
 
@@ -299,28 +323,34 @@ def settings_from_config(cfg: RunConfig, num_tasks: int, num_classes: int | None
         ``mocha.lambda=cv`` (a sweep run by ``fmtl run`` before a federation starts), an svm
         model for the FedEM family, or an invalid setting (naming its key).
     """
-    values = cfg.to_dict(every_family=True)
-    common = {"discovery_timeout": max(cfg.round_timeout, 60.0)}
-    if cfg.is_fedem_family:
-        if cfg.model_family == "svm":
-            raise ConfigError(f"strategy={cfg.strategy} trains logistic, softmax or mlp "
-                              "models, not svm (model=auto picks logistic)")
-        return FedEMSettings.from_run_config(
-            values, method=cfg.strategy, model=cfg.model_family, num_classes=num_classes,
-            unseen_tasks=unseen_tasks(cfg, num_tasks), **common)
-    if cfg.strategy in FSVRG_FAMILY:
-        return FsvrgSettings.from_run_config(values, method=cfg.strategy, **common)
-    if cfg.lam == "cv":
+    family = cfg.family
+    if family is not None and family.name == "fedem" and cfg.model_family == "svm":
+        raise ConfigError(f"strategy={cfg.strategy} trains logistic, softmax or mlp "
+                          "models, not svm (model=auto picks logistic)")
+    if cfg.lam == "cv" and cfg.strategy in _readers("mocha"):
         raise ConfigError("mocha.lambda=cv is a cross-validation sweep run by `fmtl run` "
                           "before the federation starts; a ServerApp needs a number "
                           "(e.g. mocha.lambda=1e-3)")
-    if cfg.strategy == "ofmtl":
-        return OFMTLSettings.from_run_config(
-            values, mocha_rounds=cfg.num_server_rounds, arrival_timeout=cfg.round_timeout,
-            **common)
-    if cfg.strategy == "mb-sgd":
-        return MbSgdSettings.from_run_config(values, **common)
-    return MochaSettings.from_run_config(values, method=cfg.strategy, **common)
+    derived: dict[str, Callable[[], Any]] = {
+        "method": lambda: cfg.strategy, "model": lambda: cfg.model_family,
+        "num_classes": lambda: num_classes,
+        "unseen_tasks": lambda: unseen_tasks(cfg, num_tasks),
+        "mocha_rounds": lambda: cfg.num_server_rounds,
+        "arrival_timeout": lambda: cfg.round_timeout}
+    cls = MochaSettings if family is None else _settings_class(family.settings)
+    arguments = ("method",) if family is None else family.settings_arguments
+    return cls.from_run_config(cfg.to_dict(every_family=True),
+                               discovery_timeout=max(cfg.round_timeout, 60.0),
+                               **{name: derived[name]() for name in arguments})
+
+
+def _settings_class(name: str) -> type[StrategySettings]:
+    """A family's settings class: a name in :mod:`fmtl_flower.settings`, or
+    ``"module:Class"`` for a family outside the package."""
+    if ":" not in name:
+        return getattr(_settings, name)
+    module, _, attribute = name.partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
 def split_set_option(pair: str) -> tuple[str, str]:

@@ -63,8 +63,8 @@ from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from .config import FEDEM_FAMILY, FSVRG_FAMILY, MOCHA_FAMILY
 from .engine import CLIENT_APP_RAISED, GridWrapper, create_message, raised_reason
+from .families import FAMILIES
 from .wire import from_array
 
 __all__ = ["STACK", "STACK_ERRORS", "PackedGrid", "SLOTS_QUERY", "SlotFailed", "SlotTaskCache",
@@ -659,7 +659,7 @@ class SlotTaskCache:
 #: :mod:`~fmtl_flower.clients.packed_fedem`, :mod:`~fmtl_flower.clients.packed_fsvrg`):
 #: packing pays. (``local`` is FedEM's local baseline here: with the svm model it is a
 #: centralised baseline, never a federation.)
-STACKING_STRATEGIES = (*MOCHA_FAMILY, *FEDEM_FAMILY, "local", *FSVRG_FAMILY)
+STACKING_STRATEGIES = (*(s for f in FAMILIES if f.stacks for s in f.strategies), "local")
 #: At most this many tasks per node when packing automatically (bounds one message's size).
 AUTO_MAX_TASKS_PER_NODE = 1000
 

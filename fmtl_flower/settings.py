@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from .families import CENTRALISED, FAMILIES
+
 __all__ = [
     "CommonSettings",
     "ConfigError",
@@ -620,18 +622,6 @@ class MochaSettings(_PrimalDualSettings):
     def formulation_options(self) -> dict[str, Any]:
         return {**super().formulation_options, "gamma": self.gamma}
 
-    def _check_together(self) -> None:
-        """Besides the formulation's bound: the barrier-free methods train the binary hinge
-        without an intercept only (their device handlers predate the loss family)."""
-        super()._check_together()
-        if self.method.startswith("async-"):
-            if self.loss != "hinge":
-                raise ConfigError(f"{self.label('loss')}: {self.method} trains the hinge "
-                                  f"loss only; got {self.loss!r} (use method mocha or cocoa)")
-            if self.fit_intercept:
-                raise ConfigError(f"{self.label('fit_intercept')}: {self.method} fits no "
-                                  "intercept yet (use method mocha or cocoa)")
-
 
 @dataclass(frozen=True)
 class MbSgdSettings(_PrimalDualSettings):
@@ -872,10 +862,16 @@ class FsvrgSettings(CommonSettings):
 # every run-config key: :class:`fmtl_flower.config.RunConfig` is built from both, and
 # :func:`check_known_keys` checks a run config against both.
 
-#: The run config's ``strategy`` values.
-STRATEGIES = ("mocha", "cocoa", "mb-sdca", "mb-sgd", "local", "global", "fedem", "fedavg",
-              "fedprox", "fedavg-ft", "clustered", "ofmtl", "fsvrg", "fsvrg-naive", "gd",
-              "cocoa-plus", "dane", "cfl", "pfedme", "ifca", "async-mocha", "async-cocoa")
+#: The run config's ``strategy`` values: every family's (:data:`fmtl_flower.families.FAMILIES`)
+#: and the centralised baselines, as the package ships them.
+STRATEGIES = (*(s for f in FAMILIES for s in f.strategies), *CENTRALISED)
+
+
+def strategy_name(key: str, value: Any) -> str:
+    """A ``strategy`` value: a registered family's (also one registered after import,
+    :func:`~fmtl_flower.families.register_family`) or a centralised baseline."""
+    served = (*(s for f in FAMILIES for s in f.strategies), *CENTRALISED)
+    return choice(*served)(key, value)
 #: The run config's ``model`` values.
 MODELS = ("auto", "svm", "logistic", "softmax", "mlp")
 
@@ -975,7 +971,7 @@ class RunKeys:
         permutation ``3,0,2,1``; "": in order).
     """
 
-    strategy: str = setting("mocha", choice(*STRATEGIES), "strategy")
+    strategy: str = setting("mocha", strategy_name, "strategy")
     dataset: str = setting("synthetic", text, "dataset")
     num_server_rounds: int = setting(100, integer(1), "num-server-rounds")
     test_frac: float = setting(0.25, number(lo=0.0, hi=1.0, hi_open=True), "test-frac")

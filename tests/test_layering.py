@@ -1,6 +1,6 @@
-"""The package's layering (design.md, "Layers"): core, data and systems import no flwr and
-nothing above them, and no two modules of the package import each other, directly or
-through others (an import cycle).
+"""The package's layering (docs/architecture.md, "The layers"): core, data and systems
+import no flwr and nothing above them, and no two modules of the package import each
+other, directly or through others (an import cycle).
 
 Imports are read from the source (``ast``), at any depth: an import inside a function is an
 import of the module that holds it, so a lazy import does not hide a dependency; a string

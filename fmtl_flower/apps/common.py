@@ -26,13 +26,13 @@ from ..clients.common import default_task_id
 from ..config import (
     ASYNC_MOCHA,
     FEDERATED,
-    FSVRG_FAMILY,
     ConfigError,
     RunConfig,
     settings_from_config,
 )
 from ..core import jit
 from ..engine import GridWrapper, InProcessGrid
+from ..families import FAMILIES, Family, family_named
 from ..legacy import detect_legacy
 from ..packing import MAX_SLOTS_PER_NODE, PackedGrid, packed_client_app, tasks_of_node
 from ..polling import poll_replies
@@ -101,7 +101,7 @@ def _permutation(arrivals: str, seed: int, num_tasks: int) -> tuple[int, ...]:
 
 def is_federated(cfg: RunConfig) -> bool:
     """Whether ``cfg`` runs as a Flower federation (else a centralised baseline)."""
-    return cfg.strategy in FEDERATED or cfg.is_fedem_family
+    return cfg.family is not None
 
 
 def make_client_app(config: RunConfig | None = None) -> ClientApp:
@@ -136,46 +136,53 @@ def make_client_app(config: RunConfig | None = None) -> ClientApp:
     app.query("whoami")(lambda msg, ctx: handlers.of(ctx).whoami(msg, ctx))
     app.train()(lambda msg, ctx: handlers.of(ctx).train(msg, ctx))
     app.evaluate()(lambda msg, ctx: handlers.of(ctx).evaluate(msg, ctx))
-    app.train("ofmtl")(lambda msg, ctx: handlers.get("ofmtl").newcomer(msg, ctx))
-    app.evaluate("ofmtl")(lambda msg, ctx: handlers.get("ofmtl").evaluate_model(msg, ctx))
-    app.query("fsvrg_stats")(lambda msg, ctx: handlers.get("fsvrg").stats(msg, ctx))
-    app.query("fsvrg_gram")(lambda msg, ctx: handlers.get("fsvrg").gram(msg, ctx))
-    app.query("fsvrg_gradient")(lambda msg, ctx: handlers.get("fsvrg").gradient(msg, ctx))
-    # packed messages when tasks-per-node > 1; MOCHA's, FedEM's and FSVRG's families stacked
-    return packed_client_app(app, tasks_for, {p: handlers.stacked(p)
-                                              for p in ("mocha", "mb-sgd", "fedem", "fsvrg")})
+    for family in FAMILIES:  # each family's own messages (OFMTL's newcomers, FSVRG's queries)
+        for kind, name, method in family.messages:
+            getattr(app, kind)(name)(handlers.serving(family.name, method))
+    # packed messages when tasks-per-node > 1: the families with a stacked handler
+    return packed_client_app(app, tasks_for, {f.name: handlers.stacked(f.name)
+                                              for f in FAMILIES if f.stacks})
 
 
-#: Each stacking protocol (:mod:`fmtl_flower.packing`): the attribute of the app that holds
-#: its family's handlers, their class, and the stacked handler over them (modules, classes).
-_STACKED = {"mocha": ("mocha_client", ("mocha", "MochaClient"), ("packed_mocha", "PackedMocha")),
-            "mb-sgd": ("mbsgd_client", ("mbsgd", "MbSgdClient"), ("packed_mbsgd", "PackedMbSgd")),
-            "fedem": ("fedem_client", ("fedem", "FedEMClient"), ("packed_fedem", "PackedFedEM")),
-            "fsvrg": ("fsvrg_client", ("fsvrg", "FsvrgClient"),
-                      ("packed_fsvrg", "PackedFsvrg"))}
+def load(spec: str) -> Any:
+    """The object a family entry names (:class:`~fmtl_flower.families.Family`):
+    ``"module:attribute"``, the module relative to this package when its first part is one
+    of the package's (``"strategies.mocha:Mocha"``), absolute otherwise; imported on first
+    use."""
+    module, _, attribute = spec.partition(":")
+    if (_PACKAGE_ROOT / module.partition(".")[0]).is_dir() \
+            or (_PACKAGE_ROOT / f"{module}.py").is_file():
+        module = f"{_PACKAGE}.{module}"
+    return getattr(importlib.import_module(module), attribute)
 
 
-def _clients_class(module: str, name: str) -> type:
-    """``fmtl_flower.clients.<module>.<name>``, imported when first asked for."""
-    return getattr(importlib.import_module(f"..clients.{module}", __package__), name)
+_PACKAGE = __package__.rpartition(".")[0]  # fmtl_flower
+_PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 
 
 def stacked_handler_of(protocol: str, client: Any) -> Any:
-    """The stacked handler of ``protocol`` over ``client`` (its family's handlers);
-    ValueError when ``client`` serves another family."""
-    _, handlers, stacked = _STACKED[protocol]
-    if not isinstance(client, _clients_class(*handlers)):
+    """The stacked handler of ``protocol`` (a family's name) over ``client`` (its
+    family's handlers); ValueError when ``client`` serves another family."""
+    family = family_named(protocol)
+    if family.stacked is None or not isinstance(client, load(family.client)):
         raise ValueError(f"a stacked {protocol} message in a run of another strategy")
-    return _clients_class(*stacked)(client)
+    return load(family.stacked)(client)
 
 
 def _stacked_handler(app: ClientApp) -> Any:
     """The stacked handler (:mod:`fmtl_flower.packing`) over ``app``'s handlers, if its
     strategy has one."""
-    for protocol, (attribute, _, _) in _STACKED.items():
-        if hasattr(app, attribute):
-            return stacked_handler_of(protocol, getattr(app, attribute))
+    for family in FAMILIES:
+        if family.stacks and family.app_attribute and hasattr(app, family.app_attribute):
+            return stacked_handler_of(family.name, getattr(app, family.app_attribute))
     return None
+
+
+def _client_options(family: Family, config: RunConfig) -> dict[str, Any]:
+    """The run-derived keyword arguments ``family``'s handlers and ClientApp take."""
+    options = {"state_dir": lambda: config.client_state_dir or None,
+               "labels": lambda: mocha_labels(config)}
+    return {name: options[name]() for name in family.client_options}
 
 
 class _LazyHandlers:
@@ -183,28 +190,27 @@ class _LazyHandlers:
     time a message of a run of that family arrives: a MOCHA device never imports FedEM's,
     FSVRG's or Mb-SGD's code (nor scipy), a ClientApp process serves only what it is sent."""
 
-    def __init__(self, load: Callable[[Context], tuple[np.ndarray, ...]]) -> None:
-        self._load = load
+    def __init__(self, load_data: Callable[[Context], tuple[np.ndarray, ...]]) -> None:
+        self._load = load_data
         self._clients: dict[Any, Any] = {}
 
     def of(self, context: Context) -> Any:
         """The handlers serving ``context.run_config``'s strategy."""
         cfg = config_from_context(context, None)
-        if cfg.is_fedem_family:
-            return self.get("fedem")
-        if cfg.strategy in FSVRG_FAMILY:
-            return self.get("fsvrg")
-        if cfg.strategy == "mb-sgd":
-            return self.get("mb-sgd")
-        if cfg.strategy == "ofmtl":
-            return self.get("ofmtl")
-        if cfg.strategy in ASYNC_MOCHA:
-            return self.get("async-mocha")
-        return self.get("mocha", mocha_labels(cfg))
+        family = cfg.family
+        if family is None:
+            raise ConfigError(f"strategy={cfg.strategy} is a centralised baseline, not a "
+                              "federation: no device handlers serve it")
+        return self.get(family.name, "labels" in family.client_options
+                        and mocha_labels(cfg) or None)
+
+    def serving(self, family: str, method: str) -> Callable[[Any, Context], Any]:
+        """A message handler calling ``method`` of ``family``'s handlers."""
+        return lambda message, context: getattr(self.get(family), method)(message, context)
 
     def stacked(self, protocol: str) -> Callable[..., Any]:
-        """The stacked handler of ``protocol`` ("mocha", "mb-sgd", "fedem" or "fsvrg",
-        :mod:`fmtl_flower.packing`) over the run's handlers, built on first use."""
+        """The stacked handler of ``protocol`` (a family with one, :mod:`fmtl_flower.packing`)
+        over the run's handlers, built on first use."""
         def handle(message: Any, context: Context, slot_tasks: Any) -> Any:
             client = self.of(context)
             key = ("stacked", protocol, id(client))
@@ -216,71 +222,26 @@ class _LazyHandlers:
         return handle
 
     def get(self, family: str, labels: str | None = None) -> Any:
-        """The handlers of ``family`` (mocha, ofmtl, mb-sgd, fedem, fsvrg or async-mocha),
-        built once (MOCHA's once per ``labels`` mode, :func:`mocha_labels`)."""
+        """The handlers of ``family`` (a name of :data:`~fmtl_flower.families.FAMILIES`),
+        built once (once per ``labels`` mode for a family whose handlers take it,
+        :func:`mocha_labels`)."""
         key = family if labels is None else (family, labels)
         client = self._clients.get(key)
         if client is None:
             extra = {} if labels is None else {"labels": labels}
-            client = self._clients[key] = _client_class(family)(self._load, **extra)
+            client = self._clients[key] = load(family_named(family).client)(self._load,
+                                                                            **extra)
         return client
 
 
-def _client_class(family: str) -> type:
-    if family == "mocha":
-        from ..clients.mocha import MochaClient
-
-        return MochaClient
-    if family == "ofmtl":
-        from ..clients.ofmtl import OFMTLClient
-
-        return OFMTLClient
-    if family == "mb-sgd":
-        from ..clients.mbsgd import MbSgdClient
-
-        return MbSgdClient
-    if family == "fedem":
-        from ..clients.fedem import FedEMClient
-
-        return FedEMClient
-    if family == "fsvrg":
-        from ..clients.fsvrg import FsvrgClient
-
-        return FsvrgClient
-    if family == "async-mocha":
-        from ..clients.async_mocha import AsyncMochaClient
-
-        return AsyncMochaClient
-    raise ValueError(f"unknown client family {family!r}")
-
-
-def _client_app_of(config: RunConfig, load: Callable[[Context], tuple[np.ndarray, ...]]
+def _client_app_of(config: RunConfig, load_data: Callable[[Context], tuple[np.ndarray, ...]]
                    ) -> ClientApp:
-    """The ClientApp of ``config.strategy``'s handlers over ``load``."""
-    if config.is_fedem_family:
-        from ..clients.fedem import make_fedem_client_app
-
-        return make_fedem_client_app(load, state_dir=config.client_state_dir or None)
-    if config.strategy in FSVRG_FAMILY:
-        from ..clients.fsvrg import make_fsvrg_client_app
-
-        return make_fsvrg_client_app(load, state_dir=config.client_state_dir or None)
-    if config.strategy == "ofmtl":
-        from ..clients.ofmtl import make_ofmtl_client_app
-
-        return make_ofmtl_client_app(load)
-    if config.strategy == "mb-sgd":
-        from ..clients.mbsgd import make_mbsgd_client_app
-
-        return make_mbsgd_client_app(load)
-    if config.strategy in ASYNC_MOCHA:
-        from ..clients.async_mocha import make_async_mocha_client_app
-
-        return make_async_mocha_client_app(load, state_dir=config.client_state_dir or None)
-    from ..clients.mocha import make_mocha_client_app
-
-    return make_mocha_client_app(load, state_dir=config.client_state_dir or None,
-                                 labels=mocha_labels(config))
+    """The ClientApp of ``config.strategy``'s family's handlers over ``load_data``."""
+    family = config.family
+    if family is None:
+        raise ConfigError(f"strategy={config.strategy} is a centralised baseline, not a "
+                          "federation: it has no ClientApp")
+    return load(family.client_app)(load_data, **_client_options(family, config))
 
 
 def mocha_labels(cfg: RunConfig) -> str:
@@ -336,30 +297,12 @@ def strategy_from_config(cfg: RunConfig, num_tasks: int,
 
 
 def strategy_class(cfg: RunConfig) -> type:
-    """The strategy class of ``cfg.strategy`` (imported on first use)."""
-    if cfg.is_fedem_family:
-        from ..strategies.fedem import FedEM
-
-        return FedEM
-    if cfg.strategy == "ofmtl":
-        from ..strategies.ofmtl import OFMTL
-
-        return OFMTL
-    if cfg.strategy in FSVRG_FAMILY:
-        from ..strategies.fsvrg import Fsvrg
-
-        return Fsvrg
-    if cfg.strategy == "mb-sgd":
-        from ..strategies.mbsgd import MbSgd
-
-        return MbSgd
-    if cfg.strategy in ASYNC_MOCHA:
-        from ..strategies.async_mocha import AsyncMocha
-
-        return AsyncMocha
-    from ..strategies.mocha import Mocha
-
-    return Mocha
+    """The strategy class of ``cfg.strategy``'s family (imported on first use)."""
+    family = cfg.family
+    if family is None:
+        raise ConfigError(f"strategy={cfg.strategy} is a centralised baseline, not a "
+                          "federation: it has no strategy class")
+    return load(family.strategy)
 
 
 def build_results(cfg: RunConfig, strategy: Mocha | MbSgd | FedEM | OFMTL | Fsvrg

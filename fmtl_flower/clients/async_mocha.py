@@ -7,9 +7,12 @@ and ``whoami``); its ``train`` runs the protocol of
 factor the server applied (``confirm-gamma``) if ``confirm-id`` names it, else discard it;
 restart from alpha = 0 when the committed state is not the server's; evaluate the loss at the
 ``w`` received; run SDCA; keep the step pending; reply ``delta-b`` and the change of the
-conjugate term. The state lives in ``context.state`` (ArrayRecord ``async-mocha.arrays``:
+conjugate term. The message's optional ``loss`` (``hinge`` when absent) and lifting
+(``classes``, ``intercept-scaling``) are synchronous MOCHA's
+(:mod:`fmtl_flower.clients.mocha`). The state lives in ``context.state`` (ArrayRecord
+``async-mocha.arrays``:
 ``alpha``, ``pending``; ConfigRecord ``async-mocha.meta``: ``task-id``, ``committed-id`` (-1:
-restarted from alpha = 0, not confirmed yet),
+restarted from alpha = 0, not confirmed yet), ``loss`` (state of another loss is not resumed),
 ``pending-id``, -1 for none; ``stable-id`` and array ``stable``: the stable copy, the
 newest committed state not after the ``keep-id`` of the server's newest checkpoint, to go
 back to when the server resumes from it); and ``data`` (the fingerprint of the training
@@ -21,7 +24,7 @@ State files: with a ``client-state-dir`` (node config, run config, or the app's
 ``<dir>/async-mocha-task-<id>.npz`` after every ``train``, and read back when
 ``context.state`` holds nothing (a restarted SuperNode, or a new Flower run resuming the
 server from a checkpoint): the device then continues from its alpha. A stored state of
-another task or size, of other training data, or written by another run (another
+another task, size or loss, of other training data, or written by another run (another
 ``run-token``) is not used (logged): the device starts from alpha = 0 and the commit
 protocol resets the task on the server, as for a lost state.
 
@@ -46,7 +49,7 @@ from flwr.common.logger import log
 
 from ..checkpoint import CheckpointError, read_state_file, write_state_file
 from ..core.async_mocha import AsyncDevice, Request
-from ..core.hinge import mean_hinge_loss
+from ..core.losses import Loss
 from ..wire import array_record, config_record, from_array, metric_record, record_dict, reply
 from .common import (
     DataLoader,
@@ -55,11 +58,12 @@ from .common import (
     client_app_for,
     config_value,
     eval_metrics,
+    lifting_of,
     read_instruction,
     run_token,
     state_file_for,
 )
-from .mocha import MochaClient
+from .mocha import MochaClient, loss_of
 
 STATE_ARRAYS = "async-mocha.arrays"
 STATE_META = "async-mocha.meta"
@@ -93,13 +97,14 @@ def _stored(task: LocalTask, context: Context, path: Path | None
 
 
 def _unusable(task: LocalTask, arrays: dict[str, np.ndarray], meta: dict[str, Any],
-              run: str | None) -> str:
-    """Why the stored state cannot be resumed ("" if it can): ``other task`` (another task's
-    or size's), ``data changed`` (another data fingerprint) or ``other run`` (another
+              loss: Loss, run: str | None) -> str:
+    """Why the stored state cannot be resumed ("" if it can): ``other task`` (another task's,
+    size's or loss's), ``data changed`` (another data fingerprint) or ``other run`` (another
     ``run-token``: a ``client-state-dir`` shared by two runs)."""
     shapes_ok = all(arrays.get(k, np.zeros(0)).shape == (task.n,)
                     for k in ("alpha", "pending", "stable"))
-    if meta.get("task-id") != task.task_id or not shapes_ok:
+    if meta.get("task-id") != task.task_id or not shapes_ok \
+            or meta.get("loss", "hinge") != loss.name:
         return "other task"
     if meta.get("data") != task.fingerprint:
         return "data changed"
@@ -108,18 +113,18 @@ def _unusable(task: LocalTask, arrays: dict[str, np.ndarray], meta: dict[str, An
     return ""
 
 
-def _device(task: LocalTask, context: Context, run: str | None, path: Path | None
-            ) -> AsyncDevice:
-    """The task's :class:`AsyncDevice` with its stored state (:func:`_stored`); fresh (alpha
-    = 0, nothing committed) when there is none or it cannot be resumed (:func:`_unusable`,
-    logged: the commit protocol then restarts the task, and the server resets b_t, unless
-    the server holds nothing of it yet)."""
-    device = AsyncDevice(task.task_id, task.X, task.y)
+def _device(task: LocalTask, context: Context, loss: Loss, run: str | None,
+            path: Path | None) -> AsyncDevice:
+    """The task's :class:`AsyncDevice` for ``loss`` with its stored state (:func:`_stored`);
+    fresh (alpha = 0, nothing committed) when there is none or it cannot be resumed
+    (:func:`_unusable`, logged: the commit protocol then restarts the task, and the server
+    resets b_t, unless the server holds nothing of it yet)."""
+    device = AsyncDevice(task.task_id, task.X, task.y, loss)
     stored = _stored(task, context, path)
     if stored is None:
         return device
     arrays, meta = stored
-    note = _unusable(task, arrays, meta, run)
+    note = _unusable(task, arrays, meta, loss, run)
     if note == "other run":
         log(WARNING, "%s task %d: the stored state was written by another run (another "
             "run-token: a client-state-dir shared by two runs, or another server); not used: "
@@ -141,13 +146,13 @@ def _device(task: LocalTask, context: Context, run: str | None, path: Path | Non
 def _keep(device: AsyncDevice, task: LocalTask, context: Context, run: str | None,
           path: Path | None) -> None:
     """Store the device's state in ``context.state`` and, with a ``client-state-dir``, in
-    its state file (atomic), bound to the data and the run."""
+    its state file (atomic), bound to the data, the loss and the run."""
     pending_id, pending = device.pending if device.pending is not None else (
         -1, np.zeros_like(device.alpha))
     arrays = {"alpha": device.alpha, "pending": pending, "stable": device.stable[1]}
     meta: dict[str, int | str] = {"task-id": device.task, "committed-id": device.committed_id,
                                   "pending-id": pending_id, "stable-id": device.stable[0],
-                                  "data": task.fingerprint}
+                                  "loss": device.loss.name, "data": task.fingerprint}
     if run is not None:
         meta["run"] = run
     context.state[STATE_ARRAYS] = array_record(arrays)
@@ -173,8 +178,9 @@ class AsyncMochaClient(MochaClient):
 
     def train(self, msg: Message, context: Context) -> Message:
         """Commit or discard, evaluate the loss at w, run SDCA, keep the step pending."""
-        task = self.local_task(context)
+        task = self.local_task(context, lifting_of(msg))
         config, w, _ = read_instruction(msg, task, "AsyncMocha")
+        loss = loss_of(config)
         request = Request(
             task=task.task_id, request_id=config_value(config, "request-id", int),
             count=config_value(config, "count", int), version=0, w=w,
@@ -185,7 +191,8 @@ class AsyncMochaClient(MochaClient):
             confirm_gamma=config_value(config, "confirm-gamma", float),
             method=config_value(config, "method", str),
             theta=config_value(config, "theta", float),
-            keep_id=config_value(config, "keep-id", int) if "keep-id" in config else 0)
+            keep_id=config_value(config, "keep-id", int) if "keep-id" in config else 0,
+            loss=loss.name)
         if request.budget < 0 or request.m_tt <= 0 or request.sigma_prime <= 0 \
                 or not 0.0 <= request.confirm_gamma <= 1.0:
             raise ValueError("invalid budget/m-tt/sigma-prime/confirm-gamma: "
@@ -194,7 +201,7 @@ class AsyncMochaClient(MochaClient):
         run = run_token(config)
         _emulate_slow_device(context)
         path = state_file_for(context, STATE_KIND, task.task_id, self._state_dir)
-        device = _device(task, context, run, path)
+        device = _device(task, context, loss, run, path)
         answer = device.handle(request)
         _keep(device, task, context, run, path)
         metrics = {"task-id": task.task_id, "request-id": request.request_id,
@@ -206,9 +213,10 @@ class AsyncMochaClient(MochaClient):
 
     def evaluate(self, msg: Message, context: Context) -> Message:
         """The loss and test errors at the ``w`` received (the state is not touched)."""
-        task = self.local_task(context)
+        task = self.local_task(context, lifting_of(msg))
         config, w, _ = read_instruction(msg, task, "AsyncMocha")
-        metrics = {"task-id": task.task_id, "loss-mean": mean_hinge_loss(task.X, task.y, w)}
+        metrics = {"task-id": task.task_id,
+                   "loss-mean": loss_of(config).mean_value(task.X, task.y, w)}
         metrics.update(eval_metrics(task, w, config))
         return reply(record_dict({"metrics": metric_record(metrics)}), msg)
 

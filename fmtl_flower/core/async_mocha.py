@@ -51,6 +51,37 @@ their proofs, are in ``docs/guides/async-mocha.md``; in short:
   check; the quadratic term is >= 0 (the certificate never comes from a forged pair).
 * **Omega-steps** drain: no new work is sent until every request in flight has come back
   (or expired), then Omega and sigma' are updated and W <- B M.
+* **Any loss** of :mod:`fmtl_flower.core.losses` (hinge, smoothed hinge, logistic,
+  squared). The device's SDCA steps, ``loss_mean`` and ``dual_mean`` are the loss's, and
+  ``delta A_t`` is the change of its conjugate term by the whole step,
+  ``(1/n) sum_i [D(a_i + d_i) - D(a_i)]`` with ``a_i = y_i alpha_i``
+  (:func:`conjugate_change`). D is concave, so the change by the step scaled by g is at
+  least the chord ``g delta A_t``: the safeguard's ``g a - g^2 h / 2`` above is a lower bound
+  of the dual's change, exact for the hinge's linear D and for g in {0, 1}, and the factor
+  it picks never lowers the dual. The server adds the chord to A_t; after a step applied
+  with 0 < g < 1 under a curved D it knows A_t only from below (its dual is then a lower
+  bound of D(alpha), and every certified gap stays an upper bound) until the task's next
+  reply, whose ``dual_mean`` is the exact value at the same alpha (the device committed
+  exactly ``g d_alpha``): the server takes it if it is larger, so the dual is again exact,
+  and still never decreases. The bounds take the loss's value bound and dual radius (none
+  on ``|d_b|`` or the dual image for the squared loss, whose dual is unbounded), the
+  certificate's check the loss's dual range. The intercept and multi-class are synchronous
+  MOCHA's lifting (:mod:`fmtl_flower.core.multiclass`): the devices change their rows, the
+  protocol is unchanged.
+* **Decoupling** (robust mode: ``bounds.robust``). Every m applied replies (a round of
+  work) the server feeds :class:`~fmtl_flower.core.decoupling.OutlierWatch` what
+  synchronous MOCHA feeds it every round: each task's largest |d_b| since the last check
+  over its bound ``scale_t min(budget_t, n_t) / n_t`` (:func:`~fmtl_flower.core.decoupling.
+  federation_scale` of the R_t), |b_t|, B, and for a learned Omega the coupling weights of
+  M. A task it finds is decoupled (M -> M', :mod:`fmtl_flower.core.decoupling`; W <- B M',
+  then sigma' and K) and logged. Why at once, with requests in flight: M' keeps the coupled
+  tasks' block of M and zeroes the decoupled task's coupling, so every in-flight request's
+  sigma' stays safe (the max |N_ts| only falls), and the safeguard computes each reply's
+  factor at the *current* state (m_tt, w_t of M'), so no reply can lower the (new) dual
+  whatever it was computed for. The switch itself changes the problem (K' = M'^-1, as in
+  synchronous MOCHA), so the dual is monotone between switches. Without the safeguard that
+  argument fails for the decoupled task's own requests in flight, so the decoupling then
+  waits for the next drain (:meth:`AsyncMochaServer.omega_step`).
 
 :func:`simulate_async_mocha` runs the protocol on a virtual clock: task t's k-th request
 takes ``seconds[t]`` (eq. (30)'s time, :func:`fmtl_flower.systems.timing.node_times`) times
@@ -61,6 +92,7 @@ runs synchronous MOCHA with a deadline on the same clock and the same draws.
 from __future__ import annotations
 
 import heapq
+import logging
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -71,13 +103,17 @@ import numpy as np
 
 from .baselines import cocoa_local_update
 from .certificate import REASON_PREFIX, pair_problems
+from .decoupling import OutlierWatch, coupling_weights, federation_scale
 from .formulations import Formulation, make_formulation
 from .hinge import hinge_conjugate_value, mean_hinge_loss
+from .losses import Loss, get_loss
 from .mocha import MochaServerState
 from .rng import TAG_LATENCY, coordinate_order
 from .sdca import sdca_local_update
 
 TaskArrays = tuple[np.ndarray, np.ndarray]
+
+LOGGER = logging.getLogger(__name__)
 
 #: A device's committed request id after a restart from alpha = 0 that the server has not
 #: confirmed yet (request ids are >= 1, 0 is "none applied").
@@ -173,7 +209,8 @@ class Request:
     server applied (0: none) and the factor it applied, for the device's commit.
     ``keep_id``: this task's ``confirm_id`` at the server's newest checkpoint (0: none); the
     device keeps its newest committed state not after it, to go back to if the server
-    resumes from that checkpoint.
+    resumes from that checkpoint. ``loss``: the run's loss (:data:`~fmtl_flower.core.
+    losses.LOSSES`).
     """
 
     task: int
@@ -190,6 +227,7 @@ class Request:
     method: str = "mocha"
     theta: float = 0.5
     keep_id: int = 0
+    loss: str = "hinge"
 
 
 #: The local solvers: MOCHA's SDCA for ``budget`` steps, or CoCoA's (SDCA until the local
@@ -201,10 +239,11 @@ METHODS = ("mocha", "cocoa")
 class Reply:
     """A device's answer to a :class:`Request`.
 
-    ``d_b = X^T d_alpha / n``; ``delta_dual = (1/n) sum y d_alpha`` (the change of the
-    conjugate term); ``loss_mean``: the mean hinge loss at the request's w; ``dual_mean``:
-    ``(1/n) sum y alpha`` after the commit, before this step; ``state_ok``: False when the
-    device restarted from alpha = 0.
+    ``d_b = X^T d_alpha / n``; ``delta_dual = (1/n) sum_i [D(y_i (alpha_i + d_alpha_i)) -
+    D(y_i alpha_i)]``, the change of the conjugate term by the whole step (the hinge's
+    ``(1/n) sum y d_alpha``); ``loss_mean``: the mean loss at the request's w; ``dual_mean``:
+    ``(1/n) sum D(y alpha)`` after the commit, before this step (:mod:`fmtl_flower.core.
+    losses`); ``state_ok``: False when the device restarted from alpha = 0.
     """
 
     task: int
@@ -233,19 +272,34 @@ class ReplyBounds:
     slack : float
         Relative rounding slack of the bounds (as
         :data:`fmtl_flower.strategies.trust.BOUND_SLACK`).
+    loss : str or Loss
+        The run's loss: its value bound caps ``loss-mean``, its dual radius (1, or inf for
+        the squared loss) scales the bounds on ``delta-b`` and on the dual image (as
+        synchronous MOCHA's, :mod:`fmtl_flower.strategies.mocha`).
     """
 
     row_norm: np.ndarray
     n_train: np.ndarray
     robust: bool = True
     slack: float = 1.0 + 1e-6
+    loss: str | Loss = "hinge"
 
     @classmethod
-    def of_tasks(cls, tasks: Sequence[TaskArrays], robust: bool = True) -> ReplyBounds:
+    def of_tasks(cls, tasks: Sequence[TaskArrays], robust: bool = True,
+                 loss: str | Loss = "hinge") -> ReplyBounds:
         """The true bounds of the tasks' data (the simulation knows them)."""
         return cls(np.array([float(np.sqrt(np.einsum("ij,ij->i", X, X).max(initial=0.0)))
                              for X, _ in tasks]),
-                   np.array([X.shape[0] for X, _ in tasks], dtype=np.int64), robust)
+                   np.array([X.shape[0] for X, _ in tasks], dtype=np.int64), robust,
+                   loss=loss)
+
+    def dual_limit(self, unit: float) -> float:
+        """A bound on ``|X^T alpha / n|`` from its value ``unit`` for ``|alpha_i| <= 1``:
+        times the loss's dual radius (inf for the squared loss, where only 0 stays 0)."""
+        radius = get_loss(self.loss).dual_radius
+        if radius == 1.0 or unit == 0.0:
+            return unit
+        return unit * radius
 
     def problem(self, request: Request, reply: Reply, b_before: np.ndarray) -> str | None:
         """Why ``reply`` breaks a bound (None: it does not); ``b_before`` is the task's image
@@ -255,16 +309,18 @@ class ReplyBounds:
         if not R >= 0 or n < 1:
             return "no max-row-norm or n-train known for the task: its replies cannot be bounded"
         w_norm = float(np.linalg.norm(request.w))
-        loss_limit = (1.0 + R * w_norm) * self.slack
+        loss = get_loss(self.loss)
+        loss_limit = float(loss.value_bound(R * w_norm)) * self.slack
         if not float(reply.loss_mean) <= loss_limit:
             return (f"loss-mean = {reply.loss_mean:.6g} above its bound {loss_limit:.6g} "
-                    "(1 + max-row-norm |w_t| >= hinge(y x^T w_t))")
-        size, limit = float(np.linalg.norm(reply.d_b)), R * min(request.budget, n) / n
+                    f"(the {loss.name} loss at margins |z| <= max-row-norm |w_t|)")
+        size = float(np.linalg.norm(reply.d_b))
+        limit = self.dual_limit(R * min(request.budget, n) / n)
         if not size <= limit * self.slack:
             return (f"|delta-b| = {size:.6g} above its bound {limit:.6g} (max-row-norm {R:g} "
                     f"x min(budget {request.budget}, n-train {n}) / n-train)")
         image = float(np.linalg.norm(b_before + reply.d_b))
-        if self.robust and not image <= R * self.slack:
+        if self.robust and not image <= self.dual_limit(R) * self.slack:
             return (f"|b_t + delta-b| = {image:.6g} above max-row-norm {R:g} (b_t = X_t^T "
                     "alpha_t / n_t with every |alpha_ti| <= 1)")
         return None
@@ -289,6 +345,25 @@ class Outcome:
 # ----------------------------------------------------------------------------- device
 
 
+def conjugate_change(loss: Loss, alpha: np.ndarray, d_alpha: np.ndarray,
+                     y: np.ndarray) -> float:
+    """A task's change of its conjugate term by the whole step ``d_alpha``,
+    ``(1/n) sum_i [D(y_i (alpha_i + d_alpha_i)) - D(y_i alpha_i)]`` (D of ``loss``); for the
+    hinge, whose D is linear, ``(1/n) sum_i y_i d_alpha_i``.
+
+    Applied scaled by g in [0, 1], the step changes the term by at least ``g`` times this
+    (D is concave: the chord lies below it), exactly for g in {0, 1} and, for the hinge, for
+    every g (module docstring, "Any loss").
+    """
+    if loss.name == "hinge":
+        return hinge_conjugate_value(d_alpha, y)
+    if alpha.shape[0] == 0:
+        return 0.0
+    before = y * alpha
+    after = np.clip(y * (alpha + d_alpha), *loss.dual_domain)
+    return float(np.mean(loss.dual(after) - loss.dual(before)))
+
+
 class AsyncDevice:
     """The device half: one task's data, its dual variables and the commit protocol.
 
@@ -297,10 +372,16 @@ class AsyncDevice:
     task : int
     X, y : ndarray
         Training rows (n, d) and labels in {-1, +1}.
+    loss : str or Loss
+        The loss its dual variables belong to (:data:`~fmtl_flower.core.losses.LOSSES`); a
+        request for another loss is refused (a dual of one loss is never continued under
+        another).
     """
 
-    def __init__(self, task: int, X: np.ndarray, y: np.ndarray) -> None:
+    def __init__(self, task: int, X: np.ndarray, y: np.ndarray,
+                 loss: str | Loss = "hinge") -> None:
         self.task = int(task)
+        self.loss = get_loss(loss)
         self.X = np.ascontiguousarray(X, dtype=np.float64)
         self.y = np.asarray(y, dtype=np.float64)
         self.sqnorm = np.einsum("ij,ij->i", self.X, self.X)
@@ -324,7 +405,7 @@ class AsyncDevice:
         self._keep_stable(keep_id)
         if self.pending is not None and self.pending[0] == confirm_id:
             a = self.y * (self.alpha + confirm_gamma * self.pending[1])
-            self.alpha = self.y * np.clip(a, 0.0, 1.0)  # in the box by convexity; round-off
+            self.alpha = self.y * np.clip(a, *self.loss.dual_domain)  # in by convexity; round-off
             self.committed_id = confirm_id
         self.pending = None
         if self.committed_id != confirm_id and self.stable[0] == confirm_id:
@@ -341,26 +422,30 @@ class AsyncDevice:
     def handle(self, request: Request) -> Reply:
         """Commit, evaluate the loss at the request's w, run the local SDCA, keep the step
         pending and reply."""
+        if request.loss != self.loss.name:
+            raise ValueError(f"request for the {request.loss!r} loss reached task {self.task}'s "
+                             f"device, whose dual variables are the {self.loss.name!r} loss's")
         state_ok = self.commit(request.confirm_id, request.confirm_gamma, request.keep_id)
-        n = self.X.shape[0]
-        loss = mean_hinge_loss(self.X, self.y, request.w)
-        dual_mean = hinge_conjugate_value(self.alpha, self.y)
+        n, loss = self.X.shape[0], self.loss
+        loss_mean = loss.mean_value(self.X, self.y, request.w)
+        dual_mean = loss.dual_mean(self.alpha, self.y)
         order = coordinate_order(request.seed, self.task, request.count, n)
         if request.method == "cocoa":
             d_alpha, d_b, steps, _ = cocoa_local_update(
                 self.X, self.y, self.alpha, request.w, m_tt=request.m_tt,
                 sigma_prime=request.sigma_prime, theta=request.theta, max_steps=request.budget,
-                order=order, sqnorm=self.sqnorm)
+                order=order, sqnorm=self.sqnorm, loss=loss)
         elif request.method == "mocha":
             d_alpha, d_b = sdca_local_update(
                 self.X, self.y, self.alpha, request.w, budget=request.budget, m_tt=request.m_tt,
-                sigma_prime=request.sigma_prime, order=order, sqnorm=self.sqnorm)
+                sigma_prime=request.sigma_prime, order=order, sqnorm=self.sqnorm, loss=loss)
             steps = request.budget
         else:
             raise ValueError(f"method must be one of {METHODS}, got {request.method!r}")
         self.pending = (request.request_id, d_alpha)
-        return Reply(self.task, request.request_id, d_b, hinge_conjugate_value(d_alpha, self.y),
-                     loss, dual_mean, int(steps), state_ok)
+        return Reply(self.task, request.request_id, d_b,
+                     conjugate_change(loss, self.alpha, d_alpha, self.y), loss_mean, dual_mean,
+                     int(steps), state_ok)
 
 
 # ----------------------------------------------------------------------------- server
@@ -406,15 +491,23 @@ class AsyncMochaServer:
         The devices' local solver (:data:`METHODS`) and CoCoA's theta in (0, 1).
     bounds : ReplyBounds, optional
         The bounds each reply is checked against (None: none; the certificate's check of
-        the pairs is always on).
+        the pairs is always on). With ``bounds.robust``, outlier tasks are also decoupled
+        (module docstring, "Decoupling").
+    loss : str or Loss
+        The run's loss (:data:`~fmtl_flower.core.losses.LOSSES`; ``bounds.loss`` must be
+        the same).
     """
 
     def __init__(self, state: MochaServerState, budgets: np.ndarray, *, concurrency: int,
                  tau: int | None = None, gamma: float = 1.0, safeguard: bool = True,
                  seed: int = 0, method: str = "mocha", theta: float = 0.5,
-                 bounds: ReplyBounds | None = None) -> None:
+                 bounds: ReplyBounds | None = None, loss: str | Loss = "hinge") -> None:
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        self.loss = get_loss(loss)
+        if bounds is not None and get_loss(bounds.loss) is not self.loss:
+            raise ValueError(f"the reply bounds are the {get_loss(bounds.loss).name} loss's, "
+                             f"the server's loss is {self.loss.name}")
         self.method, self.theta = method, float(theta)
         m = state.num_tasks
         self.state = state
@@ -436,6 +529,9 @@ class AsyncMochaServer:
         self.confirm_gamma = np.ones(m)
         self.keep_id = np.zeros(m, dtype=np.int64)  # confirm_id at the newest checkpoint
         self.conjugate = np.zeros(m)  # A_t of the applied replies
+        # A_t is a lower bound (a step applied with 0 < g < 1 under a loss with a curved D)
+        # until the task's next reply reports its exact value (module docstring, "Any loss")
+        self.conjugate_low = np.zeros(m, dtype=bool)
         self.eval_W = np.zeros((state.dim, m))
         self.eval_loss = np.full(m, np.nan)
         self.counts = {APPLIED: 0, STALE: 0, UNKNOWN: 0, INVALID: 0, "expired": 0,
@@ -443,6 +539,11 @@ class AsyncMochaServer:
         self.bounds = bounds
         self.certificate_rejections = 0  # replies whose pair failed the certificate's check
         self.last_rejection: Outcome | None = None  # the newest reply rejected with a reason
+        self.watch = OutlierWatch(m) if bounds is not None and bounds.robust else None
+        self.last_step = np.zeros(m)  # |delta-b| of each task's applied replies since the check
+        self.stepped = np.zeros(m, dtype=bool)  # tasks with an applied reply since the check
+        self.decoupling_due = False  # outliers found while requests were in flight
+        self.decoupled_log: list[tuple[int, list[int]]] = []  # (applied, newly decoupled)
         self._refresh_inverse()
 
     # --- the regulariser and sigma'
@@ -478,7 +579,7 @@ class AsyncMochaServer:
                           float(self.m_diag[task]), float(self.sigma_prime[task]),
                           int(self.budgets[task]), self.seed, int(self.confirm_id[task]),
                           float(self.confirm_gamma[task]), self.method, self.theta,
-                          int(self.keep_id[task]))
+                          int(self.keep_id[task]), self.loss.name)
         self.next_id += 1
         self.in_flight[task] = request
         return request
@@ -516,14 +617,18 @@ class AsyncMochaServer:
             return self._count(Outcome(INVALID, request.task, request.request_id, staleness))
         if self.tau is not None and staleness > self.tau:
             return self._count(Outcome(STALE, request.task, request.request_id, staleness))
-        return self._count(self._apply(request, reply, staleness))
+        outcome = self._count(self._apply(request, reply, staleness))
+        if outcome.status == APPLIED and self.watch is not None:
+            self._watch_step(request.task, float(np.linalg.norm(reply.d_b)))
+        return outcome
 
     def _well_formed(self, reply: Reply) -> bool:
         d_b = np.asarray(reply.d_b)
         scalars = (reply.delta_dual, reply.loss_mean, reply.dual_mean)
+        lo, hi = self.loss.dual_range  # the conjugate term's range bounds its change
         return (d_b.shape == (self.state.dim,) and bool(np.all(np.isfinite(d_b)))
                 and all(math.isfinite(float(v)) for v in scalars)
-                and abs(float(reply.delta_dual)) <= 1.0 and float(reply.loss_mean) >= 0.0)
+                and abs(float(reply.delta_dual)) <= hi - lo and float(reply.loss_mean) >= 0.0)
 
     def _apply(self, request: Request, reply: Reply, staleness: int) -> Outcome:
         t = request.task
@@ -533,12 +638,15 @@ class AsyncMochaServer:
             saved = (self.state.B[:, t].copy(), self.state.W.copy(), float(self.conjugate[t]))
             self.state.reset_tasks(np.array([t]))
             self.conjugate[t] = 0.0
+        conjugate_before = float(self.conjugate[t])
+        if reply.state_ok and self.conjugate_low[t]:  # the exact value of the same alpha
+            conjugate_before = max(conjugate_before, float(reply.dual_mean))
         d_b = np.asarray(reply.d_b, dtype=np.float64)
         ascent = float(reply.delta_dual) - float(self.state.W[:, t] @ d_b)
         curvature = float(self.m_diag[t] * (d_b @ d_b))
         g = safeguard_gamma(ascent, curvature, self.gamma) if self.safeguard else self.gamma
         reason = self._reply_problem(request, reply, g, self.state.B[:, t].copy(),
-                                     float(self.conjugate[t]))
+                                     conjugate_before)
         if reason is not None:
             if saved is not None:  # undo the reset: the reply changes nothing
                 self.state.B[:, t], self.state.W, self.conjugate[t] = saved
@@ -547,9 +655,12 @@ class AsyncMochaServer:
                                           reason=reason)
             return self.last_rejection
         self.counts["resets"] += saved is not None
+        self.conjugate[t] = conjugate_before
         if g > 0.0:
             self.state.add_updates(np.array([t]), (g * d_b)[:, None])
             self.conjugate[t] += g * float(reply.delta_dual)
+        # the chord g delta A_t is exact for the hinge's linear D and for g in {0, 1}
+        self.conjugate_low[t] = self.loss.name != "hinge" and 0.0 < g < 1.0
         self.version += 1
         self.confirm_id[t] = request.request_id
         self.confirm_gamma[t] = g
@@ -569,7 +680,7 @@ class AsyncMochaServer:
         w, d_b = request.w, np.asarray(reply.d_b, dtype=np.float64)
         loss = float(reply.loss_mean)
         problems = pair_problems(
-            "hinge", np.array([loss, loss]),
+            self.loss, np.array([loss, loss]),
             np.array([float(reply.dual_mean), conjugate_before + g * float(reply.delta_dual)]),
             np.array([float(w @ b_before), float(w @ (b_before + g * d_b))]))
         if not problems:
@@ -580,6 +691,60 @@ class AsyncMochaServer:
     def _count(self, outcome: Outcome) -> Outcome:
         self.counts[outcome.status] += 1
         return outcome
+
+    # --- decoupling (robust mode)
+    def _watch_step(self, task: int, size: float) -> None:
+        """Note an applied reply's |delta-b| (the largest since the last check) and check the
+        federation for outliers once every m replies (a round of work)."""
+        self.last_step[task] = max(self.last_step[task], size)
+        self.stepped[task] = True
+        if self.counts[APPLIED] % self.state.num_tasks == 0:
+            self.check_outliers()
+
+    def check_outliers(self) -> np.ndarray:
+        """Robust mode: feed the round of work's statistics to the
+        :class:`~fmtl_flower.core.decoupling.OutlierWatch` (as synchronous MOCHA's
+        ``_decouple_outliers``: each task's largest |delta-b| over its bound
+        ``scale min(budget, n) / n``, |b_t|, B and, for a learned Omega, the coupling
+        weights), then decouple the new outliers now, or at the next drain when the safeguard
+        is off and requests are in flight (module docstring, "Decoupling"). Returns the newly
+        found outliers (bool, (m,))."""
+        assert self.watch is not None and self.bounds is not None
+        scale = federation_scale(self.bounds.row_norm)
+        n = np.maximum(self.bounds.n_train, 1)
+        coupling = None if self.state.formulation.fixed else coupling_weights(self.state.M)
+        new = self.watch.update(self.last_step, scale * np.minimum(self.budgets, n) / n,
+                                np.linalg.norm(self.state.B, axis=0), scale, self.stepped,
+                                images=self.state.B, coupling=coupling)
+        self.last_step[:] = 0.0
+        self.stepped[:] = False
+        if new.any():
+            self.decoupling_due = True
+            if self.safeguard or not self.in_flight:
+                self._decouple()
+        return new
+
+    def _decouple(self) -> None:
+        """Decouple the watch's outliers (M -> M', W <- B M'), then sigma' and K; logged."""
+        assert self.watch is not None
+        decoupled = self.watch.decoupled
+        was = np.zeros_like(decoupled) if self.state.decoupled is None else self.state.decoupled
+        new = np.flatnonzero(decoupled & ~was).tolist()
+        self.state.decouple(decoupled)
+        self._refresh_inverse()
+        self.decoupling_due = False
+        self.decoupled_log.append((self.counts[APPLIED], new))
+        LOGGER.warning("async MOCHA: task%s %s decoupled from the others after %d applied "
+                       "replies (off-diagonal coupling in M set to 0 for the rest of the run): "
+                       "their updates are outliers against the federation's (robust mode)",
+                       "s" if len(new) > 1 else "", new[:20], self.counts[APPLIED])
+
+    @property
+    def decoupled(self) -> np.ndarray:
+        """The tasks decoupled so far (bool, (m,))."""
+        m = self.state.num_tasks
+        return np.zeros(m, dtype=bool) if self.state.decoupled is None \
+            else self.state.decoupled.copy()
 
     # --- objectives
     def dual(self) -> float:
@@ -606,6 +771,9 @@ class AsyncMochaServer:
         arrays = {**{f"state.{k}": v for k, v in self.state.state_arrays().items()},
                   "confirm_id": self.confirm_id, "confirm_gamma": self.confirm_gamma,
                   "sent": self.sent, "keep_id": self.keep_id, "conjugate": self.conjugate,
+                  "conjugate_low": self.conjugate_low, "decoupled": self.decoupled,
+                  "last_step": self.last_step, "stepped": self.stepped,
+                  **(self.watch.state_arrays() if self.watch is not None else {}),
                   "eval_W": self.eval_W, "eval_loss": self.eval_loss,
                   "flight.ints": np.array([[r.task, r.request_id, r.count, r.version, r.budget,
                                             r.confirm_id] for r in flight],
@@ -614,7 +782,8 @@ class AsyncMochaServer:
                                              for r in flight]).reshape(-1, 3),
                   "flight.w": np.array([r.w for r in flight]).reshape(-1, self.state.dim)}
         meta = {"version": self.version, "next_id": self.next_id, "tau": self.tau,
-                "counts": self.counts, "certificate_rejections": self.certificate_rejections}
+                "counts": self.counts, "certificate_rejections": self.certificate_rejections,
+                "decoupling_due": self.decoupling_due}
         return arrays, meta
 
     def restore(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
@@ -634,6 +803,7 @@ class AsyncMochaServer:
             setattr(self, key, np.array(arrays[key], dtype=np.int64))
         for key in ("confirm_gamma", "conjugate", "eval_W", "eval_loss"):
             setattr(self, key, np.array(arrays[key], dtype=np.float64))
+        self._restore_robust(arrays, meta)
         self.version, self.next_id = int(meta["version"]), int(meta["next_id"])
         self.tau = meta["tau"]
         self.counts = {k: int(v) for k, v in meta["counts"].items()}
@@ -645,8 +815,22 @@ class AsyncMochaServer:
             self.in_flight[task] = Request(
                 task, request_id, count, version, np.array(w), float(floats[0]),
                 float(floats[1]), budget, self.seed, confirm_id, float(floats[2]),
-                self.method, self.theta, int(self.keep_id[task]))
+                self.method, self.theta, int(self.keep_id[task]), self.loss.name)
         self._refresh_inverse()
+
+    def _restore_robust(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+        """The lower-bound flags and the decoupling state of a checkpoint (absent from one
+        written before them: nothing low, nothing decoupled); M stored is already M'."""
+        m = self.state.num_tasks
+        self.conjugate_low = np.array(arrays.get("conjugate_low", np.zeros(m)), dtype=bool)
+        self.last_step = np.array(arrays.get("last_step", np.zeros(m)), dtype=np.float64)
+        self.stepped = np.array(arrays.get("stepped", np.zeros(m)), dtype=bool)
+        self.decoupling_due = bool(meta.get("decoupling_due", False))
+        decoupled = np.array(arrays.get("decoupled", np.zeros(m)), dtype=bool)
+        if decoupled.any():
+            self.state.decoupled = decoupled
+        if self.watch is not None:
+            self.watch.restore(arrays)
 
     # --- Omega
     def omega_step(self) -> None:
@@ -654,6 +838,8 @@ class AsyncMochaServer:
         if self.in_flight:
             raise RuntimeError(f"{len(self.in_flight)} requests in flight: drain before the "
                                "Omega-step")
+        if self.decoupling_due:
+            self._decouple()
         self.state.omega_step()
         self._refresh_inverse()
 
@@ -741,6 +927,7 @@ def simulate_async_mocha(
     method: str = "mocha",
     theta: float = 0.5,
     robust: bool = True,
+    loss: str = "hinge",
 ) -> Run:
     """Run barrier-free MOCHA on a virtual clock until ``replies`` replies are applied.
 
@@ -780,7 +967,10 @@ def simulate_async_mocha(
         gap falls by ``theta``).
     robust : bool
         Check the replies against the tasks' true bounds (:meth:`ReplyBounds.of_tasks`) with
-        the dual-image bound (True) or without it; the certificate's check is always on.
+        the dual-image bound and decouple outlier tasks (True) or without them; the
+        certificate's check is always on.
+    loss : str
+        The loss (:data:`~fmtl_flower.core.losses.LOSSES`).
     """
     m = len(tasks)
     seconds = np.broadcast_to(np.asarray(seconds, dtype=np.float64), (m,))
@@ -789,8 +979,9 @@ def simulate_async_mocha(
     server = AsyncMochaServer(state, _budgets(tasks, local_frac),
                               concurrency=m if concurrency is None else concurrency, tau=tau,
                               gamma=gamma, safeguard=safeguard, seed=seed, method=method,
-                              theta=theta, bounds=ReplyBounds.of_tasks(tasks, robust))
-    devices = [AsyncDevice(t, X, y) for t, (X, y) in enumerate(tasks)]
+                              theta=theta, bounds=ReplyBounds.of_tasks(tasks, robust, loss),
+                              loss=loss)
+    devices = [AsyncDevice(t, X, y, loss) for t, (X, y) in enumerate(tasks)]
 
     def transport(request: Request) -> list[Reply | Rejected]:
         reply = devices[request.task].handle(request)

@@ -26,18 +26,23 @@ query ``whoami``: as MOCHA's (:mod:`fmtl_flower.strategies.mocha`): ConfigRecord
     none; the device keeps its newest committed state not after it, its stable copy, and
     goes back to it when a ``confirm-id`` names it: the server resumed from the checkpoint),
     ``run-token`` str (the run's identity, :meth:`AsyncMocha.run_identity`: the device's state
-    and state file are bound to it; kept in checkpoints).
-    Reply: arrays ``delta-b`` float64 (d,); metrics
-    ``task-id``, ``request-id``, ``delta-dual-mean`` (the change of the conjugate term,
-    |.| <= 1), ``loss-mean`` (>= 0, at the w received), ``dual-mean`` (in [0, 1], after the
-    commit), ``steps`` (int), ``state-ok`` (0/1).
+    and state file are bound to it; kept in checkpoints),
+    optional ``loss`` str (sent when the run's loss is not ``hinge``), optional ``classes``
+    and ``intercept-scaling`` (the run's lifting, as synchronous MOCHA's:
+    :mod:`fmtl_flower.strategies.mocha`, "Multi-class and intercept"; ``d`` is then the
+    lifted dimension). Reply: arrays ``delta-b`` float64 (d,); metrics
+    ``task-id``, ``request-id``, ``delta-dual-mean`` (the change of the conjugate term by
+    the whole step, |.| <= the width of the loss's dual range: 1 for the hinge),
+    ``loss-mean`` (>= 0, at the w received), ``dual-mean`` (in the loss's dual range, [0, 1]
+    for the hinge, after the commit), ``steps`` (int), ``state-ok`` (0/1).
 
 Every reply is validated (keys, dtypes, shapes, finite values, matching task and request)
 at the trust boundary; its numbers are then checked by the server as it applies the reply
 (:class:`~fmtl_flower.core.async_mocha.ReplyBounds` and the certificate's check of
 :class:`~fmtl_flower.core.async_mocha.AsyncMochaServer`, as synchronous MOCHA's,
-:mod:`fmtl_flower.strategies.mocha`): ``loss-mean <= 1 + R_t |w_t|``,
-``|delta-b| <= R_t min(budget, n_t) / n_t``, in robust mode ``|b_t + delta-b| <= R_t``, and
+:mod:`fmtl_flower.strategies.mocha`): ``loss-mean <= l-bound(R_t |w_t|)`` (1 + R_t |w_t|
+for the hinge), ``|delta-b| <= R_t min(budget, n_t) / n_t``, in robust mode
+``|b_t + delta-b| <= R_t`` (neither for the squared loss, whose dual is unbounded), and
 ``loss-mean - dual-mean + w_t . b_t >= 0`` for the reported pair and for the pair after the
 update (so every certified gap is >= 0). A reply that fails is ``invalid`` (theta = 1), logged
 with its reason; ``final`` counts the certificate's rejections
@@ -49,8 +54,9 @@ min(the device's ``max-row-norm``, the log-scale upper fence of every task's
 (:func:`~fmtl_flower.core.robust.log_upper_fence`: 10 times their median unless the honest
 values spread wider), the discovery limit); the ``n-train`` the budgets are computed from is
 capped by the fence of the reported n's (and the discovery limit); the dual-image bound
-above is on. A configured ``max_row_norm`` overrides the devices' reports. Not done here:
-synchronous MOCHA's decoupling of outlier tasks.
+above is on. A configured ``max_row_norm`` overrides the devices' reports. A task whose
+updates are outliers is decoupled from the others (:mod:`fmtl_flower.core.async_mocha`,
+"Decoupling"), logged, and listed in ``final``'s ``tasks_decoupled``.
 
 Checkpoints
 -----------
@@ -138,8 +144,17 @@ from ..core.async_mocha import (
     Run,
     _record,
 )
+from ..core.certificate import PAIR_SLACK
 from ..core.formulations import make_formulation
+from ..core.losses import get_loss
 from ..core.mocha import MochaServerState
+from ..core.multiclass import (
+    MAX_CLASS_NAME,
+    Lifting,
+    canonical_classes,
+    decide_classes,
+    natural_binary,
+)
 from ..core.robust import log_upper_fence
 from ..systems.timing import node_times
 from ..wire import array_record, config_record, from_array, message, record_dict
@@ -210,6 +225,11 @@ class AsyncMocha(Strategy):
         ServerApp chooses it on a deployment).
     on_round : callable, optional
         Called with the record that completes each ``m`` applied replies (a "round" of work).
+    loss : str
+        The loss (:data:`~fmtl_flower.core.losses.LOSSES`: ``hinge``, ``smoothed-hinge``,
+        ``logistic``, ``squared``).
+    fit_intercept, intercept_scaling, max_classes
+        As synchronous MOCHA's (module docstring, "Multi-class and intercept").
     """
 
     def __init__(self, *, lam: float = 0.1, omega: str = "identity",
@@ -221,7 +241,9 @@ class AsyncMocha(Strategy):
                  seed: int = 0, method: str = "mocha", theta: float = 0.5,
                  robust: bool = True, max_row_norm: float | None = None,
                  num_tasks: int | None = None, clock: str = "virtual",
-                 on_round: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_round: Callable[[dict[str, Any]], None] | None = None,
+                 loss: str = "hinge", fit_intercept: bool = False,
+                 intercept_scaling: float = 1.0, max_classes: int = 1000) -> None:
         if clock not in CLOCKS:
             raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
         if concurrency is not None and concurrency < 1:
@@ -239,6 +261,14 @@ class AsyncMocha(Strategy):
         self.seed, self.method, self.theta, self.on_round = seed, method, theta, on_round
         self.robust, self.max_row_norm = bool(robust), max_row_norm
         self.num_tasks, self.clock = num_tasks, clock
+        self.loss = get_loss(loss).name
+        if not (math.isfinite(intercept_scaling) and intercept_scaling > 0):
+            raise ValueError(f"intercept_scaling must be a finite number > 0, got "
+                             f"{intercept_scaling}")
+        if max_classes < 2:
+            raise ValueError(f"max_classes must be >= 2, got {max_classes}")
+        self.fit_intercept, self.max_classes = bool(fit_intercept), int(max_classes)
+        self.lifting = Lifting(None, float(intercept_scaling) if fit_intercept else 0.0)
         self.replies = ReplyBoundary(NAME, REPLY_CONTRACTS, sizes=lambda: {"d": self.dim})
         self.dim = 0
         self.run: Run | None = None
@@ -247,6 +277,7 @@ class AsyncMocha(Strategy):
         self.num_rounds = 0
         self.run_token: str | None = None  # drawn by start, or restored from the checkpoint
         self.sent_identity = ""  # the run's identity as its messages send it (run-token)
+        self._decoupled_logged = 0
 
     @classmethod
     def from_settings(cls, settings: MochaSettings,
@@ -265,7 +296,10 @@ class AsyncMocha(Strategy):
                    seed=settings.seed, theta=settings.theta, on_round=on_round,
                    robust=settings.robust, max_row_norm=settings.max_row_norm,
                    num_tasks=num_tasks,
-                   method="cocoa" if settings.method == "async-cocoa" else "mocha")
+                   method="cocoa" if settings.method == "async-cocoa" else "mocha",
+                   loss=settings.loss, fit_intercept=settings.fit_intercept,
+                   intercept_scaling=settings.intercept_scaling,
+                   max_classes=settings.max_classes)
 
     # Strategy's round-based interface: not used (there are no rounds) -----------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -284,8 +318,8 @@ class AsyncMocha(Strategy):
 
     def summary(self) -> None:
         """Log the settings."""
-        log(INFO, "%s: lambda=%g omega=%s concurrency=%s tau=%s latency-sigma=%g", NAME,
-            self.lam, self.omega, self.concurrency, self.tau, self.latency_sigma)
+        log(INFO, "%s: lambda=%g omega=%s concurrency=%s tau=%s latency-sigma=%g loss=%s", NAME,
+            self.lam, self.omega, self.concurrency, self.tau, self.latency_sigma, self.loss)
 
     # the run ---------------------------------------------------------------------------------
     def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int = 3,
@@ -300,9 +334,10 @@ class AsyncMocha(Strategy):
         self.summary()
         nodes, info = self._discover(grid, timeout)
         m = len(nodes)
-        n = np.array([info[t]["n-train"] for t in range(m)], dtype=np.int64)
-        self.dim = int(info[0]["dim"])
-        claimed = np.array([info[t]["max-row-norm"] for t in range(m)])
+        self._fix_lifting(info)
+        n = self.lifting.n(np.array([info[t]["n-train"] for t in range(m)], dtype=np.int64))
+        self.dim = self.lifting.dim(int(info[0]["dim"]))
+        claimed = self.lifting.row_norm(np.array([info[t]["max-row-norm"] for t in range(m)]))
         self.row_norm = self._row_norms(claimed)
         budgets = np.maximum(np.floor(self.local_frac * self._budget_sizes(n)), 1
                              ).astype(np.int64)
@@ -312,9 +347,9 @@ class AsyncMocha(Strategy):
         server = AsyncMochaServer(MochaServerState.zeros(self.dim, formulation), budgets,
                                   concurrency=m if self.concurrency is None else self.concurrency,
                                   tau=self.tau, gamma=self.gamma, seed=self.seed,
-                                  method=self.method, theta=self.theta,
+                                  method=self.method, theta=self.theta, loss=self.loss,
                                   bounds=ReplyBounds(self.row_norm, n, self.robust,
-                                                     BOUND_SLACK))
+                                                     BOUND_SLACK, self.loss))
         self.run = Run(server, [])
         if self.clock == "wall":
             loop: EventLoop | WallClockLoop = WallClockLoop(
@@ -361,7 +396,10 @@ class AsyncMocha(Strategy):
                 "network": str(self.network), "time_model": self.time_model,
                 "request_timeout_s": self.request_timeout_s, "seed": self.seed,
                 "method": self.method, "theta": self.theta, "robust": self.robust,
-                "max_row_norm": self.max_row_norm, "clock": self.clock}
+                "max_row_norm": self.max_row_norm, "clock": self.clock,
+                **({"loss": self.loss} if self.loss != "hinge" else {}),
+                **({"intercept_scaling": self.lifting.intercept_scaling}
+                   if self.fit_intercept else {})}
 
     def run_identity(self) -> str:
         """The run's identity sent as ``run-token`` (as the synchronous strategies',
@@ -422,6 +460,7 @@ class AsyncMocha(Strategy):
     def _on_event(self, record: dict[str, Any], m: int) -> None:
         """Log, and pass each completed round's record (m more replies applied) to
         ``on_round``."""
+        self._log_decoupling()
         rejected = self.run.server.last_rejection if self.run is not None else None
         if record["status"] == INVALID and rejected is not None \
                 and rejected.task == record["task"]:
@@ -433,6 +472,33 @@ class AsyncMocha(Strategy):
         if self.on_round is not None and record["status"] == APPLIED \
                 and record["applied"] % m == 0:
             self.on_round(record)
+
+    def _log_decoupling(self) -> None:
+        """Log the tasks robust mode decoupled since the last event (once each)."""
+        server = self.run.server if self.run is not None else None
+        if server is None or len(server.decoupled_log) <= self._decoupled_logged:
+            return
+        for applied, tasks in server.decoupled_log[self._decoupled_logged:]:
+            log(WARNING, "%s: task%s %s decoupled from the others after %d applied replies "
+                "(off-diagonal coupling in M set to 0 for the rest of the run): their updates "
+                "are outliers against the federation's (robust mode)", NAME,
+                "s" if len(tasks) > 1 else "", tasks[:20], applied)
+        self._decoupled_logged = len(server.decoupled_log)
+
+    def _fix_lifting(self, info: dict[int, dict[str, Any]]) -> None:
+        """The run's class list from the devices' ``classes`` (one vote per node,
+        :func:`~fmtl_flower.core.multiclass.decide_classes`, as synchronous MOCHA's): none
+        reported, or the binary labels, keep the binary problem; two other labels are binary
+        too; more make the one-vs-rest lifting. A refused node's messages fail (theta = 1)."""
+        votes = {v["node"]: v["classes"] for v in info.values() if "classes" in v}
+        if not votes:
+            return
+        classes, refused = decide_classes(votes, self.robust, self.max_classes)
+        log(INFO, "%s: %d classes %s, decided by the %d nodes that reported their labels%s",
+            NAME, len(classes), list(classes)[:20], len(votes),
+            f"; refused: {refused}" if refused else "")
+        lifted = None if not classes or natural_binary(classes) else classes
+        self.lifting = Lifting(lifted, self.lifting.intercept_scaling)
 
     def results(self) -> dict[str, Any]:
         """``rounds``: one time-stamped record per reply event (``time_s`` seconds on the
@@ -453,7 +519,8 @@ class AsyncMocha(Strategy):
                  "virtual_time_s": self.run.virtual_time_s if self.clock == "virtual"
                  else None,
                  "replies_applied": server.counts[APPLIED], "resumed_from": self.resumed_from,
-                 "certificate_rejections_total": server.certificate_rejections, **{
+                 "certificate_rejections_total": server.certificate_rejections,
+                 "tasks_decoupled": np.flatnonzero(server.decoupled).tolist(), **{
                      f"replies_{k}": v for k, v in server.counts.items() if k != APPLIED}}
         return {"rounds": records, "final": final}
 
@@ -466,7 +533,8 @@ class AsyncMocha(Strategy):
                 for i, node in enumerate(grid.get_node_ids())]
         by_node = {msg.metadata.dst_node_id: -1 - i for i, msg in enumerate(sent)}
         replies = grid.send_and_receive(sent, timeout=timeout)
-        got = self.replies.read("setup", replies, _parse_whoami)
+        got = self.replies.read("setup", replies,
+                                lambda reply, slot: _parse_whoami(reply, slot, self.max_classes))
         info = {v["task-id"]: {**v, "node": node} for node, slot in by_node.items()
                 if (v := got.accepted.get(slot)) is not None}
         m = len(info)
@@ -486,7 +554,9 @@ class AsyncMocha(Strategy):
             "seed": request.seed, "confirm-id": request.confirm_id,
             "confirm-gamma": request.confirm_gamma, "method": request.method,
             "theta": request.theta, "keep-id": request.keep_id,
-            "run-token": self.sent_identity})
+            "run-token": self.sent_identity,
+            **({"loss": request.loss} if request.loss != "hinge" else {}),
+            **self.lifting.config()})
         return message(record_dict({"arrays": array_record({"w": request.w}),
                                     "config": config}), node, "train")
 
@@ -520,9 +590,13 @@ class AsyncMocha(Strategy):
         if d_b.dtype != np.float64 or d_b.shape != (self.dim,) or not np.isfinite(d_b).all():
             raise ReplyError(f"'delta-b' must be finite float64 ({self.dim},)")
         t = request.task
-        if abs(values["delta-dual-mean"]) > 1 or values["loss-mean"] < 0 \
-                or not 0 <= values["dual-mean"] <= 1 or values["state-ok"] not in (0, 1):
-            raise ReplyError("delta-dual-mean, loss-mean, dual-mean or state-ok out of range")
+        lo, hi = get_loss(self.loss).dual_range
+        slack = PAIR_SLACK * (1.0 + abs(hi))  # a mean of values at the top may round above it
+        if abs(values["delta-dual-mean"]) > hi - lo or values["loss-mean"] < 0 \
+                or not lo - slack <= values["dual-mean"] <= hi + slack \
+                or values["state-ok"] not in (0, 1):
+            raise ReplyError("delta-dual-mean, loss-mean, dual-mean or state-ok out of range "
+                             f"(the {self.loss} loss's dual range [{lo:.6g}, {hi:.6g}])")
         return Reply(t, request.request_id, d_b, float(values["delta-dual-mean"]),
                      float(values["loss-mean"]), float(values["dual-mean"]),
                      int(values["steps"]), bool(values["state-ok"]))
@@ -710,7 +784,7 @@ class WallClockLoop:
         self.offset = float(meta["now"])
 
 
-def _parse_whoami(reply: Message, _slot: int) -> dict[str, Any]:
+def _parse_whoami(reply: Message, _slot: int, max_classes: int) -> dict[str, Any]:
     if "info" not in reply.content:
         raise ReplyError("no 'info' record")
     info = dict(reply.content["info"].items())
@@ -725,7 +799,26 @@ def _parse_whoami(reply: Message, _slot: int) -> dict[str, Any]:
         out[key] = value
     if out["task-id"] < 0 or out["n-train"] < 1 or out["dim"] < 1 or out["max-row-norm"] < 0:
         raise ReplyError("task-id, n-train, dim or max-row-norm out of range")
+    if "classes" in info:
+        out["classes"] = _read_classes(info["classes"], max_classes)
     return out
+
+
+def _read_classes(value: Any, max_classes: int) -> tuple[Any, ...]:
+    """A whoami's ``classes``: a non-empty list of at most ``max_classes`` labels (numbers,
+    or strings of at most MAX_CLASS_NAME characters), canonical and sorted."""
+    if not isinstance(value, list) or not value:
+        raise ReplyError(f"'classes' must be a non-empty list, got {type(value).__name__}")
+    if len(value) > max_classes:
+        raise ReplyError(f"{len(value)} classes above the limit {max_classes}")
+    if any(isinstance(v, bytes | bool) or (isinstance(v, str) and len(v) > MAX_CLASS_NAME)
+           for v in value):
+        raise ReplyError(f"'classes' must hold numbers or strings of at most {MAX_CLASS_NAME} "
+                         "characters")
+    try:
+        return canonical_classes(value)
+    except ValueError as err:
+        raise ReplyError(f"'classes': {err}") from None
 
 
 def _log_record(record: dict[str, Any], m: int) -> None:

@@ -252,7 +252,10 @@ class TaskStrategy(SizedAtStart, Strategy):
         wrap it in ``LegacyGrid`` yourself). A Flower deployment grid pulls its replies every
         :attr:`reply_poll_interval` s (:func:`~fmtl_flower.polling.poll_replies`). A strategy
         built with ``num_tasks=None`` is first built for the tasks of the nodes online
-        (:class:`SizedAtStart`)."""
+        (:class:`SizedAtStart`). ``evaluate_fn`` is called as Flower's ``Strategy.start``
+        calls it: ``evaluate_fn(0, initial_arrays)`` before round 1 (not again by a resumed
+        run), then ``evaluate_fn(k, arrays)`` after round k's evaluation; its results are
+        ``Result.evaluate_metrics_serverapp``."""
         num_rounds, timeout = check_run_length(num_rounds, timeout)
         collapse_repeated_errors()  # one line per repeated device traceback (Flower's, Ray)
         grid = poll_replies(grid, self.reply_poll_interval)  # a deployment's, not every 3 s
@@ -285,6 +288,8 @@ class TaskStrategy(SizedAtStart, Strategy):
         train_config = ConfigRecord() if train_config is None else train_config
         evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
         started = time.time()
+        if evaluate_fn is not None and self.first_round == 1:
+            self._evaluate_initial(evaluate_fn, arrays, result)
         failed_rounds = 0
         for server_round in range(self.first_round, self.num_rounds + 1):
             log(INFO, "")
@@ -326,6 +331,18 @@ class TaskStrategy(SizedAtStart, Strategy):
             for line in io.StringIO(str(result)):
                 log(INFO, "\t%s", line.strip("\n"))
         return result
+
+    @staticmethod
+    def _evaluate_initial(evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None],
+                          arrays: ArrayRecord, result: Result) -> None:
+        """Flower's centralized evaluation of the starting arrays: ``evaluate_fn(0,
+        arrays)`` before round 1, its result under round 0 of
+        ``result.evaluate_metrics_serverapp`` (as ``Strategy.start`` does; a resumed run
+        evaluated round 0 when it first started)."""
+        served = evaluate_fn(0, arrays)
+        log(INFO, "Initial global evaluation results: %s", served)
+        if served is not None:
+            result.evaluate_metrics_serverapp[0] = served
 
     def _evaluate_phase(self, grid: Grid, server_round: int, arrays: ArrayRecord,
                         config: ConfigRecord, timeout: float, result: Result,

@@ -348,7 +348,7 @@ class Mocha(LinearTasks, TaskStrategy):
     max_row_norm : float, optional
         The bound R on every task's training-row norms used to check ``delta-b`` (module
         docstring); None: each task's ``max-row-norm`` reported at discovery.
-    fit_intercept, intercept_scaling, max_classes
+    fit_intercept, intercept_scaling, max_classes : bool, float, int
         A penalised bias per task (and class) through a constant feature of value
         ``intercept_scaling`` the devices append; the most classes the devices' labels may
         make (module docstring, "Multi-class and intercept").

@@ -341,7 +341,7 @@ class OFMTL(SizedAtStart, Strategy):
         collapse_repeated_errors()  # one line per repeated device traceback (Flower's, Ray)
         self.build_from_nodes(grid, timeout)  # num_tasks=None: the tasks online
         self.round_timeout = timeout
-        self._check_knobs(initial_arrays)
+        self._check_knobs(initial_arrays, evaluate_fn)
         if self.min_available_nodes:
             wait_for_nodes(grid, self.min_available_nodes,
                            min(self.mocha_options["discovery_timeout"], self.round_timeout),
@@ -373,11 +373,17 @@ class OFMTL(SizedAtStart, Strategy):
                 self._retrain(grid, self.m, "retrain")
         return self.result()
 
-    def _check_knobs(self, initial_arrays: ArrayRecord | None) -> None:
+    def _check_knobs(self, initial_arrays: ArrayRecord | None,
+                     evaluate_fn: Callable[..., Any] | None = None) -> None:
         """Of Flower's knobs (:mod:`fmtl_flower.strategies.base`) OFMTL honours
         ``min_available_nodes``; it has no single global start (MOCHA retrains from
         alpha = 0 at each event), trains every device and reports its own per-event metrics,
-        so the others are a ValueError unless left at their defaults."""
+        so the others (``evaluate_fn`` included: there are no rounds of one global model to
+        evaluate centrally) are a ValueError unless left at their defaults."""
+        if evaluate_fn is not None:
+            raise ValueError(f"{_NAME} has no global model per round to evaluate centrally: "
+                             "evaluate_fn must be None (the per-event test errors are in "
+                             "results())")
         if initial_arrays is not None and len(initial_arrays):
             raise ValueError(f"{_NAME} has no single global start to seed: initial_arrays "
                              f"must be None or empty, got keys {sorted(initial_arrays)}")

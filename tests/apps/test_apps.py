@@ -121,3 +121,19 @@ def test_engine_of_a_grid():
     assert engine_of(memory_grid) == "ray"
     assert kernels_of("deployment") == "device"
     assert kernels_of("ray") in ("auto", "numba", "numpy")
+
+
+@pytest.mark.parametrize("strategy", ["async-mocha", "async-cocoa"])
+def test_flwr_run_serves_barrier_free_mocha_with_its_own_handlers(tmp_path, strategy):
+    """`flwr run`'s ClientApp picks each run's handlers from the family registry: a run of
+    barrier-free MOCHA gets its devices' handlers (before, it got synchronous MOCHA's, which
+    fail every asynchronous request, and the run ended without one applied reply)."""
+    import json
+
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    out = tmp_path / "res.json"
+    run_config = {"strategy": strategy, "num-tasks": 3, "dim": 4, "samples-per-task": 20,
+                  "num-server-rounds": 3, "results-file": str(out)}
+    run_inprocess(server_app, client_app, 3, run_config=run_config)
+    final = json.loads(out.read_text())["final"]
+    assert final["gap"] is not None and 0.0 <= final["gap"] < final["primal"]

@@ -111,12 +111,62 @@ def test_fmtl_run_async(strategy, tmp_path):
 
 
 @pytest.mark.parametrize("extra", [{"loss": "logistic"}, {"fit_intercept": True}])
-def test_async_methods_refuse_what_their_device_handlers_do_not_train(extra):
-    from fmtl_flower.settings import ConfigError, MochaSettings
+def test_async_methods_take_every_loss_and_the_intercept(extra):
+    """The settings no longer refuse a loss other than the hinge or an intercept for the
+    barrier-free methods (they did before): the strategy gets them."""
+    from fmtl_flower.settings import MochaSettings
 
-    with pytest.raises(ConfigError, match="async-mocha"):
-        MochaSettings(method="async-mocha", **extra)
-    MochaSettings(method="mocha", **extra)  # the synchronous method takes them
+    strategy = AsyncMocha.from_settings(MochaSettings(method="async-mocha", **extra))
+    assert strategy.loss == extra.get("loss", "hinge")
+    assert strategy.fit_intercept == extra.get("fit_intercept", False)
+
+
+@pytest.mark.parametrize(("loss", "intercept"), [("smoothed-hinge", False), ("logistic", True),
+                                                 ("squared", False), ("hinge", True)])
+def test_every_loss_and_the_intercept_over_flower_equal_the_core(loss, intercept):
+    """Over the Message API (the devices append the intercept's constant feature, 0.5,
+    themselves; the loss travels in the config) the records equal the core's on the same
+    data, with the feature appended, for the same seed."""
+    from fmtl_flower.core.multiclass import with_intercept
+
+    problem = make_problem(num_tasks=6, dim=5, samples_per_task=30)
+    extra = {"loss": loss, "fit_intercept": intercept, "intercept_scaling": 0.5}
+    strategy = _run(problem, 6, **extra)
+    tasks = [(with_intercept(X, 0.5) if intercept else X, y) for X, y in problem.train()]
+    k = KNOBS
+    n = np.array([len(y) for y in problem.ys])
+    core = simulate_async_mocha(
+        tasks, node_times(n, problem.dim + intercept, "mocha", "lte"), lam=k["lam"],
+        omega=k["omega"], formulation_options=k["formulation_options"], replies=36,
+        concurrency=k["concurrency"], tau=k["tau"], latency_sigma=k["latency_sigma"],
+        seed=k["seed"], loss=loss)
+    assert strategy.run.records == core.records
+    assert np.array_equal(strategy.run.server.state.W, core.server.state.W)
+    assert strategy.run.server.state.dim == problem.dim + intercept
+    assert strategy.results()["final"]["gap"] >= 0
+
+
+def test_multiclass_devices_lift_as_the_server_decided():
+    """Devices built with ``labels="auto"`` whose data hold three classes report them; the
+    server decides the class list and the one-vs-rest lifting (dim 3 x (d + 1) with the
+    intercept), the devices lift alike, and the run is certified (gap >= 0, W = B M)."""
+    problem = make_problem(num_tasks=6, dim=5, samples_per_task=30)
+    rng = np.random.default_rng(0)
+    ys = [rng.integers(0, 3, size=len(y)) for y in problem.ys]
+    tests = [rng.integers(0, 3, size=len(y)) for y in problem.yt]
+
+    def load(context):
+        t = int(context.node_config["partition-id"])
+        return problem.Xs[t], ys[t], problem.Xt[t], tests[t]
+
+    app = make_async_mocha_client_app(load, labels="auto")
+    strategy = AsyncMocha(**{**KNOBS, "loss": "logistic", "fit_intercept": True})
+    strategy.start(InProcessGrid(app, problem.num_tasks), num_rounds=4)
+    server = strategy.run.server
+    assert strategy.lifting.classes == (0, 1, 2) and server.state.dim == 3 * 6
+    assert server.counts[APPLIED] == 24 and server.counts[INVALID] == 0
+    assert strategy.results()["final"]["gap"] >= 0
+    assert np.abs(server.state.W - server.state.B @ server.state.M).max() <= 1e-12
 
 
 # ------------------------------------------------------------------------- robust checks

@@ -11,8 +11,17 @@ import time
 import numpy as np
 import pytest
 from flwr.app import MetricRecord, RecordDict
+from scipy import sparse
 
-from fmtl_flower import FedEM, Fsvrg, MbSgd, Mocha, make_fedem_client_app, make_mocha_client_app
+from fmtl_flower import (
+    FedEM,
+    Fsvrg,
+    MbSgd,
+    Mocha,
+    make_fedem_client_app,
+    make_fsvrg_client_app,
+    make_mocha_client_app,
+)
 from fmtl_flower.clients.mbsgd import make_mbsgd_client_app
 from fmtl_flower.engine import InProcessGrid
 from fmtl_flower.strategies.discovery import DiscoveryError
@@ -291,3 +300,51 @@ def test_evaluate_knobs_are_run_config_keys():
                                   "min-evaluate-nodes": 2})
     settings = settings_from_config(cfg, TASKS)
     assert (settings.fraction_evaluate, settings.min_evaluate_nodes) == (0.5, 2)
+
+
+# ---------------------------------------------------------------- evaluate_fn, as Flower calls it
+class ServerEvaluation:
+    """An ``evaluate_fn`` that records the rounds and arrays it was called with."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, list[str]]] = []
+
+    def __call__(self, server_round: int, arrays) -> MetricRecord:
+        self.calls.append((server_round, sorted(arrays)))
+        return MetricRecord({"calls": len(self.calls)})
+
+
+@pytest.mark.parametrize("family", ["mocha", "fsvrg"])
+def test_evaluate_fn_is_called_before_round_1_as_flower_does(problem, family):
+    """Flower's ``Strategy.start`` calls ``evaluate_fn(0, initial_arrays)`` before round 1,
+    then after every round; its results land under rounds 0 .. R."""
+    evaluate = ServerEvaluation()
+    if family == "mocha":
+        strategy, app = mocha(), make_mocha_client_app(problem.load)
+        initial = {"W": np.zeros((4, TASKS))}
+    else:
+        strategy = Fsvrg(TASKS, method="gd", discovery_timeout=5.0)
+        def load(context):
+            X, y, Xt, yt = problem.load(context)
+            return sparse.csr_matrix(X), y, sparse.csr_matrix(Xt), yt
+        app, initial = make_fsvrg_client_app(load), {"w": np.zeros(4)}
+    result = strategy.start(grid=InProcessGrid(app, TASKS), initial_arrays=initial,
+                            num_rounds=2, timeout=30.0, evaluate_fn=evaluate)
+    assert [r for r, _ in evaluate.calls] == [0, 1, 2]
+    assert evaluate.calls[0][1] == sorted(initial)  # the starting arrays
+    assert sorted(result.evaluate_metrics_serverapp) == [0, 1, 2]
+    assert result.evaluate_metrics_serverapp[0]["calls"] == 1
+
+
+def test_a_resumed_run_does_not_evaluate_round_0_again(problem, tmp_path):
+    first, evaluate = mocha(), ServerEvaluation()
+    first.enable_checkpoints(tmp_path, every=1)
+    first.start(grid=InProcessGrid(make_mocha_client_app(problem.load), TASKS), num_rounds=2,
+                timeout=30.0)
+    resumed = mocha()
+    resumed.enable_checkpoints(tmp_path, every=1)
+    result = resumed.start(grid=InProcessGrid(make_mocha_client_app(problem.load), TASKS),
+                           num_rounds=3, timeout=30.0, evaluate_fn=evaluate)
+    assert resumed.resumed_from == 2
+    assert [r for r, _ in evaluate.calls] == [3]
+    assert sorted(result.evaluate_metrics_serverapp) == [3]

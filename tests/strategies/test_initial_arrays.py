@@ -256,6 +256,15 @@ def test_methods_without_one_global_start_refuse_initial_arrays(problem):
             initial_arrays=record(W=np.zeros(DIM)), num_rounds=1)
 
 
+def test_ofmtl_refuses_an_evaluate_fn_it_could_not_call(problem):
+    """OFMTL has no global model per round: an ``evaluate_fn`` is a clear error, not
+    silently never called."""
+    with pytest.raises(ValueError, match="evaluate_fn must be None"):
+        OFMTL(TASKS, initial_tasks=2, discovery_timeout=1.0).start(
+            grid=InProcessGrid(make_mocha_client_app(problem.load), TASKS),
+            evaluate_fn=lambda server_round, arrays: None)
+
+
 # ---------------------------------------------------------------- what Flower users write
 
 
