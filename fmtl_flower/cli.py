@@ -264,15 +264,13 @@ def run_federation(cfg: RunConfig, data, engine: str, print_every: int,
 
 
 def _unpacked_for_async(cfg: RunConfig) -> RunConfig:
-    """Barrier-free MOCHA sends one message per task (no packed nodes yet): automatic
-    packing means one task per node; an explicit ``tasks-per-node`` above 1 is an error."""
+    """Barrier-free MOCHA sends one message per request, so packing saves it no messages:
+    automatic packing means one task per node; an explicit ``tasks-per-node`` above 1 packs
+    (each task on a node is its own request, :mod:`fmtl_flower.strategies.async_mocha`)."""
     from .config import ASYNC_MOCHA
 
-    if cfg.strategy not in ASYNC_MOCHA:
+    if cfg.strategy not in ASYNC_MOCHA or cfg.tasks_per_node > 1:
         return cfg
-    if cfg.tasks_per_node > 1:
-        raise ConfigError(f"strategy={cfg.strategy} does not run on packed nodes yet: "
-                          "set tasks-per-node=1")
     return dataclasses.replace(cfg, tasks_per_node=1)
 
 

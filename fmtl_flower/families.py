@@ -117,7 +117,7 @@ FAMILIES: list[Family] = [
            "strategies.async_mocha:AsyncMocha", "clients.async_mocha:AsyncMochaClient",
            "clients.async_mocha:make_async_mocha_client_app", "MochaSettings",
            app_attribute="async_mocha_client", settings_arguments=("method",),
-           client_options=("labels",)),
+           client_options=("state_dir", "labels")),
     Family("fedem", ("fedem", "fedavg", "fedprox", "fedavg-ft", "clustered", "cfl", "pfedme",
                      "ifca"), "fedem",
            "strategies.fedem:FedEM", "clients.fedem:FedEMClient",

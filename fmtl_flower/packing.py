@@ -253,6 +253,10 @@ class PackedGrid(GridWrapper):
         self._protocols: dict[int, frozenset[str]] = {}  # physical node -> stacking protocols
         self._digests: dict[int, str | None] = {}  # physical node -> its tasks_digest
         self.messages_sent = 0  # physical messages, for benchmarks and tests
+        # push_messages' one-slot messages: their id -> (the packed message's id, node, slot,
+        # the message pushed), until pulled
+        self._pushed: dict[str, tuple[str, int, int, Message]] = {}
+        self._pushed_ids = itertools.count(1)
 
     # Grid's interface (set_run and run: the wrapped grid's) -------------------------------
     def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
@@ -260,12 +264,45 @@ class PackedGrid(GridWrapper):
         return create_message(content, message_type, dst_node_id, group_id, ttl)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        """Not supported: packed traffic goes through :meth:`send_and_receive`."""
-        raise NotImplementedError("PackedGrid packs whole rounds: use send_and_receive")
+        """Push each message to a virtual node on its own, as a packed message of one slot
+        to the physical node (barrier-free strategies: one request per task in flight, each
+        answered when its slot is done; :mod:`fmtl_flower.strategies.async_mocha`). Returns
+        one id per message pushed (the id :meth:`pull_messages` takes and its reply answers);
+        a message to an unknown virtual node is logged and dropped (no id)."""
+        ids = []
+        for message in messages:
+            virtual = message.metadata.dst_node_id
+            if virtual not in self._where:
+                log(WARNING, "packing: no virtual node %s; message dropped", virtual)
+                continue
+            node, slot = self._where[virtual]
+            sub_id = f"{virtual}.{next(self._pushed_ids)}"
+            message.metadata.__dict__["_message_id"] = sub_id
+            packed = Message(pack_content({slot: message.content}), dst_node_id=node,
+                             message_type=message.metadata.message_type,
+                             ttl=message.metadata.ttl)
+            inner_ids = list(self.inner.push_messages([packed]))
+            self.messages_sent += 1
+            if inner_ids:
+                self._pushed[sub_id] = (inner_ids[0], node, slot, message)
+                ids.append(sub_id)
+        return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        """Not supported: packed traffic goes through :meth:`send_and_receive`."""
-        raise NotImplementedError("PackedGrid packs whole rounds: use send_and_receive")
+        """The replies that arrived for the ids :meth:`push_messages` returned, split back
+        to their virtual nodes (a reply from a node whose task list changed is dropped, as
+        in :meth:`send_and_receive`)."""
+        wanted = {self._pushed[i][0]: i for i in message_ids if i in self._pushed}
+        replies: list[Message] = []
+        for reply in self.inner.pull_messages(list(wanted)):
+            sub_id = wanted.get(reply.metadata.reply_to_message_id)
+            if sub_id is None or sub_id not in self._pushed:
+                continue
+            _, node, slot, message = self._pushed.pop(sub_id)
+            if reply.metadata.src_node_id == node and self._task_list_changed(node, reply):
+                continue
+            replies.extend(_split_reply(reply, {slot: message}))
+        return replies
 
     # virtual nodes ------------------------------------------------------------------------
     def get_node_ids(self) -> Iterable[int]:

@@ -402,6 +402,8 @@ def make_server_app(config: RunConfig | None = None,
         grid = detect_legacy(grid)  # before counting tasks: NumPyClient devices answer too
         num_tasks = server_num_tasks(cfg, grid)
         strategy = strategy_from_config(cfg, num_tasks, on_round)
+        if cfg.strategy in ASYNC_MOCHA and engine == "deployment":
+            strategy.clock = "wall"  # barrier-free MOCHA keeps real time on a deployment
         rounds = 0 if cfg.strategy == "ofmtl" else cfg.num_server_rounds  # OFMTL: until all join
         strategy.start(grid=grid, num_rounds=rounds, timeout=cfg.round_timeout)
         results = build_results(cfg, strategy)

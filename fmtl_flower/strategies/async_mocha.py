@@ -25,6 +25,8 @@ query ``whoami``: as MOCHA's (:mod:`fmtl_flower.strategies.mocha`): ConfigRecord
     ``keep-id`` int >= 0 (the task's ``confirm-id`` at the server's newest checkpoint, 0:
     none; the device keeps its newest committed state not after it, its stable copy, and
     goes back to it when a ``confirm-id`` names it: the server resumed from the checkpoint),
+    ``run-token`` str (the run's identity, :meth:`AsyncMocha.run_identity`: the device's state
+    and state file are bound to it; kept in checkpoints),
     optional ``loss`` str (sent when the run's loss is not ``hinge``), optional ``classes``
     and ``intercept-scaling`` (the run's lifting, as synchronous MOCHA's:
     :mod:`fmtl_flower.strategies.mocha`, "Multi-class and intercept"; ``d`` is then the
@@ -70,19 +72,53 @@ newest committed state not after it and goes back to it when the resumed server 
 it. So with devices that kept their state the resumed run continues bit for bit (same
 records, W, certificate); a device that lost its state restarts from alpha = 0 and says so
 (the server resets b_t): consistent, not bit for bit. The devices keep their state in
-``context.state`` only (no state files yet), which a real Flower deployment loses when the
-resumed server starts a new run.
+``context.state``, which a real Flower deployment loses when a SuperNode restarts or the
+resumed server starts a new Flower run; with a ``client-state-dir`` they also keep it in a
+state file (:mod:`fmtl_flower.clients.async_mocha`), bound to their data and to the run's
+``run-token`` (kept in the checkpoint), and continue from it.
 
-Scope of this version: the virtual clock only (in-process engine; on Ray each request is
-pulled before the next event, so the wall-clock run is serial); fixed Omega or Omega-steps
-with draining; no packed nodes, device state files or deployment real-time mode yet.
+Packed nodes
+------------
+On a :class:`~fmtl_flower.packing.PackedGrid` (``tasks-per-node`` > 1) each task on a node
+keeps its own block of duals and its own request in flight, exactly as unpacked:
+:meth:`PackedGrid.push_messages <fmtl_flower.packing.PackedGrid.push_messages>` sends each
+request as a packed message of one slot, and its reply is split back to the task's virtual
+node and read through the trust boundary like any other (a bad slot fails only its task).
+This is the simpler correct design: the messages, the protocol and the records are those of
+the unpacked run, bit for bit (a test checks it); a node-level request carrying all of a
+node's tasks would make them wait for each other, a barrier inside the node. Packing saves no
+messages here (one per request either way); it lets one Flower node host several tasks. On
+a deployment the SuperNode (flwr 1.42) serves one message at a time, so the requests of a
+node's tasks queue there behind each other (a loopback test runs two packed SuperNodes).
+
+Real time
+---------
+On the simulation engines (in-process, Ray) the run keeps the virtual clock: each request is
+pulled before the next event, so the wall-clock run is serial but the records are
+reproducible. On a deployment (``clock="wall"``, which ``fmtl``'s ServerApp sets when its
+grid is a SuperLink's) the run keeps real time (:class:`WallClockLoop`): up to
+``concurrency`` requests are really in flight at once, each reply is applied as it arrives,
+in arrival order, and a request unanswered ``pull_timeout_s`` seconds after it left
+expires. The protocol and its guarantees do not depend on the clock (staleness is counted
+in applied replies, not seconds). Records are stamped with wall seconds since the run
+started; ``final`` says ``clock`` (``virtual`` or ``wall``) and ``time_s`` (the run's length
+on it), and ``virtual_time_s`` is None on the wall clock. A checkpoint records its clock (a
+run of the other clock refuses it). The eq. (30) times and ``latency-sigma`` only shape the
+virtual clock.
+
+Scope of this version: fixed Omega or Omega-steps with draining.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import secrets
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -97,13 +133,16 @@ from ..checkpoint import check_fingerprint, read_checkpoint, write_checkpoint
 from ..core.async_mocha import (
     APPLIED,
     INVALID,
+    UNKNOWN,
     AsyncMochaServer,
     EventLoop,
+    Outcome,
     Rejected,
     Reply,
     ReplyBounds,
     Request,
     Run,
+    _record,
 )
 from ..core.certificate import PAIR_SLACK
 from ..core.formulations import make_formulation
@@ -133,6 +172,8 @@ if TYPE_CHECKING:
     from ..settings import MochaSettings
 
 NAME = "AsyncMocha"
+#: The clocks a run can keep (:class:`AsyncMocha`'s ``clock``).
+CLOCKS = ("virtual", "wall")
 TRAIN_METRICS = ("task-id", "request-id", "delta-dual-mean", "loss-mean", "dual-mean", "steps",
                  "state-ok")
 REPLY_CONTRACTS = {"train": ReplyContract.of(TRAIN_METRICS, {"delta-b": ("d",)})}
@@ -178,6 +219,10 @@ class AsyncMocha(Strategy):
         register after the ServerApp has started).
     max_row_norm : float or None
         The bound R on every task's training-row norms (None: each device's report).
+    clock : {"virtual", "wall"}
+        ``virtual``: the simulation engines' virtual clock (module docstring); ``wall``: real
+        time, the replies applied as they arrive (deployments, "Real time"; ``fmtl``'s
+        ServerApp chooses it on a deployment).
     on_round : callable, optional
         Called with the record that completes each ``m`` applied replies (a "round" of work).
     loss : str
@@ -195,10 +240,12 @@ class AsyncMocha(Strategy):
                  request_timeout_s: float | None = None, pull_timeout_s: float = 600.0,
                  seed: int = 0, method: str = "mocha", theta: float = 0.5,
                  robust: bool = True, max_row_norm: float | None = None,
-                 num_tasks: int | None = None,
+                 num_tasks: int | None = None, clock: str = "virtual",
                  on_round: Callable[[dict[str, Any]], None] | None = None,
                  loss: str = "hinge", fit_intercept: bool = False,
                  intercept_scaling: float = 1.0, max_classes: int = 1000) -> None:
+        if clock not in CLOCKS:
+            raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
         if concurrency is not None and concurrency < 1:
             raise ValueError(f"concurrency must be >= 1 (or None: every task), got {concurrency}")
         if tau is not None and tau < 0:
@@ -213,7 +260,7 @@ class AsyncMocha(Strategy):
         self.request_timeout_s, self.pull_timeout_s = request_timeout_s, pull_timeout_s
         self.seed, self.method, self.theta, self.on_round = seed, method, theta, on_round
         self.robust, self.max_row_norm = bool(robust), max_row_norm
-        self.num_tasks = num_tasks
+        self.num_tasks, self.clock = num_tasks, clock
         self.loss = get_loss(loss).name
         if not (math.isfinite(intercept_scaling) and intercept_scaling > 0):
             raise ValueError(f"intercept_scaling must be a finite number > 0, got "
@@ -228,6 +275,8 @@ class AsyncMocha(Strategy):
         self.checkpoint_dir: Path | None = None
         self.checkpoint_every, self.resume, self.resumed_from = 1, True, 0
         self.num_rounds = 0
+        self.run_token: str | None = None  # drawn by start, or restored from the checkpoint
+        self.sent_identity = ""  # the run's identity as its messages send it (run-token)
         self._decoupled_logged = 0
 
     @classmethod
@@ -275,10 +324,10 @@ class AsyncMocha(Strategy):
     # the run ---------------------------------------------------------------------------------
     def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int = 3,
               timeout: float = 3600) -> Result:
-        """Discover the tasks, then apply ``num_rounds x m`` replies on the virtual clock.
+        """Discover the tasks, then apply ``num_rounds x m`` replies on the run's clock.
 
         Returns Flower's ``Result``; ``self.results()`` holds the records and ``final``
-        (``primal``, ``dual``, ``gap``, ``virtual_time_s``).
+        (``primal``, ``dual``, ``gap``, ``virtual_time_s``, ``clock``, ``time_s``).
         """
         if not isinstance(num_rounds, int) or num_rounds < 1:
             raise ValueError(f"num_rounds must be an int >= 1, got {num_rounds!r}")
@@ -302,12 +351,20 @@ class AsyncMocha(Strategy):
                                   bounds=ReplyBounds(self.row_norm, n, self.robust,
                                                      BOUND_SLACK, self.loss))
         self.run = Run(server, [])
-        loop = EventLoop(self.run, seconds, _GridTransport(self, grid, nodes),
-                         latency_sigma=self.latency_sigma, seed=self.seed,
-                         omega_every=self.omega_every, timeout_s=self.request_timeout_s)
+        if self.clock == "wall":
+            loop: EventLoop | WallClockLoop = WallClockLoop(
+                self, grid, nodes, self.run, omega_every=self.omega_every,
+                timeout_s=self.pull_timeout_s)
+        else:
+            loop = EventLoop(self.run, seconds, _GridTransport(self, grid, nodes),
+                             latency_sigma=self.latency_sigma, seed=self.seed,
+                             omega_every=self.omega_every, timeout_s=self.request_timeout_s)
         self.num_rounds = num_rounds
         if self.checkpoint_dir is not None and self.resume:
             self._resume(loop)
+        if self.run_token is None:
+            self.run_token = secrets.token_hex(8)
+        self.sent_identity = self.run_identity()
         loop.run(num_rounds * m, on_event=lambda run, record: self._on_event(record, m),
                  after_event=None if self.checkpoint_dir is None else self._maybe_checkpoint)
         server = self.run.server
@@ -339,10 +396,19 @@ class AsyncMocha(Strategy):
                 "network": str(self.network), "time_model": self.time_model,
                 "request_timeout_s": self.request_timeout_s, "seed": self.seed,
                 "method": self.method, "theta": self.theta, "robust": self.robust,
-                "max_row_norm": self.max_row_norm,
+                "max_row_norm": self.max_row_norm, "clock": self.clock,
                 **({"loss": self.loss} if self.loss != "hinge" else {}),
                 **({"intercept_scaling": self.lifting.intercept_scaling}
                    if self.fit_intercept else {})}
+
+    def run_identity(self) -> str:
+        """The run's identity sent as ``run-token`` (as the synchronous strategies',
+        :meth:`fmtl_flower.strategies.base.TaskStrategy.run_identity`): the run's token, then
+        ``.`` and 16 hex digits of a digest of :meth:`fingerprint`. Devices bind their state
+        (and state files) to it; a resumed run keeps the checkpoint's token."""
+        settings = json.dumps(self.fingerprint(), sort_keys=True, default=str)
+        digest = hashlib.blake2b(settings.encode(), digest_size=8).hexdigest()
+        return f"{self.run_token}.{digest}"
 
     def _maybe_checkpoint(self, loop: EventLoop, record: dict[str, Any]) -> None:
         """After an event: write a checkpoint when ``every x m`` more replies were applied,
@@ -355,7 +421,8 @@ class AsyncMocha(Strategy):
         assert self.checkpoint_dir is not None
         arrays, meta = loop.state_arrays()
         path = write_checkpoint(self.checkpoint_dir, applied // m, arrays,
-                                {**meta, "fingerprint": self.fingerprint()})
+                                {**meta, "fingerprint": self.fingerprint(),
+                                 "run_token": self.run_token})
         log(INFO, "%s: checkpoint after %d applied replies written to %s", NAME, applied, path)
 
     def _resume(self, loop: EventLoop) -> None:
@@ -368,6 +435,8 @@ class AsyncMocha(Strategy):
         check_fingerprint(checkpoint, self.fingerprint())
         loop.restore(checkpoint.arrays, checkpoint.meta)
         self.resumed_from = checkpoint.server_round
+        token = checkpoint.meta.get("run_token")
+        self.run_token = token if isinstance(token, str) and token else None
         log(INFO, "%s: resumed from %s (%d rounds of replies applied; %d requests in flight "
             "re-issued)", NAME, checkpoint.path, checkpoint.server_round,
             len(loop.server.in_flight))
@@ -432,10 +501,12 @@ class AsyncMocha(Strategy):
         self.lifting = Lifting(lifted, self.lifting.intercept_scaling)
 
     def results(self) -> dict[str, Any]:
-        """``rounds``: one time-stamped record per reply event (``time_s`` virtual seconds,
-        ``applied``, ``round`` = applied // m, ``status``, ``task``, ``staleness``, ``gamma``,
-        ``dual``, ``primal``, ``gap``), and ``final`` (``primal``, ``dual``, ``gap`` of the
-        certificate, ``virtual_time_s``, ``round``, the reply counts)."""
+        """``rounds``: one time-stamped record per reply event (``time_s`` seconds on the
+        run's clock, ``applied``, ``round`` = applied // m, ``status``, ``task``,
+        ``staleness``, ``gamma``, ``dual``, ``primal``, ``gap``), and ``final`` (``primal``,
+        ``dual``, ``gap`` of the certificate, ``clock`` (``virtual`` or ``wall``),
+        ``time_s`` (the run's length on that clock), ``virtual_time_s`` (None on the wall
+        clock: there is no virtual time), ``round``, the reply counts)."""
         if self.run is None:
             return {"rounds": [], "final": {}}
         server, records = self.run.server, self.run.records
@@ -444,7 +515,9 @@ class AsyncMocha(Strategy):
         final = {"round": server.counts[APPLIED] // m,
                  "primal": None if cert is None else cert.primal, "dual": server.dual(),
                  "gap": None if cert is None else cert.gap,
-                 "virtual_time_s": self.run.virtual_time_s,
+                 "clock": self.clock, "time_s": self.run.virtual_time_s,
+                 "virtual_time_s": self.run.virtual_time_s if self.clock == "virtual"
+                 else None,
                  "replies_applied": server.counts[APPLIED], "resumed_from": self.resumed_from,
                  "certificate_rejections_total": server.certificate_rejections,
                  "tasks_decoupled": np.flatnonzero(server.decoupled).tolist(), **{
@@ -472,6 +545,35 @@ class AsyncMocha(Strategy):
         if len(dims) != 1:
             raise RuntimeError(f"{NAME}: nodes disagree on the dimension: {sorted(dims)}")
         return [info[t]["node"] for t in range(m)], info
+
+    def train_message(self, request: Request, node: int) -> Message:
+        """The ``train`` message of ``request`` to ``node`` (wire contract)."""
+        config = config_record({
+            "task-id": request.task, "request-id": request.request_id, "count": request.count,
+            "m-tt": request.m_tt, "sigma-prime": request.sigma_prime, "budget": request.budget,
+            "seed": request.seed, "confirm-id": request.confirm_id,
+            "confirm-gamma": request.confirm_gamma, "method": request.method,
+            "theta": request.theta, "keep-id": request.keep_id,
+            "run-token": self.sent_identity,
+            **({"loss": request.loss} if request.loss != "hinge" else {}),
+            **self.lifting.config()})
+        return message(record_dict({"arrays": array_record({"w": request.w}),
+                                    "config": config}), node, "train")
+
+    def read_train_reply(self, request: Request, node: int, msg: Message,
+                         replies: list[Message]) -> Reply | Rejected | None:
+        """What the trust boundary makes of the replies to ``msg`` (sent to ``node`` for
+        ``request``): the :class:`Reply`, a :class:`Rejected` (theta = 1, logged), or None
+        (no reply for it: lost)."""
+        self.replies.begin()
+        self.replies.track(request.task, node, msg)
+        got = self.replies.read(f"request {request.request_id}", replies,
+                                lambda reply, _task: {"reply": self.parse_train(reply, request)})
+        if request.task in got.accepted:
+            return got.accepted[request.task]["reply"]
+        if request.task in got.failed:
+            return Rejected(request.task, request.request_id)
+        return None
 
     def parse_train(self, reply: Message, request: Request) -> Reply:
         """Decode and check one ``train`` reply (raises on anything wrong)."""
@@ -509,27 +611,10 @@ class _GridTransport:
 
     def __call__(self, request: Request) -> list[Reply | Rejected]:
         s, node = self.strategy, self.nodes[request.task]
-        config = config_record({
-            "task-id": request.task, "request-id": request.request_id, "count": request.count,
-            "m-tt": request.m_tt, "sigma-prime": request.sigma_prime, "budget": request.budget,
-            "seed": request.seed, "confirm-id": request.confirm_id,
-            "confirm-gamma": request.confirm_gamma, "method": request.method,
-            "theta": request.theta, "keep-id": request.keep_id,
-            **({"loss": request.loss} if request.loss != "hinge" else {}),
-            **s.lifting.config()})
-        msg = message(record_dict({"arrays": array_record({"w": request.w}), "config": config}),
-                      node, "train")
-        s.replies.begin()
-        s.replies.track(request.task, node, msg)
+        msg = s.train_message(request, node)
         ids = list(self.grid.push_messages([msg]))
-        replies = self._pull(ids)
-        got = s.replies.read(f"request {request.request_id}", replies,
-                             lambda reply, _task: {"reply": s.parse_train(reply, request)})
-        if request.task in got.accepted:
-            return [got.accepted[request.task]["reply"]]
-        if request.task in got.failed:
-            return [Rejected(request.task, request.request_id)]
-        return []
+        delivery = s.read_train_reply(request, node, msg, self._pull(ids))
+        return [] if delivery is None else [delivery]
 
     def _pull(self, ids: list[str]) -> list[Message]:
         deadline = time.monotonic() + self.strategy.pull_timeout_s
@@ -539,6 +624,164 @@ class _GridTransport:
                 return replies
             time.sleep(0.01)
         return []
+
+
+@dataclass
+class _Sent:
+    """A request pushed in real time: its message, the id the grid gave it (None: the grid
+    could not send it) and when it left (``time.monotonic()``)."""
+
+    request: Request
+    message: Message
+    message_id: str | None
+    sent_at: float
+
+
+class WallClockLoop:
+    """The protocol in real time (deployments; module docstring, "Real time").
+
+    Requests are pushed to up to ``concurrency`` tasks (``Grid.push_messages``); the loop
+    polls ``Grid.pull_messages`` for every request in flight and applies each reply as it
+    arrives, in arrival order, through the trust boundary, then pushes new work to the task
+    that replied. A request unanswered ``timeout_s`` real seconds after it left expires
+    (theta = 1). Omega-steps drain as on the virtual clock. Records are stamped with the
+    seconds since the run started (a resumed run's clock continues from its checkpoint).
+    Same interface as :class:`~fmtl_flower.core.async_mocha.EventLoop` (``run``,
+    ``state_arrays``, ``restore``); a resumed run re-pushes the requests that were in
+    flight, unchanged.
+    """
+
+    def __init__(self, strategy: AsyncMocha, grid: Grid, nodes: list[int], run: Run, *,
+                 omega_every: int = 0, timeout_s: float = 600.0, poll_s: float = 0.05) -> None:
+        self.strategy, self.grid, self.nodes = strategy, grid, nodes
+        self.run_, self.server = run, run.server
+        m = self.server.state.num_tasks
+        self.idle = deque(range(m))
+        self.omega_due = omega_every * m if omega_every > 0 else 0
+        self.draining = False
+        self.timeout_s, self.poll_s = float(timeout_s), float(poll_s)
+        self.flight: dict[int, _Sent] = {}  # request id -> what was pushed
+        self.offset = 0.0  # the clock's reading when this process's part of the run began
+        self.started = time.monotonic()
+
+    def now(self) -> float:
+        """Seconds since the run started (on a resumed run: since the original start)."""
+        return self.offset + time.monotonic() - self.started
+
+    def push(self, request: Request) -> None:
+        """Push ``request``'s ``train`` message now."""
+        node = self.nodes[request.task]
+        msg = self.strategy.train_message(request, node)
+        ids = list(self.grid.push_messages([msg]))
+        self.flight[request.request_id] = _Sent(request, msg, ids[0] if ids else None,
+                                                time.monotonic())
+
+    def fill(self) -> None:
+        """Send work to idle tasks while the server may issue (not while draining)."""
+        while not self.draining and self.idle and self.server.can_issue():
+            self.push(self.server.issue(self.idle.popleft()))
+
+    def run(self, replies: int, *,
+            on_event: Callable[[Run, dict[str, Any]], None] | None = None,
+            after_event: Callable[[WallClockLoop, dict[str, Any]], None] | None = None
+            ) -> Run:
+        """Apply replies as they arrive until ``replies`` are applied (or no request is left
+        in flight, or ``10 x replies + m`` requests were issued)."""
+        server, m = self.server, self.server.state.num_tasks
+        self.started = time.monotonic()
+        if server.counts[APPLIED] < replies:  # a resumed run: re-push what was in flight
+            for request in sorted(server.in_flight.values(), key=lambda r: r.request_id):
+                self.push(request)
+        self.fill()
+        max_requests = 10 * replies + m
+        while self.flight and server.counts[APPLIED] < replies \
+                and server.next_id <= max_requests:
+            events = self._arrivals() + self._expiries()
+            if not events:
+                time.sleep(self.poll_s)
+                continue
+            for sent, delivery in events:
+                if server.counts[APPLIED] >= replies:
+                    break
+                self._handle(sent, delivery, replies, on_event, after_event)
+        self.run_.virtual_time_s = self.now()
+        return self.run_
+
+    def _arrivals(self) -> list[tuple[_Sent, Reply | Rejected | None]]:
+        """The replies that arrived, each read through the trust boundary (None: a reply the
+        boundary ignored, e.g. from another node: its request stays in flight)."""
+        by_id = {s.message_id: s for s in self.flight.values() if s.message_id is not None}
+        if not by_id:
+            return []
+        out = []
+        for reply in self.grid.pull_messages(list(by_id)):
+            sent = by_id.get(reply.metadata.reply_to_message_id)
+            if sent is None or sent.request.request_id not in self.flight:
+                continue
+            request = sent.request
+            delivery = self.strategy.read_train_reply(request, self.nodes[request.task],
+                                                      sent.message, [reply])
+            if delivery is not None:
+                del self.flight[request.request_id]
+            out.append((sent, delivery))
+        return out
+
+    def _expiries(self) -> list[tuple[_Sent, None]]:
+        """The requests in flight for longer than the timeout (removed from the flight)."""
+        now = time.monotonic()
+        late = [s for s in self.flight.values() if now - s.sent_at > self.timeout_s]
+        for sent in late:
+            del self.flight[sent.request.request_id]
+        return [(sent, None) for sent in late]
+
+    def _handle(self, sent: _Sent, delivery: Reply | Rejected | None, replies: int,
+                on_event: Callable[[Run, dict[str, Any]], None] | None,
+                after_event: Callable[[WallClockLoop, dict[str, Any]], None] | None) -> None:
+        """Apply one arrival or expiry, record it, Omega-step when due, send new work."""
+        server, request = self.server, sent.request
+        if isinstance(delivery, Reply):
+            outcome = server.receive(delivery)
+        elif isinstance(delivery, Rejected):
+            outcome = server.reject(delivery.task, delivery.request_id)
+        elif sent.request.request_id in self.flight:
+            return  # a reply the boundary ignored: the request is still in flight
+        else:
+            outcome = (Outcome("expired", request.task, request.request_id)
+                       if server.expire(request.task, request.request_id) else None)
+        if outcome is None or outcome.status == UNKNOWN:
+            return
+        self.idle.append(outcome.task)
+        record = _record(server, self.now(), outcome)
+        self.run_.records.append(record)
+        if on_event is not None:
+            on_event(self.run_, record)
+        applied = server.counts[APPLIED]
+        if self.omega_due and outcome.status == APPLIED and applied % self.omega_due == 0 \
+                and applied < replies:
+            self.draining = True
+        if self.draining and not server.in_flight:
+            server.omega_step()
+            self.draining = False
+        self.fill()
+        if after_event is not None:
+            after_event(self, record)
+
+    # --- checkpoints
+    def state_arrays(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The server's state and the loop's (``(arrays, JSON meta)``), after an event."""
+        arrays, meta = self.server.state_arrays()
+        meta.update(now=self.now(), idle=list(self.idle), draining=self.draining,
+                    records=self.run_.records)
+        return arrays, meta
+
+    def restore(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+        """Continue from :meth:`state_arrays`' output (the requests in flight are pushed
+        again, unchanged, when the run goes on)."""
+        self.server.restore(arrays, meta)
+        self.run_.records = [dict(r) for r in meta["records"]]
+        self.idle = deque(int(t) for t in meta["idle"])
+        self.draining = bool(meta["draining"])
+        self.offset = float(meta["now"])
 
 
 def _parse_whoami(reply: Message, _slot: int, max_classes: int) -> dict[str, Any]:

@@ -110,14 +110,6 @@ def test_fmtl_run_async(strategy, tmp_path):
     assert results["config"]["mocha.concurrency"] == 10
 
 
-def test_packed_nodes_are_refused_clearly(capsys):
-    from fmtl_flower.cli import main
-
-    assert main(["run", "async-mocha", "--rounds", "1", "--quiet", "--set",
-                 "tasks-per-node=3"]) == 2
-    assert "does not run on packed nodes yet" in capsys.readouterr().err
-
-
 @pytest.mark.parametrize("extra", [{"loss": "logistic"}, {"fit_intercept": True}])
 def test_async_methods_take_every_loss_and_the_intercept(extra):
     """The settings no longer refuse a loss other than the hinge or an intercept for the
