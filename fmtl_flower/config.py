@@ -75,9 +75,9 @@ NAMESPACES: dict[str, tuple[tuple[str, ...], str]] = {
               "other than svm)"),
     "ofmtl": (("ofmtl",), "OFMTL (ofmtl)"),
     "fsvrg": (FSVRG_FAMILY, f"FSVRG's family ({', '.join(FSVRG_FAMILY)})"),
-    "dp": (FEDEM_FAMILY + ("local", "global"),
-           "FedEM's family's differential privacy (fmtl_flower.strategies.privacy; guide: "
-           "privacy)"),
+    "dp": (FEDEM_FAMILY + ("local", "global", "mocha", "cocoa", "mb-sdca"),
+           "differential privacy of FedEM's family and (record-level) of MOCHA's "
+           "(fmtl_flower.strategies.privacy, record_dp; guide: privacy)"),
 }
 
 
