@@ -51,8 +51,10 @@ from ..core.record_dp import (
     clip_rows,
     noise_rng,
     noisy_release,
+    record_contribution,
     release_sensitivity,
     separable_m_tt,
+    step_curvature,
 )
 from ..core.rng import coordinate_order
 from ..core.sdca import sdca_local_update
@@ -127,18 +129,26 @@ def private_task(task: LocalTask, clip: float) -> LocalTask:
 
 
 def release(task: LocalTask, d_b: np.ndarray, config: Mapping[str, Any], steps: int,
-            server_round: int, noise_seed: int | None) -> np.ndarray:
+            server_round: int, noise_seed: int | None, *, w: np.ndarray, m_tt: float,
+            sigma_p: float) -> np.ndarray:
     """What the device sends for ``d_b``: itself, or under record-level DP ``d_b`` plus
     Gaussian noise calibrated to one record (:func:`~fmtl_flower.core.record_dp.
-    release_sensitivity`; no noise on a round without work: nothing is released)."""
+    release_sensitivity` of the step's :func:`~fmtl_flower.core.record_dp.
+    record_contribution` at the w, m_tt and sigma' received; no noise on a round without
+    work: nothing is released)."""
     dp = record_dp_of(config)
     if dp is None or steps == 0:
         return d_b
+    method = config_value(config, "method", str) if "method" in config else "mocha"
     scale = config_value(config, "gamma", float) if "gamma" in config else 1.0
-    if "method" in config and config_value(config, "method", str) == "mb-sdca":
+    if method == "mb-sdca":
         scale *= config_value(config, "scale", float)
-    sensitivity = release_sensitivity(dp.clip, task.n, loss_of(config).dual_radius,
-                                      scale) * task.blocks  # a record is `blocks` rows
+    loss = loss_of(config)
+    contribution = record_contribution(
+        dp.clip, task.n, loss.dual_radius, step_curvature(method, m_tt, sigma_p, steps),
+        float(np.linalg.norm(w)), loss.name)
+    sensitivity = release_sensitivity(dp.clip, task.n, loss.dual_radius, scale,
+                                      contribution) * task.blocks  # a record: `blocks` rows
     return noisy_release(d_b, sensitivity, dp.noise_multiplier,
                          noise_rng(noise_seed, task.task_id, server_round))
 
@@ -290,7 +300,8 @@ class MochaClient:
                                                      m_tt, sigma_p, seed, server_round)
         metrics["round"] = server_round
         metrics["steps"] = steps
-        d_b = release(task, d_b, config, steps, server_round, noise_seed_of(context))
+        d_b = release(task, d_b, config, steps, server_round, noise_seed_of(context), w=w,
+                      m_tt=m_tt, sigma_p=sigma_p)
         content = record_dict({"arrays": array_record({"delta-b": d_b}),  # its own numbers
                                "metrics": metric_record(metrics, handed_over=True)},
                               handed_over=True)

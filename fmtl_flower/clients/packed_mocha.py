@@ -298,7 +298,8 @@ class PackedMocha(SlotTaskCache):
                 method, task, reconciled.alpha, w, config, budget, m_tt, sigma_p, seed,
                 server_round)
         metrics["steps"] = steps
-        d_b = release(task, d_b, config, steps, server_round, noise_seed_of(context))
+        d_b = release(task, d_b, config, steps, server_round, noise_seed_of(context), w=w,
+                      m_tt=m_tt, sigma_p=sigma_p)
         duals, meta = encode(reconciled, task.task_id, d_alpha, server_round, task.fingerprint)
         return metrics, d_b, duals, meta
 

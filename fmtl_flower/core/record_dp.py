@@ -19,9 +19,13 @@ The mechanism, per device and round:
    radius, 1 for the hinge, the smoothed hinge and the logistic loss: y_j alpha_j stays in
    [0, 1]) the release moves by at most
 
-       Delta = 2 * C * r * gamma * s / n     (:func:`release_sensitivity`)
+           Delta = 2 * C * r * gamma * s / n     (:func:`release_sensitivity`)
 
-   (gamma: MOCHA's aggregation parameter, s: Mb-SDCA's scale; 1 otherwise). MOCHA's own
+   (gamma: MOCHA's aggregation parameter, s: Mb-SDCA's scale; 1 otherwise). For the hinge
+   and the smoothed hinge the step itself is bounded too, by public numbers (the w_t sent,
+   the step's curvature): C r is then replaced by the smaller
+   :func:`record_contribution`, often by far (MOCHA's separable step divides every
+   coordinate's step by the b coordinates it updates). MOCHA's own
    sequential SDCA has no such bound: a record moves the local model, hence every later
    coordinate step of the round, and through alpha every later round (Delta would be
    2 C r min(budget, n) / n, no better than releasing nothing useful). For MOCHA the
@@ -82,11 +86,41 @@ def clip_rows(X: np.ndarray, clip: float) -> np.ndarray:
     return out
 
 
+#: sup |D'(a)| over the dual domain of the losses whose step bound
+#: :func:`record_contribution` uses (hinge: D(a) = a; smoothed hinge: D(a) = a - a^2 / 2).
+DUAL_SLOPE = {"hinge": 1.0, "smoothed-hinge": 1.0}
+
+
+def record_contribution(clip: float, n: int, dual_radius: float = 1.0,
+                        curvature: float | None = None, w_norm: float = 0.0,
+                        loss: str = "hinge") -> float:
+    """The largest |x_i d_alpha_i| one record can put into a separable step's sum.
+
+    Always at most C r (|x_i| <= C, |d_alpha_i| <= r). For a loss of :data:`DUAL_SLOPE`
+    whose step's curvature is known (q_i = ``curvature`` |x_i|^2 / n, the same for every
+    record: sigma' m_tt b for MOCHA's separable step, m_tt for Mb-SDCA's), also: the exact
+    1-D maximiser of D(a + t) - m t - q t^2 / 2 over the domain has |t| <= (|D'| + |m|) / q
+    (concavity at the maximiser), with |m| = |x_i . w| <= |x_i| |w| for the public w. So
+    |x_i d_alpha_i| <= min(r |x|, A (s + |x| |w|) / |x|), A = n / curvature, s = sup |D'|,
+    whose largest value over |x| in (0, C] is r min(x*, C), x* the positive root of
+    r x^2 = A (s + |w| x)."""
+    clip = check_clip(clip)
+    box = clip * float(dual_radius)
+    slope = DUAL_SLOPE.get(loss)
+    if curvature is None or slope is None or not curvature > 0:
+        return box
+    a = int(n) / float(curvature)
+    r, w = float(dual_radius), float(w_norm)
+    crossing = (a * w + math.sqrt((a * w) ** 2 + 4.0 * r * a * slope)) / (2.0 * r)
+    return r * min(crossing, clip)
+
+
 def release_sensitivity(clip: float, n: int, dual_radius: float = 1.0,
-                        scale: float = 1.0) -> float:
-    """Delta = 2 C r scale / n: the largest L2 change of one release
-    ``scale * X^T d_alpha / n`` when one record is replaced (rows within C, every
-    |d_alpha_i| <= r, a separable step; module docstring)."""
+                        scale: float = 1.0, contribution: float | None = None) -> float:
+    """Delta = 2 c scale / n: the largest L2 change of one release
+    ``scale * X^T d_alpha / n`` when one record is replaced, c the largest contribution of
+    one record (``contribution``, :func:`record_contribution`; default C r: rows within C,
+    every |d_alpha_i| <= r), for a separable step (module docstring)."""
     if not math.isfinite(dual_radius) or dual_radius <= 0:
         raise ValueError(f"record-level DP needs a bounded dual domain, got radius "
                          f"{dual_radius!r} (the squared loss's is unbounded)")
@@ -94,13 +128,20 @@ def release_sensitivity(clip: float, n: int, dual_radius: float = 1.0,
         raise ValueError(f"n must be >= 1, got {n!r}")
     if not 0 <= scale <= 1:
         raise ValueError(f"scale must be in [0, 1], got {scale!r}")
-    return 2.0 * check_clip(clip) * float(dual_radius) * float(scale) / int(n)
+    c = check_clip(clip) * float(dual_radius) if contribution is None else float(contribution)
+    return 2.0 * c * float(scale) / int(n)
 
 
 def separable_m_tt(m_tt: float, sigma_prime: float, steps: int) -> float:
     """The curvature (as Mb-SDCA's ``m_tt``) of MOCHA's separable step on ``steps``
     coordinates: sigma' m_tt steps (a separable lower bound of the subproblem G)."""
     return float(m_tt) * float(sigma_prime) * max(int(steps), 1)
+
+
+def step_curvature(method: str, m_tt: float, sigma_prime: float, steps: int) -> float:
+    """The curvature q_i n / |x_i|^2 of a record's step under record-level DP: MOCHA's
+    separable step sigma' m_tt steps (:func:`separable_m_tt`), Mb-SDCA's m_tt."""
+    return separable_m_tt(m_tt, sigma_prime, steps) if method == "mocha" else float(m_tt)
 
 
 def noise_rng(noise_seed: int | None, task_id: int, server_round: int

@@ -79,10 +79,13 @@ def utility_table(directory: Path) -> str:
     return "\n".join(lines)
 
 
-#: MOCHA part: rounds, the row clip C per dataset (a fixed public value, near the median row
-#: norm of the dataset: synthetic's rows have norms 3.3-6.8, small's mostly 0.7-4.3), the
-#: target epsilons (inf: record-level DP with no noise) and seeds.
+#: MOCHA part: rounds and Omega-steps (every 2 rounds: MOCHA's default of 10 would leave
+#: a 10-round run without one, i.e. local training), the row clip C per dataset (a fixed
+#: public value, near the median row norm of the dataset: synthetic's rows have norms
+#: 3.3-6.8, small's mostly 0.7-4.3), the target epsilons (inf: record-level DP with no
+#: noise) and seeds.
 MOCHA_ROUNDS = 10
+MOCHA_OMEGA_EVERY = 2
 MOCHA_CLIP = {"synthetic": 4.0, "small": 1.5}
 MOCHA_EPSILONS = (1.0, 2.0, 4.0, 8.0, math.inf)
 MOCHA_SEEDS = (0, 1, 2)
@@ -97,6 +100,7 @@ def mocha_commands(directory: Path) -> list[list[str]]:
                       "--quiet"]
             runs.append(["run", "local", *common, "--out",
                          str(directory / f"{dataset}-local-seed{seed}.json")])
+            common += ["--set", f"mocha.omega-every={MOCHA_OMEGA_EVERY}"]
             for eps in MOCHA_EPSILONS:
                 runs.append(["run", "mocha", *common, "--set", "dp.mechanism=record",
                              "--set", f"dp.clip={clip}", "--set", f"dp.epsilon={eps}",
@@ -117,15 +121,17 @@ def mocha_table(directory: Path) -> str:
 
     groups: dict[str, list[dict]] = defaultdict(list)
     for path in sorted(directory.glob("*-seed*.json")):
-        groups[path.stem.split("-seed")[0]].append(json.loads(path.read_text())["final"])
-    lines = ["| dataset | run | seeds | epsilon (delta 1e-5) | test error (%) |",
-             "|---|---|---|---|---|"]
+        groups[path.stem.split("-seed")[0]].append(json.loads(path.read_text()))
+    lines = ["| dataset | run | seeds | epsilon (delta 1e-5) | noise multiplier | "
+             "test error (%) |", "|---|---|---|---|---|---|"]
     for name in sorted(groups):
         dataset, _, run = name.partition("-")
-        errors = 100 * np.array([f["test_error"] for f in groups[name]])
-        eps = groups[name][0].get("epsilon")
+        errors = 100 * np.array([r["final"]["test_error"] for r in groups[name]])
+        eps = groups[name][0]["final"].get("epsilon")
+        z = groups[name][0].get("privacy", {}).get("noise_multiplier")
         lines.append(f"| {dataset} | {run} | {len(errors)} | "
                      f"{'-' if eps is None else f'{eps:.3g}'} | "
+                     f"{'-' if z is None else f'{z:.3g}'} | "
                      f"{errors.mean():.1f} ± {errors.std():.1f} |")
     return "\n".join(lines)
 

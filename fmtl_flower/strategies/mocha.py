@@ -206,6 +206,7 @@ from ..core.multiclass import (
     natural_binary,
     wire_list,
 )
+from ..core.record_dp import step_curvature
 from ..metrics import round_record
 from ..packing import StackGroup
 from ..settings import MochaSettings, apply_settings, check_num_tasks, drop_prob_of
@@ -592,15 +593,26 @@ class Mocha(LinearTasks, TaskStrategy):
         norms = super()._row_norms(tasks)
         return norms if self.privacy is None else np.fmin(norms, self.privacy.clip)
 
-    def _noise_allowance(self, tasks: np.ndarray, releases: Any = 1) -> np.ndarray:
-        """Record-level DP: what the noise of ``releases`` releases may add to the norm of
-        ``tasks``' delta-b (0 without DP)."""
+    def _noise_allowance(self, tasks: np.ndarray, releases: Any = None) -> np.ndarray:
+        """Record-level DP: what the noise may add to the norm of ``tasks``' delta-b: this
+        round's release (the step-bounded noise the devices drew, at the w_t, m_tt and
+        sigma' sent), or with ``releases`` that many of the largest (box-bounded); 0
+        without DP."""
         if self.privacy is None:
             return np.zeros(len(tasks))
         scale = self.gamma * (self._scale if self.method == "mb-sdca" else 1.0)
-        return self.privacy.allowance(self.n_train[tasks], self.state.dim,
-                                      self.loss_fn.dual_radius, scale, self.lifting.blocks,
-                                      releases)
+        n = self.n_train[tasks]
+        steps = None
+        if releases is None:
+            m_diag, sigma_p = self._task_constants()
+            count = np.minimum(self._budgets[tasks], n)
+            curvature = np.array([step_curvature(self.method, m, s, int(b)) for m, s, b in
+                                  zip(m_diag[tasks].tolist(), sigma_p[tasks].tolist(),
+                                      count.tolist(), strict=True)])
+            steps = (self.loss_fn.name, curvature, self._w_norm[tasks])
+        return self.privacy.allowance(n, self.state.dim, self.loss_fn.dual_radius, scale,
+                                      self.lifting.blocks, 1 if releases is None else releases,
+                                      steps)
 
     def _decouple_outliers(self, server_round: int, tasks: np.ndarray,
                            accepted: dict[int, dict[str, Any]]) -> None:

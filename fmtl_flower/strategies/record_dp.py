@@ -32,12 +32,19 @@ import numpy as np
 from flwr.common.logger import log
 
 from ..core.privacy import noise_multiplier_for_epsilon
-from ..core.record_dp import RecordAccountant, noise_norm_allowance, release_sensitivity
+from ..core.record_dp import (
+    RecordAccountant,
+    noise_norm_allowance,
+    record_contribution,
+    release_sensitivity,
+)
 from ..settings import ConfigError, DPSettings
 
 #: The methods whose device step is separable under record-level DP (CoCoA's local solver
 #: runs sequential SDCA to a relative accuracy: one record moves every coordinate).
 RECORD_DP_METHODS = ("mocha", "mb-sdca")
+#: A round's steps as the server knows them: (loss name, each task's step curvature, |w_t|).
+Step = tuple[str, np.ndarray, np.ndarray]
 
 
 class RecordLevelDP:
@@ -103,16 +110,24 @@ class RecordLevelDP:
         return [] if self.accountant is None else self.accountant.epsilons().tolist()
 
     def noise_std(self, n: np.ndarray, dual_radius: float, scale: float,
-                  blocks: int = 1) -> np.ndarray:
-        """The noise std z * Delta of each task's release (``n``: lifted sizes)."""
+                  blocks: int = 1, steps: Step | None = None) -> np.ndarray:
+        """The noise std z * Delta of each task's release (``n``: lifted sizes); with
+        ``steps`` = (loss, curvatures, |w_t|) the step-bounded Delta the devices use
+        (:func:`~fmtl_flower.core.record_dp.record_contribution`), else the box's."""
         z = float(self.noise_multiplier or 0.0)
-        return np.array([z * release_sensitivity(self.clip, max(int(k), 1), dual_radius, scale)
-                         * blocks for k in n.tolist()])
+        out = []
+        for i, k in enumerate(n.tolist()):
+            k = max(int(k), 1)
+            c = None if steps is None else record_contribution(
+                self.clip, k, dual_radius, float(steps[1][i]), float(steps[2][i]), steps[0])
+            out.append(z * release_sensitivity(self.clip, k, dual_radius, scale, c) * blocks)
+        return np.array(out)
 
     def allowance(self, n: np.ndarray, dim: int, dual_radius: float, scale: float,
-                  blocks: int = 1, releases: Any = 1) -> np.ndarray:
+                  blocks: int = 1, releases: Any = 1, steps: Step | None = None
+                  ) -> np.ndarray:
         """What the noise of ``releases`` releases may add to a norm (per task)."""
-        return noise_norm_allowance(self.noise_std(n, dual_radius, scale, blocks), dim,
+        return noise_norm_allowance(self.noise_std(n, dual_radius, scale, blocks, steps), dim,
                                     releases)
 
     def fingerprint(self) -> list[Any]:

@@ -14,6 +14,7 @@ from fmtl_flower.core.record_dp import (
     noise_norm_allowance,
     noise_rng,
     noisy_release,
+    record_contribution,
     release_sensitivity,
     separable_m_tt,
 )
@@ -149,3 +150,43 @@ def test_the_noise_allowance_bounds_the_noise_norm():
     assert norms.max() < noise_norm_allowance(std, dim)
     summed = np.linalg.norm(rng.normal(0, std, size=(2000, 9, dim)).sum(axis=1), axis=1)
     assert summed.max() < noise_norm_allowance(std, dim, 9)
+
+
+@pytest.mark.parametrize("loss", ["hinge", "smoothed-hinge"])
+@pytest.mark.parametrize("trial", range(30))
+def test_the_step_bound_holds_for_every_record_and_replacement(loss, trial):
+    """The step-bounded contribution (public numbers: C, n, the step's curvature, |w|)
+    bounds |x_i d_alpha_i| of every record of a separable step, and one replaced record
+    moves the release by at most 2 c / n; rows of every norm in (0, C], margins of both
+    signs, duals anywhere in their box."""
+    rng = np.random.default_rng(100 + trial)
+    n, d, clip = 15, 3, 2.0
+    X = rng.normal(size=(n, d))
+    X *= (clip * rng.uniform(0.01, 1.0, size=n) / np.linalg.norm(X, axis=1))[:, None]
+    y = rng.choice([-1.0, 1.0], size=n)
+    alpha = y * rng.uniform(0, 1, size=n)
+    w = rng.normal(size=d) * 10 ** rng.uniform(-2, 1)
+    curvature = 10 ** rng.uniform(-1, 3)
+    order = rng.permutation(n)
+    bound = record_contribution(clip, n, 1.0, curvature, float(np.linalg.norm(w)), loss)
+    d_alpha = mbsdca_local_update(X, y, alpha, w, m_tt=curvature, budget=n, order=order,
+                                  loss=loss)[0]
+    assert (np.linalg.norm(X, axis=1) * np.abs(d_alpha)).max() <= bound * (1 + 1e-12)
+    X2, y2, alpha2 = X.copy(), y.copy(), alpha.copy()
+    i = int(rng.integers(n))  # the other record, with its own dual in its own box
+    X2[i], y2[i] = -X[i] * rng.uniform(0.01, 1.0), -y[i]
+    alpha2[i] = y2[i] * rng.uniform()
+    moved = np.linalg.norm(
+        mbsdca_local_update(X, y, alpha, w, m_tt=curvature, budget=n, order=order,
+                            loss=loss)[1]
+        - mbsdca_local_update(X2, y2, alpha2, w, m_tt=curvature, budget=n, order=order,
+                              loss=loss)[1])
+    assert moved <= release_sensitivity(clip, n, contribution=bound) * (1 + 1e-12)
+
+
+def test_the_step_bound_is_the_box_for_other_losses_and_shrinks_with_curvature():
+    assert record_contribution(2.0, 10, 1.0, 5.0, 0.1, "logistic") == 2.0
+    assert record_contribution(2.0, 10, 1.0, None) == 2.0
+    small = record_contribution(2.0, 10, 1.0, 1000.0, 0.0)
+    assert small == pytest.approx(np.sqrt(10 / 1000.0))  # x* = sqrt(n / curvature) at w = 0
+    assert record_contribution(2.0, 10, 1.0, 0.01, 0.0) == 2.0

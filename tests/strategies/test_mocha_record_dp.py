@@ -17,7 +17,7 @@ from fmtl_flower.apps.common import make_client_app, make_server_app, strategy_f
 from fmtl_flower.clients.mocha import make_mocha_client_app
 from fmtl_flower.config import RunConfig
 from fmtl_flower.core.privacy import rdp_epsilon
-from fmtl_flower.core.record_dp import clip_rows, noise_rng, release_sensitivity
+from fmtl_flower.core.record_dp import clip_rows, noise_rng, record_contribution
 from fmtl_flower.engine import FIRST_NODE_ID, run_inprocess
 from fmtl_flower.settings import ConfigError, DPSettings
 from fmtl_flower.strategies.fedem import FedEM
@@ -25,6 +25,7 @@ from fmtl_flower.strategies.mocha import Mocha
 from fmtl_flower.strategies.privacy import enable_client_dp
 from fmtl_flower.strategies.record_dp import RecordLevelDP, enable_record_dp
 from fmtl_flower.systems.heterogeneity import drop_mask
+from fmtl_flower.wire import from_array
 
 from .helpers import ServerKilled, TracingMocha, fault_at, killed_in, make_problem
 
@@ -66,7 +67,7 @@ def _private(strategy: Mocha, **dp: Any) -> Mocha:
 
 def _true_images(problem, grid, strategy, clip: float) -> np.ndarray:
     """X_t^T alpha_t / n_t of every device's committed alpha, on its clipped rows."""
-    from .helpers import STATE_ARRAYS, STATE_META, from_array
+    from .helpers import STATE_ARRAYS, STATE_META
 
     out = np.zeros_like(strategy.state.B)
     for t in range(problem.num_tasks):
@@ -84,25 +85,50 @@ def _true_images(problem, grid, strategy, clip: float) -> np.ndarray:
 def test_the_server_adds_exactly_the_calibrated_noise_of_the_accepted_replies(problem):
     """With a seeded noise stream: B - X^T alpha / n (clipped rows, the devices' committed
     alpha) is, for every task, the sum over the rounds the server accepted its reply of the
-    noise N(0, (z 2 C / n_t)^2 I) the device drew for that round. Task 2's node replies with
+    noise N(0, (z 2 c / n_t)^2 I) the device drew for that round (c: one record's
+    step-bounded contribution at the w_t, m_tt, sigma' and budget it was sent). Task 2's
+    node replies with
     a non-finite delta-b in rounds 2 and 3 (rejected): their noise is discarded with their
     d_alpha, so the commit protocol keeps B and alpha apart by the accepted noise only."""
     z, clip = 0.7, 1.0
     strategy = _private(TracingMocha(problem.num_tasks, **SETTINGS), clip=clip,
                         noise_multiplier=z)
-    grid = _run(problem, strategy, wrap=fault_at("nan", FIRST_NODE_ID + 2, {2, 3}))
+    sent: dict[tuple[int, int], tuple] = {}  # (task, round) -> (|w|, m_tt, sigma', budget)
+
+    def capture(app):
+        def client(msg, context):
+            config = msg.content["config"]
+            if msg.metadata.message_type == "train":
+                w = from_array(msg.content["arrays"]["w"])
+                sent[(int(config["task-id"]), int(config["server-round"]))] = (
+                    float(np.linalg.norm(w)), float(config["m-tt"]),
+                    float(config["sigma-prime"]), int(config["budget"]))
+            return app(msg, context)
+        return client
+
+    grid = _run(problem, strategy,
+                wrap=lambda app: capture(fault_at("nan", FIRST_NODE_ID + 2, {2, 3})(app)))
     accepted = {t: [r for r in range(1, ROUNDS + 1)
                     if strategy.trace[r]["last_after"][t] == r] for t in range(5)}
     assert accepted[2] == [1, 4, 5, 6]
     assert all(accepted[t] == list(range(1, ROUNDS + 1)) for t in (0, 1, 3, 4))
     offset = strategy.state.B - _true_images(problem, grid, strategy, clip)
+    bounds: list[float] = []
     for t in range(problem.num_tasks):
         n, d = problem.Xs[t].shape
-        std = z * release_sensitivity(clip, n)
-        expected = sum(noise_rng(NOISE_SEED, t, r).normal(0.0, std, size=d)
+
+        def std(r: int, t: int = t, n: int = n) -> float:
+            w_norm, m_tt, sigma_p, budget = sent[(t, r)]
+            bound = record_contribution(clip, n, 1.0, sigma_p * m_tt * min(budget, n),
+                                        w_norm)
+            bounds.append(bound)
+            return z * 2 * bound / n
+
+        expected = sum(noise_rng(NOISE_SEED, t, r).normal(0.0, std(r), size=d)
                        for r in accepted[t])
         np.testing.assert_allclose(offset[:, t], expected, rtol=0, atol=1e-12,
                                    err_msg=f"task {t}")
+    assert min(bounds) < 0.5 * clip and max(bounds) == clip  # both bounds were the smaller
 
 
 def test_rows_are_clipped_and_whoami_reports_the_clip(problem):
