@@ -106,7 +106,7 @@ FAMILIES: list[Family] = [
     Family("mocha", ("mocha", "cocoa", "mb-sdca"), "mocha",
            "strategies.mocha:Mocha", "clients.mocha:MochaClient",
            "clients.mocha:make_mocha_client_app", "MochaSettings",
-           stacked="clients.packed_mocha:PackedMocha",
+           reads=("dp",), stacked="clients.packed_mocha:PackedMocha",
            app_attribute="mocha_client", settings_arguments=("method",),
            client_options=("state_dir", "labels")),
     Family("mb-sgd", ("mb-sgd",), "mocha",

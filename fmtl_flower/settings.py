@@ -1031,8 +1031,10 @@ class DPSettings(StrategySettings):
         ``DifferentialPrivacyServerSideFixedClipping``); ``client-clip``: the devices clip
         their own update and the server clips again and adds the noise (Flower's
         ``DifferentialPrivacyClientSideFixedClipping`` with ``fixedclipping_mod``); both
-        for FedEM's family (fedem, fedavg, fedprox, fedavg-ft, pfedme). ``record``
-        (record-level DP on the device for MOCHA's family) is not implemented yet
+        for FedEM's family (fedem, fedavg, fedprox, fedavg-ft, pfedme). ``record``:
+        record-level DP on the device for MOCHA's family (methods mocha, mb-sdca): each
+        device clips its rows to norm ``clip`` and adds Gaussian noise of std
+        z * 2 ``clip`` / n_t to its delta-b (:mod:`fmtl_flower.strategies.record_dp`)
         (``dp.mechanism``).
     noise_multiplier : float or None
         z >= 0: the noise on the mean of the K sampled devices' clipped updates has
@@ -1045,8 +1047,8 @@ class DPSettings(StrategySettings):
     delta : float
         The delta of the reported (epsilon, delta) guarantee, in (0, 1) (``dp.delta``).
     clip : float or None
-        The clipping norm C > 0 of a device's update (all its components together)
-        (``dp.clip``; 0 unset).
+        The clipping norm C > 0 of a device's update (all its components together); with
+        ``record``, of each training row (``dp.clip``; 0 unset).
     """
 
     NAMESPACE: ClassVar[str] = "dp"
@@ -1076,12 +1078,9 @@ class DPSettings(StrategySettings):
         if not self.enabled:
             if knobs:
                 raise ConfigError(f"{', '.join(self.label(k) for k in knobs)} set with "
-                                  "dp.mechanism=none: choose a mechanism (central, client-clip)")
+                                  "dp.mechanism=none: choose a mechanism (central, client-clip, "
+                                  "record)")
             return
-        if self.mechanism == "record":
-            raise ConfigError("dp.mechanism=record (record-level DP on the device for MOCHA's "
-                              "family) is not implemented yet; use central or client-clip "
-                              f"with one of {', '.join(DP_CLIENT_LEVEL_METHODS)}")
         if self.clip is None:
             raise ConfigError(f"dp.mechanism={self.mechanism} needs {self.label('clip')} > 0")
         if (self.noise_multiplier is None) == (self.epsilon is None):

@@ -308,11 +308,13 @@ def strategy_class(cfg: RunConfig) -> type:
 def build_results(cfg: RunConfig, strategy: Mocha | MbSgd | FedEM | OFMTL | Fsvrg
                   ) -> dict[str, Any]:
     """The results contract: ``{"config", "rounds", "final"}``, plus ``health`` (missed
-    rounds per task, exclusions) where the strategy tracks it."""
+    rounds per task, exclusions) where the strategy tracks it, and ``privacy`` (record-level
+    DP: every device's epsilon, the noise multiplier, clip and delta)."""
     out = strategy.results()
     results = {"config": cfg.to_dict(), "rounds": out["rounds"], "final": out["final"]}
-    if "health" in out:
-        results["health"] = out["health"]
+    for key in ("health", "privacy"):
+        if key in out:
+            results[key] = out[key]
     return results
 
 

@@ -45,6 +45,17 @@ from flwr.clientapp import ClientApp
 from ..core.baselines import cocoa_local_update, mbsdca_local_update
 from ..core.losses import LOSSES, Loss, get_loss
 from ..core.multiclass import Lifting, label_values
+from ..core.privacy import check_noise_multiplier
+from ..core.record_dp import (
+    check_clip,
+    clip_rows,
+    noise_rng,
+    noisy_release,
+    record_contribution,
+    release_sensitivity,
+    separable_m_tt,
+    step_curvature,
+)
 from ..core.rng import coordinate_order
 from ..core.sdca import sdca_local_update
 from ..wire import array_record, config_record, metric_record, record_dict, reply
@@ -89,6 +100,66 @@ def for_loss(task: LocalTask, loss: Loss) -> LocalTask:
     return dataclasses.replace(task, fingerprint=f"{task.fingerprint}/{loss.name}")
 
 
+@dataclasses.dataclass(frozen=True)
+class RecordRelease:
+    """Record-level DP as a message asks it (``dp-clip`` C, ``dp-noise-multiplier`` z;
+    :mod:`fmtl_flower.core.record_dp`)."""
+
+    clip: float
+    noise_multiplier: float
+
+
+def record_dp_of(config: Mapping[str, Any]) -> RecordRelease | None:
+    """The message's record-level DP (None when it carries no ``dp-clip``); ValueError for
+    a bad value."""
+    if "dp-clip" not in config:
+        return None
+    return RecordRelease(
+        check_clip(config_value(config, "dp-clip", float)),
+        check_noise_multiplier(config_value(config, "dp-noise-multiplier", float),
+                               "dp-noise-multiplier"))
+
+
+def private_task(task: LocalTask, clip: float) -> LocalTask:
+    """``task`` with its training rows clipped to norm ``clip`` (the data record-level DP
+    trains on), its dual state bound to the clipping too (the test rows unchanged)."""
+    X = clip_rows(task.X, clip)
+    return dataclasses.replace(task, X=X, sqnorm=np.einsum("ij,ij->i", X, X),
+                               fingerprint=f"{task.fingerprint}/dp-clip={clip!r}")
+
+
+def release(task: LocalTask, d_b: np.ndarray, config: Mapping[str, Any], steps: int,
+            server_round: int, noise_seed: int | None, *, w: np.ndarray, m_tt: float,
+            sigma_p: float) -> np.ndarray:
+    """What the device sends for ``d_b``: itself, or under record-level DP ``d_b`` plus
+    Gaussian noise calibrated to one record (:func:`~fmtl_flower.core.record_dp.
+    release_sensitivity` of the step's :func:`~fmtl_flower.core.record_dp.
+    record_contribution` at the w, m_tt and sigma' received; no noise on a round without
+    work: nothing is released)."""
+    dp = record_dp_of(config)
+    if dp is None or steps == 0:
+        return d_b
+    method = config_value(config, "method", str) if "method" in config else "mocha"
+    scale = config_value(config, "gamma", float) if "gamma" in config else 1.0
+    if method == "mb-sdca":
+        scale *= config_value(config, "scale", float)
+    loss = loss_of(config)
+    contribution = record_contribution(
+        dp.clip, task.n, loss.dual_radius, step_curvature(method, m_tt, sigma_p, steps),
+        float(np.linalg.norm(w)), loss.name)
+    sensitivity = release_sensitivity(dp.clip, task.n, loss.dual_radius, scale,
+                                      contribution) * task.blocks  # a record: `blocks` rows
+    return noisy_release(d_b, sensitivity, dp.noise_multiplier,
+                         noise_rng(noise_seed, task.task_id, server_round))
+
+
+def noise_seed_of(context: Context) -> int | None:
+    """The device's own noise seed (node config ``dp-noise-seed``: tests and reproducible
+    experiments only), else None (the operating system's entropy)."""
+    value = context.node_config.get("dp-noise-seed")
+    return None if value is None or value == "" else int(value)
+
+
 class MochaClient:
     """MOCHA's device-side handlers over a user-supplied data loader.
 
@@ -117,6 +188,7 @@ class MochaClient:
         self._data: dict[tuple[int, int], DeviceData] = {}
         self._cache: dict[tuple[int, int, int, Lifting], LocalTask] = {}
         self._duals = DualStore("mocha", "MOCHA", self._state_dir)
+        self._clipped: dict[tuple[int, float], tuple[LocalTask, LocalTask]] = {}
 
     # -- data -------------------------------------------------------------------------------
     def local_task(self, context: Context, lifting: Lifting = BINARY) -> LocalTask:
@@ -149,6 +221,20 @@ class MochaClient:
             self._cache[key] = task
         return task
 
+    def dp_task(self, task: LocalTask, config: Mapping[str, Any]) -> LocalTask:
+        """``task``, or under record-level DP its rows clipped (:func:`private_task`, kept
+        while ``task`` is the same object)."""
+        dp = record_dp_of(config)
+        if dp is None:
+            return task
+        key = (id(task), dp.clip)
+        kept = self._clipped.get(key)
+        if kept is None or kept[0] is not task:
+            if len(self._clipped) > 4096:
+                self._clipped.clear()
+            kept = self._clipped[key] = (task, private_task(task, dp.clip))
+        return kept[1]
+
     def _load_device_data(self, context: Context) -> DeviceData:
         return DeviceData.of(int(self._task_id(context)), self._load_data(context))
 
@@ -167,6 +253,9 @@ class MochaClient:
             "task-id": data.task_id, "n-train": int(data.X.shape[0]),
             "n-test": int(data.X_test.shape[0]), "dim": int(data.X.shape[1]),
             "max-row-norm": float(np.sqrt(np.einsum("ij,ij->i", data.X, data.X).max()))}
+        clip = _record_dp_clip(context)
+        if clip is not None:  # record-level DP: the rows' bound, not a statistic of them
+            info["max-row-norm"] = clip
         if self._labels == "auto":
             info["classes"] = label_values(data.labels, data.labels_test)
         return info
@@ -182,7 +271,7 @@ class MochaClient:
         task = self.local_task(context, lifting_of(msg))
         config, w, arrays = self._read_instruction(msg, task)
         loss = loss_of(config)
-        task = for_loss(task, loss)
+        task = self.dp_task(for_loss(task, loss), config)
         server_round = config_value(config, "server-round", int)
         budget = config_value(config, "budget", int)
         m_tt = config_value(config, "m-tt", float)
@@ -199,6 +288,8 @@ class MochaClient:
         method = config_value(config, "method", str) if "method" in config else "mocha"
         steps = 0 if dropped else budget
         target = read_seed_target(arrays, task.dim)  # initial_arrays
+        if target is not None and steps and record_dp_of(config) is not None:
+            raise ValueError("record-level DP does not cover the seeding round")
         if target is not None and steps:  # the seeding round: no solver, the seed step
             d_alpha, d_b, steps = seed_duals(task, alpha, *target, m_tt=m_tt, seed=seed,
                                              server_round=server_round, loss=loss)
@@ -209,6 +300,8 @@ class MochaClient:
                                                      m_tt, sigma_p, seed, server_round)
         metrics["round"] = server_round
         metrics["steps"] = steps
+        d_b = release(task, d_b, config, steps, server_round, noise_seed_of(context), w=w,
+                      m_tt=m_tt, sigma_p=sigma_p)
         content = record_dict({"arrays": array_record({"delta-b": d_b}),  # its own numbers
                                "metrics": metric_record(metrics, handed_over=True)},
                               handed_over=True)
@@ -219,7 +312,7 @@ class MochaClient:
         """Commit or roll back, then report the objective's sums and test errors at w_t."""
         task = self.local_task(context, lifting_of(msg))
         config, w, _ = self._read_instruction(msg, task)
-        task = for_loss(task, loss_of(config))
+        task = self.dp_task(for_loss(task, loss_of(config)), config)
         state = self._reconcile(context, task, config)
         metrics = self._metrics(task, w, state.alpha, config, state.ok)
         metrics["round"] = config_value(config, "server-round", int)
@@ -235,7 +328,15 @@ class MochaClient:
         steps done), scaled."""
         order = coordinate_order(seed, task.task_id, server_round, task.n)
         loss = loss_of(config)
-        if method == "mocha":
+        if record_dp_of(config) is not None and method == "mocha":  # the separable step
+            steps = min(budget, task.n)
+            d_alpha, d_b = mbsdca_local_update(
+                task.X, task.y, alpha, w, m_tt=separable_m_tt(m_tt, sigma_p, steps),
+                budget=steps, order=order, sqnorm=task.sqnorm, loss=loss)
+        elif record_dp_of(config) is not None and method != "mb-sdca":
+            raise ValueError(f"record-level DP covers methods mocha and mb-sdca, not "
+                             f"{method!r}")
+        elif method == "mocha":
             d_alpha, d_b = sdca_local_update(
                 task.X, task.y, alpha, w, budget=budget, m_tt=m_tt, sigma_prime=sigma_p,
                 order=order, sqnorm=task.sqnorm, loss=loss)
@@ -281,12 +382,13 @@ class MochaClient:
         """The reply's metrics: the instruction's loss's ``loss-mean`` at w_t and
         ``dual-mean`` at alpha (:mod:`fmtl_flower.core.losses`), and the test errors."""
         loss = loss_of(config)
+        private = record_dp_of(config) is not None  # record-level DP: withheld, sent as 0
         out: dict[str, int | float] = {
             "task-id": task.task_id,
             "n-train": task.n,
             "state-ok": int(state_ok),
-            "loss-mean": loss.mean_value(task.X, task.y, w),
-            "dual-mean": loss.dual_mean(alpha, task.y),
+            "loss-mean": 0.0 if private else loss.mean_value(task.X, task.y, w),
+            "dual-mean": 0.0 if private else loss.dual_mean(alpha, task.y),
         }
         out.update(eval_metrics(task, w, config))
         return out
@@ -295,6 +397,15 @@ class MochaClient:
                      pending: np.ndarray | None, pending_round: int) -> None:
         self._duals.write(context, task.task_id, task.fingerprint, state, pending,
                           pending_round)
+
+
+def _record_dp_clip(context: Context) -> float | None:
+    """``dp.clip`` of a run configured with ``dp.mechanism = record`` (whoami then reports
+    it as the rows' bound), else None."""
+    config = context.run_config
+    if config.get("dp.mechanism") != "record" or not config.get("dp.clip"):
+        return None
+    return check_clip(float(config["dp.clip"]))
 
 
 def make_mocha_client_app(load_data: DataLoader, task_id: TaskIdFn | None = None,

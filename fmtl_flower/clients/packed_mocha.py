@@ -72,7 +72,7 @@ from .dual_state import (
     reconcile,
     write_dual_file,
 )
-from .mocha import BINARY, MochaClient, for_loss, loss_of
+from .mocha import BINARY, MochaClient, for_loss, loss_of, noise_seed_of, release
 
 __all__ = ["INSTRUCTION_ARRAYS", "PROTOCOL", "STATE", "PackedMocha", "SlotFailed",
            "StackedState"]
@@ -256,6 +256,7 @@ class PackedMocha(SlotTaskCache):
             raise SlotFailed(f"message for task {arrays['task-id'][i]} reached the slot "
                              f"of task {task.task_id}")
         task = for_loss(task, loss_of(config))  # the dual state is bound to the loss too
+        task = self.client.dp_task(task, config)  # record-level DP: rows clipped
         w = w_all[i]
         if w.shape != (task.dim,) or not arrays["finite"][i]:
             raise SlotFailed(f"'w' must be finite float64 of shape ({task.dim},)")
@@ -286,6 +287,8 @@ class PackedMocha(SlotTaskCache):
                                                               task.dim)
         if arrays["dropped"][i] or budget == 0:
             d_alpha, d_b, steps = np.zeros(task.n), np.zeros(task.dim), 0
+        elif target is not None and "dp-clip" in config:
+            raise SlotFailed("record-level DP does not cover the seeding round")
         elif target is not None:  # the seeding round: no solver, the one-task seed step
             d_alpha, d_b, steps = seed_duals(task, reconciled.alpha, *target, m_tt=m_tt,
                                              seed=seed, server_round=server_round,
@@ -295,6 +298,8 @@ class PackedMocha(SlotTaskCache):
                 method, task, reconciled.alpha, w, config, budget, m_tt, sigma_p, seed,
                 server_round)
         metrics["steps"] = steps
+        d_b = release(task, d_b, config, steps, server_round, noise_seed_of(context), w=w,
+                      m_tt=m_tt, sigma_p=sigma_p)
         duals, meta = encode(reconciled, task.task_id, d_alpha, server_round, task.fingerprint)
         return metrics, d_b, duals, meta
 

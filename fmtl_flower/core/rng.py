@@ -75,6 +75,11 @@ TAG_LATENCY = 71
 #: The digits split among devices (Dirichlet label skew) and its train/test cut
 #: ``[seed, TAG_DIGITS]`` (:mod:`fmtl_flower.data.digits`).
 TAG_DIGITS = 27
+#: Record-level DP's noise on a device's release ``[noise_seed, task, round, TAG_RECORD_DP]``
+#: (:func:`fmtl_flower.core.record_dp.noise_rng`): seeded only for tests and reproducible
+#: experiments, by a ``noise_seed`` the device holds (never the run's seed, which the server
+#: knows); otherwise the operating system's entropy.
+TAG_RECORD_DP = 73
 
 #: Every stream: name -> seed layout. An int is a fixed word, ``"seed"`` the run seed and the
 #: other names ids that range over ``0, 1, 2, ...`` (``"round"`` and ``"epoch"`` from 1).
@@ -107,6 +112,7 @@ STREAMS: dict[str, tuple[str, tuple[int | str, ...]]] = {
     "train-sample": ("numpy", ("seed", "round", 0, TAG_TRAIN_SAMPLE)),
     "latency": ("numpy", ("seed", "task", "request", TAG_LATENCY)),
     "digits": ("numpy", ("seed", TAG_DIGITS)),
+    "record-dp-noise": ("numpy", ("noise-seed", "task", "round", TAG_RECORD_DP)),
     "coordinate-order": ("splitmix", ("seed", "task", "round", TAG_ORDER)),
     "global-svm-epoch": ("splitmix", ("seed", "epoch", 0, TAG_ORDER)),
 }

@@ -17,6 +17,13 @@ privacy-utility table of the ``fmtl run ... --out DIR/NAME.json`` results in ``D
 ``fedem-eps8-seed1``, ... grouped by the part before ``-seed``), mean and standard deviation
 over seeds of the final mean and bottom-decile accuracy, with the final epsilon and noise
 multiplier.
+
+``python -m fmtl_flower.experiments.privacy_figure --mocha DIR`` runs the MOCHA part
+(record-level DP, :mod:`fmtl_flower.strategies.record_dp`): MOCHA on ``synthetic`` and
+``small`` at epsilon in {1, 2, 4, 8, inf} (delta = 1e-5, :data:`MOCHA_ROUNDS` rounds, row
+clip :data:`MOCHA_CLIP`) and local-only training (which releases nothing), seeds 0, 1, 2,
+each ``fmtl run`` writing ``DIR/<dataset>-<run>-seed<s>.json``, then prints the table
+(``--mocha-table DIR`` prints it from the files alone). About 10 s a run.
 """
 
 from __future__ import annotations
@@ -72,12 +79,89 @@ def utility_table(directory: Path) -> str:
     return "\n".join(lines)
 
 
+#: MOCHA part: rounds and Omega-steps (every 2 rounds: MOCHA's default of 10 would leave
+#: a 10-round run without one, i.e. local training), the row clip C per dataset (a fixed
+#: public value, near the median row norm of the dataset: synthetic's rows have norms
+#: 3.3-6.8, small's mostly 0.7-4.3), the target epsilons (inf: record-level DP with no
+#: noise) and seeds.
+MOCHA_ROUNDS = 10
+MOCHA_OMEGA_EVERY = 2
+MOCHA_CLIP = {"synthetic": 4.0, "small": 1.5}
+MOCHA_EPSILONS = (1.0, 2.0, 4.0, 8.0, math.inf)
+MOCHA_SEEDS = (0, 1, 2)
+
+
+def mocha_commands(directory: Path) -> list[list[str]]:
+    """The ``fmtl`` argument lists of the MOCHA privacy-utility runs."""
+    runs = []
+    for dataset, clip in MOCHA_CLIP.items():
+        for seed in MOCHA_SEEDS:
+            common = ["--dataset", dataset, "--rounds", str(MOCHA_ROUNDS), "--seed", str(seed),
+                      "--quiet"]
+            runs.append(["run", "local", *common, "--out",
+                         str(directory / f"{dataset}-local-seed{seed}.json")])
+            common += ["--set", f"mocha.omega-every={MOCHA_OMEGA_EVERY}"]
+            for eps in MOCHA_EPSILONS:
+                runs.append(["run", "mocha", *common, "--set", "dp.mechanism=record",
+                             "--set", f"dp.clip={clip}", "--set", f"dp.epsilon={eps}",
+                             "--set", f"dp.delta={DELTA}", "--out",
+                             str(directory / f"{dataset}-mocha-eps{eps:g}-seed{seed}.json")])
+            runs.append(["run", "mocha", *common, "--out",
+                         str(directory / f"{dataset}-mocha-nodp-seed{seed}.json")])
+    return runs
+
+
+def mocha_table(directory: Path) -> str:
+    """The Markdown table of the MOCHA runs in ``directory``: mean ± std over seeds of the
+    final per-task-averaged test error, with the final (largest over devices) epsilon."""
+    import json
+    from collections import defaultdict
+
+    import numpy as np
+
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for path in sorted(directory.glob("*-seed*.json")):
+        groups[path.stem.split("-seed")[0]].append(json.loads(path.read_text()))
+    lines = ["| dataset | run | seeds | epsilon (delta 1e-5) | noise multiplier | "
+             "test error (%) |", "|---|---|---|---|---|---|"]
+    for name in sorted(groups):
+        dataset, _, run = name.partition("-")
+        errors = 100 * np.array([r["final"]["test_error"] for r in groups[name]])
+        eps = groups[name][0]["final"].get("epsilon")
+        z = groups[name][0].get("privacy", {}).get("noise_multiplier")
+        lines.append(f"| {dataset} | {run} | {len(errors)} | "
+                     f"{'-' if eps is None else f'{eps:.3g}'} | "
+                     f"{'-' if z is None else f'{z:.3g}'} | "
+                     f"{errors.mean():.1f} ± {errors.std():.1f} |")
+    return "\n".join(lines)
+
+
+def run_mocha(directory: Path) -> None:
+    """Run :func:`mocha_commands` (skipping results already written) and print the table."""
+    from ..cli import main as fmtl
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for argv in mocha_commands(directory):
+        if not Path(argv[-1]).exists():
+            fmtl(argv)
+    print(mocha_table(directory))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="docs/guides/figures")
     parser.add_argument("--table", help="print the privacy-utility table of this directory's "
                         "results JSON files instead")
+    parser.add_argument("--mocha", help="run the MOCHA record-level DP runs into this "
+                        "directory and print their table")
+    parser.add_argument("--mocha-table", help="print the MOCHA table of this directory")
     args = parser.parse_args(argv)
+    if args.mocha:
+        run_mocha(Path(args.mocha))
+        return
+    if args.mocha_table:
+        print(mocha_table(Path(args.mocha_table)))
+        return
     if args.table:
         print(utility_table(Path(args.table)))
         return

@@ -69,6 +69,9 @@ class LinearTasks:
     num_rounds: int | None
     records: list[dict[str, Any]]
     max_row_norm: float | None
+    #: True when the devices withhold ``loss-mean`` / ``dual-mean`` (MOCHA's record-level DP):
+    #: the records then have no primal, dual or gap.
+    withholds_objective: bool = False
     _w_norm: np.ndarray
     directory: Any
     on_round: Any
@@ -196,7 +199,7 @@ class LinearTasks:
         missing = sorted(set(range(self.num_tasks)) - set(consistent))
         record["tasks_missing"] = missing
         reg = record.pop("_reg")
-        if not missing:
+        if not missing and not self.withholds_objective:
             loss = np.array([accepted[t]["loss-mean"] for t in range(self.num_tasks)])
             record["primal"] = float(loss.sum()) + reg
             self._complete_dual(record, accepted, reg)

@@ -206,6 +206,7 @@ from ..core.multiclass import (
     natural_binary,
     wire_list,
 )
+from ..core.record_dp import step_curvature
 from ..metrics import round_record
 from ..packing import StackGroup
 from ..settings import MochaSettings, apply_settings, check_num_tasks, drop_prob_of
@@ -456,6 +457,14 @@ class Mocha(LinearTasks, TaskStrategy):
 
     # ------------------------------------------------------------------ Strategy interface
     samples_devices = True
+    #: Record-level DP (:func:`fmtl_flower.strategies.record_dp.enable_record_dp`), or None.
+    privacy: Any = None
+
+    @property
+    def withholds_objective(self) -> bool:
+        """Whether the devices withhold ``loss-mean`` and ``dual-mean`` (record-level DP):
+        no primal, dual or gap is computed."""
+        return self.privacy is not None
 
     def summary(self) -> None:
         """Log the configuration."""
@@ -506,6 +515,8 @@ class Mocha(LinearTasks, TaskStrategy):
             self._dropped_now = np.zeros(self.num_tasks, dtype=bool)
             self._num_sampled = len(chosen)
         self._budgets = budgets
+        if self.privacy is not None:  # record-level DP: every device sent work releases
+            self._count_releases(budgets, chosen)
         evaluate = (server_round - 1) % self.eval_every == 0
         self._evaluating = evaluate
         return self._instructions(server_round, MessageType.TRAIN, evaluate, budgets, chosen,
@@ -566,6 +577,42 @@ class Mocha(LinearTasks, TaskStrategy):
                                  "num-dropped": record["num_dropped"],
                                  "num-sampled": self._num_sampled})
         return array_record({"W": self.state.W}), metrics
+
+    def _count_releases(self, budgets: np.ndarray, chosen: dict[int, int]) -> None:
+        """Record-level DP: one release for every task sent a train message with work (not
+        ``dropped``, budget > 0), counted when sent (a lost reply was released too)."""
+        released = np.zeros(self.num_tasks, dtype=bool)
+        released[list(chosen)] = True
+        released &= (budgets > 0) & ~self._dropped_now
+        self.privacy.resolve(self.num_rounds or 1, self.num_tasks)
+        self.privacy.count(released)
+
+    def _row_norms(self, tasks: np.ndarray) -> np.ndarray:
+        """R_t (:meth:`~.linear_tasks.LinearTasks._row_norms`), at most ``dp.clip`` under
+        record-level DP (the devices clip their rows, intercept included)."""
+        norms = super()._row_norms(tasks)
+        return norms if self.privacy is None else np.fmin(norms, self.privacy.clip)
+
+    def _noise_allowance(self, tasks: np.ndarray, releases: Any = None) -> np.ndarray:
+        """Record-level DP: what the noise may add to the norm of ``tasks``' delta-b: this
+        round's release (the step-bounded noise the devices drew, at the w_t, m_tt and
+        sigma' sent), or with ``releases`` that many of the largest (box-bounded); 0
+        without DP."""
+        if self.privacy is None:
+            return np.zeros(len(tasks))
+        scale = self.gamma * (self._scale if self.method == "mb-sdca" else 1.0)
+        n = self.n_train[tasks]
+        steps = None
+        if releases is None:
+            m_diag, sigma_p = self._task_constants()
+            count = np.minimum(self._budgets[tasks], n)
+            curvature = np.array([step_curvature(self.method, m, s, int(b)) for m, s, b in
+                                  zip(m_diag[tasks].tolist(), sigma_p[tasks].tolist(),
+                                      count.tolist(), strict=True)])
+            steps = (self.loss_fn.name, curvature, self._w_norm[tasks])
+        return self.privacy.allowance(n, self.state.dim, self.loss_fn.dual_radius, scale,
+                                      self.lifting.blocks, 1 if releases is None else releases,
+                                      steps)
 
     def _decouple_outliers(self, server_round: int, tasks: np.ndarray,
                            accepted: dict[int, dict[str, Any]]) -> None:
@@ -663,6 +710,8 @@ class Mocha(LinearTasks, TaskStrategy):
             out["loss"] = self.loss
         if self.fit_intercept:
             out["intercept_scaling"] = self.lifting.intercept_scaling
+        if self.privacy is not None:
+            out["dp"] = self.privacy.fingerprint()
         return out
 
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -675,6 +724,8 @@ class Mocha(LinearTasks, TaskStrategy):
                   "last_accepted": self.last_accepted, "n_train": self.n_train}
         if self.robust:
             arrays.update(self.watch.state_arrays())
+        if self.privacy is not None:
+            arrays.update(self.privacy.state_arrays())
         meta: dict[str, Any] = {"records": self.records, "health": health_meta}
         if self.lifting.classes is not None:
             meta["classes"] = wire_list(self.lifting.classes)
@@ -698,6 +749,8 @@ class Mocha(LinearTasks, TaskStrategy):
             if arrays[key].shape != (self.num_tasks,):
                 raise ValueError(f"checkpoint {key!r} must have shape ({self.num_tasks},)")
         self.last_accepted = arrays["last_accepted"].astype(np.int64)
+        if self.privacy is not None:  # the account resumes
+            self.privacy.restore(arrays, self.num_tasks)
         self.watch.restore(arrays)
         if isinstance(self.state, MochaServerState) and self.decoupled.any():
             self.state.decoupled = self.decoupled.copy()  # M stored is M'
@@ -713,6 +766,11 @@ class Mocha(LinearTasks, TaskStrategy):
         out["final"]["certificate_rejections_total"] = sum(
             r.get("certificate_rejections", 0) for r in out["rounds"])
         out["health"] = self.health.summary(self.task_to_node)
+        if self.privacy is not None:
+            out["privacy"] = {"mechanism": "record", "delta": self.privacy.settings.delta,
+                              "noise_multiplier": self.privacy.noise_multiplier,
+                              "clip": self.privacy.clip,
+                              "epsilon_per_task": self.privacy.epsilons()}
         return out
 
     # ------------------------------------------------------------------ initial_arrays
@@ -726,6 +784,9 @@ class Mocha(LinearTasks, TaskStrategy):
         the nodes' ``dim`` at discovery."""
         if len(initial_arrays) == 0:
             return
+        if self.privacy is not None:
+            raise ValueError("record-level DP does not cover the seeding round of "
+                             "initial_arrays (its step is not separable): start without it")
         self._seed_W = initial_model(initial_arrays, "W", self.num_tasks, "MOCHA",
                                      None if self.state is None else self.state.dim)
 
@@ -809,6 +870,8 @@ class Mocha(LinearTasks, TaskStrategy):
         message per packed node that speaks MOCHA's stacking protocol
         (:mod:`~fmtl_flower.strategies.packed_mocha`), one message per task otherwise."""
         assert self.state is not None
+        if self.privacy is not None:  # the noise multiplier, fixed at the first message
+            self.privacy.resolve(self.num_rounds or 1, self.num_tasks)
         m_diag, sigma_p = self._task_constants()
         self._w_norm = norm(self.state.W, axis=0)  # the replies' loss bounds (every path)
         self._w_dot_b = np.einsum("ij,ij->j", self.state.W, self.state.B)  # the pair checks
@@ -859,6 +922,8 @@ class Mocha(LinearTasks, TaskStrategy):
             shared["loss"] = self.loss
         if self.checkpoint_dir is not None:
             shared["checkpoint-round"] = self.last_checkpoint_round
+        if self.privacy is not None:
+            shared.update(self.privacy.wire_config())
         if self.method != "mocha" and budgets is not None:
             shared["method"] = self.method
             if self.method == "cocoa":
@@ -904,6 +969,8 @@ class Mocha(LinearTasks, TaskStrategy):
             shared["loss"] = self.loss
         if self.checkpoint_dir is not None:
             shared["checkpoint-round"] = self.last_checkpoint_round
+        if self.privacy is not None:
+            shared.update(self.privacy.wire_config())
         per_task = {"last-accepted-round": np.asarray(self.last_accepted, dtype=np.int64),
                     "m-tt": np.asarray(m_diag, dtype=np.float64),
                     "sigma-prime": np.asarray(sigma_p, dtype=np.float64)}
@@ -987,13 +1054,15 @@ class Mocha(LinearTasks, TaskStrategy):
             for task in tasks[~np.isfinite(deltas).all(axis=1)].tolist():
                 rejected[task] = "'delta-b' has non-finite values"
         bound = self._bound_rows(rows, tasks, rejected)
-        self._check_pairs(rows, tasks, rejected)
+        if self.privacy is None:  # record-level DP: the devices withhold the pair
+            self._check_pairs(rows, tasks, rejected)
         if not with_delta:
             return rejected
         n = self.n_train[tasks]
         budget = np.where(self._dropped_now[tasks], 0, self._budgets[tasks])
         size = norm(deltas, axis=1)
-        limit = self._dual_limit(bound * np.minimum(budget, n) / n)
+        limit = self._dual_limit(bound * np.minimum(budget, n) / n) \
+            + np.where(budget > 0, self._noise_allowance(tasks), 0.0)
         for i in np.flatnonzero(~(size <= limit * BOUND_SLACK)).tolist():
             rejected.setdefault(int(tasks[i]), (
                 f"|delta-b| = {size[i]:.6g} above its bound {limit[i]:.6g} (max-row-norm "
@@ -1040,10 +1109,17 @@ class Mocha(LinearTasks, TaskStrategy):
         start = self.state.B[:, tasks].T.copy()
         start[restarted] = 0.0
         size = norm(start + deltas, axis=1)
-        for i in np.flatnonzero(~(size <= self._dual_limit(bound) * BOUND_SLACK)).tolist():
+        limit = self._dual_limit(bound) + (0.0 if self.privacy is None else
+                                           self._noise_allowance(tasks, self._releases(tasks)))
+        for i in np.flatnonzero(~(size <= limit * BOUND_SLACK)).tolist():
             rejected.setdefault(int(tasks[i]), (
                 f"|b_t + delta-b| = {size[i]:.6g} above max-row-norm {bound[i]:g} "
                 f"({DUAL_IMAGE_BOUND})"))
+
+    def _releases(self, tasks: np.ndarray) -> np.ndarray:
+        """Record-level DP: the releases counted so far for ``tasks`` (at least 1)."""
+        counts = self.privacy.accountant.counts
+        return np.maximum(counts[tasks] if len(counts) else 0, 1)
 
     # ------------------------------------------------------------------ records
     def _new_record(self, k: int) -> dict[str, Any]:
@@ -1053,6 +1129,8 @@ class Mocha(LinearTasks, TaskStrategy):
             k, primal=None, dual=None, gap=None, num_dropped=None,
             objective_omega=self.state.formulation.omega_objective(self.state.dim),
             objective=None, _reg=self.state.regulariser())
+        if self.privacy is not None:
+            record.update(self.privacy.record_fields())
         self.records.append(record)
         return record
 

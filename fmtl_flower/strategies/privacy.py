@@ -184,12 +184,17 @@ def enable_client_dp(strategy: Any, settings: DPSettings | None = None, *,
     Raises
     ------
     ConfigError
-        For a method whose shared models DP does not cover (clustered / ifca, cfl: their
+        For ``record`` on anything but MOCHA's family (:func:`~.record_dp.enable_record_dp`);
+        for a method whose shared models DP does not cover (clustered / ifca, cfl: their
         per-cluster averages have data-dependent counts), or invalid settings.
     """
     settings = DPSettings.resolve(settings, kwargs)
     if not settings.enabled:
         return strategy
+    if settings.mechanism == "record":  # MOCHA's family, on the device
+        from .record_dp import enable_record_dp  # noqa: PLC0415
+
+        return enable_record_dp(strategy, settings)
     method = getattr(getattr(strategy, "settings", None), "method", None)  # built or not
     if not hasattr(strategy, "privacy") or method not in DP_CLIENT_LEVEL_METHODS + ("local",):
         raise ConfigError(f"dp.mechanism={settings.mechanism} covers "

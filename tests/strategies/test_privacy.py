@@ -254,7 +254,7 @@ def test_flowers_wrapper_started_directly_says_what_to_do(problem):
     ({"mechanism": "central", "clip": 1.0, "noise_multiplier": 1.0, "epsilon": 2.0},
      "exactly one of"),
     ({"clip": 1.0}, "dp.mechanism=none"),
-    ({"mechanism": "record", "clip": 1.0, "noise_multiplier": 1.0}, "not implemented"),
+    ({"mechanism": "record", "noise_multiplier": 1.0}, "dp.clip"),
     ({"mechanism": "laplace"}, "dp.mechanism"),
     ({"mechanism": "central", "clip": -1.0, "noise_multiplier": 1.0}, "dp.clip"),
     ({"mechanism": "central", "clip": 1.0, "noise_multiplier": -0.1}, "dp.noise-multiplier"),
@@ -272,7 +272,7 @@ def test_run_config_keys_build_the_settings():
     settings = DPSettings.from_run_config(cfg.to_dict(every_family=True))
     assert settings == DPSettings(mechanism="central", clip=0.5, epsilon=8.0, delta=1e-6)
     with pytest.raises(ConfigError, match="dp.mechanism belongs to"):
-        RunConfig.from_mapping({"strategy": "mocha", "dp.mechanism": "central"})
+        RunConfig.from_mapping({"strategy": "mb-sgd", "dp.mechanism": "central"})
 
 
 @pytest.mark.parametrize("method", ["cfl", "clustered"])

@@ -1,0 +1,280 @@
+"""MOCHA's record-level DP end to end (strategies/record_dp.py, clients/mocha.py): what the
+devices release, what the server adds to B, the account in every record, drops, packing,
+resume, and the settings it refuses."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, Context
+from flwr.serverapp import Grid, ServerApp
+
+from fmtl_flower.apps.common import make_client_app, make_server_app, strategy_from_config
+from fmtl_flower.clients.mocha import make_mocha_client_app
+from fmtl_flower.config import RunConfig
+from fmtl_flower.core.privacy import rdp_epsilon
+from fmtl_flower.core.record_dp import clip_rows, noise_rng, record_contribution
+from fmtl_flower.engine import FIRST_NODE_ID, run_inprocess
+from fmtl_flower.settings import ConfigError, DPSettings
+from fmtl_flower.strategies.fedem import FedEM
+from fmtl_flower.strategies.mocha import Mocha
+from fmtl_flower.strategies.privacy import enable_client_dp
+from fmtl_flower.strategies.record_dp import RecordLevelDP, enable_record_dp
+from fmtl_flower.systems.heterogeneity import drop_mask
+from fmtl_flower.wire import from_array
+
+from .helpers import ServerKilled, TracingMocha, fault_at, killed_in, make_problem
+
+SETTINGS = {"lam": 0.05, "omega": "probabilistic", "omega_every": 2, "seed": 3,
+            "local_frac": 0.5, "discovery_timeout": 5.0}
+ROUNDS = 6
+NOISE_SEED = 11
+
+
+@pytest.fixture(autouse=True)
+def _quiet_flower():
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return make_problem(num_tasks=5, dim=4, samples_per_task=40, seed=11)
+
+
+def _run(problem, strategy: Mocha, rounds: int = ROUNDS, wrap=None,
+         run_config: dict | None = None, noise_seed: int | None = NOISE_SEED) -> Any:
+    """One in-process run; every device's noise seeded by ``noise_seed`` (node config)."""
+    app = make_mocha_client_app(problem.load)
+    client = wrap(app) if wrap is not None else app
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid: Grid, context: Context) -> None:
+        strategy.start(grid=grid, num_rounds=rounds, timeout=60.0)
+
+    nodes = [{} if noise_seed is None else {"dp-noise-seed": noise_seed}] * problem.num_tasks
+    return run_inprocess(server_app, client, problem.num_tasks, run_config=run_config,
+                         node_configs=nodes)
+
+
+def _private(strategy: Mocha, **dp: Any) -> Mocha:
+    return enable_record_dp(strategy, DPSettings(mechanism="record", **dp))
+
+
+def _true_images(problem, grid, strategy, clip: float) -> np.ndarray:
+    """X_t^T alpha_t / n_t of every device's committed alpha, on its clipped rows."""
+    from .helpers import STATE_ARRAYS, STATE_META
+
+    out = np.zeros_like(strategy.state.B)
+    for t in range(problem.num_tasks):
+        context = grid.contexts[strategy.task_to_node[t]]
+        duals = from_array(context.state[STATE_ARRAYS]["duals"])
+        alpha = np.array(duals[0])
+        if int(context.state[STATE_META]["pending-round"]) == int(strategy.last_accepted[t]):
+            alpha = alpha + duals[1]
+        X = clip_rows(problem.Xs[t], clip)
+        out[:, t] = X.T @ alpha / X.shape[0]
+    return out
+
+
+# ------------------------------------------------------------------ the release and B
+def test_the_server_adds_exactly_the_calibrated_noise_of_the_accepted_replies(problem):
+    """With a seeded noise stream: B - X^T alpha / n (clipped rows, the devices' committed
+    alpha) is, for every task, the sum over the rounds the server accepted its reply of the
+    noise N(0, (z 2 c / n_t)^2 I) the device drew for that round (c: one record's
+    step-bounded contribution at the w_t, m_tt, sigma' and budget it was sent). Task 2's
+    node replies with
+    a non-finite delta-b in rounds 2 and 3 (rejected): their noise is discarded with their
+    d_alpha, so the commit protocol keeps B and alpha apart by the accepted noise only."""
+    z, clip = 0.7, 1.0
+    strategy = _private(TracingMocha(problem.num_tasks, **SETTINGS), clip=clip,
+                        noise_multiplier=z)
+    sent: dict[tuple[int, int], tuple] = {}  # (task, round) -> (|w|, m_tt, sigma', budget)
+
+    def capture(app):
+        def client(msg, context):
+            config = msg.content["config"]
+            if msg.metadata.message_type == "train":
+                w = from_array(msg.content["arrays"]["w"])
+                sent[(int(config["task-id"]), int(config["server-round"]))] = (
+                    float(np.linalg.norm(w)), float(config["m-tt"]),
+                    float(config["sigma-prime"]), int(config["budget"]))
+            return app(msg, context)
+        return client
+
+    grid = _run(problem, strategy,
+                wrap=lambda app: capture(fault_at("nan", FIRST_NODE_ID + 2, {2, 3})(app)))
+    accepted = {t: [r for r in range(1, ROUNDS + 1)
+                    if strategy.trace[r]["last_after"][t] == r] for t in range(5)}
+    assert accepted[2] == [1, 4, 5, 6]
+    assert all(accepted[t] == list(range(1, ROUNDS + 1)) for t in (0, 1, 3, 4))
+    offset = strategy.state.B - _true_images(problem, grid, strategy, clip)
+    bounds: list[float] = []
+    for t in range(problem.num_tasks):
+        n, d = problem.Xs[t].shape
+
+        def std(r: int, t: int = t, n: int = n) -> float:
+            w_norm, m_tt, sigma_p, budget = sent[(t, r)]
+            bound = record_contribution(clip, n, 1.0, sigma_p * m_tt * min(budget, n),
+                                        w_norm)
+            bounds.append(bound)
+            return z * 2 * bound / n
+
+        expected = sum(noise_rng(NOISE_SEED, t, r).normal(0.0, std(r), size=d)
+                       for r in accepted[t])
+        np.testing.assert_allclose(offset[:, t], expected, rtol=0, atol=1e-12,
+                                   err_msg=f"task {t}")
+    assert min(bounds) < 0.5 * clip and max(bounds) == clip  # both bounds were the smaller
+
+
+def test_rows_are_clipped_and_whoami_reports_the_clip(problem):
+    """A clip that binds (0.3, below every row's norm) and no noise: B is X^T alpha / n of
+    the clipped rows exactly; the devices report dp.clip as their max-row-norm when the
+    run config says record-level DP."""
+    clip = 0.3
+    assert min(np.linalg.norm(X, axis=1).min() for X in problem.Xs) > clip
+    strategy = _private(TracingMocha(problem.num_tasks, **SETTINGS), clip=clip,
+                        noise_multiplier=0.0)
+    grid = _run(problem, strategy, run_config={"dp.mechanism": "record", "dp.clip": clip})
+    np.testing.assert_allclose(strategy.state.B, _true_images(problem, grid, strategy, clip),
+                               rtol=0, atol=1e-14)
+    assert np.abs(strategy.state.B).max() > 0
+    np.testing.assert_array_equal(strategy.directory.row_norm, clip)
+
+
+def test_noise_zero_and_a_clip_that_never_binds_is_the_run_without_dp(problem):
+    """Mb-SDCA, whose step is separable already: with record-level DP at noise 0 and a clip
+    above every row, W and every record's test error are those of the run without DP bit
+    for bit (the records only lack the withheld primal, dual and gap)."""
+    options = {**SETTINGS, "method": "mb-sdca", "eval_every": 1}
+    plain = TracingMocha(problem.num_tasks, **options)
+    _run(problem, plain)
+    private = _private(TracingMocha(problem.num_tasks, **options), clip=1e6,
+                       noise_multiplier=0.0)
+    _run(problem, private)
+    np.testing.assert_array_equal(private.state.W, plain.state.W)
+    np.testing.assert_array_equal(private.state.B, plain.state.B)
+    ours, theirs = private.results()["rounds"], plain.results()["rounds"]
+    assert [r["test_error"] for r in ours] == [r["test_error"] for r in theirs]
+    assert all(r["gap"] is None and r["primal"] is None for r in ours)
+    assert all(r["gap"] is not None for r in theirs)
+
+
+# ------------------------------------------------------------------ the account
+def test_epsilon_in_every_record_per_device_and_final_is_the_largest(problem):
+    """Task 0 drops out with probability 0.5 (no work: no release). Record k reports the
+    largest epsilon over the devices after k rounds, the RDP epsilon of k releases (the
+    others release every round); task 0's own epsilon is that of its releases only."""
+    z = 1.3
+    drop = [0.5, 0.0, 0.0, 0.0, 0.0]
+    strategy = _private(Mocha(problem.num_tasks, **SETTINGS, drop_prob=drop), clip=1.0,
+                        noise_multiplier=z)
+    _run(problem, strategy)
+    results = strategy.results()
+    assert [r["epsilon"] for r in results["rounds"]] == [
+        rdp_epsilon([(z, 1.0, k)], 1e-5) for k in range(ROUNDS + 1)]
+    assert results["final"]["epsilon"] == rdp_epsilon([(z, 1.0, ROUNDS)], 1e-5)
+    dropped = sum(bool(drop_mask(5, np.array(drop), seed=3, server_round=r)[0])
+                  for r in range(1, ROUNDS + 1))
+    assert 0 < dropped < ROUNDS
+    per_task = results["privacy"]["epsilon_per_task"]
+    assert per_task[0] == rdp_epsilon([(z, 1.0, ROUNDS - dropped)], 1e-5)
+    assert max(per_task) == results["final"]["epsilon"] > per_task[0]
+
+
+def test_a_target_epsilon_sets_the_noise_and_is_met(problem):
+    strategy = _private(Mocha(problem.num_tasks, **SETTINGS), clip=1.0, epsilon=4.0)
+    _run(problem, strategy)
+    final = strategy.results()["final"]["epsilon"]
+    assert 3.99 < final <= 4.0
+
+
+def test_a_resumed_run_continues_every_devices_account(problem, tmp_path):
+    """Killed in round 4 and resumed from round 3's checkpoint: the records' epsilons and
+    the devices' epsilons are those of the uninterrupted run (the account resumes)."""
+    dp = {"clip": 1.0, "noise_multiplier": 1.1}
+    drop = [0.0, 0.5, 0.0, 0.0, 0.0]
+    whole = _private(Mocha(problem.num_tasks, **SETTINGS, drop_prob=drop), **dp)
+    _run(problem, whole)
+    first = _private(killed_in(Mocha, 4)(problem.num_tasks, **SETTINGS, drop_prob=drop), **dp)
+    first.enable_checkpoints(tmp_path)
+    with pytest.raises(ServerKilled):
+        _run(problem, first)
+    resumed = _private(Mocha(problem.num_tasks, **SETTINGS, drop_prob=drop), **dp)
+    resumed.enable_checkpoints(tmp_path)
+    _run(problem, resumed)
+    assert resumed.resumed_from == 3
+    ours, theirs = resumed.results(), whole.results()
+    assert [r["epsilon"] for r in ours["rounds"]] == [r["epsilon"] for r in theirs["rounds"]]
+    assert ours["privacy"]["epsilon_per_task"] == theirs["privacy"]["epsilon_per_task"]
+    assert len(set(theirs["privacy"]["epsilon_per_task"])) == 2
+
+
+def test_a_checkpoint_without_dp_is_not_resumed_with_it(problem, tmp_path):
+    first = killed_in(Mocha, 3)(problem.num_tasks, **SETTINGS)
+    first.enable_checkpoints(tmp_path)
+    with pytest.raises(ServerKilled):
+        _run(problem, first)
+    private = _private(Mocha(problem.num_tasks, **SETTINGS), clip=1.0, noise_multiplier=1.0)
+    private.enable_checkpoints(tmp_path)
+    with pytest.raises(Exception, match="(?i)checkpoint|fingerprint|settings"):
+        _run(problem, private)
+
+
+# ------------------------------------------------------------------ packing
+def _cli_run(values: dict, noise_seed: int) -> dict:
+    cfg = RunConfig.from_mapping(values)
+    box: dict = {}
+    nodes = math.ceil(cfg.num_tasks / cfg.tasks_per_node) if cfg.num_tasks else None
+    run_inprocess(make_server_app(cfg, on_done=box.update), make_client_app(cfg), nodes,
+                  node_configs=[{"dp-noise-seed": noise_seed}] * nodes)
+    return box
+
+
+def _untimed(record: dict) -> dict:
+    return {k: v for k, v in record.items() if not k.endswith("_s")}
+
+
+def test_packed_nodes_release_what_one_task_per_node_releases():
+    """``fmtl run mocha`` with record-level DP (noise seeded per device) on packed nodes
+    (4 tasks a node) gives the records of one task per node bit for bit."""
+    values = {"strategy": "mocha", "dataset": "synthetic", "num-tasks": 8,
+              "num-server-rounds": 3, "dp.mechanism": "record", "dp.clip": 3.0,
+              "dp.noise-multiplier": 0.8}
+    one = _cli_run({**values, "tasks-per-node": 1}, 5)
+    packed = _cli_run({**values, "tasks-per-node": 4}, 5)
+    assert [_untimed(r) for r in one["rounds"]] == [_untimed(r) for r in packed["rounds"]]
+    assert one["final"]["epsilon"] == rdp_epsilon([(0.8, 1.0, 3)], 1e-5)
+    assert one["final"]["test_error"] < 0.5
+
+
+# ------------------------------------------------------------------ settings
+def test_record_level_dp_is_refused_outside_mochas_separable_methods(problem):
+    record = {"mechanism": "record", "clip": 1.0, "noise_multiplier": 1.0}
+    with pytest.raises(ConfigError, match="MOCHA's family"):
+        enable_client_dp(FedEM(num_tasks=4, num_components=2), **record)
+    with pytest.raises(ConfigError, match="not 'cocoa'"):
+        enable_client_dp(Mocha(5, method="cocoa"), **record)
+    with pytest.raises(ConfigError, match="bounded dual domain"):
+        enable_client_dp(Mocha(5, loss="squared"), **record)
+    with pytest.raises(ConfigError, match="covers"):
+        enable_client_dp(Mocha(5), mechanism="central", clip=1.0, noise_multiplier=1.0)
+    with pytest.raises(ConfigError, match="dp.clip"):
+        DPSettings(mechanism="record", noise_multiplier=1.0)
+    with pytest.raises(ConfigError, match="exactly one of"):
+        DPSettings(mechanism="record", clip=1.0)
+    strategy = enable_client_dp(Mocha(5), **record)
+    with pytest.raises(ValueError, match="seeding round"):
+        strategy.seed_model(ArrayRecord([np.zeros((4, 5))]))
+
+
+def test_the_run_config_turns_it_on_for_mocha():
+    cfg = RunConfig.from_mapping({"strategy": "mocha", "dp.mechanism": "record",
+                                  "dp.clip": "2", "dp.epsilon": "8"})
+    strategy = strategy_from_config(cfg, num_tasks=5)
+    assert isinstance(strategy.privacy, RecordLevelDP)
+    assert strategy.privacy.clip == 2.0 and strategy.privacy.settings.epsilon == 8.0
