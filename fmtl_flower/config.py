@@ -75,9 +75,9 @@ NAMESPACES: dict[str, tuple[tuple[str, ...], str]] = {
               "other than svm)"),
     "ofmtl": (("ofmtl",), "OFMTL (ofmtl)"),
     "fsvrg": (FSVRG_FAMILY, f"FSVRG's family ({', '.join(FSVRG_FAMILY)})"),
-    "dp": (FEDEM_FAMILY + ("local", "global"),
-           "FedEM's family's differential privacy (fmtl_flower.strategies.privacy; guide: "
-           "privacy)"),
+    "dp": (FEDEM_FAMILY + ("local", "global") + FSVRG_FAMILY,
+           "differential privacy of FedEM's and FSVRG's families (fmtl_flower.strategies."
+           "privacy; guide: privacy)"),
 }
 
 
