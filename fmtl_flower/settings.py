@@ -1115,6 +1115,7 @@ class DPSettings(StrategySettings):
     def _check_together(self) -> None:
         knobs = [k for k in ("noise_multiplier", "epsilon", "clip") if getattr(self, k) is not None]
         knobs += ["adaptive"] if self.adaptive else []
+        knobs += ["weighting"] if self.weighting != "uniform" else []
         if self.clipped_count_stddev is not None and not self.adaptive:
             raise ConfigError(f"{self.label('clipped_count_stddev')} set without "
                               f"{self.label('adaptive')}=true")

@@ -385,7 +385,11 @@ def _enable_fsvrg_dp(strategy: Any, settings: DPSettings, noise_seed: int | None
                           "devices do not clip their own replies; use dp.mechanism=central "
                           "(the server clips each reply: the same guarantee, Flower's "
                           "server-side clipping)")
-    strategy.privacy = FsvrgDP(settings, noise_seed=noise_seed)
+    privacy = FsvrgDP(settings, noise_seed=noise_seed)
+    num_tasks = getattr(strategy, "num_tasks", None)
+    if settings.adaptive and settings.noise_multiplier is not None and num_tasks:
+        privacy._adaptive(float(settings.clip), int(num_tasks))  # refuse before the run
+    strategy.privacy = privacy
     return strategy
 
 

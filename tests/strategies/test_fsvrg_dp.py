@@ -229,6 +229,13 @@ def test_combinations_that_cannot_be_private_are_refused(method, mechanism, matc
         enable_client_dp(strategy, mechanism=mechanism, clip=1.0, noise_multiplier=1.0)
 
 
+def test_an_adaptive_noise_split_that_cannot_exist_is_refused_before_the_run():
+    """z = 2 needs a count std above 1 = K / 20 (Flower's default): refused when enabled."""
+    with pytest.raises(ConfigError, match="dp.clipped-count-stddev > 1"):
+        enable_client_dp(Fsvrg(K, method="dane"), mechanism="central", clip=1.0,
+                         noise_multiplier=2.0, adaptive=True)
+
+
 def test_rows_weighting_is_refused_for_fedem():
     from fmtl_flower.strategies.fedem import FedEM
 
