@@ -244,17 +244,21 @@ def test_rows_weighting_is_refused_for_fedem():
                          noise_multiplier=1.0, weighting="rows")
 
 
-def test_the_server_app_takes_dp_from_the_run_config():
-    """`flwr run` / `fmtl run`: the dp.* keys reach an FSVRG-family strategy."""
+@pytest.mark.parametrize("tasks_per_node", [1, 2])
+def test_the_server_app_takes_dp_from_the_run_config(tasks_per_node):
+    """`flwr run` / `fmtl run`: the dp.* keys reach an FSVRG-family strategy, packed nodes
+    (several tasks a node) included."""
     from fmtl_flower.apps.common import make_client_app, make_server_app
     from fmtl_flower.config import RunConfig
 
     cfg = RunConfig.from_mapping({
         "strategy": "dane", "dataset": "sparse-federated", "num-tasks": 10,
-        "num-server-rounds": 3, "dp.mechanism": "central", "dp.clip": 0.2,
-        "dp.noise-multiplier": 1.5, "dp.adaptive": True, "dp.clipped-count-stddev": 2.0})
+        "num-server-rounds": 3, "tasks-per-node": tasks_per_node, "dp.mechanism": "central",
+        "dp.clip": 0.2, "dp.noise-multiplier": 1.5, "dp.adaptive": True,
+        "dp.clipped-count-stddev": 2.0})
     box: dict = {}
-    run_inprocess(make_server_app(cfg, on_done=box.update), make_client_app(cfg), 10)
+    run_inprocess(make_server_app(cfg, on_done=box.update), make_client_app(cfg),
+                  10 // tasks_per_node)
     final = box["final"]
     assert final["epsilon"] == rdp_epsilon([(1.5, 1.0, 6)], 1e-5)
     assert final["dp_releases"] == 2 and final["dp_clip_next_model"] != 0.2
