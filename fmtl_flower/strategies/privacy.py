@@ -195,7 +195,7 @@ class ClientLevelDP:
         out = [s.mechanism, s.clip, s.noise_multiplier, s.epsilon, s.delta]
         if s.adaptive:
             out += [s.target_quantile, s.clip_learning_rate, s.clipped_count_stddev]
-        return out
+        return out + ([s.weighting] if s.weighting != "uniform" else [])
 
     def wire_config(self) -> dict[str, float]:
         """What the train messages add: ``dp-clip`` (the norm each device clips its own
