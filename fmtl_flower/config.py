@@ -69,9 +69,9 @@ FEDERATED = tuple(s for f in FAMILIES for s in f.strategies)
 #: (:attr:`fmtl_flower.families.Family.namespace` and ``reads``).
 _NAMESPACE_TITLES = {"mocha": "MOCHA's family", "fedem": "FedEM's family", "ofmtl": "OFMTL",
                      "fsvrg": "FSVRG's family",
-                     "dp": "differential privacy: client-level for FedEM's family, record-level "
-                           "for MOCHA's (fmtl_flower.strategies.privacy, record_dp; guide: "
-                           "privacy)"}
+                     "dp": "differential privacy: client-level for FedEM's and FSVRG's "
+                           "families, record-level for MOCHA's (fmtl_flower.strategies."
+                           "privacy, record_dp; guide: privacy)"}
 _CENTRALISED_READ = ("mocha", "fedem", "dp")
 
 

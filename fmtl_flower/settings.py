@@ -1001,6 +1001,9 @@ class RunKeys:
 DP_MECHANISMS = ("none", "central", "client-clip", "record")
 #: The strategies whose shared model client-level DP protects (FedEM's family).
 DP_CLIENT_LEVEL_METHODS = ("fedem", "fedavg", "fedprox", "fedavg-ft", "pfedme")
+#: The FSVRG-family methods client-level DP ``central`` protects (their gradients, local
+#: models and GD's Gram products; :class:`fmtl_flower.strategies.privacy.FsvrgDP`).
+DP_FSVRG_METHODS = ("fsvrg-naive", "dane", "gd")
 
 
 def _blank_or(check: Check) -> Check:
@@ -1048,7 +1051,31 @@ class DPSettings(StrategySettings):
         The delta of the reported (epsilon, delta) guarantee, in (0, 1) (``dp.delta``).
     clip : float or None
         The clipping norm C > 0 of a device's update (all its components together); with
-        ``record``, of each training row (``dp.clip``; 0 unset).
+        ``record``, of each training row; with ``adaptive`` the initial one (``dp.clip``;
+        0 unset).
+    adaptive : bool
+        Adaptive clipping (Andrew et al. 2021, Flower's ``...AdaptiveClipping`` wrappers):
+        after each release the clip moves geometrically towards the ``target_quantile``
+        quantile of the update norms, from a noisy count of the updates that fit
+        (``dp.adaptive``).
+    target_quantile : float
+        The quantile of the update norms the adaptive clip tracks, in [0, 1] (the
+        fraction of updates meant to fit under it; Flower's ``target_clipped_quantile``;
+        ``dp.target-quantile``).
+    clip_learning_rate : float
+        The geometric update's rate > 0 (Flower's ``clip_norm_lr``;
+        ``dp.clip-learning-rate``).
+    clipped_count_stddev : float or None
+        The std >= 0 of the noise on the count of updates that fit (Flower's
+        ``clipped_count_stddev``; "" unset: K / 20, K the devices sampled); the update's
+        noise multiplier becomes ``(z^-2 - (2 clipped_count_stddev)^-2)^(-1/2)`` so that
+        the pair costs z (``dp.clipped-count-stddev``).
+    weighting : {"uniform", "rows"}
+        How the FSVRG family's gradient (and GD's Gram products) weights a device under DP
+        (``dp.weighting``): ``uniform`` (Flower's: each device's clipped mean counts 1/K,
+        noise z C / K; the gradient is then that of the devices' average loss) or ``rows``
+        (the method's own n_k / n; noise z C max_k n_k / n; without noise and clipping the
+        run is the one without DP, bit for bit). FedEM's family is always uniform.
     """
 
     NAMESPACE: ClassVar[str] = "dp"
@@ -1067,6 +1094,17 @@ class DPSettings(StrategySettings):
     clip: float | None = setting(None, optional(number(lo=0.0, lo_open=True)), "dp.clip",
                                  from_wire=zero_is_none, wire_default=0.0,
                                  wire_check=number(lo=0.0), attr="dp_clip")
+    adaptive: bool = setting(False, boolean, "dp.adaptive", attr="dp_adaptive")
+    target_quantile: float = setting(0.5, number(lo=0.0, hi=1.0), "dp.target-quantile",
+                                     attr="dp_target_quantile")
+    clip_learning_rate: float = setting(0.2, number(lo=0.0, lo_open=True),
+                                        "dp.clip-learning-rate", attr="dp_clip_learning_rate")
+    clipped_count_stddev: float | None = setting(
+        None, optional(number(lo=0.0)), "dp.clipped-count-stddev", from_wire=_blank_to_none,
+        wire_default="", wire_check=_blank_or(number(lo=0.0)),
+        attr="dp_clipped_count_stddev")
+    weighting: str = setting("uniform", choice("uniform", "rows"), "dp.weighting",
+                             attr="dp_weighting")
 
     @property
     def enabled(self) -> bool:
@@ -1075,6 +1113,11 @@ class DPSettings(StrategySettings):
 
     def _check_together(self) -> None:
         knobs = [k for k in ("noise_multiplier", "epsilon", "clip") if getattr(self, k) is not None]
+        knobs += ["adaptive"] if self.adaptive else []
+        knobs += ["weighting"] if self.weighting != "uniform" else []
+        if self.clipped_count_stddev is not None and not self.adaptive:
+            raise ConfigError(f"{self.label('clipped_count_stddev')} set without "
+                              f"{self.label('adaptive')}=true")
         if not self.enabled:
             if knobs:
                 raise ConfigError(f"{', '.join(self.label(k) for k in knobs)} set with "

@@ -212,3 +212,118 @@ def noise_multiplier_for_epsilon(epsilon: float, delta: float, steps: int,
         mid = (low + high) / 2
         low, high = (low, mid) if cost(mid) <= epsilon else (mid, high)
     return high
+
+
+# ---------------------------------------------------------------------------- adaptive clipping
+#: Andrew et al.'s (and Flower's) defaults: the clip starts at 0.1 and moves by at most a
+#: factor exp(0.2) a round.
+DEFAULT_TARGET_QUANTILE = 0.5
+DEFAULT_CLIP_LEARNING_RATE = 0.2
+#: Flower's default ``clipped_count_stddev``: the number of sampled devices over 20.
+COUNT_STDDEV_PER_DEVICE = 1.0 / 20.0
+
+
+def adaptive_noise_params(noise_multiplier: float, num_sampled: int,
+                          clipped_count_stddev: float | None = None) -> tuple[float, float]:
+    """The noise of adaptive clipping: ``(count_stddev, update_noise_multiplier)``.
+
+    Andrew et al. 2021 (Thm. 1) and Flower's ``compute_adaptive_noise_params``: a round
+    releases the noisy mean of the clipped updates (noise multiplier ``z_update``) and the
+    noisy count of unclipped updates (std ``sigma_b``, each device's bit of sensitivity 1/2
+    after centring); the pair costs what one Gaussian release with noise multiplier ``z``
+    costs when ``z_update = (z^-2 - (2 sigma_b)^-2)^(-1/2)``. ``sigma_b`` defaults to
+    ``num_sampled / 20``; with ``z = 0`` nothing is noised (``(sigma_b or 0, 0)``).
+
+    Raises
+    ------
+    ValueError
+        When ``z >= 2 sigma_b`` (the count's noise alone would cost more than ``z``
+        allows), or for a negative argument.
+    """
+    z = check_noise_multiplier(noise_multiplier)
+    if isinstance(num_sampled, bool) or not isinstance(num_sampled, int) or num_sampled < 1:
+        raise ValueError(f"num_sampled must be an int >= 1, got {num_sampled!r}")
+    if clipped_count_stddev is not None:
+        clipped_count_stddev = check_noise_multiplier(clipped_count_stddev,
+                                                      "dp.clipped-count-stddev")
+    if z == 0:
+        return (clipped_count_stddev or 0.0), 0.0
+    sigma_b = num_sampled * COUNT_STDDEV_PER_DEVICE if clipped_count_stddev is None \
+        else clipped_count_stddev
+    if z >= 2 * sigma_b:
+        raise ValueError(f"adaptive clipping with noise multiplier {z:g} needs "
+                         f"dp.clipped-count-stddev > {z / 2:g} (got {sigma_b:g}"
+                         f"{'' if clipped_count_stddev is not None else ', the default: K/20'}"
+                         f" with K = {num_sampled}): the noisy count alone would cost more "
+                         "than the noise multiplier allows")
+    return sigma_b, (z ** -2 - (2 * sigma_b) ** -2) ** -0.5
+
+
+def geometric_clip_update(clip: float, unclipped_fraction: float, target_quantile: float,
+                          learning_rate: float) -> float:
+    """Andrew et al.'s geometric update of the clip norm:
+    ``clip * exp(-learning_rate * (unclipped_fraction - target_quantile))``.
+
+    The clip shrinks while more than ``target_quantile`` of the updates fit under it and
+    grows while fewer do, so it tracks the ``target_quantile`` quantile of the update
+    norms (the fixed point of the expected update)."""
+    return float(clip) * math.exp(-float(learning_rate)
+                                  * (float(unclipped_fraction) - float(target_quantile)))
+
+
+@dataclass
+class AdaptiveClip:
+    """One stream of adaptively clipped releases (Andrew et al. 2021, as Flower's
+    ``DifferentialPrivacyServerSideAdaptiveClipping``).
+
+    Parameters
+    ----------
+    clip : float
+        The current clip norm (> 0), the initial one when built.
+    target_quantile : float
+        The quantile of the update norms the clip tracks, in [0, 1]: the fraction of
+        updates meant to fit under it (Flower's ``target_clipped_quantile``).
+    learning_rate : float
+        The geometric update's rate (> 0; Flower's ``clip_norm_lr``).
+    count_stddev : float
+        The std of the Gaussian noise on the count of unclipped updates (>= 0).
+    """
+
+    clip: float
+    target_quantile: float = DEFAULT_TARGET_QUANTILE
+    learning_rate: float = DEFAULT_CLIP_LEARNING_RATE
+    count_stddev: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.clip, (int, float)) and math.isfinite(self.clip)
+                and self.clip > 0):
+            raise ValueError(f"clip must be a finite number > 0, got {self.clip!r}")
+        if not 0 <= self.target_quantile <= 1:
+            raise ValueError(f"target_quantile must be in [0, 1], got {self.target_quantile!r}")
+        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate!r}")
+        self.count_stddev = check_noise_multiplier(self.count_stddev, "count_stddev")
+
+    def fits(self, norms: Any, clipped_by_device: bool = False) -> np.ndarray:
+        """Which updates of L2 ``norms`` fit under the clip (Flower's ``norm_bit`` negated:
+        norm <= clip). With ``clipped_by_device`` the devices clipped their own updates to
+        it, so one on the clip (within :data:`CLIP_SLACK`) counts as clipped."""
+        norms = np.asarray(norms, dtype=np.float64)
+        if clipped_by_device:
+            return norms < self.clip * (1 - CLIP_SLACK)
+        return norms <= self.clip
+
+    def update(self, fits: Any, num_sampled: int, rng: np.random.Generator) -> float:
+        """Move the clip after a release whose replies' updates ``fits`` (booleans:
+        :meth:`fits`), of ``num_sampled`` devices sampled (a silent one sent the zero
+        update, which fits): the fraction of updates that fit, plus N(0, count_stddev^2)
+        on the count, over ``num_sampled`` (a fixed denominator), then the geometric
+        update. Returns the noisy fraction."""
+        fits = np.asarray(fits, dtype=bool)
+        dropped = max(int(num_sampled) - fits.size, 0)
+        unclipped = int(np.count_nonzero(fits)) + dropped
+        noise = rng.normal(0.0, self.count_stddev) if self.count_stddev > 0 else 0.0
+        fraction = (unclipped + noise) / max(int(num_sampled), fits.size, 1)
+        self.clip = geometric_clip_update(self.clip, fraction, self.target_quantile,
+                                          self.learning_rate)
+        return float(fraction)

@@ -405,7 +405,11 @@ class Fsvrg(TaskStrategy):
         CoCoA+'s per-task shares of ``w`` and last-accepted rounds (after discovery).
     records : list of dict
         See the module docstring; read with :meth:`results`.
+    privacy : FsvrgDP or None
+        Client-level DP (:func:`fmtl_flower.strategies.privacy.enable_client_dp`), or None.
     """
+
+    privacy: Any = None
 
     def __init__(self, num_tasks: int | None = None, settings: FsvrgSettings | None = None,
                  *, dim: int | None = None, on_round: RoundCallback | None = None,
@@ -503,7 +507,8 @@ class Fsvrg(TaskStrategy):
             log(WARNING, "%s round %d: no gradient reply; the model is kept", _NAME,
                 server_round)
             return []
-        n_rep = int(sum(self.n_weight[t] for t in accepted))
+        n_rep = int(sum(self.n_weight[t] for t in accepted)) if self.privacy is None \
+            else int(self.n_weight.sum())  # DP: a fixed denominator (privacy.FsvrgDP)
         grad_sum = self._gradient_sum(accepted)
         assert self.lam is not None and self.w is not None
         self._g = global_gradient(self.w, grad_sum, n_rep, self.lam)
@@ -597,6 +602,12 @@ class Fsvrg(TaskStrategy):
         assert self.w is not None
         tasks = sorted(accepted)
         models = [accepted[t]["w-local"] for t in tasks]
+        if self.privacy is not None:  # client-level DP: clipped, over K, noised
+            models, std = self.privacy.local_models(self.w, models, self.num_tasks,
+                                                    self.records, self._dp_releases())
+            w = dane_aggregate(models) if self.method == "dane" else \
+                naive_fsvrg_aggregate(self.w, models)
+            return self.privacy.noisy(w, std)
         if self.robust and models:
             models = list(self._clipped(np.array(models), self.w, tasks, "w-local - w"))
         if self.method == "fsvrg":
@@ -677,9 +688,7 @@ class Fsvrg(TaskStrategy):
             iterations += 1
             if not accepted:
                 raise RuntimeError(f"{_NAME}: no node answered GD's power iteration for L")
-            u = np.zeros(self.dim)
-            for task in sorted(accepted):
-                u += accepted[task]["gram-v"]
+            u = self._gram_sum(accepted)
             previous = estimate
             estimate, v = power_estimate(v, u)
             if self.robust:  # an honest estimate never decreases (core.fsvrg.gd)
@@ -691,6 +700,27 @@ class Fsvrg(TaskStrategy):
         self.gd_estimate = {"L_estimate": L, "power_iterations": iterations}
         log(INFO, "%s: GD step 1/L = %.6g, L = %.6g from %d power iterations", _NAME, self.step,
             L, iterations)
+
+    def _gram_sum(self, accepted: dict[int, dict[str, Any]]) -> np.ndarray:
+        """``sum_k gram-v_k`` in task order (client-level DP: a clipped, noised release)."""
+        tasks = sorted(accepted)
+        if self.privacy is not None:
+            return self.privacy.gradient_sum(
+                [accepted[t]["gram-v"] for t in tasks], [int(self.n_train[t]) for t in tasks],
+                self.n_train, self.records, self._dp_releases(), stream="gram")
+        u = np.zeros(self.dim or 0)
+        for task in tasks:
+            u += accepted[task]["gram-v"]
+        return u
+
+    def _dp_releases(self) -> int:
+        """The run's Gaussian releases under client-level DP (to calibrate a target
+        epsilon): a gradient per round, a local model per round (fsvrg-naive, dane), and
+        GD's power iterations at most (without a ``step``)."""
+        rounds = int(self.num_rounds or 1)
+        if self.method == "gd":
+            return rounds + (GD_POWER_MAX_ITER if self.step_arg is None else 0)
+        return 2 * rounds
 
     def _exchange(self, grid: Grid, server_round: int, message_type: str, evaluate: bool,
                   kind: str) -> dict[int, dict[str, Any]]:
@@ -795,7 +825,7 @@ class Fsvrg(TaskStrategy):
             lambda reply, task: self._parse_reply(reply, task, server_round, kind),
             None,
             lambda reply, group: self._parse_stack(reply, group, server_round, kind)).accepted
-        if self.robust:
+        if self.robust and self.privacy is None:  # DP: no device's fate hangs on another's
             accepted = self._federation_checks(where, accepted, kind)
         for task in accepted:
             on_accept(task)
@@ -952,6 +982,10 @@ class Fsvrg(TaskStrategy):
         and weighted by the trusted ``n_k``."""
         tasks = sorted(accepted)
         grads = [self._scaled(t, accepted[t], "grad-sum") for t in tasks]
+        if self.privacy is not None:  # client-level DP: clipped, noised (privacy.FsvrgDP)
+            return self.privacy.gradient_sum(
+                grads, [int(self.n_weight[t]) for t in tasks], self.n_weight, self.records,
+                self._dp_releases())
         if self.robust and tasks:
             n = np.array([float(self.n_weight[t]) for t in tasks])
             per_row = np.array(grads) / n[:, None]
@@ -1096,6 +1130,8 @@ class Fsvrg(TaskStrategy):
                                               _open=True)
         if self.method == "cocoa-plus":
             record.update(dual=None, gap=None, num_resets=None)
+        if self.privacy is not None:  # the releases since the previous record, epsilon
+            record.update(self.privacy.record_fields(self.records))
         self.records.append(record)
         return record
 
@@ -1154,7 +1190,8 @@ class Fsvrg(TaskStrategy):
         """Settings a checkpoint must share with this run to be resumed."""
         return {"strategy": "Fsvrg", "num_tasks": self.num_tasks, "method": self.method,
                 "lam": self.lam_arg, "h": self.h, "step": self.step_arg, "mu": self.mu,
-                "local_epochs": self.local_epochs, "seed": self.seed}
+                "local_epochs": self.local_epochs, "seed": self.seed,
+                **({"dp": self.privacy.fingerprint()} if self.privacy is not None else {})}
 
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """``w``, the sparsity statistics, CoCoA+'s ledger, the records and counters, and
@@ -1198,6 +1235,10 @@ class Fsvrg(TaskStrategy):
                                       n=int(meta["stats"]["n"]),
                                       n_j=arrays["stats_n_j"].astype(np.int64),
                                       omega=arrays["stats_omega"].astype(np.int64))
+        if self.privacy is not None:  # what the interrupted run released after it
+            per_round = 1 if self.method == "gd" else 2
+            self.privacy.charge_after_checkpoint(per_round * self.checkpoint_every,
+                                                 self._dp_releases())
         if self.method == "cocoa-plus":
             self.ledger = DualLedger.from_arrays(
                 self.num_tasks, self.dim,

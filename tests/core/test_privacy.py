@@ -167,3 +167,40 @@ def test_the_privacy_guide_quotes_what_its_figure_script_prints():
             f"(RDP/exact {rdp / exact:.3f})") in guide
     z = noise_multiplier_for_epsilon(8.0, DELTA, 500)
     assert f"epsilon=8.0: noise multiplier for 500 rounds {z:.3g}" in guide
+
+
+# ------------------------------------------------------------------ several releases a round
+@pytest.mark.parametrize(("z", "rounds"), [(1.0, 25), (3.0, 100), (0.8, 5)])
+def test_two_releases_a_round_compose_as_twice_the_rounds(z, rounds):
+    """FSVRG-naive and DANE release a gradient and a local model each round: a round
+    composed as ``compose(z, steps=2)`` (one record's ``dp_releases`` = 2) costs what 2 R
+    releases cost, by the closed form of the Gaussian mechanism's RDP and exactly."""
+    accountant = GaussianAccountant(delta=DELTA)
+    for _ in range(rounds):
+        accountant.compose(z, steps=2)
+    assert accountant.releases == 2 * rounds and accountant.events == [(z, 1.0, 2 * rounds)]
+    eps = accountant.epsilon()
+    assert eps == pytest.approx(closed_form_rdp_epsilon(z, 2 * rounds, DELTA, improved=True),
+                                rel=1e-9)
+    assert exact_gaussian_epsilon(z, 2 * rounds, DELTA) <= eps
+    assert eps > rdp_epsilon([(z, 1.0, rounds)], DELTA)  # the second release is not free
+
+
+def test_a_round_of_two_releases_costs_one_release_at_z_over_sqrt_2():
+    """Two Gaussian releases of noise multiplier z compose (by RDP, alpha / (2 z^2) each) as
+    one of z / sqrt(2): the identity the per-round accounting must respect."""
+    for z in (0.7, 1.5, 4.0):
+        assert rdp_epsilon([(z, 1.0, 2)], DELTA) == pytest.approx(
+            rdp_epsilon([(z / math.sqrt(2), 1.0, 1)], DELTA), rel=1e-9)
+
+
+def test_adaptive_clippings_pair_costs_the_single_release_it_replaces():
+    """Andrew et al.'s split: the update at z_update and the count (sensitivity 1/2) at
+    sigma_b compose, by the Gaussian RDP alpha / (2 z^2) of each, into exactly alpha /
+    (2 z^2): the accountant's one release of z per adaptive round."""
+    from fmtl_flower.core.privacy import adaptive_noise_params
+
+    for z, k, sigma in [(1.0, 100, None), (0.9, 30, 4.0), (2.5, 1000, None)]:
+        count_std, z_update = adaptive_noise_params(z, k, sigma)
+        z_count = count_std / 0.5  # the count's noise multiplier: std over sensitivity
+        assert 1 / z_update ** 2 + 1 / z_count ** 2 == pytest.approx(1 / z ** 2, rel=1e-12)
