@@ -633,6 +633,8 @@ class FedEM(TaskStrategy):
         self.model, self.components, self.clusters = model, components.copy(), clusters
         self.directory.dim = dim
         self.records = [dict(r) for r in meta["records"]]
+        if self.privacy is not None:  # what the interrupted run released after it
+            self.privacy.charge_after_checkpoint(self.checkpoint_every)
 
     # ------------------------------------------------------------------ discovery
     def discover(self, grid: Grid, wait: bool = False) -> None:

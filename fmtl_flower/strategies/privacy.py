@@ -89,6 +89,7 @@ class ClientLevelDP:
         self.noise_multiplier: float | None = settings.noise_multiplier
         self.noise_seed = noise_seed
         self._release: dict[str, Any] | None = None  # this round's, until its record
+        self._charged = 0  # releases of an interrupted run, charged with the next release
         self._records: Any = lambda: []  # the strategy's records (bound by enable_client_dp)
 
     def current_clip(self, records: list[dict[str, Any]], stream: str | None = None) -> float:
@@ -175,9 +176,12 @@ class ClientLevelDP:
         std = z_update * clip / k
         noise = rng.normal(0.0, std, size=current.shape) if std > 0 else 0.0
         account = self.accountant(records)
-        account.compose(z)
+        charged, self._charged = self._charged, 0
+        account.compose(z, steps=1 + charged)
         self._release = {"epsilon": account.epsilon(), "dp_noise_multiplier": z,
                          "dp_noise_std": std, "dp_clipped": clipped}
+        if charged:
+            self._release.update(dp_releases=1 + charged, dp_charged_on_resume=charged)
         if adaptive is not None:  # the clip moves on the noisy count of updates that fit
             self._release["dp_clip"] = clip
             fits = adaptive.fits(norms, self.settings.mechanism == "client-clip")
@@ -204,6 +208,20 @@ class ClientLevelDP:
         if self.settings.mechanism != "client-clip":
             return {}
         return {"dp-clip": self.current_clip(self._records())}
+
+    def charge_after_checkpoint(self, releases: int, num_releases: int | None = None) -> None:
+        """Account ``releases`` releases a resumed run cannot see: those the interrupted run
+        may have made after the checkpoint it resumes from (a round's noisy aggregate goes
+        out in its evaluate messages and the next round's train messages before the next
+        checkpoint is written; the devices may hold them). The server cannot tell how far
+        the interrupted run got, so the caller gives an upper bound (``checkpoint-every``
+        rounds); they are composed with the next release, whose record says
+        ``dp_releases`` and ``dp_charged_on_resume``. ``num_releases`` is unused here
+        (:class:`FsvrgDP` calibrates with it)."""
+        if releases > 0:
+            self._charged += int(releases)
+            log(INFO, "client-level DP: %d releases after the checkpoint charged on resume",
+                releases)
 
     def record_fields(self, records: list[dict[str, Any]]) -> dict[str, Any]:
         """The privacy keys of the round's record: this round's release, or (no release)

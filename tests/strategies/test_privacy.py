@@ -283,22 +283,30 @@ def test_methods_with_per_cluster_averages_are_refused(method):
                          noise_multiplier=1.0)
 
 
-def test_a_resumed_run_continues_the_account(problem, tmp_path):
-    """Killed after round 3's checkpoint and resumed: the rounds 4-5 compose on the
-    checkpoint's 3 releases (epsilon of 5 releases at the end, not of 2)."""
+@pytest.mark.parametrize("every", [1, 2])
+def test_a_resumed_run_continues_the_account(problem, tmp_path, every):
+    """Killed in round 4, after the checkpoint of round 3 (every=1) or 2 (every=2), and
+    resumed: the resumed rounds compose on the checkpoint's releases and on the
+    ``checkpoint-every`` releases the interrupted run may have made after it (its rounds'
+    noisy aggregates went out in evaluate and train messages; the server cannot tell how
+    many, so it charges the most: before, they were not counted at all)."""
     from tests.strategies.helpers import ServerKilled, killed_in
 
     z, settings = 1.2, {"mechanism": "central", "clip": 0.5, "noise_multiplier": 1.2}
     first = enable_client_dp(fedem(killed_in(FedEM, 4)), **settings)
-    first.enable_checkpoints(tmp_path)
+    first.enable_checkpoints(tmp_path, every=every)
     with pytest.raises(ServerKilled):
         run(problem, first, 5)
     resumed = enable_client_dp(fedem(), **settings)
-    resumed.enable_checkpoints(tmp_path)
+    resumed.enable_checkpoints(tmp_path, every=every)
     run(problem, resumed, 5)
-    assert resumed.resumed_from == 3
-    assert [r["epsilon"] for r in resumed.results()["rounds"]] == pytest.approx(
-        [rdp_epsilon([(z, 1.0, k)], 1e-5) for k in range(1, 6)], rel=1e-12)
+    checkpoint = 3 if every == 1 else 2
+    assert resumed.resumed_from == checkpoint
+    releases = [*range(1, checkpoint + 1), *range(checkpoint + 1 + every, 6 + every)]
+    rounds = resumed.results()["rounds"]
+    assert [r["epsilon"] for r in rounds] == pytest.approx(
+        [rdp_epsilon([(z, 1.0, k)], 1e-5) for k in releases], rel=1e-12)
+    assert rounds[checkpoint]["dp_charged_on_resume"] == every
 
 
 def test_a_checkpoint_resumes_only_with_the_same_dp_settings(problem, tmp_path):
