@@ -36,9 +36,9 @@ vector [alpha; e_t] (n + d entries, :func:`state_width`; ``duals`` is (3, n + d)
 round's noise is kept pending with its d_alpha and committed, rolled back, checkpointed and
 reset with it, so e_t is exactly the noise in the server's b_t. The device evaluates (test
 errors) the model **without its own noise**, w_t - m_tt e_t = sum_{s != t} b~_s M_st +
-b_t M_tt (:func:`own_noise_free`): post-processing of what it holds, nothing more is sent.
-Its training step stays at the w_t it was sent (the step's sensitivity uses public numbers
-only).
+b_t M_tt (:func:`~fmtl_flower.core.record_dp.own_noise_free`): post-processing of what it
+holds, nothing more is sent. Its training step stays at the w_t it was sent (the step's
+sensitivity uses public numbers only).
 
 Build a MOCHA ClientApp over your own data with :func:`make_mocha_client_app`.
 """
@@ -46,7 +46,6 @@ Build a MOCHA ClientApp over your own data with :func:`make_mocha_client_app`.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -63,6 +62,7 @@ from ..core.record_dp import (
     clip_rows,
     noise_rng,
     noisy_release,
+    own_noise_free,
     record_contribution,
     release_sensitivity,
     separable_m_tt,
@@ -176,18 +176,6 @@ def split_state(tracked: np.ndarray, task: LocalTask) -> tuple[np.ndarray, np.nd
     """``(alpha, e_t)`` of a tracked vector (:func:`state_width`); e_t is empty without
     record-level DP."""
     return tracked[:task.n], tracked[task.n:]
-
-
-def own_noise_free(w: np.ndarray, m_tt: float, noise: np.ndarray) -> np.ndarray:
-    """The device's model without its own accepted noise ``noise`` (e_t): the server's
-    w_t = sum_s b~_s M_st holds M_tt e_t of it, so w_t - m_tt e_t is column t of
-    W(B) with the device's true b_t and the others' noisy ones. ``w`` itself when there is
-    no noise to remove (no record-level DP)."""
-    if noise.size == 0:
-        return w
-    if not (math.isfinite(m_tt) and m_tt > 0):
-        raise ValueError(f"m-tt must be finite and > 0, got {m_tt!r}")
-    return w - float(m_tt) * noise
 
 
 def pending_change(d_alpha: np.ndarray, released: np.ndarray, d_b: np.ndarray,
@@ -436,7 +424,7 @@ class MochaClient:
         """The reply's metrics: the instruction's loss's ``loss-mean`` at w_t and
         ``dual-mean`` at alpha (:mod:`fmtl_flower.core.losses`), and the test errors of
         ``model`` (default w_t; under record-level DP the device's model without its own
-        noise, :func:`own_noise_free`)."""
+        noise, :func:`~fmtl_flower.core.record_dp.own_noise_free`)."""
         loss = loss_of(config)
         private = record_dp_of(config) is not None  # record-level DP: withheld, sent as 0
         out: dict[str, int | float] = {

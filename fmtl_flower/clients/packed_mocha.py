@@ -27,7 +27,9 @@ the slots that failed and why (each fails only its task).
 
 Device state: one stacked record for all slots, ArrayRecord ``mocha.stack``: ``slots``
 int64 (S,), ``offsets`` int64 (S + 1,), ``duals`` float64 (3, N) (slot ``slots[j]``'s
-[committed alpha; pending d_alpha; stable alpha] in columns ``offsets[j]:offsets[j+1]``)
+[committed alpha; pending d_alpha; stable alpha] in columns ``offsets[j]:offsets[j+1]``;
+under record-level DP each slot's accepted noise e_t follows its alpha, as in the one-task
+state, :func:`~fmtl_flower.clients.mocha.state_width`)
 and ``meta`` int64 (S, 4) (``task-id``, ``committed-round``, ``pending-round``,
 ``stable-round``), ``data`` str (S,) (the fingerprint of the slot's training data, and of
 the loss when it is not the hinge) and ``run`` str (S,) (the run the slot's state belongs
@@ -46,6 +48,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from ..core.multiclass import Lifting
+from ..core.record_dp import own_noise_free
 from ..packing import (
     SlotFailed,
     SlotTaskCache,
@@ -78,7 +81,6 @@ from .mocha import (
     for_loss,
     loss_of,
     noise_seed_of,
-    own_noise_free,
     pending_change,
     release,
     split_state,
