@@ -29,6 +29,17 @@ simulation), the device also writes its dual state to ``<dir>/mocha-task-<id>.np
 ``context.state`` is empty. The commit protocol then reconciles it with the resumed server:
 state newer or older than the server's ``last-accepted-round`` is reset, never mixed.
 
+Record-level DP (a message with ``dp-clip``; :mod:`fmtl_flower.core.record_dp`). The device
+releases ``delta-b`` plus noise, so the server's b_t is the true X^T alpha / n plus e_t, the
+sum of the noises of the device's *accepted* replies. The commit protocol then tracks the
+vector [alpha; e_t] (n + d entries, :func:`state_width`; ``duals`` is (3, n + d)): the
+round's noise is kept pending with its d_alpha and committed, rolled back, checkpointed and
+reset with it, so e_t is exactly the noise in the server's b_t. The device evaluates (test
+errors) the model **without its own noise**, w_t - m_tt e_t = sum_{s != t} b~_s M_st +
+b_t M_tt (:func:`~fmtl_flower.core.record_dp.own_noise_free`): post-processing of what it
+holds, nothing more is sent. Its training step stays at the w_t it was sent (the step's
+sensitivity uses public numbers only).
+
 Build a MOCHA ClientApp over your own data with :func:`make_mocha_client_app`.
 """
 
@@ -51,6 +62,7 @@ from ..core.record_dp import (
     clip_rows,
     noise_rng,
     noisy_release,
+    own_noise_free,
     record_contribution,
     release_sensitivity,
     separable_m_tt,
@@ -151,6 +163,30 @@ def release(task: LocalTask, d_b: np.ndarray, config: Mapping[str, Any], steps: 
                                       contribution) * task.blocks  # a record: `blocks` rows
     return noisy_release(d_b, sensitivity, dp.noise_multiplier,
                          noise_rng(noise_seed, task.task_id, server_round))
+
+
+def state_width(task: LocalTask, config: Mapping[str, Any]) -> int:
+    """The entries of the vector the commit protocol tracks for ``task``: its n duals, and
+    under record-level DP also its accepted noise e_t (``task.dim`` entries, after the
+    duals)."""
+    return task.n + (task.dim if record_dp_of(config) is not None else 0)
+
+
+def split_state(tracked: np.ndarray, task: LocalTask) -> tuple[np.ndarray, np.ndarray]:
+    """``(alpha, e_t)`` of a tracked vector (:func:`state_width`); e_t is empty without
+    record-level DP."""
+    return tracked[:task.n], tracked[task.n:]
+
+
+def pending_change(d_alpha: np.ndarray, released: np.ndarray, d_b: np.ndarray,
+                   noise: np.ndarray) -> np.ndarray:
+    """What the commit protocol keeps pending for a round: ``d_alpha``, and under
+    record-level DP (``noise`` non-empty: the tracked e_t) also the noise the reply carries,
+    ``released - d_b``, committed into e_t if the server accepts the reply and dropped with
+    ``d_alpha`` if not."""
+    if noise.size == 0:
+        return d_alpha
+    return np.concatenate([d_alpha, released - d_b])
 
 
 def noise_seed_of(context: Context) -> int | None:
@@ -283,8 +319,9 @@ class MochaClient:
         if config_value(config, "last-accepted-round", int) >= server_round:
             raise ValueError("last-accepted-round must precede server-round in a train message")
         state = self._reconcile(context, task, config)
-        alpha = state.alpha
-        metrics = self._metrics(task, w, alpha, config, state.ok)
+        alpha, noise = split_state(state.alpha, task)
+        metrics = self._metrics(task, w, alpha, config, state.ok,
+                                own_noise_free(w, m_tt, noise))
         method = config_value(config, "method", str) if "method" in config else "mocha"
         steps = 0 if dropped else budget
         target = read_seed_target(arrays, task.dim)  # initial_arrays
@@ -300,12 +337,13 @@ class MochaClient:
                                                      m_tt, sigma_p, seed, server_round)
         metrics["round"] = server_round
         metrics["steps"] = steps
-        d_b = release(task, d_b, config, steps, server_round, noise_seed_of(context), w=w,
-                      m_tt=m_tt, sigma_p=sigma_p)
-        content = record_dict({"arrays": array_record({"delta-b": d_b}),  # its own numbers
+        released = release(task, d_b, config, steps, server_round, noise_seed_of(context),
+                           w=w, m_tt=m_tt, sigma_p=sigma_p)
+        content = record_dict({"arrays": array_record({"delta-b": released}),  # its own
                                "metrics": metric_record(metrics, handed_over=True)},
                               handed_over=True)
-        self._write_state(context, task, state, d_alpha, server_round)  # last
+        pending = pending_change(d_alpha, released, d_b, noise)
+        self._write_state(context, task, state, pending, server_round)  # last
         return reply(content, msg)
 
     def evaluate(self, msg: Message, context: Context) -> Message:
@@ -314,7 +352,10 @@ class MochaClient:
         config, w, _ = self._read_instruction(msg, task)
         task = self.dp_task(for_loss(task, loss_of(config)), config)
         state = self._reconcile(context, task, config)
-        metrics = self._metrics(task, w, state.alpha, config, state.ok)
+        alpha, noise = split_state(state.alpha, task)
+        model = w if noise.size == 0 else own_noise_free(
+            w, config_value(config, "m-tt", float), noise)
+        metrics = self._metrics(task, w, alpha, config, state.ok, model)
         metrics["round"] = config_value(config, "server-round", int)
         self._write_state(context, task, state, None, -1)
         return reply(record_dict({"metrics": metric_record(metrics, handed_over=True)},
@@ -374,13 +415,16 @@ class MochaClient:
                    config: Mapping[str, Any]) -> DualState:
         """Apply the dual commit protocol (:mod:`fmtl_flower.clients.dual_state`) to the
         stored state, read from the state file when ``context.state`` is empty."""
-        return self._duals.reconcile(context, task.task_id, task.n, task.fingerprint, config)
+        return self._duals.reconcile(context, task.task_id, state_width(task, config),
+                                     task.fingerprint, config)
 
     @staticmethod
     def _metrics(task: LocalTask, w: np.ndarray, alpha: np.ndarray, config: Mapping[str, Any],
-                 state_ok: bool) -> dict[str, int | float]:
+                 state_ok: bool, model: np.ndarray | None = None) -> dict[str, int | float]:
         """The reply's metrics: the instruction's loss's ``loss-mean`` at w_t and
-        ``dual-mean`` at alpha (:mod:`fmtl_flower.core.losses`), and the test errors."""
+        ``dual-mean`` at alpha (:mod:`fmtl_flower.core.losses`), and the test errors of
+        ``model`` (default w_t; under record-level DP the device's model without its own
+        noise, :func:`~fmtl_flower.core.record_dp.own_noise_free`)."""
         loss = loss_of(config)
         private = record_dp_of(config) is not None  # record-level DP: withheld, sent as 0
         out: dict[str, int | float] = {
@@ -390,7 +434,7 @@ class MochaClient:
             "loss-mean": 0.0 if private else loss.mean_value(task.X, task.y, w),
             "dual-mean": 0.0 if private else loss.dual_mean(alpha, task.y),
         }
-        out.update(eval_metrics(task, w, config))
+        out.update(eval_metrics(task, w if model is None else model, config))
         return out
 
     def _write_state(self, context: Context, task: LocalTask, state: DualState,

@@ -27,7 +27,9 @@ the slots that failed and why (each fails only its task).
 
 Device state: one stacked record for all slots, ArrayRecord ``mocha.stack``: ``slots``
 int64 (S,), ``offsets`` int64 (S + 1,), ``duals`` float64 (3, N) (slot ``slots[j]``'s
-[committed alpha; pending d_alpha; stable alpha] in columns ``offsets[j]:offsets[j+1]``)
+[committed alpha; pending d_alpha; stable alpha] in columns ``offsets[j]:offsets[j+1]``;
+under record-level DP each slot's accepted noise e_t follows its alpha, as in the one-task
+state, :func:`~fmtl_flower.clients.mocha.state_width`)
 and ``meta`` int64 (S, 4) (``task-id``, ``committed-round``, ``pending-round``,
 ``stable-round``), ``data`` str (S,) (the fingerprint of the slot's training data, and of
 the loss when it is not the hinge) and ``run`` str (S,) (the run the slot's state belongs
@@ -46,6 +48,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from ..core.multiclass import Lifting
+from ..core.record_dp import own_noise_free
 from ..packing import (
     SlotFailed,
     SlotTaskCache,
@@ -72,7 +75,17 @@ from .dual_state import (
     reconcile,
     write_dual_file,
 )
-from .mocha import BINARY, MochaClient, for_loss, loss_of, noise_seed_of, release
+from .mocha import (
+    BINARY,
+    MochaClient,
+    for_loss,
+    loss_of,
+    noise_seed_of,
+    pending_change,
+    release,
+    split_state,
+    state_width,
+)
 
 __all__ = ["INSTRUCTION_ARRAYS", "PROTOCOL", "STATE", "PackedMocha", "SlotFailed",
            "StackedState"]
@@ -136,17 +149,21 @@ class StackedState:
         return cls(context.state[key] if key in context.state else None, key, kind, state_dir)
 
     def reconcile(self, context: Context, slot: int, task: Any, last_accepted: int,
-                  checkpoint_round: int, run: str | None = None) -> DualState:
+                  checkpoint_round: int, run: str | None = None, width: int | None = None
+                  ) -> DualState:
         """The commit protocol (as :class:`~fmtl_flower.clients.dual_state.DualStore` applies
         it) over ``slot``'s stored state, else over ``task``'s state file; ``task`` has
-        ``task_id``, ``n`` and ``fingerprint``; ``run``: the message's ``run-token``."""
+        ``task_id``, ``n`` and ``fingerprint``; ``run``: the message's ``run-token``;
+        ``width``: the tracked vector's length (default ``task.n``; under record-level DP
+        n + d, :func:`~fmtl_flower.clients.mocha.state_width`)."""
+        width = task.n if width is None else width
         stored = self.slots.get(slot)
         if stored is None:  # nothing stored for this slot: its state file, if any
             path = state_file_for(context, self.prefix, task.task_id, self.state_dir)
             if path is not None:
-                stored = read_usable_dual_file(path, task.task_id, task.n, self.name)
+                stored = read_usable_dual_file(path, task.task_id, width, self.name)
         duals, meta = stored if stored is not None else (None, None)
-        state = reconcile(duals, meta, task_id=task.task_id, n=task.n,
+        state = reconcile(duals, meta, task_id=task.task_id, n=width,
                           last_accepted=last_accepted, checkpoint_round=checkpoint_round,
                           fingerprint=task.fingerprint, run=run)
         log_reconciled(self.name, task.task_id, state, last_accepted)
@@ -277,8 +294,10 @@ class PackedMocha(SlotTaskCache):
             raise SlotFailed(f"last-accepted-round {last_accepted} outside 0..server-round "
                              f"({server_round})")
         reconciled = state.reconcile(context, slot, task, last_accepted, checkpoint_round,
-                                     run_token(config))
-        metrics = MochaClient._metrics(task, w, reconciled.alpha, config, reconciled.ok)
+                                     run_token(config), state_width(task, config))
+        alpha, noise = split_state(reconciled.alpha, task)
+        model = w if noise.size == 0 else own_noise_free(w, arrays["m-tt"][i], noise)
+        metrics = MochaClient._metrics(task, w, alpha, config, reconciled.ok, model)
         metrics["round"] = server_round
         if not train:
             duals, meta = encode(reconciled, task.task_id, None, -1, task.fingerprint)
@@ -290,18 +309,19 @@ class PackedMocha(SlotTaskCache):
         elif target is not None and "dp-clip" in config:
             raise SlotFailed("record-level DP does not cover the seeding round")
         elif target is not None:  # the seeding round: no solver, the one-task seed step
-            d_alpha, d_b, steps = seed_duals(task, reconciled.alpha, *target, m_tt=m_tt,
+            d_alpha, d_b, steps = seed_duals(task, alpha, *target, m_tt=m_tt,
                                              seed=seed, server_round=server_round,
                                              loss=loss_of(config))
         else:
             d_alpha, d_b, steps = MochaClient._local_update(
-                method, task, reconciled.alpha, w, config, budget, m_tt, sigma_p, seed,
-                server_round)
+                method, task, alpha, w, config, budget, m_tt, sigma_p, seed, server_round)
         metrics["steps"] = steps
-        d_b = release(task, d_b, config, steps, server_round, noise_seed_of(context), w=w,
-                      m_tt=m_tt, sigma_p=sigma_p)
-        duals, meta = encode(reconciled, task.task_id, d_alpha, server_round, task.fingerprint)
-        return metrics, d_b, duals, meta
+        released = release(task, d_b, config, steps, server_round, noise_seed_of(context),
+                           w=w, m_tt=m_tt, sigma_p=sigma_p)
+        duals, meta = encode(reconciled, task.task_id,
+                             pending_change(d_alpha, released, d_b, noise), server_round,
+                             task.fingerprint)
+        return metrics, released, duals, meta
 
     def _local_task(self, context: Context, slot: int, task_id: int,
                     lifting: Lifting = BINARY) -> LocalTask:

@@ -35,7 +35,12 @@ The mechanism, per device and round:
    G that equals it at 0: G never decreases, and sigma' keeps its meaning across tasks.
 3. It releases ``delta-b + N(0, (z Delta)^2 I_d)`` (:func:`noisy_release`), z the noise
    multiplier, and keeps its *true* d_alpha pending (the commit protocol is unchanged: a
-   reply the server drops discards the noisy delta-b there and the d_alpha here).
+   reply the server drops discards the noisy delta-b there and the d_alpha here), and the
+   round's noise with it: e_t, the sum of its accepted noises, is the noise in the
+   server's b_t.
+4. It evaluates its model without its own noise, w_t - m_tt e_t (:func:`own_noise_free`:
+   post-processing on the device; its training steps stay at the w_t sent, whose norm the
+   step bound uses).
 
 Composition: each round the device is sent work (not ``dropped``, budget > 0) is one
 Gaussian mechanism of noise multiplier z, adaptively composed (the next round's w_t is
@@ -163,6 +168,23 @@ def noisy_release(d_b: np.ndarray, sensitivity: float, noise_multiplier: float,
     if z == 0.0 or sensitivity == 0.0:
         return d_b
     return d_b + rng.normal(0.0, z * sensitivity, size=d_b.shape)
+
+
+def own_noise_free(w: np.ndarray, m_tt: float, noise: np.ndarray) -> np.ndarray:
+    """Device t's model without its own accepted noise: ``w - m_tt * noise``.
+
+    The server's B is B_true + E (E: every device's accepted noise, column t = e_t, the
+    ``noise`` device t keeps), so the w_t it sends, column t of (B_true + E) M, holds
+    M_tt e_t of the device's own noise; without it, w_t - M_tt e_t = sum_{s != t} b~_s M_st
+    + b_t M_tt (b~_s the other devices' noisy images, b_t the device's true one): the
+    device's best estimate of column t of W(B_true). A function of what the device holds
+    (w_t, m_tt received, e_t it drew): post-processing, the guarantee is unchanged. ``w``
+    itself (the same object) when ``noise`` is empty (no record-level DP)."""
+    if noise.size == 0:
+        return w
+    if not (math.isfinite(m_tt) and m_tt > 0):
+        raise ValueError(f"m-tt must be finite and > 0, got {m_tt!r}")
+    return w - float(m_tt) * noise
 
 
 def noise_norm_allowance(std: np.ndarray | float, dim: int, releases: Any = 1) -> Any:

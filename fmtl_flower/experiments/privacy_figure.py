@@ -20,10 +20,13 @@ multiplier.
 
 ``python -m fmtl_flower.experiments.privacy_figure --mocha DIR`` runs the MOCHA part
 (record-level DP, :mod:`fmtl_flower.strategies.record_dp`): MOCHA on ``synthetic`` and
-``small`` at epsilon in {1, 2, 4, 8, inf} (delta = 1e-5, :data:`MOCHA_ROUNDS` rounds, row
-clip :data:`MOCHA_CLIP`) and local-only training (which releases nothing), seeds 0, 1, 2,
-each ``fmtl run`` writing ``DIR/<dataset>-<run>-seed<s>.json``, then prints the table
-(``--mocha-table DIR`` prints it from the files alone). About 10 s a run.
+``small`` with a learned and a fixed (mean) Omega (:data:`MOCHA_FORMULATIONS`) at epsilon in
+{1, 2, 4, 8, inf} (delta = 1e-5, :data:`MOCHA_ROUNDS` rounds, row clip :data:`MOCHA_CLIP`)
+and without DP, and local-only training (which releases nothing) at two lambdas, seeds 0, 1,
+2, each ``fmtl run`` writing ``DIR/<dataset>-<run>-seed<s>.json``, then prints the table
+(``--mocha-table DIR`` prints it from the files alone). About 1 s a run.
+``--mocha-select DIR`` runs the selection that chose the mean formulation's lambdas and the
+local lambda (:func:`mocha_selection_commands`: epsilon 8, seeds 10-12).
 """
 
 from __future__ import annotations
@@ -79,56 +82,124 @@ def utility_table(directory: Path) -> str:
     return "\n".join(lines)
 
 
-#: MOCHA part: rounds and Omega-steps (every 2 rounds: MOCHA's default of 10 would leave
-#: a 10-round run without one, i.e. local training), the row clip C per dataset (a fixed
-#: public value, near the median row norm of the dataset: synthetic's rows have norms
-#: 3.3-6.8, small's mostly 0.7-4.3), the target epsilons (inf: record-level DP with no
-#: noise) and seeds.
+#: MOCHA part: rounds, the row clip C per dataset (a fixed public value, near the median row
+#: norm of the dataset: synthetic's rows have norms 3.3-6.8, small's mostly 0.7-4.3), the
+#: target epsilons (inf: record-level DP with no noise) and the seeds the table reports.
 MOCHA_ROUNDS = 10
-MOCHA_OMEGA_EVERY = 2
 MOCHA_CLIP = {"synthetic": 4.0, "small": 1.5}
 MOCHA_EPSILONS = (1.0, 2.0, 4.0, 8.0, math.inf)
 MOCHA_SEEDS = (0, 1, 2)
+#: Noise draws per seed and finite epsilon (the noise comes from OS entropy; one draw's test
+#: error varies by several points, so a seed's is the mean over its draws).
+MOCHA_DRAWS = 3
+#: MOCHA's formulations in the table, per dataset: ``learned`` (probabilistic Omega, an
+#: Omega-step every 2 rounds: MOCHA's default of 10 would leave a 10-round run without one;
+#: lambda 0.1) and ``mean`` (a fixed Omega, mean-regularised: eq. 11), whose lambda and
+#: lambda2 were chosen by :func:`mocha_selection_commands` at epsilon 8 on seeds 10-12 (other
+#: data for ``synthetic``, other splits for ``small``), never on the reported seeds.
+MOCHA_FORMULATIONS = {
+    "synthetic": {"learned": ("mocha.omega-every=2",),
+                  "mean": ("mocha.omega=mean", "mocha.lambda=0.01", "mocha.lambda2=30")},
+    "small": {"learned": ("mocha.omega-every=2",),
+              "mean": ("mocha.omega=mean", "mocha.lambda=1", "mocha.lambda2=0.1")},
+}
+#: Local-only training at the default lambda (0.1) and at the lambda chosen on the same
+#: selection seeds (``local-lam0.01``): the line to beat, tuned as fairly as MOCHA.
+MOCHA_LOCAL_LAMBDAS = {"synthetic": (None, 0.01), "small": (None, 0.01)}
+#: The selection: seeds, noise draws per seed (the noise comes from OS entropy), and the
+#: settings tried at epsilon 8 (local-only training at each lambda as well).
+MOCHA_SELECTION_SEEDS = (10, 11, 12)
+MOCHA_SELECTION_DRAWS = 3
+MOCHA_SELECTION_GRID = (
+    [(f"learned-every{e}-lam{lam}", ("mocha.omega=probabilistic", f"mocha.omega-every={e}",
+                                    f"mocha.lambda={lam}")) for e in (1, 2, 5)
+     for lam in (0.1, 1)]
+    + [(f"identity-lam{lam}", ("mocha.omega=identity", f"mocha.lambda={lam}"))
+       for lam in (0.1, 1, 10)]
+    + [(f"mean-lam{lam}-lam2{l2}", ("mocha.omega=mean", f"mocha.lambda={lam}",
+                                    f"mocha.lambda2={l2}"))
+       for lam in (0.01, 0.1, 1) for l2 in (0.1, 1, 3, 10, 30)])
+SELECTION_LOCAL_LAMBDAS = (0.01, 0.1, 1)
+
+
+def _sets(values: tuple[str, ...] | list[str]) -> list[str]:
+    return [arg for value in values for arg in ("--set", value)]
+
+
+def _private(dataset: str, eps: float) -> list[str]:
+    return _sets(["dp.mechanism=record", f"dp.clip={MOCHA_CLIP[dataset]}",
+                  f"dp.epsilon={eps}", f"dp.delta={DELTA}"])
 
 
 def mocha_commands(directory: Path) -> list[list[str]]:
     """The ``fmtl`` argument lists of the MOCHA privacy-utility runs."""
     runs = []
-    for dataset, clip in MOCHA_CLIP.items():
+    for dataset in MOCHA_CLIP:
         for seed in MOCHA_SEEDS:
             common = ["--dataset", dataset, "--rounds", str(MOCHA_ROUNDS), "--seed", str(seed),
                       "--quiet"]
-            runs.append(["run", "local", *common, "--out",
-                         str(directory / f"{dataset}-local-seed{seed}.json")])
-            common += ["--set", f"mocha.omega-every={MOCHA_OMEGA_EVERY}"]
-            for eps in MOCHA_EPSILONS:
-                runs.append(["run", "mocha", *common, "--set", "dp.mechanism=record",
-                             "--set", f"dp.clip={clip}", "--set", f"dp.epsilon={eps}",
-                             "--set", f"dp.delta={DELTA}", "--out",
-                             str(directory / f"{dataset}-mocha-eps{eps:g}-seed{seed}.json")])
-            runs.append(["run", "mocha", *common, "--out",
-                         str(directory / f"{dataset}-mocha-nodp-seed{seed}.json")])
+            for lam in MOCHA_LOCAL_LAMBDAS[dataset]:
+                name = "local" if lam is None else f"local-lam{lam:g}"
+                extra = [] if lam is None else _sets([f"mocha.lambda={lam}"])
+                runs.append(["run", "local", *common, *extra, "--out",
+                             str(directory / f"{dataset}-{name}-seed{seed}.json")])
+            for form, values in MOCHA_FORMULATIONS[dataset].items():
+                for eps in MOCHA_EPSILONS:
+                    for draw in range(MOCHA_DRAWS if math.isfinite(eps) else 1):
+                        runs.append(["run", "mocha", *common, *_sets(values),
+                                     *_private(dataset, eps), "--out", str(
+                                         directory / f"{dataset}-mocha-{form}-eps{eps:g}-seed"
+                                         f"{seed}-draw{draw}.json")])
+                runs.append(["run", "mocha", *common, *_sets(values), "--out",
+                             str(directory / f"{dataset}-mocha-{form}-nodp-seed{seed}.json")])
+    return runs
+
+
+def mocha_selection_commands(directory: Path) -> list[list[str]]:
+    """The ``fmtl`` argument lists of the selection runs: every setting of
+    :data:`MOCHA_SELECTION_GRID` at epsilon 8, and local-only training at each lambda of
+    :data:`SELECTION_LOCAL_LAMBDAS`, on :data:`MOCHA_SELECTION_SEEDS` (never the reported
+    seeds), :data:`MOCHA_SELECTION_DRAWS` noise draws each."""
+    runs = []
+    for dataset in MOCHA_CLIP:
+        for seed in MOCHA_SELECTION_SEEDS:
+            common = ["--dataset", dataset, "--rounds", str(MOCHA_ROUNDS), "--seed", str(seed),
+                      "--quiet"]
+            for lam in SELECTION_LOCAL_LAMBDAS:
+                runs.append(["run", "local", *common, *_sets([f"mocha.lambda={lam}"]), "--out",
+                             str(directory / f"{dataset}-local-lam{lam:g}-seed{seed}.json")])
+            for name, values in MOCHA_SELECTION_GRID:
+                for draw in range(MOCHA_SELECTION_DRAWS):
+                    runs.append(["run", "mocha", *common, *_sets(values), *_private(dataset, 8),
+                                 "--out", str(directory / f"{dataset}-mocha-{name}-eps8-seed"
+                                              f"{seed}-draw{draw}.json")])
     return runs
 
 
 def mocha_table(directory: Path) -> str:
     """The Markdown table of the MOCHA runs in ``directory``: mean ± std over seeds of the
-    final per-task-averaged test error, with the final (largest over devices) epsilon."""
+    final per-task-averaged test error (a seed's runs ``-seedS-drawK`` averaged first), with
+    the final (largest over devices) epsilon."""
     import json
     from collections import defaultdict
 
     import numpy as np
 
-    groups: dict[str, list[dict]] = defaultdict(list)
+    groups: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    first: dict[str, dict] = {}
     for path in sorted(directory.glob("*-seed*.json")):
-        groups[path.stem.split("-seed")[0]].append(json.loads(path.read_text()))
+        name, _, seed = path.stem.partition("-seed")
+        result = json.loads(path.read_text())
+        groups[name][seed.split("-draw")[0]].append(result["final"]["test_error"])
+        first.setdefault(name, result)
     lines = ["| dataset | run | seeds | epsilon (delta 1e-5) | noise multiplier | "
              "test error (%) |", "|---|---|---|---|---|---|"]
     for name in sorted(groups):
         dataset, _, run = name.partition("-")
-        errors = 100 * np.array([r["final"]["test_error"] for r in groups[name]])
-        eps = groups[name][0]["final"].get("epsilon")
-        z = groups[name][0].get("privacy", {}).get("noise_multiplier")
+        # per seed the mean over its noise draws (one draw in the reported table)
+        errors = 100 * np.array([np.mean(draws) for draws in groups[name].values()])
+        eps = first[name]["final"].get("epsilon")
+        z = first[name].get("privacy", {}).get("noise_multiplier")
         lines.append(f"| {dataset} | {run} | {len(errors)} | "
                      f"{'-' if eps is None else f'{eps:.3g}'} | "
                      f"{'-' if z is None else f'{z:.3g}'} | "
@@ -136,12 +207,13 @@ def mocha_table(directory: Path) -> str:
     return "\n".join(lines)
 
 
-def run_mocha(directory: Path) -> None:
-    """Run :func:`mocha_commands` (skipping results already written) and print the table."""
+def run_mocha(directory: Path, commands=mocha_commands) -> None:
+    """Run ``commands(directory)`` (skipping results already written) and print the
+    table."""
     from ..cli import main as fmtl
 
     directory.mkdir(parents=True, exist_ok=True)
-    for argv in mocha_commands(directory):
+    for argv in commands(directory):
         if not Path(argv[-1]).exists():
             fmtl(argv)
     print(mocha_table(directory))
@@ -155,9 +227,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mocha", help="run the MOCHA record-level DP runs into this "
                         "directory and print their table")
     parser.add_argument("--mocha-table", help="print the MOCHA table of this directory")
+    parser.add_argument("--mocha-select", help="run the MOCHA selection runs (seeds 10-12, "
+                        "epsilon 8) into this directory and print their table")
     args = parser.parse_args(argv)
     if args.mocha:
         run_mocha(Path(args.mocha))
+        return
+    if args.mocha_select:
+        run_mocha(Path(args.mocha_select), mocha_selection_commands)
         return
     if args.mocha_table:
         print(mocha_table(Path(args.mocha_table)))

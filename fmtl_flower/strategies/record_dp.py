@@ -17,6 +17,13 @@ one record); the server
   withhold ``loss-mean`` and ``dual-mean``, which are exact statistics of their records:
   see ``docs/guides/privacy.md``, "What stays certified").
 
+Its W is built from the noisy B, so it holds every device's accepted noise; the test errors
+in the records are those of the devices' own models, each without its own noise
+(w_t - m_tt e_t, :func:`~fmtl_flower.core.record_dp.own_noise_free`, computed on the device
+from the ``w`` and ``m-tt`` every train and evaluate message carries). Under record-level
+DP a fixed Omega (``mean`` or ``identity``) does better than a learned one, whose
+Omega-step learns coupling from the noise (``docs/results.md``).
+
 A target ``dp.epsilon`` sets the noise multiplier once, at the first round, to the smallest
 whose ``num_rounds`` releases cost at most that epsilon (a device releases at most once per
 round). Checkpoints keep the release counts (the account resumes).

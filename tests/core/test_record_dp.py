@@ -14,6 +14,7 @@ from fmtl_flower.core.record_dp import (
     noise_norm_allowance,
     noise_rng,
     noisy_release,
+    own_noise_free,
     record_contribution,
     release_sensitivity,
     separable_m_tt,
@@ -190,3 +191,24 @@ def test_the_step_bound_is_the_box_for_other_losses_and_shrinks_with_curvature()
     small = record_contribution(2.0, 10, 1.0, 1000.0, 0.0)
     assert small == pytest.approx(np.sqrt(10 / 1000.0))  # x* = sqrt(n / curvature) at w = 0
     assert record_contribution(2.0, 10, 1.0, 0.01, 0.0) == 2.0
+
+
+def test_the_model_without_own_noise_is_the_column_of_the_true_image_and_the_others_noise():
+    """With B = B_true + E and a symmetric positive definite M (any formulation's K^-1),
+    w_t - m_tt e_t from the server's w_t is column t of W computed from B_true with only the
+    other devices' noise; with no noise to remove the model is w itself."""
+    rng = np.random.default_rng(4)
+    d, m = 6, 5
+    A = rng.normal(size=(m, m))
+    M = A @ A.T + m * np.eye(m)
+    B_true, E = rng.normal(size=(d, m)), 0.3 * rng.normal(size=(d, m))
+    W = (B_true + E) @ M
+    for t in range(m):
+        others = E.copy()
+        others[:, t] = 0.0
+        np.testing.assert_allclose(own_noise_free(W[:, t], M[t, t], E[:, t]),
+                                   ((B_true + others) @ M)[:, t], rtol=0, atol=1e-12)
+    w = W[:, 0]
+    assert own_noise_free(w, M[0, 0], np.zeros(0)) is w
+    with pytest.raises(ValueError, match="m-tt"):
+        own_noise_free(w, float("nan"), E[:, 0])

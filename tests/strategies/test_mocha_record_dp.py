@@ -65,19 +65,63 @@ def _private(strategy: Mocha, **dp: Any) -> Mocha:
     return enable_record_dp(strategy, DPSettings(mechanism="record", **dp))
 
 
-def _true_images(problem, grid, strategy, clip: float) -> np.ndarray:
-    """X_t^T alpha_t / n_t of every device's committed alpha, on its clipped rows."""
+def _committed(grid, strategy, t: int) -> np.ndarray:
+    """Device t's tracked vector as the server's B holds it: the committed one, plus the
+    pending change when the server accepted that round's reply (under record-level DP
+    [alpha_t; e_t], n_t + d entries)."""
     from .helpers import STATE_ARRAYS, STATE_META
 
+    context = grid.contexts[strategy.task_to_node[t]]
+    duals = from_array(context.state[STATE_ARRAYS]["duals"])
+    tracked = np.array(duals[0])
+    if int(context.state[STATE_META]["pending-round"]) == int(strategy.last_accepted[t]):
+        tracked = tracked + duals[1]
+    return tracked
+
+
+def _true_images(problem, grid, strategy, clip: float) -> np.ndarray:
+    """X_t^T alpha_t / n_t of every device's committed alpha, on its clipped rows."""
     out = np.zeros_like(strategy.state.B)
     for t in range(problem.num_tasks):
-        context = grid.contexts[strategy.task_to_node[t]]
-        duals = from_array(context.state[STATE_ARRAYS]["duals"])
-        alpha = np.array(duals[0])
-        if int(context.state[STATE_META]["pending-round"]) == int(strategy.last_accepted[t]):
-            alpha = alpha + duals[1]
         X = clip_rows(problem.Xs[t], clip)
-        out[:, t] = X.T @ alpha / X.shape[0]
+        out[:, t] = X.T @ _committed(grid, strategy, t)[:X.shape[0]] / X.shape[0]
+    return out
+
+
+def _device_noise(problem, grid, strategy, t: int) -> np.ndarray:
+    """The accepted noise e_t device t keeps (after its duals in the tracked vector)."""
+    return _committed(grid, strategy, t)[problem.Xs[t].shape[0]:]
+
+
+@pytest.fixture
+def evaluated(monkeypatch) -> dict[int, np.ndarray]:
+    """The model each device last computed test errors of, by task id (after a run: the
+    final ``evaluate``'s), recorded where every MOCHA device (packed or not) counts them."""
+    from fmtl_flower.clients import mocha as mocha_client
+
+    models: dict[int, np.ndarray] = {}
+    count = mocha_client.eval_metrics
+
+    def recording(task, w, config):
+        out = count(task, w, config)
+        if out:
+            models[task.task_id] = np.array(w)
+        return out
+
+    monkeypatch.setattr(mocha_client, "eval_metrics", recording)
+    return models
+
+
+def _without_own_noise(problem, grid, strategy, clip: float) -> np.ndarray:
+    """Column t: W of the server's B with column t replaced by device t's true image (its
+    own noise removed, the others' accepted noise kept), M the server's."""
+    true = _true_images(problem, grid, strategy, clip)
+    M = np.asarray(strategy.state.M)
+    out = np.empty_like(true)
+    for t in range(problem.num_tasks):
+        B = strategy.state.B.copy()
+        B[:, t] = true[:, t]
+        out[:, t] = (B @ M)[:, t]
     return out
 
 
@@ -128,7 +172,55 @@ def test_the_server_adds_exactly_the_calibrated_noise_of_the_accepted_replies(pr
                        for r in accepted[t])
         np.testing.assert_allclose(offset[:, t], expected, rtol=0, atol=1e-12,
                                    err_msg=f"task {t}")
+        # the device keeps exactly that noise as its e_t (task 2's rejected rounds not in it)
+        np.testing.assert_allclose(_device_noise(problem, grid, strategy, t), expected,
+                                   rtol=0, atol=1e-12, err_msg=f"task {t}")
     assert min(bounds) < 0.5 * clip and max(bounds) == clip  # both bounds were the smaller
+
+
+def test_every_device_evaluates_its_model_without_its_own_noise(problem, evaluated):
+    """Device t's final model (the one whose test errors it reports) is column t of
+    W(B') = B' M, B' the server's B with column t replaced by the device's true image
+    X_t^T alpha_t / n_t: the other devices' accepted noise stays in it, its own is gone
+    (w_t - m_tt e_t). Task 2's replies of rounds 2 and 3 are rejected (their noise is not
+    removed: the server never added it)."""
+    clip = 1.0
+    strategy = _private(Mocha(problem.num_tasks, **SETTINGS), clip=clip,
+                        noise_multiplier=0.7)
+    grid = _run(problem, strategy, wrap=fault_at("nan", FIRST_NODE_ID + 2, {2, 3}))
+    expected = _without_own_noise(problem, grid, strategy, clip)
+    for t in range(problem.num_tasks):
+        np.testing.assert_allclose(evaluated[t], expected[:, t], rtol=0, atol=1e-12,
+                                   err_msg=f"task {t}")
+        own = np.linalg.norm(evaluated[t] - strategy.state.W[:, t])
+        assert own > 1e-3 * np.linalg.norm(strategy.state.W[:, t])  # the server's w_t differs
+
+
+def test_a_device_restarted_from_its_state_file_keeps_its_noise(problem, evaluated,
+                                                               tmp_path):
+    """Device 1 loses its ``context.state`` before round 4 (a restart): it reads its
+    state file, e_t included, so no task is reset and every final model is still the
+    one without the device's own noise."""
+
+    def restart(app):
+        def client(msg, context):
+            if (context.node_id == FIRST_NODE_ID + 1 and msg.metadata.message_type == "train"
+                    and int(msg.content["config"]["server-round"]) == 4):
+                for key in list(context.state.keys()):
+                    del context.state[key]
+            return app(msg, context)
+        return client
+
+    clip = 1.0
+    strategy = _private(Mocha(problem.num_tasks, **SETTINGS), clip=clip,
+                        noise_multiplier=0.7)
+    grid = _run(problem, strategy, wrap=restart,
+                run_config={"client-state-dir": str(tmp_path / "devices")})
+    assert sum(r.get("num_resets") or 0 for r in strategy.results()["rounds"]) == 0
+    expected = _without_own_noise(problem, grid, strategy, clip)
+    for t in range(problem.num_tasks):
+        np.testing.assert_allclose(evaluated[t], expected[:, t], rtol=0, atol=1e-12,
+                                   err_msg=f"task {t}")
 
 
 def test_rows_are_clipped_and_whoami_reports_the_clip(problem):
@@ -214,6 +306,32 @@ def test_a_resumed_run_continues_every_devices_account(problem, tmp_path):
     assert len(set(theirs["privacy"]["epsilon_per_task"])) == 2
 
 
+def test_a_resumed_run_keeps_every_devices_noise(problem, evaluated, tmp_path):
+    """Killed in round 4 and resumed from round 3's checkpoint, the devices keeping state
+    files: each goes back to its alpha and e_t of round 3 (the stable copy), so every
+    device's final model without its own noise is the uninterrupted run's."""
+    dp = {"clip": 1.0, "noise_multiplier": 0.7}
+    run_config = {"client-state-dir": str(tmp_path / "whole")}
+    _run(problem, _private(Mocha(problem.num_tasks, **SETTINGS), **dp),
+         run_config=run_config)
+    uninterrupted = dict(evaluated)
+    evaluated.clear()
+    run_config = {"client-state-dir": str(tmp_path / "devices")}
+    first = _private(killed_in(Mocha, 4)(problem.num_tasks, **SETTINGS), **dp)
+    first.enable_checkpoints(tmp_path / "ckpt")
+    with pytest.raises(ServerKilled):
+        _run(problem, first, run_config=run_config)
+    resumed = _private(Mocha(problem.num_tasks, **SETTINGS), **dp)
+    resumed.enable_checkpoints(tmp_path / "ckpt")
+    grid = _run(problem, resumed, run_config=run_config)
+    assert resumed.resumed_from == 3
+    assert sum(r.get("num_resets") or 0 for r in resumed.results()["rounds"]) == 0
+    expected = _without_own_noise(problem, grid, resumed, dp["clip"])
+    for t in range(problem.num_tasks):
+        np.testing.assert_allclose(evaluated[t], uninterrupted[t], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(evaluated[t], expected[:, t], rtol=0, atol=1e-12)
+
+
 def test_a_checkpoint_without_dp_is_not_resumed_with_it(problem, tmp_path):
     first = killed_in(Mocha, 3)(problem.num_tasks, **SETTINGS)
     first.enable_checkpoints(tmp_path)
@@ -239,15 +357,21 @@ def _untimed(record: dict) -> dict:
     return {k: v for k, v in record.items() if not k.endswith("_s")}
 
 
-def test_packed_nodes_release_what_one_task_per_node_releases():
+def test_packed_nodes_release_what_one_task_per_node_releases(evaluated):
     """``fmtl run mocha`` with record-level DP (noise seeded per device) on packed nodes
-    (4 tasks a node) gives the records of one task per node bit for bit."""
+    (4 tasks a node) gives the records of one task per node bit for bit, and every
+    device evaluates the same model (its own noise removed) packed or not."""
     values = {"strategy": "mocha", "dataset": "synthetic", "num-tasks": 8,
               "num-server-rounds": 3, "dp.mechanism": "record", "dp.clip": 3.0,
               "dp.noise-multiplier": 0.8}
     one = _cli_run({**values, "tasks-per-node": 1}, 5)
+    one_models = dict(evaluated)
+    evaluated.clear()
     packed = _cli_run({**values, "tasks-per-node": 4}, 5)
     assert [_untimed(r) for r in one["rounds"]] == [_untimed(r) for r in packed["rounds"]]
+    assert sorted(evaluated) == sorted(one_models) == list(range(8))
+    for t, model in one_models.items():  # the models without the device's own noise
+        np.testing.assert_array_equal(evaluated[t], model)
     assert one["final"]["epsilon"] == rdp_epsilon([(0.8, 1.0, 3)], 1e-5)
     assert one["final"]["test_error"] < 0.5
 
