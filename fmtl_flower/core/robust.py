@@ -115,21 +115,26 @@ def cap_shares(weights: np.ndarray, max_share: float) -> np.ndarray:
     if total <= 0.0:
         return w
     share = max(float(max_share), 1.0 / w.size)
+    if float(w.max()) <= share * total * (1.0 + 1e-12):
+        return w / total * total  # nothing binds (as before: normalised and scaled back)
     order = np.argsort(-w, kind="stable")
     desc = w[order]
     free_mass = np.cumsum(desc[::-1])[::-1]  # mass of desc[c:], for c capped entries
     out = np.empty_like(w)
-    for c in range(w.size):
+    for c in range(1, w.size):
         if free_mass[c] <= 0.0:  # only the capped entries carry weight: they share it equally
-            out[order[:c]] = 1.0
+            out[order[:c]] = total / c
             out[order[c:]] = 0.0
-            break
-        new_total = free_mass[c] / (1.0 - c * share)
-        if desc[c] <= share * new_total * (1.0 + 1e-12):
-            out[order[:c]] = share * new_total
-            out[order[c:]] = desc[c:]
-            break
-    return out / float(out.sum()) * total
+            return out
+        # the uncapped keep their proportions (ratios first: a subnormal free mass would
+        # lose them in a product) and carry 1 - c share of the total
+        proportions, free_share = desc[c:] / free_mass[c], 1.0 - c * share
+        if proportions[0] * free_share <= share * (1.0 + 1e-12):
+            out[order[:c]] = share * total
+            out[order[c:]] = free_share * total * proportions
+            return out
+    out[:] = total / w.size  # share = 1/K: equal weights
+    return out
 
 
 def robust_radius(distances: np.ndarray, factor: float = 3.0) -> float:

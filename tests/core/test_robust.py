@@ -122,3 +122,10 @@ def test_krum_picks_the_honest_cluster():
     liars = 50.0 + rng.normal(size=(2, 5))
     chosen = krum_select(np.vstack([honest, liars]), num_malicious=2, num_selected=4)
     assert set(chosen.tolist()) <= set(range(8))
+
+
+def test_cap_shares_keeps_the_cap_when_the_free_mass_is_subnormal():
+    """Found by the property test above: with weights [1, 5e-324] and a cap of 0.625 the
+    water-filling's product with a subnormal free mass rounded the shares to 2/3 and 1/3."""
+    out = cap_shares(np.array([1.0, 5e-324]), 0.625)
+    np.testing.assert_allclose(out / out.sum(), [0.625, 0.375], rtol=1e-12)
