@@ -218,6 +218,7 @@ from ..core.fsvrg import (
 )
 from ..core.fsvrg.robust import (
     CLIP_FACTOR,
+    GRADIENT_CLIP_FACTOR,
     QUOTIENT_FACTOR,
     SHARE_BOUND_FLOOR,
     SQ_NORM_FACTOR,
@@ -956,7 +957,8 @@ class Fsvrg(TaskStrategy):
             n = np.array([float(self.n_weight[t]) for t in tasks])
             per_row = np.array(grads) / n[:, None]
             clipped = self._clipped(per_row, np.zeros(per_row.shape[1]), tasks,
-                                    "grad-sum / n-train", changed_only=True)
+                                    "grad-sum / n-train", changed_only=True,
+                                    factor=GRADIENT_CLIP_FACTOR)
             for i in clipped:
                 grads[i] = clipped[i] * n[i]
         grad_sum = np.zeros(self.dim or 0)
@@ -965,13 +967,13 @@ class Fsvrg(TaskStrategy):
         return grad_sum
 
     def _clipped(self, rows: np.ndarray, center: np.ndarray, tasks: list[int], what: str,
-                 changed_only: bool = False) -> Any:
+                 changed_only: bool = False, factor: float = CLIP_FACTOR) -> Any:
         """``rows`` clipped to the robust radius around ``center``, logged; with
         ``changed_only`` just ``{row index: clipped row}`` of the moved rows."""
-        out, radius, moved = clip_rows(rows, center)
+        out, radius, moved = clip_rows(rows, center, factor)
         if moved.any():
             log(INFO, "%s: |%s| of tasks %s clipped to %.6g (%g x the median)", _NAME, what,
-                [tasks[i] for i in np.flatnonzero(moved)][:20], radius, CLIP_FACTOR)
+                [tasks[i] for i in np.flatnonzero(moved)][:20], radius, factor)
         if changed_only:
             return {int(i): out[i] for i in np.flatnonzero(moved)}
         return out
