@@ -70,7 +70,8 @@ from tests.strategies.test_fsvrg_strategy import run
 
 EXTRA_CASES = [("fsvrg", "gradient-pairing-floor"), ("gd", "gradient-pairing-floor"),
                ("fsvrg", "gradient-orthogonal"), ("gd", "gradient-orthogonal"),
-               ("fsvrg", "n-train-200"), ("cocoa-plus", "d-w-robust-edge"),
+               ("fsvrg", "n-train-200"), ("fsvrg", "n-train-200-pairing-floor"),
+               ("gd", "n-train-200-pairing-floor"), ("cocoa-plus", "d-w-robust-edge"),
                ("cocoa-plus", "n-train-1e9")]
 
 
