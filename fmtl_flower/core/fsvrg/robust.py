@@ -103,40 +103,38 @@ round 9 for every device (8,866 of 10,000 device-rounds refused over 10 rounds;
 ``benchmarks/fsvrg_byzantine.py shares --tasks 1000``).
 
 Tried and left out (measured on the same federation): (1) *convexity of a device's losses
-across rounds*: each new gradient's tangent plane below every earlier ``(w_r, loss-sum_r)``
-of the device (chained over its replies, a budget of ``n_k log 2`` on the work the device
-does on the model). Sound (honest sums meet it), and with the 3x clip it refused the bent
-pushes above from their second or third round (FSVRG 2.01x -> 1.23x, GD 1.33x -> 1.03x),
-but a device that also bends its gradient to meet it (it knows the models it was sent and
-its own replies; projected onto the half-spaces, reporting the largest loss allowed) passed
-it every round
-with the same damage (FSVRG 2.07x; 4.56x with the 200-row claim): a push held against the
-honest devices' pull does no work, and the pull towards 0 the pairing bend adds wins budget
-back as ``|w|`` grows. An earlier check of the gradients' monotonicity between consecutive
-replies fared no better (2.36x). (2) *A per-device drift budget*: the running sum of a
-device's clipped per-row deviations from the aggregate, after 8 rounds, is 1.3 to 1.6x the
-median for honest devices, 1.86x for the bent push and 0.85x for the 200-row claim (weighted
-by the trusted rows: honest up to 1.68x, the claim 2.67x, but weighted sums grow with a
-device's rows, which honest Pareto devices have: a cap there is the share cap again).
-(3) *A tighter CoCoA+ share fence* (per row, 2x the median or 3 MADs of the logs, instead of
-3x or 8 MADs): it refused no honest share at K = 10 (200 rounds) or K = 30 (20 rounds;
-``shares``), but held the share kept in one direction only from 1.38x to 1.27x in 30 rounds
-(1.24x for one at 2.4x the median ``d-w``): the attacker's share stays below
-:data:`SHARE_BOUND_FLOOR` (5 %) of its verifiable bound (its ``sq-norm-sum`` x3 widens the
-bound), which no share fence refuses; without that floor the tighter fence holds it to 1.13x,
-but the floor is what keeps K = 1000's honest early shares (up to 3.4 % of their bounds,
-500x the median per row). Not adopted; a floor that follows the honest shares' fraction of
-their bounds instead of a constant is the lead (not measured at K = 100 or 1000).
-(4) *A larger default* ``max-weight-share`` would spare honest unbalanced federations (at
-K = 30 the largest honest share is 0.39 and the 0.25 cap makes FSVRG minimise another
-objective, relative sub-optimality 6.75e-2 against 1.73e-2 robust off; ``cost --tasks 30``):
-0.4 spares K = 30 but not K = 20 (0.48), and lets the 200-row claim weigh 200 rows: 3.79x ->
-4.49x (a 451-row claim, just inside the count fence: 2.52x -> 4.35x; GD 1.33x -> 1.36x). The
-share cap stays on every device, not only on claims the count fence cut: with it on cut
-claims only, a device claiming 451 rows with the gradient at its bound moved FSVRG's honest
-objective to 1.50x with lambda at 0.56 of the true ``1/n``, against 1.05x with lambda at
-0.81. The reported objective still sums what devices say about their losses (a liar's
-claimed rows weigh at most its trusted count).
+across rounds*: each new gradient's tangent plane below every earlier ``(w_r, loss-sum_r)`` of
+the device (chained over its replies, a budget of ``n_k log 2`` on the work the device does on
+the model). Sound (honest sums meet it), and with the 3x clip it refused the bent pushes above
+from their second or third round (FSVRG 2.01x -> 1.23x, GD 1.33x -> 1.03x), but a device that
+also bends its gradient to meet it (it knows the models it was sent and its own replies;
+projected onto the half-spaces, reporting the largest loss allowed) passed it every round with
+the same damage (FSVRG 2.07x; 4.56x with the 200-row claim): a push held against the honest
+devices' pull does no work, and the pull towards 0 the pairing bend adds wins budget back as
+``|w|`` grows. An earlier check of the gradients' monotonicity between consecutive replies
+fared no better (2.36x). (2) *A per-device drift budget*: the running sum of a device's clipped
+per-row deviations from the aggregate, after 8 rounds, is 1.3 to 1.6x the median for honest
+devices, 1.86x for the bent push and 0.85x for the 200-row claim (weighted by the trusted rows:
+honest up to 1.68x, the claim 2.67x, but weighted sums grow with a device's rows, which honest
+Pareto devices have: a cap there is the share cap again). (3) *A tighter CoCoA+ share fence*
+(per row, 2x the median or 3 MADs of the logs, instead of 3x or 8 MADs): it refused no honest
+share at K = 10 (200 rounds) or K = 30 (20 rounds; ``shares``), but held the share kept in one
+direction only from 1.38x to 1.27x in 30 rounds (1.24x for one at 2.4x the median ``d-w``): the
+attacker's share stays below :data:`SHARE_BOUND_FLOOR` (5 %) of its verifiable bound (its
+``sq-norm-sum`` x3 widens the bound), which no share fence refuses; without that floor the
+tighter fence holds it to 1.13x, but the floor is what keeps K = 1000's honest early shares (up
+to 3.4 % of their bounds, 500x the median per row). Not adopted; a floor that follows the
+honest shares' fraction of their bounds instead of a constant is the lead (not measured at K =
+100 or 1000). (4) *A larger default* ``max-weight-share`` would spare honest unbalanced
+federations (at K = 30 the largest honest share is 0.39 and the 0.25 cap makes FSVRG minimise
+another objective, relative sub-optimality 6.75e-2 against 1.73e-2 robust off; ``cost --tasks
+30``): 0.4 spares K = 30 but not K = 20 (0.48), and lets the 200-row claim weigh 200 rows:
+3.79x -> 4.49x (a 451-row claim, just inside the count fence: 2.52x -> 4.35x; GD 1.33x ->
+1.36x). The share cap stays on every device, not only on claims the count fence cut: with it on
+cut claims only, a device claiming 451 rows with the gradient at its bound moved FSVRG's honest
+objective to 1.50x with lambda at 0.56 of the true ``1/n``, against 1.05x with lambda at 0.81.
+The reported objective still sums what devices say about their losses (a liar's claimed rows
+weigh at most its trusted count).
 """
 
 from __future__ import annotations
