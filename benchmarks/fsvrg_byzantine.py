@@ -71,7 +71,8 @@ from tests.strategies.test_fsvrg_strategy import run
 EXTRA_CASES = [("fsvrg", "gradient-pairing-floor"), ("gd", "gradient-pairing-floor"),
                ("fsvrg", "gradient-orthogonal"), ("gd", "gradient-orthogonal"),
                ("fsvrg", "n-train-200"), ("fsvrg", "n-train-200-pairing-floor"),
-               ("gd", "n-train-200-pairing-floor"), ("cocoa-plus", "d-w-robust-edge"),
+               ("gd", "n-train-200-pairing-floor"), ("fsvrg", "n-train-200-orthogonal"),
+               ("gd", "n-train-200-orthogonal"), ("cocoa-plus", "d-w-robust-edge"),
                ("cocoa-plus", "n-train-1e9")]
 
 
@@ -122,9 +123,9 @@ def poisoned(rounds: int) -> None:
 
 EDGE_ATTACKS = {
     "fsvrg": ["gradient-pairing-floor", "gradient-orthogonal", "n-train-200",
-              "n-train-200-pairing-floor"],
+              "n-train-200-pairing-floor", "n-train-200-orthogonal"],
     "gd": ["gradient-pairing-floor", "gradient-orthogonal", "n-train-200",
-           "n-train-200-pairing-floor"],
+           "n-train-200-pairing-floor", "n-train-200-orthogonal"],
     "cocoa-plus": ["d-w-robust-edge"],
 }
 #: CoCoA+'s edge attack grows slowly: also measured over this many rounds.
