@@ -133,8 +133,10 @@ federations (at K = 30 the largest honest share is 0.39 and the 0.25 cap makes F
 another objective, relative sub-optimality 6.75e-2 against 1.73e-2 robust off; ``cost --tasks
 30``): 0.4 spares K = 30 but not K = 20 (0.48), and lets the 200-row claim weigh 200 rows:
 3.79x -> 4.49x (a 451-row claim, just inside the count fence: 2.52x -> 4.35x; GD 1.33x ->
-1.36x). The share cap stays on every device, not only on claims the count fence cut: with it on
-cut claims only, a device claiming 451 rows with the gradient at its bound moved FSVRG's honest
+1.36x); a smaller one does not hold the worst attack either: 0.2 (no honest device capped at K
+= 10) leaves the orthogonal 200-row claim 120 rows and 4.83x (GD 1.62x), 7.87x / 1.68x at 0.25.
+The share cap stays on every device, not only on claims the count fence cut: with it on cut
+claims only, a device claiming 451 rows with the gradient at its bound moved FSVRG's honest
 objective to 1.50x with lambda at 0.56 of the true ``1/n``, against 1.05x with lambda at 0.81.
 The reported objective still sums what devices say about their losses (a liar's claimed rows
 weigh at most its trusted count).
