@@ -17,7 +17,8 @@ rows with the labels flipped (``labels-flipped``) and for its rows repeated to t
 the ``n-train-200`` attack claims (``labels-flipped-200-rows``); no reply of it can be
 refused; (b) each edge attack (replies inside every check, pushing one way as far as the
 checks allow). ``worst_attack`` / ``floor`` name the largest of each. CoCoA+'s edge attack
-also over 30 rounds (``d-w-robust-edge@30``, against the 30-round lost run).
+and its labels-flipped floor also over 30 rounds (``d-w-robust-edge@30``,
+``labels-flipped@30``, against the 30-round lost run).
 
 ``cost``: FSVRG's Figure 2 protocol through the strategy and its ClientApp (``fmtl reproduce
 fsvrg-fig2`` runs the same algorithms Flower-free, so robust mode cannot change it):
