@@ -16,7 +16,7 @@ rows: its own rows with the labels flipped, or its row norms along one direction
 rows with the labels flipped (``labels-flipped``) and for its rows repeated to the 200 rows
 the ``n-train-200`` attack claims (``labels-flipped-200-rows``); no reply of it can be
 refused; (b) each edge attack (replies inside every check, pushing one way as far as the
-checks allow). ``worst_attack`` / ``floor`` name the largest of each. CoCoA+'s edge attack
+checks allow). ``worst_attack`` / ``floor_max`` name the largest of each. CoCoA+'s edge attack
 and its labels-flipped floor also over 30 rounds (``d-w-robust-edge@30``,
 ``labels-flipped@30``, against the 30-round lost run).
 
