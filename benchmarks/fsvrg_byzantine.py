@@ -11,6 +11,15 @@ rows: its own rows with the labels flipped, or its row norms along one direction
 -1. Every reply is true to its data, so no check of the replies can refuse it; prints
 ``on / lost`` (robust on).
 
+``floor``: one JSON line. Per method (fsvrg, gd, cocoa-plus), robust on, ``on / lost`` of
+(a) the floor an honest-looking device sets: task 9 truthful to every message for its own
+rows with the labels flipped (``labels-flipped``) and for its rows repeated to the 200 rows
+the ``n-train-200`` attack claims (``labels-flipped-200-rows``); no reply of it can be
+refused; (b) each edge attack (replies inside every check, pushing one way as far as the
+checks allow). ``worst_attack`` / ``floor_max`` name the largest of each. CoCoA+'s edge attack
+and its labels-flipped floor also over 30 rounds (``d-w-robust-edge@30``,
+``labels-flipped@30``, against the 30-round lost run).
+
 ``cost``: FSVRG's Figure 2 protocol through the strategy and its ClientApp (``fmtl reproduce
 fsvrg-fig2`` runs the same algorithms Flower-free, so robust mode cannot change it):
 ``sparse-federated`` with K tasks (d = 20,000, seed 0), ``lam = 1/n``, R rounds of gd, cocoa-plus
@@ -29,6 +38,7 @@ bound (the others honest) would be refused.
 Run from the repository root:
 ``python benchmarks/fsvrg_byzantine.py attacks [--rounds 8]``,
 ``python benchmarks/fsvrg_byzantine.py poisoned [--rounds 8]``,
+``python benchmarks/fsvrg_byzantine.py floor [--rounds 8]``,
 ``python benchmarks/fsvrg_byzantine.py cost [--tasks 30] [--rounds 20] [--methods gd,...]``,
 ``python benchmarks/fsvrg_byzantine.py shares [--tasks 1000] [--rounds 10]``.
 """
@@ -37,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 
 import numpy as np
@@ -60,7 +71,9 @@ from tests.strategies.test_fsvrg_strategy import run
 
 EXTRA_CASES = [("fsvrg", "gradient-pairing-floor"), ("gd", "gradient-pairing-floor"),
                ("fsvrg", "gradient-orthogonal"), ("gd", "gradient-orthogonal"),
-               ("fsvrg", "n-train-200"), ("cocoa-plus", "d-w-robust-edge"),
+               ("fsvrg", "n-train-200"), ("fsvrg", "n-train-200-pairing-floor"),
+               ("gd", "n-train-200-pairing-floor"), ("fsvrg", "n-train-200-orthogonal"),
+               ("gd", "n-train-200-orthogonal"), ("cocoa-plus", "d-w-robust-edge"),
                ("cocoa-plus", "n-train-1e9")]
 
 
@@ -107,6 +120,59 @@ def poisoned(rounds: int) -> None:
             on = honest_objective(data, federate(other, method, "honest", robust=True,
                                                  rounds=rounds).w)
             print(f"{method:11s} {name:25s} {on / lost:8.3f}", flush=True)
+
+
+EDGE_ATTACKS = {
+    "fsvrg": ["gradient-pairing-floor", "gradient-orthogonal", "n-train-200",
+              "n-train-200-pairing-floor", "n-train-200-orthogonal"],
+    "gd": ["gradient-pairing-floor", "gradient-orthogonal", "n-train-200",
+           "n-train-200-pairing-floor", "n-train-200-orthogonal"],
+    "cocoa-plus": ["d-w-robust-edge"],
+}
+#: CoCoA+'s edge attack grows slowly: also measured over this many rounds.
+COCOA_LONG_ROUNDS = 30
+
+
+def _labels_flipped(data, rows: int | None = None):
+    """``data`` with task 9's rows (repeated to ``rows`` if given) labelled the other way."""
+    own = data.task(HOSTILE)
+    X, y = own.X_train, -own.y_train
+    if rows is not None:
+        take = np.arange(rows) % own.n_train
+        X, y = X[take], y[take]
+    tasks = list(data.tasks)
+    tasks[HOSTILE] = SparseTaskData(sp.csr_matrix(X), y, own.X_test, own.y_test)
+    return dataclasses.replace(data, tasks=tuple(tasks))
+
+
+def floor(rounds: int) -> None:
+    data = make_sparse_federated(num_tasks=TASKS, dim=DIM, seed=0)
+    out: dict = {"tasks": TASKS, "dim": DIM, "seed": 0, "rounds": rounds, "hostile": HOSTILE,
+                 "ratio": "honest objective robust on / task 9's replies lost", "methods": {}}
+
+    def ratio(method: str, federation, attack: str, n_rounds: int) -> float:
+        lost = honest_objective(data, federate(data, method, None, robust=False,
+                                               rounds=n_rounds).w)
+        on = honest_objective(data, federate(federation, method, attack, robust=True,
+                                             rounds=n_rounds).w)
+        return round(on / lost, 4)
+
+    for method, attacks_of in EDGE_ATTACKS.items():
+        floors = {"labels-flipped": ratio(method, _labels_flipped(data), "honest", rounds),
+                  "labels-flipped-200-rows": ratio(method, _labels_flipped(data, 200),
+                                                   "honest", rounds)}
+        edge = {a: ratio(method, data, a, rounds) for a in attacks_of}
+        if method == "cocoa-plus":
+            edge[f"d-w-robust-edge@{COCOA_LONG_ROUNDS}"] = ratio(
+                method, data, "d-w-robust-edge", COCOA_LONG_ROUNDS)
+            floors[f"labels-flipped@{COCOA_LONG_ROUNDS}"] = ratio(
+                method, _labels_flipped(data), "honest", COCOA_LONG_ROUNDS)
+        worst = max(edge, key=edge.get)
+        highest = max(floors, key=floors.get)
+        out["methods"][method] = {"floor": floors, "attacks": edge,
+                                  "worst_attack": [worst, edge[worst]],
+                                  "floor_max": [highest, floors[highest]]}
+    print(json.dumps(out), flush=True)
 
 
 def cost(num_tasks: int, rounds: int, methods: list[str]) -> None:
@@ -176,7 +242,7 @@ def shares(num_tasks: int, rounds: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("table", choices=("attacks", "poisoned", "cost", "shares"))
+    parser.add_argument("table", choices=("attacks", "poisoned", "floor", "cost", "shares"))
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--tasks", type=int, default=30)
     parser.add_argument("--methods", default="gd,cocoa-plus,fsvrg")
@@ -186,6 +252,8 @@ def main() -> None:
         attacks(args.rounds or 8)
     elif args.table == "poisoned":
         poisoned(args.rounds or 8)
+    elif args.table == "floor":
+        floor(args.rounds or 8)
     elif args.table == "cost":
         cost(args.tasks, args.rounds or 20, args.methods.split(","))
     else:

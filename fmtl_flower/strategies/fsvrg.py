@@ -142,8 +142,8 @@ is the behaviour above, bit for bit:
 * ``gram-v``: ``v . gram-v >= 0`` and ``|gram-v|^2 <= rho v . gram-v`` (``rho``: the fence of the
   federation's per-row Rayleigh quotients times the trusted ``n_k``); the estimate of
   ``sigma_max^2`` never decreases;
-* ``w-local`` and the per-row gradient ``grad-sum / n-train`` are clipped to 3 times the median
-  of the accepted ones' distances (to ``w_t``; to 0);
+* ``w-local`` is clipped to 3 times the median of the accepted ones' distances to ``w_t``,
+  the per-row gradient ``grad-sum / n-train`` to 2 times the median of their norms;
 * CoCoA+'s ``d-w``: the task's share of ``w`` after it, ``|v_k + d-w|``, at most
   ``sqrt(n_k S_k) / (lam n)`` (``y alpha`` in [0, 1]) and per row within the fence of the
   round's shares unless within 5 % of that bound; a reply above is rejected (the node rolls
@@ -218,6 +218,7 @@ from ..core.fsvrg import (
 )
 from ..core.fsvrg.robust import (
     CLIP_FACTOR,
+    GRADIENT_CLIP_FACTOR,
     QUOTIENT_FACTOR,
     SHARE_BOUND_FLOOR,
     SQ_NORM_FACTOR,
@@ -978,8 +979,10 @@ class Fsvrg(TaskStrategy):
 
     def _gradient_sum(self, accepted: dict[int, dict[str, Any]]) -> np.ndarray:
         """``sum_k grad-sum_k`` in task order; robust: each ``grad-sum_k / n_k`` (a row's
-        mean gradient) clipped around 0 (:func:`~fmtl_flower.core.fsvrg.robust.clip_rows`)
-        and weighted by the trusted ``n_k``."""
+        mean gradient) clipped around 0 to :data:`~fmtl_flower.core.fsvrg.robust.
+        GRADIENT_CLIP_FACTOR` times their median norm
+        (:func:`~fmtl_flower.core.fsvrg.robust.clip_rows`) and weighted by the trusted
+        ``n_k``."""
         tasks = sorted(accepted)
         grads = [self._scaled(t, accepted[t], "grad-sum") for t in tasks]
         if self.privacy is not None:  # client-level DP: clipped, noised (privacy.FsvrgDP)
@@ -990,7 +993,8 @@ class Fsvrg(TaskStrategy):
             n = np.array([float(self.n_weight[t]) for t in tasks])
             per_row = np.array(grads) / n[:, None]
             clipped = self._clipped(per_row, np.zeros(per_row.shape[1]), tasks,
-                                    "grad-sum / n-train", changed_only=True)
+                                    "grad-sum / n-train", changed_only=True,
+                                    factor=GRADIENT_CLIP_FACTOR)
             for i in clipped:
                 grads[i] = clipped[i] * n[i]
         grad_sum = np.zeros(self.dim or 0)
@@ -999,13 +1003,13 @@ class Fsvrg(TaskStrategy):
         return grad_sum
 
     def _clipped(self, rows: np.ndarray, center: np.ndarray, tasks: list[int], what: str,
-                 changed_only: bool = False) -> Any:
-        """``rows`` clipped to the robust radius around ``center``, logged; with
-        ``changed_only`` just ``{row index: clipped row}`` of the moved rows."""
-        out, radius, moved = clip_rows(rows, center)
+                 changed_only: bool = False, factor: float = CLIP_FACTOR) -> Any:
+        """``rows`` clipped to ``factor`` times the median of their distances to ``center``,
+        logged; with ``changed_only`` just ``{row index: clipped row}`` of the moved rows."""
+        out, radius, moved = clip_rows(rows, center, factor)
         if moved.any():
             log(INFO, "%s: |%s| of tasks %s clipped to %.6g (%g x the median)", _NAME, what,
-                [tasks[i] for i in np.flatnonzero(moved)][:20], radius, CLIP_FACTOR)
+                [tasks[i] for i in np.flatnonzero(moved)][:20], radius, factor)
         if changed_only:
             return {int(i): out[i] for i in np.flatnonzero(moved)}
         return out
