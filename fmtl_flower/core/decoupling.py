@@ -22,6 +22,12 @@ relationship either (for ``probabilistic`` and ``clustered`` a zero column makes
 Gram matrix, and so Omega, block diagonal; ``graphical``'s lasso too, up to its tolerance,
 and M' removes the rest).
 
+On the factored server path (M = V diag(s) V^T + c I, :mod:`.factored`, for m > 1000
+tasks) M' is the same matrix kept in factored form (:func:`decoupled_factor`): the coupled
+rows of V diag(s) V^T refactored with orthonormal columns that vanish on the decoupled rows,
+and one unit column per decoupled task of weight M'_ss - c; the coupling weights come from
+the factor's absolute row sums, computed once per M.
+
 Decoupling is sticky for the run: a device caught once (e.g. one that lies only every other
 round) stays decoupled; the statistics are re-checked every round and only add tasks.
 
@@ -148,6 +154,7 @@ import math
 
 import numpy as np
 
+from .factored import FactoredMatrix
 from .robust import coordinate_median, log_upper_fence, upper_fence
 
 __all__ = [
@@ -170,6 +177,7 @@ __all__ = [
     "coupled_models",
     "coupling_fence",
     "coupling_weights",
+    "decoupled_factor",
     "decoupled_inverse",
     "federation_scale",
     "outlying",
@@ -413,11 +421,18 @@ def consensus_fence(images: np.ndarray, scale: np.ndarray, excluded: np.ndarray
     return center, fence, deviation
 
 
-def coupling_weights(M: np.ndarray) -> np.ndarray:
+def coupling_weights(M: np.ndarray | FactoredMatrix) -> np.ndarray:
     """How strongly each task's dual image enters the others' models under W = B M:
     ``sum_{t != s} |M_ts|`` for every task s ((m,), 0 for a task without coupling, e.g. a
     decoupled one). Times the task's normalised |b_s|, it bounds the task's pull on the
-    federation (the sum over t != s of |M_ts b_s| / scale_s; module docstring)."""
+    federation (the sum over t != s of |M_ts b_s| / scale_s; module docstring).
+
+    ``M`` is an (m, m) array or a :class:`~fmtl_flower.core.factored.FactoredMatrix` (the
+    factored server path: its absolute row sums, O(m^2 r / 2) flops in tiles,
+    :meth:`~fmtl_flower.core.factored.FactoredMatrix.abs_row_sums`, so compute them once per
+    M, not per round)."""
+    if isinstance(M, FactoredMatrix):
+        return M.abs_row_sums() - np.abs(M.diag())
     A = np.abs(np.asarray(M, dtype=np.float64))
     return A.sum(axis=0) - np.diag(A)
 
@@ -472,6 +487,49 @@ def decoupled_inverse(M: np.ndarray, decoupled: np.ndarray) -> np.ndarray:
     diag[mask] = float(np.median(coupled)) if coupled.size else diag[mask]
     out[np.flatnonzero(mask), np.flatnonzero(mask)] = diag[mask]
     return out
+
+
+def decoupled_factor(M: FactoredMatrix, decoupled: np.ndarray) -> FactoredMatrix:
+    """M' of the module docstring (:func:`decoupled_inverse`) for M = V diag(s) V^T + c I in
+    factored form (the factored server path), again an orthonormal factor with the same c.
+
+    With P the projection onto the coupled tasks' coordinates and E the decoupled tasks'
+    unit vectors, M' = P V diag(s) V^T P + c I + (mu - c) E E^T, mu the median of the
+    coupled tasks' diagonal entries of M: the coupled block is M's (P (c I) P and c E E^T
+    make c I), the decoupled tasks' rows and columns are mu on the diagonal and 0 elsewhere.
+    The first term is refactored on the coupled rows alone (thin SVD of V_H = V[coupled] =
+    U S Z^T, then the eigenvectors of the r x r core S Z^T diag(s) Z S), so its columns stay
+    orthonormal and 0 on the decoupled rows, orthogonal to E; E joins them as k columns of
+    weight mu - c. Cost O(m r^2) (as the Omega-step's) and k more columns of V, so the
+    products with M' cost O(m d (r + k)) for k decoupled tasks.
+
+    ``M`` itself when no task is decoupled.
+    """
+    mask = np.asarray(decoupled, dtype=bool)
+    if not mask.any():
+        return M
+    diag = M.diag()
+    coupled = np.flatnonzero(~mask)
+    isolated = np.flatnonzero(mask)
+    mu = np.full(isolated.size, float(np.median(diag[coupled]))) if coupled.size \
+        else diag[isolated]
+    m, r = M.V.shape
+    columns, weights = [], []
+    if coupled.size and r:
+        U, S, Zt = np.linalg.svd(M.V[coupled], full_matrices=False)
+        core = (S[:, None] * Zt * M.s) @ (Zt.T * S[None, :])
+        values, E = np.linalg.eigh(0.5 * (core + core.T))
+        if np.all(M.s >= 0):  # a congruence keeps s >= 0: no rounding below 0
+            values = np.maximum(values, 0.0)
+        block = np.zeros((m, values.size))
+        block[coupled] = U @ E
+        columns.append(block)
+        weights.append(values)
+    units = np.zeros((m, isolated.size))
+    units[isolated, np.arange(isolated.size)] = 1.0
+    columns.append(units)
+    weights.append(mu - M.c)
+    return FactoredMatrix(np.hstack(columns), np.concatenate(weights), M.c)
 
 
 def coupled_models(W: np.ndarray, decoupled: np.ndarray | None) -> np.ndarray:

@@ -17,11 +17,13 @@ from fmtl_flower.core.decoupling import (
     coupled_models,
     coupling_fence,
     coupling_weights,
+    decoupled_factor,
     decoupled_inverse,
     federation_scale,
     outlying,
     project_blocks,
 )
+from fmtl_flower.core.factored import FactoredMatrix
 from fmtl_flower.core.formulations import make_formulation
 from fmtl_flower.core.mocha import MochaServerState
 
@@ -295,3 +297,33 @@ def test_the_watch_state_keeps_the_coupling_streaks():
     old = OutlierWatch(4)
     old.restore({k: v for k, v in arrays.items() if "bond" not in k})
     assert not old.bonding.any() and not old.bond.any()
+
+
+def random_factor(m: int, r: int, rng: np.random.Generator, negative: bool) -> FactoredMatrix:
+    V = np.linalg.qr(rng.normal(size=(m, r)))[0] if r else np.zeros((m, 0))
+    s = rng.uniform(0.01, 2.0, size=r)
+    if negative:
+        s[: r // 2] *= -0.1
+    return FactoredMatrix(V, s, rng.uniform(0.5, 1.0))
+
+
+@pytest.mark.parametrize("which", [[2], [0, 5], "all"])
+@pytest.mark.parametrize("m, r, negative", [(7, 0, False), (7, 3, False), (7, 7, False),
+                                            (40, 5, False), (40, 5, True)])
+def test_the_factored_decoupled_inverse_is_the_dense_one(m, r, negative, which):
+    """M' in factored form (the factored server path) is the dense path's M' to rounding:
+    same c, orthonormal columns (one more per decoupled task), no decoupled coupling, and
+    the same coupling weights; s stays >= 0 where it was."""
+    M = random_factor(m, r, np.random.default_rng(m + r), negative)
+    mask = np.ones(m, dtype=bool) if which == "all" else np.isin(np.arange(m), which)
+    F = decoupled_factor(M, mask)
+    F.check()
+    assert F.c == M.c and F.rank <= m
+    expected = decoupled_inverse(M.dense(), mask)
+    np.testing.assert_allclose(F.dense(), expected, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(coupling_weights(F), coupling_weights(expected), rtol=0,
+                               atol=1e-12)
+    assert np.all(coupling_weights(F)[mask] <= 1e-12)
+    if not negative:
+        assert np.all(F.s >= 0)
+    assert decoupled_factor(M, np.zeros(m, dtype=bool)) is M
