@@ -129,7 +129,9 @@ before) guards this contract with what the federation makes plausible:
   times the others' median, or its b_t farther from the federation's consensus, the
   coordinate-wise median of the tasks' b_t, than the others' distances make plausible
   (median + 5 MADs, from 5 tasks on: :func:`~fmtl_flower.core.decoupling.consensus_fence`;
-  what pulls the others is a coherent direction, not a size); or, with a learned Omega,
+  what pulls the others is a coherent direction, not a size; a round in which the others
+  catch up with it, its distance holding still while its multiple of the fence shrinks,
+  does not count); or, with a learned Omega,
   its pull on the others, |b_t| times its coupling sum_s |M_st|, beyond 10 times the
   federation's median pull (:func:`~fmtl_flower.core.decoupling.coupling_weights`: the
   learned Sigma can give colluders under the other fences 10 to 20 times an honest task's
