@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from .decoupling import coupling_weights, decoupled_factor
 from .factored import (
     DENSE_MATERIALISE_MAX_TASKS,
     FactoredFormulation,
@@ -122,6 +123,7 @@ class FactoredMochaServerState(ServerStateBasics):
     W: np.ndarray = field(init=False)
     _m_diag: np.ndarray | None = field(init=False, default=None, repr=False)
     _sigma: dict[str, np.ndarray] = field(init=False, default_factory=dict, repr=False)
+    _coupling: np.ndarray | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.formulation, FactoredFormulation):
@@ -143,6 +145,23 @@ class FactoredMochaServerState(ServerStateBasics):
         self.M = M
         self._m_diag = None
         self._sigma = {}
+        self._coupling = None
+
+    def decouple(self, decoupled: np.ndarray) -> None:
+        """Decouple the tasks of the bool mask ``decoupled`` (m,) from the others (M -> M' of
+        :func:`~fmtl_flower.core.decoupling.decoupled_factor`, now and after every
+        Omega-step), then W <- B M': the dense state's
+        :meth:`~fmtl_flower.core.mocha.MochaServerState.decouple`, in factored form."""
+        self.decoupled = np.array(decoupled, dtype=bool)
+        self._take_inverse()
+        self.recompute_models()
+
+    def coupling_weights(self) -> np.ndarray:
+        """:func:`~fmtl_flower.core.decoupling.coupling_weights` of the current M (cached
+        until M changes: O(m^2 r / 2) flops in tiles)."""
+        if self._coupling is None:
+            self._coupling = coupling_weights(self.M)
+        return self._coupling.copy()
 
     def m_diag(self) -> np.ndarray:
         """Diagonal of M = K^-1, one ``m_tt`` per task (cached until the next Omega-step)."""
@@ -170,7 +189,8 @@ class FactoredMochaServerState(ServerStateBasics):
         self.M.add_rows_product(self.W, delta_B, tasks)
 
     def _take_inverse(self) -> None:
-        self._set_M(self.formulation.inverse_factor())
+        M = self.formulation.inverse_factor()
+        self._set_M(M if self.decoupled is None else decoupled_factor(M, self.decoupled))
 
     def state_arrays(self) -> dict[str, np.ndarray]:
         """Everything needed to continue bit for bit: B, W, M's factor and the formulation's.

@@ -129,7 +129,9 @@ before) guards this contract with what the federation makes plausible:
   times the others' median, or its b_t farther from the federation's consensus, the
   coordinate-wise median of the tasks' b_t, than the others' distances make plausible
   (median + 5 MADs, from 5 tasks on: :func:`~fmtl_flower.core.decoupling.consensus_fence`;
-  what pulls the others is a coherent direction, not a size); or, with a learned Omega,
+  what pulls the others is a coherent direction, not a size; a round in which the others
+  catch up with it, its distance holding still while its multiple of the fence shrinks,
+  does not count); or, with a learned Omega,
   its pull on the others, |b_t| times its coupling sum_s |M_st|, beyond 10 times the
   federation's median pull (:func:`~fmtl_flower.core.decoupling.coupling_weights`: the
   learned Sigma can give colluders under the other fences 10 to 20 times an honest task's
@@ -140,9 +142,11 @@ before) guards this contract with what the federation makes plausible:
   longer moves any other task's model, and the Omega-step of a learned formulation learns
   nothing from its model (:mod:`fmtl_flower.core.decoupling`). It keeps training its own
   model; W stays W(alpha) for the regulariser M'^-1 and every gap stays a true bound for it.
-  Logged once per newly decoupled task; records list ``tasks_decoupled``. The dense server
-  path only: on the factored one (m > 1000 tasks) an outlier is logged once and listed, but
-  not decoupled;
+  Logged once per newly decoupled task; records list ``tasks_decoupled``. Both server
+  paths: on the factored one (m > 1000 tasks) M' keeps its factored form
+  (:func:`~fmtl_flower.core.decoupling.decoupled_factor`: the same M' as the dense path's,
+  one more factor column per decoupled task) and the coupling weights, O(m^2 r / 2) flops,
+  are computed once per M (after an Omega-step or a decoupling), not per round;
 * weight shares (``max_weight_share``): no MOCHA-family average weights a device by what it
   reports. The mean formulation's mean and the sum of the per-task losses give every task
   1/m, whatever its ``n-train``, so the cap holds for m >= 1 / ``max_weight_share`` (and a
@@ -632,11 +636,6 @@ class Mocha(LinearTasks, TaskStrategy):
                                 images=self.state.B, coupling=self._coupling())
         if not new.any():
             return
-        if not isinstance(self.state, MochaServerState):
-            log(WARNING, "MOCHA round %d: tasks %s are outliers, but the factored server path "
-                "cannot decouple them (server-path=dense can)", server_round,
-                np.flatnonzero(new).tolist()[:20])
-            return
         self.state.decouple(self.decoupled)
         self._constants = None  # M changed: m_tt and sigma' are recomputed
         log(WARNING, "MOCHA round %d: task%s %s decoupled from the others (off-diagonal "
@@ -645,12 +644,15 @@ class Mocha(LinearTasks, TaskStrategy):
             "their updates are outliers against the federation's (robust mode)")
 
     def _coupling(self) -> np.ndarray | None:
-        """The coupling weights of the current M' (learned formulations on the dense path,
-        :func:`~fmtl_flower.core.decoupling.coupling_weights`): under a fixed Omega every
-        pair is coupled alike and a task's pull is its image's size, fenced already."""
+        """The coupling weights of the current M' (learned formulations,
+        :func:`~fmtl_flower.core.decoupling.coupling_weights`; the factored state caches
+        them per M): under a fixed Omega every pair is coupled alike and a task's pull is
+        its image's size, fenced already."""
         state = self.state
-        if not isinstance(state, MochaServerState) or state.formulation.fixed:
+        if state is None or state.formulation.fixed:
             return None
+        if isinstance(state, FactoredMochaServerState):
+            return state.coupling_weights()
         return coupling_weights(state.M)
 
     def _omega_step(self, server_round: int) -> bool:
@@ -752,7 +754,7 @@ class Mocha(LinearTasks, TaskStrategy):
         if self.privacy is not None:  # the account resumes
             self.privacy.restore(arrays, self.num_tasks)
         self.watch.restore(arrays)
-        if isinstance(self.state, MochaServerState) and self.decoupled.any():
+        if self.decoupled.any():
             self.state.decoupled = self.decoupled.copy()  # M stored is M'
         self._checkpoint_n_train = arrays["n_train"].astype(np.int64)
         self.records = [dict(r) for r in meta["records"]]

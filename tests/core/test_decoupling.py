@@ -17,11 +17,13 @@ from fmtl_flower.core.decoupling import (
     coupled_models,
     coupling_fence,
     coupling_weights,
+    decoupled_factor,
     decoupled_inverse,
     federation_scale,
     outlying,
     project_blocks,
 )
+from fmtl_flower.core.factored import FactoredMatrix
 from fmtl_flower.core.formulations import make_formulation
 from fmtl_flower.core.mocha import MochaServerState
 
@@ -295,3 +297,68 @@ def test_the_watch_state_keeps_the_coupling_streaks():
     old = OutlierWatch(4)
     old.restore({k: v for k, v in arrays.items() if "bond" not in k})
     assert not old.bonding.any() and not old.bond.any()
+
+
+def random_factor(m: int, r: int, rng: np.random.Generator, negative: bool) -> FactoredMatrix:
+    V = np.linalg.qr(rng.normal(size=(m, r)))[0] if r else np.zeros((m, 0))
+    s = rng.uniform(0.01, 2.0, size=r)
+    if negative:
+        s[: r // 2] *= -0.1
+    return FactoredMatrix(V, s, rng.uniform(0.5, 1.0))
+
+
+@pytest.mark.parametrize("which", [[2], [0, 5], "all"])
+@pytest.mark.parametrize("m, r, negative", [(7, 0, False), (7, 3, False), (7, 7, False),
+                                            (40, 5, False), (40, 5, True)])
+def test_the_factored_decoupled_inverse_is_the_dense_one(m, r, negative, which):
+    """M' in factored form (the factored server path) is the dense path's M' to rounding:
+    same c, orthonormal columns (one more per decoupled task), no decoupled coupling, and
+    the same coupling weights; s stays >= 0 where it was."""
+    M = random_factor(m, r, np.random.default_rng(m + r), negative)
+    mask = np.ones(m, dtype=bool) if which == "all" else np.isin(np.arange(m), which)
+    F = decoupled_factor(M, mask)
+    F.check()
+    assert F.c == M.c and F.rank <= m
+    expected = decoupled_inverse(M.dense(), mask)
+    np.testing.assert_allclose(F.dense(), expected, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(coupling_weights(F), coupling_weights(expected), rtol=0,
+                               atol=1e-12)
+    assert np.all(coupling_weights(F)[mask] <= 1e-12)
+    if not negative:
+        assert np.all(F.s >= 0)
+    assert decoupled_factor(M, np.zeros(m, dtype=bool)) is M
+
+
+def test_a_task_the_federation_catches_up_with_is_not_decoupled():
+    """Early in a run (the benchmark's digits split, seed 0, logistic loss) one honest task's
+    image is 4 times the others' after round 1 and holds still while theirs grow toward it:
+    beyond the consensus fence in rounds 1 to 3 by a shrinking multiple of it (2.0, 1.4,
+    1.1), it used to be decoupled in round 3. A round in which it holds still and the fence
+    closes in on it by :data:`IMAGE_RETREAT` no longer counts. A task that holds still while
+    the others hold still too, or that keeps moving away as they grow, is still decoupled in
+    :data:`IMAGE_PERSISTENCE` rounds."""
+    scale, ones = np.ones(10), np.ones(10, dtype=bool)
+
+    def run(ahead: list[float], growth: float) -> list[int]:
+        """Task 4 at ``ahead[r]`` along e_2 in round r, the others along +-e_1 and +-e_3
+        (the consensus stays at 0) growing by the factor ``growth`` a round; the round each
+        task is decoupled in (0: never)."""
+        watch = OutlierWatch(10)
+        sizes = np.array([0.48, 0.45, 0.46, 0.48, 0.0, 0.56, 0.43, 0.40, 0.37, 0.34])
+        axes = np.array([0, 0, 0, 0, 1, 0, 2, 2, 2, 2])
+        signs = np.array([1, -1, 1, -1, 1, 1, 1, -1, 1, -1])
+        rounds = np.zeros(10, dtype=int)
+        for r, size in enumerate(ahead, start=1):
+            images = np.zeros((3, 10))
+            images[axes, np.arange(10)] = signs * sizes * growth ** (r - 1)
+            images[1, 4] = size
+            new = watch.update(np.zeros(10), scale, np.linalg.norm(images, axis=0), scale,
+                               ones, images=images)
+            rounds[new] = r
+        return rounds.tolist()
+
+    held = [4.0] * 6
+    assert run(held, 1.45) == [0] * 10  # they catch up: forgiven, then within the fence
+    assert run(held, 1.0) == [0] * 4 + [IMAGE_PERSISTENCE] + [0] * 5  # nobody moves
+    moving_away = [4.0 * 1.5 ** r for r in range(6)]  # grows as fast as the fence
+    assert run(moving_away, 1.45) == [0] * 4 + [IMAGE_PERSISTENCE] + [0] * 5

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fmtl_flower.core.decoupling import coupling_weights
 from fmtl_flower.core.factored import (
     DENSE_MATERIALISE_MAX_TASKS,
     FactoredMatrix,
@@ -309,6 +310,43 @@ def test_server_state_matches_dense(name, d, m):
     assert_close(fac.regulariser(), den.regulariser())
     assert_close(fac.regulariser(), 0.5 * fac.formulation.regulariser_factor().quad_trace(fac.W))
     assert (fac.lam, fac.num_tasks, fac.dim) == (den.lam, den.num_tasks, den.dim)
+
+
+@pytest.mark.parametrize("name", FACTORED_NAMES)
+@pytest.mark.parametrize("d,m", [(6, 4), (5, 60)])
+def test_a_decoupled_server_state_matches_dense(name, d, m):
+    """Robust mode's decoupling on the factored path: the same M' (hence W, m_tt, sigma'
+    and coupling weights) as the dense path's, now and after later Omega-steps, and kept
+    through a checkpoint."""
+    rng = np.random.default_rng(m)
+    opts = options(name, m, rng)
+    fac = FactoredMochaServerState.zeros_for(d, m, name, **opts)
+    den = MochaServerState.zeros_for(d, m, name, **opts)
+    drive(fac, np.random.default_rng(1), rounds=3)
+    drive(den, np.random.default_rng(1), rounds=3)
+    mask = np.isin(np.arange(m), [1, m - 1])
+    fac.decouple(mask)
+    den.decouple(mask)
+    np.testing.assert_allclose(fac.W, den.W, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(fac.M.dense(), den.M, rtol=0, atol=1e-12 * np.abs(den.M).max())
+    drive(fac, np.random.default_rng(2))
+    drive(den, np.random.default_rng(2))
+    np.testing.assert_allclose(fac.W, den.W, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(fac.M.dense(), den.M, rtol=0, atol=1e-12 * np.abs(den.M).max())
+    assert_close(fac.W, fac.M.right_multiply(fac.B))
+    assert_close(fac.m_diag(), den.m_diag())
+    for mode in SIGMA_MODES:
+        assert_close(fac.sigma_prime(mode), den.sigma_prime(mode))
+    scale = np.abs(den.M).max()
+    np.testing.assert_allclose(fac.coupling_weights(), coupling_weights(den.M), rtol=0,
+                               atol=1e-12 * m * scale)
+    assert np.all(fac.coupling_weights()[mask] <= 1e-12 * m * scale)
+    restored = restore_server_state(fac.state_arrays(), m, name, **opts)
+    restored.decoupled = mask.copy()
+    for state in (restored, fac, den):
+        state.omega_step()
+    np.testing.assert_array_equal(restored.W, fac.W)
+    np.testing.assert_allclose(fac.W, den.W, rtol=0, atol=1e-10)
 
 
 def test_server_state_caches_until_the_omega_step():
