@@ -129,6 +129,13 @@ def async_sigma_prime(M: np.ndarray, tau: int | None, concurrency: int,
     return gamma * (1.0 + (tau + concurrency - 1) * nu)
 
 
+#: How the server picks the local subproblems' sigma': ``stale-safe`` (:func:`async_sigma_prime`:
+#: every prefix of applied updates keeps the dual, even without the safeguard) or
+#: ``synchronous`` (Lemma 9's row sum, as synchronous MOCHA's ``global`` sigma': smaller, so
+#: larger steps; only with the safeguard, which alone then keeps the dual monotone).
+SIGMA_PRIME_RULES = ("stale-safe", "synchronous")
+
+
 def safeguard_gamma(ascent: float, curvature: float, cap: float = 1.0) -> float:
     """The factor in [0, cap] applied to one reply: ``cap`` when the full step does not lower
     the dual, else the maximiser of ``g ascent - g^2 curvature / 2``.
@@ -504,14 +511,24 @@ class AsyncMochaServer:
     bounds : ReplyBounds, optional
         The bounds each reply is checked against (None: none; the certificate's check of
         the pairs is always on).
+    sigma_prime_rule : str
+        One of :data:`SIGMA_PRIME_RULES` (``synchronous`` needs the safeguard).
     """
 
     def __init__(self, state: MochaServerState, budgets: np.ndarray, *, concurrency: int,
                  tau: int | None = None, gamma: float = 1.0, safeguard: bool = True,
                  seed: int = 0, method: str = "mocha", theta: float = 0.5,
-                 bounds: ReplyBounds | None = None) -> None:
+                 bounds: ReplyBounds | None = None,
+                 sigma_prime_rule: str = "stale-safe") -> None:
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        if sigma_prime_rule not in SIGMA_PRIME_RULES:
+            raise ValueError(f"sigma-prime-rule must be one of {SIGMA_PRIME_RULES}, got "
+                             f"{sigma_prime_rule!r}")
+        if sigma_prime_rule == "synchronous" and not safeguard:
+            raise ValueError("sigma-prime-rule 'synchronous' needs the safeguard: without it "
+                             "stale updates may lower the dual")
+        self.sigma_prime_rule = sigma_prime_rule
         self.method, self.theta = method, float(theta)
         m = state.num_tasks
         self.state = state
@@ -548,6 +565,8 @@ class AsyncMochaServer:
             self.tau = self.concurrency
         self.sigma_prime = async_sigma_prime(self.state.M, self.tau, self.concurrency,
                                              self.gamma)
+        if self.sigma_prime_rule == "synchronous":
+            self.sigma_prime = np.asarray(self.state.sigma_prime("global"), dtype=np.float64)
         self.m_diag = self.state.m_diag()
         self.K = self.state.formulation.regulariser_matrix()
 
@@ -840,6 +859,7 @@ def simulate_async_mocha(
     robust: bool = True,
     latency_persistence: float = 0.0,
     availability: Availability | None = None,
+    sigma_prime_rule: str = "stale-safe",
 ) -> Run:
     """Run barrier-free MOCHA on a virtual clock until ``replies`` replies are applied.
 
@@ -855,7 +875,7 @@ def simulate_async_mocha(
         Applied replies to run (``rounds x m`` for the work of ``rounds`` synchronous rounds);
         the run also ends after ``10 x replies + m`` requests (e.g. a timeout shorter than
         every request).
-    concurrency, tau, gamma, safeguard
+    concurrency, tau, gamma, safeguard, sigma_prime_rule
         See :class:`AsyncMochaServer` (``concurrency`` None: every task).
     latency_sigma, latency_persistence : float
         sigma of the log-normal latency factor (0: deterministic) and the share of its
@@ -892,7 +912,8 @@ def simulate_async_mocha(
     server = AsyncMochaServer(state, _budgets(tasks, local_frac),
                               concurrency=m if concurrency is None else concurrency, tau=tau,
                               gamma=gamma, safeguard=safeguard, seed=seed, method=method,
-                              theta=theta, bounds=ReplyBounds.of_tasks(tasks, robust))
+                              theta=theta, bounds=ReplyBounds.of_tasks(tasks, robust),
+                              sigma_prime_rule=sigma_prime_rule)
     devices = [AsyncDevice(t, X, y) for t, (X, y) in enumerate(tasks)]
 
     def transport(request: Request) -> list[Reply | Rejected]:
@@ -1172,6 +1193,7 @@ def simulate_sync_mocha(
     stop_relative_gap: float | None = None,
     latency_persistence: float = 0.0,
     availability: Availability | None = None,
+    max_time_s: float | None = None,
 ) -> Run:
     """Synchronous MOCHA (fixed Omega) on the same virtual clock and latency draws.
 
@@ -1184,6 +1206,8 @@ def simulate_sync_mocha(
     for a dropped device from its last round), the dual after the round. With
     ``availability``, a round trains the devices online when it starts
     (:func:`sync_round_plan`); while none is, the clock waits for the first to come back.
+    The run ends after ``rounds`` rounds, at ``stop_relative_gap``, or after the first round
+    that ends past ``max_time_s`` virtual seconds.
     """
     m = len(tasks)
     seconds = np.broadcast_to(np.asarray(seconds, dtype=np.float64), (m,))
@@ -1230,6 +1254,8 @@ def simulate_sync_mocha(
         run.records.append(record)
         if stop_relative_gap is not None and record["gap"] is not None \
                 and record["gap"] <= stop_relative_gap * abs(record["primal"]):
+            break
+        if max_time_s is not None and now > max_time_s:
             break
     run.virtual_time_s = now
     return run
