@@ -91,13 +91,16 @@ from ..checkpoint import check_fingerprint, read_checkpoint, write_checkpoint
 from ..core.async_mocha import (
     APPLIED,
     INVALID,
+    SIGMA_PRIME_RULES,
     AsyncMochaServer,
+    Availability,
     EventLoop,
     Rejected,
     Reply,
     ReplyBounds,
     Request,
     Run,
+    latency_factor,
 )
 from ..core.formulations import make_formulation
 from ..core.mocha import MochaServerState
@@ -139,6 +142,13 @@ class AsyncMocha(Strategy):
         Staleness bound (None: unbounded while the tasks are uncoupled).
     latency_sigma : float
         The virtual clock's log-normal factor (0: deterministic eq. (30) times).
+    latency_persistence : float
+        The share of its log-variance that is per device (0: drawn for every request).
+    offline_fraction, offline_mean_s : float
+        The devices' offline windows on the virtual clock (fraction 0: always online;
+        :class:`~fmtl_flower.core.async_mocha.Availability`).
+    sigma_prime_rule : str
+        ``stale-safe`` or ``synchronous`` (:data:`~fmtl_flower.core.async_mocha.SIGMA_PRIME_RULES`).
     gamma : float
         MOCHA's aggregation parameter in (0, 1].
     local_frac : float
@@ -176,13 +186,24 @@ class AsyncMocha(Strategy):
                  seed: int = 0, method: str = "mocha", theta: float = 0.5,
                  robust: bool = True, max_row_norm: float | None = None,
                  num_tasks: int | None = None,
-                 on_round: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_round: Callable[[dict[str, Any]], None] | None = None,
+                 latency_persistence: float = 0.0, offline_fraction: float = 0.0,
+                 offline_mean_s: float = 60.0,
+                 sigma_prime_rule: str = "stale-safe") -> None:
         if concurrency is not None and concurrency < 1:
             raise ValueError(f"concurrency must be >= 1 (or None: every task), got {concurrency}")
         if tau is not None and tau < 0:
             raise ValueError(f"tau must be >= 0 (or None: unbounded), got {tau}")
         if not (math.isfinite(latency_sigma) and latency_sigma >= 0):
             raise ValueError(f"latency_sigma must be a finite number >= 0, got {latency_sigma}")
+        latency_factor(seed, 0, 1, latency_sigma, latency_persistence)  # checks both
+        self.latency_persistence = latency_persistence
+        self.availability = None if offline_fraction == 0 else Availability(
+            offline_fraction, offline_mean_s)
+        if sigma_prime_rule not in SIGMA_PRIME_RULES:
+            raise ValueError(f"sigma_prime_rule must be one of {SIGMA_PRIME_RULES}, got "
+                             f"{sigma_prime_rule!r}")
+        self.sigma_prime_rule = sigma_prime_rule
         self.lam, self.omega = lam, omega
         self.formulation_options = dict(formulation_options or {})
         self.concurrency, self.tau, self.latency_sigma = concurrency, tau, latency_sigma
@@ -216,7 +237,11 @@ class AsyncMocha(Strategy):
                    seed=settings.seed, theta=settings.theta, on_round=on_round,
                    robust=settings.robust, max_row_norm=settings.max_row_norm,
                    num_tasks=num_tasks,
-                   method="cocoa" if settings.method == "async-cocoa" else "mocha")
+                   method="cocoa" if settings.method == "async-cocoa" else "mocha",
+                   latency_persistence=settings.latency_persistence,
+                   offline_fraction=settings.offline_fraction,
+                   offline_mean_s=settings.offline_mean_s,
+                   sigma_prime_rule=settings.sigma_prime_rule)
 
     # Strategy's round-based interface: not used (there are no rounds) -----------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -265,11 +290,14 @@ class AsyncMocha(Strategy):
                                   tau=self.tau, gamma=self.gamma, seed=self.seed,
                                   method=self.method, theta=self.theta,
                                   bounds=ReplyBounds(self.row_norm, n, self.robust,
-                                                     BOUND_SLACK))
+                                                     BOUND_SLACK),
+                                  sigma_prime_rule=self.sigma_prime_rule)
         self.run = Run(server, [])
         loop = EventLoop(self.run, seconds, _GridTransport(self, grid, nodes),
                          latency_sigma=self.latency_sigma, seed=self.seed,
-                         omega_every=self.omega_every, timeout_s=self.request_timeout_s)
+                         omega_every=self.omega_every, timeout_s=self.request_timeout_s,
+                         latency_persistence=self.latency_persistence,
+                         availability=self.availability)
         self.num_rounds = num_rounds
         if self.checkpoint_dir is not None and self.resume:
             self._resume(loop)
