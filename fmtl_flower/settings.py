@@ -590,6 +590,17 @@ class MochaSettings(_PrimalDualSettings):
         tasks are uncoupled, then ``concurrency``) and the virtual clock's log-normal latency
         factor (0: deterministic) (``mocha.concurrency``, ``mocha.tau``,
         ``mocha.latency-sigma``).
+    latency_persistence, offline_fraction, offline_mean_s : float
+        The virtual clock's share of the latency's log-variance that is per device (0: every
+        request drawn independently, 1: a slow device is slow on every request), and the
+        devices' offline windows: the fraction of time offline (0: always online) and the
+        mean offline window in virtual seconds (``mocha.latency-persistence``,
+        ``mocha.offline-fraction``, ``mocha.offline-mean-s``;
+        :func:`fmtl_flower.core.async_mocha.latency_factor`,
+        :class:`~fmtl_flower.core.async_mocha.Availability`).
+    sigma_prime_rule : {"stale-safe", "synchronous"}
+        The barrier-free methods' sigma' (``mocha.sigma-prime-rule``;
+        :data:`fmtl_flower.core.async_mocha.SIGMA_PRIME_RULES`).
     """
 
     method: str = setting("mocha", choice("mocha", "cocoa", "mb-sdca", "async-mocha",
@@ -617,6 +628,13 @@ class MochaSettings(_PrimalDualSettings):
     tau: int | None = setting(None, optional(integer(1)), "mocha.tau", from_wire=zero_is_none,
                               wire_default=0, wire_check=integer(0))
     latency_sigma: float = setting(0.0, number(lo=0.0), "mocha.latency-sigma")
+    latency_persistence: float = setting(0.0, number(lo=0.0, hi=1.0),
+                                         "mocha.latency-persistence")
+    offline_fraction: float = setting(0.0, number(lo=0.0, hi=1.0, hi_open=True),
+                                      "mocha.offline-fraction")
+    offline_mean_s: float = setting(60.0, _POSITIVE, "mocha.offline-mean-s")
+    sigma_prime_rule: str = setting("stale-safe", choice("stale-safe", "synchronous"),
+                                    "mocha.sigma-prime-rule")
 
     @property
     def formulation_options(self) -> dict[str, Any]:

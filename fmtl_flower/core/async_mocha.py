@@ -91,6 +91,7 @@ runs synchronous MOCHA with a deadline on the same clock and the same draws.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import logging
 import math
@@ -108,7 +109,7 @@ from .formulations import Formulation, make_formulation
 from .hinge import hinge_conjugate_value, mean_hinge_loss
 from .losses import Loss, get_loss
 from .mocha import MochaServerState
-from .rng import TAG_LATENCY, coordinate_order
+from .rng import TAG_AVAILABILITY, TAG_LATENCY, TAG_LATENCY_DEVICE, coordinate_order
 from .sdca import sdca_local_update
 
 TaskArrays = tuple[np.ndarray, np.ndarray]
@@ -164,6 +165,13 @@ def async_sigma_prime(M: np.ndarray, tau: int | None, concurrency: int,
     return gamma * (1.0 + (tau + concurrency - 1) * nu)
 
 
+#: How the server picks the local subproblems' sigma': ``stale-safe`` (:func:`async_sigma_prime`:
+#: every prefix of applied updates keeps the dual, even without the safeguard) or
+#: ``synchronous`` (Lemma 9's row sum, as synchronous MOCHA's ``global`` sigma': smaller, so
+#: larger steps; only with the safeguard, which alone then keeps the dual monotone).
+SIGMA_PRIME_RULES = ("stale-safe", "synchronous")
+
+
 def safeguard_gamma(ascent: float, curvature: float, cap: float = 1.0) -> float:
     """The factor in [0, cap] applied to one reply: ``cap`` when the full step does not lower
     the dual, else the maximiser of ``g ascent - g^2 curvature / 2``.
@@ -184,16 +192,112 @@ def safeguard_gamma(ascent: float, curvature: float, cap: float = 1.0) -> float:
     return float(min(max(ascent / curvature, 0.0), cap))
 
 
-def latency_factor(seed: int, task: int, request: int, sigma: float) -> float:
-    """The log-normal factor ``exp(sigma z)``, z ~ N(0, 1), of task ``task``'s ``request``-th
-    request (1-based) under ``seed`` (1.0 when sigma is 0). Synchronous round k draws the same
-    factor as the k-th request, so both protocols meet the same delays."""
+def latency_factor(seed: int, task: int, request: int, sigma: float,
+                   persistence: float = 0.0) -> float:
+    """The log-normal factor of task ``task``'s ``request``-th request (1-based) under
+    ``seed``: ``exp(sigma (sqrt(1 - p) z_tk + sqrt(p) z_t))`` with z_tk ~ N(0, 1) drawn for
+    each request and z_t ~ N(0, 1) drawn once per device (1.0 when sigma is 0).
+
+    ``persistence`` p in [0, 1] is the share of the log-variance that belongs to the device:
+    0 (the default, the first model) draws every request independently; 1 makes a slow
+    device slow on every request (its factor is fixed); in between, a persistent device
+    factor times a per-request one. Every request's factor has the same law for every p
+    (log-normal, log-sd sigma, median 1), so runs under different p meet equally slow
+    requests on average and differ only in how the slowness is spread over the devices.
+    Synchronous round k draws the same factor as the k-th request, so both protocols meet
+    the same delays.
+    """
     if sigma < 0 or not math.isfinite(sigma):
         raise ValueError(f"latency-sigma must be a finite number >= 0, got {sigma}")
+    if not 0.0 <= persistence <= 1.0:
+        raise ValueError(f"latency-persistence must be in [0, 1], got {persistence}")
     if sigma == 0.0:
         return 1.0
-    z = np.random.default_rng([int(seed), int(task), int(request), TAG_LATENCY]).standard_normal()
+    z = 0.0
+    if persistence < 1.0:
+        z_request = np.random.default_rng(
+            [int(seed), int(task), int(request), TAG_LATENCY]).standard_normal()
+        z += math.sqrt(1.0 - persistence) * z_request if persistence else z_request
+    if persistence > 0.0:
+        z_device = np.random.default_rng(
+            [int(seed), int(task), TAG_LATENCY_DEVICE]).standard_normal()
+        z += math.sqrt(persistence) * z_device
     return float(math.exp(sigma * z))
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Devices that go offline for a while: each device alternates online and offline
+    windows of exponential lengths, offline ``offline_fraction`` of the time on average, each
+    offline window ``mean_offline_s`` virtual seconds on average (online windows:
+    ``mean_offline_s (1 - f) / f``); a device starts offline with probability f. Drawn per
+    device from the stream ``[seed, t, TAG_AVAILABILITY]`` (:mod:`fmtl_flower.core.rng`).
+
+    On the virtual clock the server sends work only to online devices (a deployment's
+    SuperLink knows the connected nodes); a device that goes offline before its reply is
+    sent loses it, and the server counts the request expired (theta = 1) when the device
+    disconnects. The synchronous baseline meets the same windows: a round trains only the
+    devices online when it starts and waits for a lost reply until the disconnect (or its
+    deadline).
+    """
+
+    offline_fraction: float
+    mean_offline_s: float
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.offline_fraction < 1.0:
+            raise ValueError("availability: the offline fraction must be in [0, 1), got "
+                             f"{self.offline_fraction}")
+        if not (math.isfinite(self.mean_offline_s) and self.mean_offline_s > 0):
+            raise ValueError("availability: the mean offline duration must be a finite "
+                             f"number of seconds > 0, got {self.mean_offline_s}")
+
+    def schedule(self, seed: int, num_tasks: int) -> AvailabilitySchedule:
+        """The windows of ``num_tasks`` devices under ``seed``."""
+        return AvailabilitySchedule(self, seed, num_tasks)
+
+
+class AvailabilitySchedule:
+    """The online / offline windows of each device (:class:`Availability`), drawn lazily and
+    in order from each device's own stream: the same seed gives the same windows whatever
+    the order of the questions asked."""
+
+    def __init__(self, availability: Availability, seed: int, num_tasks: int) -> None:
+        f, d = availability.offline_fraction, availability.mean_offline_s
+        self.mean = (d * (1.0 - f) / f, d) if f > 0 else None  # (online, offline) means
+        self._rngs = [np.random.default_rng([int(seed), t, TAG_AVAILABILITY])
+                      for t in range(num_tasks)]
+        # edges[t]: times where device t's state flips; starts_online[t]: its state at 0
+        self._starts_online = [self.mean is None or bool(rng.random() >= f)
+                               for rng in self._rngs]
+        self._edges: list[list[float]] = [[0.0] for _ in range(num_tasks)]
+
+    def _window(self, task: int, time_s: float) -> tuple[int, float, float]:
+        """(index, start, end) of device ``task``'s window containing ``time_s``."""
+        edges = self._edges[task]
+        while edges[-1] <= time_s:
+            online = self._online_in(task, len(edges) - 1)
+            edges.append(edges[-1] + self._rngs[task].exponential(self.mean[0 if online else 1]))
+        i = bisect.bisect_right(edges, time_s) - 1
+        return i, edges[i], edges[i + 1]
+
+    def _online_in(self, task: int, index: int) -> bool:
+        return self._starts_online[task] == (index % 2 == 0)
+
+    def online_until(self, task: int, time_s: float) -> float | None:
+        """When device ``task``, online at ``time_s``, goes offline (inf: never); None if it
+        is offline at ``time_s``."""
+        if self.mean is None:
+            return math.inf
+        i, _, end = self._window(task, time_s)
+        return end if self._online_in(task, i) else None
+
+    def next_online(self, task: int, time_s: float) -> float:
+        """The first time >= ``time_s`` when device ``task`` is online."""
+        if self.mean is None:
+            return time_s
+        i, _, end = self._window(task, time_s)
+        return time_s if self._online_in(task, i) else end
 
 
 # ----------------------------------------------------------------------------- messages
@@ -496,18 +600,28 @@ class AsyncMochaServer:
     loss : str or Loss
         The run's loss (:data:`~fmtl_flower.core.losses.LOSSES`; ``bounds.loss`` must be
         the same).
+    sigma_prime_rule : str
+        One of :data:`SIGMA_PRIME_RULES` (``synchronous`` needs the safeguard).
     """
 
     def __init__(self, state: MochaServerState, budgets: np.ndarray, *, concurrency: int,
                  tau: int | None = None, gamma: float = 1.0, safeguard: bool = True,
                  seed: int = 0, method: str = "mocha", theta: float = 0.5,
-                 bounds: ReplyBounds | None = None, loss: str | Loss = "hinge") -> None:
+                 bounds: ReplyBounds | None = None, loss: str | Loss = "hinge",
+                 sigma_prime_rule: str = "stale-safe") -> None:
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
         self.loss = get_loss(loss)
         if bounds is not None and get_loss(bounds.loss) is not self.loss:
             raise ValueError(f"the reply bounds are the {get_loss(bounds.loss).name} loss's, "
                              f"the server's loss is {self.loss.name}")
+        if sigma_prime_rule not in SIGMA_PRIME_RULES:
+            raise ValueError(f"sigma-prime-rule must be one of {SIGMA_PRIME_RULES}, got "
+                             f"{sigma_prime_rule!r}")
+        if sigma_prime_rule == "synchronous" and not safeguard:
+            raise ValueError("sigma-prime-rule 'synchronous' needs the safeguard: without it "
+                             "stale updates may lower the dual")
+        self.sigma_prime_rule = sigma_prime_rule
         self.method, self.theta = method, float(theta)
         m = state.num_tasks
         self.state = state
@@ -552,6 +666,8 @@ class AsyncMochaServer:
             self.tau = self.concurrency
         self.sigma_prime = async_sigma_prime(self.state.M, self.tau, self.concurrency,
                                              self.gamma)
+        if self.sigma_prime_rule == "synchronous":
+            self.sigma_prime = np.asarray(self.state.sigma_prime("global"), dtype=np.float64)
         self.m_diag = self.state.m_diag()
         self.K = self.state.formulation.regulariser_matrix()
 
@@ -928,6 +1044,9 @@ def simulate_async_mocha(
     theta: float = 0.5,
     robust: bool = True,
     loss: str = "hinge",
+    latency_persistence: float = 0.0,
+    availability: Availability | None = None,
+    sigma_prime_rule: str = "stale-safe",
 ) -> Run:
     """Run barrier-free MOCHA on a virtual clock until ``replies`` replies are applied.
 
@@ -943,10 +1062,14 @@ def simulate_async_mocha(
         Applied replies to run (``rounds x m`` for the work of ``rounds`` synchronous rounds);
         the run also ends after ``10 x replies + m`` requests (e.g. a timeout shorter than
         every request).
-    concurrency, tau, gamma, safeguard
+    concurrency, tau, gamma, safeguard, sigma_prime_rule
         See :class:`AsyncMochaServer` (``concurrency`` None: every task).
-    latency_sigma : float
-        sigma of the log-normal latency factor (0: deterministic).
+    latency_sigma, latency_persistence : float
+        sigma of the log-normal latency factor (0: deterministic) and the share of its
+        log-variance that is per device (:func:`latency_factor`; 0: every request drawn
+        independently).
+    availability : Availability, optional
+        Offline windows of the devices (None: always online).
     local_frac : float
         Local steps per request as a fraction of n_t.
     omega_every : int
@@ -980,7 +1103,7 @@ def simulate_async_mocha(
                               concurrency=m if concurrency is None else concurrency, tau=tau,
                               gamma=gamma, safeguard=safeguard, seed=seed, method=method,
                               theta=theta, bounds=ReplyBounds.of_tasks(tasks, robust, loss),
-                              loss=loss)
+                              loss=loss, sigma_prime_rule=sigma_prime_rule)
     devices = [AsyncDevice(t, X, y, loss) for t, (X, y) in enumerate(tasks)]
 
     def transport(request: Request) -> list[Reply | Rejected]:
@@ -990,7 +1113,8 @@ def simulate_async_mocha(
     return run_protocol(Run(server, devices), seconds, transport, replies=replies,
                         latency_sigma=latency_sigma, seed=seed, omega_every=omega_every,
                         timeout_s=timeout_s, stop_relative_gap=stop_relative_gap,
-                        on_event=on_event)
+                        on_event=on_event, latency_persistence=latency_persistence,
+                        availability=availability)
 
 
 @dataclass(frozen=True)
@@ -1011,7 +1135,9 @@ Transport = Callable[[Request], Sequence["Reply | Rejected"]]
 def run_protocol(run: Run, seconds: np.ndarray, transport: Transport, *, replies: int,
                  latency_sigma: float = 0.0, seed: int = 0, omega_every: int = 0,
                  timeout_s: float | None = None, stop_relative_gap: float | None = None,
-                 on_event: Callable[[Run, dict[str, Any]], None] | None = None) -> Run:
+                 on_event: Callable[[Run, dict[str, Any]], None] | None = None,
+                 latency_persistence: float = 0.0,
+                 availability: Availability | None = None) -> Run:
     """The protocol's event loop on the virtual clock, for any transport.
 
     :func:`simulate_async_mocha` calls the devices directly; the Flower strategy
@@ -1020,7 +1146,8 @@ def run_protocol(run: Run, seconds: np.ndarray, transport: Transport, *, replies
     holds the server (and, for checks, the devices) and receives the records.
     """
     loop = EventLoop(run, seconds, transport, latency_sigma=latency_sigma, seed=seed,
-                     omega_every=omega_every, timeout_s=timeout_s)
+                     omega_every=omega_every, timeout_s=timeout_s,
+                     latency_persistence=latency_persistence, availability=availability)
     return loop.run(replies, stop_relative_gap=stop_relative_gap, on_event=on_event)
 
 
@@ -1034,7 +1161,8 @@ class EventLoop:
 
     def __init__(self, run: Run, seconds: np.ndarray, transport: Transport, *,
                  latency_sigma: float = 0.0, seed: int = 0, omega_every: int = 0,
-                 timeout_s: float | None = None) -> None:
+                 timeout_s: float | None = None, latency_persistence: float = 0.0,
+                 availability: Availability | None = None) -> None:
         self.run_, self.transport = run, transport
         self.server = server = run.server
         m = server.state.num_tasks
@@ -1042,6 +1170,10 @@ class EventLoop:
         self.timeout = 10.0 * float(self.seconds.max()) if timeout_s is None \
             else float(timeout_s)
         self.latency_sigma, self.seed = latency_sigma, seed
+        self.latency_persistence = latency_persistence
+        latency_factor(seed, 0, 1, latency_sigma, latency_persistence)  # checks both
+        self.availability = None if availability is None else availability.schedule(seed, m)
+        self.offline: set[int] = set()  # idle tasks waiting for their device to be online
         self.clock, self.idle = _Clock(), deque(range(m))
         self.omega_due = omega_every * m if omega_every > 0 else 0
         self.draining = False
@@ -1055,16 +1187,31 @@ class EventLoop:
         self._queue(request, self.clock.now)
 
     def _queue(self, request: Request, sent: float) -> None:
+        """Queue what ``request`` (sent at ``sent``) delivers and its expiry: at the
+        timeout, or when its device goes offline before the reply is sent (it is lost)."""
         duration = self.seconds[request.task] * latency_factor(
-            self.seed, request.task, request.count, self.latency_sigma)
-        for delivery in self.transport(request):
-            self.clock.at(sent + duration, "reply", delivery)
-        self.clock.at(sent + self.timeout, "expire", (request.task, request.request_id))
+            self.seed, request.task, request.count, self.latency_sigma,
+            self.latency_persistence)
+        deliveries = self.transport(request)
+        offline_at = _offline_at(self.availability, request.task, sent)
+        if sent + duration <= offline_at:
+            for delivery in deliveries:
+                self.clock.at(sent + duration, "reply", delivery)
+        self.clock.at(min(sent + self.timeout, offline_at), "expire",
+                      (request.task, request.request_id))
 
     def fill(self) -> None:
-        """Send work to idle tasks while the server may issue (not while draining)."""
+        """Send work to idle tasks while the server may issue (not while draining); an
+        idle task whose device is offline waits for an ``online`` event instead."""
         while not self.draining and self.idle and self.server.can_issue():
-            self.push(self.idle.popleft())
+            task = self.idle.popleft()
+            wake = self.clock.now if self.availability is None else \
+                self.availability.next_online(task, self.clock.now)
+            if wake <= self.clock.now:
+                self.push(task)
+            else:
+                self.offline.add(task)
+                self.clock.at(wake, "online", task)
 
     def run(self, replies: int, *, stop_relative_gap: float | None = None,
             on_event: Callable[[Run, dict[str, Any]], None] | None = None,
@@ -1080,6 +1227,11 @@ class EventLoop:
         while self.clock.events and server.counts[APPLIED] < replies \
                 and server.next_id <= max_requests:
             kind, payload = self.clock.next()
+            if kind == "online":
+                self.offline.discard(payload)
+                self.idle.append(payload)
+                self.fill()
+                continue
             if kind == "expire":
                 outcome = Outcome("expired", *payload) if server.expire(*payload) else None
             elif isinstance(payload, Rejected):
@@ -1117,7 +1269,8 @@ class EventLoop:
         flight = sorted(r.request_id for r in self.server.in_flight.values())
         arrays["flight.sent"] = np.array([self.issued[i][0] for i in flight])
         arrays["flight.seq"] = np.array([self.issued[i][1] for i in flight], dtype=np.int64)
-        meta.update(now=self.clock.now, seq=self.clock.seq, idle=list(self.idle),
+        meta.update(now=self.clock.now, seq=self.clock.seq,
+                    idle=list(self.idle) + sorted(self.offline),
                     draining=self.draining, records=self.run_.records)
         return arrays, meta
 
@@ -1148,6 +1301,15 @@ class EventLoop:
         self._reissue = []
 
 
+def _offline_at(schedule: AvailabilitySchedule | None, task: int, time_s: float) -> float:
+    """When device ``task``, given work at ``time_s``, goes offline: inf if never (no
+    schedule), ``time_s`` if it is offline already."""
+    if schedule is None:
+        return math.inf
+    until = schedule.online_until(task, time_s)
+    return time_s if until is None else until
+
+
 def _record(server: AsyncMochaServer, time_s: float, outcome: Outcome) -> dict[str, Any]:
     cert = server.certificate()
     applied = server.counts[APPLIED]
@@ -1174,6 +1336,35 @@ def steps_by_deadline(budget: int, seconds: float, deadline: float | None,
     return int(math.floor(budget * (deadline - comm_s) / compute))
 
 
+def sync_round_plan(budgets: np.ndarray, seconds: np.ndarray, comm_seconds: np.ndarray,
+                    deadline: float | None, start: float,
+                    schedule: AvailabilitySchedule | None = None) -> tuple[np.ndarray, float]:
+    """One synchronous round that starts at ``start``: the steps each device's applied
+    update makes (0: it is not applied) and the round's length.
+
+    ``seconds`` / ``comm_seconds``: each device's time this round (after its latency
+    factor). A device offline at ``start`` gets no work and is not waited for; one cut to
+    the deadline replies at it (:func:`steps_by_deadline`); one dropped (0 steps fit) holds
+    the round until the deadline (the server cannot tell it from a slow one); one that goes
+    offline before its reply is sent loses it, and holds the round until it disconnects or
+    the deadline.
+    """
+    steps = np.zeros(len(budgets), dtype=np.int64)
+    longest = 0.0
+    for t, budget in enumerate(budgets):
+        offline_at = _offline_at(schedule, t, start) - start
+        if offline_at <= 0.0:
+            continue
+        fit = steps_by_deadline(int(budget), float(seconds[t]), deadline, float(comm_seconds[t]))
+        reply = seconds[t] if deadline is None else min(seconds[t], deadline) if fit \
+            else deadline
+        if reply > offline_at:  # lost when the device disconnects
+            reply, fit = offline_at if deadline is None else min(offline_at, deadline), 0
+        steps[t] = fit
+        longest = max(longest, float(reply))
+    return steps, longest
+
+
 def simulate_sync_mocha(
     tasks: Sequence[TaskArrays],
     seconds: np.ndarray,
@@ -1190,6 +1381,9 @@ def simulate_sync_mocha(
     local_frac: float = 1.0,
     seed: int = 0,
     stop_relative_gap: float | None = None,
+    latency_persistence: float = 0.0,
+    availability: Availability | None = None,
+    max_time_s: float | None = None,
 ) -> Run:
     """Synchronous MOCHA (fixed Omega) on the same virtual clock and latency draws.
 
@@ -1199,7 +1393,11 @@ def simulate_sync_mocha(
     is dropped: the server cannot tell it from a slow one). Updates are applied together
     with Lemma 9's sigma' (``sigma_mode``). Certificate as the asynchronous one: the primal
     at the models the devices evaluated their losses on (each round's start models, kept
-    for a dropped device from its last round), the dual after the round.
+    for a dropped device from its last round), the dual after the round. With
+    ``availability``, a round trains the devices online when it starts
+    (:func:`sync_round_plan`); while none is, the clock waits for the first to come back.
+    The run ends after ``rounds`` rounds, at ``stop_relative_gap``, or after the first round
+    that ends past ``max_time_s`` virtual seconds.
     """
     m = len(tasks)
     seconds = np.broadcast_to(np.asarray(seconds, dtype=np.float64), (m,))
@@ -1213,15 +1411,17 @@ def simulate_sync_mocha(
     K, m_diag, sigma_p = (state.formulation.regulariser_matrix(), state.m_diag(),
                           state.sigma_prime(sigma_mode))
     run, now = Run(state, [], alphas=alphas), 0.0
+    schedule = None if availability is None else availability.schedule(seed, m)
     for k in range(1, rounds + 1):
-        delta_B, longest = np.zeros((state.dim, m)), 0.0
+        if schedule is not None:  # nobody online: wait for the first device to come back
+            now = min(schedule.next_online(t, now) for t in range(m))
+        factors = [latency_factor(seed, t, k, latency_sigma, latency_persistence)
+                   for t in range(m)]
+        plan, longest = sync_round_plan(budgets, seconds * factors, comm_seconds * factors,
+                                        deadline, now, schedule)
+        delta_B = np.zeros((state.dim, m))
         for t, (X, y) in enumerate(tasks):
-            f = latency_factor(seed, t, k, latency_sigma)
-            steps = steps_by_deadline(int(budgets[t]), seconds[t] * f, deadline,
-                                      comm_seconds[t] * f)
-            # a device cut to the deadline replies at it; a dropped one holds the round there
-            longest = max(longest, seconds[t] * f if deadline is None
-                          else min(seconds[t] * f, deadline) if steps else deadline)
+            steps = int(plan[t])
             if steps == 0:
                 continue
             eval_W[:, t] = state.W[:, t]
@@ -1244,6 +1444,8 @@ def simulate_sync_mocha(
         run.records.append(record)
         if stop_relative_gap is not None and record["gap"] is not None \
                 and record["gap"] <= stop_relative_gap * abs(record["primal"]):
+            break
+        if max_time_s is not None and now > max_time_s:
             break
     run.virtual_time_s = now
     return run

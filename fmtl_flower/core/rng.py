@@ -72,6 +72,11 @@ TAG_TRAIN_SAMPLE = 67
 #: request ``[seed, t, k, TAG_LATENCY]`` (:mod:`fmtl_flower.core.async_mocha`; synchronous
 #: MOCHA's round k draws the same factor, so both meet the same delays).
 TAG_LATENCY = 71
+#: Its persistent per-device factor ``[seed, t, TAG_LATENCY_DEVICE]`` (``latency-persistence``
+#: > 0) and task ``t``'s availability windows ``[seed, t, TAG_AVAILABILITY]`` (one stream of
+#: alternating online / offline durations per device).
+TAG_LATENCY_DEVICE = 73
+TAG_AVAILABILITY = 79
 #: The digits split among devices (Dirichlet label skew) and its train/test cut
 #: ``[seed, TAG_DIGITS]`` (:mod:`fmtl_flower.data.digits`).
 TAG_DIGITS = 27
@@ -111,6 +116,8 @@ STREAMS: dict[str, tuple[str, tuple[int | str, ...]]] = {
     "images-unseen": ("numpy", ("seed", TAG_IMAGES_UNSEEN)),
     "train-sample": ("numpy", ("seed", "round", 0, TAG_TRAIN_SAMPLE)),
     "latency": ("numpy", ("seed", "task", "request", TAG_LATENCY)),
+    "latency-device": ("numpy", ("seed", "task", TAG_LATENCY_DEVICE)),
+    "availability": ("numpy", ("seed", "task", TAG_AVAILABILITY)),
     "digits": ("numpy", ("seed", TAG_DIGITS)),
     "record-dp-noise": ("numpy", ("noise-seed", "task", "round", TAG_RECORD_DP)),
     "coordinate-order": ("splitmix", ("seed", "task", "round", TAG_ORDER)),

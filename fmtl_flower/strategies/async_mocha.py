@@ -133,8 +133,10 @@ from ..checkpoint import check_fingerprint, read_checkpoint, write_checkpoint
 from ..core.async_mocha import (
     APPLIED,
     INVALID,
+    SIGMA_PRIME_RULES,
     UNKNOWN,
     AsyncMochaServer,
+    Availability,
     EventLoop,
     Outcome,
     Rejected,
@@ -143,6 +145,7 @@ from ..core.async_mocha import (
     Request,
     Run,
     _record,
+    latency_factor,
 )
 from ..core.certificate import PAIR_SLACK
 from ..core.formulations import make_formulation
@@ -195,6 +198,13 @@ class AsyncMocha(Strategy):
         Staleness bound (None: unbounded while the tasks are uncoupled).
     latency_sigma : float
         The virtual clock's log-normal factor (0: deterministic eq. (30) times).
+    latency_persistence : float
+        The share of its log-variance that is per device (0: drawn for every request).
+    offline_fraction, offline_mean_s : float
+        The devices' offline windows on the virtual clock (fraction 0: always online;
+        :class:`~fmtl_flower.core.async_mocha.Availability`).
+    sigma_prime_rule : str
+        ``stale-safe`` or ``synchronous`` (:data:`~fmtl_flower.core.async_mocha.SIGMA_PRIME_RULES`).
     gamma : float
         MOCHA's aggregation parameter in (0, 1].
     local_frac : float
@@ -243,7 +253,10 @@ class AsyncMocha(Strategy):
                  num_tasks: int | None = None, clock: str = "virtual",
                  on_round: Callable[[dict[str, Any]], None] | None = None,
                  loss: str = "hinge", fit_intercept: bool = False,
-                 intercept_scaling: float = 1.0, max_classes: int = 1000) -> None:
+                 intercept_scaling: float = 1.0, max_classes: int = 1000,
+                 latency_persistence: float = 0.0, offline_fraction: float = 0.0,
+                 offline_mean_s: float = 60.0,
+                 sigma_prime_rule: str = "stale-safe") -> None:
         if clock not in CLOCKS:
             raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
         if concurrency is not None and concurrency < 1:
@@ -252,6 +265,14 @@ class AsyncMocha(Strategy):
             raise ValueError(f"tau must be >= 0 (or None: unbounded), got {tau}")
         if not (math.isfinite(latency_sigma) and latency_sigma >= 0):
             raise ValueError(f"latency_sigma must be a finite number >= 0, got {latency_sigma}")
+        latency_factor(seed, 0, 1, latency_sigma, latency_persistence)  # checks both
+        self.latency_persistence = latency_persistence
+        self.availability = None if offline_fraction == 0 else Availability(
+            offline_fraction, offline_mean_s)
+        if sigma_prime_rule not in SIGMA_PRIME_RULES:
+            raise ValueError(f"sigma_prime_rule must be one of {SIGMA_PRIME_RULES}, got "
+                             f"{sigma_prime_rule!r}")
+        self.sigma_prime_rule = sigma_prime_rule
         self.lam, self.omega = lam, omega
         self.formulation_options = dict(formulation_options or {})
         self.concurrency, self.tau, self.latency_sigma = concurrency, tau, latency_sigma
@@ -299,7 +320,11 @@ class AsyncMocha(Strategy):
                    method="cocoa" if settings.method == "async-cocoa" else "mocha",
                    loss=settings.loss, fit_intercept=settings.fit_intercept,
                    intercept_scaling=settings.intercept_scaling,
-                   max_classes=settings.max_classes)
+                   max_classes=settings.max_classes,
+                   latency_persistence=settings.latency_persistence,
+                   offline_fraction=settings.offline_fraction,
+                   offline_mean_s=settings.offline_mean_s,
+                   sigma_prime_rule=settings.sigma_prime_rule)
 
     # Strategy's round-based interface: not used (there are no rounds) -----------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -349,7 +374,8 @@ class AsyncMocha(Strategy):
                                   tau=self.tau, gamma=self.gamma, seed=self.seed,
                                   method=self.method, theta=self.theta, loss=self.loss,
                                   bounds=ReplyBounds(self.row_norm, n, self.robust,
-                                                     BOUND_SLACK, self.loss))
+                                                     BOUND_SLACK, self.loss),
+                                  sigma_prime_rule=self.sigma_prime_rule)
         self.run = Run(server, [])
         if self.clock == "wall":
             loop: EventLoop | WallClockLoop = WallClockLoop(
@@ -358,7 +384,9 @@ class AsyncMocha(Strategy):
         else:
             loop = EventLoop(self.run, seconds, _GridTransport(self, grid, nodes),
                              latency_sigma=self.latency_sigma, seed=self.seed,
-                             omega_every=self.omega_every, timeout_s=self.request_timeout_s)
+                             omega_every=self.omega_every, timeout_s=self.request_timeout_s,
+                             latency_persistence=self.latency_persistence,
+                             availability=self.availability)
         self.num_rounds = num_rounds
         if self.checkpoint_dir is not None and self.resume:
             self._resume(loop)

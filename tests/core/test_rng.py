@@ -26,7 +26,7 @@ def _tags() -> dict[str, int]:
 
 def test_tags_are_pairwise_distinct():
     tags = _tags()
-    assert len(tags) == 27
+    assert len(tags) == 29
     by_value: dict[int, list[str]] = {}
     for name, value in tags.items():
         by_value.setdefault(value, []).append(name)
@@ -90,7 +90,7 @@ def test_the_checker_sees_the_old_synthetic_layout():
     met = _meeting_with(**{"synthetic-task": ("numpy", ("seed", rng.TAG_SYNTHETIC_TASK, "task"))})
     assert met == {frozenset(("synthetic-task", name)) for name in (
         "split", "budget", "drop", "cv-folds", "fedem-sample", "fedem-init", "skew-task",
-        "sparse-task")}
+        "sparse-task", "latency-device", "availability")}
 
 
 def test_the_checker_models_numpy_seeding():
