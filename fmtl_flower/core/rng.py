@@ -84,7 +84,7 @@ TAG_DIGITS = 27
 #: (:func:`fmtl_flower.core.record_dp.noise_rng`): seeded only for tests and reproducible
 #: experiments, by a ``noise_seed`` the device holds (never the run's seed, which the server
 #: knows); otherwise the operating system's entropy.
-TAG_RECORD_DP = 73
+TAG_RECORD_DP = 83
 
 #: Every stream: name -> seed layout. An int is a fixed word, ``"seed"`` the run seed and the
 #: other names ids that range over ``0, 1, 2, ...`` (``"round"`` and ``"epoch"`` from 1).
