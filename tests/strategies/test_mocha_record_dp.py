@@ -134,7 +134,7 @@ def test_the_server_adds_exactly_the_calibrated_noise_of_the_accepted_replies(pr
     node replies with
     a non-finite delta-b in rounds 2 and 3 (rejected): their noise is discarded with their
     d_alpha, so the commit protocol keeps B and alpha apart by the accepted noise only."""
-    z, clip = 0.7, 0.8  # round 1 (w = 0: no noise yet) has step bounds above and below 0.8
+    z, clip = 0.7, 0.72  # round 1 (w = 0) has step bounds 0.707 and 0.72-0.73: both sides
     strategy = _private(TracingMocha(problem.num_tasks, **SETTINGS), clip=clip,
                         noise_multiplier=z)
     sent: dict[tuple[int, int], tuple] = {}  # (task, round) -> (|w|, m_tt, sigma', budget)
