@@ -1242,20 +1242,14 @@ class EventLoop:
                 continue
             self.issued.pop(outcome.request_id, None)
             self.idle.append(outcome.task)
-            record = _record(server, self.clock.now, outcome)
+            record = event_record(server, self.clock.now, outcome)
             run.records.append(record)
             if on_event is not None:
                 on_event(run, record)
             if stop_relative_gap is not None and record.get("gap") is not None \
                     and record["gap"] <= stop_relative_gap * abs(record["primal"]):
                 break
-            applied = server.counts[APPLIED]
-            if self.omega_due and outcome.status == APPLIED and applied % self.omega_due == 0 \
-                    and applied < replies:
-                self.draining = True
-            if self.draining and not server.in_flight:
-                server.omega_step()
-                self.draining = False
+            advance_omega(self, outcome, replies)
             self.fill()
             if after_event is not None:
                 after_event(self, record)
@@ -1310,7 +1304,23 @@ def _offline_at(schedule: AvailabilitySchedule | None, task: int, time_s: float)
     return time_s if until is None else until
 
 
-def _record(server: AsyncMochaServer, time_s: float, outcome: Outcome) -> dict[str, Any]:
+def advance_omega(loop: Any, outcome: Outcome, replies: int) -> None:
+    """The Omega-step schedule of an event loop (virtual clock or wall clock) after
+    ``outcome``: every ``loop.omega_due`` applied replies (before the last of ``replies``)
+    the loop stops issuing (``loop.draining``), and once nothing is in flight the server
+    takes the Omega-step and issuing resumes."""
+    server = loop.server
+    applied = server.counts[APPLIED]
+    if loop.omega_due and outcome.status == APPLIED and applied % loop.omega_due == 0 \
+            and applied < replies:
+        loop.draining = True
+    if loop.draining and not server.in_flight:
+        server.omega_step()
+        loop.draining = False
+
+
+def event_record(server: AsyncMochaServer, time_s: float, outcome: Outcome) -> dict[str, Any]:
+    """The record of one event (an applied, rejected or expired request) at ``time_s``."""
     cert = server.certificate()
     applied = server.counts[APPLIED]
     return {"time_s": time_s, "applied": applied, "round": applied // server.state.num_tasks,

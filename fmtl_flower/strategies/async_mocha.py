@@ -144,7 +144,8 @@ from ..core.async_mocha import (
     ReplyBounds,
     Request,
     Run,
-    _record,
+    advance_omega,
+    event_record,
     latency_factor,
 )
 from ..core.certificate import PAIR_SLACK
@@ -779,17 +780,11 @@ class WallClockLoop:
         if outcome is None or outcome.status == UNKNOWN:
             return
         self.idle.append(outcome.task)
-        record = _record(server, self.now(), outcome)
+        record = event_record(server, self.now(), outcome)
         self.run_.records.append(record)
         if on_event is not None:
             on_event(self.run_, record)
-        applied = server.counts[APPLIED]
-        if self.omega_due and outcome.status == APPLIED and applied % self.omega_due == 0 \
-                and applied < replies:
-            self.draining = True
-        if self.draining and not server.in_flight:
-            server.omega_step()
-            self.draining = False
+        advance_omega(self, outcome, replies)
         self.fill()
         if after_event is not None:
             after_event(self, record)
