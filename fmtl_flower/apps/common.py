@@ -59,17 +59,26 @@ def config_from_context(context: Context, config: RunConfig | None) -> RunConfig
 
 def dataset_for(cfg: RunConfig) -> MultiTaskDataset:
     """The dataset named by ``cfg`` (cached per process; arrays read-only)."""
-    from ..data.registry import FEDEM_SYNTHETIC, SPARSE_FEDERATED, load_dataset_cached
+    from ..data.registry import load_dataset_cached
+
+    name, options = _dataset_arguments(cfg)
+    return load_dataset_cached(name, **dict(options))
+
+
+def _dataset_arguments(cfg: RunConfig) -> tuple[str, tuple[tuple[str, Any], ...]]:
+    """The dataset name and the loader's keyword arguments ``cfg`` names (hashable: the key
+    of the per-process caches of the dataset and of its label mode)."""
+    from ..data.registry import FEDEM_SYNTHETIC, SPARSE_FEDERATED
 
     extra: dict[str, Any] = {}
     if cfg.dataset == FEDEM_SYNTHETIC:
         extra = {"generator": cfg.generator, "n_test": cfg.n_test or None}
     if cfg.dataset == SPARSE_FEDERATED:
         extra = {"iid": cfg.iid}
-    return load_dataset_cached(
-        cfg.dataset, seed=cfg.seed, test_frac=cfg.test_frac,
-        num_tasks=cfg.num_tasks or None, dim=cfg.dim or None,
-        samples_per_task=cfg.samples_per_task or None, skew=cfg.skew or None, **extra)
+    options = dict(seed=cfg.seed, test_frac=cfg.test_frac, num_tasks=cfg.num_tasks or None,
+                   dim=cfg.dim or None, samples_per_task=cfg.samples_per_task or None,
+                   skew=cfg.skew or None, **extra)
+    return cfg.dataset, tuple(options.items())
 
 
 def dataset_task_of(cfg: RunConfig, num_tasks: int, task_id: int) -> int:
@@ -248,11 +257,19 @@ def mocha_labels(cfg: RunConfig) -> str:
     """The label mode of MOCHA's devices in a run of ``cfg``: ``"auto"`` (K classes agreed
     at discovery, :mod:`fmtl_flower.core.multiclass`) when the dataset holds more than two
     distinct labels (``digits-dirichlet``), else ``"pm1"`` as before (binary runs unchanged;
-    lazy and sparse datasets are not scanned)."""
+    lazy and sparse datasets are not scanned). Scanned once per dataset and process: the
+    lazy ClientApp asks at every message."""
+    return _label_mode(*_dataset_arguments(cfg))
+
+
+@functools.lru_cache(maxsize=8)
+def _label_mode(name: str, options: tuple[tuple[str, Any], ...]) -> str:
+    """:func:`mocha_labels` of the dataset ``name`` loaded with ``options``."""
     from ..data import MultiTaskDataset
     from ..data.lazy import LazyFederatedDataset
+    from ..data.registry import load_dataset_cached
 
-    data = dataset_for(cfg)
+    data = load_dataset_cached(name, **dict(options))
     if not isinstance(data, MultiTaskDataset) or isinstance(data, LazyFederatedDataset):
         return "pm1"
     labels: set[Any] = set()
