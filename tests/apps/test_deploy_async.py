@@ -173,6 +173,23 @@ RUN_CONFIG = (f"strategy='async-mocha' num-tasks={NODES} dim=5 samples-per-task=
               f"mocha.concurrency={NODES} mocha.tau={2 * NODES} mocha.omega='identity'")
 
 
+def _run_to_completion(fed, run_config: str, results) -> tuple[dict, float]:
+    """Start the loopback federation ``fed``, submit ``run_config`` writing ``results``,
+    wait for it to end (rc 0), stop every process it started; the results and the run's
+    seconds."""
+    try:
+        fed.start()
+        fed.wait_nodes_registered()
+        sub = fed.submit(f"{run_config} results-file='{results}'", results=results)
+        seconds = sub.wait(1200.0, fed.context())
+        assert sub.popen.returncode == 0, fed.context()
+        out = sub.read_results()
+    finally:
+        survivors = fed.stop()
+    assert not survivors, f"processes still alive: {survivors}"
+    return out, seconds
+
+
 @pytest.mark.slow  # a real SuperLink and four SuperNodes: a few minutes on the 2-core machine
 def test_loopback_deployment_with_a_slow_supernode(tmp_path) -> None:
     from .loopback import LoopbackFederation
@@ -180,17 +197,7 @@ def test_loopback_deployment_with_a_slow_supernode(tmp_path) -> None:
     configs = [f"task-id={t}" + (f" emulate-delay-s={DELAY_S}" if t == SLOW_TASK else "")
                for t in range(NODES)]
     fed = LoopbackFederation(tmp_path, NODES, node_configs=configs)
-    try:
-        fed.start()
-        fed.wait_nodes_registered()
-        results = tmp_path / "async.json"
-        sub = fed.submit(f"{RUN_CONFIG} results-file='{results}'", results=results)
-        seconds = sub.wait(1200.0, fed.context())
-        assert sub.popen.returncode == 0, fed.context()
-        out = sub.read_results()
-    finally:
-        survivors = fed.stop()
-    assert not survivors, f"processes still alive: {survivors}"
+    out, seconds = _run_to_completion(fed, RUN_CONFIG, tmp_path / "async.json")
     print(f"loopback async-mocha run: {seconds:.1f} s (flwr run), "
           f"{out['final']['time_s']:.1f} s on the wall clock of the run")
     final, records = out["final"], out["rounds"]
@@ -223,17 +230,7 @@ def test_loopback_deployment_on_packed_nodes(tmp_path) -> None:
 
     fed = LoopbackFederation(tmp_path, 2, state_dirs=True,
                              node_configs=["task-ids='0,1'", "task-ids='2,3'"])
-    try:
-        fed.start()
-        fed.wait_nodes_registered()
-        results = tmp_path / "packed.json"
-        sub = fed.submit(f"{PACKED_CONFIG} results-file='{results}'", results=results)
-        seconds = sub.wait(1200.0, fed.context())
-        assert sub.popen.returncode == 0, fed.context()
-        out = sub.read_results()
-    finally:
-        survivors = fed.stop()
-    assert not survivors, f"processes still alive: {survivors}"
+    out, seconds = _run_to_completion(fed, PACKED_CONFIG, tmp_path / "packed.json")
     print(f"loopback packed async-mocha run: {seconds:.1f} s (flwr run)")
     final, records = out["final"], out["rounds"]
     assert final["clock"] == "wall" and final["replies_applied"] == ROUNDS * NODES

@@ -23,32 +23,9 @@ from fmtl_flower.core.async_mocha import (
 from fmtl_flower.core.losses import LOSSES, get_loss
 from fmtl_flower.core.multiclass import lift, with_intercept
 
+from .async_problems import coupled_tasks, server_alphas
+
 COUPLED = dict(lam=0.05, omega="mean", formulation_options={"lam2": 0.01})
-
-
-def _tasks(m: int = 6, d: int = 5, seed: int = 3) -> list[tuple[np.ndarray, np.ndarray]]:
-    rng = np.random.default_rng(seed)
-    shared = rng.standard_normal(d)
-    out = []
-    for t in range(m):
-        n = 12 + 5 * t
-        X = rng.standard_normal((n, d))
-        w = shared + 0.5 * rng.standard_normal(d)
-        y = np.where(X @ w + 0.3 * rng.standard_normal(n) >= 0, 1.0, -1.0)
-        out.append((X, y))
-    return out
-
-
-def _server_alphas(server, devices) -> list[np.ndarray]:
-    """The duals B stands for: each committed alpha plus its pending step times the factor
-    the server applied to it (nothing if not applied)."""
-    out = []
-    for dev in devices:
-        alpha = dev.alpha.copy()
-        if dev.pending is not None and dev.pending[0] == server.confirm_id[dev.task]:
-            alpha = alpha + server.confirm_gamma[dev.task] * dev.pending[1]
-        out.append(alpha)
-    return out
 
 
 class _Checks:
@@ -60,7 +37,7 @@ class _Checks:
 
     def __call__(self, run, record):
         server, tasks, loss = run.server, self.tasks, self.loss
-        alphas = _server_alphas(server, run.devices)
+        alphas = server_alphas(server, run.devices)
         B = np.column_stack([X.T @ a / X.shape[0] for a, (X, _) in zip(alphas, tasks,
                                                                           strict=True)])
         assert np.abs(server.state.B - B).max() <= 1e-12
@@ -110,7 +87,7 @@ def test_every_loss_certified_near_the_synchronous_optimum(loss, method, local_f
     """Coupled tasks, 4 of 6 in flight, tau 5, log-normal delays (stale replies: with
     MOCHA's budget the safeguard scales some of them, 0 < g < 1); CoCoA's local solver with
     up to 3 passes, stopping once its local gap fell by theta = 0.5."""
-    tasks = _tasks()
+    tasks = coupled_tasks()
     checks = _Checks(tasks, loss)
     run = simulate_async_mocha(tasks, np.linspace(1.0, 3.0, 6), **COUPLED, replies=6 * 1500,
                                concurrency=4, tau=5, latency_sigma=1.0, seed=4, loss=loss,
@@ -125,7 +102,7 @@ def test_curved_losses_partial_steps_are_exact_again_after_the_next_reply():
     """A small gamma (0.5) makes every applied step partial: the server's A_t is the chord's
     lower bound until the task's next reply, whose exact dual-mean it takes; the dual stays
     monotone and the final certificate as tight as with whole steps."""
-    tasks = _tasks()
+    tasks = coupled_tasks()
     loss = "logistic"
     checks = _Checks(tasks, loss)
     run = simulate_async_mocha(tasks, np.linspace(1.0, 3.0, 6), **COUPLED, replies=6 * 1500,
@@ -159,7 +136,7 @@ def test_intercept_and_multiclass_through_the_lifting():
 def test_conjugate_change_is_the_chord_of_a_concave_term(loss):
     """The reply's change of the conjugate term: exact at g = 1, and g times it never above
     the true change of a step scaled by g."""
-    X, y = _tasks()[2]
+    X, y = coupled_tasks()[2]
     L = get_loss(loss)
     device = AsyncDevice(2, X, y, loss)
     request = Request(2, 1, 1, 0, np.zeros(5), 2.0, 1.0, X.shape[0], 0, 0, 1.0, loss=loss)
@@ -173,7 +150,7 @@ def test_conjugate_change_is_the_chord_of_a_concave_term(loss):
 
 
 def test_device_refuses_a_request_of_another_loss():
-    X, y = _tasks()[0]
+    X, y = coupled_tasks()[0]
     device = AsyncDevice(0, X, y, "logistic")
     with pytest.raises(ValueError, match="logistic"):
         device.handle(Request(0, 1, 1, 0, np.zeros(5), 1.0, 1.0, 3, 0, 0, 1.0))
@@ -182,7 +159,7 @@ def test_device_refuses_a_request_of_another_loss():
 def test_reply_bounds_follow_the_loss():
     """The squared loss's dual domain is unbounded: no |delta-b| bound but 0 for 0 steps,
     and its loss bound is (1 + R |w|)^2 / 2; the classification losses keep the hinge's."""
-    X, y = _tasks()[0]
+    X, y = coupled_tasks()[0]
     squared = ReplyBounds.of_tasks([(X, y)], loss="squared")
     hinge = ReplyBounds.of_tasks([(X, y)])
     R = float(squared.row_norm[0])

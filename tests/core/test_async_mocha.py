@@ -32,30 +32,7 @@ from fmtl_flower.core.hinge import hinge_conjugate_value
 from fmtl_flower.core.mocha import MochaServerState
 from fmtl_flower.experiments.optimization import optimum
 
-
-def _tasks(m: int = 6, d: int = 5, seed: int = 3) -> list[tuple[np.ndarray, np.ndarray]]:
-    rng = np.random.default_rng(seed)
-    shared = rng.standard_normal(d)
-    out = []
-    for t in range(m):
-        n = 12 + 5 * t
-        X = rng.standard_normal((n, d))
-        w = shared + 0.5 * rng.standard_normal(d)
-        y = np.where(X @ w + 0.3 * rng.standard_normal(n) >= 0, 1.0, -1.0)
-        out.append((X, y))
-    return out
-
-
-def _server_alphas(server, devices) -> list[np.ndarray]:
-    """The dual variables the server's B stands for: each device's committed alpha plus its
-    pending step times the factor the server applied to it (nothing if not applied)."""
-    out = []
-    for dev in devices:
-        alpha = dev.alpha.copy()
-        if dev.pending is not None and dev.pending[0] == server.confirm_id[dev.task]:
-            alpha = alpha + server.confirm_gamma[dev.task] * dev.pending[1]
-        out.append(alpha)
-    return out
+from .async_problems import coupled_tasks, server_alphas
 
 
 def _exact_dual(server, tasks, alphas) -> float:
@@ -65,7 +42,7 @@ def _exact_dual(server, tasks, alphas) -> float:
 
 
 def _check_consistent(server, devices, tasks) -> None:
-    alphas = _server_alphas(server, devices)
+    alphas = server_alphas(server, devices)
     for a, (_, y) in zip(alphas, tasks, strict=True):
         assert np.all(y * a >= -1e-12) and np.all(y * a <= 1 + 1e-12)
     B = np.column_stack([X.T @ a / X.shape[0] for a, (X, _) in zip(alphas, tasks, strict=True)])
@@ -96,7 +73,7 @@ def test_w_is_w_alpha_after_every_reply_with_omega_steps_and_staleness():
     """Coupled tasks (probabilistic Omega learnt every 2 x m replies, after draining), 4 of 6
     in flight, log-normal delays: after every event B = X^T alpha / n, W = B M (1e-12) and
     the tracked dual is the exact one."""
-    tasks = _tasks()
+    tasks = coupled_tasks()
     seen = []
 
     def on_event(run, record):
@@ -112,7 +89,7 @@ def test_w_is_w_alpha_after_every_reply_with_omega_steps_and_staleness():
 
 
 def test_omega_step_refuses_work_in_flight():
-    server, devices = _server(_tasks(), "probabilistic")
+    server, devices = _server(coupled_tasks(), "probabilistic")
     server.issue(0)
     with pytest.raises(RuntimeError, match="drain"):
         server.omega_step()
@@ -145,7 +122,7 @@ def _slow_device_schedule(server, devices, laps: int) -> list[float]:
 def test_safeguard_keeps_the_dual_monotone_for_a_device_that_always_replies_last():
     """With sigma' that ignores the staleness, applying the slow device's stale steps as
     they are lowers the dual; the safeguard's factor never does, and W stays W(alpha)."""
-    tasks = _tasks(m=5)
+    tasks = coupled_tasks(m=5)
     bare, bare_devices = _server(tasks, lam2=0.002, safeguard=False)
     _lemma9_without_staleness(bare)
     assert np.min(np.diff(_slow_device_schedule(bare, bare_devices, laps=3))) < -1e-6
@@ -161,7 +138,7 @@ def test_safeguard_keeps_the_dual_monotone_for_a_device_that_always_replies_last
 def test_safeguard_gamma_full_step_when_harmless_else_the_exact_line_search():
     """On a stale reply whose full step lowers the dual, the closed form is the maximiser of
     the exact dual change along the update over [0, 1]; a harmless step is kept whole."""
-    tasks = _tasks(m=5)
+    tasks = coupled_tasks(m=5)
     server, devices = _server(tasks, lam2=0.002)
     _lemma9_without_staleness(server)
     state, receive, seen = server.state, server.receive, []
@@ -210,7 +187,7 @@ def test_async_sigma_prime():
 
 
 def test_staleness_beyond_tau_is_rejected_and_the_device_discards_its_step():
-    tasks = _tasks(m=5)
+    tasks = coupled_tasks(m=5)
     server, devices = _server(tasks, lam2=0.01, tau=2)
     late = devices[0].handle(server.issue(0))
     on_time = devices[4].handle(server.issue(4))
@@ -229,7 +206,7 @@ def test_staleness_beyond_tau_is_rejected_and_the_device_discards_its_step():
 
 def test_flow_control_keeps_every_reply_within_tau():
     """A slow device and fast ones: with the flow control no reply is ever rejected."""
-    tasks = _tasks()
+    tasks = coupled_tasks()
     run = simulate_async_mocha(tasks, [20.0, 1, 1, 1, 1, 1], lam=0.05, omega="mean",
                                formulation_options={"lam2": 0.01}, replies=60, tau=7,
                                latency_sigma=0.5, seed=2)
@@ -239,7 +216,7 @@ def test_flow_control_keeps_every_reply_within_tau():
 
 
 def test_lost_duplicate_and_reordered_replies():
-    tasks = _tasks(m=4)
+    tasks = coupled_tasks(m=4)
     server, devices = _server(tasks, lam2=0.01)
     replies = [devices[t].handle(server.issue(t)) for t in range(4)]
     # reordered: 3, 1, then a duplicate of 1, a forged one for 0, then 0
@@ -262,7 +239,7 @@ def test_lost_duplicate_and_reordered_replies():
 
 
 def test_malformed_reply_is_rejected_and_state_untouched():
-    tasks = _tasks(m=3)
+    tasks = coupled_tasks(m=3)
     server, devices = _server(tasks, lam2=0.01)
     reply = devices[1].handle(server.issue(1))
     B = server.state.B.copy()
@@ -274,7 +251,7 @@ def test_malformed_reply_is_rejected_and_state_untouched():
 
 
 def test_device_that_lost_its_state_is_reset():
-    tasks = _tasks(m=3)
+    tasks = coupled_tasks(m=3)
     server, devices = _server(tasks, lam2=0.01)
     for _ in range(2):
         for t in range(3):
@@ -293,7 +270,7 @@ def test_restarted_device_whose_reply_is_rejected_keeps_saying_so():
     b_t stays as it was (the reset is undone with the reply), and the device's next reply still
     says it restarted, so the reset happens when a reply of it is applied: B and the devices
     never drift apart."""
-    tasks = _tasks(m=3)
+    tasks = coupled_tasks(m=3)
     server, devices = _server(tasks, lam2=0.01)
     for _ in range(2):
         for t in range(3):
@@ -320,7 +297,7 @@ def test_certificate_check_rejects_a_forged_pair_before_and_after_the_update():
     """The reported pair (a loss of 0 claimed) and the pair the certificate would use after
     the update (an inflated change of the conjugate term, which would raise the dual): both
     rejected, counted, nothing changed; the honest replies all pass."""
-    tasks = _tasks(m=4)
+    tasks = coupled_tasks(m=4)
     server, devices = _server(tasks, lam2=0.01)
     _laps(server, devices, 3)
     assert server.counts[INVALID] == 0 and server.certificate_rejections == 0
@@ -345,7 +322,7 @@ def test_dual_image_bound_stops_updates_that_add_up_beyond_the_row_norm(robust):
     but from the second one on, b_0 + delta-b is longer than R_0, which no feasible alpha
     gives: robust mode rejects them (and the reply's other checks pass: it is the image
     bound); without it they are applied."""
-    tasks = _tasks(m=3)
+    tasks = coupled_tasks(m=3)
     server, devices = _server(tasks, lam2=0.01)
     server.bounds = ReplyBounds.of_tasks(tasks, robust=robust)
     R, d = server.bounds.row_norm[0], tasks[0][0].shape[1]
@@ -366,7 +343,7 @@ def test_dual_image_bound_stops_updates_that_add_up_beyond_the_row_norm(robust):
 def test_simulation_with_lost_and_duplicated_replies_still_converges():
     """A network that loses every 4th reply and delivers every 3rd twice: the lost ones
     expire, the copies are ignored, W stays W(alpha), and the gap still closes."""
-    tasks = _tasks()
+    tasks = coupled_tasks()
     count = {"n": 0}
 
     def deliver(request, reply):
@@ -388,7 +365,7 @@ def test_certificate_never_below_true_suboptimality_identity(sigma):
     """Uncoupled tasks: P* from per-task SVMs solved apart (``fit_linear_svm``, 1e-12);
     every certified gap bounds both P(W_eval) - P* and P* - D(alpha), and the dual rises
     monotonically to within 1e-6 of P*."""
-    tasks = _tasks()
+    tasks = coupled_tasks()
     lam = 0.02
     p_star = optimum(tasks, lam)
     run = simulate_async_mocha(tasks, np.linspace(1, 2, 6), lam=lam, replies=6 * 400,
@@ -406,7 +383,7 @@ def test_certificate_never_below_true_suboptimality_identity(sigma):
 
 def test_certificate_never_below_true_suboptimality_coupled():
     """Coupled tasks (mean formulation): P* from synchronous MOCHA run to a gap of 1e-11."""
-    tasks = _tasks()
+    tasks = coupled_tasks()
     options = {"lam2": 0.01}
     ref = fit_mocha(tasks, lam=0.05, omega="mean", omega_every=0, rounds=4000, seed=0,
                     **options)
@@ -425,7 +402,7 @@ def test_certificate_never_below_true_suboptimality_coupled():
 
 
 def test_same_seed_same_records_and_latency_draws():
-    tasks = _tasks()
+    tasks = coupled_tasks()
     kwargs = dict(lam=0.05, omega="mean", formulation_options={"lam2": 0.01}, replies=60,
                   latency_sigma=1.0, seed=9)
     a = simulate_async_mocha(tasks, np.ones(6), **kwargs)
@@ -441,7 +418,7 @@ def test_deterministic_clock_without_safeguard_is_synchronous_mocha():
     safeguard: each device sees the models synchronous MOCHA's round k sends (the same
     coordinate orders), so the runs agree at the same virtual times; the safeguard keeps
     fresh steps whole, so it changes nothing here."""
-    tasks = _tasks()
+    tasks = coupled_tasks()
     a = simulate_async_mocha(tasks, np.ones(6), lam=0.05, replies=6 * 5, seed=3,
                              safeguard=False)
     s = simulate_sync_mocha(tasks, np.ones(6), np.zeros(6), lam=0.05, rounds=5, seed=3)
@@ -457,7 +434,7 @@ def test_deterministic_clock_without_safeguard_is_synchronous_mocha():
 
 def test_async_cocoa_baseline_monotone_and_certified():
     """The CoCoA baseline (SDCA until the local gap falls by theta): the same guarantees."""
-    tasks = _tasks()
+    tasks = coupled_tasks()
     lam = 0.02
     p_star = optimum(tasks, lam)
     run = simulate_async_mocha(tasks, np.linspace(1, 2, 6), lam=lam, replies=6 * 200,
