@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from ._renamed import RENAMED
+
 __all__ = ["FORMAT_VERSION", "Checkpoint", "CheckpointError", "check_fingerprint",
            "read_checkpoint",
            "read_state_file", "state_file_path", "write_checkpoint", "write_state_file"]
@@ -184,9 +186,13 @@ def _checkpoint_files(directory: Path) -> list[tuple[int, Path]]:
 
 def check_fingerprint(checkpoint: Checkpoint, expected: dict[str, Any]) -> None:
     """:class:`CheckpointError` naming the differing settings unless ``checkpoint`` was
-    written with the ``expected`` fingerprint (compared as stored: tuples are lists)."""
+    written with the ``expected`` fingerprint (compared as stored: tuples are lists; a
+    strategy's former class name, :data:`~fmtl_flower._renamed.RENAMED`, counts as its
+    current one)."""
     expected = json.loads(json.dumps(expected))
-    saved = checkpoint.meta.get("fingerprint") or {}
+    saved = dict(checkpoint.meta.get("fingerprint") or {})
+    if saved.get("strategy") in RENAMED:  # written before the PEP 8 class names
+        saved["strategy"] = RENAMED[saved["strategy"]]
     if saved == expected:
         return
     diff = sorted(k for k in set(expected) | set(saved) if saved.get(k) != expected.get(k))

@@ -95,3 +95,30 @@ def test_state_file_path_validates(tmp_path):
             state_file_path(tmp_path, "mocha", bad)
     with pytest.raises(ValueError):
         state_file_path(tmp_path, "../x", 1)
+
+
+def test_a_checkpoint_written_under_a_former_class_name_still_matches(tmp_path):
+    """Checkpoints of runs before the PEP 8 class names store ``"strategy": "Mocha"``: they
+    resume under ``MOCHA``; another strategy's checkpoint is still refused."""
+    from fmtl_flower.checkpoint import check_fingerprint
+
+    write_checkpoint(tmp_path, 3, {"W": np.zeros(2)},
+                     {"fingerprint": {"strategy": "Mocha", "num_tasks": 4}})
+    checkpoint = read_checkpoint(tmp_path)
+    check_fingerprint(checkpoint, {"strategy": "MOCHA", "num_tasks": 4})
+    with pytest.raises(CheckpointError, match="strategy"):
+        check_fingerprint(checkpoint, {"strategy": "MbSGD", "num_tasks": 4})
+
+
+def test_the_former_class_names_are_deprecated_aliases():
+    import fmtl_flower
+    from fmtl_flower._renamed import RENAMED
+
+    for old, new in RENAMED.items():
+        if new not in fmtl_flower.__all__:
+            continue
+        with pytest.warns(DeprecationWarning, match=f"now fmtl_flower.{new}"):
+            assert getattr(fmtl_flower, old) is getattr(fmtl_flower, new)
+    assert "Mocha" not in fmtl_flower.__all__ and "MOCHA" in fmtl_flower.__all__
+    with pytest.raises(AttributeError):
+        fmtl_flower.NoSuchThing  # noqa: B018
