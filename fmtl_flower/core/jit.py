@@ -36,7 +36,9 @@ The user's ``FMTL_KERNELS`` (environment) wins over either default, in every rol
 * ``auto``: numba iff the call's work estimate (see below) is at least :data:`BREAK_EVEN`
   and numba is installed; else numpy. Without numba installed (armv7), one warning and numpy
   at every size.
-* ``numba``: always numba (an ImportError when it is missing).
+* ``numba``: always numba (an ImportError when it is missing), except for a call the
+  compiled code cannot handle (a kernel's ``compiles`` predicate: a loss registered in
+  Python, :func:`fmtl_flower.core.losses.register_loss`), which runs numpy in every mode.
 * ``numpy``: never numba (numba is not imported).
 
 When it is read: calls outside a :func:`simulation` read ``FMTL_KERNELS`` once per process
@@ -232,10 +234,12 @@ class Kernel:
     implementation (or ``py_func``), :meth:`compiled` numba's dispatcher (imports numba)."""
 
     def __init__(self, func: Callable[..., Any], fallback: Callable[..., Any] | None,
-                 work: Callable[..., float] | None, options: dict[str, Any]) -> None:
+                 work: Callable[..., float] | None, options: dict[str, Any],
+                 compiles: Callable[..., bool] | None = None) -> None:
         self.py_func = func
         self.fallback = func if fallback is None else fallback
         self.work = work
+        self.compiles = compiles
         self.options = options
         self._dispatcher: Any = None
         self.__name__ = func.__name__
@@ -252,7 +256,7 @@ class Kernel:
         return self._dispatcher
 
     def __call__(self, *args: Any) -> Any:
-        if _wants_numba(self.work, args):
+        if (self.compiles is None or self.compiles(*args)) and _wants_numba(self.work, args):
             return self.compiled()(*args)
         _local.python = getattr(_local, "python", 0) + 1
         try:
@@ -265,16 +269,19 @@ class Kernel:
 
 
 def kernel(fallback: Callable[..., Any] | None = None, *,
-           work: Callable[..., float] | None = None, **options: Any
+           work: Callable[..., float] | None = None,
+           compiles: Callable[..., bool] | None = None, **options: Any
            ) -> Callable[[Callable[..., Any]], Kernel]:
     """Decorate a kernel: a :class:`Kernel` that runs ``numba.njit(cache=True, nogil=True,
     **options)`` of the function or ``fallback`` (its numpy implementation, same signature
     and results up to rounding; without one the function itself as Python), chosen per call
     from ``work(*args)`` (the numpy implementation's estimated microseconds; module
-    docstring)."""
+    docstring). ``compiles(*args)``, when given, says whether the compiled code handles the
+    call's arguments at all: when False the call runs ``fallback`` in every mode (a loss of
+    Python code only, :func:`fmtl_flower.core.losses.register_loss`)."""
 
     def wrap(func: Callable[..., Any]) -> Kernel:
-        return Kernel(func, fallback, work, options)
+        return Kernel(func, fallback, work, options, compiles)
 
     return wrap
 

@@ -56,8 +56,19 @@ loss). The dual domain bounds |alpha_ti| by 1 for the three classification losse
 what bounds a reply's ``delta-b`` (:mod:`fmtl_flower.strategies.mocha`); the squared loss's
 domain is unbounded (:attr:`Loss.dual_radius` is inf), so that bound does not apply to it.
 
-Adding a loss is one :class:`Loss` subclass and one branch in each scalar kernel
-(:func:`loss_value`, :func:`dual_value`, :func:`coordinate_step`), keyed by its ``code``.
+**Adding a loss** is one :class:`Loss` subclass written in Python/numpy (its value and dual
+term, vectorised; its exact or numeric coordinate step :meth:`Loss.sdca_step`; its zero-row
+peak, dual domain and range, smoothness and :meth:`Loss.value_bound`) and one call,
+:func:`register_loss`, in every process of the run (server and devices: a module both
+import). No kernel is edited. The four losses above keep their compiled branches (the
+scalar kernels below, keyed by :attr:`Loss.code`); a registered loss gets a code of its own
+that no kernel compiles (:func:`has_kernels`), and every SDCA-family kernel called with it
+runs its numpy implementation, whatever ``FMTL_KERNELS`` says (the guard is the kernels'
+``compiles`` predicate, :func:`fmtl_flower.core.jit.kernel`). The numpy implementations ask
+the :class:`Loss` object for each scalar piece (:meth:`Loss.sdca_step`, :attr:`Loss.peak`,
+:meth:`Loss.loss_at`, :meth:`Loss.dual_at`), which for the four built-in losses are the
+compiled kernels' own Python code, so their numbers do not change. ``tests/core/
+test_toy_loss.py`` adds a squared hinge this way and runs MOCHA to a certified gap.
 """
 
 from __future__ import annotations
@@ -70,11 +81,16 @@ from .hinge import hinge_conjugate_value, hinge_loss, mean_hinge_loss
 from .jit import kernel
 
 __all__ = ["HINGE", "LOGISTIC", "LOSSES", "LOSS_BY_CODE", "NEWTON_STEPS", "SMOOTHED_HINGE",
-           "SQUARED", "Loss", "coordinate_step", "dual_peak", "dual_value", "get_loss",
-           "loss_value", "numpy_step_cost_of"]
+           "SQUARED", "Loss", "compiled_loss_call", "coordinate_step", "dual_peak",
+           "dual_value", "get_loss", "has_kernels", "loss_value", "numpy_step_cost_of",
+           "register_loss", "unregister_loss"]
 
 #: The integer codes the compiled kernels switch on (:attr:`Loss.code`).
 HINGE, SMOOTHED_HINGE, LOGISTIC, SQUARED = 0, 1, 2, 3
+_COMPILED_CODES = frozenset((HINGE, SMOOTHED_HINGE, LOGISTIC, SQUARED))
+#: The first code :func:`register_loss` hands out (a loss of Python code only: no kernel
+#: compiles it).
+FIRST_PYTHON_CODE = 100
 
 #: At most this many safeguarded Newton steps per logistic coordinate step: enough for the
 #: bisection alone to shrink the bracket (width q) to the 1e-15 relative tolerance for any
@@ -88,8 +104,34 @@ _LOG2 = math.log(2.0)
 
 
 # ---------------------------------------------------------------------------- scalar kernels
-# One home of each formula for the compiled kernels and the numpy twins alike (the numpy
-# twins call the plain Python functions, ``.py_func``).
+# One home of each formula of the four built-in losses for the compiled kernels and the numpy
+# twins alike (the numpy twins ask the Loss object, whose built-in methods call the plain
+# Python functions, ``.py_func``). A kernel called as Python with another loss's code asks
+# that loss (``fallback``); numba is never asked to compile one (``compiles``).
+
+
+def has_kernels(code: int) -> bool:
+    """Whether the compiled kernels have a branch for the loss with ``code`` (the four
+    built-in losses); a registered loss runs the kernels' numpy implementations."""
+    return code in _COMPILED_CODES
+
+
+def compiled_loss_call(*args) -> bool:
+    """The ``compiles`` predicate of a kernel whose last argument is a loss code."""
+    return args[-1] in _COMPILED_CODES
+
+
+def _first_is_compiled(code, *args) -> bool:
+    return code in _COMPILED_CODES
+
+
+def _ask_the_loss(method: str):
+    """The Python implementation of a scalar kernel: ``LOSS_BY_CODE[code].method(*args)``."""
+    def call(code, *args):
+        return getattr(LOSS_BY_CODE[code], method)(*args)
+
+    call.__name__ = f"{method}_of_code"
+    return call
 
 
 @kernel(inline="always")
@@ -101,7 +143,7 @@ def _sigmoid(u):  # pragma: no cover - compiled
     return e / (1.0 + e)
 
 
-@kernel(inline="always")
+@kernel(_ask_the_loss("loss_at"), compiles=_first_is_compiled, inline="always")
 def loss_value(code, z):  # pragma: no cover - compiled
     """l(z) of the loss with ``code`` at margin ``z``."""
     if code == SMOOTHED_HINGE:
@@ -120,7 +162,7 @@ def loss_value(code, z):  # pragma: no cover - compiled
     return r if r > 0.0 else 0.0
 
 
-@kernel(inline="always")
+@kernel(_ask_the_loss("dual_at"), compiles=_first_is_compiled, inline="always")
 def dual_value(code, a):  # pragma: no cover - compiled
     """D(a) = -l*(-a) of the loss with ``code``, for ``a`` in its domain."""
     if code == SMOOTHED_HINGE or code == SQUARED:
@@ -135,7 +177,7 @@ def dual_value(code, a):  # pragma: no cover - compiled
     return a
 
 
-@kernel(inline="always")
+@kernel(lambda code: LOSS_BY_CODE[code].peak, compiles=_first_is_compiled, inline="always")
 def dual_peak(code):  # pragma: no cover - compiled
     """argmax D: a zero row's coordinate maximiser (the zero-row rule)."""
     if code == LOGISTIC:
@@ -175,7 +217,7 @@ def _logistic_step(a_old, z, q):  # pragma: no cover - compiled
     return _sigmoid(u)
 
 
-@kernel(inline="always")
+@kernel(_ask_the_loss("sdca_step"), compiles=_first_is_compiled, inline="always")
 def coordinate_step(code, a_old, z, q):  # pragma: no cover - compiled
     """The exact maximiser of f(a) = D(a) - z (a - a_old) - (q/2) (a - a_old)^2 over D's
     domain (module docstring), ``q >= 0`` (q = 0: a zero row, :func:`dual_peak`)."""
@@ -202,12 +244,20 @@ def coordinate_step(code, a_old, z, q):  # pragma: no cover - compiled
 class Loss:
     """A loss of MOCHA's model family: its value, conjugate, dual domain and SDCA step.
 
+    The interface every kernel, numpy twin, bound, certificate and seeding rule uses. A new
+    loss subclasses it, defines what is marked *required* below in Python/numpy and is
+    registered with :func:`register_loss` (module docstring; ``tests/core/test_toy_loss.py``
+    is a worked example).
+
     Attributes
     ----------
     name : str
-        The run-config spelling (``mocha.loss``).
+        The run-config spelling (``mocha.loss``). Required.
     code : int
-        What the compiled kernels switch on.
+        What the kernels switch on: 0..3 for the built-in losses (compiled), handed out by
+        :func:`register_loss` for a new one (its numpy path; never set it yourself).
+    peak : float
+        argmax D, a zero row's coordinate maximiser (the zero-row rule). Required.
     dual_domain : (float, float)
         The domain of a = y alpha (D is -inf outside it).
     dual_range : (float, float)
@@ -218,10 +268,12 @@ class Loss:
         The numpy SDCA step's run time relative to the hinge's (the kernels' work estimates,
         :mod:`fmtl_flower.core.jit`; measured with ``FMTL_KERNELS=numpy``, n = 2000, d = 20,
         2026-11-27: hinge 0.98, smoothed hinge 1.46, logistic 10.1, squared 1.73 us/step).
+        A registered loss always runs numpy: the estimate only feeds the time accounting.
     """
 
     name = ""
     code = -1
+    peak: float
     numpy_step_cost = 1.0
     dual_domain = (0.0, 1.0)
     dual_range = (0.0, 1.0)
@@ -234,11 +286,11 @@ class Loss:
 
     # -- vectorised values (the device's reports, objectives) ------------------------------
     def value(self, margins: np.ndarray) -> np.ndarray:
-        """l(z) elementwise at the margins z = y x^T w."""
+        """l(z) elementwise at the margins z = y x^T w. Required."""
         raise NotImplementedError
 
     def dual(self, a: np.ndarray) -> np.ndarray:
-        """D(a) = -l*(-a) elementwise (a in the domain, :meth:`feasible`)."""
+        """D(a) = -l*(-a) elementwise (a in the domain, :meth:`feasible`). Required."""
         raise NotImplementedError
 
     def conjugate(self, u: np.ndarray) -> np.ndarray:
@@ -271,24 +323,48 @@ class Loss:
         return float(self.dual(y * alpha).mean())
 
     def value_bound(self, margin_bound: np.ndarray) -> np.ndarray:
-        """An upper bound on l(z) for |z| <= ``margin_bound`` (R_t |w_t| on the server)."""
+        """An upper bound on l(z) for |z| <= ``margin_bound`` (R_t |w_t| on the server).
+        Required."""
         raise NotImplementedError
 
-    # -- the SDCA step -----------------------------------------------------------------------
-    def sdca_step(self, a_old: float, z: float, q: float) -> float:
-        """The exact coordinate maximiser (module docstring; plain Python)."""
-        return coordinate_step.py_func(self.code, a_old, z, q)
+    # -- scalar pieces (the kernels' numpy implementations) ---------------------------------
+    def loss_at(self, z: float) -> float:
+        """l(z) at one margin (plain Python float)."""
+        return float(self.value(np.float64(z)))
 
-    @property
-    def peak(self) -> float:
-        """argmax D (the zero-row rule)."""
-        return dual_peak.py_func(self.code)
+    def dual_at(self, a: float) -> float:
+        """D(a) at one point of the domain (plain Python float)."""
+        return float(self.dual(np.float64(a)))
+
+    def sdca_step(self, a_old: float, z: float, q: float) -> float:
+        """The maximiser over D's domain of f(a) = D(a) - z (a - a_old) - (q/2) (a - a_old)^2
+        (module docstring), ``q >= 0`` (q = 0: a zero row, :attr:`peak`), exact or to
+        rounding, as a plain float. Required: called once per coordinate step."""
+        raise NotImplementedError(f"{type(self).__name__} defines no sdca_step")
 
     def __repr__(self) -> str:
         return f"<loss {self.name}>"
 
 
-class _Hinge(Loss):
+class _Compiled(Loss):
+    """A built-in loss: its scalar pieces are the compiled kernels' branches of its code,
+    run as Python (the same code, so the same numbers as before the interface)."""
+
+    def loss_at(self, z):
+        return loss_value.py_func(self.code, z)
+
+    def dual_at(self, a):
+        return dual_value.py_func(self.code, a)
+
+    def sdca_step(self, a_old, z, q):
+        return coordinate_step.py_func(self.code, a_old, z, q)
+
+    @property
+    def peak(self) -> float:
+        return dual_peak.py_func(self.code)
+
+
+class _Hinge(_Compiled):
     name, code = "hinge", HINGE
 
     def value(self, margins):
@@ -307,7 +383,7 @@ class _Hinge(Loss):
         return 1.0 + margin_bound
 
 
-class _SmoothedHinge(Loss):
+class _SmoothedHinge(_Compiled):
     name, code = "smoothed-hinge", SMOOTHED_HINGE
     dual_range = (0.0, 0.5)
     smoothness = 1.0
@@ -325,7 +401,7 @@ class _SmoothedHinge(Loss):
         return 0.5 + margin_bound  # l(z) <= 1/2 + |z|
 
 
-class _Logistic(Loss):
+class _Logistic(_Compiled):
     name, code = "logistic", LOGISTIC
     dual_range = (0.0, _LOG2)
     smoothness = 0.25
@@ -346,7 +422,7 @@ class _Logistic(Loss):
         return _LOG2 + margin_bound  # log(1 + e^-z) <= log 2 + |z|
 
 
-class _Squared(Loss):
+class _Squared(_Compiled):
     name, code = "squared", SQUARED
     dual_domain = (-math.inf, math.inf)
     dual_range = (-math.inf, 0.5)
@@ -382,11 +458,83 @@ def numpy_step_cost_of(code: int) -> float:
 
 
 def get_loss(loss: str | Loss) -> Loss:
-    """The :class:`Loss` named ``loss`` (or ``loss`` itself); ValueError naming the valid
-    names otherwise."""
+    """The registered :class:`Loss` named ``loss`` (or ``loss`` itself when it is registered);
+    ValueError naming the valid names otherwise."""
     if isinstance(loss, Loss):
+        if LOSS_BY_CODE.get(loss.code) is not loss:
+            raise ValueError(f"{loss!r} is not registered: call register_loss on it first "
+                             "(fmtl_flower.core.losses)")
         return loss
     found = LOSSES.get(loss) if isinstance(loss, str) else None
     if found is None:
         raise ValueError(f"loss must be one of {', '.join(LOSSES)}; got {loss!r}")
     return found
+
+
+#: Fenchel-Young's slack may dip this far below 0 at :func:`register_loss`'s check (rounding).
+_FY_TOL = 1e-9
+
+
+def register_loss(loss: Loss) -> Loss:
+    """Add ``loss`` (an instance of a :class:`Loss` subclass written in Python/numpy) to
+    :data:`LOSSES` under its ``name``, give it a kernel code of its own (its kernel calls run
+    numpy, :func:`has_kernels`) and return it. Call it in every process of a run (server and
+    devices) before the run, e.g. at the import of the module that defines the loss.
+
+    A quick check guards the duality-gap certificate, which rests on Fenchel-Young: on a grid
+    of margins z and dual points a of the domain, l(z) - D(a) + a z >= 0; the step at
+    q = 0 is :attr:`Loss.peak`, and steps stay in the dual domain. ValueError names what
+    fails (also a name already taken, a missing required piece, a code set by hand).
+    """
+    if not isinstance(loss, Loss) or type(loss) is Loss:
+        raise ValueError(f"register_loss takes an instance of a Loss subclass, got {loss!r}")
+    if not isinstance(loss.name, str) or not loss.name.strip():
+        raise ValueError(f"{type(loss).__name__}.name must be a non-empty string")
+    if loss.name in LOSSES:
+        raise ValueError(f"a loss named {loss.name!r} is already registered")
+    if loss.code != Loss.code:
+        raise ValueError(f"{type(loss).__name__}.code is set ({loss.code}); register_loss "
+                         "hands out the code (the compiled ones belong to the built-in losses)")
+    missing = [m for m in ("value", "dual", "value_bound", "sdca_step")
+               if getattr(type(loss), m) is getattr(Loss, m)]
+    if not hasattr(loss, "peak"):
+        missing.append("peak")
+    if missing:
+        raise ValueError(f"{type(loss).__name__} does not define {', '.join(missing)}")
+    _check_fenchel_young(loss)
+    loss.code = max(FIRST_PYTHON_CODE - 1, *LOSS_BY_CODE) + 1
+    LOSSES[loss.name] = loss
+    LOSS_BY_CODE[loss.code] = loss
+    return loss
+
+
+def unregister_loss(name: str) -> None:
+    """Remove the registered loss ``name`` (tests); the built-in losses cannot be removed."""
+    loss = LOSSES.get(name)
+    if loss is None or has_kernels(loss.code):
+        raise ValueError(f"{name!r} is not a registered loss of Python code")
+    del LOSSES[name], LOSS_BY_CODE[loss.code]
+    loss.code = Loss.code
+
+
+def _check_fenchel_young(loss: Loss) -> None:
+    """:func:`register_loss`'s check (its docstring)."""
+    lo, hi = loss.dual_domain
+    a = np.linspace(max(lo, -10.0), min(hi, 10.0), 41)
+    z = np.linspace(-10.0, 10.0, 81)
+    slack = (loss.value(z)[:, None] - loss.dual(a)[None, :] + a[None, :] * z[:, None])
+    if not np.all(slack >= -_FY_TOL * (1.0 + np.abs(a[None, :] * z[:, None]))):
+        i, j = np.unravel_index(np.argmin(slack), slack.shape)
+        raise ValueError(f"{loss!r}: l(z) - D(a) + a z = {slack[i, j]:.3g} < 0 at z = "
+                         f"{z[i]:.3g}, a = {a[j]:.3g}: value and dual are not a conjugate "
+                         "pair (Fenchel-Young), so no duality gap of it would be certified")
+    peak = float(loss.peak)
+    for a_old in a[::10]:
+        if loss.sdca_step(float(a_old), 0.0, 0.0) != peak:
+            raise ValueError(f"{loss!r}: sdca_step(a_old, 0, 0) must be peak = {peak} (a zero "
+                             f"row's step), got {loss.sdca_step(float(a_old), 0.0, 0.0)}")
+        for zz, q in ((-3.0, 0.5), (0.3, 2.0), (4.0, 10.0)):
+            step = loss.sdca_step(float(a_old), zz, q)
+            if not (isinstance(step, float) and loss.feasible_mask(np.array([step]))[0]):
+                raise ValueError(f"{loss!r}: sdca_step({a_old:.3g}, {zz}, {q}) = {step!r} is "
+                                 "not a float of the dual domain")

@@ -27,7 +27,10 @@ so the duality gap can close.
 
 The kernel is compiled by numba when it is installed; :func:`_sdca_kernel_numpy` is its numpy
 implementation (:mod:`fmtl_flower.core.jit`). Both take the loss as its integer ``code``
-(:attr:`~fmtl_flower.core.losses.Loss.code`); the hinge's step is written out as before.
+(:attr:`~fmtl_flower.core.losses.Loss.code`); the hinge's step is written out as before. The
+numpy implementation asks the :class:`~fmtl_flower.core.losses.Loss` of the code for its
+step and peak, so a loss registered in Python (no compiled branch) runs there, in every
+kernel mode (the kernels' ``compiles`` guard, :func:`~fmtl_flower.core.losses.has_kernels`).
 """
 
 from __future__ import annotations
@@ -35,7 +38,16 @@ from __future__ import annotations
 import numpy as np
 
 from .jit import kernel, steps_work
-from .losses import HINGE, Loss, coordinate_step, dual_peak, get_loss, numpy_step_cost_of
+from .losses import (
+    HINGE,
+    LOSS_BY_CODE,
+    Loss,
+    compiled_loss_call,
+    coordinate_step,
+    dual_peak,
+    get_loss,
+    numpy_step_cost_of,
+)
 
 #: numba's fast-math flags of every SDCA-family kernel. Reassociation lets LLVM vectorise the
 #: dot product and the axpy (SIMD); no other fast-math flag is set, so NaN/inf semantics are
@@ -43,7 +55,7 @@ from .losses import HINGE, Loss, coordinate_step, dual_peak, get_loss, numpy_ste
 FASTMATH = {"reassoc", "contract"}
 
 
-@kernel(inline="always")
+@kernel(compiles=compiled_loss_call, inline="always")
 def _zero_row_delta(yi, a_old, loss):  # pragma: no cover - compiled
     """The one zero-row rule of every SDCA kernel: a row with ``|x_i| = 0`` goes to its exact
     coordinate maximiser ``y_i a_i = argmax D`` (1 for the hinge; its only term is
@@ -52,7 +64,7 @@ def _zero_row_delta(yi, a_old, loss):  # pragma: no cover - compiled
     return yi * (dual_peak(loss) - a_old)
 
 
-@kernel(inline="always")
+@kernel(compiles=compiled_loss_call, inline="always")
 def _step_start(X, y, alpha, sqnorm, d_alpha, v, i, loss):  # pragma: no cover - compiled
     """The start of every SDCA-family coordinate step on row ``i`` at the model ``v``:
     ``(y_i, a_old, |x_i|^2, x_i^T v)`` with ``a_old = y_i (alpha_i + d_alpha_i)``. A zero row
@@ -85,8 +97,8 @@ def _sdca_steps_numpy(X, y, alpha, sqnorm, order, start, count, scale, d_alpha, 
     n = X.shape[0]
     inv_n = 1.0 / n
     ys, xxs, base, idx = y.tolist(), sqnorm.tolist(), alpha.tolist(), order.tolist()
-    step = coordinate_step.py_func
-    peak = dual_peak.py_func(loss)
+    of = LOSS_BY_CODE[loss]
+    step, peak = of.sdca_step, of.peak
     for s in range(start, start + count):
         i = idx[s % n]
         yi = ys[i]
@@ -102,14 +114,14 @@ def _sdca_steps_numpy(X, y, alpha, sqnorm, order, start, count, scale, d_alpha, 
             a_new = a_old + (1.0 - yi * float(row @ v)) * inv_q
             a_new = 0.0 if a_new < 0.0 else (1.0 if a_new > 1.0 else a_new)
         else:
-            a_new = step(loss, a_old, yi * float(row @ v), scale * xx * inv_n)
+            a_new = step(a_old, yi * float(row @ v), scale * xx * inv_n)
         if a_new != a_old:
             delta = yi * (a_new - a_old)
             d_alpha[i] = d_old + delta
             v += (scale * delta * inv_n) * row
 
 
-@kernel(_sdca_steps_numpy, boundscheck=False, fastmath=FASTMATH,
+@kernel(_sdca_steps_numpy, boundscheck=False, fastmath=FASTMATH, compiles=compiled_loss_call,
         work=lambda X, y, alpha, sqnorm, order, start, count, scale, d_alpha, v, loss:
         steps_work(count, X.shape[1]) * numpy_step_cost_of(loss))
 def _sdca_steps(X, y, alpha, sqnorm, order, start, count, scale, d_alpha, v,
@@ -145,7 +157,7 @@ def _sdca_kernel_numpy(X, y, alpha, sqnorm, w, order, budget, scale, d_alpha, v,
     _sdca_steps_numpy(X, y, alpha, sqnorm, order, 0, budget, scale, d_alpha, v, loss)
 
 
-@kernel(_sdca_kernel_numpy, boundscheck=False, fastmath=FASTMATH,
+@kernel(_sdca_kernel_numpy, boundscheck=False, fastmath=FASTMATH, compiles=compiled_loss_call,
         work=lambda X, y, alpha, sqnorm, w, order, budget, scale, d_alpha, v, loss:
         steps_work(budget, X.shape[1]) * numpy_step_cost_of(loss))
 def _sdca_kernel(X, y, alpha, sqnorm, w, order, budget, scale, d_alpha, v,
@@ -192,7 +204,8 @@ def sdca_local_update(
     sqnorm : ndarray of shape (n,), optional
         Precomputed squared row norms of X (computed when omitted).
     loss : str or Loss, default "hinge"
-        A loss of :data:`~fmtl_flower.core.losses.LOSSES` (or its name).
+        A loss of :data:`~fmtl_flower.core.losses.LOSSES` (or its name; a registered loss
+        of Python code runs the numpy implementation).
 
     Returns
     -------

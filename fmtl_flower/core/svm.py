@@ -21,13 +21,14 @@ from __future__ import annotations
 import numpy as np
 
 from .jit import kernel, steps_work
-from .losses import HINGE, Loss, dual_value, get_loss, loss_value
+from .losses import HINGE, Loss, compiled_loss_call, dual_value, get_loss, loss_value
 from .rng import TAG_ORDER, _permutation
 from .sdca import _sdca_kernel
 
 
 @kernel(work=lambda X, y, lam, tol, max_epochs, *_: steps_work(max_epochs * X.shape[0],
-                                                               X.shape[1]))
+                                                               X.shape[1]),
+        compiles=compiled_loss_call)
 def _svm_sdca(X, y, lam, tol, max_epochs, check_every, seed, loss):  # pragma: no cover - compiled
     n, d = X.shape
     sqnorm = np.empty(n)

@@ -11,6 +11,7 @@ from ..losses import (
     HINGE,
     LOSS_BY_CODE,
     Loss,
+    compiled_loss_call,
     dual_value,
     get_loss,
     loss_value,
@@ -33,7 +34,7 @@ def _local_gap_numpy(X, y, alpha, d_alpha, v, loss):
     return float(terms.sum()) / n
 
 
-@kernel(_local_gap_numpy, boundscheck=False, fastmath=FASTMATH,
+@kernel(_local_gap_numpy, boundscheck=False, fastmath=FASTMATH, compiles=compiled_loss_call,
         work=lambda X, y, alpha, d_alpha, v, loss: vector_work(X.size))
 def _local_gap(X, y, alpha, d_alpha, v, loss):  # pragma: no cover
     """(1/n) sum_i [l(m_i) - D(a_i) + a_i m_i], m_i = y_i x_i^T v, a_i = y_i alpha_new_i, for
@@ -67,7 +68,7 @@ def _cocoa_work(X, y, alpha, sqnorm, order, scale, theta, max_steps, check_every
             + checks * vector_work(X.size))
 
 
-@kernel(boundscheck=False, fastmath=FASTMATH, work=_cocoa_work)
+@kernel(boundscheck=False, fastmath=FASTMATH, work=_cocoa_work, compiles=compiled_loss_call)
 def _cocoa_kernel(X, y, alpha, sqnorm, order, scale, theta, max_steps, check_every,
                   d_alpha, v, loss):  # pragma: no cover
     """SDCA blocks of ``check_every`` steps until the local gap is <= theta times its start

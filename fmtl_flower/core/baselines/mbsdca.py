@@ -6,7 +6,15 @@ from __future__ import annotations
 import numpy as np
 
 from ..jit import kernel, steps_work, vector_work
-from ..losses import HINGE, Loss, coordinate_step, get_loss, numpy_step_cost_of
+from ..losses import (
+    HINGE,
+    LOSS_BY_CODE,
+    Loss,
+    compiled_loss_call,
+    coordinate_step,
+    get_loss,
+    numpy_step_cost_of,
+)
 from ..sdca import FASTMATH, _clip01, _step_start
 from ._common import _check_positive, _check_steps, _sqnorm, _sub_dalpha, _validate
 
@@ -26,15 +34,15 @@ def _mbsdca_kernel_numpy(X, y, alpha, sqnorm, w, order, budget, inv_m_tt, d_alph
             a_new = a_old + (1.0 - margins) * (n * inv_m_tt / np.where(zero, 1.0, xx))
         a_new = np.where(zero, 1.0, np.clip(a_new, 0.0, 1.0))
     else:  # q = 0 on a zero row: the step is the zero-row rule's argmax D
-        step = coordinate_step.py_func
+        step = LOSS_BY_CODE[loss].sdca_step
         q = np.where(zero, 0.0, xx / (n * inv_m_tt)).tolist()
         z = np.where(zero, 0.0, margins).tolist()
-        a_new = np.array([step(loss, a, zi, qi)
+        a_new = np.array([step(a, zi, qi)
                           for a, zi, qi in zip(a_old.tolist(), z, q, strict=True)])
     d_alpha[idx] += yi * (a_new - a_old)
 
 
-@kernel(_mbsdca_kernel_numpy, boundscheck=False, fastmath=FASTMATH,
+@kernel(_mbsdca_kernel_numpy, boundscheck=False, fastmath=FASTMATH, compiles=compiled_loss_call,
         work=lambda X, y, alpha, sqnorm, w, order, budget, inv_m_tt, d_alpha, loss:
         vector_work(budget * X.shape[1]) if loss == HINGE
         else steps_work(budget, X.shape[1]) * numpy_step_cost_of(loss))
