@@ -432,9 +432,23 @@ SYS_HET_BASES = ("n_min", "n_t")
 NETWORKS = ("wifi", "lte", "3g")
 TIME_MODELS = ("physical", "reference")
 SERVER_PATHS = ("auto", "dense", "factored")
-#: The losses of MOCHA's model family, the default first (the registry
-#: :data:`fmtl_flower.core.losses.LOSSES` has exactly these; this module imports no numerics).
+#: The built-in losses of MOCHA's model family, the default first (the registry
+#: :data:`fmtl_flower.core.losses.LOSSES` starts with exactly these; this module imports no
+#: numerics unless a run names another loss, :func:`loss_name`).
 LOSS_NAMES = ("hinge", "smoothed-hinge", "logistic", "squared")
+
+
+def loss_name(key: str, value: Any) -> str:
+    """One of :data:`LOSS_NAMES`, or a loss registered with
+    :func:`fmtl_flower.core.losses.register_loss` (looked up only then)."""
+    out = str(value).strip()
+    if out in LOSS_NAMES:
+        return out
+    from .core.losses import LOSSES  # a registered loss: the registry is its one home
+
+    if out not in LOSSES:
+        raise ConfigError(f"{key}: must be one of {', '.join(LOSSES)}; got {value!r}")
+    return out
 _POSITIVE = number(lo=0.0, lo_open=True)
 _NONNEG = number(lo=0.0)
 _UNIT_OPEN = number(lo=0.0, hi=1.0, lo_open=True, hi_open=True)
@@ -578,11 +592,12 @@ class MOCHASettings(_PrimalDualSettings):
     max_classes : int
         Most classes a run may learn from its devices' labels (devices built with
         ``labels="auto"``; a node claiming more is refused) (``mocha.max-classes``).
-    loss : {"hinge", "smoothed-hinge", "logistic", "squared"}
+    loss : {"hinge", "smoothed-hinge", "logistic", "squared"} or a registered loss's name
         The loss l of the objective's per-task mean l(y x^T w_t) (``mocha.loss``): the SVM's
         hinge (the papers'), the hinge smoothed with gamma = 1 (Shalev-Shwartz & Zhang),
         log(1 + e^-z), or (1 - z)^2 / 2 = (y - x^T w)^2 / 2 (labels stay -1/+1); see
-        :mod:`fmtl_flower.core.losses`. Mb-SGD and OFMTL take only ``hinge``.
+        :mod:`fmtl_flower.core.losses` (and its ``register_loss`` for another).
+        Mb-SGD and OFMTL take only ``hinge``.
     concurrency, tau, latency_sigma : int or None, int or None, float
         Barrier-free MOCHA (``async-mocha``, ``async-cocoa``;
         :mod:`fmtl_flower.strategies.async_mocha`): the most requests in flight (None, 0 on
@@ -621,7 +636,7 @@ class MOCHASettings(_PrimalDualSettings):
     fit_intercept: bool = setting(False, boolean, "mocha.fit-intercept")
     intercept_scaling: float = setting(1.0, _POSITIVE, "mocha.intercept-scaling")
     max_classes: int = setting(1000, integer(2), "mocha.max-classes")
-    loss: str = setting("hinge", choice(*LOSS_NAMES), "mocha.loss")
+    loss: str = setting("hinge", loss_name, "mocha.loss")
     concurrency: int | None = setting(None, optional(integer(1)), "mocha.concurrency",
                                       from_wire=zero_is_none, wire_default=0,
                                       wire_check=integer(0))

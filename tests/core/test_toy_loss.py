@@ -1,0 +1,151 @@
+"""Adding a loss is one class: a toy loss written here in Python/numpy, registered with one
+call, runs MOCHA end to end (the federation's devices, the server's bounds and certificate)
+to a certified duality gap at the optimum an independent solver finds, with no kernel edited.
+
+The toy is the squared hinge l(z) = max(0, 1 - z)^2 / 2 (not one of the built-in losses).
+Its conjugate: for a >= 0, sup_z (-a z - l(z)) is reached at z = 1 - a, so
+D(a) = -l*(-a) = a - a^2 / 2 on [0, inf) (D's maximum 1/2 at a = 1), and the SDCA step
+max_a D(a) - z (a - a_old) - (q/2)(a - a_old)^2 over a >= 0 is
+a = max(0, a_old + (1 - z - a_old) / (1 + q)).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.optimize import minimize
+
+from fmtl_flower.core import jit
+from fmtl_flower.core.formulations import make_formulation
+from fmtl_flower.core.losses import LOSSES, Loss, get_loss, register_loss, unregister_loss
+from fmtl_flower.core.sdca import sdca_local_update
+from fmtl_flower.settings import MOCHASettings
+
+from ..strategies.helpers import make_problem, run_federation
+
+TARGET = 1e-4
+MEAN = {"omega": "mean", "lam": 1e-2, "lam2": 1e-1, "omega_every": 0}
+
+
+class SquaredHinge(Loss):
+    """l(z) = max(0, 1 - z)^2 / 2: the whole of the new loss (module docstring)."""
+
+    name = "toy-squared-hinge"
+    peak = 1.0
+    dual_domain = (0.0, math.inf)
+    dual_range = (-math.inf, 0.5)
+    smoothness = 1.0
+
+    def value(self, margins):
+        r = np.maximum(0.0, 1.0 - np.asarray(margins, dtype=np.float64))
+        return 0.5 * r * r
+
+    def dual(self, a):
+        a = np.asarray(a, dtype=np.float64)
+        return a - 0.5 * a * a
+
+    def value_bound(self, margin_bound):
+        return 0.5 * (1.0 + margin_bound) ** 2
+
+    def sdca_step(self, a_old, z, q):
+        return max(0.0, a_old + (1.0 - z - a_old) / (1.0 + q))
+
+
+@pytest.fixture(scope="module")
+def toy():
+    loss = register_loss(SquaredHinge())  # the one call; removed after (a shared registry)
+    yield loss
+    unregister_loss(loss.name)
+
+
+def _primal_and_gradient(tasks, K, W):
+    """P(W) = sum_t mean_i l(y x^T w_t) + (1/2) tr(W K W^T) and its gradient, with the squared
+    hinge written out again (l' = -max(0, 1 - z)), apart from the class under test."""
+    total, grad = 0.0, W @ K
+    for t, (X, y) in enumerate(tasks):
+        r = np.maximum(0.0, 1.0 - y * (X @ W[:, t]))
+        total += float((0.5 * r * r).mean())
+        grad[:, t] -= X.T @ (y * r) / X.shape[0]
+    return total + 0.5 * float(np.einsum("ij,ij->", W @ K, W)), grad
+
+
+def _lbfgs_optimum(tasks, K):
+    d, m = tasks[0][0].shape[1], len(tasks)
+
+    def fun(x):
+        value, grad = _primal_and_gradient(tasks, K, x.reshape(d, m))
+        return value, grad.ravel()
+
+    res = minimize(fun, np.zeros(d * m), jac=True, method="L-BFGS-B",
+                   options={"maxiter": 100000, "maxfun": 200000, "maxcor": 30,
+                            "ftol": 1e-15, "gtol": 1e-11})
+    return float(res.fun), res.x.reshape(d, m)
+
+
+def test_mocha_federation_certifies_the_gap_of_a_toy_loss_at_the_lbfgs_optimum(toy):
+    """Omega fixed (``mean``: the tasks coupled): the devices train the toy loss they read
+    from the message, the record's certified relative gap reaches 1e-4 with no certificate
+    rejection, its primal is the toy's P of the server's W, and W is scipy's optimum."""
+    problem = make_problem(num_tasks=5, dim=4, samples_per_task=24, seed=3)
+    run = run_federation(problem, 80, loss=toy.name, **MEAN)
+    final = run.final
+    assert final["gap_certified"] and final["certificate_rejections_total"] == 0
+    assert final["gap"] <= TARGET * final["primal"]
+    s = MOCHASettings(loss=toy.name, **MEAN)
+    K = make_formulation(s.omega, problem.num_tasks, lam=s.lam,
+                         **s.formulation_options).regulariser_matrix()
+    W = run.strategy.state.W
+    own, _ = _primal_and_gradient(problem.train(), K, W)
+    assert final["primal"] == pytest.approx(own, rel=1e-10)
+    best, W_star = _lbfgs_optimum(problem.train(), K)
+    assert final["dual"] <= best * (1 + 1e-9) and best <= final["primal"] * (1 + 1e-9)
+    assert abs(final["primal"] - best) <= TARGET * best
+    # strong convexity (K >= lam2 I): |W - W*|_F^2 <= 2 (P(W) - P*) / lam2
+    assert np.linalg.norm(W - W_star) ** 2 <= 2 * final["gap"] / MEAN["lam2"] + 1e-9
+
+
+def test_a_toy_loss_runs_numpy_whatever_the_kernel_mode(toy):
+    """No kernel compiles the toy's code: under ``FMTL_KERNELS=numba`` its SDCA runs the numpy
+    implementation (the same numbers as under ``numpy``), and those are the toy's own steps,
+    not a built-in loss's (the hinge's and the squared loss's differ from them here)."""
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((40, 3))
+    X[7] = 0.0  # a zero row: the toy's peak
+    y = np.where(rng.standard_normal(40) > 0, 1.0, -1.0)
+    args = dict(budget=120, m_tt=1.5, sigma_prime=2.0, order=rng.permutation(40))
+    w = rng.standard_normal(3)
+    with jit.using("numpy"):
+        numpy_run = sdca_local_update(X, y, np.zeros(40), w, loss=toy, **args)
+    with jit.using("numba"):
+        numba_mode = sdca_local_update(X, y, np.zeros(40), w, loss=toy, **args)
+    for ours, theirs in zip(numpy_run, numba_mode, strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+    a = y * numpy_run[0]
+    assert a.min() >= 0.0 and a.max() > 1.0  # the toy's domain [0, inf), not the hinge's box
+    assert a[7] == 1.0
+    for other in ("hinge", "squared"):
+        with jit.using("numpy"):
+            assert not np.allclose(sdca_local_update(X, y, np.zeros(40), w, loss=other,
+                                                     **args)[0], numpy_run[0])
+
+
+def test_registration_checks_the_loss(toy):
+    """The registry takes a loss once, refuses one whose value and dual are no conjugate
+    pair (its gap would be certified falsely), and an unregistered instance is refused."""
+    assert LOSSES[toy.name] is toy and get_loss(toy.name) is toy
+    with pytest.raises(ValueError, match="already registered"):
+        register_loss(SquaredHinge())
+
+    class WrongDual(SquaredHinge):
+        name = "toy-wrong-dual"
+
+        def dual(self, a):
+            return np.asarray(a, dtype=np.float64)  # the hinge's D: too large for this l
+
+    with pytest.raises(ValueError, match="Fenchel-Young"):
+        register_loss(WrongDual())
+    with pytest.raises(ValueError, match="not registered"):
+        get_loss(WrongDual())
+    assert "toy-wrong-dual" not in LOSSES
