@@ -106,7 +106,7 @@ from .baselines import cocoa_local_update
 from .certificate import REASON_PREFIX, pair_problems
 from .decoupling import OutlierWatch, coupling_weights, federation_scale
 from .formulations import Formulation, make_formulation
-from .hinge import hinge_conjugate_value, mean_hinge_loss
+from .hinge import hinge_conjugate_value
 from .losses import Loss, get_loss
 from .mocha import MOCHAServerState
 from .rng import TAG_AVAILABILITY, TAG_LATENCY, TAG_LATENCY_DEVICE, coordinate_order
@@ -1394,8 +1394,10 @@ def simulate_sync_mocha(
     latency_persistence: float = 0.0,
     availability: Availability | None = None,
     max_time_s: float | None = None,
+    loss: str | Loss = "hinge",
 ) -> Run:
-    """Synchronous MOCHA (fixed Omega) on the same virtual clock and latency draws.
+    """Synchronous MOCHA (fixed Omega) on the same virtual clock and latency draws, with the
+    same ``loss`` as the asynchronous run it is compared with.
 
     Round k: task t's device would need ``seconds[t] x latency_factor(seed, t, k)``; with a
     ``deadline`` it does the steps that fit (:func:`steps_by_deadline`; 0 fitting: dropped)
@@ -1410,6 +1412,7 @@ def simulate_sync_mocha(
     that ends past ``max_time_s`` virtual seconds.
     """
     m = len(tasks)
+    loss = get_loss(loss)
     seconds = np.broadcast_to(np.asarray(seconds, dtype=np.float64), (m,))
     comm_seconds = np.broadcast_to(np.asarray(comm_seconds, dtype=np.float64), (m,))
     state = MOCHAServerState.zeros(tasks[0][0].shape[1], make_formulation(
@@ -1435,16 +1438,16 @@ def simulate_sync_mocha(
             if steps == 0:
                 continue
             eval_W[:, t] = state.W[:, t]
-            eval_loss[t] = mean_hinge_loss(X, y, state.W[:, t])
+            eval_loss[t] = loss.mean_value(X, y, state.W[:, t])
             d_alpha, d_b = sdca_local_update(
                 X, y, alphas[t], state.W[:, t].copy(), budget=steps, m_tt=float(m_diag[t]),
                 sigma_prime=float(sigma_p[t]), order=coordinate_order(seed, t, k, X.shape[0]),
-                sqnorm=sqnorms[t])
+                sqnorm=sqnorms[t], loss=loss)
             alphas[t] += gamma * d_alpha
             delta_B[:, t] = gamma * d_b
         state.add_updates(np.arange(m), delta_B)
         now += longest
-        dual = sum(hinge_conjugate_value(a, y) for a, (_, y) in zip(alphas, tasks, strict=True)) \
+        dual = sum(loss.dual_mean(a, y) for a, (_, y) in zip(alphas, tasks, strict=True)) \
             - state.regulariser()
         record = {"time_s": now, "applied": k * m, "round": k, "dual": dual,
                   "primal": None, "gap": None}

@@ -19,6 +19,7 @@ from fmtl_flower.core.async_mocha import (
     Request,
     conjugate_change,
     simulate_async_mocha,
+    simulate_sync_mocha,
 )
 from fmtl_flower.core.losses import LOSSES, get_loss
 from fmtl_flower.core.multiclass import lift, with_intercept
@@ -96,6 +97,24 @@ def test_every_loss_certified_near_the_synchronous_optimum(loss, method, local_f
     assert checks.monotone()
     assert max(r["staleness"] for r in run.records) > 0
     _assert_certified_near(run, _optimum(tasks, loss))
+
+
+@pytest.mark.parametrize("loss", [name for name in LOSSES if name != "hinge"])
+def test_the_synchronous_baseline_trains_the_runs_loss(loss):
+    """The synchronous baseline an asynchronous run of a loss is compared with trains that
+    loss: with every task in flight and no safeguard, the asynchronous run's round ends are
+    its rounds (B and the dual), and its certified primal is the loss's P at the models the
+    devices evaluated (the old baseline trained and reported the hinge whatever the loss)."""
+    tasks = coupled_tasks()
+    a = simulate_async_mocha(tasks, np.ones(6), lam=0.05, replies=6 * 5, seed=3,
+                             safeguard=False, loss=loss)
+    s = simulate_sync_mocha(tasks, np.ones(6), np.zeros(6), lam=0.05, rounds=5, seed=3,
+                            loss=loss)
+    assert np.allclose(a.server.state.B, s.server.B, rtol=0, atol=1e-15)
+    ends = [r for r in a.records if r["applied"] % 6 == 0]
+    for x, y in zip(ends, s.records, strict=True):
+        assert x["dual"] == pytest.approx(y["dual"], abs=1e-14)
+    assert s.records[-1]["primal"] == pytest.approx(ends[-1]["primal"], rel=1e-12)
 
 
 def test_curved_losses_partial_steps_are_exact_again_after_the_next_reply():
