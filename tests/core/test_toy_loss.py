@@ -21,6 +21,7 @@ from fmtl_flower.core import jit
 from fmtl_flower.core.formulations import make_formulation
 from fmtl_flower.core.losses import LOSSES, Loss, get_loss, register_loss, unregister_loss
 from fmtl_flower.core.sdca import sdca_local_update
+from fmtl_flower.core.svm import fit_linear_svm
 from fmtl_flower.settings import MOCHASettings
 
 from ..strategies.helpers import make_problem, run_federation
@@ -129,6 +130,34 @@ def test_a_toy_loss_runs_numpy_whatever_the_kernel_mode(toy):
         with jit.using("numpy"):
             assert not np.allclose(sdca_local_update(X, y, np.zeros(40), w, loss=other,
                                                      **args)[0], numpy_run[0])
+
+
+@pytest.mark.parametrize("method", ["cocoa", "mb-sdca"])
+def test_the_baseline_local_solvers_train_a_toy_loss_with_a_certified_gap(toy, method):
+    """CoCoA's local solver (SDCA blocks between local-gap checks) and Mb-SDCA's (every step
+    at the stale model) run the toy's numpy steps in a federation: every round's gap is
+    certified and non-negative, and it falls."""
+    problem = make_problem(num_tasks=4, dim=4, samples_per_task=20, seed=2)
+    run = run_federation(problem, 40, loss=toy.name, method=method, omega="identity",
+                         lam=0.05, omega_every=0, beta=4.0)
+    gaps = [r["gap"] for r in run.rounds if r.get("gap") is not None]
+    assert run.final["gap_certified"] and all(g >= -1e-12 for g in gaps)
+    assert gaps[-1] < 0.05 * gaps[0]
+
+
+def test_the_single_task_svm_solver_fits_a_toy_loss_to_its_certified_gap(toy):
+    """The ``local`` / ``global`` baselines' solver (a compiled epoch loop: it runs as Python
+    over the toy's pieces) reaches its relative gap, at scipy's optimum of the same primal."""
+    problem = make_problem(num_tasks=1, dim=4, samples_per_task=60, seed=9)
+    (X, y), = problem.train()
+    c = 0.05
+    with jit.using("numba"):
+        w, rel_gap = fit_linear_svm(X, y, c, tol=1e-8, max_epochs=2000, loss=toy)
+    assert rel_gap <= 1e-8
+    best, w_star = _lbfgs_optimum([(X, y)], np.array([[c]]))
+    own, _ = _primal_and_gradient([(X, y)], np.array([[c]]), w[:, None])
+    assert abs(own - best) <= 1e-8 * best
+    assert np.linalg.norm(w - w_star.ravel()) ** 2 <= 2 * rel_gap * own / c + 1e-12
 
 
 def test_registration_checks_the_loss(toy):
