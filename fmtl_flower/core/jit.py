@@ -256,7 +256,7 @@ class Kernel:
         return self._dispatcher
 
     def __call__(self, *args: Any) -> Any:
-        if (self.compiles is None or self.compiles(*args)) and _wants_numba(self.work, args):
+        if _wants_numba(self.work, args) and (self.compiles is None or self.compiles(*args)):
             return self.compiled()(*args)
         _local.python = getattr(_local, "python", 0) + 1
         try:
