@@ -447,7 +447,8 @@ def loss_name(key: str, value: Any) -> str:
     from .core.losses import LOSSES  # a registered loss: the registry is its one home
 
     if out not in LOSSES:
-        raise ConfigError(f"{key}: must be one of {', '.join(LOSSES)}; got {value!r}")
+        raise ConfigError(f"{key}: must be one of {', '.join(LOSSES)}; got {value!r} (a loss "
+                          "of your own: register it first, core.losses.register_loss)")
     return out
 _POSITIVE = number(lo=0.0, lo_open=True)
 _NONNEG = number(lo=0.0)

@@ -467,7 +467,9 @@ def get_loss(loss: str | Loss) -> Loss:
         return loss
     found = LOSSES.get(loss) if isinstance(loss, str) else None
     if found is None:
-        raise ValueError(f"loss must be one of {', '.join(LOSSES)}; got {loss!r}")
+        raise ValueError(f"loss must be one of {', '.join(LOSSES)}; got {loss!r} (a loss of "
+                         "your own must be registered with fmtl_flower.core.losses."
+                         "register_loss in this process too)")
     return found
 
 
