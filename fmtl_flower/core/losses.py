@@ -90,7 +90,7 @@ HINGE, SMOOTHED_HINGE, LOGISTIC, SQUARED = 0, 1, 2, 3
 _COMPILED_CODES = frozenset((HINGE, SMOOTHED_HINGE, LOGISTIC, SQUARED))
 #: The first code :func:`register_loss` hands out (a loss of Python code only: no kernel
 #: compiles it).
-FIRST_PYTHON_CODE = 100
+_FIRST_PYTHON_CODE = 100
 
 #: At most this many safeguarded Newton steps per logistic coordinate step: enough for the
 #: bisection alone to shrink the bracket (width q) to the 1e-15 relative tolerance for any
@@ -268,7 +268,7 @@ class Loss:
         The numpy SDCA step's run time relative to the hinge's (the kernels' work estimates,
         :mod:`fmtl_flower.core.jit`; measured with ``FMTL_KERNELS=numpy``, n = 2000, d = 20,
         2026-11-27: hinge 0.98, smoothed hinge 1.46, logistic 10.1, squared 1.73 us/step).
-        A registered loss always runs numpy: the estimate only feeds the time accounting.
+        A registered loss runs numpy in every mode, so its value changes nothing.
     """
 
     name = ""
@@ -504,7 +504,7 @@ def register_loss(loss: Loss) -> Loss:
     if missing:
         raise ValueError(f"{type(loss).__name__} does not define {', '.join(missing)}")
     _check_fenchel_young(loss)
-    loss.code = max(FIRST_PYTHON_CODE - 1, *LOSS_BY_CODE) + 1
+    loss.code = max(_FIRST_PYTHON_CODE - 1, *LOSS_BY_CODE) + 1
     LOSSES[loss.name] = loss
     LOSS_BY_CODE[loss.code] = loss
     return loss
