@@ -485,8 +485,9 @@ def register_loss(loss: Loss) -> Loss:
 
     A quick check guards the duality-gap certificate, which rests on Fenchel-Young: on a grid
     of margins z and dual points a of the domain, l(z) - D(a) + a z >= 0; the step at
-    q = 0 is :attr:`Loss.peak`, and steps stay in the dual domain. ValueError names what
-    fails (also a name already taken, a missing required piece, a code set by hand).
+    q = 0 is :attr:`Loss.peak`; a few steps stay in the dual domain and beat every grid
+    point of their 1-D problem. ValueError names what fails (also a name already taken, a
+    missing required piece, a code set by hand).
     """
     if not isinstance(loss, Loss) or type(loss) is Loss:
         raise ValueError(f"register_loss takes an instance of a Loss subclass, got {loss!r}")
@@ -529,14 +530,25 @@ def _check_fenchel_young(loss: Loss) -> None:
         i, j = np.unravel_index(np.argmin(slack), slack.shape)
         raise ValueError(f"{loss!r}: l(z) - D(a) + a z = {slack[i, j]:.3g} < 0 at z = "
                          f"{z[i]:.3g}, a = {a[j]:.3g}: value and dual are not a conjugate "
-                         "pair (Fenchel-Young), so no duality gap of it would be certified")
+                         "pair (Fenchel-Young), so a duality gap of them bounds nothing")
     peak = float(loss.peak)
     for a_old in a[::10]:
         if loss.sdca_step(float(a_old), 0.0, 0.0) != peak:
             raise ValueError(f"{loss!r}: sdca_step(a_old, 0, 0) must be peak = {peak} (a zero "
                              f"row's step), got {loss.sdca_step(float(a_old), 0.0, 0.0)}")
         for zz, q in ((-3.0, 0.5), (0.3, 2.0), (4.0, 10.0)):
-            step = loss.sdca_step(float(a_old), zz, q)
-            if not (isinstance(step, float) and loss.feasible_mask(np.array([step]))[0]):
-                raise ValueError(f"{loss!r}: sdca_step({a_old:.3g}, {zz}, {q}) = {step!r} is "
-                                 "not a float of the dual domain")
+            _check_step(loss, float(a_old), zz, q, a)
+
+
+def _check_step(loss: Loss, a_old: float, z: float, q: float, grid: np.ndarray) -> None:
+    """The step is a float of the domain at least as good as every point of ``grid`` for
+    f(a) = D(a) - z (a - a_old) - (q/2) (a - a_old)^2 (up to rounding)."""
+    step = loss.sdca_step(a_old, z, q)
+    if not (isinstance(step, float) and loss.feasible_mask(np.array([step]))[0]):
+        raise ValueError(f"{loss!r}: sdca_step({a_old:.3g}, {z}, {q}) = {step!r} is not a "
+                         "float of the dual domain")
+    points = np.append(grid, step)
+    f = loss.dual(points) - z * (points - a_old) - 0.5 * q * (points - a_old) ** 2
+    if f[-1] < f[:-1].max() - _FY_TOL * (1.0 + abs(f[-1])):
+        raise ValueError(f"{loss!r}: sdca_step({a_old:.3g}, {z}, {q}) = {step:.6g} is not the "
+                         f"coordinate maximiser (a = {grid[np.argmax(f[:-1])]:.6g} is better)")

@@ -19,7 +19,14 @@ from scipy.optimize import minimize
 
 from fmtl_flower.core import jit
 from fmtl_flower.core.formulations import make_formulation
-from fmtl_flower.core.losses import LOSSES, Loss, get_loss, register_loss, unregister_loss
+from fmtl_flower.core.losses import (
+    LOSSES,
+    Loss,
+    _check_fenchel_young,
+    get_loss,
+    register_loss,
+    unregister_loss,
+)
 from fmtl_flower.core.sdca import sdca_local_update
 from fmtl_flower.core.svm import fit_linear_svm
 from fmtl_flower.settings import MOCHASettings
@@ -162,7 +169,8 @@ def test_the_single_task_svm_solver_fits_a_toy_loss_to_its_certified_gap(toy):
 
 def test_registration_checks_the_loss(toy):
     """The registry takes a loss once, refuses one whose value and dual are no conjugate
-    pair (its gap would be certified falsely), and an unregistered instance is refused."""
+    pair (its gap would be certified falsely) or whose step is not the coordinate
+    maximiser, and an unregistered instance is refused."""
     assert LOSSES[toy.name] is toy and get_loss(toy.name) is toy
     with pytest.raises(ValueError, match="already registered"):
         register_loss(SquaredHinge())
@@ -173,8 +181,23 @@ def test_registration_checks_the_loss(toy):
         def dual(self, a):
             return np.asarray(a, dtype=np.float64)  # the hinge's D: too large for this l
 
+    class WrongStep(SquaredHinge):
+        name = "toy-wrong-step"
+
+        def sdca_step(self, a_old, z, q):  # the hinge's step: not this D's maximiser
+            return 1.0 if q <= 0.0 else min(1.0, max(0.0, a_old + (1.0 - z) / q))
+
     with pytest.raises(ValueError, match="Fenchel-Young"):
         register_loss(WrongDual())
+    with pytest.raises(ValueError, match="not the coordinate maximiser"):
+        register_loss(WrongStep())
     with pytest.raises(ValueError, match="not registered"):
         get_loss(WrongDual())
-    assert "toy-wrong-dual" not in LOSSES
+    assert "toy-wrong-dual" not in LOSSES and "toy-wrong-step" not in LOSSES
+
+
+@pytest.mark.parametrize("name", ["hinge", "smoothed-hinge", "logistic", "squared"])
+def test_the_registration_check_accepts_every_built_in_loss(name):
+    """The check is not stricter than the losses it models: the four built-in losses pass
+    it (their codes aside, nothing distinguishes them from a registered one)."""
+    _check_fenchel_young(LOSSES[name])
