@@ -167,6 +167,62 @@ def test_the_single_task_svm_solver_fits_a_toy_loss_to_its_certified_gap(toy):
     assert np.linalg.norm(w - w_star.ravel()) ** 2 <= 2 * rel_gap * own / c + 1e-12
 
 
+def test_barrier_free_mocha_certifies_a_toy_loss_at_the_lbfgs_optimum(toy):
+    """Asynchronous MOCHA (4 of 6 coupled tasks in flight, stale replies, the safeguard's
+    partial steps on the toy's curved dual term) stops at a certified 1e-7 relative gap, at
+    scipy's optimum of the toy's primal."""
+    from fmtl_flower.core.async_mocha import simulate_async_mocha
+
+    from .async_problems import coupled_tasks
+
+    tasks = coupled_tasks()
+    run = simulate_async_mocha(tasks, np.linspace(1.0, 3.0, 6), lam=0.05, omega="mean",
+                               formulation_options={"lam2": 0.01}, replies=6 * 1500,
+                               concurrency=4, tau=5, latency_sigma=1.0, seed=4, loss=toy,
+                               stop_relative_gap=1e-7)
+    assert max(r["staleness"] for r in run.records) > 0
+    assert any(0.0 < r.get("gamma", 1.0) < 1.0 for r in run.records)
+    last = [r for r in run.records if r["gap"] is not None][-1]
+    assert 0.0 <= last["gap"] <= 1e-7 * last["primal"]
+    K = make_formulation("mean", len(tasks), lam=0.05, lam2=0.01).regulariser_matrix()
+    best, _ = _lbfgs_optimum(tasks, K)
+    assert last["dual"] <= best * (1 + 1e-9) and best <= last["primal"] * (1 + 1e-9)
+    assert abs(last["primal"] - best) <= 1e-7 * best
+
+
+def _fmtl_run(values: dict) -> dict:
+    """The results of a run of the run-config ``values`` through ``fmtl run``'s apps
+    (in-process engine)."""
+    from fmtl_flower.apps.common import make_client_app, make_server_app
+    from fmtl_flower.config import RunConfig
+    from fmtl_flower.engine import run_inprocess
+
+    cfg = RunConfig.from_mapping(values)
+    box: dict = {}
+    run_inprocess(make_server_app(cfg, on_done=box.update), make_client_app(cfg),
+                  math.ceil(cfg.num_tasks / cfg.tasks_per_node))
+    return box
+
+
+def test_the_run_config_names_a_toy_loss_and_packed_nodes_train_it_bit_for_bit(toy):
+    """``mocha.loss = <the toy's name>`` through the run config and ``fmtl run``'s apps:
+    packed nodes (the stacked messages' shared config) train it exactly as one task per node
+    does, with a certified gap, and not as the hinge."""
+    base = {"strategy": "mocha", "num-tasks": 8, "dim": 5, "samples-per-task": 15,
+            "num-server-rounds": 4, "mocha.omega-every": 2, "mocha.drop-prob": 0.2}
+    one = _fmtl_run({**base, "mocha.loss": toy.name, "tasks-per-node": 1})
+    packed = _fmtl_run({**base, "mocha.loss": toy.name, "tasks-per-node": 4})
+    hinge = _fmtl_run({**base, "tasks-per-node": 4})
+
+    def untimed(record):
+        return {k: v for k, v in record.items() if not k.endswith("_s")}
+
+    assert [untimed(r) for r in one["rounds"]] == [untimed(r) for r in packed["rounds"]]
+    assert untimed(one["final"]) == untimed(packed["final"])
+    assert packed["final"]["gap_certified"] and packed["final"]["certificate_rejections_total"] \
+        == 0 and packed["final"]["primal"] != hinge["final"]["primal"]
+
+
 def test_registration_checks_the_loss(toy):
     """The registry takes a loss once, refuses one whose value and dual are no conjugate
     pair (its gap would be certified falsely) or whose step is not the coordinate
