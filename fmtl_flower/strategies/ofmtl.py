@@ -234,6 +234,13 @@ class OFMTL(SizedAtStart, Strategy):
             arrays.update(self.privacy.state_arrays())
         write_checkpoint(self.checkpoint_dir, len(self.records), arrays, meta)
 
+    def _save_account(self) -> None:
+        """Rewrite the newest checkpoint with the record-level DP account as it is now (the
+        committed W and Sigma are unchanged mid-event): releases made after the last event
+        survive a restart. Before the first event there is no checkpoint to rewrite."""
+        if self.checkpoint_dir is not None and self.W is not None and self.records:
+            self._write_checkpoint()
+
     def _restore(self) -> bool:
         checkpoint = read_checkpoint(self.checkpoint_dir)
         if checkpoint is None:
@@ -461,6 +468,7 @@ class OFMTL(SizedAtStart, Strategy):
         finally:  # its releases count, even when it does not complete
             if self.privacy is not None and mocha.privacy.accountant is not None:
                 self.privacy.add_training(mocha.privacy.accountant.counts[:m])
+                self._save_account()
         if mocha.state is None or not mocha.results()["final"].get("complete"):
             raise RuntimeError(f"{_NAME}: MOCHA over {m} tasks did not complete; see the log")
         self.W = np.array(mocha.state.W, copy=True)
@@ -522,6 +530,7 @@ class OFMTL(SizedAtStart, Strategy):
         self.replies.track(task, node, msg)
         if self.privacy is not None:  # a release, counted when sent
             self.privacy.count_newcomer(task)
+            self._save_account()
         out = self.replies.read(f"newcomer {task} step {step}",
                                 grid.send_and_receive([msg], timeout=self.round_timeout),
                                 lambda reply, t: {"w-gap": self._read_newcomer(
