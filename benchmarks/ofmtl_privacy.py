@@ -1,6 +1,7 @@
 """OFMTL newcomers under record-level DP: test error at epsilon 8 and inf vs local-only.
 
     python benchmarks/ofmtl_privacy.py [--seeds 0 1 2] [--clip 1] [--rounds 50] [--outer 10]
+                                       [--lam 0.1]
 
 Runs ``fmtl run ofmtl`` (in-process) on ``synthetic`` (OFMTL's default dataset: 30 tasks)
 with 10 founding tasks, no retraining (``ofmtl.retrain-ratio=inf``: the 20 newcomers keep
@@ -65,13 +66,15 @@ def main() -> None:
     parser.add_argument("--clip", type=float, default=1.0)
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--outer", type=int, default=10)
+    parser.add_argument("--lam", type=float, default=0.1, help="mocha.lambda (OFMTL's)")
     args = parser.parse_args()
     rows: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
             common = ["run", "ofmtl", "--dataset", "synthetic", "--seed", str(seed),
                       "--rounds", str(args.rounds), "--set", f"ofmtl.initial-tasks={INITIAL}",
-                      "--set", "ofmtl.retrain-ratio=inf", "--set", f"ofmtl.outer={args.outer}"]
+                      "--set", "ofmtl.retrain-ratio=inf", "--set", f"ofmtl.outer={args.outer}",
+                      "--set", f"mocha.lambda={args.lam}"]
             for eps in ("8", "inf", None):
                 dp = [] if eps is None else [
                     "--set", "dp.mechanism=record", "--set", f"dp.clip={args.clip}",
@@ -83,7 +86,8 @@ def main() -> None:
                 rows.setdefault(f"OFMTL founding tasks, {name}", []).append(founding)
             rows.setdefault("local-only newcomers", []).append(local_error(seed))
     print(f"synthetic, {INITIAL} founding tasks + 20 newcomers, MOCHA {args.rounds} rounds, "
-          f"outer {args.outer}, clip {args.clip}, delta 1e-5, seeds {args.seeds}")
+          f"outer {args.outer}, lambda {args.lam:g}, clip {args.clip}, delta 1e-5, "
+          f"seeds {args.seeds}")
     for name, values in rows.items():
         per_seed = ', '.join(f'{v:.4f}' for v in values)
         print(f"{name:40s} {np.mean(values):.4f}  (per seed {per_seed})")

@@ -37,7 +37,7 @@ from fmtl_flower.strategies.ofmtl import OFMTL
 from fmtl_flower.strategies.ofmtl_privacy import enable_ofmtl_record_dp
 from fmtl_flower.wire import from_array, to_array
 
-from .helpers import Killed, KilledOFMTL, make_problem
+from .helpers import Killed, KilledOFMTL, Problem, make_problem
 from .hostile import run_on_hostile_grid, untouched
 
 SETTINGS = {"initial_tasks": 2, "lam": 0.05, "mocha_rounds": 6, "outer": 4, "inner": 3,
@@ -255,3 +255,29 @@ def test_settings_are_validated():
         strategy_from_config(RunConfig.from_mapping(
             {"strategy": "ofmtl", "dp.mechanism": "central", "dp.clip": 0.5,
              "dp.noise-multiplier": 1.0}), 4)
+
+
+def test_noise_zero_and_a_clip_that_never_binds_is_the_run_without_dp_at_one_step(problem):
+    """With one coordinate step per round (MOCHA's ``local_frac`` and the newcomer's
+    ``newcomer_frac`` 1/27 of 27 rows, ``inner`` 1) the separable step DP needs is the
+    sequential SDCA step, so at noise 0 and a clip above every row the run with record-level
+    DP is the run without it: W and Sigma to 1e-12 (Mb-SDCA's and SDCA's compiled kernels
+    round the same step differently, by an ulp), every record's test errors exactly (the
+    records only lack the withheld newcomer gap)."""
+    problem = Problem([X[:27] for X in problem.Xs], [y[:27] for y in problem.ys],
+                      problem.Xt, problem.yt)
+    options = {**SETTINGS, "local_frac": 1 / 27, "newcomer_frac": 1 / 27, "inner": 1,
+               "retrain_ratio": 1.0}
+    plain = OFMTL(problem.num_tasks, **options)
+    _run(problem, plain)
+    private = _private(OFMTL(problem.num_tasks, **options), clip=1e6, noise_multiplier=0.0)
+    _run(problem, private)
+    assert plain.retrainings == private.retrainings >= 1
+    np.testing.assert_allclose(private.W, plain.W, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(private.Sigma, plain.Sigma, rtol=0, atol=1e-12)
+    assert not np.array_equal(private.W, plain.W)  # the two kernels round differently
+    keys = ("event", "devices", "test_error", "test_error_pooled", "cumulative_floats")
+    assert [{k: r[k] for k in keys} for r in private.records] == \
+        [{k: r[k] for k in keys} for r in plain.records]
+    assert all(r["newcomer_gap"] is None for r in private.records)
+    assert any(r["newcomer_gap"] is not None for r in plain.records)
