@@ -9,12 +9,12 @@ the same dual solution. A device whose state does not hold step s - 1 when step 
 (lost, or from another run) restarts from alpha = 0 and says so (``state-ok`` 0).
 
 Record-level DP (a message with ``dp-clip``; :mod:`fmtl_flower.core.ofmtl_privacy`). The
-newcomer clips its rows to ``dp-clip`` and runs one separable round per step at its public
-model (**), adds Gaussian noise calibrated to one record to its delta-b and replies its noisy
-model w; ``gap`` is withheld (0). Its state then also holds ``noise`` (e, the sum of its
-released noises), ``released`` (the w it replied) and ``own`` (its model without its own
-noise). ``evaluate.ofmtl`` evaluates ``own`` when the w it is sent is exactly ``released``
-(its column, unchanged since), else the w sent.
+newcomer clips its rows to ``dp-clip``, solves its subproblem as without DP and on to a gap
+target, and replies its model plus Gaussian noise calibrated to one record (output
+perturbation); ``gap`` is withheld (0). Its state then also holds ``released`` (the w it
+replied) and ``own`` (its model, without the noise). ``evaluate.ofmtl`` evaluates ``own``
+when the w it is sent is exactly ``released`` (its column, unchanged since), else the w
+sent.
 
 The existing devices of the federation are MOCHA devices (:class:`MochaClient`); they are
 never contacted while a newcomer joins.
@@ -28,12 +28,7 @@ from flwr.clientapp import ClientApp
 
 from ..core.hinge import classification_errors
 from ..core.ofmtl import newcomer_duality_gap, newcomer_fit
-from ..core.ofmtl_privacy import (
-    newcomer_noise_rng,
-    newcomer_order,
-    newcomer_steps,
-    private_newcomer_step,
-)
+from ..core.ofmtl_privacy import newcomer_noise_rng, private_newcomer_fit
 from ..wire import from_array, to_array
 from .common import DataLoader, LocalTask, TaskIdFn, config_value
 from .mocha import MochaClient, noise_seed_of, record_dp_of
@@ -83,24 +78,21 @@ class OFMTLClient(MochaClient):
         dp = record_dp_of(config)
         step = config_value(config, "step", int)
         alpha, state_ok = self._stored_alpha(context, task, step)
-        noise = self._stored_vector(context, "noise", task.dim) if alpha is not None else None
-        if alpha is None or noise is None:
-            alpha, noise = np.zeros(task.n), np.zeros(task.dim)
-            state_ok = state_ok and (step == 0)
-        seed = config_value(config, "seed", int)
-        out = private_newcomer_step(
-            task.X, task.y, alpha, noise, omega=omega, c=c, lam=lam,
-            steps=newcomer_steps(config_value(config, "local-frac", float), task.n),
-            order=newcomer_order(seed, task.task_id, step, task.n), clip=dp.clip,
-            noise_multiplier=dp.noise_multiplier, sqnorm=task.sqnorm,
+        out = private_newcomer_fit(
+            task.X, task.y, omega=omega, c=c, lam=lam,
+            rounds=config_value(config, "inner-rounds", int),
+            local_frac=config_value(config, "local-frac", float),
+            seed=config_value(config, "seed", int), task_id=task.task_id, alpha=alpha,
+            first_round=step * config_value(config, "inner-rounds", int) + 1, clip=dp.clip,
+            noise_multiplier=dp.noise_multiplier,
             rng=newcomer_noise_rng(noise_seed_of(context), task.task_id, step))
         context.state[STATE_ARRAYS] = ArrayRecord({
-            "alpha": to_array(out.alpha), "noise": to_array(out.noise),
-            "released": to_array(out.w), "own": to_array(out.w_own)})
+            "alpha": to_array(out.alpha), "released": to_array(out.released),
+            "own": to_array(out.w)})
         context.state[STATE_META] = ConfigRecord({"task-id": task.task_id, "step": step})
         metrics = MetricRecord({"task-id": task.task_id, "step": step, "n-train": task.n,
                                 "state-ok": int(state_ok), "gap": 0.0})  # gap withheld
-        return Message(RecordDict({"arrays": ArrayRecord({"w": to_array(out.w)}),
+        return Message(RecordDict({"arrays": ArrayRecord({"w": to_array(out.released)}),
                                    "metrics": metrics}), reply_to=msg)
 
     @staticmethod

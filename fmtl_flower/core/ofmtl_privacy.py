@@ -9,34 +9,36 @@ functions this module reuses). Each device trains on its rows clipped to norm C
 What an OFMTL device releases, phase by phase:
 
 1. **MOCHA (the founding devices' training, and every full retraining)**: each round's
-   ``delta-b``, with MOCHA's record-level DP unchanged (separable step, noise
-   z * Delta, :mod:`fmtl_flower.core.record_dp`). One release per round with work.
+   ``delta-b``, with MOCHA's record-level DP unchanged (separable step, noise z * Delta,
+   :mod:`fmtl_flower.core.record_dp`). One release per round with work.
 2. **A newcomer's O(1) exchange** (``outer`` round trips per attempt): the server sends
-   (omega, c); the newcomer replies its model w. Without DP, w comes out of ``inner`` rounds
-   of *sequential* SDCA on the device: one record moves every later coordinate step, so w's
-   sensitivity to it is of the order of w itself. Under DP each round trip is instead **one
-   separable round** (``inner`` is not used) of ``steps = min(floor(newcomer_frac n), n)``
-   coordinate steps, all taken at the *public* model
+   (omega, c); the newcomer replies its model w. Its subproblem (:mod:`fmtl_flower.core.
+   ofmtl`, (*))
 
-       w_pub = (b~ - lam c) / (lam omega),      b~ = b + e                        (**)
+       P_new(w) = (1/n) sum_i hinge(y_i x_i . w) + (lam omega / 2) |w|^2 + lam c . w
 
-   (b = X^T alpha / n the device's true image, e the sum of the noises it released so far:
-   b~ is the server's, a function of the earlier releases; :func:`public_model`) with
-   MOCHA's step curvature for this single-task problem, m_tt sigma' = 1 / (lam omega),
-   times ``steps`` (:func:`newcomer_curvature`, the separable lower bound of
-   :func:`~fmtl_flower.core.record_dp.separable_m_tt`). Record i's dual history then
-   depends on record i and on public numbers only, and replacing it moves
-   ``delta-b = X^T d_alpha / n`` by at most
+   is (lam omega)-strongly convex and its loss C-Lipschitz in w (|x_i| <= C), so its
+   minimiser w* moves by at most 2 C / (n lam omega) when one record is replaced (the
+   output-perturbation bound of Chaudhuri et al. 2011: the two objectives differ by a
+   (2 C / n)-Lipschitz function; the linear term lam c . w is the same for both). The
+   device runs the same sequential SDCA as without DP (``inner`` rounds,
+   :func:`~fmtl_flower.core.ofmtl.newcomer_fit`), then more rounds until the subproblem's
+   duality gap is at most G = eta^2 C^2 / (2 n^2 lam omega) (:func:`gap_target`), which puts
+   its w within sqrt(2 G / (lam omega)) = eta C / (n lam omega) of w*. So one record moves
+   the w it computes by at most
 
-       Delta = 2 c_i / n,   c_i = record_contribution(C, n, 1, steps / (lam omega), |w_pub|)
+       Delta = 2 (1 + eta) C / (n lam omega)         (:func:`newcomer_sensitivity`)
 
-   (:func:`newcomer_sensitivity`). The device adds N(0, (z Delta)^2 I_d) to delta-b and
-   replies ``w = (b~_new - lam c) / (lam omega)``, b~_new = b~ + delta-b + noise: a
-   function of the releases (post-processing), so the wire contract is unchanged and the
-   server recovers b~_new = lam omega w + lam c. One release per round trip, counted when
-   the server sends it (a lost reply counts; a failed attempt's round trips count).
+   whatever its coordinate orders and warm start, and it replies w + N(0, (z Delta)^2 I_d)
+   (:func:`private_newcomer_fit`). One release per round trip, counted when the server sends
+   it (a lost reply counts; a failed attempt's round trips count). The noise is fresh at
+   every release, never accumulated: the device's own model is its w, untouched by it.
 3. **Evaluation**: each device's test errors (held-out rows, outside the guarantee, as for
    MOCHA).
+
+At z = 0 nothing is claimed (epsilon is inf) and the device stops after its ``inner``
+rounds, as without DP: with a clip that never binds the newcomer's exchange is then the one
+without DP, bit for bit.
 
 Accounting: every release of a run has the same noise multiplier z, so device t's epsilon
 is that of its count k_t of Gaussian mechanisms adaptively composed
@@ -58,57 +60,55 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .baselines import mbsdca_local_update
-from .record_dp import noisy_release, record_contribution, release_sensitivity
-from .rng import TAG_RECORD_DP, coordinate_order
+from .ofmtl import newcomer_duality_gap, newcomer_fit
+from .privacy import check_noise_multiplier
+from .record_dp import check_clip
+from .rng import TAG_RECORD_DP
 
 __all__ = [
-    "PrivateNewcomerStep",
-    "newcomer_curvature",
+    "GAP_SLACK",
+    "MAX_EXTRA_ROUNDS",
+    "PrivateNewcomerFit",
+    "gap_target",
     "newcomer_noise_rng",
-    "newcomer_order",
     "newcomer_sensitivity",
-    "newcomer_steps",
-    "private_newcomer_step",
-    "public_model",
+    "private_newcomer_fit",
     "release_budget",
     "retraining_sizes",
 ]
 
 #: The newcomer stream's last key word (after MOCHA's tag): keeps it apart from MOCHA's.
 NEWCOMER_STREAM = 1
+#: eta: how far from the subproblem's minimiser the released w may be, as a fraction of
+#: C / (n lam omega) (the sensitivity grows by the factor 1 + eta).
+GAP_SLACK = 0.1
+#: SDCA rounds a newcomer may add after its ``inner`` ones to reach the gap target.
+MAX_EXTRA_ROUNDS = 2000
 
 
-def public_model(b_noisy: np.ndarray, c: np.ndarray, lam: float, omega: float) -> np.ndarray:
-    """(**): the newcomer's model as the server knows it, ``(b~ - lam c) / (lam omega)``."""
-    return (np.asarray(b_noisy, dtype=np.float64) - lam * np.asarray(c)) / (lam * omega)
-
-
-def newcomer_steps(newcomer_frac: float, n: int) -> int:
-    """Coordinate steps of one private newcomer round: ``min(floor(newcomer_frac n), n)``."""
-    if not (newcomer_frac > 0 and math.isfinite(newcomer_frac)):
-        raise ValueError(f"newcomer_frac must be a finite number > 0, got {newcomer_frac!r}")
-    return min(int(math.floor(newcomer_frac * int(n))), int(n))
-
-
-def newcomer_curvature(lam: float, omega: float, steps: int) -> float:
-    """m_tt of the newcomer's separable step: ``steps / (lam omega)`` (MOCHA's single-task
-    m_tt sigma' = 1 / (lam omega) times the coordinates updated together)."""
+def _strong_convexity(lam: float, omega: float) -> float:
     lam_omega = float(lam) * float(omega)
     if not (lam_omega > 0 and math.isfinite(lam_omega)):
         raise ValueError(f"lam * omega must be finite and > 0, got {lam_omega!r}")
-    return max(int(steps), 1) / lam_omega
+    return lam_omega
 
 
-def newcomer_sensitivity(clip: float, n: int, lam: float, omega: float, steps: int,
-                         w_norm: float | None = None) -> float:
-    """Delta, the largest L2 change of one newcomer release ``X^T d_alpha / n`` when one
-    record is replaced: ``2 c / n`` with c the step-bounded contribution at ``|w_pub|``
-    (:func:`~fmtl_flower.core.record_dp.record_contribution`), or the box's ``C`` when
-    ``w_norm`` is None (an upper bound for any w)."""
-    contribution = None if w_norm is None else record_contribution(
-        clip, n, 1.0, newcomer_curvature(lam, omega, steps), float(w_norm), "hinge")
-    return release_sensitivity(clip, n, 1.0, 1.0, contribution)
+def newcomer_sensitivity(clip: float, n: int, lam: float, omega: float,
+                         slack: float = GAP_SLACK) -> float:
+    """Delta = 2 (1 + slack) C / (n lam omega): the largest L2 change of the newcomer's w
+    (within its gap target of the minimiser) when one record is replaced."""
+    if isinstance(n, bool) or int(n) < 1:
+        raise ValueError(f"n must be >= 1, got {n!r}")
+    if not (slack >= 0 and math.isfinite(slack)):
+        raise ValueError(f"slack must be finite and >= 0, got {slack!r}")
+    return 2.0 * (1.0 + slack) * check_clip(clip) / (int(n) * _strong_convexity(lam, omega))
+
+
+def gap_target(clip: float, n: int, lam: float, omega: float,
+               slack: float = GAP_SLACK) -> float:
+    """G = slack^2 C^2 / (2 n^2 lam omega): a duality gap at most G puts w within
+    sqrt(2 G / (lam omega)) = slack C / (n lam omega) of the minimiser."""
+    return (slack * check_clip(clip)) ** 2 / (2.0 * int(n) ** 2 * _strong_convexity(lam, omega))
 
 
 def newcomer_noise_rng(noise_seed: int | None, task_id: int, step: int
@@ -121,74 +121,76 @@ def newcomer_noise_rng(noise_seed: int | None, task_id: int, step: int
 
 
 @dataclass(frozen=True)
-class PrivateNewcomerStep:
-    """One private newcomer round (:func:`private_newcomer_step`).
+class PrivateNewcomerFit:
+    """One private newcomer step (:func:`private_newcomer_fit`).
 
     Attributes
     ----------
     alpha : ndarray (n,)
-        The device's new true dual variables (kept on the device).
-    noise : ndarray (d,)
-        e, the sum of every noise it has released (kept on the device).
+        The device's dual variables (kept on the device).
     w : ndarray (d,)
-        The reply: ``public_model(b + noise, c, lam, omega)`` with the new alpha.
-    w_own : ndarray (d,)
-        The device's model without its own noise, ``(b - lam c) / (lam omega)`` (what it
-        evaluates; post-processing on the device).
+        Its model, the subproblem's (near) minimiser (kept: what it evaluates).
+    released : ndarray (d,)
+        The reply: ``w + N(0, std^2 I)``.
     std : float
-        The noise's standard deviation z * Delta on delta-b.
+        z * Delta.
+    rounds : int
+        SDCA rounds run (``inner`` plus those the gap target needed).
     """
 
     alpha: np.ndarray
-    noise: np.ndarray
     w: np.ndarray
-    w_own: np.ndarray
+    released: np.ndarray
     std: float
+    rounds: int
 
 
-def private_newcomer_step(X: np.ndarray, y: np.ndarray, alpha: np.ndarray, noise: np.ndarray,
-                          *, omega: float, c: np.ndarray, lam: float, steps: int,
-                          order: np.ndarray, clip: float, noise_multiplier: float,
-                          rng: np.random.Generator, sqnorm: np.ndarray | None = None
-                          ) -> PrivateNewcomerStep:
-    """One round trip of the newcomer under record-level DP (module docstring, phase 2).
+def private_newcomer_fit(X: np.ndarray, y: np.ndarray, *, omega: float, c: np.ndarray,
+                         lam: float, rounds: int, local_frac: float, seed: int, task_id: int,
+                         alpha: np.ndarray | None, first_round: int, clip: float,
+                         noise_multiplier: float, rng: np.random.Generator,
+                         slack: float = GAP_SLACK) -> PrivateNewcomerFit:
+    """One newcomer step under record-level DP (module docstring, phase 2).
 
     Parameters
     ----------
     X, y : the newcomer's rows **clipped to norm** ``clip`` (n, d), labels in {-1, +1}.
-    alpha, noise : its dual variables (n,) and released noise so far (d,).
-    omega, c, lam : the server's message (omega > 0, c (d,)) and lambda.
-    steps : coordinates updated (``order[:steps]``), 0 .. n.
-    order : a permutation of 0 .. n - 1.
-    clip : C (rows' norm bound).
-    noise_multiplier : z >= 0 (0: no noise, the release is delta-b itself).
+    omega, c, lam, rounds, local_frac, seed, task_id, alpha, first_round :
+        As for :func:`~fmtl_flower.core.ofmtl.newcomer_fit` (``rounds``: ``inner``).
+    clip : C.
+    noise_multiplier : z >= 0 (0: no gap target, no noise: the step without DP).
     rng : the noise stream (:func:`newcomer_noise_rng`).
+    slack : eta (:data:`GAP_SLACK`).
 
-    Returns
-    -------
-    PrivateNewcomerStep
+    Raises
+    ------
+    ValueError
+        When the gap target is not reached within :data:`MAX_EXTRA_ROUNDS` more rounds
+        (the device then releases nothing).
     """
+    z = check_noise_multiplier(noise_multiplier, "dp-noise-multiplier")
+    if z > 0 and int(np.floor(local_frac * X.shape[0])) < 1:
+        raise ValueError(f"local-frac {local_frac} gives no SDCA step on {X.shape[0]} rows: "
+                         "the gap target cannot be reached")
+    kw = {"omega": omega, "c": c, "lam": lam}
+    fit = newcomer_fit(X, y, **kw, rounds=rounds, local_frac=local_frac, seed=seed,
+                       task_id=task_id, alpha=alpha, first_round=first_round, track_gap=False)
+    done = rounds
+    if z == 0.0:
+        return PrivateNewcomerFit(fit.alpha, fit.w, fit.w, 0.0, done)
     n = X.shape[0]
-    b = X.T @ alpha / n
-    w_pub = public_model(b + noise, c, lam, omega)
-    d_alpha, d_b = mbsdca_local_update(X, y, alpha, w_pub,
-                                       m_tt=newcomer_curvature(lam, omega, steps),
-                                       budget=steps, order=order, sqnorm=sqnorm, loss="hinge")
-    sensitivity = newcomer_sensitivity(clip, n, lam, omega, steps, float(np.linalg.norm(w_pub)))
-    released = noisy_release(d_b, sensitivity, noise_multiplier, rng) if steps else d_b
-    new_alpha = y * np.clip(y * (alpha + d_alpha), 0.0, 1.0)
-    new_noise = noise + (released - d_b)
-    b_new = X.T @ new_alpha / n
-    return PrivateNewcomerStep(alpha=new_alpha, noise=new_noise,
-                               w=public_model(b_new + new_noise, c, lam, omega),
-                               w_own=public_model(b_new, c, lam, omega),
-                               std=float(noise_multiplier) * sensitivity if steps else 0.0)
-
-
-def newcomer_order(seed: int, task_id: int, step: int, n: int) -> np.ndarray:
-    """The coordinate order of private step ``step`` (round ``step + 1`` of the task's
-    :func:`~fmtl_flower.core.rng.coordinate_order` stream, as the non-private first round)."""
-    return coordinate_order(seed, task_id, step + 1, n)
+    target = gap_target(clip, n, lam, omega, slack)
+    while newcomer_duality_gap(X, y, fit.alpha, **kw) > target:
+        if done - rounds >= MAX_EXTRA_ROUNDS:
+            raise ValueError(f"the newcomer's duality gap did not reach {target:.3g} in "
+                             f"{MAX_EXTRA_ROUNDS} extra SDCA rounds: nothing released")
+        fit = newcomer_fit(X, y, **kw, rounds=1, local_frac=local_frac, seed=seed,
+                           task_id=task_id, alpha=fit.alpha, first_round=first_round + done,
+                           track_gap=False)
+        done += 1
+    std = z * newcomer_sensitivity(clip, n, lam, omega, slack)
+    return PrivateNewcomerFit(fit.alpha, fit.w, fit.w + rng.normal(0.0, std, size=fit.w.shape),
+                              std, done)
 
 
 def retraining_sizes(initial_tasks: int, num_tasks: int, retrain_ratio: float) -> list[int]:

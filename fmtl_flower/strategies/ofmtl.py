@@ -52,9 +52,10 @@ arrays ``w`` float64 (d,): the device's column of W; config ``task-id``, ``serve
 Reply: metrics ``task-id``, ``round``, ``test-errors``, ``test-n`` (ints).
 
 Record-level DP (``dp.mechanism=record``, :mod:`fmtl_flower.strategies.ofmtl_privacy`): every
-message above and MOCHA's also carry ``dp-clip`` and ``dp-noise-multiplier`` (the newcomer's
-and MOCHA's train messages); the newcomer's reply ``w`` is then its noisy model and its
-``gap`` is 0 (withheld); the reply bound uses ``dp-clip`` for R, widened by the noise.
+newcomer's ``train.ofmtl`` (and MOCHA's train messages) also carries ``dp-clip`` and
+``dp-noise-multiplier``; the newcomer's reply ``w`` is then its model plus Gaussian noise and
+its ``gap`` is 0 (withheld); the reply bound uses ``dp-clip`` for R, widened by
+lam omega times the noise's high-probability norm.
 
 A reply holding anything these contracts do not name (another record, metric or array, or
 arrays above the bytes of ``w``'s shape) is rejected before it is decoded
@@ -81,7 +82,6 @@ from ..checkpoint import CheckpointError, check_fingerprint, read_checkpoint, wr
 from ..core.factored import FactoredMatrix, _factor_arrays, _factor_from_arrays
 from ..core.mocha_factored import choose_server_path
 from ..core.ofmtl_factored import server_ops
-from ..core.ofmtl_privacy import newcomer_steps
 from ..metrics import error_summary, round_record
 from ..settings import OFMTLSettings, apply_settings, check_num_tasks
 from ..wire import from_array, to_array
@@ -558,10 +558,9 @@ class OFMTL(SizedAtStart, Strategy):
             raise ReplyError(f"'w' must be finite float64 of shape ({d},), got {w.dtype} "
                              f"{w.shape}")
         bound = float(self.directory.row_norm[task])
-        if self.privacy is not None:  # rows clipped to C; b~ = b + the noise of step + 1
-            n = int(self.directory.n_train[task])
+        if self.privacy is not None:  # rows clipped to C; w carries the release's noise
             bound = float(np.fmin(bound, self.privacy.clip)) + self.privacy.newcomer_allowance(
-                n, d, self.lam, omega, newcomer_steps(self.newcomer_frac, n), step + 1)
+                int(self.directory.n_train[task]), d, self.lam, omega)
         if math.isnan(bound):
             raise ReplyError("the newcomer reported no max-row-norm at discovery: its w cannot "
                              "be bounded")

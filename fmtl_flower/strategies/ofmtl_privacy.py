@@ -3,8 +3,9 @@
 The devices do the mechanism (:mod:`fmtl_flower.core.ofmtl_privacy`): rows clipped to
 ``dp.clip`` C; in MOCHA's (re)trainings MOCHA's record-level DP as is
 (:mod:`fmtl_flower.strategies.record_dp`, the same noise multiplier); in a newcomer's
-exchange one separable round per round trip, released with Gaussian noise calibrated to
-one record. The server
+exchange output perturbation: the newcomer solves its strongly convex subproblem to a gap
+target and replies its model plus Gaussian noise calibrated to one record,
+2 (1 + eta) C / (n lam omega). The server
 
 * fixes the noise multiplier z once, at the start: ``dp.noise-multiplier``, or the smallest
   whose :func:`~fmtl_flower.core.ofmtl_privacy.release_budget` releases (the most any
@@ -14,19 +15,22 @@ one record. The server
   account, added when it ends) and each newcomer round trip (when sent);
 * reports ``epsilon`` (the largest over the devices so far) and ``dp_releases_max`` in every
   record, and ``final["privacy"]["epsilon_per_task"]``;
-* bounds a newcomer's reply by C (not the reported row norm) widened by the noise's
-  high-probability norm, and drops the ``newcomer_gap`` (the device withholds it: an exact
-  statistic of its records);
-* keeps the account in checkpoints (a resumed run continues it).
+* bounds a newcomer's reply by C (not the reported row norm) widened by lam omega times the
+  noise's high-probability norm, and drops the ``newcomer_gap`` (the device withholds it: an
+  exact statistic of its records);
+* rewrites the account into the newest checkpoint at every release (a resumed run continues
+  it, the round trips of an interrupted newcomer included).
 
-What stays certified: nothing the server can check. The newcomer's reply w is its *noisy*
-model (b~ - lam c) / (lam omega); the subproblem's duality gap is withheld. The pair the
-device holds, (alpha, w_own = (b - lam c) / (lam omega)), is a consistent primal-dual pair
-of its subproblem for the last (omega, c), but the device's separable steps were taken at
-the noisy w_pub, so no gap of it is reported either. Test errors: the founding and retrained
-devices evaluate the (noisy) column of W the server holds; a newcomer since the last
-training evaluates its model without its own noise, w_own (post-processing on the device),
-when the column the server sends is the one it released last (``docs/guides/privacy.md``).
+What stays certified. The server checks no gap: the newcomer withholds its subproblem's
+duality gap, and the w the server holds is the device's model plus noise. On the device,
+(alpha, w) is a consistent primal-dual pair of its subproblem for the last (omega, c) with a
+duality gap at most G = eta^2 C^2 / (2 n^2 lam omega) (the gap target it reached before
+releasing; not sent): its model is within eta C / (n lam omega) of the subproblem's
+minimiser. The subproblem itself is built from the noisy columns of the others (c) and the
+Sigma learned from noisy columns (omega). Test errors: founding and retrained devices
+evaluate the (noisy) column of W the server holds; a newcomer since the last training
+evaluates its own model w, without the noise of its release, when the column the server
+sends is the one it released last (``docs/guides/privacy.md``).
 """
 
 from __future__ import annotations
@@ -81,13 +85,12 @@ class OfmtlRecordDP(RecordLevelDP):
         released[task] = True
         self.count(released)
 
-    def newcomer_allowance(self, n: int, dim: int, lam: float, omega: float, steps: int,
-                           releases: int) -> float:
-        """What the noise of ``releases`` newcomer releases may add to |b~| (box bound of
-        the sensitivity: it holds for every w_pub)."""
+    def newcomer_allowance(self, n: int, dim: int, lam: float, omega: float) -> float:
+        """What the noise of one newcomer release may add to |lam omega w + lam c|
+        (lam omega times the noise's high-probability norm)."""
         std = float(self.noise_multiplier or 0.0) * newcomer_sensitivity(
-            self.clip, max(int(n), 1), lam, omega, steps)
-        return float(noise_norm_allowance(std, dim, releases))
+            self.clip, max(int(n), 1), lam, omega)
+        return lam * omega * float(noise_norm_allowance(std, dim))
 
 
 def enable_ofmtl_record_dp(strategy: Any, settings: DPSettings) -> Any:

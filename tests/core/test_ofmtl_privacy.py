@@ -1,18 +1,18 @@
 """OFMTL's record-level DP numerics (core/ofmtl_privacy.py): the newcomer's private step (its
-noise's calibration, its sensitivity to one clipped record), the release budget and the
-account's composition."""
+noise's calibration, its sensitivity to one clipped record, the step without noise), the
+release budget and the account's composition."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from fmtl_flower.core.ofmtl import newcomer_model
+from fmtl_flower.core.ofmtl import newcomer_duality_gap, newcomer_fit
 from fmtl_flower.core.ofmtl_privacy import (
+    gap_target,
     newcomer_noise_rng,
     newcomer_sensitivity,
-    private_newcomer_step,
-    public_model,
+    private_newcomer_fit,
     release_budget,
     retraining_sizes,
 )
@@ -26,91 +26,74 @@ LAM, OMEGA = 0.1, 3.0
 def _newcomer(n: int = 30, d: int = 4, seed: int = 0, scale: float = 3.0):
     rng = np.random.default_rng(seed)
     X = rng.normal(size=(n, d)) * scale
-    y = np.where(rng.normal(size=n) > 0, 1.0, -1.0)
+    y = np.where(X @ rng.normal(size=d) + rng.normal(size=n) > 0, 1.0, -1.0)
     return X, y, rng.normal(size=d) * 0.1
 
 
-def _step(X, y, c, alpha, noise, z, rng, clip=1.0, steps=None, order=None):
-    n = X.shape[0]
-    return private_newcomer_step(
-        X, y, alpha, noise, omega=OMEGA, c=c, lam=LAM, steps=n if steps is None else steps,
-        order=np.arange(n) if order is None else order, clip=clip, noise_multiplier=z, rng=rng)
+def _fit(X, y, c, z, rng, clip=1.0, alpha=None, rounds=3, seed=0):
+    return private_newcomer_fit(X, y, omega=OMEGA, c=c, lam=LAM, rounds=rounds,
+                                local_frac=0.5, seed=seed, task_id=4, alpha=alpha,
+                                first_round=1, clip=clip, noise_multiplier=z, rng=rng)
 
 
 def test_the_released_model_has_the_calibrated_noise():
-    """Over 4000 noise draws of one step from a fixed state, the noise the device adds to
-    delta-b has variance std^2 = (z Delta)^2 per coordinate within 5 % (relative std of a
-    variance estimate: sqrt(2/4000) = 2.2 %), Delta the step-bounded sensitivity at |w_pub|,
-    and the reply w moves by that noise / (lam omega) around the noise-free model."""
+    """Over 4000 noise draws of one step, the released w has variance std^2 =
+    (z Delta)^2 per coordinate within 5 % (relative std of a variance estimate:
+    sqrt(2/4000) = 2.2 %) around the device's model, Delta = 2 (1 + eta) C / (n lam omega),
+    and the model itself does not depend on the draw."""
     X, y, c = _newcomer()
     X = clip_rows(X, 1.0)
-    alpha = y * 0.5
-    noise = np.full(4, 0.01)
     z = 1.7
-    draws = [_step(X, y, c, alpha, noise, z, newcomer_noise_rng(s, 4, 2)) for s in range(4000)]
-    w_pub = public_model(X.T @ alpha / X.shape[0] + noise, c, LAM, OMEGA)
-    std = z * newcomer_sensitivity(1.0, X.shape[0], LAM, OMEGA, X.shape[0],
-                                   float(np.linalg.norm(w_pub)))
+    draws = [_fit(X, y, c, z, newcomer_noise_rng(s, 4, 2)) for s in range(4000)]
+    std = z * newcomer_sensitivity(1.0, 30, LAM, OMEGA)
+    assert std == pytest.approx(z * 2 * 1.1 / (30 * LAM * OMEGA), rel=1e-12)
     assert all(d.std == std for d in draws)
-    added = np.stack([d.noise - noise for d in draws])
-    np.testing.assert_allclose(added.var(axis=0, ddof=1), std ** 2, rtol=0.05)
-    ws = np.stack([d.w - d.w_own for d in draws])
-    np.testing.assert_allclose(ws.var(axis=0, ddof=1), (std / (LAM * OMEGA)) ** 2, rtol=0.05)
-    # the true dual step does not depend on the noise drawn
-    assert all(np.array_equal(d.alpha, draws[0].alpha) for d in draws)
+    noise = np.stack([d.released - d.w for d in draws])
+    np.testing.assert_allclose(noise.var(axis=0, ddof=1), std ** 2, rtol=0.05)
+    np.testing.assert_allclose(noise.mean(axis=0), 0.0, atol=4 * std / 60)
+    assert all(np.array_equal(d.w, draws[0].w) for d in draws)
 
 
-def test_the_step_is_taken_at_the_public_model_and_its_own_model_is_noise_free():
+def test_the_step_reaches_the_gap_target_and_without_noise_is_the_step_without_dp():
     X, y, c = _newcomer()
     X = clip_rows(X, 1.0)
-    alpha, noise = y * 0.3, np.array([0.05, -0.02, 0.0, 0.1])
-    out = _step(X, y, c, alpha, noise, 0.9, newcomer_noise_rng(3, 1, 0))
-    np.testing.assert_allclose(out.w_own, newcomer_model(X, out.alpha, omega=OMEGA, c=c,
-                                                         lam=LAM), rtol=0, atol=1e-12)
-    np.testing.assert_allclose(out.w, out.w_own + out.noise / (LAM * OMEGA), rtol=0,
-                               atol=1e-12)
-    assert np.all((y * out.alpha >= 0) & (y * out.alpha <= 1))
-    # the dual step used w_pub (with the noise), not the device's noise-free model
-    plain = _step(X, y, c, alpha, np.zeros(4), 0.0, newcomer_noise_rng(3, 1, 0))
-    assert not np.array_equal(plain.alpha, out.alpha)
+    out = _fit(X, y, c, 1.0, newcomer_noise_rng(3, 1, 0))
+    gap = newcomer_duality_gap(X, y, out.alpha, omega=OMEGA, c=c, lam=LAM)
+    assert gap <= gap_target(1.0, 30, LAM, OMEGA) and out.rounds > 3
+    plain = newcomer_fit(X, y, omega=OMEGA, c=c, lam=LAM, rounds=3, local_frac=0.5, seed=0,
+                         task_id=4, track_gap=False)
+    silent = _fit(X, y, c, 0.0, None)
+    np.testing.assert_array_equal(silent.w, plain.w)
+    np.testing.assert_array_equal(silent.alpha, plain.alpha)
+    assert silent.released is silent.w and silent.std == 0.0 and silent.rounds == 3
 
 
 @pytest.mark.parametrize("trial", range(20))
-def test_one_replaced_clipped_record_moves_the_release_by_at_most_the_sensitivity(trial):
-    """Neighbouring datasets (record i replaced by an arbitrary row, both clipped to C): the
-    noise-free release delta-b of one private step moves by at most the sensitivity computed
-    from public numbers (C, n, lam, omega, steps, |w_pub|) and the box's 2 C / n."""
+def test_one_replaced_clipped_record_moves_the_model_by_at_most_the_sensitivity(trial):
+    """Neighbouring datasets (record i replaced by an arbitrary row and label, both clipped
+    to C), different warm starts and coordinate orders: the noise-free w of one private step
+    moves by at most Delta = 2 (1 + eta) C / (n lam omega)."""
     rng = np.random.default_rng(trial)
     X, y, c = _newcomer(n=25, seed=trial, scale=float(rng.uniform(0.2, 5)))
     clip = float(rng.uniform(0.3, 2.0))
-    alpha = y * rng.uniform(0, 1, size=25)
-    noise = rng.normal(size=4) * 0.05
     i = int(rng.integers(25))
-    X2, y2, alpha2 = X.copy(), y.copy(), alpha.copy()
+    X2, y2 = X.copy(), y.copy()
     X2[i] = rng.normal(size=4) * 10
     y2[i] = -y2[i]
-    alpha2[i] = y2[i] * rng.uniform()
-    b_pub = clip_rows(X, clip).T @ alpha / 25 + noise  # the server's b~: the same for both
-    steps = int(rng.integers(1, 26))
-    order = rng.permutation(25)
-    moved = []
-    for Xs, ys, al in ((X, y, alpha), (X2, y2, alpha2)):
-        Xc = clip_rows(Xs, clip)
-        own = b_pub - Xc.T @ al / 25  # the device's noise, so that b + e = b~
-        out = _step(Xc, ys, c, al, own, 0.0, None, clip=clip, steps=steps, order=order)
-        moved.append(out.noise - own + Xc.T @ (out.alpha - al) / 25)  # delta-b released
-    w_norm = float(np.linalg.norm(public_model(b_pub, c, LAM, OMEGA)))
-    bound = newcomer_sensitivity(clip, 25, LAM, OMEGA, steps, w_norm)
-    assert np.linalg.norm(moved[0] - moved[1]) <= bound * (1 + 1e-12)
-    assert bound <= newcomer_sensitivity(clip, 25, LAM, OMEGA, steps) == 2 * clip / 25
+    ws = [_fit(clip_rows(Xs, clip), ys, c, 1.0, np.random.default_rng(0), clip=clip,
+               alpha=ys * rng.uniform(0, 1, size=25), rounds=int(rng.integers(0, 4)),
+               seed=int(rng.integers(100))).w
+          for Xs, ys in ((X, y), (X2, y2))]
+    bound = newcomer_sensitivity(clip, 25, LAM, OMEGA)
+    assert np.linalg.norm(ws[0] - ws[1]) <= bound * (1 + 1e-12)
 
 
-def test_without_noise_the_release_is_the_noise_free_step():
-    X, y, c = _newcomer()
-    out = _step(X, y, c, np.zeros(30), np.zeros(4), 0.0, noise_rng(1, 1, 1))
-    np.testing.assert_array_equal(out.noise, np.zeros(4))
-    np.testing.assert_array_equal(out.w, out.w_own)
-    assert out.std == 0.0
+def test_a_step_that_cannot_move_is_refused():
+    X, y, c = _newcomer(n=3)
+    with pytest.raises(ValueError, match="no SDCA step"):
+        private_newcomer_fit(X, y, omega=OMEGA, c=c, lam=LAM, rounds=1, local_frac=0.2,
+                             seed=0, task_id=0, alpha=None, first_round=1, clip=1.0,
+                             noise_multiplier=1.0, rng=np.random.default_rng(0))
 
 
 def test_the_newcomer_stream_differs_from_mochas_of_the_same_device():

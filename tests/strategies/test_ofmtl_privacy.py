@@ -23,9 +23,7 @@ from fmtl_flower.core.ofmtl import (
 )
 from fmtl_flower.core.ofmtl_privacy import (
     newcomer_noise_rng,
-    newcomer_order,
-    newcomer_steps,
-    private_newcomer_step,
+    private_newcomer_fit,
     release_budget,
 )
 from fmtl_flower.core.privacy import rdp_epsilon
@@ -86,24 +84,24 @@ class SnapshotOFMTL(OFMTL):
 def _replay(problem, strategy, task: int, clip: float, z: float) -> tuple[np.ndarray, ...]:
     """Newcomer ``task``'s protocol recomputed without Flower from the server's (W, Sigma)
     before it: the dense server steps and the device's private step, the same noise
-    stream; returns (its column, Sigma, its model without its own noise)."""
+    stream; returns (its column, Sigma, its model without the noise)."""
     W_old, Sigma_old = strategy.before[task]
     X = clip_rows(problem.Xs[task], clip)
     y = problem.ys[task]
-    n, d = X.shape
+    d = X.shape[1]
     sigma = extend_sigma(Sigma_old)
     omega_mat = omega_from_sigma(sigma)
-    alpha, noise = np.zeros(n), np.zeros(d)
+    alpha = None
     W = np.hstack([W_old, np.zeros((d, 1))])
     for step in range(strategy.outer):
         omega, c = newcomer_server_quantities(W_old, omega_mat)
-        out = private_newcomer_step(
-            X, y, alpha, noise, omega=omega, c=c, lam=strategy.lam,
-            steps=newcomer_steps(strategy.newcomer_frac, n),
-            order=newcomer_order(strategy.seed, task, step, n), clip=clip,
+        out = private_newcomer_fit(
+            X, y, omega=omega, c=c, lam=strategy.lam, rounds=strategy.inner,
+            local_frac=strategy.newcomer_frac, seed=strategy.seed, task_id=task,
+            alpha=alpha, first_round=step * strategy.inner + 1, clip=clip,
             noise_multiplier=z, rng=newcomer_noise_rng(NOISE_SEED, task, step))
-        alpha, noise, own = out.alpha, out.noise, out.w_own
-        W[:, -1] = out.w
+        alpha, own = out.alpha, out.w
+        W[:, -1] = out.released
         if step < strategy.outer - 1:
             sigma, omega_mat = ofmtl_omega_step(W, strategy.omega_eps)
     return W[:, -1], sigma, own
@@ -113,7 +111,8 @@ def _replay(problem, strategy, task: int, clip: float, z: float) -> tuple[np.nda
 def test_the_server_holds_exactly_the_newcomers_private_releases(problem, clip, z):
     """Newcomers' columns and the final Sigma are those of the Flower-free replay of the
     private protocol (same noise stream) bit for bit: at z = 0 with a clip that never binds
-    the noise-free separable protocol, at z = 0.8 with clipped rows the calibrated noise."""
+    the protocol without noise, at z = 0.8 with clipped rows the gap target and the
+    calibrated noise on every reply."""
     strategy = _private(SnapshotOFMTL(problem.num_tasks, retrain_ratio=math.inf, **SETTINGS),
                         clip=clip, noise_multiplier=z)
     _run(problem, strategy)
@@ -257,17 +256,17 @@ def test_settings_are_validated():
              "dp.noise-multiplier": 1.0}), 4)
 
 
-def test_noise_zero_and_a_clip_that_never_binds_is_the_run_without_dp_at_one_step(problem):
-    """With one coordinate step per round (MOCHA's ``local_frac`` and the newcomer's
-    ``newcomer_frac`` 1/27 of 27 rows, ``inner`` 1) the separable step DP needs is the
-    sequential SDCA step, so at noise 0 and a clip above every row the run with record-level
-    DP is the run without it: W and Sigma to 1e-12 (Mb-SDCA's and SDCA's compiled kernels
-    round the same step differently, by an ulp), every record's test errors exactly (the
-    records only lack the withheld newcomer gap)."""
+def test_noise_zero_and_a_clip_that_never_binds_is_the_run_without_dp(problem):
+    """At noise 0 with a clip above every row the newcomer's exchange is the one without DP
+    (the same SDCA rounds, no gap target, no noise), and with one coordinate step per MOCHA
+    round (``local_frac`` 1/27 of 27 rows) MOCHA's separable step is its sequential SDCA
+    step: the run with record-level DP is the run without it, retraining included: W and
+    Sigma to 1e-12 (Mb-SDCA's and SDCA's compiled kernels round the same step differently,
+    by an ulp), every record's test errors exactly (the records only lack the withheld
+    newcomer gap)."""
     problem = Problem([X[:27] for X in problem.Xs], [y[:27] for y in problem.ys],
                       problem.Xt, problem.yt)
-    options = {**SETTINGS, "local_frac": 1 / 27, "newcomer_frac": 1 / 27, "inner": 1,
-               "retrain_ratio": 1.0}
+    options = {**SETTINGS, "local_frac": 1 / 27, "retrain_ratio": 1.0}
     plain = OFMTL(problem.num_tasks, **options)
     _run(problem, plain)
     private = _private(OFMTL(problem.num_tasks, **options), clip=1e6, noise_multiplier=0.0)
