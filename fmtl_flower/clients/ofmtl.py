@@ -16,7 +16,7 @@ replied) and ``own`` (its model, without the noise). ``evaluate.ofmtl`` evaluate
 when the w it is sent is exactly ``released`` (its column, unchanged since), else the w
 sent.
 
-The existing devices of the federation are MOCHA devices (:class:`MochaClient`); they are
+The existing devices of the federation are MOCHA devices (:class:`MOCHAClient`); they are
 never contacted while a newcomer joins.
 """
 
@@ -31,14 +31,14 @@ from ..core.ofmtl import newcomer_duality_gap, newcomer_fit
 from ..core.ofmtl_privacy import newcomer_noise_rng, private_newcomer_fit
 from ..wire import from_array, to_array
 from .common import DataLoader, LocalTask, TaskIdFn, config_value
-from .mocha import MochaClient, noise_seed_of, record_dp_of
+from .mocha import MOCHAClient, noise_seed_of, record_dp_of
 
 STATE_ARRAYS = "ofmtl.arrays"
 STATE_META = "ofmtl.meta"
 NEWCOMER_ACTION = "ofmtl"
 
 
-class OFMTLClient(MochaClient):
+class OFMTLClient(MOCHAClient):
     """MOCHA's device handlers plus ``train.ofmtl`` (newcomer step) and ``evaluate.ofmtl``
     (test errors of a model the server sends)."""
 

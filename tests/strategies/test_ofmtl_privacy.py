@@ -30,7 +30,7 @@ from fmtl_flower.core.privacy import rdp_epsilon
 from fmtl_flower.core.record_dp import clip_rows
 from fmtl_flower.engine import run_inprocess
 from fmtl_flower.settings import ConfigError, DPSettings
-from fmtl_flower.strategies.mocha import Mocha
+from fmtl_flower.strategies.mocha import MOCHA
 from fmtl_flower.strategies.ofmtl import OFMTL
 from fmtl_flower.strategies.ofmtl_privacy import enable_ofmtl_record_dp
 from fmtl_flower.wire import from_array, to_array
@@ -239,7 +239,7 @@ def test_a_resumed_run_continues_every_devices_account(problem, tmp_path):
 
 def test_settings_are_validated():
     with pytest.raises(ConfigError, match="OFMTL"):
-        enable_ofmtl_record_dp(Mocha(3), DPSettings(mechanism="record", clip=1.0,
+        enable_ofmtl_record_dp(MOCHA(3), DPSettings(mechanism="record", clip=1.0,
                                                     noise_multiplier=1.0))
     with pytest.raises(ConfigError, match="record"):
         enable_ofmtl_record_dp(OFMTL(3), DPSettings(mechanism="central", clip=1.0,

@@ -28,9 +28,9 @@ from fmtl_flower.clients.mocha import default_task_id, make_mocha_client_app
 from fmtl_flower.data.sparse_federated import make_sparse_federated
 from fmtl_flower.engine import run_inprocess
 from fmtl_flower.strategies.fedem import FedEM
-from fmtl_flower.strategies.fsvrg import Fsvrg
-from fmtl_flower.strategies.mbsgd import MbSgd
-from fmtl_flower.strategies.mocha import Mocha
+from fmtl_flower.strategies.fsvrg import FSVRG
+from fmtl_flower.strategies.mbsgd import MbSGD
+from fmtl_flower.strategies.mocha import MOCHA
 
 from .helpers import make_problem
 
@@ -87,7 +87,7 @@ def _finished_then_extended(make, app, num_nodes: int, tmp_path: Path, first: in
 def test_finished_mocha_run_resumed_with_more_rounds_continues(problem, tmp_path):
     devices = tmp_path / "devices"
     resumed, straight = _finished_then_extended(
-        lambda: Mocha(problem.num_tasks, **MOCHA), lambda: _mocha_app(problem, devices),
+        lambda: MOCHA(problem.num_tasks, **MOCHA), lambda: _mocha_app(problem, devices),
         problem.num_tasks, tmp_path, 3, 6)
     got, want = resumed.results(), straight.results()
     assert [r["round"] for r in got["rounds"]] == list(range(7))
@@ -103,7 +103,7 @@ def test_finished_cocoa_and_mbsdca_runs_resumed_with_more_rounds(problem, tmp_pa
     devices = tmp_path / "devices"
     settings = {**MOCHA, "method": method, "omega": "identity", "omega_every": 0}
     resumed, straight = _finished_then_extended(
-        lambda: Mocha(problem.num_tasks, **settings), lambda: _mocha_app(problem, devices),
+        lambda: MOCHA(problem.num_tasks, **settings), lambda: _mocha_app(problem, devices),
         problem.num_tasks, tmp_path, 2, 4)
     assert [r["round"] for r in resumed.results()["rounds"]] == list(range(5))
     np.testing.assert_allclose(resumed.state.W, straight.state.W, rtol=1e-12, atol=1e-15)
@@ -112,7 +112,7 @@ def test_finished_cocoa_and_mbsdca_runs_resumed_with_more_rounds(problem, tmp_pa
 def test_finished_mbsgd_run_resumed_with_more_rounds_continues(problem, tmp_path):
     settings = {"lam": 0.05, "seed": 3, "discovery_timeout": 5.0}
     resumed, straight = _finished_then_extended(
-        lambda: MbSgd(problem.num_tasks, **settings),
+        lambda: MbSGD(problem.num_tasks, **settings),
         lambda: make_mbsgd_client_app(problem.load), problem.num_tasks, tmp_path, 3, 5)
     got = resumed.results()
     assert [r["round"] for r in got["rounds"]] == list(range(6)) and got["final"]["complete"]
@@ -125,7 +125,7 @@ def test_finished_fsvrg_run_resumed_with_more_rounds_continues(sparse, tmp_path,
     devices = tmp_path / "devices"
     options = {"method": method, "seed": 2, "discovery_timeout": 5.0}
     resumed, straight = _finished_then_extended(
-        lambda: Fsvrg(sparse.num_tasks, **options), lambda: _fsvrg_app(sparse, devices),
+        lambda: FSVRG(sparse.num_tasks, **options), lambda: _fsvrg_app(sparse, devices),
         sparse.num_tasks, tmp_path, 2, 4)
     got, want = resumed.results(), straight.results()
     assert [r["round"] for r in got["rounds"]] == [r["round"] for r in want["rounds"]]
@@ -155,7 +155,7 @@ def test_finished_fedem_run_resumed_with_more_rounds_continues(tmp_path):
                                                   ("timeout", 0.0), ("timeout", -5.0)])
 def test_start_refuses_no_rounds_and_no_time(problem, sparse, argument, value):
     start = {"num_rounds": 2, "timeout": 60.0, argument: value}
-    for strategy in (Mocha(problem.num_tasks, **MOCHA), Fsvrg(sparse.num_tasks, seed=2)):
+    for strategy in (MOCHA(problem.num_tasks, **MOCHA), FSVRG(sparse.num_tasks, seed=2)):
         with pytest.raises(ValueError, match=argument):
             strategy.start(grid=None, **start)  # refused before the grid is used
 
@@ -177,13 +177,13 @@ def test_client_state_dir_written_by_another_run_is_reset_not_adopted(problem, t
     from .helpers import Run, ServerKilled, assert_b_consistent, killed_in
 
     ckpt, devices = tmp_path / "ckpt", tmp_path / "devices"
-    first = killed_in(Mocha, 5)(problem.num_tasks, **MOCHA)
+    first = killed_in(MOCHA, 5)(problem.num_tasks, **MOCHA)
     first.enable_checkpoints(ckpt)
     with pytest.raises(ServerKilled):
         _run(first, _mocha_app(problem, devices), problem.num_tasks, 8)
-    other = Mocha(problem.num_tasks, **{**MOCHA, "lam": 0.2, "seed": 9})
+    other = MOCHA(problem.num_tasks, **{**MOCHA, "lam": 0.2, "seed": 9})
     _run(other, _mocha_app(problem, devices), problem.num_tasks, 4)
-    resumed = Mocha(problem.num_tasks, **MOCHA)
+    resumed = MOCHA(problem.num_tasks, **MOCHA)
     resumed.enable_checkpoints(ckpt)
     grid = _run(resumed, _mocha_app(problem, devices), problem.num_tasks, 8)
     assert resumed.resumed_from == 4
@@ -201,13 +201,13 @@ def test_cocoa_plus_state_written_by_another_run_is_reset_not_adopted(sparse, tm
 
     options = {"method": "cocoa-plus", "seed": 2, "discovery_timeout": 5.0}
     ckpt, devices = tmp_path / "ckpt", tmp_path / "devices"
-    first = killed_in(Fsvrg, 4)(sparse.num_tasks, **options)
+    first = killed_in(FSVRG, 4)(sparse.num_tasks, **options)
     first.enable_checkpoints(ckpt)
     with pytest.raises(ServerKilled):
         _run(first, _fsvrg_app(sparse, devices), sparse.num_tasks, 6)
-    other = Fsvrg(sparse.num_tasks, **{**options, "seed": 9, "lam": 0.05})
+    other = FSVRG(sparse.num_tasks, **{**options, "seed": 9, "lam": 0.05})
     _run(other, _fsvrg_app(sparse, devices), sparse.num_tasks, 3)
-    resumed = Fsvrg(sparse.num_tasks, **options)
+    resumed = FSVRG(sparse.num_tasks, **options)
     resumed.enable_checkpoints(ckpt)
     _run(resumed, _fsvrg_app(sparse, devices), sparse.num_tasks, 6)
     assert resumed.resumed_from == 3
@@ -221,12 +221,12 @@ def test_resumed_run_keeps_its_token_and_its_devices_state(problem, tmp_path):
     from .helpers import ServerKilled, killed_in
 
     ckpt, devices = tmp_path / "ckpt", tmp_path / "devices"
-    first = killed_in(Mocha, 5)(problem.num_tasks, **MOCHA)
+    first = killed_in(MOCHA, 5)(problem.num_tasks, **MOCHA)
     first.enable_checkpoints(ckpt)
     with pytest.raises(ServerKilled):
         _run(first, _mocha_app(problem, devices), problem.num_tasks, 8)
     token = first.run_token
-    resumed = Mocha(problem.num_tasks, **MOCHA)
+    resumed = MOCHA(problem.num_tasks, **MOCHA)
     resumed.enable_checkpoints(ckpt)
     _run(resumed, _mocha_app(problem, devices), problem.num_tasks, 8)
     assert resumed.run_token == token and resumed.run_identity() == first.run_identity()
@@ -268,13 +268,13 @@ def test_fsvrg_resumed_on_other_data_is_refused(sparse, tmp_path, method):
     from fmtl_flower.checkpoint import CheckpointError
 
     options = {"method": method, "seed": 2, "discovery_timeout": 5.0}
-    first = Fsvrg(sparse.num_tasks, **options)
+    first = FSVRG(sparse.num_tasks, **options)
     first.enable_checkpoints(tmp_path / "ckpt")
     _run(first, _fsvrg_app(sparse, tmp_path / "devices"), sparse.num_tasks, 2)
     other = make_sparse_federated(num_tasks=6, dim=300, seed=7)  # same shape, other sizes
     assert not np.array_equal([other.task(t).arrays()[0].shape[0] for t in range(6)],
                               first.n_train)
-    resumed = Fsvrg(sparse.num_tasks, **options)
+    resumed = FSVRG(sparse.num_tasks, **options)
     resumed.enable_checkpoints(tmp_path / "ckpt")
     with pytest.raises(CheckpointError, match="other data"):
         _run(resumed, _fsvrg_app(other, tmp_path / "devices"), sparse.num_tasks, 4)
