@@ -70,8 +70,8 @@ FEDERATED = tuple(s for f in FAMILIES for s in f.strategies)
 _NAMESPACE_TITLES = {"mocha": "MOCHA's family", "fedem": "FedEM's family", "ofmtl": "OFMTL",
                      "fsvrg": "FSVRG's family",
                      "dp": "differential privacy: client-level for FedEM's and FSVRG's "
-                           "families, record-level for MOCHA's (fmtl_flower.strategies."
-                           "privacy, record_dp; guide: privacy)"}
+                           "families, record-level for MOCHA's and OFMTL (fmtl_flower."
+                           "strategies.privacy, record_dp, ofmtl_privacy; guide: privacy)"}
 _CENTRALISED_READ = ("mocha", "fedem", "dp")
 
 

@@ -128,7 +128,7 @@ FAMILIES: list[Family] = [
            client_options=("state_dir",)),
     Family("ofmtl", ("ofmtl",), "ofmtl",
            "strategies.ofmtl:OFMTL", "clients.ofmtl:OFMTLClient",
-           "clients.ofmtl:make_ofmtl_client_app", "OFMTLSettings", reads=("mocha",),
+           "clients.ofmtl:make_ofmtl_client_app", "OFMTLSettings", reads=("mocha", "dp"),
            messages=(("train", "ofmtl", "newcomer"), ("evaluate", "ofmtl", "evaluate_model")),
            settings_arguments=("mocha_rounds", "arrival_timeout")),
     Family("fsvrg", ("fsvrg", "fsvrg-naive", "gd", "cocoa-plus", "dane"), "fsvrg",

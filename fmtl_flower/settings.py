@@ -1071,8 +1071,9 @@ class DPSettings(StrategySettings):
         for FedEM's family (fedem, fedavg, fedprox, fedavg-ft, pfedme). ``record``:
         record-level DP on the device for MOCHA's family (methods mocha, mb-sdca): each
         device clips its rows to norm ``clip`` and adds Gaussian noise of std
-        z * 2 ``clip`` / n_t to its delta-b (:mod:`fmtl_flower.strategies.record_dp`)
-        (``dp.mechanism``).
+        z * 2 ``clip`` / n_t to its delta-b (:mod:`fmtl_flower.strategies.record_dp`),
+        and for OFMTL (the same in its MOCHA trainings, output perturbation of a
+        newcomer's model: :mod:`fmtl_flower.strategies.ofmtl_privacy`) (``dp.mechanism``).
     noise_multiplier : float or None
         z >= 0: the noise on the mean of the K sampled devices' clipped updates has
         standard deviation z * ``clip`` / K (``dp.noise-multiplier``; "" unset). Give it

@@ -304,7 +304,13 @@ def strategy_from_config(cfg: RunConfig, num_tasks: int,
         from ..settings import DPSettings
         from ..strategies.privacy import enable_client_dp
 
-        enable_client_dp(strategy, DPSettings.from_run_config(cfg.to_dict(every_family=True)))
+        dp = DPSettings.from_run_config(cfg.to_dict(every_family=True))
+        if cfg.strategy == "ofmtl":  # record-level DP only (strategies/ofmtl_privacy.py)
+            from ..strategies.ofmtl_privacy import enable_ofmtl_record_dp
+
+            enable_ofmtl_record_dp(strategy, dp)
+        else:
+            enable_client_dp(strategy, dp)
     if cfg.checkpoint_dir:
         if cfg.strategy == "ofmtl":  # after every event
             strategy.enable_checkpoints(cfg.checkpoint_dir)

@@ -8,6 +8,14 @@ ConfigRecord ``ofmtl.meta``: ``task-id``, ``step``), so that the protocol's step
 the same dual solution. A device whose state does not hold step s - 1 when step s arrives
 (lost, or from another run) restarts from alpha = 0 and says so (``state-ok`` 0).
 
+Record-level DP (a message with ``dp-clip``; :mod:`fmtl_flower.core.ofmtl_privacy`). The
+newcomer clips its rows to ``dp-clip``, solves its subproblem as without DP and on to a gap
+target, and replies its model plus Gaussian noise calibrated to one record (output
+perturbation); ``gap`` is withheld (0). Its state then also holds ``released`` (the w it
+replied) and ``own`` (its model, without the noise). ``evaluate.ofmtl`` evaluates ``own``
+when the w it is sent is exactly ``released`` (its column, unchanged since), else the w
+sent.
+
 The existing devices of the federation are MOCHA devices (:class:`MOCHAClient`); they are
 never contacted while a newcomer joins.
 """
@@ -20,9 +28,10 @@ from flwr.clientapp import ClientApp
 
 from ..core.hinge import classification_errors
 from ..core.ofmtl import newcomer_duality_gap, newcomer_fit
+from ..core.ofmtl_privacy import newcomer_noise_rng, private_newcomer_fit
 from ..wire import from_array, to_array
 from .common import DataLoader, LocalTask, TaskIdFn, config_value
-from .mocha import MOCHAClient
+from .mocha import MOCHAClient, noise_seed_of, record_dp_of
 
 STATE_ARRAYS = "ofmtl.arrays"
 STATE_META = "ofmtl.meta"
@@ -45,6 +54,9 @@ class OFMTLClient(MOCHAClient):
         if step < 0 or inner < 0:
             raise ValueError("step and inner-rounds must be >= 0")
         c = self._vector(msg, "c", task.dim)
+        if record_dp_of(config) is not None:
+            return self._private_newcomer(msg, context, self.dp_task(task, config), config,
+                                          c, omega, lam)
         alpha, state_ok = self._stored_alpha(context, task, step)
         fit = newcomer_fit(task.X, task.y, omega=omega, c=c, lam=lam, rounds=inner,
                            local_frac=config_value(config, "local-frac", float),
@@ -58,11 +70,59 @@ class OFMTLClient(MOCHAClient):
         return Message(RecordDict({"arrays": ArrayRecord({"w": to_array(fit.w)}),
                                    "metrics": metrics}), reply_to=msg)
 
+    def _private_newcomer(self, msg: Message, context: Context, task: LocalTask,
+                          config: ConfigRecord, c: np.ndarray, omega: float, lam: float
+                          ) -> Message:
+        """The newcomer's step under record-level DP (module docstring); ``task``'s rows
+        are clipped."""
+        dp = record_dp_of(config)
+        step = config_value(config, "step", int)
+        alpha, state_ok = self._stored_alpha(context, task, step)
+        out = private_newcomer_fit(
+            task.X, task.y, omega=omega, c=c, lam=lam,
+            rounds=config_value(config, "inner-rounds", int),
+            local_frac=config_value(config, "local-frac", float),
+            seed=config_value(config, "seed", int), task_id=task.task_id, alpha=alpha,
+            first_round=step * config_value(config, "inner-rounds", int) + 1, clip=dp.clip,
+            noise_multiplier=dp.noise_multiplier,
+            rng=newcomer_noise_rng(noise_seed_of(context), task.task_id, step))
+        context.state[STATE_ARRAYS] = ArrayRecord({
+            "alpha": to_array(out.alpha), "released": to_array(out.released),
+            "own": to_array(out.w)})
+        context.state[STATE_META] = ConfigRecord({"task-id": task.task_id, "step": step})
+        metrics = MetricRecord({"task-id": task.task_id, "step": step, "n-train": task.n,
+                                "state-ok": int(state_ok), "gap": 0.0})  # gap withheld
+        return Message(RecordDict({"arrays": ArrayRecord({"w": to_array(out.released)}),
+                                   "metrics": metrics}), reply_to=msg)
+
+    @staticmethod
+    def _stored_vector(context: Context, name: str, dim: int) -> np.ndarray | None:
+        """The state's array ``name`` if it is finite of shape (dim,), else None."""
+        if STATE_ARRAYS not in context.state or name not in context.state[STATE_ARRAYS]:
+            return None
+        try:
+            v = np.array(from_array(context.state[STATE_ARRAYS][name]), dtype=np.float64)
+        except (KeyError, TypeError, ValueError):
+            return None
+        return v if v.shape == (dim,) and np.all(np.isfinite(v)) else None
+
+    def _model_to_evaluate(self, context: Context, task: LocalTask, w: np.ndarray
+                           ) -> np.ndarray:
+        """``w``, or under record-level DP the newcomer's model without its own noise when
+        ``w`` is the one it released last."""
+        released = self._stored_vector(context, "released", task.dim)
+        own = self._stored_vector(context, "own", task.dim)
+        if released is None or own is None or not np.array_equal(released, w):
+            return w
+        meta = context.state[STATE_META] if STATE_META in context.state else {}
+        return own if meta.get("task-id") == task.task_id else w
+
     def evaluate_model(self, msg: Message, context: Context) -> Message:
-        """Test errors of the model ``w`` the server sends (no state is touched)."""
+        """Test errors of the model ``w`` the server sends (no state is touched); under
+        record-level DP a newcomer's own model when ``w`` is its last release."""
         task = self.local_task(context)
         config = self._check_task(msg, task)
-        w = self._vector(msg, "w", task.dim)
+        w = self._model_to_evaluate(context, task, self._vector(msg, "w", task.dim))
         errors = classification_errors(task.X_test, task.y_test, w) if task.X_test.shape[0] else 0
         metrics = MetricRecord({"task-id": task.task_id,
                                 "round": config_value(config, "server-round", int),

@@ -51,6 +51,12 @@ the attempt (W, Sigma unchanged).
 arrays ``w`` float64 (d,): the device's column of W; config ``task-id``, ``server-round``.
 Reply: metrics ``task-id``, ``round``, ``test-errors``, ``test-n`` (ints).
 
+Record-level DP (``dp.mechanism=record``, :mod:`fmtl_flower.strategies.ofmtl_privacy`): every
+newcomer's ``train.ofmtl`` (and MOCHA's train messages) also carries ``dp-clip`` and
+``dp-noise-multiplier``; the newcomer's reply ``w`` is then its model plus Gaussian noise and
+its ``gap`` is 0 (withheld); the reply bound uses ``dp-clip`` for R, widened by
+lam omega times the noise's high-probability norm.
+
 A reply holding anything these contracts do not name (another record, metric or array, or
 arrays above the bytes of ``w``'s shape) is rejected before it is decoded
 (:data:`REPLY_CONTRACTS`).
@@ -89,6 +95,7 @@ from .discovery import (
     wait_for_nodes,
 )
 from .mocha import MOCHA
+from .record_dp import enable_record_dp
 from .repeated_errors import collapse_repeated_errors
 from .trust import ReplyBoundary, ReplyContract, all_finite, check_bound, norm
 
@@ -205,10 +212,13 @@ class OFMTL(SizedAtStart, Strategy):
 
     def fingerprint(self) -> dict[str, Any]:
         """Settings a checkpoint must share with this run to be resumed."""
-        return {"strategy": "OFMTL", "num_tasks": self.num_tasks,
-                "initial_tasks": self.initial_tasks, "mocha": self.mocha_options,
-                "mocha_rounds": self.mocha_rounds, "outer": self.outer, "inner": self.inner,
-                "newcomer_frac": self.newcomer_frac, "retrain_ratio": self.retrain_ratio}
+        out = {"strategy": "OFMTL", "num_tasks": self.num_tasks,
+               "initial_tasks": self.initial_tasks, "mocha": self.mocha_options,
+               "mocha_rounds": self.mocha_rounds, "outer": self.outer, "inner": self.inner,
+               "newcomer_frac": self.newcomer_frac, "retrain_ratio": self.retrain_ratio}
+        if self.privacy is not None:
+            out["dp"] = self.privacy.fingerprint()
+        return out
 
     def _write_checkpoint(self) -> None:
         assert self.W is not None and self.Sigma is not None
@@ -220,7 +230,16 @@ class OFMTL(SizedAtStart, Strategy):
             arrays = {"W": self.W, **_factor_arrays("Sigma", self.Sigma)}
         else:
             arrays = {"W": self.W, "Sigma": self.Sigma}
+        if self.privacy is not None:  # the account
+            arrays.update(self.privacy.state_arrays())
         write_checkpoint(self.checkpoint_dir, len(self.records), arrays, meta)
+
+    def _save_account(self) -> None:
+        """Rewrite the newest checkpoint with the record-level DP account as it is now (the
+        committed W and Sigma are unchanged mid-event): releases made after the last event
+        survive a restart. Before the first event there is no checkpoint to rewrite."""
+        if self.checkpoint_dir is not None and self.W is not None and self.records:
+            self._write_checkpoint()
 
     def _restore(self) -> bool:
         checkpoint = read_checkpoint(self.checkpoint_dir)
@@ -248,6 +267,11 @@ class OFMTL(SizedAtStart, Strategy):
                 raise CheckpointError(f"{checkpoint.path}: W {W.shape} and Sigma {Sigma.shape} "
                                       "do not fit this run")
             Sigma = Sigma.astype(np.float64)
+        if self.privacy is not None:  # the account resumes
+            try:
+                self.privacy.restore(checkpoint.arrays, self.num_tasks)
+            except ValueError as err:
+                raise CheckpointError(f"{checkpoint.path}: {err}") from None
         self.W, self.Sigma = W.astype(np.float64), Sigma
         self.directory.fix_dim(self.W.shape[0])
         meta = checkpoint.meta
@@ -311,6 +335,10 @@ class OFMTL(SizedAtStart, Strategy):
                 return None
             time.sleep(0.5)
 
+    #: Record-level DP (:func:`~fmtl_flower.strategies.ofmtl_privacy.enable_ofmtl_record_dp`)
+    #: or None.
+    privacy: Any = None
+
     # Flower's knobs (class-level defaults; see :meth:`_check_knobs`)
     min_available_nodes: int = 0
     fraction_train: float = 1.0
@@ -347,6 +375,8 @@ class OFMTL(SizedAtStart, Strategy):
                            min(self.mocha_options["discovery_timeout"], self.round_timeout),
                            _NAME)
         self._started = time.perf_counter()
+        if self.privacy is not None:  # z fixed for the run, before any release
+            self.privacy.start(self)
         resumed = (self.checkpoint_dir is not None and self._resume and self._restore())
         if not resumed:
             self._learn_path(grid)
@@ -431,7 +461,14 @@ class OFMTL(SizedAtStart, Strategy):
         mocha = MOCHA(m, **self.mocha_options, server_path=self.path,
                       task_owners=self.settings.task_owners)
         mocha.directory.outside_level = INFO  # held-back newcomers are expected
-        mocha.start(grid=grid, num_rounds=self.mocha_rounds, timeout=self.round_timeout)
+        if self.privacy is not None:  # MOCHA's record-level DP, the run's clip and z
+            enable_record_dp(mocha, self.privacy.mocha_settings())
+        try:
+            mocha.start(grid=grid, num_rounds=self.mocha_rounds, timeout=self.round_timeout)
+        finally:  # its releases count, even when it does not complete
+            if self.privacy is not None and mocha.privacy.accountant is not None:
+                self.privacy.add_training(mocha.privacy.accountant.counts[:m])
+                self._save_account()
         if mocha.state is None or not mocha.results()["final"].get("complete"):
             raise RuntimeError(f"{_NAME}: MOCHA over {m} tasks did not complete; see the log")
         self.W = np.array(mocha.state.W, copy=True)
@@ -485,11 +522,15 @@ class OFMTL(SizedAtStart, Strategy):
                        c: np.ndarray) -> tuple[np.ndarray, float]:
         config = ConfigRecord({"task-id": task, "step": step, "inner-rounds": self.inner,
                                "seed": self.seed, "omega": float(omega), "lambda": self.lam,
-                               "local-frac": self.newcomer_frac})
+                               "local-frac": self.newcomer_frac,
+                               **({} if self.privacy is None else self.privacy.wire_config())})
         msg = Message(RecordDict({"arrays": ArrayRecord({"c": to_array(c)}), "config": config}),
                       dst_node_id=node, message_type=NEWCOMER, group_id=f"ofmtl-{task}")
         self.replies.begin()
         self.replies.track(task, node, msg)
+        if self.privacy is not None:  # a release, counted when sent
+            self.privacy.count_newcomer(task)
+            self._save_account()
         out = self.replies.read(f"newcomer {task} step {step}",
                                 grid.send_and_receive([msg], timeout=self.round_timeout),
                                 lambda reply, t: {"w-gap": self._read_newcomer(
@@ -517,6 +558,9 @@ class OFMTL(SizedAtStart, Strategy):
             raise ReplyError(f"'w' must be finite float64 of shape ({d},), got {w.dtype} "
                              f"{w.shape}")
         bound = float(self.directory.row_norm[task])
+        if self.privacy is not None:  # rows clipped to C; w carries the release's noise
+            bound = float(np.fmin(bound, self.privacy.clip)) + self.privacy.newcomer_allowance(
+                int(self.directory.n_train[task]), d, self.lam, omega)
         if math.isnan(bound):
             raise ReplyError("the newcomer reported no max-row-norm at discovery: its w cannot "
                              "be bounded")
@@ -529,7 +573,7 @@ class OFMTL(SizedAtStart, Strategy):
                     bound + rounding, "max-row-norm %g >= |X^T alpha / n|", bound)
         primal = 1.0 + bound * w_norm + 0.5 * lam_omega * w_norm ** 2 + self.lam * c_norm * w_norm
         check_bound("gap", gap, primal, "the subproblem's primal at w, which bounds the gap")
-        return np.array(w), float(gap)
+        return np.array(w), (math.nan if self.privacy is not None else float(gap))
 
     # ------------------------------------------------------------------ records
     def _record(self, grid: Grid, event: str, floats: int, seconds: float,
@@ -542,7 +586,10 @@ class OFMTL(SizedAtStart, Strategy):
             len(self.records), event=event, devices=self.m, floats_communicated=int(floats),
             cumulative_floats=int(self.floats_total), event_time_s=seconds,
             wall_time_s=time.perf_counter() - self._started, retrainings=self.retrainings,
-            newcomer_gap=gap, tasks_missing=sorted(set(range(self.m)) - set(errors)))
+            newcomer_gap=None if gap is None or math.isnan(gap) else gap,
+            tasks_missing=sorted(set(range(self.m)) - set(errors)))
+        if self.privacy is not None:
+            record.update(self.privacy.record_fields())
         if errors and not record["tasks_missing"]:
             tasks = sorted(errors)
             record.update(error_summary(np.array([errors[t] for t in tasks]),
@@ -594,6 +641,12 @@ class OFMTL(SizedAtStart, Strategy):
         final.update(retrainings=self.retrainings, newcomer_floats=list(self.newcomer_floats),
                      tasks_never_replied=sorted(int(t) for t in never),
                      complete=self.m == self.num_tasks)
+        if self.privacy is not None:
+            final.update(self.privacy.record_fields())
+            final["privacy"] = {"mechanism": "record", "delta": self.privacy.settings.delta,
+                                "noise_multiplier": self.privacy.noise_multiplier,
+                                "clip": self.privacy.clip,
+                                "epsilon_per_task": self.privacy.epsilons()}
         return {"rounds": [dict(r) for r in self.records], "final": final}
 
     # ------------------------------------------------------------------ Strategy's abstract API
