@@ -80,6 +80,9 @@ query ``fsvrg_gradient`` (server -> node): arrays ``w`` float64 (d,); config ``t
     ``sigma-prime`` (floats > 0), ``eval`` (bool). The node commits or rolls back (above),
     then runs :func:`~fmtl_flower.core.fsvrg.cocoa_plus_local_sdca` over the concatenated
     ``dane_epoch_orders(seed, task, round, n_k, epochs)`` (one pass: ``coordinate_order``).
+    With client-level DP ``client-clip`` also ``dp-clip`` (float > 0): the node scales its
+    ``d_alpha`` and ``d-w`` by one factor so that ``|d-w| <= dp-clip`` before replying and
+    committing (:func:`~fmtl_flower.core.fsvrg.clip_dual_step`).
     Reply: metrics as ``fsvrg_gradient``'s at ``w_t`` (``loss-sum``, ``sq-norm-sum``, test
     errors with ``eval``) plus ``state-ok`` (int 0/1; 0: restarted from ``alpha_k = 0``) and
     ``dual-sum`` (float in ``[0, n-train log 2]``, ``sum_i H(y_i alpha_i)`` after the commit);
@@ -150,6 +153,24 @@ is the behaviour above, bit for bit:
   back), never clipped.
 
 A reply that fails one of these is rejected and logged like any invalid reply.
+
+Client-level DP (:attr:`FSVRG.privacy`, :class:`~fmtl_flower.strategies.privacy.FSVRGDP`)
+-----------------------------------------------------------------------------------------
+Every release is clipped, noised and accounted, with fixed denominators (the federation's K
+and ``n``; a silent or rejected device adds 0); robust mode's federation-level checks are
+off (one device's data must not decide whether another's reply counts). ``fsvrg``: the
+setup's counts go into one private release (:meth:`~.privacy.FSVRGDP.feature_stats`), so
+``stats`` (``n_j``, ``omega``: floats), ``phi`` and ``A`` are post-processing of it; each
+round's gradient and mean update ``sum_k weight_k clip(w_k - w_t)`` are released, and
+``w_{t+1} = w_t + A (released mean update)``. ``cocoa-plus`` (``client-clip``): the devices
+scale their steps (``dp-clip``), the server clips each ``d-w`` again (a no-op for an honest
+device), keeps the clipped one in the ledger and adds the noisy sum to ``w``. So ``w`` is
+``w(alpha)`` plus the noise of every release so far, and the ledger's ``sum_k v_k`` is
+``w(alpha)`` itself: a record's ``dual`` is ``D(alpha)`` with ``w(alpha)`` from the ledger,
+and ``gap = objective - dual = P(w) - D(alpha) >= P(w) - P*`` bounds the suboptimality of
+the released (noisy) ``w`` (weak duality holds for any pair); ``gap_certified`` keeps its
+meaning. The objective, the dual and the test errors come from the devices' exact sums:
+like Flower's metrics, they are not covered by the guarantee.
 
 Records
 -------
@@ -1288,8 +1309,7 @@ class FSVRG(TaskStrategy):
                                       omega=_counts(arrays["stats_omega"]))
         if self.privacy is not None:  # what the interrupted run released after it
             per_round = 1 if self.method in ("gd", "cocoa-plus") else 2
-            self.privacy.charge_after_checkpoint(per_round * self.checkpoint_every,
-                                                 self._dp_releases())
+            self.privacy.charge_after_checkpoint(per_round * self.checkpoint_every)
         if self.method == "cocoa-plus":
             self.ledger = DualLedger.from_arrays(
                 self.num_tasks, self.dim,

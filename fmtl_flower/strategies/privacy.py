@@ -97,7 +97,10 @@ class ClientLevelDP:
         self.noise_multiplier: float | None = settings.noise_multiplier
         self.noise_seed = noise_seed
         self._release: dict[str, Any] | None = None  # this round's, until its record
-        self._charged = 0  # releases of an interrupted run, charged with the next release
+        #: Record fields not yet in a record: :meth:`charge_after_checkpoint`'s charge
+        #: (``dp_charged_on_resume``, folded into the next release) and, for
+        #: :class:`FSVRGDP`, the releases since the previous record.
+        self._pending: dict[str, Any] = {}
         self._records: Any = lambda: []  # the strategy's records (bound by enable_client_dp)
 
     def current_clip(self, records: list[dict[str, Any]], stream: str | None = None) -> float:
@@ -184,7 +187,7 @@ class ClientLevelDP:
         std = z_update * clip / k
         noise = rng.normal(0.0, std, size=current.shape) if std > 0 else 0.0
         account = self.accountant(records)
-        charged, self._charged = self._charged, 0
+        charged = self._take_charge()
         account.compose(z, steps=1 + charged)
         self._release = {"epsilon": account.epsilon(), "dp_noise_multiplier": z,
                          "dp_noise_std": std, "dp_clipped": clipped}
@@ -217,19 +220,24 @@ class ClientLevelDP:
             return {}
         return {"dp-clip": self.current_clip(self._records())}
 
-    def charge_after_checkpoint(self, releases: int, num_releases: int | None = None) -> None:
+    def charge_after_checkpoint(self, releases: int) -> None:
         """Account ``releases`` releases a resumed run cannot see: those the interrupted run
         may have made after the checkpoint it resumes from (a round's noisy aggregate goes
         out in its evaluate messages and the next round's train messages before the next
         checkpoint is written; the devices may hold them). The server cannot tell how far
         the interrupted run got, so the caller gives an upper bound (``checkpoint-every``
-        rounds); they are composed with the next release, whose record says
-        ``dp_releases`` and ``dp_charged_on_resume``. ``num_releases`` is unused here
-        (:class:`FSVRGDP` calibrates with it)."""
+        rounds times the releases of a round). They are composed with the next release,
+        whose record says ``dp_releases`` and ``dp_charged_on_resume`` (the one mechanism
+        of both classes: a pending charge, :meth:`_take_charge`)."""
         if releases > 0:
-            self._charged += int(releases)
+            self._pending["dp_charged_on_resume"] = \
+                int(self._pending.get("dp_charged_on_resume", 0)) + int(releases)
             log(INFO, "client-level DP: %d releases after the checkpoint charged on resume",
                 releases)
+
+    def _take_charge(self) -> int:
+        """The pending charge of :meth:`charge_after_checkpoint` (0: none), now cleared."""
+        return int(self._pending.pop("dp_charged_on_resume", 0))
 
     def record_fields(self, records: list[dict[str, Any]]) -> dict[str, Any]:
         """The privacy keys of the round's record: this round's release, or (no release)
@@ -302,7 +310,6 @@ class FSVRGDP(ClientLevelDP):
                 and stats_clip > 0):
             raise ConfigError(f"stats_clip must be a finite number > 0, got {stats_clip!r}")
         self.stats_clip = float(stats_clip)
-        self._pending: dict[str, Any] = {}
 
     def gradient_sum(self, grad_sums: list[np.ndarray], n: list[int], n_all: np.ndarray,
                      records: list[dict[str, Any]], num_releases: int,
@@ -450,27 +457,17 @@ class FSVRGDP(ClientLevelDP):
             return sum(norm >= clip * (1 - CLIP_SLACK) for norm in norms)
         return sum(norm > clip * (1 + CLIP_SLACK) for norm in norms)
 
-    def charge_after_checkpoint(self, releases: int, num_releases: int) -> None:
-        """Account ``releases`` releases a resumed run cannot see: those the interrupted
-        run made after the checkpoint it resumes from (its records died with it; the
-        devices may have received them, e.g. a round's noisy gradient in its ``train``
-        messages). The caller gives an upper bound (the server cannot tell how far the
-        interrupted run got); they go into the next record's ``dp_releases`` and
-        ``dp_charged_on_resume``."""
-        if releases > 0:
-            p = self._pending
-            p["dp_noise_multiplier"] = self.resolve_noise(num_releases)
-            p["dp_releases"] = p.get("dp_releases", 0) + int(releases)
-            p["dp_charged_on_resume"] = int(releases)
-            log(INFO, "client-level DP: %d releases after the checkpoint charged on resume",
-                releases)
-
     def record_fields(self, records: list[dict[str, Any]]) -> dict[str, Any]:
         """The privacy keys of a new record: the releases since the previous record
         (``dp_releases`` of noise multiplier ``dp_noise_multiplier``, ``dp_clipped``
         updates clipped, each stream's clip and noise std) and ``epsilon`` after them."""
+        charged = self._take_charge()
         out, self._pending = self._pending, {}
-        if not out:
+        if charged and out.get("dp_releases"):  # composed with this record's releases
+            out.update(dp_releases=out["dp_releases"] + charged, dp_charged_on_resume=charged)
+        elif charged:  # nothing released since the previous record: it waits
+            self._pending["dp_charged_on_resume"] = charged
+        if not out.get("dp_releases"):
             out = {"dp_noise_multiplier": None, "dp_releases": 0, "dp_clipped": None}
         account = self.accountant([*records, out])
         out["epsilon"] = account.epsilon()

@@ -19,7 +19,6 @@ from fmtl_flower.clients.fsvrg import make_fsvrg_client_app
 from fmtl_flower.clients.mocha import default_task_id
 from fmtl_flower.core.fsvrg import (
     FeatureCountAccumulator,
-    clip_dual_step,
     cocoa_plus_local_sdca,
     dual_objective,
     logistic_dual_sum,
@@ -183,6 +182,8 @@ def test_a_devices_scaled_dual_step_stays_feasible_and_its_image(data):
     """clip_dual_step: |s d_w| = C when it binds, y (alpha + s d_alpha) in [0, 1], and
     s d_w = X^T (s d_alpha) / (lam n) (the device's share stays w(alpha)'s); unchanged
     when it does not bind."""
+    from fmtl_flower.core.fsvrg import clip_dual_step
+
     task = data.task(0)
     X, y = task.X_train, task.y_train
     n, lam = int(data.n_train.sum()), 1e-3
@@ -366,3 +367,29 @@ def test_a_hostile_cocoa_reply_is_clipped_by_the_server_or_rejected(data):
     assert np.all(np.isfinite(strategy.w))
     rounds = strategy.results()["rounds"]
     assert rounds[1]["num_replies"] == K and rounds[2]["num_replies"] == K - 1
+
+
+@pytest.mark.parametrize(("method", "mechanism"), [("fsvrg", "central"),
+                                                   ("cocoa-plus", "client-clip")])
+def test_the_run_config_reaches_fsvrg_and_cocoa_plus_packed_or_not(method, mechanism):
+    """`fmtl run` / `flwr run`: the dp.* keys reach fsvrg and cocoa-plus; packed nodes (two
+    tasks a node, one message for both: cocoa-plus's devices read dp-clip from the shared
+    config) give the unpacked run's numbers bit for bit (z = 0, a clip that binds)."""
+    from fmtl_flower.apps.common import make_client_app, make_server_app
+    from fmtl_flower.config import RunConfig
+
+    finals = []
+    for per_node in (1, 2):
+        cfg = RunConfig.from_mapping({
+            "strategy": method, "dataset": "sparse-federated", "num-tasks": 10,
+            "num-server-rounds": 2, "tasks-per-node": per_node, "dp.mechanism": mechanism,
+            "dp.clip": 0.01, "dp.noise-multiplier": 0.0})
+        box: dict = {}
+        run_inprocess(make_server_app(cfg, on_done=box.update), make_client_app(cfg),
+                      10 // per_node)
+        finals.append(box["final"])
+    assert finals[0]["dp_clipped"] > 0 and finals[0]["epsilon"] == float("inf")
+    releases = 2 if method == "fsvrg" else 1
+    assert finals[0]["dp_releases"] == releases
+    for key in ("objective", "test_error", "dp_clipped"):
+        assert finals[1][key] == finals[0][key]
