@@ -280,7 +280,7 @@ class FSVRGDP(ClientLevelDP):
       ``GD_POWER_MAX_ITER`` releases; the stopping rule reads only released values).
     * ``stats`` (fsvrg, once, in round 1's setup: :meth:`feature_stats`): device k's
       presence vector ``p_k = [n_k^j > 0]`` and frequencies ``phi_k = n_k^j / n_k``, one
-      vector ``[p_k; r_k phi_k]`` (``r_k = w_k / w_max``, 1 uniform) clipped to
+      vector ``[p_k; r_k phi_k]`` (``r_k``: 1 uniform, ``n_k / max_k n_k`` rows) clipped to
       :attr:`stats_clip` and summed, plus N(0, (z stats_clip)^2) per coordinate: the
       server's ``omega`` (devices with feature j) and ``phi`` are its halves (``phi``
       divided by the weights), clamped to ``[floor, K]`` and ``[0, 1]`` (``floor``:
