@@ -393,3 +393,25 @@ def test_the_run_config_reaches_fsvrg_and_cocoa_plus_packed_or_not(method, mecha
     assert finals[0]["dp_releases"] == releases
     for key in ("objective", "test_error", "dp_clipped"):
         assert finals[1][key] == finals[0][key]
+
+
+def test_cocoa_plus_adaptive_clip_is_the_one_sent_and_moves_up_when_all_devices_clip(data):
+    """Adaptive clipping with client-clip: each round's train messages carry the clip that
+    round's release uses (dp_clip_d_w), and with every device on its clip (none fits) the
+    clip grows (target quantile 0.5)."""
+    sent: dict[int, set[float]] = {}
+
+    def record_clip(message: Message, reply: Message | None) -> list[Message]:
+        if message.metadata.message_type == "train":
+            config = message.content["config"]
+            sent.setdefault(int(config["server-round"]), set()).add(float(config["dp-clip"]))
+        return [] if reply is None else [reply]
+
+    strategy, _ = federate(data, private("cocoa-plus", noise_seed=5, clip=0.001,
+                                         noise_multiplier=0.5, adaptive=True,
+                                         clipped_count_stddev=2.0), 3,
+                           grid_cls=HostileGrid, tamper=record_clip)
+    rounds = strategy.results()["rounds"]
+    assert {r: {rounds[r]["dp_clip_d_w"]} for r in (1, 2, 3)} == sent
+    assert all(r["dp_clipped"] == K for r in rounds[1:])
+    assert rounds[1]["dp_clip_d_w"] < rounds[2]["dp_clip_d_w"] < rounds[3]["dp_clip_d_w"]
