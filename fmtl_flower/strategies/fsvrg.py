@@ -781,12 +781,6 @@ class FSVRG(TaskStrategy):
             return rounds
         return 2 * rounds + (1 if self.method == "fsvrg" else 0)
 
-    def _ledger_w(self) -> np.ndarray:
-        """``w(alpha)``: the sum of the devices' shares (under DP the server's ``w`` is it
-        plus the noise of every release so far)."""
-        assert self.ledger is not None
-        return self.ledger.total()
-
     def _exchange(self, grid: Grid, server_round: int, message_type: str, evaluate: bool,
                   kind: str) -> dict[int, dict[str, Any]]:
         messages = self._loss_messages(grid, server_round, message_type, evaluate)
@@ -1225,8 +1219,10 @@ class FSVRG(TaskStrategy):
                 accepted[t]["state-ok"] for t in accepted):  # a consistent (w, alpha) pair
             assert self.n_total is not None
             dual = float(sum(accepted[t]["dual-sum"] for t in sorted(accepted)))
-            # DP: w is w(alpha) plus the noise released so far; D needs w(alpha) itself
-            w_alpha = self.w if self.privacy is None else self._ledger_w()
+            # DP: w is w(alpha) plus the noise released so far; D needs w(alpha), the
+            # sum of the devices' shares
+            assert self.ledger is not None
+            w_alpha = self.w if self.privacy is None else self.ledger.total()
             record["dual"] = dual_objective(w_alpha, dual, self.n_total, self.lam)
             record["gap"] = record["objective"] - record["dual"]
         if self.method == "cocoa-plus":  # the exchange whose replies complete this record
