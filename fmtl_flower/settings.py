@@ -1035,9 +1035,10 @@ class RunKeys:
 DP_MECHANISMS = ("none", "central", "client-clip", "record")
 #: The strategies whose shared model client-level DP protects (FedEM's family).
 DP_CLIENT_LEVEL_METHODS = ("fedem", "fedavg", "fedprox", "fedavg-ft", "pfedme")
-#: The FSVRG-family methods client-level DP ``central`` protects (their gradients, local
-#: models and GD's Gram products; :class:`fmtl_flower.strategies.privacy.FSVRGDP`).
-DP_FSVRG_METHODS = ("fsvrg-naive", "dane", "gd")
+#: The FSVRG-family methods client-level DP protects (``central``: fsvrg's feature
+#: statistics, the gradients, local models and GD's Gram products; ``client-clip``:
+#: cocoa-plus's d-w; :class:`fmtl_flower.strategies.privacy.FSVRGDP`).
+DP_FSVRG_METHODS = ("fsvrg", "fsvrg-naive", "dane", "gd", "cocoa-plus")
 
 
 def _blank_or(check: Check) -> Check:

@@ -29,7 +29,8 @@ Handlers:
   ``uniform_sample_order``, or :func:`~fmtl_flower.core.fsvrg.dane_local_solve` with
   ``dane_epoch_orders``), replying ``w_k``; CoCoA+: commit or roll back, the loss and dual
   sums at ``w_t``, then :func:`~fmtl_flower.core.fsvrg.cocoa_plus_local_sdca`, replying
-  ``d_w_k``;
+  ``d_w_k`` (with ``dp-clip``, client-level DP: the step scaled so that ``|d_w_k| <=
+  dp-clip``, :func:`~fmtl_flower.core.fsvrg.clip_dual_step`, and committed so scaled);
 * ``evaluate``: loss sum and test errors at ``w`` (no gradient); CoCoA+: after the commit,
   with the dual sum.
 """
@@ -46,6 +47,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from ..core.fsvrg import (
+    clip_dual_step,
     cocoa_plus_local_sdca,
     dane_epoch_orders,
     dane_local_solve,
@@ -308,6 +310,9 @@ class FSVRGClient:
                                                  epochs))
         d_alpha, d_w = cocoa_plus_local_sdca(task.X, task.y, alpha, w, lam=lam, n=n,
                                              sigma_prime=sigma_prime, order=order)
+        if "dp-clip" in config:  # client-level DP client-clip: the step scaled to the clip
+            d_alpha, d_w, _ = clip_dual_step(d_alpha, d_w, config_value(config, "dp-clip",
+                                                                        float))
         return metrics, state, d_alpha, d_w
 
     @staticmethod

@@ -80,6 +80,9 @@ query ``fsvrg_gradient`` (server -> node): arrays ``w`` float64 (d,); config ``t
     ``sigma-prime`` (floats > 0), ``eval`` (bool). The node commits or rolls back (above),
     then runs :func:`~fmtl_flower.core.fsvrg.cocoa_plus_local_sdca` over the concatenated
     ``dane_epoch_orders(seed, task, round, n_k, epochs)`` (one pass: ``coordinate_order``).
+    With client-level DP ``client-clip`` also ``dp-clip`` (float > 0): the node scales its
+    ``d_alpha`` and ``d-w`` by one factor so that ``|d-w| <= dp-clip`` before replying and
+    committing (:func:`~fmtl_flower.core.fsvrg.clip_dual_step`).
     Reply: metrics as ``fsvrg_gradient``'s at ``w_t`` (``loss-sum``, ``sq-norm-sum``, test
     errors with ``eval``) plus ``state-ok`` (int 0/1; 0: restarted from ``alpha_k = 0``) and
     ``dual-sum`` (float in ``[0, n-train log 2]``, ``sum_i H(y_i alpha_i)`` after the commit);
@@ -150,6 +153,24 @@ is the behaviour above, bit for bit:
   back), never clipped.
 
 A reply that fails one of these is rejected and logged like any invalid reply.
+
+Client-level DP (:attr:`FSVRG.privacy`, :class:`~fmtl_flower.strategies.privacy.FSVRGDP`)
+-----------------------------------------------------------------------------------------
+Every release is clipped, noised and accounted, with fixed denominators (the federation's K
+and ``n``; a silent or rejected device adds 0); robust mode's federation-level checks are
+off (one device's data must not decide whether another's reply counts). ``fsvrg``: the
+setup's counts go into one private release (:meth:`~.privacy.FSVRGDP.feature_stats`), so
+``stats`` (``n_j``, ``omega``: floats), ``phi`` and ``A`` are post-processing of it; each
+round's gradient and mean update ``sum_k weight_k clip(w_k - w_t)`` are released, and
+``w_{t+1} = w_t + A (released mean update)``. ``cocoa-plus`` (``client-clip``): the devices
+scale their steps (``dp-clip``), the server clips each ``d-w`` again (a no-op for an honest
+device), keeps the clipped one in the ledger and adds the noisy sum to ``w``. So ``w`` is
+``w(alpha)`` plus the noise of every release so far, and the ledger's ``sum_k v_k`` is
+``w(alpha)`` itself: a record's ``dual`` is ``D(alpha)`` with ``w(alpha)`` from the ledger,
+and ``gap = objective - dual = P(w) - D(alpha) >= P(w) - P*`` bounds the suboptimality of
+the released (noisy) ``w`` (weak duality holds for any pair); ``gap_certified`` keeps its
+meaning. The objective, the dual and the test errors come from the devices' exact sums:
+like Flower's metrics, they are not covered by the guarantee.
 
 Records
 -------
@@ -269,6 +290,12 @@ def reply_contracts(method: str) -> dict[str, ReplyContract]:
     return out
 
 
+def _counts(values: np.ndarray) -> np.ndarray:
+    """Checkpointed statistics: integers as int64, a private (noisy) release's floats as
+    float64."""
+    return values.astype(np.float64 if values.dtype.kind == "f" else np.int64)
+
+
 class DualLedger:
     """CoCoA+'s server-side bookkeeping: each task's share ``v_k`` of ``w`` and L_k.
 
@@ -330,6 +357,14 @@ class DualLedger:
             lo, hi = int(offsets[j]), int(offsets[j + 1])
             ledger._shares[int(task)] = (indices[lo:hi].copy(), values[lo:hi].copy())
         return ledger
+
+    def total(self) -> np.ndarray:
+        """``w(alpha) = sum_k v_k``, in task order (O(nnz) over the shares)."""
+        out = np.zeros(self.dim)
+        for task in sorted(self._shares):
+            idx, values = self._shares[task]
+            out[idx] += values
+        return out
 
     def dot(self, task: int, w: np.ndarray) -> float:
         """``w . v_k`` (O(nnz(v_k)))."""
@@ -603,6 +638,11 @@ class FSVRG(TaskStrategy):
         assert self.w is not None
         tasks = sorted(accepted)
         models = [accepted[t]["w-local"] for t in tasks]
+        if self.privacy is not None and self.method == "fsvrg":  # DP: A x a noisy mean
+            assert self.stats is not None
+            return self.w + self.stats.a * self.privacy.mean_update(
+                self.w, models, [int(self.n_weight[t]) for t in tasks], self.n_weight,
+                self.records, self._dp_releases())
         if self.privacy is not None:  # client-level DP: clipped, over K, noised
             models, std = self.privacy.local_models(self.w, models, self.num_tasks,
                                                     self.records, self._dp_releases())
@@ -636,9 +676,15 @@ class FSVRG(TaskStrategy):
         w = self.w
         for task in resets:
             w = w - self.ledger.share(task)
-        d_w_sum = np.zeros(self.ledger.dim)
-        for task in tasks:
-            d_w_sum += accepted[task]["d-w"]
+        d_ws = {t: accepted[t]["d-w"] for t in tasks}
+        if self.privacy is not None:  # client-level DP: clipped again, the sum noised
+            clipped, d_w_sum = self.privacy.dual_step_sum(
+                list(d_ws.values()), self.num_tasks, self.records, self._dp_releases())
+            d_ws = dict(zip(tasks, clipped, strict=True))
+        else:
+            d_w_sum = np.zeros(self.ledger.dim)
+            for task in tasks:
+                d_w_sum += d_ws[task]
         w = cocoa_plus_aggregate(w, d_w_sum)
         if not all_finite(w):  # the bounds make this unreachable: belt and braces
             self._reject_round(server_round, accepted)
@@ -649,7 +695,7 @@ class FSVRG(TaskStrategy):
             log(WARNING, "%s round %d: tasks %s lost their dual state and restarted from "
                 "alpha = 0; their shares of w were removed", _NAME, server_round, resets[:20])
         for task in tasks:
-            self.ledger.add(task, accepted[task]["d-w"], server_round)
+            self.ledger.add(task, d_ws[task], server_round)
         self.w = w
         return len(tasks), len(resets)
 
@@ -666,6 +712,15 @@ class FSVRG(TaskStrategy):
         replies = grid.send_and_receive(messages, timeout=self.round_timeout)
         accepted = self._read_replies(0, replies, kind="stats")
         self.exchanges += 1
+        if self.privacy is not None and accepted:  # client-level DP: one noisy release
+            tasks = sorted(accepted)
+            self.stats = self.privacy.feature_stats(
+                [self._trusted_counts_of(t, accepted[t]) for t in tasks],
+                [int(self.n_weight[t]) for t in tasks], self.n_weight, self.records,
+                self._dp_releases())
+            log(INFO, "%s: private statistics from %d of %d nodes (n = %d)", _NAME,
+                len(tasks), self.num_tasks, self.stats.n)
+            return
         acc = FeatureCountAccumulator(self.dim)
         for task in sorted(accepted):
             acc.add(int(self.n_weight[task]), self._trusted_counts_of(task, accepted[task]))
@@ -716,12 +771,15 @@ class FSVRG(TaskStrategy):
 
     def _dp_releases(self) -> int:
         """The run's Gaussian releases under client-level DP (to calibrate a target
-        epsilon): a gradient per round, a local model per round (fsvrg-naive, dane), and
-        GD's power iterations at most (without a ``step``)."""
+        epsilon): a gradient per round, a local model per round (fsvrg, fsvrg-naive, dane),
+        fsvrg's statistics once, GD's power iterations at most (without a ``step``), and
+        CoCoA+'s one ``d_w`` sum per round."""
         rounds = int(self.num_rounds or 1)
         if self.method == "gd":
             return rounds + (GD_POWER_MAX_ITER if self.step_arg is None else 0)
-        return 2 * rounds
+        if self.method == "cocoa-plus":
+            return rounds
+        return 2 * rounds + (1 if self.method == "fsvrg" else 0)
 
     def _exchange(self, grid: Grid, server_round: int, message_type: str, evaluate: bool,
                   kind: str) -> dict[int, dict[str, Any]]:
@@ -797,6 +855,8 @@ class FSVRG(TaskStrategy):
             arrays["phi"] = self.stats.phi
         common = {"server-round": server_round, "seed": self.seed, "method": self.method,
                   "lam": self.lam, **self._solver_config(evaluate)}
+        if self.privacy is not None:  # client-level DP client-clip (cocoa-plus): dp-clip
+            common.update(self.privacy.wire_config())
         return self._messages(grid, MessageType.TRAIN, common, arrays,
                               protocol=self.ledger is not None)
 
@@ -1159,7 +1219,11 @@ class FSVRG(TaskStrategy):
                 accepted[t]["state-ok"] for t in accepted):  # a consistent (w, alpha) pair
             assert self.n_total is not None
             dual = float(sum(accepted[t]["dual-sum"] for t in sorted(accepted)))
-            record["dual"] = dual_objective(self.w, dual, self.n_total, self.lam)
+            # DP: w is w(alpha) plus the noise released so far; D needs w(alpha), the
+            # sum of the devices' shares
+            assert self.ledger is not None
+            w_alpha = self.w if self.privacy is None else self.ledger.total()
+            record["dual"] = dual_objective(w_alpha, dual, self.n_total, self.lam)
             record["gap"] = record["objective"] - record["dual"]
         if self.method == "cocoa-plus":  # the exchange whose replies complete this record
             # every pair passed its check, and the objective's n (every task's rows) is the
@@ -1237,12 +1301,11 @@ class FSVRG(TaskStrategy):
         if "stats" in meta:
             self.stats = FeatureStats(num_nodes=int(meta["stats"]["num_nodes"]),
                                       n=int(meta["stats"]["n"]),
-                                      n_j=arrays["stats_n_j"].astype(np.int64),
-                                      omega=arrays["stats_omega"].astype(np.int64))
+                                      n_j=_counts(arrays["stats_n_j"]),
+                                      omega=_counts(arrays["stats_omega"]))
         if self.privacy is not None:  # what the interrupted run released after it
-            per_round = 1 if self.method == "gd" else 2
-            self.privacy.charge_after_checkpoint(per_round * self.checkpoint_every,
-                                                 self._dp_releases())
+            per_round = 1 if self.method in ("gd", "cocoa-plus") else 2
+            self.privacy.charge_after_checkpoint(per_round * self.checkpoint_every)
         if self.method == "cocoa-plus":
             self.ledger = DualLedger.from_arrays(
                 self.num_tasks, self.dim,

@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 from flwr.supercore import log
 
+from ..core.fsvrg import FeatureStats
 from ..core.privacy import (
     CLIP_SLACK,
     AdaptiveClip,
@@ -65,6 +66,13 @@ from ..core.privacy import (
     noise_multiplier_for_epsilon,
 )
 from ..settings import DP_CLIENT_LEVEL_METHODS, DP_FSVRG_METHODS, ConfigError, DPSettings
+
+#: The default clip of fsvrg's ``stats`` release (:meth:`FSVRGDP.feature_stats`): the L2
+#: norm of a device's ``[p_k; r_k phi_k]``, about the square root of the number of features
+#: it has (``sparse-federated``, seed 0, K = 1000: median 17, 90th percentile 28; looked at
+#: once, on seed 0, before any run with noise). ``enable_client_dp(..., stats_clip=)``
+#: overrides it (no run-config key yet).
+STATS_CLIP = 20.0
 
 
 class ClientLevelDP:
@@ -89,7 +97,10 @@ class ClientLevelDP:
         self.noise_multiplier: float | None = settings.noise_multiplier
         self.noise_seed = noise_seed
         self._release: dict[str, Any] | None = None  # this round's, until its record
-        self._charged = 0  # releases of an interrupted run, charged with the next release
+        #: Record fields not yet in a record: :meth:`charge_after_checkpoint`'s charge
+        #: (``dp_charged_on_resume``, folded into the next release) and, for
+        #: :class:`FSVRGDP`, the releases since the previous record.
+        self._pending: dict[str, Any] = {}
         self._records: Any = lambda: []  # the strategy's records (bound by enable_client_dp)
 
     def current_clip(self, records: list[dict[str, Any]], stream: str | None = None) -> float:
@@ -176,7 +187,7 @@ class ClientLevelDP:
         std = z_update * clip / k
         noise = rng.normal(0.0, std, size=current.shape) if std > 0 else 0.0
         account = self.accountant(records)
-        charged, self._charged = self._charged, 0
+        charged = self._take_charge()
         account.compose(z, steps=1 + charged)
         self._release = {"epsilon": account.epsilon(), "dp_noise_multiplier": z,
                          "dp_noise_std": std, "dp_clipped": clipped}
@@ -209,19 +220,24 @@ class ClientLevelDP:
             return {}
         return {"dp-clip": self.current_clip(self._records())}
 
-    def charge_after_checkpoint(self, releases: int, num_releases: int | None = None) -> None:
+    def charge_after_checkpoint(self, releases: int) -> None:
         """Account ``releases`` releases a resumed run cannot see: those the interrupted run
         may have made after the checkpoint it resumes from (a round's noisy aggregate goes
         out in its evaluate messages and the next round's train messages before the next
         checkpoint is written; the devices may hold them). The server cannot tell how far
         the interrupted run got, so the caller gives an upper bound (``checkpoint-every``
-        rounds); they are composed with the next release, whose record says
-        ``dp_releases`` and ``dp_charged_on_resume``. ``num_releases`` is unused here
-        (:class:`FSVRGDP` calibrates with it)."""
+        rounds times the releases of a round). They are composed with the next release,
+        whose record says ``dp_releases`` and ``dp_charged_on_resume`` (the one mechanism
+        of both classes: a pending charge, :meth:`_take_charge`)."""
         if releases > 0:
-            self._charged += int(releases)
+            self._pending["dp_charged_on_resume"] = \
+                int(self._pending.get("dp_charged_on_resume", 0)) + int(releases)
             log(INFO, "client-level DP: %d releases after the checkpoint charged on resume",
                 releases)
+
+    def _take_charge(self) -> int:
+        """The pending charge of :meth:`charge_after_checkpoint` (0: none), now cleared."""
+        return int(self._pending.pop("dp_charged_on_resume", 0))
 
     def record_fields(self, records: list[dict[str, Any]]) -> dict[str, Any]:
         """The privacy keys of the round's record: this round's release, or (no release)
@@ -240,8 +256,9 @@ class ClientLevelDP:
 
 
 class FSVRGDP(ClientLevelDP):
-    """The server half of client-level DP ``central`` for the FSVRG family (fsvrg-naive,
-    dane, gd): every release a device's reply takes part in, clipped and noised.
+    """The server half of client-level DP for the FSVRG family (``central`` for fsvrg,
+    fsvrg-naive, dane, gd; ``client-clip`` for cocoa-plus): every release a device's reply
+    takes part in, clipped and noised.
 
     The releases (each a Gaussian release of noise multiplier z, accounted one by one):
 
@@ -261,6 +278,21 @@ class FSVRGDP(ClientLevelDP):
     * ``gram`` (gd without a ``step``, once per power iteration in round 1's setup):
       ``gram-v_k / n_k`` clipped to C, weighted and noised as the gradient (at most
       ``GD_POWER_MAX_ITER`` releases; the stopping rule reads only released values).
+    * ``stats`` (fsvrg, once, in round 1's setup: :meth:`feature_stats`): device k's
+      presence vector ``p_k = [n_k^j > 0]`` and frequencies ``phi_k = n_k^j / n_k``, one
+      vector ``[p_k; r_k phi_k]`` (``r_k``: 1 uniform, ``n_k / max_k n_k`` rows) clipped to
+      :attr:`stats_clip` and summed, plus N(0, (z stats_clip)^2) per coordinate: the
+      server's ``omega`` (devices with feature j) and ``phi`` are its halves (``phi``
+      divided by the weights), clamped to ``[floor, K]`` and ``[0, 1]`` (``floor``:
+      ``max(1, z stats_clip)`` when noised, so ``a = K / omega <= K / floor``). ``A`` and
+      the ``phi`` broadcast every round are post-processing of this one release.
+    * ``model`` for fsvrg (every round: :meth:`mean_update`): ``w_k - w_t`` clipped to C,
+      weighted (uniform 1/K, rows ``n_k / n``), plus N(0, (z C w_max)^2); the server's
+      ``w_t + A (...)`` is post-processing of it.
+    * ``d_w`` (cocoa-plus, every round, ``client-clip``: :meth:`dual_step_sum`): each
+      device scales its dual step so that ``|d-w_k| <= C`` (``dp-clip`` in the train
+      messages), the server clips again (a no-op for an honest device) and adds
+      N(0, (z C)^2) to the sum (CoCoA+ adds the ``d_w_k``: sensitivity C).
 
     ``n_k`` are the row counts the federation weights devices by (discovery's
     ``n-train``, capped in robust mode): they are no secret of this mechanism (discovery
@@ -269,11 +301,15 @@ class FSVRGDP(ClientLevelDP):
     moved after each of its releases (:meth:`ClientLevelDP.current_clip`).
     """
 
-    STREAMS = ("gradient", "model", "gram")
+    STREAMS = ("gradient", "model", "gram", "stats", "d_w")
 
-    def __init__(self, settings: DPSettings, *, noise_seed: int | None = None) -> None:
+    def __init__(self, settings: DPSettings, *, noise_seed: int | None = None,
+                 stats_clip: float = STATS_CLIP) -> None:
         super().__init__(settings, noise_seed=noise_seed)
-        self._pending: dict[str, Any] = {}
+        if not (isinstance(stats_clip, int | float) and math.isfinite(stats_clip)
+                and stats_clip > 0):
+            raise ConfigError(f"stats_clip must be a finite number > 0, got {stats_clip!r}")
+        self.stats_clip = float(stats_clip)
 
     def gradient_sum(self, grad_sums: list[np.ndarray], n: list[int], n_all: np.ndarray,
                      records: list[dict[str, Any]], num_releases: int,
@@ -312,59 +348,126 @@ class FSVRGDP(ClientLevelDP):
                for m, scale in zip(models, scales, strict=True)]
         return out + [w.copy() for _ in range(k - len(models))], std
 
+    def mean_update(self, w: np.ndarray, models: list[np.ndarray], n: list[int],
+                    n_all: np.ndarray, records: list[dict[str, Any]], num_releases: int
+                    ) -> np.ndarray:
+        """fsvrg's ``model`` release: ``sum_k weight_k clip(w_k - w) + noise``, the
+        weights 1/K (uniform) or ``n_k / n`` (rows; ``n`` the federation's, a fixed
+        denominator), the noise N(0, (z C w_max)^2) per coordinate (``w_max`` 1/K or
+        ``max_k n_k / n``). The caller's ``w + a * mean_update`` is post-processing; with a
+        clip no update reaches and z = 0 it is :func:`~fmtl_flower.core.fsvrg.
+        fsvrg_aggregate` bit for bit (rows)."""
+        k = len(n_all)
+        uniform = self.settings.weighting == "uniform"
+        sizes = [1 if uniform else int(m) for m in n]
+        denominator = k if uniform else int(n_all.sum())
+        weight_max = 1.0 / k if uniform else float(n_all.max()) / denominator
+        norms = [float(np.linalg.norm(m - w)) for m in models]
+        scales, std = self._one_release("model", norms, k, weight_max, records, num_releases)
+        total = np.zeros_like(w)
+        for model, size, scale in zip(models, sizes, scales, strict=True):
+            total += size * ((model - w) if scale == 1.0 else (model - w) * scale)
+        return self.noisy(total / denominator, std)
+
+    def feature_stats(self, counts: list[np.ndarray], n: list[int], n_all: np.ndarray,
+                      records: list[dict[str, Any]], num_releases: int) -> FeatureStats:
+        """fsvrg's ``stats`` release (class docstring): the :class:`~fmtl_flower.core.
+        fsvrg.FeatureStats` (float ``n_j`` and ``omega``) built from one noisy sum of the
+        devices' clipped ``[p_k; r_k phi_k]`` (``counts``: the replies' ``n_k^j``, ``n``
+        their row counts, ``n_all`` the federation's). With z = 0, ``weighting`` rows and a
+        :attr:`stats_clip` no device reaches, exactly the statistics without DP."""
+        k, n_total = len(n_all), int(n_all.sum())
+        uniform = self.settings.weighting == "uniform"
+        n_max = float(n_all.max())
+        ratios = [1.0 if uniform else float(m) / n_max for m in n]
+        norms = [math.sqrt(float(np.count_nonzero(c)) + float(np.sum((r * c / max(m, 1)) ** 2)))
+                 for c, m, r in zip(counts, n, ratios, strict=True)]
+        scales, std = self._one_release("stats", norms, k, 1.0, records, num_releases,
+                                        clip=self.stats_clip)
+        omega, freq = np.zeros(len(counts[0])), np.zeros(len(counts[0]))
+        for c, m, scale in zip(counts, n, scales, strict=True):
+            omega += (c > 0) if scale == 1.0 else (c > 0) * scale
+            # rows: in row units (r_k phi_k n_max = n_k^j); uniform: frequencies
+            part = c if not uniform else c / max(int(m), 1)
+            freq += part if scale == 1.0 else part * scale
+        omega = self.noisy(omega, std)
+        freq = self.noisy(freq, std if uniform else std * n_max)
+        floor = max(1.0, std) if std > 0 else 0.0
+        n_j = freq / k * n_total if uniform else freq
+        return FeatureStats(num_nodes=k, n=n_total, n_j=np.clip(n_j, 0.0, float(n_total)),
+                            omega=np.clip(omega, floor, float(k)))
+
+    def dual_step_sum(self, d_ws: list[np.ndarray], num_sampled: int,
+                      records: list[dict[str, Any]], num_releases: int
+                      ) -> tuple[list[np.ndarray], np.ndarray]:
+        """cocoa-plus's ``d_w`` release: each ``d_w_k`` clipped to C (the devices clipped
+        them already: a no-op for an honest one, up to rounding) and their noisy sum
+        (N(0, (z C)^2) per coordinate; CoCoA+ adds them, so one device moves the sum by at
+        most C). Returns the clipped ``d_w_k`` (the server's ledger of each device's share
+        of ``w(alpha)``) and the released sum."""
+        norms = [float(np.linalg.norm(d)) for d in d_ws]
+        scales, std = self._one_release("d_w", norms, max(int(num_sampled), 1), 1.0, records,
+                                        num_releases)
+        clipped = [d if scale == 1.0 else d * scale for d, scale in zip(d_ws, scales,
+                                                                          strict=True)]
+        total = np.zeros(clipped[0].shape if clipped else 0)
+        for d in clipped:
+            total += d
+        return clipped, self.noisy(total, std)
+
     def noisy(self, value: np.ndarray, std: float) -> np.ndarray:
         """``value`` plus N(0, std^2) per coordinate (``value`` itself when std is 0)."""
         return value + self._rng().normal(0.0, std, size=value.shape) if std > 0 else value
 
     def _one_release(self, stream: str, norms: list[float], num_sampled: int,
-                     weight_max: float,
-                 records: list[dict[str, Any]], num_releases: int) -> tuple[list[float], float]:
+                     weight_max: float, records: list[dict[str, Any]], num_releases: int,
+                     clip: float | None = None) -> tuple[list[float], float]:
         """One release of ``stream``: each update's scale ``min(1, C / norm)``, the noise
         std ``z_update C weight_max`` (``weight_max``: the largest weight of one device's
         update in the released sum), the clip moved with adaptive clipping, and the
-        release added to the round's pending record fields."""
+        release added to the round's pending record fields. A given ``clip`` is fixed
+        (no adaptive clipping: the ``stats`` release happens once)."""
         z = self.resolve_noise(num_releases)
-        clip = self.current_clip([*records, self._pending], stream)
-        adaptive, z_update = self._adaptive(clip, num_sampled) if self.settings.adaptive \
-            else (None, z)
+        fixed = clip is not None
+        if clip is None:
+            clip = self.current_clip([*records, self._pending], stream)
+        adaptive, z_update = self._adaptive(clip, num_sampled) \
+            if self.settings.adaptive and not fixed else (None, z)
         scales = [1.0 if norm <= clip else clip / norm for norm in norms]
         std = z_update * clip * weight_max
         p = self._pending
         p["dp_noise_multiplier"] = z
         p["dp_releases"] = p.get("dp_releases", 0) + 1
-        p["dp_clipped"] = p.get("dp_clipped", 0) + sum(
-            norm > clip * (1 + CLIP_SLACK) for norm in norms)
+        p["dp_clipped"] = p.get("dp_clipped", 0) + self._count_clipped(norms, clip)
         p[f"dp_clip_{stream}"] = clip
         p[f"dp_noise_std_{stream}"] = std
         if adaptive is not None:
             p[f"dp_unclipped_fraction_{stream}"] = adaptive.update(
-                adaptive.fits(norms), num_sampled, self._rng())
+                adaptive.fits(norms, self.settings.mechanism == "client-clip"), num_sampled,
+                self._rng())
             p[f"dp_clip_next_{stream}"] = adaptive.clip
         log(INFO, "client-level DP (%s): %d/%d clipped to %g, noise std %.4g", stream,
             sum(norm > clip for norm in norms), len(norms), clip, std)
         return scales, std
 
-    def charge_after_checkpoint(self, releases: int, num_releases: int) -> None:
-        """Account ``releases`` releases a resumed run cannot see: those the interrupted
-        run made after the checkpoint it resumes from (its records died with it; the
-        devices may have received them, e.g. a round's noisy gradient in its ``train``
-        messages). The caller gives an upper bound (the server cannot tell how far the
-        interrupted run got); they go into the next record's ``dp_releases`` and
-        ``dp_charged_on_resume``."""
-        if releases > 0:
-            p = self._pending
-            p["dp_noise_multiplier"] = self.resolve_noise(num_releases)
-            p["dp_releases"] = p.get("dp_releases", 0) + int(releases)
-            p["dp_charged_on_resume"] = int(releases)
-            log(INFO, "client-level DP: %d releases after the checkpoint charged on resume",
-                releases)
+    def _count_clipped(self, norms: list[float], clip: float) -> int:
+        """The updates clipped: above the clip (within :data:`CLIP_SLACK`), or with
+        ``client-clip`` also those a device clipped to it (on it within the slack)."""
+        if self.settings.mechanism == "client-clip":
+            return sum(norm >= clip * (1 - CLIP_SLACK) for norm in norms)
+        return sum(norm > clip * (1 + CLIP_SLACK) for norm in norms)
 
     def record_fields(self, records: list[dict[str, Any]]) -> dict[str, Any]:
         """The privacy keys of a new record: the releases since the previous record
         (``dp_releases`` of noise multiplier ``dp_noise_multiplier``, ``dp_clipped``
         updates clipped, each stream's clip and noise std) and ``epsilon`` after them."""
+        charged = self._take_charge()
         out, self._pending = self._pending, {}
-        if not out:
+        if charged and out.get("dp_releases"):  # composed with this record's releases
+            out.update(dp_releases=out["dp_releases"] + charged, dp_charged_on_resume=charged)
+        elif charged:  # nothing released since the previous record: it waits
+            self._pending["dp_charged_on_resume"] = charged
+        if not out.get("dp_releases"):
             out = {"dp_noise_multiplier": None, "dp_releases": 0, "dp_clipped": None}
         account = self.accountant([*records, out])
         out["epsilon"] = account.epsilon()
@@ -373,37 +476,47 @@ class FSVRGDP(ClientLevelDP):
         return out
 
     def wire_config(self) -> dict[str, float]:
-        """Nothing: only ``central`` (the devices do not clip their own replies)."""
-        return {}
+        """``client-clip`` (cocoa-plus): ``dp-clip``, the norm each device scales its
+        ``d-w`` (and its dual step with it) to; nothing with ``central``."""
+        if self.settings.mechanism != "client-clip":
+            return {}
+        return {"dp-clip": self.current_clip([*self._records(), self._pending], "d_w")}
 
 
-#: What client-level DP cannot make private in the FSVRG family, and why.
-FSVRG_REFUSED = {
-    "fsvrg": "its setup releases every device's feature counts exactly (the server's "
-             "statistics phi and A, which it broadcasts every round, are built from them), "
-             "and its aggregate weights updates by those statistics; no private release of "
-             "them is built. Use fsvrg-naive, dane or gd",
-    "cocoa-plus": "w must stay w(alpha) for the devices' dual variables: server-side "
-                  "clipping would break it and the devices do not clip their own d-w yet. "
-                  "Use fsvrg-naive, dane or gd",
+#: The mechanism each FSVRG-family method takes under client-level DP, and why not the other.
+FSVRG_MECHANISMS = {
+    "fsvrg": "central",
+    "fsvrg-naive": "central",
+    "dane": "central",
+    "gd": "central",
+    "cocoa-plus": "client-clip",
+}
+FSVRG_WRONG_MECHANISM = {
+    "central": "its devices do not clip their own replies; use dp.mechanism=central (the "
+               "server clips each reply: the same guarantee, Flower's server-side clipping)",
+    "client-clip": "w must stay w(alpha), the devices' dual variables' image: a server that "
+                   "clipped a d-w the device did not would make them differ, so the device "
+                   "scales its own dual step (and d-w with it) to the clip it is sent; use "
+                   "dp.mechanism=client-clip",
 }
 
 
-def _enable_fsvrg_dp(strategy: Any, settings: DPSettings, noise_seed: int | None) -> Any:
+def _enable_fsvrg_dp(strategy: Any, settings: DPSettings, noise_seed: int | None,
+                     stats_clip: float) -> Any:
     """:func:`enable_client_dp` for an :class:`~fmtl_flower.strategies.fsvrg.FSVRG`."""
     method = strategy.settings.method
-    if method in FSVRG_REFUSED:
-        raise ConfigError(f"dp.mechanism={settings.mechanism} cannot make {method} private "
-                          f"honestly: {FSVRG_REFUSED[method]}")
     if method not in DP_FSVRG_METHODS:
         raise ConfigError(f"dp.mechanism={settings.mechanism} covers the FSVRG family's "
                           f"{', '.join(DP_FSVRG_METHODS)}; got method={method!r}")
-    if settings.mechanism != "central":
-        raise ConfigError(f"dp.mechanism={settings.mechanism} for {method}: the FSVRG family's "
-                          "devices do not clip their own replies; use dp.mechanism=central "
-                          "(the server clips each reply: the same guarantee, Flower's "
-                          "server-side clipping)")
-    privacy = FSVRGDP(settings, noise_seed=noise_seed)
+    needed = FSVRG_MECHANISMS[method]
+    if settings.mechanism != needed:
+        raise ConfigError(f"dp.mechanism={settings.mechanism} for {method}: "
+                          f"{FSVRG_WRONG_MECHANISM[needed]}")
+    if method == "cocoa-plus" and settings.weighting != "uniform":
+        raise ConfigError("dp.weighting=rows for cocoa-plus: CoCoA+ adds the devices' d-w "
+                          "(their 1/(lambda n) is in d-w already); leave dp.weighting uniform")
+    privacy = FSVRGDP(settings, noise_seed=noise_seed, stats_clip=stats_clip)
+    privacy._records = lambda: getattr(strategy, "records", [])
     num_tasks = getattr(strategy, "num_tasks", None)
     if settings.adaptive and settings.noise_multiplier is not None and num_tasks:
         privacy._adaptive(float(settings.clip), int(num_tasks))  # refuse before the run
@@ -412,11 +525,14 @@ def _enable_fsvrg_dp(strategy: Any, settings: DPSettings, noise_seed: int | None
 
 
 def enable_client_dp(strategy: Any, settings: DPSettings | None = None, *,
-                     noise_seed: int | None = None, **kwargs: Any) -> Any:
-    """``strategy`` (a FedEM-family strategy) with client-level DP on; returns it.
+                     noise_seed: int | None = None, stats_clip: float = STATS_CLIP,
+                     **kwargs: Any) -> Any:
+    """``strategy`` (a FedEM-family or FSVRG-family strategy) with client-level DP on;
+    returns it.
 
     ``settings`` (or ``DPSettings`` keywords: ``mechanism="central", clip=1.0,
     noise_multiplier=1.1``); mechanism ``none`` leaves the strategy as it is.
+    ``stats_clip``: fsvrg's setup release's clip (:meth:`FSVRGDP.feature_stats`).
 
     Raises
     ------
@@ -435,7 +551,7 @@ def enable_client_dp(strategy: Any, settings: DPSettings | None = None, *,
     from .fsvrg import FSVRG  # noqa: PLC0415 (fsvrg imports this module's users)
 
     if isinstance(strategy, FSVRG):
-        return _enable_fsvrg_dp(strategy, settings, noise_seed)
+        return _enable_fsvrg_dp(strategy, settings, noise_seed, stats_clip)
     method = getattr(getattr(strategy, "settings", None), "method", None)  # built or not
     if settings.weighting != "uniform":
         raise ConfigError(f"dp.weighting={settings.weighting} is the FSVRG family's; FedEM's "

@@ -219,8 +219,9 @@ def test_a_checkpoint_resumes_only_with_the_same_dp_settings(data, tmp_path):
 
 # ------------------------------------------------------------------ refusals and settings
 @pytest.mark.parametrize(("method", "mechanism", "match"), [
-    ("fsvrg", "central", "feature counts"),
+    ("fsvrg", "client-clip", "use dp.mechanism=central"),
     ("cocoa-plus", "central", "w\\(alpha\\)"),
+    ("cocoa-plus", "central", "use dp.mechanism=client-clip"),
     ("fsvrg-naive", "client-clip", "use dp.mechanism=central"),
 ])
 def test_combinations_that_cannot_be_private_are_refused(method, mechanism, match):

@@ -135,6 +135,7 @@ from __future__ import annotations
 from fmtl_flower.core.rng import TAG_DANE_EPOCH, TAG_GD_POWER, TAG_UNIFORM_SAMPLE
 
 from .cocoa_plus import (
+    clip_dual_step,
     cocoa_plus_aggregate,
     cocoa_plus_local_sdca,
     dual_objective,
@@ -191,6 +192,7 @@ __all__ = [
     "TAG_GD_POWER",
     "TAG_UNIFORM_SAMPLE",
     "aggregation_weights",
+    "clip_dual_step",
     "cocoa_plus_aggregate",
     "cocoa_plus_local_sdca",
     "combine_feature_counts",

@@ -184,6 +184,33 @@ def cocoa_plus_local_sdca(
     return d_alpha, d_w
 
 
+def clip_dual_step(d_alpha: np.ndarray, d_w: np.ndarray,
+                   clip: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """A device's CoCoA+ step scaled so that ``|d_w|_2 <= clip`` (client-level DP,
+    ``client-clip``): ``(s d_alpha, s d_w, s)`` with ``s = min(1, clip / |d_w|)`` (the
+    arrays themselves when ``s = 1``).
+
+    Scaling both by the same ``s`` in [0, 1] keeps what CoCoA+ needs: ``d_w = X^T d_alpha /
+    (lam n)`` is linear in ``d_alpha``, so the device's share of ``w(alpha)`` stays its
+    image; ``alpha + s d_alpha`` lies between two feasible points (``y alpha`` in [0, 1] is
+    convex), so it is feasible; and the local subproblem is concave, so the scaled step
+    improves it at least ``s`` times as much as the full one.
+
+    Raises
+    ------
+    ValueError
+        Unless ``clip`` is a finite number > 0.
+    """
+    if isinstance(clip, bool) or not isinstance(clip, int | float) \
+            or not np.isfinite(clip) or clip <= 0:
+        raise ValueError(f"dp-clip must be a finite number > 0, got {clip!r}")
+    size = float(np.linalg.norm(d_w))
+    if size <= clip:
+        return d_alpha, d_w, 1.0
+    scale = float(clip) / size
+    return d_alpha * scale, d_w * scale, scale
+
+
 def cocoa_plus_aggregate(w: Any, d_w_sum: Any, gamma: float = 1.0) -> np.ndarray:
     """Server-side CoCoA+ update ``w + gamma * sum_k d_w_k`` (CoCoA+: ``gamma = 1``)."""
     wa = np.asarray(w, dtype=np.float64).reshape(-1)
