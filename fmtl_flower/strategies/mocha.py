@@ -931,14 +931,16 @@ class MOCHA(LinearTasks, TaskStrategy):
         sent = SentRound(
             server_round, message_type, bool(evaluate),
             MappingProxyType(self._shared_config(evaluate, budgets is not None, scale)),
-            frozen_array(W.T), frozen_array(norm(W, axis=0)),
-            frozen_array(np.einsum("ij,ij->j", W, self.state.B)), m_diag, sigma_p,
-            frozen_array(self.last_accepted, np.int64),
-            None if budgets is None else frozen_array(budgets, np.int64),
-            frozen_array(dropped, np.bool_), scale,
-            None if seed_targets is None else tuple(frozen_array(t) for t in seed_targets),
-            MappingProxyType(dict(chosen)), tuple(stacks), num_sampled,
-            self.replies.begin())
+            models=frozen_array(W.T), w_norm=frozen_array(norm(W, axis=0)),
+            budgets=None if budgets is None else frozen_array(budgets, np.int64),
+            dropped=frozen_array(dropped, np.bool_),
+            w_dot_b=frozen_array(np.einsum("ij,ij->j", W, self.state.B)),
+            m_diag=m_diag, sigma_prime=sigma_p,
+            last_accepted=frozen_array(self.last_accepted, np.int64), scale=scale,
+            seed_targets=None if seed_targets is None
+            else tuple(frozen_array(t) for t in seed_targets),
+            chosen=MappingProxyType(dict(chosen)), stacks=tuple(stacks),
+            num_sampled=num_sampled, exchange=self.replies.begin())
         return self.sent_rounds.add(sent)
 
     def _shared_config(self, evaluate: bool, with_work: bool, scale: float) -> dict[str, Any]:

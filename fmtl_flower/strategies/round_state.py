@@ -2,7 +2,8 @@
 against.
 
 ``configure_train`` (and ``configure_evaluate``) of MOCHA's family (MOCHA, CoCoA, Mb-SDCA,
-packed or not) builds one :class:`SentRound` before it makes a single message: the round
+packed or not; and Mb-SGD, with the fields it has) builds one :class:`SentRound` before it
+makes a single message: the round
 number, the shared config, the models w_t as sent, the per-task budgets and drop-outs, the
 bounds' inputs (|w_t|, w_t . b_t, m_tt, sigma'), Mb-SDCA's scale, the seeding targets, which
 tasks were sent and to which node, and the trust boundary's
@@ -57,17 +58,19 @@ class SentRound:
         which add ``server-round``), built once.
     models : ndarray, (m, d)
         Row t: the model w_t sent to task t (read-only).
-    w_norm, w_dot_b : ndarray, (m,)
-        |w_t| and w_t . b_t as sent: the inputs of the loss bound and of the certificate's
-        check.
-    m_diag, sigma_prime : ndarray, (m,)
-        (K^-1)_tt and sigma'_t as sent.
-    last_accepted : ndarray of int, (m,)
-        ``last-accepted-round`` as sent.
+    w_norm : ndarray, (m,)
+        |w_t| as sent: the input of the loss bound.
     budgets : ndarray of int, (m,), or None
-        The coordinate steps each task was given (None: no work, the evaluate exchange).
+        The steps (MOCHA's coordinate steps, Mb-SGD's mini-batch size) each task was given
+        (None: no work, the evaluate exchange).
     dropped : ndarray of bool, (m,)
         The tasks sent ``dropped`` (simulated drop-out, or not sampled this round).
+    w_dot_b : ndarray, (m,), or None
+        MOCHA: w_t . b_t as sent, the input of the certificate's check (None: Mb-SGD).
+    m_diag, sigma_prime : ndarray, (m,), or None
+        MOCHA: (K^-1)_tt and sigma'_t as sent.
+    last_accepted : ndarray of int, (m,), or None
+        MOCHA: ``last-accepted-round`` as sent.
     scale : float
         Mb-SDCA's update scale as sent (1.0 otherwise).
     seed_targets : tuple of ndarray, or None
@@ -88,12 +91,12 @@ class SentRound:
     config: Mapping[str, Any]
     models: np.ndarray
     w_norm: np.ndarray
-    w_dot_b: np.ndarray
-    m_diag: np.ndarray
-    sigma_prime: np.ndarray
-    last_accepted: np.ndarray
     budgets: np.ndarray | None
     dropped: np.ndarray
+    w_dot_b: np.ndarray | None = None
+    m_diag: np.ndarray | None = None
+    sigma_prime: np.ndarray | None = None
+    last_accepted: np.ndarray | None = None
     scale: float = 1.0
     seed_targets: tuple[np.ndarray, np.ndarray] | None = None
     chosen: Mapping[int, int] = field(default_factory=dict)
@@ -117,8 +120,10 @@ class SentRound:
     def stacked_vectors(self) -> dict[str, np.ndarray]:
         """The per-task values of a stacked message as vectors over all tasks (cut per node
         by :func:`~fmtl_flower.strategies.packed_mocha.stacked_message`)."""
-        out = {"last-accepted-round": self.last_accepted, "m-tt": self.m_diag,
-               "sigma-prime": self.sigma_prime}
+        out: dict[str, np.ndarray] = {}
+        if self.last_accepted is not None:  # MOCHA's dual protocol
+            out.update({"last-accepted-round": self.last_accepted, "m-tt": self.m_diag,
+                        "sigma-prime": self.sigma_prime})
         if self.budgets is not None:
             out["budget"] = self.budgets
             out["dropped"] = self.dropped

@@ -1,4 +1,4 @@
-"""MOCHA's replies are checked against the state their round was sent with
+"""MOCHA's (and Mb-SGD's) replies are checked against the state their round was sent with
 (:mod:`fmtl_flower.strategies.round_state`), whatever the strategy configured since."""
 
 from __future__ import annotations
@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, MessageType
 
+from fmtl_flower.clients.mbsgd import make_mbsgd_client_app
 from fmtl_flower.clients.mocha import make_mocha_client_app
 from fmtl_flower.engine import InProcessGrid
+from fmtl_flower.strategies.mbsgd import MbSGD
 from fmtl_flower.strategies.mocha import MOCHA
 from fmtl_flower.wire import to_array
 
@@ -24,14 +26,14 @@ def problem():
     return make_problem(num_tasks=NUM_TASKS, dim=5, samples_per_task=40, seed=3)
 
 
-def _ready(strategy: MOCHA, num_rounds: int) -> None:
+def _ready(strategy: MOCHA | MbSGD, num_rounds: int) -> None:
     """What ``start`` sets before round 1 (the run's length and identity)."""
     strategy.num_rounds, strategy.round_timeout = num_rounds, 60.0
     strategy.run_token = "round-state-test"
     strategy.sent_identity = strategy.run_identity()
 
 
-def _exchange(strategy: MOCHA, grid: InProcessGrid, server_round: int) -> list:
+def _exchange(strategy: MOCHA | MbSGD, grid: InProcessGrid, server_round: int) -> list:
     """Configure a train round, run its devices and return their replies (not read)."""
     messages = list(strategy.configure_train(server_round, ArrayRecord(), ConfigRecord(), grid))
     return list(grid.send_and_receive(messages, timeout=60.0))
@@ -67,6 +69,26 @@ def test_replies_read_after_a_later_round_was_configured_use_their_own_round(pro
     assert forged not in accepted
     assert "above its bound 0" in strategy.replies.last.failed[forged]
     assert set(accepted) == set(range(NUM_TASKS)) - {forged}
+
+
+def test_mbsgd_replies_read_after_a_later_round_was_configured_use_their_own_round(problem):
+    """Mb-SGD alike: round 2's replies, read after round 3 was configured, keep round 2's
+    mini-batch budgets: a task dropped in round 3 that worked in round 2 passes with its
+    honest count."""
+    strategy = MbSGD(NUM_TASKS, lam=1e-3, drop_prob=0.4, seed=5, discovery_timeout=5.0)
+    grid = InProcessGrid(make_mbsgd_client_app(problem.load), NUM_TASKS)
+    _ready(strategy, 3)
+    strategy.aggregate_train(1, _exchange(strategy, grid, 1))
+    replies = _exchange(strategy, grid, 2)
+    list(strategy.configure_train(3, ArrayRecord(), ConfigRecord(), grid))  # a later round
+    sent, later = (strategy.sent_rounds.get(MessageType.TRAIN, r) for r in (2, 3))
+    everyone = np.arange(NUM_TASKS)
+    worked_then = set(np.flatnonzero((sent.work(everyone) > 0) & (later.work(everyone) == 0)))
+    assert worked_then
+    counts = {_task_of(r): int(r.content["metrics"]["count"]) for r in replies}
+    assert all(counts[t] > 0 for t in worked_then)  # round 3's budget (0) would refuse them
+    accepted, _ = strategy._read_replies(sent, replies)
+    assert set(accepted) == set(range(NUM_TASKS))
 
 
 class EvaluateFirst(MOCHA):
