@@ -128,10 +128,9 @@ from .linear_tasks import LinearTasks
 from .packed_mbsgd import PROTOCOL as STACKING_PROTOCOL
 from .packed_mbsgd import read_stacked_reply as read_stacked_mbsgd
 from .packed_mocha import stacked_message
-from .round_state import SentRound, SentRounds, frozen_array
+from .round_state import SentRound, SentRounds, drop_unsent, frozen_array
 from .trust import (
     BOUND_SLACK,
-    Exchange,
     ReplyBoundary,
     ReplyContract,
     all_finite,
@@ -330,7 +329,7 @@ class MbSGD(LinearTasks, TaskStrategy):
         assert self.W is not None and self.dim is not None
         sent = self.sent_rounds.take(MessageType.TRAIN, server_round)
         if sent is None:
-            self._drop_unsent(MessageType.TRAIN, server_round, replies)
+            drop_unsent(self.replies, MessageType.TRAIN, server_round, replies)
             return None, MetricRecord({"num-replies": 0, "num-dropped": self.num_tasks,
                                        "num-sampled": 0})
         accepted, arrived = self._read_replies(sent, replies)
@@ -396,16 +395,6 @@ class MbSGD(LinearTasks, TaskStrategy):
             "against the federation's (robust mode)", _NAME, server_round,
             "s" if new.sum() > 1 else "", np.flatnonzero(new).tolist()[:20])
 
-    def _drop_unsent(self, message_type: str, server_round: int,
-                     replies: Iterable[Message]) -> None:
-        """Log and drop replies to an exchange that has no sent state (never sent, read
-        already, or forgotten): each one answers no message the server is waiting on."""
-        log(WARNING, "%s round %d: no %s messages of this round are awaiting replies "
-            "(never sent, or their replies were read already); every reply is dropped",
-            _NAME, server_round, message_type)
-        self.replies.read(f"round {server_round}", replies, lambda reply, task: {},
-                          exchange=Exchange())
-
     def _estimated_time(self, accepted: dict[int, dict[str, Any]], arrived: int,
                         sent: SentRound) -> float:
         """Eq. (30) with method "mb-sgd": the slowest replying node sets the round's time.
@@ -430,7 +419,7 @@ class MbSGD(LinearTasks, TaskStrategy):
                        replies: Iterable[Message]) -> dict[int, dict[str, Any]]:
         sent = self.sent_rounds.take(MessageType.EVALUATE, server_round)
         if sent is None:
-            self._drop_unsent(MessageType.EVALUATE, server_round, replies)
+            drop_unsent(self.replies, MessageType.EVALUATE, server_round, replies)
             return {}
         return self._read_replies(sent, replies)[0]
 

@@ -238,10 +238,9 @@ from .faults import TaskHealth
 from .linear_tasks import LinearTasks
 from .packed_mocha import PROTOCOL as STACKING_PROTOCOL
 from .packed_mocha import read_stacked_reply, stacked_message
-from .round_state import SentRound, SentRounds, frozen_array
+from .round_state import SentRound, SentRounds, drop_unsent, frozen_array
 from .trust import (
     BOUND_SLACK,
-    Exchange,
     ReplyBoundary,
     ReplyContract,
     all_finite,
@@ -551,7 +550,7 @@ class MOCHA(LinearTasks, TaskStrategy):
         assert self.state is not None
         sent = self.sent_rounds.take(MessageType.TRAIN, server_round)
         if sent is None:
-            self._drop_unsent(MessageType.TRAIN, server_round, replies)
+            drop_unsent(self.replies, MessageType.TRAIN, server_round, replies)
             return None, metric_record({"num-replies": 0, "num-dropped": self.num_tasks,
                                         "num-sampled": 0})
         accepted = self._read_replies(sent, replies)
@@ -605,16 +604,6 @@ class MOCHA(LinearTasks, TaskStrategy):
                                  "num-dropped": record["num_dropped"],
                                  "num-sampled": sent.num_sampled})
         return array_record({"W": self.state.W}), metrics
-
-    def _drop_unsent(self, message_type: str, server_round: int,
-                     replies: Iterable[Message]) -> None:
-        """Log and drop replies to an exchange that has no sent state (never sent, read
-        already, or forgotten): each one answers no message the server is waiting on."""
-        log(WARNING, "MOCHA round %d: no %s messages of this round are awaiting replies "
-            "(never sent, or their replies were read already); every reply is dropped",
-            server_round, message_type)
-        self.replies.read(f"round {server_round}", replies, lambda reply, task: {},
-                          exchange=Exchange())
 
     def _count_releases(self, budgets: np.ndarray, dropped: np.ndarray,
                         chosen: dict[int, int]) -> None:
@@ -737,7 +726,7 @@ class MOCHA(LinearTasks, TaskStrategy):
                        replies: Iterable[Message]) -> dict[int, dict[str, Any]]:
         sent = self.sent_rounds.take(MessageType.EVALUATE, server_round)
         if sent is None:
-            self._drop_unsent(MessageType.EVALUATE, server_round, replies)
+            drop_unsent(self.replies, MessageType.EVALUATE, server_round, replies)
             return {}
         return self._read_replies(sent, replies)
 

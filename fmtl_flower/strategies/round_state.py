@@ -20,18 +20,19 @@ messages are made and pushed (message ids are given when a message is pushed).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from logging import WARNING
 from typing import Any
 
 import numpy as np
+from flwr.app import Message
 from flwr.common.logger import log
 
 from ..packing import StackGroup
-from .trust import Exchange
+from .trust import Exchange, ReplyBoundary
 
-__all__ = ["SentRound", "SentRounds", "frozen_array"]
+__all__ = ["SentRound", "SentRounds", "drop_unsent", "frozen_array"]
 
 
 def frozen_array(values: Any, dtype: Any = None) -> np.ndarray:
@@ -175,3 +176,15 @@ class SentRounds:
     def clear(self) -> None:
         """Forget every exchange."""
         self._waiting.clear()
+
+
+def drop_unsent(boundary: ReplyBoundary, message_type: str, server_round: int,
+                replies: Iterable[Message]) -> None:
+    """Log and drop ``replies`` to an exchange that has no sent state (never sent, read
+    already, or forgotten): each one answers no message the server is waiting on, and is
+    logged as such by ``boundary`` (nothing is parsed)."""
+    log(WARNING, "%s round %d: no %s messages of this round are awaiting replies (never "
+        "sent, or their replies were read already); every reply is dropped", boundary.name,
+        server_round, message_type)
+    boundary.read(f"round {server_round}", replies, lambda reply, task: {},
+                  exchange=Exchange())
