@@ -60,7 +60,7 @@ class LinearTasks:
     The class using it has the :class:`~fmtl_flower.strategies.base.TaskStrategy` attributes
     (``num_tasks``, ``num_rounds``, ``records``, ``directory``, ``on_round``,
     ``public_record``), a :class:`~fmtl_flower.strategies.trust.ReplyBoundary` ``replies``,
-    ``max_row_norm`` and ``_w_norm`` (|w_t| as sent this round), and implements
+    and ``max_row_norm``, and implements
     :meth:`_final_instructions` and :meth:`_final_replies`.
     """
 
@@ -72,7 +72,6 @@ class LinearTasks:
     #: True when the devices withhold ``loss-mean`` / ``dual-mean`` (MOCHA's record-level DP):
     #: the records then have no primal, dual or gap.
     withholds_objective: bool = False
-    _w_norm: np.ndarray
     directory: Any
     on_round: Any
     public_record: Any
@@ -164,19 +163,21 @@ class LinearTasks:
                   float(self.directory.max_n))  # (a fence can pass what an int64 holds)
         return np.minimum(n, math.floor(cap)).astype(n.dtype, copy=False)
 
-    def _bound_rows(self, rows: Replies, tasks: np.ndarray,
-                    rejected: dict[int, str]) -> np.ndarray:
+    def _bound_rows(self, rows: Replies, tasks: np.ndarray, rejected: dict[int, str],
+                    w_norm: np.ndarray) -> np.ndarray:
         """The bounds every reply of a task shares, vectorised over the parsed replies
         ``rows`` of ``tasks`` (one-task replies and a stacked reply's rows alike, in every
         round, the final metrics round's too): a task without R_t cannot be bounded
         (:data:`NO_ROW_NORM`), else ``loss-mean`` must be at most 1 + R_t |w_t| for the hinge
-        (|w_t| as sent this round, ``_w_norm``), the loss's ``value_bound(R_t |w_t|)`` for
-        the strategy's ``loss`` otherwise. Adds the broken ones to ``rejected`` (a task already
-        there keeps its reason); returns the tasks' R_t (NaN: none)."""
+        (``w_norm``: |w_t| as sent in the replies' exchange, its
+        :class:`~fmtl_flower.strategies.round_state.SentRound`'s), the loss's
+        ``value_bound(R_t |w_t|)`` for the strategy's ``loss`` otherwise. Adds the broken ones
+        to ``rejected`` (a task already there keeps its reason); returns the tasks' R_t (NaN:
+        none)."""
         bound = self._row_norms(tasks)
         loss = np.array([rows[t]["loss-mean"] for t in tasks.tolist()], dtype=np.float64)
         loss_fn = get_loss(getattr(self, "loss", "hinge"))
-        limit = loss_fn.value_bound(bound * self._w_norm[tasks])
+        limit = loss_fn.value_bound(bound * w_norm[tasks])
         why = LOSS_BOUND if loss_fn.name == "hinge" else LOSS_BOUND_OF.format(loss_fn.name)
         for i in np.flatnonzero(~(loss <= limit * BOUND_SLACK)).tolist():  # NaN limit too
             rejected.setdefault(int(tasks[i]), NO_ROW_NORM if math.isnan(limit[i]) else (

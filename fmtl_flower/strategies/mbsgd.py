@@ -92,6 +92,7 @@ import time
 from collections.abc import Callable, Iterable
 from functools import partial
 from logging import INFO, WARNING
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -127,7 +128,15 @@ from .linear_tasks import LinearTasks
 from .packed_mbsgd import PROTOCOL as STACKING_PROTOCOL
 from .packed_mbsgd import read_stacked_reply as read_stacked_mbsgd
 from .packed_mocha import stacked_message
-from .trust import BOUND_SLACK, ReplyBoundary, ReplyContract, all_finite, guarded, norm
+from .round_state import SentRound, SentRounds, drop_unsent, frozen_array
+from .trust import (
+    BOUND_SLACK,
+    ReplyBoundary,
+    ReplyContract,
+    all_finite,
+    guarded,
+    norm,
+)
 
 __all__ = ["SCHEDULES", "MbSGD", "ReplyError"]
 
@@ -244,9 +253,7 @@ class MbSGD(LinearTasks, TaskStrategy):
         self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
         self.records: list[dict[str, Any]] = []
         self.replies = ReplyBoundary(_NAME, REPLY_CONTRACTS, lambda: {"d": self.dim})
-        self._budgets = np.zeros(self.num_tasks, dtype=np.int64)
-        self._w_norm = np.zeros(self.num_tasks)  # |w_t| sent this round
-        self._dropped_now = np.zeros(self.num_tasks, dtype=bool)
+        self.sent_rounds = SentRounds(_NAME)  # each exchange's SentRound, until read
         self._round_start = 0.0
         self.watch = OutlierWatch(self.num_tasks)  # robust mode's decoupling, sticky
         self._refresh_matrices()
@@ -275,8 +282,6 @@ class MbSGD(LinearTasks, TaskStrategy):
 
     # ------------------------------------------------------------------ Strategy interface
     samples_devices = True
-    _num_sampled = 0
-    _evaluating = False
     _seed_W: np.ndarray | None = None  # start()'s initial W0, until discovery
 
     def summary(self) -> None:
@@ -301,32 +306,35 @@ class MbSGD(LinearTasks, TaskStrategy):
         if len(self.records) < server_round:  # state before this round, completed by replies
             self._new_record(server_round - 1)
         known = np.flatnonzero(self.n_train > 0)
-        self._budgets = np.zeros(self.num_tasks, dtype=np.int64)
-        self._budgets[known] = np.minimum(
+        budgets = np.zeros(self.num_tasks, dtype=np.int64)
+        budgets[known] = np.minimum(
             local_budgets(self._budget_sizes(known), local_frac=self.local_frac,
                           sys_het=self.sys_het,
                           base=self.sys_het_base, seed=self.seed, server_round=server_round),
             self.n_train[known])
-        self._dropped_now = drop_mask(self.num_tasks, self.drop_prob, seed=self.seed,
-                                      server_round=server_round)
+        dropped = drop_mask(self.num_tasks, self.drop_prob, seed=self.seed,
+                            server_round=server_round)
         sampled = self.sample_train_tasks(self.task_to_node, server_round, self.seed)
         if len(sampled) < len(self.task_to_node):  # fraction_train: the others sit it out
             resting = np.ones(self.num_tasks, dtype=bool)
             resting[sampled] = False
-            self._dropped_now = self._dropped_now | resting
-        self._num_sampled = len(sampled)
+            dropped = dropped | resting
         evaluate = (server_round - 1) % self.eval_every == 0
-        self._evaluating = evaluate
-        return self._instructions(server_round, MessageType.TRAIN, evaluate, with_budget=True,
-                                  grid=grid)
+        return self._instructions(server_round, MessageType.TRAIN, evaluate, grid=grid,
+                                  budgets=budgets, dropped=dropped, num_sampled=len(sampled))
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord]:
         """Validate replies, complete the previous state's record, take the W-step."""
         assert self.W is not None and self.dim is not None
-        accepted, arrived = self._read_replies(server_round, replies, with_grad=True)
+        sent = self.sent_rounds.take(MessageType.TRAIN, server_round)
+        if sent is None:
+            drop_unsent(self.replies, MessageType.TRAIN, server_round, replies)
+            return None, MetricRecord({"num-replies": 0, "num-dropped": self.num_tasks,
+                                       "num-sampled": 0})
+        accepted, arrived = self._read_replies(sent, replies)
         completed = self._complete_record(server_round - 1, accepted)
-        if getattr(self, "_evaluating", False) and accepted:  # state r - 1's test errors
+        if sent.evaluate and accepted:  # state r - 1's test errors
             self.report_evaluation(server_round - 1, completed, accepted)
         G = np.zeros((self.dim, self.num_tasks))
         counts = np.zeros(self.num_tasks, dtype=np.int64)
@@ -364,10 +372,10 @@ class MbSGD(LinearTasks, TaskStrategy):
             record["tasks_decoupled"] = [int(t) for t in np.flatnonzero(self.decoupled)]
         record.update(num_replies=len(accepted), num_dropped=self.num_tasks - used,
                       samples=int(counts.sum()), step_size=step, omega_step=omega_step,
-                      estimated_time_s=self._estimated_time(accepted, arrived),
+                      estimated_time_s=self._estimated_time(accepted, arrived, sent),
                       wall_time_s=time.perf_counter() - self._round_start)
         metrics = MetricRecord({"num-replies": len(accepted), "num-dropped": record["num_dropped"],
-                                "num-sampled": self._num_sampled})
+                                "num-sampled": sent.num_sampled})
         return ArrayRecord({"W": to_array(self.W)}), metrics
 
     def _decouple_outliers(self, server_round: int, G: np.ndarray, counts: np.ndarray) -> None:
@@ -387,7 +395,8 @@ class MbSGD(LinearTasks, TaskStrategy):
             "against the federation's (robust mode)", _NAME, server_round,
             "s" if new.sum() > 1 else "", np.flatnonzero(new).tolist()[:20])
 
-    def _estimated_time(self, accepted: dict[int, dict[str, Any]], arrived: int) -> float:
+    def _estimated_time(self, accepted: dict[int, dict[str, Any]], arrived: int,
+                        sent: SentRound) -> float:
         """Eq. (30) with method "mb-sgd": the slowest replying node sets the round's time.
 
         A reply that arrived but was rejected (or an error reply) still cost its node the
@@ -399,17 +408,20 @@ class MbSGD(LinearTasks, TaskStrategy):
         counts += [0] * (arrived - len(accepted))
         t_round = round_time(np.array(counts, dtype=np.int64), self.dim, "mb-sgd", self.network,
                              model=self.time_model)
-        if arrived < len(self._sent):
+        if arrived < len(sent.exchange.sent):
             t_round = self.round_timeout
         return float(t_round)
 
     def _final_instructions(self, server_round: int, grid: Grid) -> Iterable[Message]:
-        return self._instructions(server_round, MessageType.EVALUATE, True, with_budget=False,
-                                  grid=grid)
+        return self._instructions(server_round, MessageType.EVALUATE, True, grid=grid)
 
     def _final_replies(self, server_round: int,
                        replies: Iterable[Message]) -> dict[int, dict[str, Any]]:
-        return self._read_replies(server_round, replies, with_grad=False)[0]
+        sent = self.sent_rounds.take(MessageType.EVALUATE, server_round)
+        if sent is None:
+            drop_unsent(self.replies, MessageType.EVALUATE, server_round, replies)
+            return {}
+        return self._read_replies(sent, replies)[0]
 
     # ------------------------------------------------------------------ discovery
     def discover(self, grid: Grid, wait: bool = False) -> None:
@@ -469,67 +481,83 @@ class MbSGD(LinearTasks, TaskStrategy):
 
     # ------------------------------------------------------------------ messages
     def _instructions(self, server_round: int, message_type: str, evaluate: bool,
-                      with_budget: bool, grid: Grid | None = None) -> list[Message]:
-        """The round's messages: one stacked message per packed node that speaks Mb-SGD's
-        stacking protocol (:mod:`~fmtl_flower.strategies.packed_mbsgd`), one per task
-        otherwise."""
+                      grid: Grid | None = None, *, budgets: np.ndarray | None = None,
+                      dropped: np.ndarray | None = None, num_sampled: int = 0
+                      ) -> list[Message]:
+        """The exchange's messages, made from its
+        :class:`~fmtl_flower.strategies.round_state.SentRound` (kept in :attr:`sent_rounds`
+        until the replies are read against it): one stacked message per packed node that
+        speaks Mb-SGD's stacking protocol (:mod:`~fmtl_flower.strategies.packed_mbsgd`), one
+        per task otherwise. ``budgets`` None: no work (the evaluate exchange)."""
         assert self.W is not None
-        self.replies.begin()
-        self._w_norm = norm(self.W, axis=0)  # the replies' loss bounds (every path)
-        messages = []
         targets = dict(self.task_to_node)
+        groups: list[StackGroup] = []
         stacked_groups = getattr(grid, "stacked_groups", None)
         if callable(stacked_groups):
             groups, targets = stacked_groups(STACKING_PROTOCOL, targets)
-            shared = {"server-round": server_round, "seed": self.seed, "eval": bool(evaluate)}
-            per_task = ({"budget": self._budgets, "dropped": self._dropped_now}
-                        if with_budget else {})
-            for group in groups:
-                messages.append(self.replies.track_stack(group, stacked_message(
-                    group, message_type, server_round, shared, self.W, per_task,
-                    STACKING_PROTOCOL)))
-        for task, node in sorted(targets.items()):
+        sent = self.sent_rounds.add(SentRound(
+            server_round, message_type, bool(evaluate),
+            MappingProxyType({"seed": self.seed, "eval": bool(evaluate)}),
+            models=frozen_array(self.W.T), w_norm=frozen_array(norm(self.W, axis=0)),
+            budgets=None if budgets is None else frozen_array(budgets, np.int64),
+            dropped=frozen_array(np.zeros(self.num_tasks, dtype=bool) if dropped is None
+                                 else dropped, np.bool_),
+            chosen=MappingProxyType(targets), stacks=tuple(groups), num_sampled=num_sampled,
+            exchange=self.replies.begin()))
+        messages = []
+        shared = {"server-round": server_round, **sent.config}
+        per_task = sent.stacked_vectors()
+        for group in sent.stacks:
+            messages.append(sent.exchange.track_stack(group, stacked_message(
+                group, message_type, server_round, shared, sent.models.T, per_task,
+                STACKING_PROTOCOL)))
+        for task, node in sorted(sent.chosen.items()):
             config: dict[str, Any] = {"task-id": task, "server-round": server_round,
-                                      "seed": self.seed, "eval": bool(evaluate)}
-            if with_budget:
-                config["budget"] = int(self._budgets[task])
-                config["dropped"] = bool(self._dropped_now[task])
-            w_t = np.ascontiguousarray(self.W[:, task])
-            content = record_dict({"arrays": array_record({"w": w_t}),
+                                      **sent.config}
+            if sent.budgets is not None:
+                config["budget"] = int(sent.budgets[task])
+                config["dropped"] = bool(sent.dropped[task])
+            content = record_dict({"arrays": array_record({"w": sent.models[task]}),
                                    "config": config_record(config)})
-            messages.append(self.replies.track(task, node, Message(
+            messages.append(sent.exchange.track(task, node, Message(
                 content, dst_node_id=node, message_type=message_type,
                 group_id=str(server_round))))
         return messages
 
-    def _read_replies(self, server_round: int, replies: Iterable[Message],
-                      with_grad: bool) -> tuple[dict[int, dict[str, Any]], int]:
-        """Validated replies keyed by task, in task order (invalid ones logged and left out:
+    def _read_replies(self, sent: SentRound, replies: Iterable[Message]
+                      ) -> tuple[dict[int, dict[str, Any]], int]:
+        """Validated replies to the exchange ``sent``, keyed by task, in task order, checked
+        against what it sent (invalid ones logged and left out:
         :class:`~fmtl_flower.strategies.trust.ReplyBoundary`; a stacked reply per row), and
         the number of replies that arrived from nodes the round was sent to."""
         def on_accept(task: int) -> None:
             self.ever_replied[task] = True
 
+        server_round = sent.server_round
         out = self.replies.read(
             f"round {server_round}", replies,
-            lambda reply, task: self._parse_reply(reply, task, server_round, with_grad),
+            lambda reply, task: self._parse_reply(reply, task, sent),
             on_accept,
-            lambda reply, group: self._parse_stack(reply, group, server_round, with_grad),
-            lambda rows: self._check_rows(rows, with_grad))
+            lambda reply, group: self._parse_stack(reply, group, sent),
+            lambda rows: self._check_rows(rows, sent), exchange=sent.exchange)
         return out.accepted, out.arrived
 
-    def _parse_stack(self, reply: Message, group: StackGroup, server_round: int,
-                     with_grad: bool) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
+    def _parse_stack(self, reply: Message, group: StackGroup, sent: SentRound
+                     ) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
         """The rows of a stacked reply as :meth:`_parse_reply` gives one reply's values, and
         the rejected tasks with their reasons (checked in vectorised form; the bounds that
         need R_t are :meth:`_check_rows`', which ``ReplyBoundary.read`` applies to them)."""
         assert self.dim is not None and self.W is not None
-        return read_stacked_mbsgd(reply, group, server_round, self.n_train, self.dim, with_grad,
-                                  self._budgets, self._dropped_now, self.directory.max_n)
+        budgets = sent.budgets if sent.with_work else np.zeros(self.num_tasks, np.int64)
+        return read_stacked_mbsgd(reply, group, sent.server_round, self.n_train, self.dim,
+                                  sent.with_work, budgets, sent.dropped, self.directory.max_n)
 
-    def _parse_reply(self, reply: Message, task: int, server_round: int,
-                     with_grad: bool) -> dict[str, Any]:
+    def _parse_reply(self, reply: Message, task: int, sent: SentRound) -> dict[str, Any]:
+        """One reply's keys, types, shapes and values against the exchange ``sent`` (its
+        round, the task's budget and drop-out); the bounds that need R_t are
+        :meth:`_check_rows`'."""
         assert self.dim is not None
+        server_round, with_grad = sent.server_round, sent.with_work
         ints = ("task-id", "round", "n-train") + (("count",) if with_grad else ())
         out = read_metrics(reply, ints=ints, numbers=("loss-mean",),
                            optional_ints=("test-errors", "test-n"))
@@ -540,11 +568,11 @@ class MbSGD(LinearTasks, TaskStrategy):
             raise ReplyError(f"loss-mean must be >= 0, got {out['loss-mean']}")
         self._check_tests(out)
         if with_grad:
-            limit = 0 if self._dropped_now[task] else int(self._budgets[task])
+            limit = 0 if sent.dropped[task] else int(sent.budgets[task])
             if not 0 <= out["count"] <= limit:
                 raise ReplyError(f"count {out['count']} outside 0..{limit} (budget "
-                                 f"{int(self._budgets[task])}"
-                                 f"{', dropped' if self._dropped_now[task] else ''})")
+                                 f"{int(sent.budgets[task])}"
+                                 f"{', dropped' if sent.dropped[task] else ''})")
             arrays = arrays_of(reply)
             if arrays is None or "grad" not in arrays:
                 raise ReplyError("array 'grad' missing")
@@ -559,16 +587,16 @@ class MbSGD(LinearTasks, TaskStrategy):
             out["grad"] = grad
         return out
 
-    def _check_rows(self, rows: dict[int, dict[str, Any]],
-                    with_grad: bool) -> dict[int, str]:
+    def _check_rows(self, rows: dict[int, dict[str, Any]], sent: SentRound) -> dict[int, str]:
         """The bounds that need R_t over parsed replies ``rows`` (the one-task replies of a
-        round, or the valid rows of a stacked reply), vectorised: the rejected tasks with
-        their reasons. Checked in this order, a reply keeping the first reason: no R_t,
-        ``loss-mean`` (:meth:`~.linear_tasks.LinearTasks._bound_rows`), ``|grad|``."""
+        round, or the valid rows of a stacked reply) to the exchange ``sent`` (|w_t| as
+        sent), vectorised: the rejected tasks with their reasons. Checked in this order, a
+        reply keeping the first reason: no R_t, ``loss-mean``
+        (:meth:`~.linear_tasks.LinearTasks._bound_rows`), ``|grad|``."""
         tasks = np.fromiter(rows, dtype=np.int64, count=len(rows))
         rejected: dict[int, str] = {}
-        bound = self._bound_rows(rows, tasks, rejected)
-        if with_grad:
+        bound = self._bound_rows(rows, tasks, rejected, sent.w_norm)
+        if sent.with_work:
             size = np.array([norm(rows[t]["grad"]) for t in tasks.tolist()])
             count = np.array([rows[t]["count"] for t in tasks.tolist()], dtype=np.int64)
             limit = count * bound

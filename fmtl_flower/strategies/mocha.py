@@ -181,6 +181,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from logging import INFO, WARNING
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -237,7 +238,15 @@ from .faults import TaskHealth
 from .linear_tasks import LinearTasks
 from .packed_mocha import PROTOCOL as STACKING_PROTOCOL
 from .packed_mocha import read_stacked_reply, stacked_message
-from .trust import BOUND_SLACK, ReplyBoundary, ReplyContract, all_finite, guarded, norm
+from .round_state import SentRound, SentRounds, drop_unsent, frozen_array
+from .trust import (
+    BOUND_SLACK,
+    ReplyBoundary,
+    ReplyContract,
+    all_finite,
+    guarded,
+    norm,
+)
 
 RoundCallback = Callable[[dict[str, Any]], None]
 #: What to do about a device refused for its labels (the end of its exclusion's reason).
@@ -415,9 +424,6 @@ class MOCHA(LinearTasks, TaskStrategy):
         self.round_timeout = 120.0
         self.num_rounds: int | None = None
         self.state: MOCHAServerState | FactoredMOCHAServerState | None = None
-        self._budgets = np.zeros(self.num_tasks, dtype=np.int64)
-        self._w_norm = np.zeros(self.num_tasks)  # |w_t| sent this round
-        self._w_dot_b = np.zeros(self.num_tasks)  # w_t . b_t as sent this round
         self._round_time: tuple[tuple, float] | None = None  # eq. (30)'s last (inputs, time)
         self._constants: tuple[Any, ...] | None = None  # (state, formulation, mode, values)
         self.last_accepted = np.zeros(self.num_tasks, dtype=np.int64)
@@ -425,14 +431,10 @@ class MOCHA(LinearTasks, TaskStrategy):
         self.records: list[dict[str, Any]] = []
         self.replies = ReplyBoundary("MOCHA", REPLY_CONTRACTS,
                                      lambda: {"d": self.model_dim})
+        self.sent_rounds = SentRounds("MOCHA")  # each exchange's SentRound, until read
         self._round_start = 0.0
-        self._dropped_now = np.zeros(self.num_tasks, dtype=bool)
-        self._scale = 1.0
         self._checkpoint_n_train: np.ndarray | None = None
-        self._num_sampled = 0
-        self._evaluating = False
         self._seed_W: np.ndarray | None = None  # start()'s initial W0, until round 1
-        self._seed_targets: tuple[np.ndarray, np.ndarray] | None = None  # (W0, W0 K)
         self.watch = OutlierWatch(self.num_tasks)  # robust mode's decoupling, sticky
 
     @property
@@ -483,7 +485,16 @@ class MOCHA(LinearTasks, TaskStrategy):
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        """One ``train`` message per reachable task, with its w_t, m_tt, sigma' and budget."""
+        """One ``train`` message per reachable task, with its w_t, m_tt, sigma' and budget.
+
+        Everything the replies are checked against is fixed here, before the first message
+        is made: the round's :class:`~fmtl_flower.strategies.round_state.SentRound`, kept
+        in :attr:`sent_rounds` until :meth:`aggregate_train` reads the round's replies
+        against it. The messages are then made from it one at a time as the grid takes
+        them (a generator: the streaming in-process engine calls each device as soon as its
+        message exists, and the m messages, each holding its w_t, are never all alive at
+        once; the run loop hands a list to grids that do not stream,
+        :func:`~.base.as_taken_by`)."""
         self._round_start = time.perf_counter()
         self.discover(grid, wait=server_round == self.first_round)
         if self.state is None:
@@ -492,6 +503,18 @@ class MOCHA(LinearTasks, TaskStrategy):
                 "nodes report a task id (--node-config \"task-id=N\")")
         if len(self.records) < server_round:  # state before this round, completed by replies
             self._new_record(server_round - 1)
+        chosen = self.health.select(server_round, self.task_to_node)
+        work = self._round_work(server_round, chosen)
+        if self.privacy is not None:  # record-level DP: every device sent work releases
+            self._count_releases(work["budgets"], work["dropped"], chosen)
+        evaluate = (server_round - 1) % self.eval_every == 0
+        sent = self._send(server_round, MessageType.TRAIN, evaluate, chosen, grid, **work)
+        return self._message_stream(sent)
+
+    def _round_work(self, server_round: int, chosen: dict[int, int]) -> dict[str, Any]:
+        """The work of a train round: the tasks' budgets and drop-outs (simulated drops,
+        tasks not sampled), Mb-SDCA's scale, and in the seeding round the targets (W0, W0 K)
+        with every task's budget n-train and no drop; as keywords of :meth:`_send`."""
         known = np.flatnonzero(self.n_train > 0)
         budgets = np.zeros(self.num_tasks, dtype=np.int64)
         budgets[known] = local_budgets(self._budget_sizes(known), local_frac=self.local_frac,
@@ -501,40 +524,40 @@ class MOCHA(LinearTasks, TaskStrategy):
                                           self.method, self.network, model=self.time_model,
                                           n=self.n_train[known] if self.method == "cocoa"
                                           else None)
-        self._dropped_now = drop_mask(self.num_tasks, self.drop_prob, seed=self.seed,
-                                      server_round=server_round)
-        chosen = self.health.select(server_round, self.task_to_node)
+        dropped = drop_mask(self.num_tasks, self.drop_prob, seed=self.seed,
+                            server_round=server_round)
         sampled = self.sample_train_tasks(chosen, server_round, self.seed)
         if len(sampled) < len(chosen):  # fraction_train: the others sit the round out
             resting = np.ones(self.num_tasks, dtype=bool)
             resting[sampled] = False
-            self._dropped_now = self._dropped_now | resting
-        self._num_sampled = len(sampled)
+            dropped = dropped | resting
+        work: dict[str, Any] = {"num_sampled": len(sampled), "scale": 1.0,
+                                "seed_targets": None}
         if self.method == "mb-sdca":  # distinct samples; s = min(1, beta / total steps)
             budgets = np.minimum(budgets, self.n_train)
-            self._scale = mbsdca_scale(self.beta, int(budgets[~self._dropped_now].sum()))
+            work["scale"] = mbsdca_scale(self.beta, int(budgets[~dropped].sum()))
         if self._seed_W is not None and server_round == 1:  # the seeding round
-            self._seed_targets = self._seeding_targets()
+            work["seed_targets"] = self._seeding_targets()
             budgets = self.n_train.astype(np.int64)  # bounds |delta-b| by max-row-norm
-            self._dropped_now = np.zeros(self.num_tasks, dtype=bool)
-            self._num_sampled = len(chosen)
-        self._budgets = budgets
-        if self.privacy is not None:  # record-level DP: every device sent work releases
-            self._count_releases(budgets, chosen)
-        evaluate = (server_round - 1) % self.eval_every == 0
-        self._evaluating = evaluate
-        return self._instructions(server_round, MessageType.TRAIN, evaluate, budgets, chosen,
-                                  grid)
+            dropped = np.zeros(self.num_tasks, dtype=bool)
+            work["num_sampled"] = len(chosen)
+        work.update(budgets=budgets, dropped=dropped)
+        return work
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord]:
         """Validate replies, complete the previous state's record, add delta b to B."""
         assert self.state is not None
-        accepted = self._read_replies(server_round, replies, with_delta=True)
+        sent = self.sent_rounds.take(MessageType.TRAIN, server_round)
+        if sent is None:
+            drop_unsent(self.replies, MessageType.TRAIN, server_round, replies)
+            return None, metric_record({"num-replies": 0, "num-dropped": self.num_tasks,
+                                        "num-sampled": 0})
+        accepted = self._read_replies(sent, replies)
         completed = self._complete_record(server_round - 1, accepted)
-        if self._evaluating and accepted:  # the test errors of state r - 1 came along
+        if sent.evaluate and accepted:  # the test errors of state r - 1 came along
             self.report_evaluation(server_round - 1, completed, accepted)
-        self.health.update(server_round, self._sent.values(), accepted)
+        self.health.update(server_round, sent.exchange.sent.values(), accepted)
         counted = len(accepted) >= self.min_replies
         if not counted:
             log(WARNING, "MOCHA round %d does not count: %d valid replies, fewer than "
@@ -561,33 +584,34 @@ class MOCHA(LinearTasks, TaskStrategy):
                 tasks = resets = tasks[:0]
             self.last_accepted[tasks] = server_round
         if self.robust and len(tasks):
-            self._decouple_outliers(server_round, tasks, accepted)
+            self._decouple_outliers(sent, tasks, accepted)
         omega_step = omega_step_due(server_round, self.omega_every, self.num_rounds)
         if omega_step:
             omega_step = self._omega_step(server_round)
         record = self._new_record(server_round)
-        if self._seed_targets is not None:
+        if sent.seed_targets is not None:
             record["seeded"] = True  # round 1 moved the duals to initial_arrays' W0
-            self._seed_targets = self._seed_W = None
-        updated = tasks[~self._dropped_now[tasks]] if len(tasks) else tasks
+            self._seed_W = None
+        updated = tasks[~sent.dropped[tasks]] if len(tasks) else tasks
         record.update(num_replies=len(tasks), num_dropped=self.num_tasks - len(updated),
                       num_resets=len(resets), omega_step=omega_step, counted=counted,
                       tasks_excluded=[int(t) for t in np.flatnonzero(self.health.excluded)],
-                      estimated_time_s=self._estimated_time(accepted),
+                      estimated_time_s=self._estimated_time(accepted, sent),
                       wall_time_s=time.perf_counter() - self._round_start)
         if self.robust:
             record["tasks_decoupled"] = [int(t) for t in np.flatnonzero(self.decoupled)]
         metrics = metric_record({"num-replies": len(tasks),
                                  "num-dropped": record["num_dropped"],
-                                 "num-sampled": self._num_sampled})
+                                 "num-sampled": sent.num_sampled})
         return array_record({"W": self.state.W}), metrics
 
-    def _count_releases(self, budgets: np.ndarray, chosen: dict[int, int]) -> None:
+    def _count_releases(self, budgets: np.ndarray, dropped: np.ndarray,
+                        chosen: dict[int, int]) -> None:
         """Record-level DP: one release for every task sent a train message with work (not
         ``dropped``, budget > 0), counted when sent (a lost reply was released too)."""
         released = np.zeros(self.num_tasks, dtype=bool)
         released[list(chosen)] = True
-        released &= (budgets > 0) & ~self._dropped_now
+        released &= (budgets > 0) & ~dropped
         self.privacy.resolve(self.num_rounds or 1, self.num_tasks)
         self.privacy.count(released)
 
@@ -597,40 +621,42 @@ class MOCHA(LinearTasks, TaskStrategy):
         norms = super()._row_norms(tasks)
         return norms if self.privacy is None else np.fmin(norms, self.privacy.clip)
 
-    def _noise_allowance(self, tasks: np.ndarray, releases: Any = None) -> np.ndarray:
-        """Record-level DP: what the noise may add to the norm of ``tasks``' delta-b: this
-        round's release (the step-bounded noise the devices drew, at the w_t, m_tt and
-        sigma' sent), or with ``releases`` that many of the largest (box-bounded); 0
+    def _noise_allowance(self, sent: SentRound, tasks: np.ndarray,
+                         releases: Any = None) -> np.ndarray:
+        """Record-level DP: what the noise may add to the norm of ``tasks``' delta-b: the
+        round ``sent``'s release (the step-bounded noise the devices drew, at the w_t, m_tt
+        and sigma' sent), or with ``releases`` that many of the largest (box-bounded); 0
         without DP."""
         if self.privacy is None:
             return np.zeros(len(tasks))
-        scale = self.gamma * (self._scale if self.method == "mb-sdca" else 1.0)
+        scale = self.gamma * (sent.scale if self.method == "mb-sdca" else 1.0)
         n = self.n_train[tasks]
         steps = None
         if releases is None:
-            m_diag, sigma_p = self._task_constants()
-            count = np.minimum(self._budgets[tasks], n)
+            count = np.minimum(sent.budgets[tasks], n)
             curvature = np.array([step_curvature(self.method, m, s, int(b)) for m, s, b in
-                                  zip(m_diag[tasks].tolist(), sigma_p[tasks].tolist(),
+                                  zip(sent.m_diag[tasks].tolist(),
+                                      sent.sigma_prime[tasks].tolist(),
                                       count.tolist(), strict=True)])
-            steps = (self.loss_fn.name, curvature, self._w_norm[tasks])
+            steps = (self.loss_fn.name, curvature, sent.w_norm[tasks])
         return self.privacy.allowance(n, self.state.dim, self.loss_fn.dual_radius, scale,
                                       self.lifting.blocks, 1 if releases is None else releases,
                                       steps)
 
-    def _decouple_outliers(self, server_round: int, tasks: np.ndarray,
+    def _decouple_outliers(self, sent: SentRound, tasks: np.ndarray,
                            accepted: dict[int, dict[str, Any]]) -> None:
         """Robust mode: decouple (sticky) the tasks whose updates are outliers against the
-        federation's (:class:`~fmtl_flower.core.decoupling.OutlierWatch`), logging each newly
-        decoupled task once."""
+        federation's (:class:`~fmtl_flower.core.decoupling.OutlierWatch`), on the budgets
+        ``sent``, logging each newly decoupled task once."""
         assert self.state is not None
+        server_round = sent.server_round
         scale = federation_scale(self._row_norms(np.arange(self.num_tasks)))
-        budget = np.where(self._dropped_now, 0, self._budgets)
+        budget = sent.work(np.arange(self.num_tasks))
         n = np.maximum(self.n_train, 1)
         delta = np.zeros(self.num_tasks)
         delta[tasks] = norm(np.stack([accepted[t]["delta-b"] for t in tasks.tolist()]), axis=1)
         updated = np.zeros(self.num_tasks, dtype=bool)
-        updated[tasks] = ~self._dropped_now[tasks]
+        updated[tasks] = ~sent.dropped[tasks]
         new = self.watch.update(delta, scale * np.minimum(budget, n) / n,
                                 norm(self.state.B, axis=0), scale, updated,
                                 images=self.state.B, coupling=self._coupling())
@@ -668,7 +694,7 @@ class MOCHA(LinearTasks, TaskStrategy):
                 server_round, reason)
         return reason is None
 
-    def _estimated_time(self, accepted: dict[int, dict[str, Any]]) -> float:
+    def _estimated_time(self, accepted: dict[int, dict[str, Any]], sent: SentRound) -> float:
         """Eq. (30): the round lasts as long as its slowest replying node (or the deadline).
 
         A node whose reply never came kept the server waiting: the round then lasts the
@@ -686,19 +712,23 @@ class MOCHA(LinearTasks, TaskStrategy):
             t_round = round_time(steps, self.state.dim, self.method, self.network,
                                  clock_cycle=self.clock_cycle, model=self.time_model, n=n)
             self._round_time = (key, t_round)
-        if len(accepted) < len(self._sent):
+        if len(accepted) < len(sent.exchange.sent):
             t_round = self.clock_cycle if self.clock_cycle is not None else self.round_timeout
         return float(t_round)
 
     def _final_instructions(self, server_round: int, grid: Grid) -> Iterable[Message]:
         if self.state is None:
             return []
-        return self._instructions(server_round, MessageType.EVALUATE, True, None,
-                                  dict(self.task_to_node), grid)
+        return self._message_stream(self._send(server_round, MessageType.EVALUATE, True,
+                                               dict(self.task_to_node), grid))
 
     def _final_replies(self, server_round: int,
                        replies: Iterable[Message]) -> dict[int, dict[str, Any]]:
-        return self._read_replies(server_round, replies, with_delta=False)
+        sent = self.sent_rounds.take(MessageType.EVALUATE, server_round)
+        if sent is None:
+            drop_unsent(self.replies, MessageType.EVALUATE, server_round, replies)
+            return {}
+        return self._read_replies(sent, replies)
 
     # ------------------------------------------------------------------ checkpoints
     def fingerprint(self) -> dict[str, Any]:
@@ -864,26 +894,64 @@ class MOCHA(LinearTasks, TaskStrategy):
         return chosen
 
     # ------------------------------------------------------------------ messages
-    def _instructions(self, server_round: int, message_type: str, evaluate: bool,
-                      budgets: np.ndarray | None, chosen: dict[int, int],
-                      grid: Grid | None = None) -> Iterator[Message]:
-        """The round's messages, made one at a time as the grid takes them (the run loop
-        hands a list to grids that do not stream: :func:`~.base.as_taken_by`): one stacked
-        message per packed node that speaks MOCHA's stacking protocol
-        (:mod:`~fmtl_flower.strategies.packed_mocha`), one message per task otherwise."""
+    def _send(self, server_round: int, message_type: str, evaluate: bool,
+              chosen: dict[int, int], grid: Grid | None = None, *,
+              budgets: np.ndarray | None = None, dropped: np.ndarray | None = None,
+              scale: float = 1.0, seed_targets: tuple[np.ndarray, np.ndarray] | None = None,
+              num_sampled: int = 0) -> SentRound:
+        """Fix what an exchange sends, as a :class:`~.round_state.SentRound` kept in
+        :attr:`sent_rounds` and registered with the trust boundary (:meth:`ReplyBoundary.
+        begin`): the w_t, the config every message shares (built once, for the one-task and
+        the stacked messages), the per-task values and the inputs of the replies' bounds;
+        the tasks on packed nodes that speak MOCHA's stacking protocol go as one stacked
+        message per node (:mod:`~fmtl_flower.strategies.packed_mocha`). ``budgets`` None:
+        no work (the evaluate exchange)."""
         assert self.state is not None
         if self.privacy is not None:  # the noise multiplier, fixed at the first message
             self.privacy.resolve(self.num_rounds or 1, self.num_tasks)
         m_diag, sigma_p = self._task_constants()
-        self._w_norm = norm(self.state.W, axis=0)  # the replies' loss bounds (every path)
-        self._w_dot_b = np.einsum("ij,ij->j", self.state.W, self.state.B)  # the pair checks
-        self.replies.begin()
+        W = self.state.W
         stacks: list[StackGroup] = []
         stacked_groups = getattr(grid, "stacked_groups", None)
         if callable(stacked_groups):
             stacks, chosen = stacked_groups(STACKING_PROTOCOL, chosen)
-        return self._message_stream(server_round, message_type, evaluate, budgets, chosen,
-                                    m_diag, sigma_p, stacks)
+        if dropped is None:
+            dropped = np.zeros(self.num_tasks, dtype=bool)
+        sent = SentRound(
+            server_round, message_type, bool(evaluate),
+            MappingProxyType(self._shared_config(evaluate, budgets is not None, scale)),
+            models=frozen_array(W.T), w_norm=frozen_array(norm(W, axis=0)),
+            budgets=None if budgets is None else frozen_array(budgets, np.int64),
+            dropped=frozen_array(dropped, np.bool_),
+            w_dot_b=frozen_array(np.einsum("ij,ij->j", W, self.state.B)),
+            m_diag=m_diag, sigma_prime=sigma_p,
+            last_accepted=frozen_array(self.last_accepted, np.int64), scale=scale,
+            seed_targets=None if seed_targets is None
+            else tuple(frozen_array(t) for t in seed_targets),
+            chosen=MappingProxyType(dict(chosen)), stacks=tuple(stacks),
+            num_sampled=num_sampled, exchange=self.replies.begin())
+        return self.sent_rounds.add(sent)
+
+    def _shared_config(self, evaluate: bool, with_work: bool, scale: float) -> dict[str, Any]:
+        """The config entries every message of an exchange shares (the stacked messages add
+        ``server-round``); ``with_work``: a train exchange (the method's entries)."""
+        shared: dict[str, Any] = {"seed": self.seed, "eval": bool(evaluate),
+                                  RUN_TOKEN_KEY: self.sent_identity, **self.lifting.config()}
+        if self.gamma != 1.0:
+            shared["gamma"] = self.gamma
+        if self.loss != "hinge":
+            shared["loss"] = self.loss
+        if self.checkpoint_dir is not None:
+            shared["checkpoint-round"] = self.last_checkpoint_round
+        if self.privacy is not None:
+            shared.update(self.privacy.wire_config())
+        if self.method != "mocha" and with_work:
+            shared["method"] = self.method
+            if self.method == "cocoa":
+                shared["theta"] = self.theta
+            else:
+                shared["scale"] = scale
+        return shared
 
     def _task_constants(self) -> tuple[np.ndarray, np.ndarray]:
         """(m_tt, sigma'_t) of the current M, read-only: computed once while the state and
@@ -902,47 +970,32 @@ class MOCHA(LinearTasks, TaskStrategy):
             if formulation.fixed else None
         return values
 
-    def _message_stream(self, server_round: int, message_type: str, evaluate: bool,
-                        budgets: np.ndarray | None, chosen: dict[int, int],
-                        m_diag: np.ndarray, sigma_p: np.ndarray,
-                        stacks: list[StackGroup]) -> Iterator[Message]:
-        assert self.state is not None
-        W = self.state.W
-        if stacks:
-            shared, per_task = self._stacked_values(server_round, evaluate, budgets, m_diag,
-                                                    sigma_p)
-            for group in stacks:
-                yield self.replies.track_stack(group, stacked_message(
+    def _message_stream(self, sent: SentRound) -> Iterator[Message]:
+        """The messages of ``sent``, made from it alone, one at a time: one stacked message
+        per packed node, then one message per task, each registered with ``sent``'s
+        exchange."""
+        server_round, message_type = sent.server_round, sent.message_type
+        if sent.stacks:
+            shared = {"server-round": server_round, **sent.config}
+            per_task = sent.stacked_vectors()
+            W = sent.models.T
+            for group in sent.stacks:
+                yield sent.exchange.track_stack(group, stacked_message(
                     group, message_type, server_round, shared, W, per_task))
-        if not chosen:
+        if not sent.chosen:
             return
-        shared: dict[str, Any] = {"seed": self.seed, "eval": bool(evaluate),  # every task's
-                                  RUN_TOKEN_KEY: self.sent_identity, **self.lifting.config()}
-        if self.gamma != 1.0:
-            shared["gamma"] = self.gamma
-        if self.loss != "hinge":
-            shared["loss"] = self.loss
-        if self.checkpoint_dir is not None:
-            shared["checkpoint-round"] = self.last_checkpoint_round
-        if self.privacy is not None:
-            shared.update(self.privacy.wire_config())
-        if self.method != "mocha" and budgets is not None:
-            shared["method"] = self.method
-            if self.method == "cocoa":
-                shared["theta"] = self.theta
-            else:
-                shared["scale"] = self._scale
-        # Python numbers, read once per round (the tasks' columns of W as contiguous rows)
-        last_accepted = self.last_accepted.tolist()
-        m_tt, sigma = m_diag.tolist(), sigma_p.tolist()
-        budget = None if budgets is None else budgets.tolist()
-        dropped = self._dropped_now.tolist()
-        rows = np.ascontiguousarray(W.T)
-        seeding = self._seed_targets is not None and budgets is not None
+        shared = sent.config
+        # Python numbers, read once per round (the tasks' w_t as contiguous rows)
+        last_accepted = sent.last_accepted.tolist()
+        m_tt, sigma = sent.m_diag.tolist(), sent.sigma_prime.tolist()
+        budget = None if sent.budgets is None else sent.budgets.tolist()
+        dropped = sent.dropped.tolist()
+        rows = sent.models
+        seeding = sent.seed_targets is not None and budget is not None
         group = str(server_round)
         # the per-task values below are Python numbers (tolist): checked once, not per message
         plain = plain_config(shared) and type(server_round) is int
-        for task, node in sorted(chosen.items()):
+        for task, node in sorted(sent.chosen.items()):
             config = {"task-id": task, "server-round": server_round,
                       "last-accepted-round": last_accepted[task], "m-tt": m_tt[task],
                       "sigma-prime": sigma[task], **shared}
@@ -951,58 +1004,28 @@ class MOCHA(LinearTasks, TaskStrategy):
                 config["dropped"] = dropped[task]
             arrays = {"w": rows[task]}
             if seeding:
-                arrays["seed-w"] = np.ascontiguousarray(self._seed_targets[0][:, task])
-                arrays["seed-b"] = np.ascontiguousarray(self._seed_targets[1][:, task])
+                arrays["seed-w"] = np.ascontiguousarray(sent.seed_targets[0][:, task])
+                arrays["seed-b"] = np.ascontiguousarray(sent.seed_targets[1][:, task])
             content = record_dict({"arrays": array_record(arrays), "config": config_record(
                 config, handed_over=plain and type(task) is int)}, handed_over=True)
-            yield self.replies.track(task, node, message(content, node, message_type, group))
+            yield sent.exchange.track(task, node, message(content, node, message_type, group))
 
-    def _stacked_values(self, server_round: int, evaluate: bool, budgets: np.ndarray | None,
-                        m_diag: np.ndarray, sigma_p: np.ndarray
-                        ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        """The config values shared by every task of a stacked message, and the per-task
-        ones as vectors over all tasks (the same values as the one-task messages')."""
-        shared: dict[str, Any] = {"server-round": server_round, "seed": self.seed,
-                                  "eval": bool(evaluate), RUN_TOKEN_KEY: self.sent_identity,
-                                  **self.lifting.config()}
-        if self.gamma != 1.0:
-            shared["gamma"] = self.gamma
-        if self.loss != "hinge":
-            shared["loss"] = self.loss
-        if self.checkpoint_dir is not None:
-            shared["checkpoint-round"] = self.last_checkpoint_round
-        if self.privacy is not None:
-            shared.update(self.privacy.wire_config())
-        per_task = {"last-accepted-round": np.asarray(self.last_accepted, dtype=np.int64),
-                    "m-tt": np.asarray(m_diag, dtype=np.float64),
-                    "sigma-prime": np.asarray(sigma_p, dtype=np.float64)}
-        if budgets is not None:
-            if self.method != "mocha":
-                shared["method"] = self.method
-                if self.method == "cocoa":
-                    shared["theta"] = self.theta
-                else:
-                    shared["scale"] = self._scale
-            per_task["budget"] = np.asarray(budgets, dtype=np.int64)
-            per_task["dropped"] = np.asarray(self._dropped_now, dtype=np.bool_)
-            if self._seed_targets is not None:  # the seeding round: rows (m, d), cut per node
-                per_task["seed-w"], per_task["seed-b"] = (t.T for t in self._seed_targets)
-        return shared, per_task
-
-    def _read_replies(self, server_round: int, replies: Iterable[Message],
-                      with_delta: bool) -> dict[int, dict[str, Any]]:
-        """Validated replies keyed by task, in task order; anything invalid is logged and
-        left out (:class:`~fmtl_flower.strategies.trust.ReplyBoundary`; a stacked reply per
-        row, :meth:`_parse_stack`)."""
+    def _read_replies(self, sent: SentRound,
+                      replies: Iterable[Message]) -> dict[int, dict[str, Any]]:
+        """Validated replies to the exchange ``sent``, keyed by task, in task order, each
+        checked against what ``sent`` holds; anything invalid is logged and left out
+        (:class:`~fmtl_flower.strategies.trust.ReplyBoundary`, reading against ``sent``'s
+        exchange; a stacked reply per row, :meth:`_parse_stack`)."""
         def on_accept(task: int) -> None:
             self.ever_replied[task] = True
 
+        server_round, with_delta = sent.server_round, sent.with_work
         return self.replies.read(
             f"round {server_round}", replies,
             lambda reply, task: self._parse_reply(reply, task, server_round, with_delta),
             on_accept,
             lambda reply, group: self._parse_stack(reply, group, server_round, with_delta),
-            lambda rows: self._check_rows(rows, with_delta)).accepted
+            lambda rows: self._check_rows(rows, sent), exchange=sent.exchange).accepted
 
     def _parse_stack(self, reply: Message, group: StackGroup, server_round: int,
                      with_delta: bool) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
@@ -1041,43 +1064,46 @@ class MOCHA(LinearTasks, TaskStrategy):
             out["delta-b"] = delta  # finite or not: :meth:`_check_rows` looks at every row
         return out
 
-    def _check_rows(self, rows: dict[int, dict[str, Any]],
-                    with_delta: bool) -> dict[int, str]:
+    def _check_rows(self, rows: dict[int, dict[str, Any]], sent: SentRound) -> dict[int, str]:
         """The bounds of the module docstring over parsed replies ``rows`` (the one-task
-        replies of a round, or the valid rows of a stacked reply), vectorised: the rejected
-        tasks with their reasons. Checked in this order, a reply keeping the first reason:
+        replies of a round, or the valid rows of a stacked reply) to the exchange ``sent``,
+        against what it sent (|w_t|, w_t . b_t, budgets, drop-outs), vectorised: the
+        rejected tasks with their reasons. Checked in this order, a reply keeping the first
+        reason:
         non-finite values in ``delta-b``, no R_t, ``loss-mean``
         (:meth:`~.linear_tasks.LinearTasks._bound_rows`), the certificate's check of the
         (``loss-mean``, ``dual-mean``) pair (:meth:`_check_pairs`), ``|delta-b|``."""
         tasks = np.fromiter(rows, dtype=np.int64, count=len(rows))
         rejected: dict[int, str] = {}
+        with_delta = sent.with_work
         if with_delta:
             deltas = np.stack([rows[t]["delta-b"] for t in tasks.tolist()])
             for task in tasks[~np.isfinite(deltas).all(axis=1)].tolist():
                 rejected[task] = "'delta-b' has non-finite values"
-        bound = self._bound_rows(rows, tasks, rejected)
+        bound = self._bound_rows(rows, tasks, rejected, sent.w_norm)
         if self.privacy is None:  # record-level DP: the devices withhold the pair
-            self._check_pairs(rows, tasks, rejected)
+            self._check_pairs(rows, tasks, rejected, sent.w_dot_b)
         if not with_delta:
             return rejected
         n = self.n_train[tasks]
-        budget = np.where(self._dropped_now[tasks], 0, self._budgets[tasks])
+        budget = sent.work(tasks)
         size = norm(deltas, axis=1)
         limit = self._dual_limit(bound * np.minimum(budget, n) / n) \
-            + np.where(budget > 0, self._noise_allowance(tasks), 0.0)
+            + np.where(budget > 0, self._noise_allowance(sent, tasks), 0.0)
         for i in np.flatnonzero(~(size <= limit * BOUND_SLACK)).tolist():
             rejected.setdefault(int(tasks[i]), (
                 f"|delta-b| = {size[i]:.6g} above its bound {limit[i]:.6g} (max-row-norm "
                 f"{bound[i]:g} x min(budget {budget[i]}, n-train {n[i]}) / n-train)"))
         if self.robust:
-            self._check_dual_images(rows, tasks, deltas, bound, rejected)
+            self._check_dual_images(rows, tasks, deltas, bound, rejected, sent)
         return rejected
 
     def _check_pairs(self, rows: dict[int, dict[str, Any]], tasks: np.ndarray,
-                     rejected: dict[int, str]) -> None:
+                     rejected: dict[int, str], w_dot_b: np.ndarray) -> None:
         """The certificate's check of every row's (``loss-mean``, ``dual-mean``) against
-        w_t . b_t as the server holds them (:func:`~fmtl_flower.core.certificate.
-        hinge_pair_problems`: the dual box, and Fenchel-Young's
+        ``w_dot_b``, w_t . b_t as the server held them when it sent w_t
+        (:func:`~fmtl_flower.core.certificate.hinge_pair_problems`: the dual box, and
+        Fenchel-Young's
         loss-mean - dual-mean + w_t . b_t >= 0; a device that restarted from alpha = 0 has
         b_t = 0 on its side). Adds the failures to ``rejected`` (a task already there keeps
         its reason). Always on: an honest pair never fails it, and with every pair passing
@@ -1086,7 +1112,7 @@ class MOCHA(LinearTasks, TaskStrategy):
         loss = np.array([rows[t]["loss-mean"] for t in order], dtype=np.float64)
         dual = np.array([rows[t]["dual-mean"] for t in order], dtype=np.float64)
         kept = np.array([rows[t]["state-ok"] == 1 for t in order], dtype=bool)
-        coupling = np.where(kept, self._w_dot_b[tasks], 0.0)
+        coupling = np.where(kept, w_dot_b[tasks], 0.0)
         for i, reason in pair_problems(self.loss_fn, loss, dual, coupling).items():
             rejected.setdefault(order[i], reason)
 
@@ -1102,7 +1128,7 @@ class MOCHA(LinearTasks, TaskStrategy):
 
     def _check_dual_images(self, rows: dict[int, dict[str, Any]], tasks: np.ndarray,
                            deltas: np.ndarray, bound: np.ndarray,
-                           rejected: dict[int, str]) -> None:
+                           rejected: dict[int, str], sent: SentRound) -> None:
         """Robust mode: the dual image a reply would leave, b_t + delta-b (from 0 after a
         restart, ``state-ok`` 0), within R~_t (:data:`DUAL_IMAGE_BOUND`); adds the broken
         replies to ``rejected``."""
@@ -1112,7 +1138,8 @@ class MOCHA(LinearTasks, TaskStrategy):
         start[restarted] = 0.0
         size = norm(start + deltas, axis=1)
         limit = self._dual_limit(bound) + (0.0 if self.privacy is None else
-                                           self._noise_allowance(tasks, self._releases(tasks)))
+                                           self._noise_allowance(sent, tasks,
+                                                                 self._releases(tasks)))
         for i in np.flatnonzero(~(size <= limit * BOUND_SLACK)).tolist():
             rejected.setdefault(int(tasks[i]), (
                 f"|b_t + delta-b| = {size[i]:.6g} above max-row-norm {bound[i]:g} "

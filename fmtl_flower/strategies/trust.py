@@ -227,6 +227,64 @@ def log_device_errors(name: str, where: str, errors: dict[str, list[tuple[int, i
             if others else "", f". To fix: {fix}" if fix else "")
 
 
+class Exchange:
+    """The messages of one exchange (a round's ``train`` or ``evaluate``), so that each reply
+    is tied to the message it answers (:meth:`ReplyBoundary.read`).
+
+    Attributes
+    ----------
+    sent : dict[int, int]
+        node -> task of the exchange's messages (a packed node's virtual nodes for its
+        stacked message).
+    """
+
+    def __init__(self) -> None:
+        self.sent: dict[int, int] = {}
+        # message id -> (task, node, message type, run id)
+        self._by_id: dict[str, tuple[int, int, str, int]] = {}
+        self._pending: list[tuple[int, int, Message]] = []  # sent, id not indexed yet
+        self._stacks: list[tuple[StackGroup, Message]] = []  # stacked messages sent
+
+    def track(self, task: int, node: int, message: Message) -> Message:
+        """Register ``message`` (to ``node``, for ``task``)."""
+        self.sent[node] = task
+        self._pending.append((task, node, message))
+        return message
+
+    def track_stack(self, group: StackGroup, message: Message) -> Message:
+        """Register a stacked ``message`` for the tasks of ``group``."""
+        self.sent.update(zip(group.virtual, group.tasks, strict=True))
+        self._stacks.append((group, message))
+        return message
+
+    def match_stack(self, message_id: str) -> tuple[StackGroup, str, int] | None:
+        """The (group, message type, run id) of the stacked message ``message_id``, if any."""
+        for group, message in self._stacks:
+            meta = message.metadata
+            if meta.message_id == message_id:
+                return group, meta.message_type, meta.run_id
+        return None
+
+    def match(self, message_id: str) -> tuple[int, int, str, int] | None:
+        """The (task, node, message type, run id) of the sent message ``message_id``, if any.
+
+        Message ids are given when a message is pushed, so the sent messages are indexed
+        lazily (each once)."""
+        found = self._by_id.get(message_id)
+        if found is None and self._pending:
+            waiting = []
+            for task, node, message in self._pending:
+                meta = message.metadata
+                mid = meta.message_id
+                if mid:
+                    self._by_id[mid] = (task, node, meta.message_type, meta.run_id)
+                else:
+                    waiting.append((task, node, message))
+            self._pending = waiting
+            found = self._by_id.get(message_id)
+        return found
+
+
 class ReplyBoundary:
     """The trust boundary every strategy reads its nodes' replies through.
 
@@ -266,65 +324,37 @@ class ReplyBoundary:
         self.name = name
         self.contracts = dict(contracts or {})
         self._sizes = sizes
-        self.sent: dict[int, int] = {}  # node -> task of the current exchange
+        self.exchange = Exchange()  # the current exchange: what track registers
         self.last: RoundReplies | None = None  # the newest exchange read
-        # message id -> (task, node, message type, run id)
-        self._by_id: dict[str, tuple[int, int, str, int]] = {}
-        self._pending: list[tuple[int, int, Message]] = []  # sent, id not indexed yet
-        self._stacks: list[tuple[StackGroup, Message]] = []  # stacked messages sent
 
-    def begin(self) -> None:
-        """Start a new exchange: forget the messages of the previous one."""
-        self.sent = {}
-        self._by_id = {}
-        self._pending = []
-        self._stacks: list[tuple[StackGroup, Message]] = []
+    @property
+    def sent(self) -> dict[int, int]:
+        """node -> task of the current exchange's messages."""
+        return self.exchange.sent
+
+    def begin(self) -> Exchange:
+        """Start a new exchange and return it; :meth:`track` registers messages in it and
+        :meth:`read` reads replies against it unless given another (a strategy that keeps
+        each exchange with the state it sent, :mod:`~fmtl_flower.strategies.round_state`,
+        reads a round's replies against that round's exchange)."""
+        self.exchange = Exchange()
+        return self.exchange
 
     def track_stack(self, group: StackGroup, message: Message) -> Message:
         """Register a stacked ``message`` (one message for the tasks of ``group`` on one
-        packed node, :mod:`fmtl_flower.packing`) as part of this exchange."""
-        self.sent.update(zip(group.virtual, group.tasks, strict=True))
-        self._stacks.append((group, message))
-        return message
-
-    def _match_stack(self, message_id: str) -> tuple[StackGroup, str, int] | None:
-        """The (group, message type, run id) of the stacked message ``message_id``, if any."""
-        for group, message in self._stacks:
-            meta = message.metadata
-            if meta.message_id == message_id:
-                return group, meta.message_type, meta.run_id
-        return None
+        packed node, :mod:`fmtl_flower.packing`) as part of the current exchange."""
+        return self.exchange.track_stack(group, message)
 
     def track(self, task: int, node: int, message: Message) -> Message:
-        """Register ``message`` (to ``node``, for ``task``) as part of this exchange."""
-        self.sent[node] = task
-        self._pending.append((task, node, message))
-        return message
-
-    def _match(self, message_id: str) -> tuple[int, int, str, int] | None:
-        """The (task, node, message type, run id) of the sent message ``message_id``, if any.
-
-        Message ids are given when a message is pushed, so the sent messages are indexed
-        lazily (each once)."""
-        found = self._by_id.get(message_id)
-        if found is None and self._pending:
-            waiting = []
-            for task, node, message in self._pending:
-                meta = message.metadata
-                mid = meta.message_id
-                if mid:
-                    self._by_id[mid] = (task, node, meta.message_type, meta.run_id)
-                else:
-                    waiting.append((task, node, message))
-            self._pending = waiting
-            found = self._by_id.get(message_id)
-        return found
+        """Register ``message`` (to ``node``, for ``task``) as part of the current exchange."""
+        return self.exchange.track(task, node, message)
 
     def read(self, where: str, replies: Iterable[Message],
              parse: Callable[[Message, int], dict[str, Any]],
              on_accept: Callable[[int], None] | None = None,
              parse_stack: StackParser | None = None,
-             check_rows: RowsCheck | None = None) -> RoundReplies:
+             check_rows: RowsCheck | None = None,
+             exchange: Exchange | None = None) -> RoundReplies:
         """Check and parse ``replies``; see the class docstring.
 
         Parameters
@@ -349,7 +379,11 @@ class ReplyBoundary:
             them all); and over each stacked reply's rows that ``parse_stack`` accepted, a
             row it names rejected like a row ``parse_stack`` rejects (anything it raises
             fails every task of that message).
+        exchange : Exchange, optional
+            The exchange the replies answer (default: the current one, :meth:`begin`). A
+            reply to a message it did not send is logged and ignored.
         """
+        sent = self.exchange if exchange is None else exchange
         out = RoundReplies()
         accepted: dict[int, dict[str, Any]] = {}
         singles: dict[int, int] = {}  # task -> node of the replies parse accepted
@@ -358,8 +392,8 @@ class ReplyBoundary:
         for reply in replies:
             try:
                 meta = reply.metadata
-                stack = self._match_stack(meta.reply_to_message_id) if self._stacks else None
-                match = None if stack is not None else self._match(meta.reply_to_message_id)
+                stack = sent.match_stack(meta.reply_to_message_id)
+                match = None if stack is not None else sent.match(meta.reply_to_message_id)
                 src = meta.src_node_id
             except Exception as err:  # noqa: BLE001 - a malformed reply object
                 log(WARNING, "%s %s: malformed reply ignored: %s", self.name, where,
@@ -408,14 +442,13 @@ class ReplyBoundary:
                 if task in accepted:
                     on_accept(task)
         out.accepted = dict(sorted(accepted.items()))
-        silent = sorted(set(self.sent.values()) - set(accepted) - set(out.failed))
+        silent = sorted(set(sent.sent.values()) - set(accepted) - set(out.failed))
         self.last = out  # what the exchange came to (TaskStrategy.start stops a dead run)
         if silent:
             names = ", ".join(str(t) for t in silent[:20]) + (", ..." if len(silent) > 20 else "")
             log(WARNING, "%s %s: no reply from task%s %s within the timeout; counted as "
                 "dropped", self.name, where, "s" if len(silent) > 1 else "", names)
         return out
-
 
     def _exchange_sizes(self) -> ExchangeSizes:
         """The contracts' sizes for this exchange, and each one-task contract's byte limit."""

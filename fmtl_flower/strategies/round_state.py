@@ -1,0 +1,190 @@
+"""A round's sent state: what the server sent in one exchange, which its replies are checked
+against.
+
+``configure_train`` (and ``configure_evaluate``) of MOCHA's family (MOCHA, CoCoA, Mb-SDCA,
+packed or not; and Mb-SGD, with the fields it has) builds one :class:`SentRound` before it
+makes a single message: the round
+number, the shared config, the models w_t as sent, the per-task budgets and drop-outs, the
+bounds' inputs (|w_t|, w_t . b_t, m_tt, sigma'), Mb-SDCA's scale, the seeding targets, which
+tasks were sent and to which node, and the trust boundary's
+:class:`~fmtl_flower.strategies.trust.Exchange` that ties every reply to the message it
+answers. The messages are made from it, and nothing else; ``aggregate_train`` (and
+``aggregate_evaluate``) takes the round's :class:`SentRound` back from the strategy's
+:class:`SentRounds` and reads the replies against it, so a reply is always checked against
+the state it was sent with, whatever the strategy has configured since. A reply whose round
+or message matches no sent state (late, foreign, or read already) is logged and dropped.
+
+The values are frozen: the arrays are read-only copies. Only the exchange fills as the
+messages are made and pushed (message ids are given when a message is pushed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from logging import WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import Message
+from flwr.common.logger import log
+
+from ..packing import StackGroup
+from .trust import Exchange, ReplyBoundary
+
+__all__ = ["SentRound", "SentRounds", "drop_unsent", "frozen_array"]
+
+
+def frozen_array(values: Any, dtype: Any = None) -> np.ndarray:
+    """A read-only C-ordered copy of ``values`` (as ``dtype`` when given)."""
+    out = np.array(values, dtype=dtype, copy=True, order="C")
+    out.setflags(write=False)
+    return out
+
+
+@dataclass(frozen=True)
+class SentRound:
+    """What one exchange of MOCHA's family sent (module docstring).
+
+    Attributes
+    ----------
+    server_round : int
+        The round the messages name (``server-round``; every reply must echo it).
+    message_type : str
+        ``"train"`` or ``"evaluate"``.
+    evaluate : bool
+        Whether the devices were asked for their test errors (``eval``).
+    config : mapping
+        The config every message shares (the one-task messages' and the stacked ones',
+        which add ``server-round``), built once.
+    models : ndarray, (m, d)
+        Row t: the model w_t sent to task t (read-only).
+    w_norm : ndarray, (m,)
+        |w_t| as sent: the input of the loss bound.
+    budgets : ndarray of int, (m,), or None
+        The steps (MOCHA's coordinate steps, Mb-SGD's mini-batch size) each task was given
+        (None: no work, the evaluate exchange).
+    dropped : ndarray of bool, (m,)
+        The tasks sent ``dropped`` (simulated drop-out, or not sampled this round).
+    w_dot_b : ndarray, (m,), or None
+        MOCHA: w_t . b_t as sent, the input of the certificate's check (None: Mb-SGD).
+    m_diag, sigma_prime : ndarray, (m,), or None
+        MOCHA: (K^-1)_tt and sigma'_t as sent.
+    last_accepted : ndarray of int, (m,), or None
+        MOCHA: ``last-accepted-round`` as sent.
+    scale : float
+        Mb-SDCA's update scale as sent (1.0 otherwise).
+    seed_targets : tuple of ndarray, or None
+        (W0, W0 K) of the seeding round (None otherwise).
+    chosen : mapping of int to int
+        task -> node of the one-task messages.
+    stacks : tuple of StackGroup
+        The stacked messages' groups (packed nodes).
+    num_sampled : int
+        How many tasks were sampled to train (``num-sampled``).
+    exchange : Exchange
+        The trust boundary's registry of the messages sent (fills as they are made).
+    """
+
+    server_round: int
+    message_type: str
+    evaluate: bool
+    config: Mapping[str, Any]
+    models: np.ndarray
+    w_norm: np.ndarray
+    budgets: np.ndarray | None
+    dropped: np.ndarray
+    w_dot_b: np.ndarray | None = None
+    m_diag: np.ndarray | None = None
+    sigma_prime: np.ndarray | None = None
+    last_accepted: np.ndarray | None = None
+    scale: float = 1.0
+    seed_targets: tuple[np.ndarray, np.ndarray] | None = None
+    chosen: Mapping[int, int] = field(default_factory=dict)
+    stacks: tuple[StackGroup, ...] = ()
+    num_sampled: int = 0
+    exchange: Exchange = field(default_factory=Exchange, compare=False)
+
+    @property
+    def with_work(self) -> bool:
+        """Whether the messages gave the devices work (a ``train`` exchange: a delta-b in
+        every reply)."""
+        return self.budgets is not None
+
+    def work(self, tasks: np.ndarray) -> np.ndarray:
+        """The coordinate steps ``tasks`` may have done: their budget, 0 when ``dropped``
+        (0 everywhere in an exchange without work)."""
+        if self.budgets is None:
+            return np.zeros(len(tasks), dtype=np.int64)
+        return np.where(self.dropped[tasks], 0, self.budgets[tasks])
+
+    def stacked_vectors(self) -> dict[str, np.ndarray]:
+        """The per-task values of a stacked message as vectors over all tasks (cut per node
+        by :func:`~fmtl_flower.strategies.packed_mocha.stacked_message`)."""
+        out: dict[str, np.ndarray] = {}
+        if self.last_accepted is not None:  # MOCHA's dual protocol
+            out.update({"last-accepted-round": self.last_accepted, "m-tt": self.m_diag,
+                        "sigma-prime": self.sigma_prime})
+        if self.budgets is not None:
+            out["budget"] = self.budgets
+            out["dropped"] = self.dropped
+            if self.seed_targets is not None:  # the seeding round: rows (m, d)
+                out["seed-w"], out["seed-b"] = (t.T for t in self.seed_targets)
+        return out
+
+
+class SentRounds:
+    """The :class:`SentRound` of every exchange whose replies are not read yet, keyed by
+    (message type, round).
+
+    Parameters
+    ----------
+    name : str
+        The strategy's name, for the log.
+    keep : int
+        The most exchanges kept waiting for their replies; the oldest is forgotten beyond it
+        (its replies, should they come, are then dropped as foreign).
+    """
+
+    def __init__(self, name: str, keep: int = 4) -> None:
+        self.name = name
+        self.keep = keep
+        self._waiting: dict[tuple[str, int], SentRound] = {}
+
+    def add(self, sent: SentRound) -> SentRound:
+        """Keep ``sent`` until its replies are read (replacing an exchange of the same type
+        and round that was never read)."""
+        key = (sent.message_type, sent.server_round)
+        self._waiting.pop(key, None)
+        self._waiting[key] = sent
+        while len(self._waiting) > self.keep:
+            old = next(iter(self._waiting))
+            del self._waiting[old]
+            log(WARNING, "%s: the %s messages of round %d were never read; forgotten (their "
+                "replies will be dropped)", self.name, old[0], old[1])
+        return sent
+
+    def get(self, message_type: str, server_round: int) -> SentRound | None:
+        """The sent state of that exchange, if its replies are still awaited."""
+        return self._waiting.get((message_type, server_round))
+
+    def take(self, message_type: str, server_round: int) -> SentRound | None:
+        """Remove and return the sent state of that exchange (None: never sent, or its
+        replies were read already)."""
+        return self._waiting.pop((message_type, server_round), None)
+
+    def clear(self) -> None:
+        """Forget every exchange."""
+        self._waiting.clear()
+
+
+def drop_unsent(boundary: ReplyBoundary, message_type: str, server_round: int,
+                replies: Iterable[Message]) -> None:
+    """Log and drop ``replies`` to an exchange that has no sent state (never sent, read
+    already, or forgotten): each one answers no message the server is waiting on, and is
+    logged as such by ``boundary`` (nothing is parsed)."""
+    log(WARNING, "%s round %d: no %s messages of this round are awaiting replies (never "
+        "sent, or their replies were read already); every reply is dropped", boundary.name,
+        server_round, message_type)
+    boundary.read(f"round {server_round}", replies, lambda reply, task: {},
+                  exchange=Exchange())
