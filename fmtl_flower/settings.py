@@ -1022,6 +1022,9 @@ DP_CLIENT_LEVEL_METHODS = ("fedem", "fedavg", "fedprox", "fedavg-ft", "pfedme")
 #: The FSVRG-family methods client-level DP ``central`` protects (their gradients, local
 #: models and GD's Gram products; :class:`fmtl_flower.strategies.privacy.FsvrgDP`).
 DP_FSVRG_METHODS = ("fsvrg-naive", "dane", "gd")
+#: ``dp.sampling`` values: the strategy's fixed-size sample, no amplification claimed
+#: (``fixed``), or Poisson sampling with amplification (``poisson``; FedEM's family).
+DP_SAMPLING = ("fixed", "poisson")
 
 
 def _blank_or(check: Check) -> Check:
@@ -1094,6 +1097,16 @@ class DPSettings(StrategySettings):
         noise z C / K; the gradient is then that of the devices' average loss) or ``rows``
         (the method's own n_k / n; noise z C max_k n_k / n; without noise and clipping the
         run is the one without DP, bit for bit). FedEM's family is always uniform.
+    sampling : {"fixed", "poisson"}
+        How FedEM's family samples a round's devices under client-level DP
+        (``dp.sampling``). ``fixed`` (default): the strategy's fixed-size sample without
+        replacement, averaged over the K sampled, accounted with no amplification.
+        ``poisson``: each training device joins independently with probability q = the
+        train fraction (from the server's secret randomness), the sum of clipped updates
+        is divided by the fixed q N (N the training devices) and the rounds are accounted
+        as Poisson-subsampled Gaussian releases (amplification by sampling; add/remove-one
+        device). Not for ``record`` or the FSVRG family
+        (:mod:`fmtl_flower.strategies.privacy`).
     """
 
     NAMESPACE: ClassVar[str] = "dp"
@@ -1123,6 +1136,8 @@ class DPSettings(StrategySettings):
         attr="dp_clipped_count_stddev")
     weighting: str = setting("uniform", choice("uniform", "rows"), "dp.weighting",
                              attr="dp_weighting")
+    sampling: str = setting("fixed", choice(*DP_SAMPLING), "dp.sampling",
+                            attr="dp_sampling")
 
     @property
     def enabled(self) -> bool:
@@ -1133,6 +1148,7 @@ class DPSettings(StrategySettings):
         knobs = [k for k in ("noise_multiplier", "epsilon", "clip") if getattr(self, k) is not None]
         knobs += ["adaptive"] if self.adaptive else []
         knobs += ["weighting"] if self.weighting != "uniform" else []
+        knobs += ["sampling"] if self.sampling != "fixed" else []
         if self.clipped_count_stddev is not None and not self.adaptive:
             raise ConfigError(f"{self.label('clipped_count_stddev')} set without "
                               f"{self.label('adaptive')}=true")
@@ -1147,6 +1163,10 @@ class DPSettings(StrategySettings):
         if (self.noise_multiplier is None) == (self.epsilon is None):
             raise ConfigError(f"dp.mechanism={self.mechanism} needs exactly one of "
                               f"{self.label('noise_multiplier')} and {self.label('epsilon')}")
+        if self.sampling != "fixed" and self.mechanism == "record":
+            raise ConfigError(f"dp.sampling={self.sampling} is client-level DP's (central, "
+                              "client-clip); record-level DP releases every round a device "
+                              "is sent work, with no amplification: use dp.sampling=fixed")
 
 
 #: The settings dataclasses with run-config keys, in the order RunConfig adds their keys.
