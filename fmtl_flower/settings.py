@@ -1062,8 +1062,8 @@ class DPSettings(StrategySettings):
         (``dp.mechanism``).
     noise_multiplier : float or None
         z >= 0: the noise on the mean of the K sampled devices' clipped updates has
-        standard deviation z * ``clip`` / K (``dp.noise-multiplier``; "" unset). Give it
-        or ``epsilon``, not both.
+        standard deviation z * ``clip`` / K (with ``sampling`` poisson z * ``clip`` /
+        (q N)) (``dp.noise-multiplier``; "" unset). Give it or ``epsilon``, not both.
     epsilon : float or None
         A target epsilon > 0 at ``delta`` for the whole run: the smallest noise multiplier
         whose ``num-server-rounds`` releases cost at most that (RDP accountant;

@@ -571,7 +571,8 @@ def enable_client_dp(strategy: Any, settings: DPSettings | None = None, *,
     ConfigError
         For ``record`` on anything but MOCHA's family (:func:`~.record_dp.enable_record_dp`);
         for a method whose shared models DP does not cover (clustered / ifca, cfl: their
-        per-cluster averages have data-dependent counts), or invalid settings.
+        per-cluster averages have data-dependent counts), or invalid settings; for
+        ``sampling="poisson"`` on the FSVRG family or with ``min_train_nodes`` > 0.
     """
     settings = DPSettings.resolve(settings, kwargs)
     if not settings.enabled:
