@@ -308,7 +308,9 @@ class FedEM(TaskStrategy):
         multi-step: x0.1 after rounds floor(R/2) and 3 floor(R/4) (the authors' scripts).
     fraction : float
         Client sampling rate in (0, 1]: max(1, floor(fraction K)) training clients per round,
-        uniformly without replacement.
+        uniformly without replacement (with client-level DP's ``dp.sampling=poisson``: each
+        training client independently with probability ``fraction``, from the server's
+        secret randomness; :mod:`~fmtl_flower.strategies.privacy`).
     aggregation : {"all", "sampled"}
         ``all``: the authors' rule, theta_m <- sum over all K training clients of
         (n_k / N) theta_{m,k}, a client not heard from counting as holding theta_m (the step
