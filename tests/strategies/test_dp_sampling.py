@@ -5,6 +5,7 @@ clipping's count, resume, packing, the settings, and ``fixed`` left as it was.""
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -209,6 +210,21 @@ def test_adaptive_clippings_count_uses_the_fixed_denominator():
     assert fields["dp_unclipped_fraction"] == pytest.approx(fraction, rel=1e-14)
     assert fields["dp_clip_next"] == pytest.approx(clip * math.exp(-lr * (fraction - target)),
                                                    rel=1e-14)
+
+
+def test_the_log_says_which_accounting_is_used(caplog):
+    current = np.zeros((1, 3))
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        dp = poisson()
+        dp.aggregate(current, [], len(dp.sample(range(10), 0.2, 10)), [], 5)
+    assert "PoissonSampledDpEvent(q, Gaussian(z))" in caplog.text
+    assert "add/remove-one-device" in caplog.text and "q=0.2" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        ClientLevelDP(DPSettings(mechanism="central", clip=1.0, noise_multiplier=1.0)
+                      ).aggregate(current, [current], 1, [], 5)
+    assert "no amplification by sampling" in caplog.text
+    assert "Poisson" not in caplog.text
 
 
 # ------------------------------------------------------------------ resume
