@@ -324,12 +324,12 @@ def test_the_run_config_key_builds_the_setting():
 
 
 def test_poisson_is_refused_where_it_does_not_hold():
-    from fmtl_flower.strategies.fsvrg import Fsvrg
+    from fmtl_flower.strategies.fsvrg import FSVRG
 
     settings = {"mechanism": "central", "clip": 1.0, "noise_multiplier": 1.0,
                 "sampling": "poisson"}
     with pytest.raises(ConfigError, match="FedEM's family"):
-        enable_client_dp(Fsvrg(4, method="gd"), **settings)
+        enable_client_dp(FSVRG(4, method="gd"), **settings)
     with pytest.raises(ConfigError, match="min_train_nodes"):
         enable_client_dp(fedem(fraction=0.5, min_train_nodes=3), **settings)
     with pytest.raises(ConfigError, match="min_train_nodes"):
