@@ -1039,6 +1039,9 @@ DP_CLIENT_LEVEL_METHODS = ("fedem", "fedavg", "fedprox", "fedavg-ft", "pfedme")
 #: statistics, the gradients, local models and GD's Gram products; ``client-clip``:
 #: cocoa-plus's d-w; :class:`fmtl_flower.strategies.privacy.FSVRGDP`).
 DP_FSVRG_METHODS = ("fsvrg", "fsvrg-naive", "dane", "gd", "cocoa-plus")
+#: ``dp.sampling`` values: the strategy's fixed-size sample, no amplification claimed
+#: (``fixed``), or Poisson sampling with amplification (``poisson``; FedEM's family).
+DP_SAMPLING = ("fixed", "poisson")
 
 
 def _blank_or(check: Check) -> Check:
@@ -1077,8 +1080,8 @@ class DPSettings(StrategySettings):
         newcomer's model: :mod:`fmtl_flower.strategies.ofmtl_privacy`) (``dp.mechanism``).
     noise_multiplier : float or None
         z >= 0: the noise on the mean of the K sampled devices' clipped updates has
-        standard deviation z * ``clip`` / K (``dp.noise-multiplier``; "" unset). Give it
-        or ``epsilon``, not both.
+        standard deviation z * ``clip`` / K (with ``sampling`` poisson z * ``clip`` /
+        (q N)) (``dp.noise-multiplier``; "" unset). Give it or ``epsilon``, not both.
     epsilon : float or None
         A target epsilon > 0 at ``delta`` for the whole run: the smallest noise multiplier
         whose ``num-server-rounds`` releases cost at most that (RDP accountant;
@@ -1112,6 +1115,16 @@ class DPSettings(StrategySettings):
         noise z C / K; the gradient is then that of the devices' average loss) or ``rows``
         (the method's own n_k / n; noise z C max_k n_k / n; without noise and clipping the
         run is the one without DP, bit for bit). FedEM's family is always uniform.
+    sampling : {"fixed", "poisson"}
+        How FedEM's family samples a round's devices under client-level DP
+        (``dp.sampling``). ``fixed`` (default): the strategy's fixed-size sample without
+        replacement, averaged over the K sampled, accounted with no amplification.
+        ``poisson``: each training device joins independently with probability q = the
+        train fraction (from the server's secret randomness), the sum of clipped updates
+        is divided by the fixed q N (N the training devices) and the rounds are accounted
+        as Poisson-subsampled Gaussian releases (amplification by sampling; add/remove-one
+        device). Not for ``record`` or the FSVRG family
+        (:mod:`fmtl_flower.strategies.privacy`).
     """
 
     NAMESPACE: ClassVar[str] = "dp"
@@ -1141,6 +1154,8 @@ class DPSettings(StrategySettings):
         attr="dp_clipped_count_stddev")
     weighting: str = setting("uniform", choice("uniform", "rows"), "dp.weighting",
                              attr="dp_weighting")
+    sampling: str = setting("fixed", choice(*DP_SAMPLING), "dp.sampling",
+                            attr="dp_sampling")
 
     @property
     def enabled(self) -> bool:
@@ -1151,6 +1166,7 @@ class DPSettings(StrategySettings):
         knobs = [k for k in ("noise_multiplier", "epsilon", "clip") if getattr(self, k) is not None]
         knobs += ["adaptive"] if self.adaptive else []
         knobs += ["weighting"] if self.weighting != "uniform" else []
+        knobs += ["sampling"] if self.sampling != "fixed" else []
         if self.clipped_count_stddev is not None and not self.adaptive:
             raise ConfigError(f"{self.label('clipped_count_stddev')} set without "
                               f"{self.label('adaptive')}=true")
@@ -1165,6 +1181,10 @@ class DPSettings(StrategySettings):
         if (self.noise_multiplier is None) == (self.epsilon is None):
             raise ConfigError(f"dp.mechanism={self.mechanism} needs exactly one of "
                               f"{self.label('noise_multiplier')} and {self.label('epsilon')}")
+        if self.sampling != "fixed" and self.mechanism == "record":
+            raise ConfigError(f"dp.sampling={self.sampling} is client-level DP's (central, "
+                              "client-clip); record-level DP releases every round a device "
+                              "is sent work, with no amplification: use dp.sampling=fixed")
 
 
 #: The settings dataclasses with run-config keys, in the order RunConfig adds their keys.

@@ -308,7 +308,9 @@ class FedEM(TaskStrategy):
         multi-step: x0.1 after rounds floor(R/2) and 3 floor(R/4) (the authors' scripts).
     fraction : float
         Client sampling rate in (0, 1]: max(1, floor(fraction K)) training clients per round,
-        uniformly without replacement.
+        uniformly without replacement (with client-level DP's ``dp.sampling=poisson``: each
+        training client independently with probability ``fraction``, from the server's
+        secret randomness; :mod:`~fmtl_flower.strategies.privacy`).
     aggregation : {"all", "sampled"}
         ``all``: the authors' rule, theta_m <- sum over all K training clients of
         (n_k / N) theta_{m,k}, a client not heard from counting as holding theta_m (the step
@@ -450,8 +452,12 @@ class FedEM(TaskStrategy):
             raise RuntimeError(f"{self.name} found no usable node: check that the ClientApp "
                                "is FedEM's and that nodes report a task id")
         known = np.array(sorted(t for t in self.task_to_node if not self.unseen[t]), dtype=int)
-        rng = round_rng(self.seed, server_round, TAG_SAMPLE)
         fraction = self._train_fraction()
+        if self._poisson_sampled():  # client-level DP's secret Poisson sample (privacy.py)
+            self._sampled = self.privacy.sample(known, fraction, int((~self.unseen).sum()),
+                                                self.min_train_nodes)
+            return self._messages(server_round, MessageType.TRAIN, self._sampled, grid)
+        rng = round_rng(self.seed, server_round, TAG_SAMPLE)
         if max(1, int(np.floor(fraction * known.size))) >= self.min_train_nodes:
             sampled = sample_clients(known, fraction, rng)
         else:  # min_train_nodes raises the count (capped at the eligible clients)
@@ -459,6 +465,11 @@ class FedEM(TaskStrategy):
                                          replace=False))
         self._sampled = [int(t) for t in sampled]
         return self._messages(server_round, MessageType.TRAIN, self._sampled, grid)
+
+    def _poisson_sampled(self) -> bool:
+        """Whether client-level DP samples the devices (``dp.sampling=poisson``): each
+        round then releases, replies or none."""
+        return self.privacy is not None and getattr(self.privacy, "poisson", False)
 
     def _train_fraction(self) -> float:
         """The sampling rate: Flower's ``fraction_train`` when set below 1, else ``fraction``
@@ -485,7 +496,7 @@ class FedEM(TaskStrategy):
         # keyed by task in task order: sums must not depend on the order replies arrive in
         accepted = self._read_replies(server_round, replies, train=True)
         started = time.perf_counter()
-        if self.method != "local" and accepted:
+        if self.method != "local" and (accepted or self._poisson_sampled()):
             clusters = self.clusters
             if self.method == "cfl":
                 components, clusters = self._cfl_aggregate(accepted)

@@ -32,14 +32,55 @@ generic ``start`` skips what these strategies' ``start`` does (discovery, the ru
 checkpoints). :func:`from_flower` turns a Flower fixed-clipping wrapper into this mechanism
 with the same numbers.
 
-Accounting (:class:`~fmtl_flower.core.privacy.GaussianAccountant`, RDP): each round that
-aggregates is one Gaussian release of sensitivity C / K with noise z C / K. The devices are
-sampled as a fixed-size subset without replacement (``fraction``), not by Poisson sampling,
-so no amplification by sampling is claimed: the epsilon reported is that of the full-
-participation Gaussian mechanism composed over the releases (valid, and conservative when
-``fraction`` < 1). Every round record carries ``epsilon`` (at ``delta``), so ``final`` does;
-a resumed run rebuilds the account from the checkpoint's records (``dp_noise_multiplier``
-of each release).
+Accounting (:class:`~fmtl_flower.core.privacy.GaussianAccountant`, RDP), by ``dp.sampling``:
+
+``fixed`` (the default). Each round that aggregates is one Gaussian release of sensitivity
+C / K with noise z C / K. The devices are sampled as a fixed-size subset without
+replacement (``fraction``), drawn from the run's ``seed`` (which the devices are sent), so
+no amplification by sampling is claimed: the epsilon reported is that of the full-
+participation Gaussian mechanism composed over the releases (conservative when
+``fraction`` < 1). Strictly, the neighbouring federations of this guarantee keep the same
+devices and differ in one device's update being replaced by the zero update (what a device
+that drops sends): the sample, drawn before any data is seen, is then the same in both,
+and each sample's release is a Gaussian mechanism of sensitivity C / K.
+
+``poisson`` (amplification by sampling, DP-FedAvg of McMahan et al. 2018, *Learning
+differentially private recurrent language models*). Each of the N training devices (the
+strategy's ``num_tasks`` minus the held-out ones: a fixed, public number) joins the round
+independently with probability q = the train fraction, drawn from the server's operating-
+system entropy (never the ``seed``: a sample the devices or an observer could predict
+amplifies nothing); a device not online, not sampled or silent adds the zero update. The
+aggregate is the sum of the clipped updates over the **fixed** q N, not over the sample's
+size (the fixed-denominator estimator: the sample's size is random and depends on who is in
+the federation), plus N(0, (z C / (q N))^2). A round that samples nobody, or hears from
+nobody, still releases (the noise around the current model): whether anyone took part must
+not show. Each round is one ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` of
+dp-accounting's RDP accountant, for the add/remove-one-device adjacency (a federation with
+one device more or less; N and q N are public constants). It holds while the sample stays
+secret: the server must not publish which devices trained (the records' ``num_sampled`` /
+``num_replies`` are the server's own), and each device knows only whether it was sampled.
+(Against an adversary who sees the sample, the unamplified epsilon of ``fixed`` at the same
+z still holds: given the sample, each round is a Gaussian release of sensitivity C / (q N)
+with noise z C / (q N).) ``min_train_nodes`` (which would change the sample's law) is refused.
+
+Why Flower's fixed-size sample gets no amplified account: dp-accounting's
+``SampledWithoutReplacementDpEvent`` (Wang, Balle and Kasiviswanathan 2019, Thm 27) holds
+for the replace-one adjacency (N public, one device's data swapped for another's), under
+which one device moves the sum of clipped updates by up to 2 C: the event must be composed
+with noise multiplier z / 2, and at z = 1 over 50 rounds it gives epsilon 47 at q = 0.1
+and 129 at q = 0.3 against 57 without amplification (add/remove) and 5.9 with Poisson
+sampling (``benchmarks/dp_sampling_epsilon.py``): nothing gained, for a weaker adjacency and
+a sample that would have to leave the seeded stream too. So it is not offered.
+
+The unit of privacy is the **task** (the device a task id names), in both modes: a packed
+node hosting several tasks has each task sampled, clipped and accounted on its own; if one
+owner's data spans k of them, that owner's guarantee is k-fold group privacy, which is not
+computed (no node-level mode is offered).
+
+Every round record carries ``epsilon`` (at ``delta``), so ``final`` does; with ``poisson``
+also ``dp_sampling_rate`` (q) and ``dp_expected_sampled`` (q N). A resumed run rebuilds the
+account from the checkpoint's records (``dp_noise_multiplier`` and ``dp_sampling_rate`` of
+each release; a checkpoint resumes only with the same ``dp.sampling``).
 
 The noise is drawn from the operating system's entropy, never from the run's ``seed`` (which
 the devices are sent: noise they could regenerate protects nothing); ``noise_seed`` exists
@@ -59,10 +100,13 @@ from flwr.supercore import log
 from ..core.fsvrg import FeatureStats
 from ..core.privacy import (
     CLIP_SLACK,
+    COUNT_STDDEV_PER_DEVICE,
     AdaptiveClip,
     GaussianAccountant,
     adaptive_noise_params,
+    check_sampling_rate,
     clip_update,
+    geometric_clip_update,
     noise_multiplier_for_epsilon,
 )
 from ..settings import DP_CLIENT_LEVEL_METHODS, DP_FSVRG_METHODS, ConfigError, DPSettings
@@ -82,9 +126,11 @@ class ClientLevelDP:
     ----------
     settings : DPSettings
         ``mechanism`` ``central`` or ``client-clip``, ``clip``, and ``noise_multiplier``
-        or a target ``epsilon`` at ``delta`` for the run.
+        or a target ``epsilon`` at ``delta`` for the run; ``sampling`` ``fixed`` or
+        ``poisson`` (the module docstring).
     noise_seed : int, optional
-        Tests only: a seeded noise stream (anyone knowing it can remove the noise).
+        Tests only: a seeded noise stream (anyone knowing it can remove the noise, and,
+        with ``poisson``, predict the sample).
     """
 
     def __init__(self, settings: DPSettings, *, noise_seed: int | None = None) -> None:
@@ -102,7 +148,64 @@ class ClientLevelDP:
         #: :class:`FSVRGDP`, the releases since the previous record.
         self._pending: dict[str, Any] = {}
         self._records: Any = lambda: []  # the strategy's records (bound by enable_client_dp)
+        self.sampling_rate = 1.0  # q of the rounds' Poisson sample (poisson; 1: fixed)
+        self.expected_count: float | None = None  # q N, the fixed denominator (poisson)
+        self._described = False
 
+    @property
+    def poisson(self) -> bool:
+        """Whether the devices are Poisson-sampled (``dp.sampling=poisson``)."""
+        return self.settings.sampling == "poisson"
+
+    def sample(self, eligible: Any, rate: float, population: int,
+               min_train_nodes: int = 0) -> list[int]:
+        """``dp.sampling=poisson``: the round's devices, each of ``eligible`` (task ids)
+        independently with probability ``rate`` (from the server's secret randomness,
+        :meth:`_rng`), sorted; the release divides by ``rate * population``.
+
+        Parameters
+        ----------
+        eligible : iterable of int
+            The training tasks online (a training task not online is never sampled: it
+            adds the zero update, as a silent one does).
+        rate : float
+            q in (0, 1], the train fraction.
+        population : int
+            N >= 1, the federation's training tasks (a public constant of the run).
+        min_train_nodes : int
+            The strategy's; must be 0 (raising the sample's size breaks its law).
+
+        Raises
+        ------
+        ConfigError
+            For ``min_train_nodes`` > 0, a rate outside (0, 1] or ``population`` < 1.
+        """
+        if min_train_nodes:
+            raise ConfigError(f"dp.sampling=poisson samples each device independently; "
+                              f"min_train_nodes={min_train_nodes} would change the sample's "
+                              "law (and void its amplification): leave it 0")
+        try:
+            q = check_sampling_rate(float(rate))
+        except ValueError as err:
+            raise ConfigError(f"dp.sampling=poisson: the train fraction is q, {err}") from err
+        if int(population) < 1:
+            raise ConfigError(f"dp.sampling=poisson needs training devices, got {population}")
+        self.sampling_rate, self.expected_count = q, q * int(population)
+        ordered = np.array(sorted(int(t) for t in eligible), dtype=np.int64)
+        included = self._rng().random(ordered.size) < q
+        return [int(t) for t in ordered[included]]
+
+    def describe(self) -> str:
+        """One line saying which sampling and accounting the releases use."""
+        if self.poisson:
+            return (f"client-level DP: Poisson sampling, each training device joins a round "
+                    f"with probability q={self.sampling_rate:g} (server's secret randomness); "
+                    f"clipped updates summed over the fixed qN={self.expected_count:g}; "
+                    "accounting: RDP of PoissonSampledDpEvent(q, Gaussian(z)) per round, "
+                    "add/remove-one-device adjacency (amplification by sampling)")
+        return ("client-level DP: the strategy's fixed-size sample, clipped updates averaged "
+                "over the K sampled; accounting: RDP of Gaussian(z) per release, no "
+                "amplification by sampling")
     def current_clip(self, records: list[dict[str, Any]], stream: str | None = None) -> float:
         """The clip norm of ``stream``'s next release: ``dp.clip``, or with adaptive
         clipping the newest record's ``dp_clip_next`` (``dp_clip_next_<stream>`` for a
@@ -121,9 +224,14 @@ class ClientLevelDP:
         costs :meth:`resolve_noise`'s z; :func:`~fmtl_flower.core.privacy.
         adaptive_noise_params`)."""
         s = self.settings
+        count_std = s.clipped_count_stddev
+        if self.poisson and self.expected_count is not None:  # a data-independent default
+            num_sampled = max(1, math.ceil(self.expected_count))
+            if count_std is None:
+                count_std = self.expected_count * COUNT_STDDEV_PER_DEVICE
         try:
             count_std, z_update = adaptive_noise_params(
-                float(self.noise_multiplier or 0.0), int(num_sampled), s.clipped_count_stddev)
+                float(self.noise_multiplier or 0.0), int(num_sampled), count_std)
         except ValueError as err:
             raise ConfigError(str(err)) from err
         return AdaptiveClip(clip, s.target_quantile, s.clip_learning_rate, count_std), z_update
@@ -134,30 +242,37 @@ class ClientLevelDP:
         if self.noise_multiplier is None:
             eps = float(self.settings.epsilon)
             self.noise_multiplier = 0.0 if math.isinf(eps) else noise_multiplier_for_epsilon(
-                eps, self.settings.delta, int(num_releases))
+                eps, self.settings.delta, int(num_releases),
+                sampling_rate=self.sampling_rate if self.poisson else 1.0)
             log(INFO, "client-level DP: noise multiplier %.4f for epsilon=%g at delta=%g "
-                "over %d releases", self.noise_multiplier, eps, self.settings.delta,
-                num_releases)
+                "over %d releases%s", self.noise_multiplier, eps, self.settings.delta,
+                num_releases, f" Poisson-sampled at q={self.sampling_rate:g}"
+                if self.poisson else "")
         return self.noise_multiplier
 
     def accountant(self, records: list[dict[str, Any]]) -> GaussianAccountant:
         """The account of the releases in ``records`` (a record with releases holds their
-        ``dp_noise_multiplier`` and, when more than one, their number ``dp_releases``):
-        the records are the state, so a resumed run resumes it. With adaptive clipping a
+        ``dp_noise_multiplier``, with ``poisson`` their ``dp_sampling_rate`` (absent: 1,
+        no amplification) and, when more than one, their number ``dp_releases``): the
+        records are the state, so a resumed run resumes it. With adaptive clipping a
         release and its noisy count are one release of noise multiplier z (Andrew et al.,
         Thm. 1; as Flower accounts them)."""
         account = GaussianAccountant(delta=self.settings.delta)
         for record in records:
             z = record.get("dp_noise_multiplier")
             if z is not None:
-                account.compose(float(z), steps=int(record.get("dp_releases") or 1))
+                account.compose(float(z), float(record.get("dp_sampling_rate") or 1.0),
+                                steps=int(record.get("dp_releases") or 1))
         return account
 
     def aggregate(self, current: np.ndarray, returned: list[np.ndarray], num_sampled: int,
                   records: list[dict[str, Any]], num_rounds: int) -> np.ndarray:
         """``current`` plus the noisy mean of the clipped updates ``returned - current`` over
         the ``num_sampled`` devices sampled (a dropped one adds 0), and the release
-        accounted.
+        accounted. With ``poisson`` the sum is divided by the fixed q N of the round's
+        :meth:`sample` instead, the noise std is z C / (q N) and the release is accounted
+        as Poisson-subsampled at q (``returned`` may be empty: the release is then the
+        noise around ``current``).
 
         Parameters
         ----------
@@ -172,8 +287,15 @@ class ClientLevelDP:
         num_rounds : int
             The run's rounds (to calibrate a target epsilon).
         """
+        if self.poisson and self.expected_count is None:
+            raise RuntimeError("dp.sampling=poisson: sample() draws the round's devices "
+                               "before its release")
+        if not self._described:
+            self._described = True
+            log(INFO, "%s", self.describe())
         z = self.resolve_noise(num_rounds)
         k = max(int(num_sampled), len(returned), 1)
+        denominator = self.expected_count if self.poisson else k
         clip = self.current_clip(records)
         adaptive, z_update = self._adaptive(clip, k) if self.settings.adaptive else (None, z)
         rng = self._rng()
@@ -184,24 +306,49 @@ class ClientLevelDP:
             total += update
             norms.append(norm)
         clipped = sum(norm > clip * (1 + CLIP_SLACK) for norm in norms)
-        std = z_update * clip / k
+        std = z_update * clip / denominator
         noise = rng.normal(0.0, std, size=current.shape) if std > 0 else 0.0
         account = self.accountant(records)
         charged = self._take_charge()
-        account.compose(z, steps=1 + charged)
+        account.compose(z, self.sampling_rate if self.poisson else 1.0, steps=1 + charged)
         self._release = {"epsilon": account.epsilon(), "dp_noise_multiplier": z,
                          "dp_noise_std": std, "dp_clipped": clipped}
+        if self.poisson:
+            self._release.update(dp_sampling_rate=self.sampling_rate,
+                                 dp_expected_sampled=self.expected_count)
         if charged:
             self._release.update(dp_releases=1 + charged, dp_charged_on_resume=charged)
         if adaptive is not None:  # the clip moves on the noisy count of updates that fit
             self._release["dp_clip"] = clip
             fits = adaptive.fits(norms, self.settings.mechanism == "client-clip")
-            self._release["dp_unclipped_fraction"] = adaptive.update(fits, k, rng)
+            self._release["dp_unclipped_fraction"] = (
+                self._poisson_unclipped_fraction(adaptive, fits, k, rng) if self.poisson
+                else adaptive.update(fits, k, rng))
             self._release["dp_clip_next"] = adaptive.clip
         log(INFO, "client-level DP: %d/%d updates clipped to %g, noise std %.4g, "
             "epsilon=%.4g at delta=%g after %d releases", clipped, len(returned), clip,
             std, self._release["epsilon"], self.settings.delta, account.releases)
-        return current + total / k + noise
+        return current + total / denominator + noise
+
+    def _poisson_unclipped_fraction(self, adaptive: AdaptiveClip, fits: np.ndarray,
+                                    num_sampled: int, rng: np.random.Generator) -> float:
+        """``poisson``: Andrew et al.'s noisy fraction of updates that fit, with the fixed
+        denominator q N, and the clip moved by it. The released count is centred,
+        ``sum over the sampled of (b_i - 1/2) + N(0, sigma_b^2)`` (b_i = 1 for an update
+        that fits; a silent device's zero update fits): its sensitivity is 1/2 whatever
+        the sample's size, which stays secret (the plain count, or the centred one plus
+        |S| / 2, would reveal it), and over the sample its mean is q sum_i (b_i - 1/2),
+        so ``1/2 + (centred count) / (q N)`` estimates the federation's fraction without
+        bias."""
+        fits = np.asarray(fits, dtype=bool)
+        sampled = max(int(num_sampled), fits.size)
+        unclipped = int(np.count_nonzero(fits)) + sampled - fits.size
+        noise = rng.normal(0.0, adaptive.count_stddev) if adaptive.count_stddev > 0 else 0.0
+        fraction = 0.5 + (unclipped - 0.5 * sampled + noise) / float(self.expected_count)
+        adaptive.clip = geometric_clip_update(adaptive.clip, fraction,
+                                              adaptive.target_quantile,
+                                              adaptive.learning_rate)
+        return float(fraction)
 
     def fingerprint(self) -> list[Any]:
         """The settings a checkpoint must share to be resumed by this run (the account
@@ -210,6 +357,7 @@ class ClientLevelDP:
         out = [s.mechanism, s.clip, s.noise_multiplier, s.epsilon, s.delta]
         if s.adaptive:
             out += [s.target_quantile, s.clip_learning_rate, s.clipped_count_stddev]
+        out += [s.sampling] if s.sampling != "fixed" else []  # fixed: as before the key
         return out + ([s.weighting] if s.weighting != "uniform" else [])
 
     def wire_config(self) -> dict[str, float]:
@@ -539,7 +687,8 @@ def enable_client_dp(strategy: Any, settings: DPSettings | None = None, *,
     ConfigError
         For ``record`` on anything but MOCHA's family (:func:`~.record_dp.enable_record_dp`);
         for a method whose shared models DP does not cover (clustered / ifca, cfl: their
-        per-cluster averages have data-dependent counts), or invalid settings.
+        per-cluster averages have data-dependent counts), or invalid settings; for
+        ``sampling="poisson"`` on the FSVRG family or with ``min_train_nodes`` > 0.
     """
     settings = DPSettings.resolve(settings, kwargs)
     if not settings.enabled:
@@ -550,6 +699,10 @@ def enable_client_dp(strategy: Any, settings: DPSettings | None = None, *,
         return enable_record_dp(strategy, settings)
     from .fsvrg import FSVRG  # noqa: PLC0415 (fsvrg imports this module's users)
 
+    if isinstance(strategy, FSVRG) and settings.sampling != "fixed":
+        raise ConfigError(f"dp.sampling={settings.sampling} is for FedEM's family; the FSVRG "
+                          "family's releases are accounted without sampling: use "
+                          "dp.sampling=fixed")
     if isinstance(strategy, FSVRG):
         return _enable_fsvrg_dp(strategy, settings, noise_seed, stats_clip)
     method = getattr(getattr(strategy, "settings", None), "method", None)  # built or not
@@ -560,6 +713,10 @@ def enable_client_dp(strategy: Any, settings: DPSettings | None = None, *,
         raise ConfigError(f"dp.mechanism={settings.mechanism} covers "
                           f"{', '.join(DP_CLIENT_LEVEL_METHODS)} (and local, which releases "
                           f"nothing); got {type(strategy).__name__} method={method!r}")
+    if settings.sampling == "poisson" and getattr(strategy, "min_train_nodes", 0):
+        raise ConfigError(f"dp.sampling=poisson samples each device independently; "
+                          f"min_train_nodes={strategy.min_train_nodes} would change the "
+                          "sample's law (and void its amplification): leave it 0")
     strategy.privacy = ClientLevelDP(settings, noise_seed=noise_seed)
     strategy.privacy._records = lambda: getattr(strategy, "records", [])
     return strategy
