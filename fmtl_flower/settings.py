@@ -1072,7 +1072,10 @@ class DPSettings(StrategySettings):
         ``DifferentialPrivacyServerSideFixedClipping``); ``client-clip``: the devices clip
         their own update and the server clips again and adds the noise (Flower's
         ``DifferentialPrivacyClientSideFixedClipping`` with ``fixedclipping_mod``); both
-        for FedEM's family (fedem, fedavg, fedprox, fedavg-ft, pfedme). ``record``:
+        for FedEM's family (fedem, fedavg, fedprox, fedavg-ft, pfedme); for the FSVRG
+        family ``central`` (fsvrg, fsvrg-naive, dane, gd: every release of a round, fsvrg's
+        feature statistics once) and ``client-clip`` (cocoa-plus: the devices scale their
+        dual step) (:class:`fmtl_flower.strategies.privacy.FSVRGDP`). ``record``:
         record-level DP on the device for MOCHA's family (methods mocha, mb-sdca): each
         device clips its rows to norm ``clip`` and adds Gaussian noise of std
         z * 2 ``clip`` / n_t to its delta-b (:mod:`fmtl_flower.strategies.record_dp`),
