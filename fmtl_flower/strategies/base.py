@@ -86,6 +86,7 @@ from ..legacy import detect_legacy
 from ..polling import poll_replies
 from ..wire import metric_record, to_array
 from .discovery import TaskDirectory, discover_num_tasks, suggested_fix, wait_for_nodes
+from .records import KeepsRecords, public_record
 from .repeated_errors import collapse_repeated_errors
 
 #: The config entry of every round's messages naming the run (module docstring).
@@ -174,16 +175,16 @@ class SizedAtStart:
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
-class TaskStrategy(SizedAtStart, Strategy):
+class TaskStrategy(SizedAtStart, KeepsRecords, Strategy):
     """Base of the strategies that keep one model per task (MOCHA and its baselines).
 
-    Subclasses set ``directory`` (a :class:`TaskDirectory`), ``records`` (one dict per state
-    k = 0 .. R; a record still waiting for its devices' numbers holds the key ``_reg``) and
+    Subclasses set ``directory`` (a :class:`TaskDirectory`), ``book`` (a
+    :class:`~fmtl_flower.strategies.records.RoundRecords`: one record per state k = 0 .. R,
+    ``records``, and which are still waiting for their devices' numbers) and
     ``ever_replied`` (bool per task) in their constructor.
     """
 
     directory: TaskDirectory
-    records: list[dict[str, Any]]
     ever_replied: np.ndarray
     num_rounds: int | None = None
     round_timeout: float = 120.0
@@ -574,14 +575,11 @@ class TaskStrategy(SizedAtStart, Strategy):
     def n_train(self) -> np.ndarray:
         return self.directory.n_train
 
-    @staticmethod
-    def public_record(record: dict[str, Any]) -> dict[str, Any]:
-        """A record without internal fields."""
-        return {k: v for k, v in record.items() if not k.startswith("_")}
+    public_record = staticmethod(public_record)
 
     def results(self) -> dict[str, Any]:
         """``{"rounds": [...], "final": {...}}`` of the results contract (completed records)."""
-        rounds = [self.public_record(r) for r in self.records if "_reg" not in r]
+        rounds = self.book.published()
         final = dict(rounds[-1]) if rounds else {}
         final["tasks_never_replied"] = sorted(int(t) for t in np.flatnonzero(~self.ever_replied))
         final["complete"] = bool(rounds) and not final.get("tasks_missing")

@@ -127,6 +127,7 @@ from .linear_tasks import LinearTasks
 from .packed_mbsgd import PROTOCOL as STACKING_PROTOCOL
 from .packed_mbsgd import read_stacked_reply as read_stacked_mbsgd
 from .packed_mocha import stacked_message
+from .records import RoundRecords
 from .trust import BOUND_SLACK, ReplyBoundary, ReplyContract, all_finite, guarded, norm
 
 __all__ = ["SCHEDULES", "MbSgd", "ReplyError"]
@@ -242,7 +243,7 @@ class MbSgd(LinearTasks, TaskStrategy):
         self.num_rounds: int | None = None
         self.W: np.ndarray | None = None
         self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
-        self.records: list[dict[str, Any]] = []
+        self.book = RoundRecords()  # one record per state (strategies/records.py)
         self.replies = ReplyBoundary(_NAME, REPLY_CONTRACTS, lambda: {"d": self.dim})
         self._budgets = np.zeros(self.num_tasks, dtype=np.int64)
         self._w_norm = np.zeros(self.num_tasks)  # |w_t| sent this round
@@ -451,7 +452,7 @@ class MbSgd(LinearTasks, TaskStrategy):
                                    for k, v in formulation_arrays(self.formulation).items()}}
         if self.robust:
             arrays.update(self.watch.state_arrays())
-        return arrays, {"records": self.records}
+        return arrays, {"records": self.book.to_meta()}
 
     def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
         """Load :meth:`checkpoint_state`'s output."""
@@ -465,7 +466,7 @@ class MbSgd(LinearTasks, TaskStrategy):
         self._refresh_matrices()
         self.W = W.copy()
         self.directory.dim = W.shape[0]
-        self.records = [dict(r) for r in meta["records"]]
+        self.book.load(meta["records"])
 
     # ------------------------------------------------------------------ messages
     def _instructions(self, server_round: int, message_type: str, evaluate: bool,
@@ -586,6 +587,5 @@ class MbSgd(LinearTasks, TaskStrategy):
             k, primal=None, dual=None, gap=None, num_dropped=None, samples=None,
             step_size=None, omega_step=None, estimated_time_s=None,
             objective_omega=self.formulation.omega_objective(self.W.shape[0]),
-            objective=None, _reg=self.regulariser(self.W))
-        self.records.append(record)
-        return record
+            objective=None)
+        return self.book.open(record, regulariser=self.regulariser(self.W))

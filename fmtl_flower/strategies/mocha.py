@@ -237,6 +237,7 @@ from .faults import TaskHealth
 from .linear_tasks import LinearTasks
 from .packed_mocha import PROTOCOL as STACKING_PROTOCOL
 from .packed_mocha import read_stacked_reply, stacked_message
+from .records import RoundRecords
 from .trust import BOUND_SLACK, ReplyBoundary, ReplyContract, all_finite, guarded, norm
 
 RoundCallback = Callable[[dict[str, Any]], None]
@@ -422,7 +423,7 @@ class Mocha(LinearTasks, TaskStrategy):
         self._constants: tuple[Any, ...] | None = None  # (state, formulation, mode, values)
         self.last_accepted = np.zeros(self.num_tasks, dtype=np.int64)
         self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
-        self.records: list[dict[str, Any]] = []
+        self.book = RoundRecords()  # one record per state (strategies/records.py)
         self.replies = ReplyBoundary("MOCHA", REPLY_CONTRACTS,
                                      lambda: {"d": self.model_dim})
         self._round_start = 0.0
@@ -728,7 +729,7 @@ class Mocha(LinearTasks, TaskStrategy):
             arrays.update(self.watch.state_arrays())
         if self.privacy is not None:
             arrays.update(self.privacy.state_arrays())
-        meta: dict[str, Any] = {"records": self.records, "health": health_meta}
+        meta: dict[str, Any] = {"records": self.book.to_meta(), "health": health_meta}
         if self.lifting.classes is not None:
             meta["classes"] = wire_list(self.lifting.classes)
         return arrays, meta
@@ -757,7 +758,7 @@ class Mocha(LinearTasks, TaskStrategy):
         if self.decoupled.any():
             self.state.decoupled = self.decoupled.copy()  # M stored is M'
         self._checkpoint_n_train = arrays["n_train"].astype(np.int64)
-        self.records = [dict(r) for r in meta["records"]]
+        self.book.load(meta["records"])
 
     def results(self) -> dict[str, Any]:
         """The results contract, plus ``health``: which task missed which rounds, on which
@@ -1130,11 +1131,10 @@ class Mocha(LinearTasks, TaskStrategy):
         record: dict[str, Any] = round_record(
             k, primal=None, dual=None, gap=None, num_dropped=None,
             objective_omega=self.state.formulation.omega_objective(self.state.dim),
-            objective=None, _reg=self.state.regulariser())
+            objective=None)
         if self.privacy is not None:
             record.update(self.privacy.record_fields())
-        self.records.append(record)
-        return record
+        return self.book.open(record, regulariser=self.state.regulariser())
 
     def _consistent_tasks(self, accepted: dict[int, dict[str, Any]]) -> list[int]:
         """The tasks whose device kept its state (``state-ok``): a restarted one's numbers

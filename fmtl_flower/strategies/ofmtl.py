@@ -89,6 +89,7 @@ from .discovery import (
     wait_for_nodes,
 )
 from .mocha import Mocha
+from .records import KeepsRecords, RoundRecords
 from .repeated_errors import collapse_repeated_errors
 from .trust import ReplyBoundary, ReplyContract, all_finite, check_bound, norm
 
@@ -109,7 +110,7 @@ class NewcomerFailed(RuntimeError):
     """The newcomer did not complete the protocol (no reply, error, or a bad reply)."""
 
 
-class OFMTL(SizedAtStart, Strategy):
+class OFMTL(SizedAtStart, KeepsRecords, Strategy):
     """MOCHA over the initial tasks, then O(1)-communication newcomers (module docstring).
 
     Of Flower's knobs, ``min_available_nodes`` (wait for that many nodes before discovery)
@@ -179,7 +180,7 @@ class OFMTL(SizedAtStart, Strategy):
         self.replies = ReplyBoundary(_NAME, REPLY_CONTRACTS, lambda: {"d": self.W.shape[0]})
         self.W: np.ndarray | None = None
         self.Sigma: np.ndarray | FactoredMatrix | None = None
-        self.records: list[dict[str, Any]] = []
+        self.book = RoundRecords()  # one record per event, complete when made (records.py)
         self.retrainings = 0
         self.tasks_at_training = 0
         self.newcomer_floats: list[int] = []
@@ -212,7 +213,7 @@ class OFMTL(SizedAtStart, Strategy):
 
     def _write_checkpoint(self) -> None:
         assert self.W is not None and self.Sigma is not None
-        meta = {"fingerprint": self.fingerprint(), "records": self.records,
+        meta = {"fingerprint": self.fingerprint(), "records": self.book.to_meta(),
                 "ever_replied": sorted(self._ever_replied),
                 "retrainings": self.retrainings, "tasks_at_training": self.tasks_at_training,
                 "newcomer_floats": self.newcomer_floats, "floats_total": self.floats_total}
@@ -251,7 +252,7 @@ class OFMTL(SizedAtStart, Strategy):
         self.W, self.Sigma = W.astype(np.float64), Sigma
         self.directory.fix_dim(self.W.shape[0])
         meta = checkpoint.meta
-        self.records = [dict(r) for r in meta["records"]]
+        self.book.load(meta["records"])
         self.retrainings, self.tasks_at_training = meta["retrainings"], meta["tasks_at_training"]
         self.newcomer_floats = [int(f) for f in meta["newcomer_floats"]]
         self.floats_total = int(meta["floats_total"])
@@ -547,13 +548,12 @@ class OFMTL(SizedAtStart, Strategy):
             tasks = sorted(errors)
             record.update(error_summary(np.array([errors[t] for t in tasks]),
                                         np.array([counts[t] for t in tasks])))
-        self.records.append(record)
+        self.book.add(record)
         log(INFO, "%s: %s -> %d tasks, test error %s, %d floats", _NAME, event, self.m,
             record.get("test_error"), floats)
         if self.checkpoint_dir is not None:
             self._write_checkpoint()
-        if self.on_record is not None:
-            self.on_record(dict(record))
+        self.book.publish(record, self.on_record)
 
     def _evaluate(self, grid: Grid) -> tuple[dict[int, int], dict[int, int]]:
         assert self.W is not None
@@ -594,7 +594,7 @@ class OFMTL(SizedAtStart, Strategy):
         final.update(retrainings=self.retrainings, newcomer_floats=list(self.newcomer_floats),
                      tasks_never_replied=sorted(int(t) for t in never),
                      complete=self.m == self.num_tasks)
-        return {"rounds": [dict(r) for r in self.records], "final": final}
+        return {"rounds": self.book.published(), "final": final}
 
     # ------------------------------------------------------------------ Strategy's abstract API
     # The run is driven by start(); the per-round hooks of the base class are not used.
