@@ -84,6 +84,7 @@ from ..checkpoint import check_fingerprint, read_checkpoint, write_checkpoint
 from ..core.rng import evaluate_sample_rng, train_sample_rng
 from ..legacy import detect_legacy
 from ..polling import poll_replies
+from ..settings import SettingsHome
 from ..wire import metric_record, to_array
 from .discovery import TaskDirectory, discover_num_tasks, suggested_fix, wait_for_nodes
 from .records import KeepsRecords, public_record
@@ -175,7 +176,7 @@ class SizedAtStart:
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
-class TaskStrategy(SizedAtStart, KeepsRecords, Strategy):
+class TaskStrategy(SettingsHome, SizedAtStart, KeepsRecords, Strategy):
     """Base of the strategies that keep one model per task (MOCHA and its baselines).
 
     Subclasses set ``directory`` (a :class:`TaskDirectory`), ``book`` (a
@@ -199,16 +200,16 @@ class TaskStrategy(SizedAtStart, KeepsRecords, Strategy):
     #: The run's identity as its messages send it (``run-token``; "" until ``start``).
     sent_identity: str = ""
     last_checkpoint_round: int = 0  # round of the newest checkpoint written or resumed from
-    # Flower's knobs (module docstring): class-level defaults, overridden per instance.
-    min_available_nodes: int = 0
-    fraction_train: float = 1.0
-    min_train_nodes: int = 0
-    fraction_evaluate: float = 1.0
-    min_evaluate_nodes: int = 0
-    train_metrics_aggr_fn: MetricsAggrFn | None = None
-    evaluate_metrics_aggr_fn: MetricsAggrFn | None = None
+    # Flower's knobs (module docstring): settings, read from ``settings`` (SettingsHome).
+    min_available_nodes: int
+    fraction_train: float
+    min_train_nodes: int
+    fraction_evaluate: float
+    min_evaluate_nodes: int
+    train_metrics_aggr_fn: MetricsAggrFn | None
+    evaluate_metrics_aggr_fn: MetricsAggrFn | None
     #: Seconds between pulls of a deployment's replies (``reply-poll-interval``).
-    reply_poll_interval: float = 0.5
+    reply_poll_interval: float
     #: The reply metric that counts a device's examples (Flower's ``weighted_by_key``).
     weighted_by_key: str = "n-train"
     #: Whether the strategy samples devices per round (honours ``fraction_train`` and

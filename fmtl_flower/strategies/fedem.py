@@ -362,6 +362,9 @@ class FedEM(TaskStrategy):
         (:mod:`fmtl_flower.settings`); keyword arguments override it.
     """
 
+    #: Settings this strategy derives its own value of (SettingsHome).
+    derived_settings = frozenset({"method", "model", "num_classes", "num_components"})
+
     #: Client-level DP (:func:`fmtl_flower.strategies.privacy.enable_client_dp`), or None.
     privacy: Any = None
 

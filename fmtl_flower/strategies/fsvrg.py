@@ -411,6 +411,9 @@ class Fsvrg(TaskStrategy):
         Client-level DP (:func:`fmtl_flower.strategies.privacy.enable_client_dp`), or None.
     """
 
+    #: Settings this strategy derives its own value of (SettingsHome).
+    derived_settings = frozenset({"h", "lam", "step"})
+
     privacy: Any = None
 
     def __init__(self, num_tasks: int | None = None, settings: FsvrgSettings | None = None,

@@ -221,6 +221,9 @@ class MbSgd(LinearTasks, TaskStrategy):
         :meth:`results`.
     """
 
+    #: Settings this strategy derives its own value of (SettingsHome).
+    derived_settings = frozenset({"drop_prob"})
+
     def __init__(self, num_tasks: int | None = None, settings: MbSgdSettings | None = None,
                  *, dim: int | None = None, on_round: RoundCallback | None = None,
                  **kwargs: Any) -> None:

@@ -382,6 +382,9 @@ class Mocha(LinearTasks, TaskStrategy):
     seeding step: the run is bit for bit the unpacked one.
     """
 
+    #: Settings this strategy derives its own value of (SettingsHome).
+    derived_settings = frozenset({"drop_prob"})
+
     def __init__(self, num_tasks: int | None = None, settings: MochaSettings | None = None,
                  *, dim: int | None = None, on_round: RoundCallback | None = None,
                  **kwargs: Any) -> None:

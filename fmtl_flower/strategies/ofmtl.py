@@ -77,7 +77,7 @@ from ..core.factored import FactoredMatrix, _factor_arrays, _factor_from_arrays
 from ..core.mocha_factored import choose_server_path
 from ..core.ofmtl_factored import server_ops
 from ..metrics import error_summary, round_record
-from ..settings import OFMTLSettings, apply_settings, check_num_tasks
+from ..settings import OFMTLSettings, SettingsHome, apply_settings, check_num_tasks
 from ..wire import from_array, to_array
 from .base import SizedAtStart, check_evaluate_knobs, check_run_length
 from .discovery import (
@@ -110,7 +110,7 @@ class NewcomerFailed(RuntimeError):
     """The newcomer did not complete the protocol (no reply, error, or a bad reply)."""
 
 
-class OFMTL(SizedAtStart, KeepsRecords, Strategy):
+class OFMTL(SettingsHome, SizedAtStart, KeepsRecords, Strategy):
     """MOCHA over the initial tasks, then O(1)-communication newcomers (module docstring).
 
     Of Flower's knobs, ``min_available_nodes`` (wait for that many nodes before discovery)
@@ -312,14 +312,14 @@ class OFMTL(SizedAtStart, KeepsRecords, Strategy):
                 return None
             time.sleep(0.5)
 
-    # Flower's knobs (class-level defaults; see :meth:`_check_knobs`)
-    min_available_nodes: int = 0
-    fraction_train: float = 1.0
-    min_train_nodes: int = 0
-    fraction_evaluate: float = 1.0
-    min_evaluate_nodes: int = 0
-    train_metrics_aggr_fn: Callable[..., MetricRecord] | None = None
-    evaluate_metrics_aggr_fn: Callable[..., MetricRecord] | None = None
+    # Flower's knobs (settings, read from ``settings``: SettingsHome; see :meth:`_check_knobs`)
+    min_available_nodes: int
+    fraction_train: float
+    min_train_nodes: int
+    fraction_evaluate: float
+    min_evaluate_nodes: int
+    train_metrics_aggr_fn: Callable[..., MetricRecord] | None
+    evaluate_metrics_aggr_fn: Callable[..., MetricRecord] | None
 
     @property
     def m(self) -> int:
