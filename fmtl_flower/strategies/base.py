@@ -29,8 +29,9 @@ its devices' state is reset.
 
 Flower's strategy knobs
 -----------------------
-:class:`TaskStrategy` has Flower's usual knobs as attributes (class-level defaults that a
-constructor or settings object may override; read when ``start`` runs):
+:class:`TaskStrategy` has Flower's usual knobs as attributes (settings, read from the
+strategy's ``settings`` and updated there when assigned:
+:class:`~fmtl_flower.settings.SettingsHome`; read when ``start`` runs):
 
 ``min_available_nodes`` (int, default 0)
     Before the first round's discovery, wait until the grid has at least this many nodes,
