@@ -4,7 +4,7 @@ For ``synthetic`` (30 tasks) and ``small`` (small.mat through the registry), eac
 ``latency-sigma`` in 0, 0.5, 1, 1.5, the time (virtual seconds) to a certified relative gap
 ``gap / |primal| <= 1e-3``:
 
-* AsyncMocha (:func:`fmtl_flower.core.async_mocha.simulate_async_mocha`): every task in flight
+* AsyncMOCHA (:func:`fmtl_flower.core.async_mocha.simulate_async_mocha`): every task in flight
   (``concurrency`` = m), ``tau`` unbounded (the tasks are uncoupled), the safeguard on, with
   its request timeout (a request not back by then expires, theta = 1, and the device gets
   new work) TUNED ON THE GRID below; its time with the default timeout (10 x the nominal
@@ -224,7 +224,7 @@ def _panels(payload: dict) -> list[tuple[str, str]]:
 
 
 def plot(payload: dict, path: Path) -> None:
-    """Time to the target against latency-sigma: AsyncMocha (tuned and default timeout) and
+    """Time to the target against latency-sigma: AsyncMOCHA (tuned and default timeout) and
     synchronous MOCHA with its best deadline, one panel per dataset and latency model."""
     import matplotlib
 
@@ -237,8 +237,8 @@ def plot(payload: dict, path: Path) -> None:
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.8 * rows), squeeze=False)
     for ax, (title, prefix) in zip(axes.flat, panels, strict=False):  # extra axes hidden
         for label, key, style in (
-                ("AsyncMocha (timeout tuned)", "async_time_s", "o-"),
-                ("AsyncMocha (default timeout)", "async_default_timeout_time_s", "s--"),
+                ("AsyncMOCHA (timeout tuned)", "async_time_s", "o-"),
+                ("AsyncMOCHA (default timeout)", "async_default_timeout_time_s", "s--"),
                 ("synchronous MOCHA (best deadline)", "sync_time_s", "^-")):
             ax.plot(SIGMAS, [payload[f"{prefix}{key}_sigma_{_key(s)}"] for s in SIGMAS], style,
                     label=label)

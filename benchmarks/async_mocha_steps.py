@@ -2,7 +2,7 @@
 
 On ``synthetic`` (30 tasks) with the fixed ``mean`` regulariser (lambda = 1e-3, lambda2 =
 1e-2: every pair of tasks coupled), the virtual time to a certified relative gap of 1e-2 of
-AsyncMocha (every task in flight, default timeout) for tau = m, 2m, 4m and sigma' rule
+AsyncMOCHA (every task in flight, default timeout) for tau = m, 2m, 4m and sigma' rule
 ``stale-safe`` (:func:`fmtl_flower.core.async_mocha.async_sigma_prime`) or ``synchronous``
 (Lemma 9's, kept safe by the per-reply safeguard alone), against synchronous MOCHA with its
 best deadline on the grid of ``benchmarks/async_mocha.py``; latency-sigma 0 and 1, the

@@ -7,7 +7,7 @@ Two scenarios (issue 25, discovery), each in its own process so that its peak RS
 * ``dim``: a packed node whose 4 slots claim every task with ``dim`` = 10**7 answers first,
   next to the same honest nodes (d = 5).
 
-Each prints one JSON line: seconds for ``Mocha.start`` (discovery and 1 round), the peak RSS
+Each prints one JSON line: seconds for ``MOCHA.start`` (discovery and 1 round), the peak RSS
 growth (ru_maxrss after minus RSS before, MB), the dim the run settled on and the tasks held.
 Run: ``python benchmarks/discovery_hostile.py`` (both scenarios, in subprocesses).
 Everything runs in one process per scenario (in-process grid): the hostile client's own work
@@ -30,7 +30,7 @@ import time
 
 from flwr.app import ConfigRecord, Error, Message, RecordDict
 
-from fmtl_flower import Mocha
+from fmtl_flower import MOCHA
 from fmtl_flower.apps.common import make_client_app
 from fmtl_flower.config import RunConfig
 from fmtl_flower.engine import FIRST_NODE_ID, InProcessGrid
@@ -73,7 +73,7 @@ def run(scenario: str) -> dict:
     configs = [{}, {"task-ids": "0,1"}, {"task-ids": "2,3"}]
     grid = PackedGrid(InProcessGrid(hostile_client(scenario), 3, node_configs=configs),
                       query_timeout=600.0)
-    strategy = Mocha(NUM_TASKS, lam=0.1, discovery_timeout=600.0)
+    strategy = MOCHA(NUM_TASKS, lam=0.1, discovery_timeout=600.0)
     before = rss_mb()
     started = time.perf_counter()
     outcome = "completed"

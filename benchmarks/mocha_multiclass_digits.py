@@ -54,7 +54,7 @@ import numpy as np
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fmtl_flower import FedEM, Mocha, make_fedem_client_app, make_mocha_client_app
+from fmtl_flower import MOCHA, FedEM, make_fedem_client_app, make_mocha_client_app
 from fmtl_flower.clients.common import default_task_id
 from fmtl_flower.core.multiclass import predict_classes, with_intercept
 from fmtl_flower.data import load_dataset
@@ -102,7 +102,7 @@ def run_mocha(tasks: list[Any], rounds: int, seed: int, omega: str, lam: float,
               loss: str = "hinge", lam2: float | None = None) -> dict[str, Any]:
     """Multi-class MOCHA; the per-device accuracies recomputed from W (argmax) and checked
     against the devices' reports; ``"per_round"``: each round's accuracy."""
-    strategy = Mocha(len(tasks), lam=lam, omega=omega, omega_every=10, fit_intercept=True,
+    strategy = MOCHA(len(tasks), lam=lam, omega=omega, omega_every=10, fit_intercept=True,
                      loss=loss, seed=seed, discovery_timeout=10.0,
                      **({} if lam2 is None else {"lam2": lam2}))
     federate(strategy, make_mocha_client_app(loader(tasks), labels="auto"), len(tasks), rounds)

@@ -20,12 +20,12 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 
 from fmtl_flower.core.mocha_factored import make_server_state
 from fmtl_flower.engine import InProcessGrid
-from fmtl_flower.strategies.mocha import Mocha
+from fmtl_flower.strategies.mocha import MOCHA
 from fmtl_flower.wire import to_array
 
 
 def measure(d: int, repeats: int, trials: int, m: int = 50) -> dict[str, float]:
-    strategy = Mocha(m, omega="identity")
+    strategy = MOCHA(m, omega="identity")
     strategy.state = make_server_state(d, m, "identity", lam=0.1, path="dense")
     strategy.directory.n_train[:] = 100
     strategy.directory.row_norm[:] = 10.0

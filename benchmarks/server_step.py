@@ -42,7 +42,7 @@ from threadpoolctl import threadpool_info, threadpool_limits
 from fmtl_flower.core.formulations import SIGMA_MODES
 from fmtl_flower.core.mocha_factored import (
     SERVER_PATHS,
-    FactoredMochaServerState,
+    FactoredMOCHAServerState,
     choose_server_path,
     make_server_state,
 )
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> dict:
     rng = np.random.default_rng(args.seed)
     state.B[:] = rng.standard_normal((d, m))
     state.recompute_models()  # W = B M at the start Omega (not timed)
-    factored = isinstance(state, FactoredMochaServerState)
+    factored = isinstance(state, FactoredMOCHAServerState)
     f = state.formulation
     out = {"tasks": m, "dim": d, "path": path, "omega": args.omega, "sigma": args.sigma}
     rss_before = _rss_now_mb()

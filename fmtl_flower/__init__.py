@@ -4,9 +4,9 @@ Everything a Flower project needs is importable from the package root (loaded on
 so that ``import fmtl_flower`` stays cheap):
 
 Strategies (``flwr.serverapp.strategy.Strategy`` subclasses, driven by ``start()``)
-    :class:`Mocha` (also CoCoA and mini-batch SDCA: ``method=``), :class:`MbSgd`,
+    :class:`MOCHA` (also CoCoA and mini-batch SDCA: ``method=``), :class:`MbSGD`,
     :class:`FedEM` (also FedAvg, FedProx, FedAvg+, CFL, IFCA, pFedMe, local: ``method=``),
-    :class:`OFMTL`, :class:`Fsvrg` (also GD, naive FSVRG, CoCoA+, DANE: ``method=``);
+    :class:`OFMTL`, :class:`FSVRG` (also GD, naive FSVRG, CoCoA+, DANE: ``method=``);
     :class:`DiscoveryError` (too few tasks showed up) and :class:`NoValidReplies` (rounds
     in a row without a valid reply): the ``RuntimeError`` subclasses ``start()`` stops with.
 ClientApp factories over your own ``load_data(context)``
@@ -14,7 +14,7 @@ ClientApp factories over your own ``load_data(context)``
     :func:`make_fedem_client_app`, :func:`make_ofmtl_client_app`, :func:`make_fsvrg_client_app`;
     :func:`make_fedem_torch_client_app` (FedEM over a PyTorch ``nn.Module``, extra ``torch``).
 NumPyClients for ``ClientApp(client_fn=...)`` projects
-    :class:`MochaNumPyClient`, :class:`FedEMNumPyClient`; the server reaches them through
+    :class:`MOCHANumPyClient`, :class:`FedEMNumPyClient`; the server reaches them through
     :class:`LegacyGrid` (``strategy.start(grid=LegacyGrid(grid), ...)``).
 Data
     :func:`load_dataset` (the built-in datasets), :class:`MultiTaskDataset`;
@@ -25,8 +25,8 @@ Scale and engines
     per Flower node), :func:`run_inprocess` (a ServerApp/ClientApp pair without Ray),
     :func:`fit_mocha` (MOCHA without Flower), :class:`RunConfig`.
 Settings
-    :class:`MochaSettings`, :class:`MbSgdSettings`, :class:`FedEMSettings`,
-    :class:`OFMTLSettings`, :class:`FsvrgSettings` (each extends :class:`CommonSettings`):
+    :class:`MOCHASettings`, :class:`MbSGDSettings`, :class:`FedEMSettings`,
+    :class:`OFMTLSettings`, :class:`FSVRGSettings` (each extends :class:`CommonSettings`):
     what each strategy's constructor takes, checked, from keywords or a run config.
 """
 
@@ -39,11 +39,11 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     # strategies
-    "Mocha": "fmtl_flower.strategies.mocha",
-    "MbSgd": "fmtl_flower.strategies.mbsgd",
+    "MOCHA": "fmtl_flower.strategies.mocha",
+    "MbSGD": "fmtl_flower.strategies.mbsgd",
     "FedEM": "fmtl_flower.strategies.fedem",
     "OFMTL": "fmtl_flower.strategies.ofmtl",
-    "Fsvrg": "fmtl_flower.strategies.fsvrg",
+    "FSVRG": "fmtl_flower.strategies.fsvrg",
     "DiscoveryError": "fmtl_flower.strategies.discovery",
     "discover_num_tasks": "fmtl_flower.strategies.discovery",
     "NoValidReplies": "fmtl_flower.strategies.base",
@@ -55,7 +55,7 @@ _EXPORTS = {
     "make_ofmtl_client_app": "fmtl_flower.clients.ofmtl",
     "make_fsvrg_client_app": "fmtl_flower.clients.fsvrg",
     # NumPyClients and the server side's translation
-    "MochaNumPyClient": "fmtl_flower.clients.numpy_client",
+    "MOCHANumPyClient": "fmtl_flower.clients.numpy_client",
     "FedEMNumPyClient": "fmtl_flower.clients.numpy_client",
     "LegacyGrid": "fmtl_flower.legacy",
     # data
@@ -71,11 +71,11 @@ _EXPORTS = {
     "fit_mocha": "fmtl_flower.centralized",
     "RunConfig": "fmtl_flower.config",
     "CommonSettings": "fmtl_flower.settings",
-    "MochaSettings": "fmtl_flower.settings",
-    "MbSgdSettings": "fmtl_flower.settings",
+    "MOCHASettings": "fmtl_flower.settings",
+    "MbSGDSettings": "fmtl_flower.settings",
     "FedEMSettings": "fmtl_flower.settings",
     "OFMTLSettings": "fmtl_flower.settings",
-    "FsvrgSettings": "fmtl_flower.settings",
+    "FSVRGSettings": "fmtl_flower.settings",
 }
 __all__ = ["__version__", *_EXPORTS]
 

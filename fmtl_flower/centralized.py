@@ -3,7 +3,7 @@
 :func:`fit_pooled_model` is the FedEM family's ``global`` baseline (one model on the pooled
 training data).
 
-:func:`fit_mocha` performs exactly the computation of the federated :class:`Mocha` strategy
+:func:`fit_mocha` performs exactly the computation of the federated :class:`MOCHA` strategy
 with its ClientApp (same budgets, drops, coordinate orders, aggregation order and Omega-steps),
 so for the same seed it produces bit-identical models and objectives. It serves
 cross-validation sweeps, benchmarks (the bare loop the engine overhead is measured against)
@@ -22,11 +22,11 @@ from .core.baselines import cocoa_local_update, mbsdca_local_update, mbsdca_scal
 from .core.formulations import Formulation, make_formulation
 from .core.hinge import classification_errors
 from .core.losses import Loss, get_loss
-from .core.mocha import MochaServerState, omega_step_due
+from .core.mocha import MOCHAServerState, omega_step_due
 from .core.rng import TAG_POOLED_INIT, coordinate_order
 from .core.sdca import sdca_local_update
 from .metrics import error_summary
-from .settings import MochaSettings, drop_prob_of
+from .settings import MOCHASettings, drop_prob_of
 from .systems.heterogeneity import drop_mask, local_budgets
 from .systems.timing import deadline_budgets
 
@@ -34,10 +34,10 @@ TaskArrays = tuple[np.ndarray, np.ndarray]
 
 
 @dataclass
-class MochaFit:
+class MOCHAFit:
     """Result of :func:`fit_mocha`: the final server state, dual variables and history."""
 
-    state: MochaServerState
+    state: MOCHAServerState
     alphas: list[np.ndarray]
     history: list[dict] = field(default_factory=list)
     steps: list[np.ndarray] = field(default_factory=list)  # per round: steps of every task
@@ -47,7 +47,7 @@ class MochaFit:
         return self.state.W
 
 
-def _objective(state: MochaServerState, tasks: Sequence[TaskArrays],
+def _objective(state: MOCHAServerState, tasks: Sequence[TaskArrays],
                alphas: list[np.ndarray], loss_fn: Loss) -> tuple[float, float]:
     loss = np.array([loss_fn.mean_value(X, y, state.W[:, t]) for t, (X, y) in enumerate(tasks)])
     dual = np.array([loss_fn.dual_mean(a, y) for a, (_, y) in zip(alphas, tasks, strict=True)])
@@ -57,22 +57,22 @@ def _objective(state: MochaServerState, tasks: Sequence[TaskArrays],
 
 def fit_mocha(
     tasks: Sequence[TaskArrays],
-    settings: MochaSettings | None = None,
+    settings: MOCHASettings | None = None,
     *,
     rounds: int,
     record_every: int = 0,
     test: Sequence[TaskArrays] | None = None,
     formulation: Formulation | None = None,
     **kwargs: Any,
-) -> MochaFit:
+) -> MOCHAFit:
     """Run ``rounds`` MOCHA rounds over in-memory tasks.
 
     Parameters
     ----------
     tasks : sequence of (X, y)
         Training data per task (validated float64 arrays, labels in {-1, +1}).
-    settings : MochaSettings, optional
-        As for :class:`fmtl_flower.strategies.mocha.Mocha` (lambda, formulation, method,
+    settings : MOCHASettings, optional
+        As for :class:`fmtl_flower.strategies.mocha.MOCHA` (lambda, formulation, method,
         local work, systems, seed); keyword arguments are its fields (``lam=1e-3``) and
         override it. The discovery, fault and node settings do not apply here.
     rounds : int
@@ -86,7 +86,7 @@ def fit_mocha(
         A ready formulation (e.g. with a learned Omega) instead of building one from
         ``omega``, ``lam`` and the formulation options; it is used, and stepped, in place.
     """
-    s = MochaSettings.resolve(settings, kwargs)
+    s = MOCHASettings.resolve(settings, kwargs)
     loss = get_loss(s.loss)
     m = len(tasks)
     dim = tasks[0][0].shape[1]
@@ -94,8 +94,8 @@ def fit_mocha(
     sqnorms = [np.einsum("ij,ij->i", X, X) for X, _ in tasks]
     if formulation is None:
         formulation = make_formulation(s.omega, m, lam=s.lam, **s.formulation_options)
-    state = MochaServerState.zeros(dim, formulation)
-    fit = MochaFit(state, [np.zeros(k) for k in n])
+    state = MOCHAServerState.zeros(dim, formulation)
+    fit = MOCHAFit(state, [np.zeros(k) for k in n])
     systems = _Systems(n=n, dim=dim, s=s)
     method, seed = s.method, s.seed
     for r in range(1, rounds + 1):
@@ -132,7 +132,7 @@ class _Systems:
 
     n: np.ndarray
     dim: int
-    s: MochaSettings
+    s: MOCHASettings
 
     def draw(self, r: int) -> tuple[np.ndarray, np.ndarray, float]:
         """Round ``r``'s (budgets, dropped mask, Mb-SDCA scale (1.0 for the others))."""
@@ -169,7 +169,7 @@ def _local_update(method: str, X: np.ndarray, y: np.ndarray, alpha: np.ndarray,
     return scale * d_alpha, scale * d_b, budget
 
 
-def _record(fit: MochaFit, k: int, tasks: Sequence[TaskArrays],
+def _record(fit: MOCHAFit, k: int, tasks: Sequence[TaskArrays],
             test: Sequence[TaskArrays] | None, loss: Loss) -> None:
     primal, dual = _objective(fit.state, tasks, fit.alphas, loss)
     entry = {"round": k, "primal": primal, "dual": dual, "gap": primal - dual}

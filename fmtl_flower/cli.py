@@ -190,13 +190,13 @@ def _resolve_lambda(cfg: RunConfig, data) -> tuple[RunConfig, dict[float, float]
     if cfg.strategy == "mb-sgd":
         raise ConfigError("lambda=cv is not available for mb-sgd; give a number")
     from .model_selection import cross_validate_lambda
-    from .settings import MochaSettings
+    from .settings import MOCHASettings
 
     method = {"local": "local", "global": "global"}.get(cfg.strategy, "mtl")
     tasks = [(t.X_train, t.y_train) for t in data.tasks]
     mocha: dict[str, Any] = {}
     if method == "mtl":  # the CV fits: the run's formulation and local solver, no systems
-        settings = MochaSettings.from_run_config(
+        settings = MOCHASettings.from_run_config(
             {k: v for k, v in cfg.to_dict().items() if k != "mocha.lambda"},
             method=cfg.strategy)
         mocha = {"rounds": cfg.num_server_rounds, "omega": settings.omega,

@@ -36,7 +36,7 @@ from .settings import (
     SETTINGS_CLASSES,
     STRATEGIES,
     ConfigError,
-    MochaSettings,
+    MOCHASettings,
     RunKeys,
     StrategySettings,
     as_float,
@@ -338,7 +338,7 @@ def settings_from_config(cfg: RunConfig, num_tasks: int, num_classes: int | None
         "unseen_tasks": lambda: unseen_tasks(cfg, num_tasks),
         "mocha_rounds": lambda: cfg.num_server_rounds,
         "arrival_timeout": lambda: cfg.round_timeout}
-    cls = MochaSettings if family is None else _settings_class(family.settings)
+    cls = MOCHASettings if family is None else _settings_class(family.settings)
     arguments = ("method",) if family is None else family.settings_arguments
     return cls.from_run_config(cfg.to_dict(every_family=True),
                                discovery_timeout=max(cfg.round_timeout, 60.0),

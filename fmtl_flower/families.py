@@ -8,7 +8,7 @@ entry here (``docs/architecture.md``, "Where to add things").
 
 This module holds names only and imports nothing of the package: an entry names its
 strategy, handlers and ClientApp factory as ``"module:attribute"`` with the module relative
-to the package (``"strategies.mocha:Mocha"``), or absolute for a family outside it
+to the package (``"strategies.mocha:MOCHA"``), or absolute for a family outside it
 (``"my_package.toy:ToyStrategy"``); :mod:`fmtl_flower.apps.common`, the top layer, imports
 them when a run first needs them. So a MOCHA device still never imports FedEM's code.
 """
@@ -104,18 +104,18 @@ class Family:
 #: Every family, in the order the run config lists their strategies.
 FAMILIES: list[Family] = [
     Family("mocha", ("mocha", "cocoa", "mb-sdca"), "mocha",
-           "strategies.mocha:Mocha", "clients.mocha:MochaClient",
-           "clients.mocha:make_mocha_client_app", "MochaSettings",
-           reads=("dp",), stacked="clients.packed_mocha:PackedMocha",
+           "strategies.mocha:MOCHA", "clients.mocha:MOCHAClient",
+           "clients.mocha:make_mocha_client_app", "MOCHASettings",
+           reads=("dp",), stacked="clients.packed_mocha:PackedMOCHA",
            app_attribute="mocha_client", settings_arguments=("method",),
            client_options=("state_dir", "labels")),
     Family("mb-sgd", ("mb-sgd",), "mocha",
-           "strategies.mbsgd:MbSgd", "clients.mbsgd:MbSgdClient",
-           "clients.mbsgd:make_mbsgd_client_app", "MbSgdSettings",
-           stacked="clients.packed_mbsgd:PackedMbSgd", app_attribute="mbsgd_client"),
+           "strategies.mbsgd:MbSGD", "clients.mbsgd:MbSGDClient",
+           "clients.mbsgd:make_mbsgd_client_app", "MbSGDSettings",
+           stacked="clients.packed_mbsgd:PackedMbSGD", app_attribute="mbsgd_client"),
     Family("async-mocha", ("async-mocha", "async-cocoa"), "mocha",
-           "strategies.async_mocha:AsyncMocha", "clients.async_mocha:AsyncMochaClient",
-           "clients.async_mocha:make_async_mocha_client_app", "MochaSettings",
+           "strategies.async_mocha:AsyncMOCHA", "clients.async_mocha:AsyncMOCHAClient",
+           "clients.async_mocha:make_async_mocha_client_app", "MOCHASettings",
            app_attribute="async_mocha_client", settings_arguments=("method",),
            client_options=("state_dir", "labels")),
     Family("fedem", ("fedem", "fedavg", "fedprox", "fedavg-ft", "clustered", "cfl", "pfedme",
@@ -132,9 +132,9 @@ FAMILIES: list[Family] = [
            messages=(("train", "ofmtl", "newcomer"), ("evaluate", "ofmtl", "evaluate_model")),
            settings_arguments=("mocha_rounds", "arrival_timeout")),
     Family("fsvrg", ("fsvrg", "fsvrg-naive", "gd", "cocoa-plus", "dane"), "fsvrg",
-           "strategies.fsvrg:Fsvrg", "clients.fsvrg:FsvrgClient",
-           "clients.fsvrg:make_fsvrg_client_app", "FsvrgSettings",
-           reads=("dp",), stacked="clients.packed_fsvrg:PackedFsvrg",
+           "strategies.fsvrg:FSVRG", "clients.fsvrg:FSVRGClient",
+           "clients.fsvrg:make_fsvrg_client_app", "FSVRGSettings",
+           reads=("dp",), stacked="clients.packed_fsvrg:PackedFSVRG",
            app_attribute="fsvrg_client",
            messages=(("query", "fsvrg_stats", "stats"), ("query", "fsvrg_gram", "gram"),
                      ("query", "fsvrg_gradient", "gradient")),

@@ -1,15 +1,15 @@
 """Typed, validated settings of each strategy family: what its constructor takes.
 
-One frozen dataclass per family -- :class:`MochaSettings` (MOCHA, CoCoA, Mb-SDCA),
-:class:`MbSgdSettings` (the Mb-SGD baseline), :class:`FedEMSettings`, :class:`OFMTLSettings`,
-:class:`FsvrgSettings` -- each extending :class:`CommonSettings` (what every strategy shares:
+One frozen dataclass per family -- :class:`MOCHASettings` (MOCHA, CoCoA, Mb-SDCA),
+:class:`MbSGDSettings` (the Mb-SGD baseline), :class:`FedEMSettings`, :class:`OFMTLSettings`,
+:class:`FSVRGSettings` -- each extending :class:`CommonSettings` (what every strategy shares:
 seed, evaluation cadence, discovery and Flower's node knobs). Every field is checked in one
 place, the dataclass's ``__post_init__``, and an error names the field's run-config key, e.g.
 ``mocha.theta (theta): must be < 1.0, got 1.0``.
 
 A strategy takes its settings or the same names as keyword arguments::
 
-    Mocha(8, MochaSettings(lam=1e-3, theta=0.3))   # or Mocha(8, lam=1e-3, theta=0.3)
+    MOCHA(8, MOCHASettings(lam=1e-3, theta=0.3))   # or MOCHA(8, lam=1e-3, theta=0.3)
 
 and :meth:`StrategySettings.from_run_config` builds them from a run config's dotted keys
 (``mocha.theta``; Flower flattens ``[tool.flwr.app.config.mocha]`` into them, see
@@ -38,9 +38,9 @@ __all__ = [
     "CommonSettings",
     "ConfigError",
     "FedEMSettings",
-    "FsvrgSettings",
-    "MbSgdSettings",
-    "MochaSettings",
+    "FSVRGSettings",
+    "MbSGDSettings",
+    "MOCHASettings",
     "OFMTLSettings",
     "RunKeys",
     "SettingsHome",
@@ -541,7 +541,7 @@ class _PrimalDualSettings(CommonSettings):
 
 
 @dataclass(frozen=True)
-class MochaSettings(_PrimalDualSettings):
+class MOCHASettings(_PrimalDualSettings):
     """MOCHA and the baselines that share its primal-dual machinery (CoCoA, Mb-SDCA).
 
     Attributes (besides :class:`_PrimalDualSettings`' and :class:`CommonSettings`')
@@ -645,7 +645,7 @@ class MochaSettings(_PrimalDualSettings):
 
 
 @dataclass(frozen=True)
-class MbSgdSettings(_PrimalDualSettings):
+class MbSGDSettings(_PrimalDualSettings):
     """The Mb-SGD baseline (mini-batch subgradient steps on MOCHA's primal).
 
     Attributes (besides :class:`_PrimalDualSettings`' and :class:`CommonSettings`')
@@ -833,7 +833,7 @@ class OFMTLSettings(CommonSettings):
 
 
 @dataclass(frozen=True)
-class FsvrgSettings(CommonSettings):
+class FSVRGSettings(CommonSettings):
     """FSVRG and its baselines (naive FSVRG, GD, CoCoA+, DANE) on one global model.
 
     Attributes (besides :class:`CommonSettings`')
@@ -1023,7 +1023,7 @@ DP_MECHANISMS = ("none", "central", "client-clip", "record")
 #: The strategies whose shared model client-level DP protects (FedEM's family).
 DP_CLIENT_LEVEL_METHODS = ("fedem", "fedavg", "fedprox", "fedavg-ft", "pfedme")
 #: The FSVRG-family methods client-level DP ``central`` protects (their gradients, local
-#: models and GD's Gram products; :class:`fmtl_flower.strategies.privacy.FsvrgDP`).
+#: models and GD's Gram products; :class:`fmtl_flower.strategies.privacy.FSVRGDP`).
 DP_FSVRG_METHODS = ("fsvrg-naive", "dane", "gd")
 
 
@@ -1154,7 +1154,7 @@ class DPSettings(StrategySettings):
 
 #: The settings dataclasses with run-config keys, in the order RunConfig adds their keys.
 SETTINGS_CLASSES: tuple[type[StrategySettings], ...] = (
-    CommonSettings, MochaSettings, MbSgdSettings, FedEMSettings, OFMTLSettings, FsvrgSettings,
+    CommonSettings, MOCHASettings, MbSGDSettings, FedEMSettings, OFMTLSettings, FSVRGSettings,
     DPSettings)
 
 

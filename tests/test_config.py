@@ -14,7 +14,7 @@ from fmtl_flower.config import (
     parse_set_options,
     settings_from_config,
 )
-from fmtl_flower.settings import FedEMSettings, FsvrgSettings, MochaSettings, OFMTLSettings
+from fmtl_flower.settings import FedEMSettings, FSVRGSettings, MOCHASettings, OFMTLSettings
 
 ROOT = Path(__file__).parents[1]
 
@@ -154,10 +154,10 @@ def test_split_keys_reach_their_strategy_only():
     assert mbsgd.beta is None  # 0: the Pegasos step
     mbsdca = settings_from_config(RunConfig.from_mapping(
         {"strategy": "mb-sdca", "mocha.mb-sgd-beta": 0, "mocha.mb-sdca-beta": 5}), 4)
-    assert isinstance(mbsdca, MochaSettings) and mbsdca.beta == 5.0
+    assert isinstance(mbsdca, MOCHASettings) and mbsdca.beta == 5.0
     gd = settings_from_config(RunConfig.from_mapping(
         {"strategy": "gd", "fsvrg.h": 8, "fsvrg.step": 0.5, "fsvrg.local-epochs": 2}), 4)
-    assert isinstance(gd, FsvrgSettings) and (gd.h, gd.step, gd.local_epochs) == (8, 0.5, 2)
+    assert isinstance(gd, FSVRGSettings) and (gd.h, gd.step, gd.local_epochs) == (8, 0.5, 2)
     fedem = settings_from_config(RunConfig.from_mapping(
         {"strategy": "fedem", "fedem.local-epochs": 3}), 4)
     assert isinstance(fedem, FedEMSettings) and fedem.local_epochs == 3
@@ -169,7 +169,7 @@ def test_dotted_keys_reach_the_settings():
         "mocha.s2": 0, "seed": 4, "round-timeout": 30, "min-tasks": 3,
         "min-available-nodes": 2, "fraction-train": 0.5, "min-train-nodes": 1})
     s = settings_from_config(cfg, 5)
-    assert s == MochaSettings(
+    assert s == MOCHASettings(
         method="cocoa", theta=0.2, lam=0.01, clock_cycle=None, s2=None, seed=4,
         discovery_timeout=60.0, min_tasks=3, min_available_nodes=2, fraction_train=0.5,
         min_train_nodes=1)

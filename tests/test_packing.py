@@ -446,12 +446,12 @@ def test_copies_of_a_stacked_handler_share_the_tasks_loaded_in_the_process():
     import numpy as np
     from flwr.app import ArrayRecord
 
-    from fmtl_flower.clients.mocha import MochaClient
-    from fmtl_flower.clients.packed_mocha import PackedMocha
+    from fmtl_flower.clients.mocha import MOCHAClient
+    from fmtl_flower.clients.packed_mocha import PackedMOCHA
     from fmtl_flower.wire import to_array
 
     InProcessGrid(_counter_app(), 1)  # sets Flower's TaskIdentity (messages need it)
-    handler = PackedMocha(MochaClient(_counting_loader))
+    handler = PackedMOCHA(MOCHAClient(_counting_loader))
     ctx = Context(run_id=7, node_id=1001, node_config={"partition-id": 0}, state=RecordDict(),
                   run_config={})
     _LOADS.clear()
@@ -517,8 +517,8 @@ def test_a_stacked_slot_whose_data_changed_restarts_alone():
     import numpy as np
     from flwr.app import ArrayRecord
 
-    from fmtl_flower.clients.mocha import MochaClient
-    from fmtl_flower.clients.packed_mocha import PackedMocha
+    from fmtl_flower.clients.mocha import MOCHAClient
+    from fmtl_flower.clients.packed_mocha import PackedMOCHA
     from fmtl_flower.wire import from_array, to_array
 
     InProcessGrid(_counter_app(), 1)  # sets Flower's TaskIdentity (messages need it)
@@ -541,9 +541,9 @@ def test_a_stacked_slot_whose_data_changed_restarts_alone():
         assert done == [0, 1]
         return from_array(content["arrays"]["state-ok"]).tolist()
 
-    assert train(PackedMocha(MochaClient(_counting_loader)), 1) == [1, 1]
-    assert train(PackedMocha(MochaClient(_counting_loader)), 2) == [1, 1]  # state resumed
-    assert train(PackedMocha(MochaClient(_changed_loader)), 3) == [1, 0]  # task 5 restarts
+    assert train(PackedMOCHA(MOCHAClient(_counting_loader)), 1) == [1, 1]
+    assert train(PackedMOCHA(MOCHAClient(_counting_loader)), 2) == [1, 1]  # state resumed
+    assert train(PackedMOCHA(MOCHAClient(_changed_loader)), 3) == [1, 0]  # task 5 restarts
 
 
 def test_a_stacked_mbsgd_reply_holds_the_unpacked_replies_records():

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fmtl_flower import Mocha
+from fmtl_flower import MOCHA
 from fmtl_flower.config import RunConfig
 from fmtl_flower.engine import InProcessGrid, run_inprocess
 from fmtl_flower.settings import ConfigError
@@ -81,7 +81,7 @@ def test_flwr_datasets_snippet_runs_in_simulation_conditions(caplog):
     grid = InProcessGrid(namespace["app"], 10)
     assert all(set(c.node_config) == {"partition-id", "num-partitions"}
                for c in grid.contexts.values())
-    strategy = Mocha(num_tasks=10, lam=0.01, discovery_timeout=5.0)
+    strategy = MOCHA(num_tasks=10, lam=0.01, discovery_timeout=5.0)
     with caplog.at_level(logging.WARNING, logger="flwr"):
         strategy.start(grid=grid, num_rounds=5, timeout=30.0)
     final = strategy.results()["final"]

@@ -9,15 +9,15 @@ import dataclasses
 
 import pytest
 
-from fmtl_flower.settings import MochaSettings
+from fmtl_flower.settings import MOCHASettings
 from fmtl_flower.strategies.fedem import FedEM
-from fmtl_flower.strategies.fsvrg import Fsvrg
-from fmtl_flower.strategies.mbsgd import MbSgd
-from fmtl_flower.strategies.mocha import Mocha
+from fmtl_flower.strategies.fsvrg import FSVRG
+from fmtl_flower.strategies.mbsgd import MbSGD
+from fmtl_flower.strategies.mocha import MOCHA
 from fmtl_flower.strategies.ofmtl import OFMTL
 
-STRATEGIES = {"mocha": lambda: Mocha(4, lam=0.1), "mb-sgd": lambda: MbSgd(4, lam=0.1),
-              "fedem": lambda: FedEM(4, method="fedavg"), "fsvrg": lambda: Fsvrg(4),
+STRATEGIES = {"mocha": lambda: MOCHA(4, lam=0.1), "mb-sgd": lambda: MbSGD(4, lam=0.1),
+              "fedem": lambda: FedEM(4, method="fedavg"), "fsvrg": lambda: FSVRG(4),
               "ofmtl": lambda: OFMTL(4, initial_tasks=2, lam=0.1)}
 
 
@@ -47,8 +47,8 @@ def test_an_assigned_setting_is_the_settings_value(name):
 
 
 def test_shared_settings_are_not_changed_through_a_strategy():
-    settings = MochaSettings(lam=0.1)
-    first, second = Mocha(4, settings), Mocha(4, settings)
+    settings = MOCHASettings(lam=0.1)
+    first, second = MOCHA(4, settings), MOCHA(4, settings)
     first.lam = 0.3
     assert (first.lam, first.settings.lam) == (0.3, 0.3)
     assert settings.lam == 0.1 and second.lam == 0.1
@@ -57,13 +57,13 @@ def test_shared_settings_are_not_changed_through_a_strategy():
 def test_derived_values_stay_apart_from_the_configured_setting():
     fedem = FedEM(4, method="fedavg", model="logistic")
     assert fedem.settings.model == "logistic" and not isinstance(fedem.model, str)
-    fsvrg = Fsvrg(4)
+    fsvrg = FSVRG(4)
     fsvrg.lam = 0.25  # what the run derived (1/n by default)
     assert fsvrg.lam == 0.25 and fsvrg.settings.lam is None
 
 
 def test_a_strategy_built_at_start_keeps_a_setting_assigned_before():
-    strategy = Mocha(None, lam=0.1, min_available_nodes=2)
+    strategy = MOCHA(None, lam=0.1, min_available_nodes=2)
     strategy.seed = 9
     assert strategy.seed == strategy.settings.seed == 9
     with pytest.raises(AttributeError, match="exists once start"):

@@ -32,8 +32,8 @@ KEYS_MARKER = "<!-- run-config-keys -->"
 HELP_MARKER = "<!-- fmtl-help -->"
 #: The classes whose docstrings describe run-config keys, most specific first.
 DOCUMENTED = (settings.RunKeys, settings.CommonSettings, settings._PrimalDualSettings,
-              settings.MochaSettings, settings.MbSgdSettings, settings.FedEMSettings,
-              settings.OFMTLSettings, settings.FsvrgSettings, settings.DPSettings)
+              settings.MOCHASettings, settings.MbSGDSettings, settings.FedEMSettings,
+              settings.OFMTLSettings, settings.FSVRGSettings, settings.DPSettings)
 SETTINGS = settings.SETTINGS_CLASSES[1:]  # the families' (each extends CommonSettings)
 _ENTRY = re.compile(r"^    (?P<names>[A-Za-z_][\w, ]*?)(?: : (?P<type>.*))?$")
 _ROLE = re.compile(r":(?:mod|class|func|meth|data|attr):`~?([^`]+)`")

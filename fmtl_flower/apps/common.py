@@ -40,9 +40,9 @@ from ..polling import poll_replies
 if TYPE_CHECKING:  # the strategies, the other clients and the datasets load on first use
     from ..data import MultiTaskDataset
     from ..strategies.fedem import FedEM
-    from ..strategies.fsvrg import Fsvrg
-    from ..strategies.mbsgd import MbSgd
-    from ..strategies.mocha import Mocha
+    from ..strategies.fsvrg import FSVRG
+    from ..strategies.mbsgd import MbSGD
+    from ..strategies.mocha import MOCHA
     from ..strategies.ofmtl import OFMTL
 
 ResultsCallback = Callable[[dict[str, Any]], None]
@@ -147,7 +147,7 @@ def make_client_app(config: RunConfig | None = None) -> ClientApp:
 def load(spec: str) -> Any:
     """The object a family entry names (:class:`~fmtl_flower.families.Family`):
     ``"module:attribute"``, the module relative to this package when its first part is one
-    of the package's (``"strategies.mocha:Mocha"``), absolute otherwise; imported on first
+    of the package's (``"strategies.mocha:MOCHA"``), absolute otherwise; imported on first
     use."""
     module, _, attribute = spec.partition(":")
     if (_PACKAGE_ROOT / module.partition(".")[0]).is_dir() \
@@ -267,7 +267,7 @@ def mocha_labels(cfg: RunConfig) -> str:
 def strategy_from_config(cfg: RunConfig, num_tasks: int,
                          on_round: Callable[[dict[str, Any]], None] | None = None,
                          num_classes: int | None = None
-                         ) -> Mocha | MbSgd | FedEM | OFMTL | Fsvrg:
+                         ) -> MOCHA | MbSGD | FedEM | OFMTL | FSVRG:
     """The strategy configured by ``cfg``: its class (:func:`strategy_class`) built from the
     settings of the run config (:func:`fmtl_flower.config.settings_from_config`), with
     checkpoints on when ``checkpoint-dir`` is set. ``on_round`` gets every record (OFMTL:
@@ -305,7 +305,7 @@ def strategy_class(cfg: RunConfig) -> type:
     return load(family.strategy)
 
 
-def build_results(cfg: RunConfig, strategy: Mocha | MbSgd | FedEM | OFMTL | Fsvrg
+def build_results(cfg: RunConfig, strategy: MOCHA | MbSGD | FedEM | OFMTL | FSVRG
                   ) -> dict[str, Any]:
     """The results contract: ``{"config", "rounds", "final"}``, plus ``health`` (missed
     rounds per task, exclusions) where the strategy tracks it, and ``privacy`` (record-level

@@ -1,7 +1,7 @@
 """ClientApp handlers of barrier-free MOCHA: MOCHA's device with the per-reply commit.
 
 The wire contract is documented in :mod:`fmtl_flower.strategies.async_mocha`. The device is
-MOCHA's (:class:`~fmtl_flower.clients.mocha.MochaClient`: the same data loading, validation
+MOCHA's (:class:`~fmtl_flower.clients.mocha.MOCHAClient`: the same data loading, validation
 and ``whoami``); its ``train`` runs the protocol of
 :class:`fmtl_flower.core.async_mocha.AsyncDevice`: commit the pending step scaled by the
 factor the server applied (``confirm-gamma``) if ``confirm-id`` names it, else discard it;
@@ -63,13 +63,13 @@ from .common import (
     run_token,
     state_file_for,
 )
-from .mocha import MochaClient, loss_of
+from .mocha import MOCHAClient, loss_of
 
 STATE_ARRAYS = "async-mocha.arrays"
 STATE_META = "async-mocha.meta"
 #: The state files' kind: ``<client-state-dir>/async-mocha-task-<id>.npz``.
 STATE_KIND = "async-mocha"
-NAME = "AsyncMocha"
+NAME = "AsyncMOCHA"
 #: Node-config key: seconds a device sleeps in every ``train`` before replying (emulating a
 #: slow device; default none). For experiments and tests only.
 DELAY_KEY = "emulate-delay-s"
@@ -172,14 +172,14 @@ def _emulate_slow_device(context: Context) -> None:
     time.sleep(delay)
 
 
-class AsyncMochaClient(MochaClient):
+class AsyncMOCHAClient(MOCHAClient):
     """MOCHA's device (data, ``whoami``) with barrier-free MOCHA's ``train`` and
-    ``evaluate``; arguments as :class:`~fmtl_flower.clients.mocha.MochaClient`."""
+    ``evaluate``; arguments as :class:`~fmtl_flower.clients.mocha.MOCHAClient`."""
 
     def train(self, msg: Message, context: Context) -> Message:
         """Commit or discard, evaluate the loss at w, run SDCA, keep the step pending."""
         task = self.local_task(context, lifting_of(msg))
-        config, w, _ = read_instruction(msg, task, "AsyncMocha")
+        config, w, _ = read_instruction(msg, task, "AsyncMOCHA")
         loss = loss_of(config)
         request = Request(
             task=task.task_id, request_id=config_value(config, "request-id", int),
@@ -214,7 +214,7 @@ class AsyncMochaClient(MochaClient):
     def evaluate(self, msg: Message, context: Context) -> Message:
         """The loss and test errors at the ``w`` received (the state is not touched)."""
         task = self.local_task(context, lifting_of(msg))
-        config, w, _ = read_instruction(msg, task, "AsyncMocha")
+        config, w, _ = read_instruction(msg, task, "AsyncMOCHA")
         metrics = {"task-id": task.task_id,
                    "loss-mean": loss_of(config).mean_value(task.X, task.y, w)}
         metrics.update(eval_metrics(task, w, config))
@@ -228,7 +228,7 @@ def make_async_mocha_client_app(load_data: DataLoader, task_id: TaskIdFn | None 
     :func:`~fmtl_flower.clients.mocha.make_mocha_client_app`); ``state_dir``: where to keep
     the state files when neither the node config nor the run config sets
     ``client-state-dir`` (None: nowhere)."""
-    client = AsyncMochaClient(load_data, task_id, state_dir, labels)
+    client = AsyncMOCHAClient(load_data, task_id, state_dir, labels)
     app = client_app_for(client)
     app.async_mocha_client = client  # type: ignore[attr-defined]  # for tests
     return app

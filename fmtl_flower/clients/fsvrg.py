@@ -3,7 +3,7 @@ CoCoA+ and DANE (Algorithm 2).
 
 The wire contract (keys, shapes, dtypes) is documented in :mod:`fmtl_flower.strategies.fsvrg`.
 Its data (and its feature counts, computed once) are cached per node and run by
-:class:`FsvrgClient`. Except for CoCoA+, the node keeps no state between messages: everything
+:class:`FSVRGClient`. Except for CoCoA+, the node keeps no state between messages: everything
 a round needs (``w_t``, ``grad f(w_t)``, ``phi``) arrives in the message, so a restarted device
 can resume at once.
 
@@ -69,7 +69,7 @@ from .common import (
 )
 from .dual_state import DualState, DualStore, data_fingerprint
 
-__all__ = ["COCOA_STATE_ARRAYS", "COCOA_STATE_META", "FsvrgClient", "SparseLocalTask",
+__all__ = ["COCOA_STATE_ARRAYS", "COCOA_STATE_META", "FSVRGClient", "SparseLocalTask",
            "make_fsvrg_client_app"]
 
 SparseLoader = Callable[[Context], tuple[Any, Any, Any, Any]]
@@ -122,7 +122,7 @@ def _labels(y: Any, n: int, what: str) -> np.ndarray:
     return y
 
 
-class FsvrgClient:
+class FSVRGClient:
     """FSVRG's device-side handlers over a user-supplied data loader.
 
     Parameters
@@ -244,7 +244,7 @@ class FsvrgClient:
         w = vector("w")
         g = vector("g")
         if method == "dane":
-            w_k = FsvrgClient._dane(task, config, w, g, seed, server_round, lam)
+            w_k = FSVRGClient._dane(task, config, w, g, seed, server_round, lam)
         elif method == "fsvrg":
             phi = vector("phi")
             s = node_scaling(phi, task.n, task.counts)
@@ -302,7 +302,7 @@ class FsvrgClient:
         w = vector("w")
         state = reconcile()
         alpha = state.alpha
-        metrics, _ = FsvrgClient._loss_metrics(task, config, w)
+        metrics, _ = FSVRGClient._loss_metrics(task, config, w)
         metrics.update({"state-ok": int(state.ok), "dual-sum": logistic_dual_sum(task.y, alpha)})
         order = np.concatenate(dane_epoch_orders(seed, task.task_id, server_round, task.n,
                                                  epochs))
@@ -318,7 +318,7 @@ class FsvrgClient:
         ``(metrics, reconciled state)``."""
         w = vector("w")
         state = reconcile()
-        metrics, _ = FsvrgClient._loss_metrics(task, config, w)
+        metrics, _ = FSVRGClient._loss_metrics(task, config, w)
         metrics.update({"state-ok": int(state.ok),
                         "dual-sum": logistic_dual_sum(task.y, state.alpha)})
         return metrics, state
@@ -386,10 +386,10 @@ def make_fsvrg_client_app(load_data: SparseLoader, task_id: TaskIdFn | None = No
 
     Routes ``query.whoami``, ``query.fsvrg_stats``, ``query.fsvrg_gram``,
     ``query.fsvrg_gradient``, ``train`` and
-    ``evaluate`` to :class:`FsvrgClient`'s handlers. CoCoA+ devices keep their duals in state
+    ``evaluate`` to :class:`FSVRGClient`'s handlers. CoCoA+ devices keep their duals in state
     files under ``state_dir`` unless the node or run config sets ``client-state-dir``.
     """
-    client = FsvrgClient(load_data, task_id, state_dir)
+    client = FSVRGClient(load_data, task_id, state_dir)
     app = ClientApp()
     app.query("whoami")(client.whoami)
     app.query("fsvrg_stats")(client.stats)

@@ -9,7 +9,7 @@ distinct samples, visited in the order ``coordinate_order(seed, task_id, server_
 and adds the regulariser's gradient.
 
 Data loading, validation and the ``whoami`` reply are MOCHA's
-(:class:`fmtl_flower.clients.mocha.MochaClient`): the same loaders and node configs serve
+(:class:`fmtl_flower.clients.mocha.MOCHAClient`): the same loaders and node configs serve
 both strategies.
 
 Build an Mb-SGD ClientApp over your own data with :func:`make_mbsgd_client_app`.
@@ -38,12 +38,12 @@ from .common import (
     eval_metrics,
     read_instruction,
 )
-from .mocha import MochaClient
+from .mocha import MOCHAClient
 
-__all__ = ["MbSgdClient", "default_task_id", "make_mbsgd_client_app"]
+__all__ = ["MbSGDClient", "default_task_id", "make_mbsgd_client_app"]
 
 
-class MbSgdClient:
+class MbSGDClient:
     """Mb-SGD's device-side handlers over a user-supplied data loader.
 
     Parameters
@@ -57,7 +57,7 @@ class MbSgdClient:
     """
 
     def __init__(self, load_data: DataLoader, task_id: TaskIdFn | None = None) -> None:
-        self._data = MochaClient(load_data, task_id)
+        self._data = MOCHAClient(load_data, task_id)
 
     # -- data -------------------------------------------------------------------------------
     def local_task(self, context: Context) -> LocalTask:
@@ -133,7 +133,7 @@ def make_mbsgd_client_app(load_data: DataLoader, task_id: TaskIdFn | None = None
     --------
     >>> app = make_mbsgd_client_app(lambda ctx: my_arrays(ctx.node_config["partition-id"]))
     """
-    client = MbSgdClient(load_data, task_id)
+    client = MbSGDClient(load_data, task_id)
     app = client_app_for(client)
     app.mbsgd_client = client  # type: ignore[attr-defined]  # for tests and introspection
     return app

@@ -196,7 +196,7 @@ def noise_seed_of(context: Context) -> int | None:
     return None if value is None or value == "" else int(value)
 
 
-class MochaClient:
+class MOCHAClient:
     """MOCHA's device-side handlers over a user-supplied data loader.
 
     Parameters
@@ -471,7 +471,7 @@ def make_mocha_client_app(load_data: DataLoader, task_id: TaskIdFn | None = None
     --------
     >>> app = make_mocha_client_app(lambda ctx: my_arrays(ctx.node_config["partition-id"]))
     """
-    client = MochaClient(load_data, task_id, state_dir, labels)
+    client = MOCHAClient(load_data, task_id, state_dir, labels)
     app = client_app_for(client)
     app.mocha_client = client  # type: ignore[attr-defined]  # for tests and introspection
     return app

@@ -1,20 +1,20 @@
 """``NumPyClient`` devices for MOCHA and FedEM, for projects written with ``client_fn``.
 
 Most Flower projects build their ClientApp as ``ClientApp(client_fn=...)`` around a
-``NumPyClient``. :class:`MochaNumPyClient` and :class:`FedEMNumPyClient` fit that shape::
+``NumPyClient``. :class:`MOCHANumPyClient` and :class:`FedEMNumPyClient` fit that shape::
 
     from flwr.client import ClientApp
 
-    from fmtl_flower import MochaNumPyClient
+    from fmtl_flower import MOCHANumPyClient
 
     def client_fn(context):
         X, y, X_test, y_test = load_my_partition(context.node_config["partition-id"])
-        return MochaNumPyClient(context, X, y, X_test, y_test).to_client()
+        return MOCHANumPyClient(context, X, y, X_test, y_test).to_client()
 
     app = ClientApp(client_fn=client_fn)
 
 ``get_properties`` answers the server's discovery, ``fit`` and ``evaluate`` run the *same*
-handlers as the native ClientApps (:class:`~fmtl_flower.clients.mocha.MochaClient`,
+handlers as the native ClientApps (:class:`~fmtl_flower.clients.mocha.MOCHAClient`,
 :class:`~fmtl_flower.clients.fedem.FedEMClient`) on the native message that the legacy one
 stands for (:mod:`fmtl_flower.legacy`), so a federation of NumPyClient devices computes
 exactly what a native one does. The device state lives in ``context.state`` under the same
@@ -40,9 +40,9 @@ from ..wire import from_array
 
 if TYPE_CHECKING:  # each family's handlers load on first use (a MOCHA device loads no FedEM)
     from .fedem import FedEMClient
-    from .mocha import MochaClient
+    from .mocha import MOCHAClient
 
-__all__ = ["FedEMNumPyClient", "MochaNumPyClient"]
+__all__ = ["FedEMNumPyClient", "MOCHANumPyClient"]
 
 #: ``context.state`` record of the model arrays received last (for ``get_parameters``).
 STATE_RECEIVED = "numpyclient.arrays"
@@ -106,7 +106,7 @@ class _NativeBackedNumPyClient(NumPyClient):
         return float(metrics.get(self.loss_metric, 0.0)), int(count), metrics
 
 
-class MochaNumPyClient(_NativeBackedNumPyClient):
+class MOCHANumPyClient(_NativeBackedNumPyClient):
     """A MOCHA device as a ``NumPyClient``.
 
     Parameters
@@ -132,10 +132,10 @@ class MochaNumPyClient(_NativeBackedNumPyClient):
     loss_metric = "loss-mean"
 
     @staticmethod
-    def _native_client(load_data: Any, state_dir: str | None) -> MochaClient:
-        from .mocha import MochaClient
+    def _native_client(load_data: Any, state_dir: str | None) -> MOCHAClient:
+        from .mocha import MOCHAClient
 
-        return MochaClient(load_data, state_dir=state_dir)
+        return MOCHAClient(load_data, state_dir=state_dir)
 
 
 class FedEMNumPyClient(_NativeBackedNumPyClient):

@@ -8,7 +8,7 @@ ConfigRecord ``ofmtl.meta``: ``task-id``, ``step``), so that the protocol's step
 the same dual solution. A device whose state does not hold step s - 1 when step s arrives
 (lost, or from another run) restarts from alpha = 0 and says so (``state-ok`` 0).
 
-The existing devices of the federation are MOCHA devices (:class:`MochaClient`); they are
+The existing devices of the federation are MOCHA devices (:class:`MOCHAClient`); they are
 never contacted while a newcomer joins.
 """
 
@@ -22,14 +22,14 @@ from ..core.hinge import classification_errors
 from ..core.ofmtl import newcomer_duality_gap, newcomer_fit
 from ..wire import from_array, to_array
 from .common import DataLoader, LocalTask, TaskIdFn, config_value
-from .mocha import MochaClient
+from .mocha import MOCHAClient
 
 STATE_ARRAYS = "ofmtl.arrays"
 STATE_META = "ofmtl.meta"
 NEWCOMER_ACTION = "ofmtl"
 
 
-class OFMTLClient(MochaClient):
+class OFMTLClient(MOCHAClient):
     """MOCHA's device handlers plus ``train.ofmtl`` (newcomer step) and ``evaluate.ofmtl``
     (test errors of a model the server sends)."""
 

@@ -2,7 +2,7 @@
 
 The stacking protocol ``"fsvrg"`` of :mod:`fmtl_flower.packing`, served for FSVRG, naive
 FSVRG, GD, DANE and CoCoA+ (the ``method`` of the same handlers). Every slot is served exactly
-as :class:`~fmtl_flower.clients.fsvrg.FsvrgClient` serves a one-task message (same checks,
+as :class:`~fmtl_flower.clients.fsvrg.FSVRGClient` serves a one-task message (same checks,
 same local solver, same commit protocol, same metrics; its own code is called), but without a
 Message, Context or record per slot: the results are bit for bit those of unpacked runs.
 
@@ -52,10 +52,10 @@ from .dual_state import (
     DualState,
     encode,
 )
-from .fsvrg import LOCAL_METHODS, FsvrgClient, SparseLocalTask
+from .fsvrg import LOCAL_METHODS, FSVRGClient, SparseLocalTask
 from .packed_mocha import StackedState
 
-__all__ = ["PROTOCOL", "STATE", "PackedFsvrg"]
+__all__ = ["PROTOCOL", "STATE", "PackedFSVRG"]
 
 PROTOCOL = "fsvrg"
 STATE = "cocoa-plus.stack"
@@ -65,26 +65,26 @@ KINDS = tuple(MESSAGE_TYPES.values())
 SHARED_VECTORS = ("w", "g", "phi", "v")
 
 
-class PackedFsvrg(SlotTaskCache):
-    """The ``"fsvrg"`` stacking protocol's client side over an :class:`FsvrgClient`'s data
+class PackedFSVRG(SlotTaskCache):
+    """The ``"fsvrg"`` stacking protocol's client side over an :class:`FSVRGClient`'s data
     loader, local solvers and state directory (:func:`fmtl_flower.packing.packed_client_app`'s
     ``stacked``).
 
     Parameters
     ----------
-    client : FsvrgClient
+    client : FSVRGClient
         Its ``load_data``, ``task_id`` and ``state_dir`` serve every slot.
     """
 
     protocol = PROTOCOL
 
-    def __init__(self, client: FsvrgClient) -> None:
+    def __init__(self, client: FSVRGClient) -> None:
         super().__init__()
         self.client = client
 
     def whoami(self, content: RecordDict, context: Context, slot: int, task_id: int
                ) -> RecordDict:
-        """One slot's ``whoami`` reply (:meth:`FsvrgClient.whoami`'s), from the data this
+        """One slot's ``whoami`` reply (:meth:`FSVRGClient.whoami`'s), from the data this
         handler keeps for the slot (loaded once)."""
         task = self._local_task(context, task_id)
         return RecordDict({"info": ConfigRecord({"task-id": task.task_id, "n-train": task.n,
@@ -129,16 +129,16 @@ class PackedFsvrg(SlotTaskCache):
                 u = local_gram_product(task.X, vector("v"))
                 return {"task-id": task.task_id, "n-train": task.n}, u, None
             if kind == GRADIENT:
-                return (*FsvrgClient._loss_metrics(task, config, vector("w")), None)
+                return (*FSVRGClient._loss_metrics(task, config, vector("w")), None)
             if kind == MessageType.EVALUATE and not cocoa:
-                return FsvrgClient._loss_metrics(task, config, vector("w"))[0], None, None
+                return FSVRGClient._loss_metrics(task, config, vector("w"))[0], None, None
             if kind == MessageType.TRAIN:
                 train_method = config_value(config, "method", str)
                 if train_method not in LOCAL_METHODS:
                     raise SlotFailed(f"method must be one of {LOCAL_METHODS}, got "
                                      f"{train_method!r}")
                 if not cocoa:
-                    return (*FsvrgClient.local_model(task, config, train_method, vector),
+                    return (*FSVRGClient.local_model(task, config, train_method, vector),
                             None)
 
             def reconcile() -> DualState:  # CoCoA+: the commit protocol, after the checks
@@ -146,11 +146,11 @@ class PackedFsvrg(SlotTaskCache):
                 return state.reconcile(context, slot, task, *protocol_rounds(config))
 
             if kind == MessageType.EVALUATE:
-                metrics, reconciled = FsvrgClient.cocoa_evaluate(task, config, vector,
+                metrics, reconciled = FSVRGClient.cocoa_evaluate(task, config, vector,
                                                                  reconcile)
                 return metrics, None, encode(reconciled, task.task_id, None, -1,
                                              task.fingerprint)
-            metrics, reconciled, d_alpha, d_w = FsvrgClient.cocoa_train(task, config, vector,
+            metrics, reconciled, d_alpha, d_w = FSVRGClient.cocoa_train(task, config, vector,
                                                                         reconcile)
             return metrics, d_w, encode(reconciled, task.task_id, d_alpha,
                                         int(metrics["round"]), task.fingerprint)
@@ -173,7 +173,7 @@ class PackedFsvrg(SlotTaskCache):
 
 class _SharedVectors:
     """The global (d,) vectors of a stacked message, each decoded once and checked per slot
-    as the one-task handler checks its message's (:meth:`FsvrgClient._vector`)."""
+    as the one-task handler checks its message's (:meth:`FSVRGClient._vector`)."""
 
     def __init__(self, record: Any) -> None:
         self._record = record

@@ -1,7 +1,7 @@
 """Mb-SGD's stacked handler: one message serves every task a node hosts.
 
 The stacking protocol ``"mb-sgd"`` of :mod:`fmtl_flower.packing`. Every slot is served exactly
-as :class:`~fmtl_flower.clients.mbsgd.MbSgdClient` serves a one-task message (same checks,
+as :class:`~fmtl_flower.clients.mbsgd.MbSGDClient` serves a one-task message (same checks,
 same mini-batch gradient, same metrics), without a Message, Context or record per slot; the
 device keeps no state.
 
@@ -29,22 +29,22 @@ from ..core.baselines import mbsgd_local_gradient
 from ..core.rng import coordinate_order
 from ..packing import SlotFailed, each_slot, read_stacked_instruction, stacked_is_train
 from .common import config_value, stacked_reply_arrays
-from .mbsgd import MbSgdClient
-from .packed_mocha import PackedMocha
+from .mbsgd import MbSGDClient
+from .packed_mocha import PackedMOCHA
 
 PROTOCOL = "mb-sgd"
 
 
-class PackedMbSgd:
-    """The ``"mb-sgd"`` stacking protocol's client side over an :class:`MbSgdClient`'s data
+class PackedMbSGD:
+    """The ``"mb-sgd"`` stacking protocol's client side over an :class:`MbSGDClient`'s data
     loader (:func:`fmtl_flower.packing.packed_client_app`'s ``stacked``); the data are kept
-    as :class:`~fmtl_flower.clients.packed_mocha.PackedMocha` keeps them."""
+    as :class:`~fmtl_flower.clients.packed_mocha.PackedMOCHA` keeps them."""
 
     protocol = PROTOCOL
 
-    def __init__(self, client: MbSgdClient) -> None:
+    def __init__(self, client: MbSGDClient) -> None:
         self.client = client
-        self._data = PackedMocha(client._data)
+        self._data = PackedMOCHA(client._data)
 
     def whoami(self, content: RecordDict, context: Context, slot: int, task_id: int
                ) -> RecordDict:
@@ -74,7 +74,7 @@ class PackedMbSgd:
                 budget = int(arrays["budget"][i])
                 if not 0 <= budget <= task.n:
                     raise SlotFailed(f"budget must be in 0..n-train ({task.n}), got {budget}")
-            metrics = MbSgdClient._metrics(task, w, config)
+            metrics = MbSGDClient._metrics(task, w, config)
             metrics["round"] = server_round
             if not train:
                 return metrics, None

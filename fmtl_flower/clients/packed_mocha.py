@@ -2,7 +2,7 @@
 
 The stacking protocol ``"mocha"`` of :mod:`fmtl_flower.packing`, served for MOCHA and its
 primal-dual baselines (CoCoA+, Mb-SDCA: the ``method`` of the same handlers). Every slot is
-solved exactly as :class:`~fmtl_flower.clients.mocha.MochaClient` solves a one-task message
+solved exactly as :class:`~fmtl_flower.clients.mocha.MOCHAClient` solves a one-task message
 (same checks, same commit protocol, same local solver, same metrics), but without a Message,
 Context or record per slot: the results are bit for bit those of unpacked runs.
 
@@ -77,7 +77,7 @@ from .dual_state import (
 )
 from .mocha import (
     BINARY,
-    MochaClient,
+    MOCHAClient,
     for_loss,
     loss_of,
     noise_seed_of,
@@ -87,7 +87,7 @@ from .mocha import (
     state_width,
 )
 
-__all__ = ["INSTRUCTION_ARRAYS", "PROTOCOL", "STATE", "PackedMocha", "SlotFailed",
+__all__ = ["INSTRUCTION_ARRAYS", "PROTOCOL", "STATE", "PackedMOCHA", "SlotFailed",
            "StackedState"]
 
 PROTOCOL = "mocha"
@@ -199,19 +199,19 @@ class StackedState:
                             "run": to_array(runs)})
 
 
-class PackedMocha(SlotTaskCache):
-    """The ``"mocha"`` stacking protocol's client side over a :class:`MochaClient`'s data
+class PackedMOCHA(SlotTaskCache):
+    """The ``"mocha"`` stacking protocol's client side over a :class:`MOCHAClient`'s data
     loader and local solver (:func:`fmtl_flower.packing.packed_client_app`'s ``stacked``).
 
     Parameters
     ----------
-    client : MochaClient
+    client : MOCHAClient
         Its ``load_data``, ``task_id`` and ``state_dir`` serve every slot.
     """
 
     protocol = PROTOCOL
 
-    def __init__(self, client: MochaClient) -> None:
+    def __init__(self, client: MOCHAClient) -> None:
         super().__init__()
         self.client = client
 
@@ -255,7 +255,7 @@ class PackedMocha(SlotTaskCache):
 
     def whoami(self, content: RecordDict, context: Context, slot: int, task_id: int
                ) -> RecordDict:
-        """One slot's ``whoami`` reply (:meth:`MochaClient.whoami`'s), from the data this
+        """One slot's ``whoami`` reply (:meth:`MOCHAClient.whoami`'s), from the data this
         handler keeps for the slot's training (loaded once)."""
         data = self._device_data(context, task_id)
         return RecordDict({"info": ConfigRecord(self.client.whoami_info(data, context))})
@@ -267,7 +267,7 @@ class PackedMocha(SlotTaskCache):
               evaluate: bool, train: bool,
               seeds: tuple[np.ndarray, np.ndarray] | None = None
               ) -> tuple[dict[str, Any], np.ndarray | None, np.ndarray, dict[str, int | str]]:
-        """One task's work, as :meth:`MochaClient.train` / ``evaluate`` do it (``seeds``:
+        """One task's work, as :meth:`MOCHAClient.train` / ``evaluate`` do it (``seeds``:
         the seeding round's stacked ``seed-w`` / ``seed-b``)."""
         if arrays["task-id"][i] != task.task_id:
             raise SlotFailed(f"message for task {arrays['task-id'][i]} reached the slot "
@@ -297,7 +297,7 @@ class PackedMocha(SlotTaskCache):
                                      run_token(config), state_width(task, config))
         alpha, noise = split_state(reconciled.alpha, task)
         model = w if noise.size == 0 else own_noise_free(w, arrays["m-tt"][i], noise)
-        metrics = MochaClient._metrics(task, w, alpha, config, reconciled.ok, model)
+        metrics = MOCHAClient._metrics(task, w, alpha, config, reconciled.ok, model)
         metrics["round"] = server_round
         if not train:
             duals, meta = encode(reconciled, task.task_id, None, -1, task.fingerprint)
@@ -313,7 +313,7 @@ class PackedMocha(SlotTaskCache):
                                              seed=seed, server_round=server_round,
                                              loss=loss_of(config))
         else:
-            d_alpha, d_b, steps = MochaClient._local_update(
+            d_alpha, d_b, steps = MOCHAClient._local_update(
                 method, task, alpha, w, config, budget, m_tt, sigma_p, seed, server_round)
         metrics["steps"] = steps
         released = release(task, d_b, config, steps, server_round, noise_seed_of(context),

@@ -2,7 +2,7 @@
 
 No round waits for the slowest device: the server keeps up to ``concurrency`` requests in
 flight, applies each reply as it arrives and sends new work to the device that replied. The
-server state is MOCHA's (:class:`~fmtl_flower.core.mocha.MochaServerState`: B, M = K^-1 and
+server state is MOCHA's (:class:`~fmtl_flower.core.mocha.MOCHAServerState`: B, M = K^-1 and
 W = B M), kept exact after every single reply by a rank-one update. The guarantees, with
 their proofs, are in ``docs/guides/async-mocha.md``; in short:
 
@@ -81,7 +81,7 @@ their proofs, are in ``docs/guides/async-mocha.md``; in short:
   whatever it was computed for. The switch itself changes the problem (K' = M'^-1, as in
   synchronous MOCHA), so the dual is monotone between switches. Without the safeguard that
   argument fails for the decoupled task's own requests in flight, so the decoupling then
-  waits for the next drain (:meth:`AsyncMochaServer.omega_step`).
+  waits for the next drain (:meth:`AsyncMOCHAServer.omega_step`).
 
 :func:`simulate_async_mocha` runs the protocol on a virtual clock: task t's k-th request
 takes ``seconds[t]`` (eq. (30)'s time, :func:`fmtl_flower.systems.timing.node_times`) times
@@ -108,7 +108,7 @@ from .decoupling import OutlierWatch, coupling_weights, federation_scale
 from .formulations import Formulation, make_formulation
 from .hinge import hinge_conjugate_value, mean_hinge_loss
 from .losses import Loss, get_loss
-from .mocha import MochaServerState
+from .mocha import MOCHAServerState
 from .rng import TAG_AVAILABILITY, TAG_LATENCY, TAG_LATENCY_DEVICE, coordinate_order
 from .sdca import sdca_local_update
 
@@ -120,7 +120,7 @@ LOGGER = logging.getLogger(__name__)
 #: confirmed yet (request ids are >= 1, 0 is "none applied").
 RESTARTED = -1
 
-#: Outcomes of :meth:`AsyncMochaServer.receive`.
+#: Outcomes of :meth:`AsyncMOCHAServer.receive`.
 APPLIED, STALE, UNKNOWN, INVALID = "applied", "stale", "unknown", "invalid"
 
 
@@ -569,12 +569,12 @@ class Certificate:
         return self.gap / max(abs(self.primal), np.finfo(float).tiny)
 
 
-class AsyncMochaServer:
+class AsyncMOCHAServer:
     """The server half of barrier-free MOCHA (module docstring).
 
     Parameters
     ----------
-    state : MochaServerState
+    state : MOCHAServerState
         B, M, W (W = B M kept exact after every reply).
     budgets : ndarray of shape (m,), int
         Local SDCA steps per request of each task.
@@ -604,7 +604,7 @@ class AsyncMochaServer:
         One of :data:`SIGMA_PRIME_RULES` (``synchronous`` needs the safeguard).
     """
 
-    def __init__(self, state: MochaServerState, budgets: np.ndarray, *, concurrency: int,
+    def __init__(self, state: MOCHAServerState, budgets: np.ndarray, *, concurrency: int,
                  tau: int | None = None, gamma: float = 1.0, safeguard: bool = True,
                  seed: int = 0, method: str = "mocha", theta: float = 0.5,
                  bounds: ReplyBounds | None = None, loss: str | Loss = "hinge",
@@ -905,7 +905,7 @@ class AsyncMochaServer:
     def restore(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
         """Load :meth:`state_arrays`' output into this server (built with the same
         settings and an empty state of the same shapes)."""
-        state = MochaServerState.from_state_arrays(
+        state = MOCHAServerState.from_state_arrays(
             {k[len("state."):]: v for k, v in arrays.items() if k.startswith("state.")},
             self.state.formulation)
         m = state.num_tasks
@@ -1063,7 +1063,7 @@ def simulate_async_mocha(
         the run also ends after ``10 x replies + m`` requests (e.g. a timeout shorter than
         every request).
     concurrency, tau, gamma, safeguard, sigma_prime_rule
-        See :class:`AsyncMochaServer` (``concurrency`` None: every task).
+        See :class:`AsyncMOCHAServer` (``concurrency`` None: every task).
     latency_sigma, latency_persistence : float
         sigma of the log-normal latency factor (0: deterministic) and the share of its
         log-variance that is per device (:func:`latency_factor`; 0: every request drawn
@@ -1097,9 +1097,9 @@ def simulate_async_mocha(
     """
     m = len(tasks)
     seconds = np.broadcast_to(np.asarray(seconds, dtype=np.float64), (m,))
-    state = MochaServerState.zeros(tasks[0][0].shape[1], _formulation(
+    state = MOCHAServerState.zeros(tasks[0][0].shape[1], _formulation(
         tasks, formulation, lam, omega, formulation_options or {}))
-    server = AsyncMochaServer(state, _budgets(tasks, local_frac),
+    server = AsyncMOCHAServer(state, _budgets(tasks, local_frac),
                               concurrency=m if concurrency is None else concurrency, tau=tau,
                               gamma=gamma, safeguard=safeguard, seed=seed, method=method,
                               theta=theta, bounds=ReplyBounds.of_tasks(tasks, robust, loss),
@@ -1319,7 +1319,7 @@ def advance_omega(loop: Any, outcome: Outcome, replies: int) -> None:
         loop.draining = False
 
 
-def event_record(server: AsyncMochaServer, time_s: float, outcome: Outcome) -> dict[str, Any]:
+def event_record(server: AsyncMOCHAServer, time_s: float, outcome: Outcome) -> dict[str, Any]:
     """The record of one event (an applied, rejected or expired request) at ``time_s``."""
     cert = server.certificate()
     applied = server.counts[APPLIED]
@@ -1412,7 +1412,7 @@ def simulate_sync_mocha(
     m = len(tasks)
     seconds = np.broadcast_to(np.asarray(seconds, dtype=np.float64), (m,))
     comm_seconds = np.broadcast_to(np.asarray(comm_seconds, dtype=np.float64), (m,))
-    state = MochaServerState.zeros(tasks[0][0].shape[1], make_formulation(
+    state = MOCHAServerState.zeros(tasks[0][0].shape[1], make_formulation(
         omega, m, lam=lam, gamma=gamma, **(formulation_options or {})))
     budgets = _budgets(tasks, local_frac)
     alphas = [np.zeros(X.shape[0]) for X, _ in tasks]

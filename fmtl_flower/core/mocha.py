@@ -107,7 +107,7 @@ class ServerStateBasics:
 
 
 @dataclass
-class MochaServerState(ServerStateBasics):
+class MOCHAServerState(ServerStateBasics):
     """Server state of MOCHA for m tasks in d dimensions.
 
     Attributes
@@ -134,7 +134,7 @@ class MochaServerState(ServerStateBasics):
 
     @classmethod
     def zeros_for(cls, dim: int, num_tasks: int, omega: str = "identity", *, lam: float,
-                  **options) -> MochaServerState:
+                  **options) -> MOCHAServerState:
         """Shorthand: :meth:`zeros` with ``make_formulation(omega, num_tasks, lam=lam, ...)``."""
         return cls.zeros(dim, make_formulation(omega, num_tasks, lam=lam, **options))
 
@@ -180,7 +180,7 @@ class MochaServerState(ServerStateBasics):
 
     @classmethod
     def from_state_arrays(cls, arrays: dict[str, np.ndarray],
-                          formulation: Formulation) -> MochaServerState:
+                          formulation: Formulation) -> MOCHAServerState:
         """Inverse of :meth:`state_arrays` for a freshly made ``formulation`` of the same kind
         and options (its arrays are overwritten); ValueError on any mismatch."""
         missing = {"B", "W", "M"} - set(arrays)

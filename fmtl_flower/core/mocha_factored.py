@@ -1,7 +1,7 @@
 """MOCHA's server state with M = K^-1 in factored form, and the choice dense/factored.
 
-:class:`FactoredMochaServerState` has the public interface of
-:class:`fmtl_flower.core.mocha.MochaServerState` (``B``, ``W``, ``formulation``, ``m_diag()``,
+:class:`FactoredMOCHAServerState` has the public interface of
+:class:`fmtl_flower.core.mocha.MOCHAServerState` (``B``, ``W``, ``formulation``, ``m_diag()``,
 ``sigma_prime(mode)``, ``add_updates``, ``reset_tasks``, ``omega_step``, ``regulariser``,
 ``state_arrays`` / ``from_state_arrays``) and the same values to rounding, but keeps
 M = V diag(s) V^T + c I (:class:`fmtl_flower.core.factored.FactoredMatrix`) instead of an
@@ -35,13 +35,13 @@ from .factored import (
     sigma_prime_factored,
 )
 from .formulations import FORMULATIONS, SIGMA_MODES, make_formulation
-from .mocha import MochaServerState, ServerStateBasics
+from .mocha import MOCHAServerState, ServerStateBasics
 
 __all__ = [
     "FACTORED_MIN_TASKS",
     "GRAPHICAL_MAX_TASKS",
     "SERVER_PATHS",
-    "FactoredMochaServerState",
+    "FactoredMOCHAServerState",
     "choose_server_path",
     "make_server_state",
     "restore_server_state",
@@ -108,10 +108,10 @@ def choose_server_path(num_tasks: int, dim: int | None, omega: str,
 
 
 @dataclass
-class FactoredMochaServerState(ServerStateBasics):
+class FactoredMOCHAServerState(ServerStateBasics):
     """Server state of MOCHA for m tasks in d dimensions, M = K^-1 factored.
 
-    The attributes of :class:`fmtl_flower.core.mocha.MochaServerState` (``B``,
+    The attributes of :class:`fmtl_flower.core.mocha.MOCHAServerState` (``B``,
     ``formulation``, ``M``, ``W = B M``), with ``formulation`` a
     :class:`~fmtl_flower.core.factored.FactoredFormulation` and ``M`` a
     :class:`~fmtl_flower.core.factored.FactoredMatrix`.
@@ -137,7 +137,7 @@ class FactoredMochaServerState(ServerStateBasics):
     @classmethod
     def zeros_for(
         cls, dim: int, num_tasks: int, omega: str = "identity", *, lam: float, **options: Any
-    ) -> FactoredMochaServerState:
+    ) -> FactoredMOCHAServerState:
         """:meth:`zeros` with ``make_factored_formulation(omega, num_tasks, lam=lam, ...)``."""
         return cls.zeros(dim, make_factored_formulation(omega, num_tasks, lam=lam, **options))
 
@@ -151,7 +151,7 @@ class FactoredMochaServerState(ServerStateBasics):
         """Decouple the tasks of the bool mask ``decoupled`` (m,) from the others (M -> M' of
         :func:`~fmtl_flower.core.decoupling.decoupled_factor`, now and after every
         Omega-step), then W <- B M': the dense state's
-        :meth:`~fmtl_flower.core.mocha.MochaServerState.decouple`, in factored form."""
+        :meth:`~fmtl_flower.core.mocha.MOCHAServerState.decouple`, in factored form."""
         self.decoupled = np.array(decoupled, dtype=bool)
         self._take_inverse()
         self.recompute_models()
@@ -207,7 +207,7 @@ class FactoredMochaServerState(ServerStateBasics):
     @classmethod
     def from_state_arrays(
         cls, arrays: dict[str, np.ndarray], formulation: FactoredFormulation
-    ) -> FactoredMochaServerState:
+    ) -> FactoredMOCHAServerState:
         """Inverse of :meth:`state_arrays` for a freshly made ``formulation`` of the same kind
         and options (its Omega is overwritten); ValueError on any mismatch."""
         missing = {"B", "W", "M.V", "M.s", "M.c"} - set(arrays)
@@ -240,7 +240,7 @@ def make_server_state(
     lam: float,
     path: str = "auto",
     **options: Any,
-) -> MochaServerState | FactoredMochaServerState:
+) -> MOCHAServerState | FactoredMOCHAServerState:
     """MOCHA's server state at alpha = 0 on the path :func:`choose_server_path` picks.
 
     Parameters
@@ -257,20 +257,20 @@ def make_server_state(
     """
     chosen = choose_server_path(num_tasks, dim, omega, path)
     if chosen == "dense":
-        return MochaServerState.zeros(dim, make_formulation(omega, num_tasks, lam=lam, **options))
-    return FactoredMochaServerState.zeros(
+        return MOCHAServerState.zeros(dim, make_formulation(omega, num_tasks, lam=lam, **options))
+    return FactoredMOCHAServerState.zeros(
         dim, make_factored_formulation(omega, num_tasks, lam=lam, **options)
     )
 
 
 def restore_server_state(
     arrays: dict[str, np.ndarray], num_tasks: int, omega: str, *, lam: float, **options: Any
-) -> MochaServerState | FactoredMochaServerState:
+) -> MOCHAServerState | FactoredMOCHAServerState:
     """Inverse of either state's ``state_arrays()``: the path is read from the keys
     (``M`` dense, ``M.V`` factored); the formulation is rebuilt from the options."""
     if "M.V" in arrays:
         formulation = make_factored_formulation(omega, num_tasks, lam=lam, **options)
-        return FactoredMochaServerState.from_state_arrays(arrays, formulation)
-    return MochaServerState.from_state_arrays(
+        return FactoredMOCHAServerState.from_state_arrays(arrays, formulation)
+    return MOCHAServerState.from_state_arrays(
         arrays, make_formulation(omega, num_tasks, lam=lam, **options)
     )

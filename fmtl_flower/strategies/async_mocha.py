@@ -25,7 +25,7 @@ query ``whoami``: as MOCHA's (:mod:`fmtl_flower.strategies.mocha`): ConfigRecord
     ``keep-id`` int >= 0 (the task's ``confirm-id`` at the server's newest checkpoint, 0:
     none; the device keeps its newest committed state not after it, its stable copy, and
     goes back to it when a ``confirm-id`` names it: the server resumed from the checkpoint),
-    ``run-token`` str (the run's identity, :meth:`AsyncMocha.run_identity`: the device's state
+    ``run-token`` str (the run's identity, :meth:`AsyncMOCHA.run_identity`: the device's state
     and state file are bound to it; kept in checkpoints),
     optional ``loss`` str (sent when the run's loss is not ``hinge``), optional ``classes``
     and ``intercept-scaling`` (the run's lifting, as synchronous MOCHA's:
@@ -39,7 +39,7 @@ query ``whoami``: as MOCHA's (:mod:`fmtl_flower.strategies.mocha`): ConfigRecord
 Every reply is validated (keys, dtypes, shapes, finite values, matching task and request)
 at the trust boundary; its numbers are then checked by the server as it applies the reply
 (:class:`~fmtl_flower.core.async_mocha.ReplyBounds` and the certificate's check of
-:class:`~fmtl_flower.core.async_mocha.AsyncMochaServer`, as synchronous MOCHA's,
+:class:`~fmtl_flower.core.async_mocha.AsyncMOCHAServer`, as synchronous MOCHA's,
 :mod:`fmtl_flower.strategies.mocha`): ``loss-mean <= l-bound(R_t |w_t|)`` (1 + R_t |w_t|
 for the hinge), ``|delta-b| <= R_t min(budget, n_t) / n_t``, in robust mode
 ``|b_t + delta-b| <= R_t`` (neither for the squared loss, whose dual is unbounded), and
@@ -60,7 +60,7 @@ updates are outliers is decoupled from the others (:mod:`fmtl_flower.core.async_
 
 Checkpoints
 -----------
-:meth:`AsyncMocha.enable_checkpoints` writes the state after every ``every x m`` applied
+:meth:`AsyncMOCHA.enable_checkpoints` writes the state after every ``every x m`` applied
 replies and after the last (:mod:`fmtl_flower.checkpoint`: atomic, pickle-free files
 ``round-NNNNNN.npz`` named by the rounds of work applied, applied replies // m; ``final``
 says ``resumed_from``, in the same unit): the server's state and bookkeeping, the requests
@@ -135,7 +135,7 @@ from ..core.async_mocha import (
     INVALID,
     SIGMA_PRIME_RULES,
     UNKNOWN,
-    AsyncMochaServer,
+    AsyncMOCHAServer,
     Availability,
     EventLoop,
     Outcome,
@@ -151,7 +151,7 @@ from ..core.async_mocha import (
 from ..core.certificate import PAIR_SLACK
 from ..core.formulations import make_formulation
 from ..core.losses import get_loss
-from ..core.mocha import MochaServerState
+from ..core.mocha import MOCHAServerState
 from ..core.multiclass import (
     MAX_CLASS_NAME,
     Lifting,
@@ -173,17 +173,17 @@ from .discovery import (
 from .trust import BOUND_SLACK, ReplyBoundary, ReplyContract
 
 if TYPE_CHECKING:
-    from ..settings import MochaSettings
+    from ..settings import MOCHASettings
 
-NAME = "AsyncMocha"
-#: The clocks a run can keep (:class:`AsyncMocha`'s ``clock``).
+NAME = "AsyncMOCHA"
+#: The clocks a run can keep (:class:`AsyncMOCHA`'s ``clock``).
 CLOCKS = ("virtual", "wall")
 TRAIN_METRICS = ("task-id", "request-id", "delta-dual-mean", "loss-mean", "dual-mean", "steps",
                  "state-ok")
 REPLY_CONTRACTS = {"train": ReplyContract.of(TRAIN_METRICS, {"delta-b": ("d",)})}
 
 
-class AsyncMocha(Strategy):
+class AsyncMOCHA(Strategy):
     """Barrier-free MOCHA: no round barrier, a certified gap (module docstring).
 
     Parameters
@@ -302,9 +302,9 @@ class AsyncMocha(Strategy):
         self._decoupled_logged = 0
 
     @classmethod
-    def from_settings(cls, settings: MochaSettings,
+    def from_settings(cls, settings: MOCHASettings,
                       on_round: Callable[[dict[str, Any]], None] | None = None,
-                      num_tasks: int | None = None) -> AsyncMocha:
+                      num_tasks: int | None = None) -> AsyncMOCHA:
         """The strategy of ``fmtl run async-mocha`` / ``async-cocoa``: MOCHA's settings
         (lambda, the formulation and its options, local-frac, network, time model, gamma,
         theta, seed) and ``concurrency``, ``tau``, ``latency_sigma``. MOCHA's systems
@@ -330,17 +330,17 @@ class AsyncMocha(Strategy):
     # Strategy's round-based interface: not used (there are no rounds) -----------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        raise NotImplementedError("AsyncMocha has no rounds: run it with start()")
+        raise NotImplementedError("AsyncMOCHA has no rounds: run it with start()")
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> Any:
-        raise NotImplementedError("AsyncMocha has no rounds: run it with start()")
+        raise NotImplementedError("AsyncMOCHA has no rounds: run it with start()")
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
-        raise NotImplementedError("AsyncMocha has no rounds: run it with start()")
+        raise NotImplementedError("AsyncMOCHA has no rounds: run it with start()")
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Any:
-        raise NotImplementedError("AsyncMocha has no rounds: run it with start()")
+        raise NotImplementedError("AsyncMOCHA has no rounds: run it with start()")
 
     def summary(self) -> None:
         """Log the settings."""
@@ -370,7 +370,7 @@ class AsyncMocha(Strategy):
         self.budgets, self.n = budgets, n
         seconds = node_times(budgets, self.dim, "mocha", self.network, model=self.time_model)
         formulation = make_formulation(self.omega, m, lam=self.lam, **self.formulation_options)
-        server = AsyncMochaServer(MochaServerState.zeros(self.dim, formulation), budgets,
+        server = AsyncMOCHAServer(MOCHAServerState.zeros(self.dim, formulation), budgets,
                                   concurrency=m if self.concurrency is None else self.concurrency,
                                   tau=self.tau, gamma=self.gamma, seed=self.seed,
                                   method=self.method, theta=self.theta, loss=self.loss,
@@ -635,7 +635,7 @@ class _GridTransport:
     """Sends a request as a ``train`` message and returns what the boundary made of its
     reply: a :class:`Reply`, a :class:`Rejected`, or nothing (no reply in time: lost)."""
 
-    def __init__(self, strategy: AsyncMocha, grid: Grid, nodes: list[int]) -> None:
+    def __init__(self, strategy: AsyncMOCHA, grid: Grid, nodes: list[int]) -> None:
         self.strategy, self.grid, self.nodes = strategy, grid, nodes
 
     def __call__(self, request: Request) -> list[Reply | Rejected]:
@@ -680,7 +680,7 @@ class WallClockLoop:
     flight, unchanged.
     """
 
-    def __init__(self, strategy: AsyncMocha, grid: Grid, nodes: list[int], run: Run, *,
+    def __init__(self, strategy: AsyncMOCHA, grid: Grid, nodes: list[int], run: Run, *,
                  omega_every: int = 0, timeout_s: float = 600.0, poll_s: float = 0.05) -> None:
         self.strategy, self.grid, self.nodes = strategy, grid, nodes
         self.run_, self.server = run, run.server

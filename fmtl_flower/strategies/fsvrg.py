@@ -128,7 +128,7 @@ the measurements behind them). What a device says about itself is capped by what
 federation makes plausible, and the model's updates are aggregated robustly; ``robust=False``
 is the behaviour above, bit for bit:
 
-* ``n-train`` (whoami): each task is weighted by its *trusted* count :attr:`Fsvrg.n_weight`,
+* ``n-train`` (whoami): each task is weighted by its *trusted* count :attr:`FSVRG.n_weight`,
   the reported one cut to the federation's log-scale fence, ``max_n`` and
   ``max-weight-share`` (logged when a cap binds); ``n``, the default ``lam = 1/n``, the
   objective, the gradient and FSVRG's weights ``n_k/n`` and statistics use it (a capped
@@ -231,7 +231,7 @@ from ..core.fsvrg.robust import (
 from ..core.robust import log_upper_fence
 from ..metrics import error_summary, round_record
 from ..packing import StackGroup
-from ..settings import FsvrgSettings, apply_settings, check_num_tasks
+from ..settings import FSVRGSettings, apply_settings, check_num_tasks
 from ..wire import from_array, to_array
 from .base import RUN_TOKEN_KEY, TaskStrategy, check_initial_dim, initial_model
 from .discovery import (
@@ -248,7 +248,7 @@ from .packed_fsvrg import read_stacked_reply, reply_keys, stacked_message
 from .records import RoundRecords
 from .trust import ReplyBoundary, ReplyContract, all_finite, check_bound, norm
 
-__all__ = ["METHODS", "DualLedger", "Fsvrg", "ReplyError"]
+__all__ = ["METHODS", "DualLedger", "FSVRG", "ReplyError"]
 
 METHODS = ("fsvrg", "fsvrg-naive", "gd", "cocoa-plus", "dane")
 DEFAULT_H = 16.0
@@ -347,7 +347,7 @@ class DualLedger:
         self.last_accepted[task] = int(server_round)
 
 
-class Fsvrg(TaskStrategy):
+class FSVRG(TaskStrategy):
     """Federated SVRG (naive FSVRG, GD, CoCoA+, DANE) for one global sparse logistic model.
 
     Parameters
@@ -393,7 +393,7 @@ class Fsvrg(TaskStrategy):
         The feature dimension when configured (None: by majority of the nodes).
     on_round : callable, optional
         Called with each completed record.
-    settings : FsvrgSettings, optional
+    settings : FSVRGSettings, optional
         The parameters above and the common knobs (``min_tasks``, Flower's) as one checked object
         (:mod:`fmtl_flower.settings`); keyword arguments override it.
 
@@ -407,7 +407,7 @@ class Fsvrg(TaskStrategy):
         CoCoA+'s per-task shares of ``w`` and last-accepted rounds (after discovery).
     records : list of dict
         See the module docstring; read with :meth:`results`.
-    privacy : FsvrgDP or None
+    privacy : FSVRGDP or None
         Client-level DP (:func:`fmtl_flower.strategies.privacy.enable_client_dp`), or None.
     """
 
@@ -416,13 +416,13 @@ class Fsvrg(TaskStrategy):
 
     privacy: Any = None
 
-    def __init__(self, num_tasks: int | None = None, settings: FsvrgSettings | None = None,
+    def __init__(self, num_tasks: int | None = None, settings: FSVRGSettings | None = None,
                  *, dim: int | None = None, on_round: RoundCallback | None = None,
                  **kwargs: Any) -> None:
-        s = FsvrgSettings.resolve(settings, kwargs)
+        s = FSVRGSettings.resolve(settings, kwargs)
         self.settings = s
         if num_tasks is None:  # built by start, for the tasks online
-            self.build_at_start(partial(Fsvrg.__init__, self, settings=s,
+            self.build_at_start(partial(FSVRG.__init__, self, settings=s,
                                         dim=dim, on_round=on_round), s)
             return
         self.num_tasks = check_num_tasks(num_tasks)
@@ -513,7 +513,7 @@ class Fsvrg(TaskStrategy):
                 server_round)
             return []
         n_rep = int(sum(self.n_weight[t] for t in accepted)) if self.privacy is None \
-            else int(self.n_weight.sum())  # DP: a fixed denominator (privacy.FsvrgDP)
+            else int(self.n_weight.sum())  # DP: a fixed denominator (privacy.FSVRGDP)
         grad_sum = self._gradient_sum(accepted)
         assert self.lam is not None and self.w is not None
         self._g = global_gradient(self.w, grad_sum, n_rep, self.lam)
@@ -989,7 +989,7 @@ class Fsvrg(TaskStrategy):
         ``n_k``."""
         tasks = sorted(accepted)
         grads = [self._scaled(t, accepted[t], "grad-sum") for t in tasks]
-        if self.privacy is not None:  # client-level DP: clipped, noised (privacy.FsvrgDP)
+        if self.privacy is not None:  # client-level DP: clipped, noised (privacy.FSVRGDP)
             return self.privacy.gradient_sum(
                 grads, [int(self.n_weight[t]) for t in tasks], self.n_weight, self.records,
                 self._dp_releases())
@@ -1194,7 +1194,7 @@ class Fsvrg(TaskStrategy):
 
     def fingerprint(self) -> dict[str, Any]:
         """Settings a checkpoint must share with this run to be resumed."""
-        return {"strategy": "Fsvrg", "num_tasks": self.num_tasks, "method": self.method,
+        return {"strategy": "FSVRG", "num_tasks": self.num_tasks, "method": self.method,
                 "lam": self.lam_arg, "h": self.h, "step": self.step_arg, "mu": self.mu,
                 "local_epochs": self.local_epochs, "seed": self.seed,
                 **({"dp": self.privacy.fingerprint()} if self.privacy is not None else {})}

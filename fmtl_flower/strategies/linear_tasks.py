@@ -139,7 +139,7 @@ class LinearTasks:
 
     def _lift_row_norms(self, norms: Any) -> Any:
         """The row norms of the data the devices train on, from those of the data they
-        report (MOCHA's intercept adds a constant feature: :meth:`Mocha._lift_row_norms`);
+        report (MOCHA's intercept adds a constant feature: :meth:`MOCHA._lift_row_norms`);
         here the same."""
         return norms
 

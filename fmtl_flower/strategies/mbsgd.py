@@ -21,7 +21,7 @@ Wire contract
 Every message to a task's node carries a ``config`` ConfigRecord and an ``arrays`` ArrayRecord.
 
 query ``whoami`` (server -> node): empty ``config``. Reply (MOCHA's,
-    :meth:`fmtl_flower.clients.mocha.MochaClient.whoami`): ConfigRecord ``info`` with
+    :meth:`fmtl_flower.clients.mocha.MOCHAClient.whoami`): ConfigRecord ``info`` with
     ``task-id`` (int, 0 <= id < num_tasks), ``n-train`` (int >= 1), ``n-test`` (int >= 0),
     ``dim`` (int, the same on every node), ``max-row-norm`` (float, the largest training-row
     norm; bounds ``grad``, below).
@@ -74,7 +74,7 @@ more than 1/m of the sum). Records list ``tasks_decoupled``.
 
 Round bookkeeping
 -----------------
-As in :class:`fmtl_flower.strategies.mocha.Mocha`: the losses a node reports in round r are
+As in :class:`fmtl_flower.strategies.mocha.MOCHA`: the losses a node reports in round r are
 at the model after round r - 1, so record k (state after k rounds, k = 0 .. R) is completed
 by round k + 1's replies, and record R by the final ``evaluate`` round. ``primal`` is
 ``sum_t loss-mean_t + (1/2) tr(W K W^T)`` of that state (K as it is after any Omega-step of
@@ -111,7 +111,7 @@ from ..core.formulations import Formulation, make_formulation
 from ..core.mocha import formulation_arrays, omega_step_due, set_formulation_arrays
 from ..metrics import round_record
 from ..packing import StackGroup
-from ..settings import MbSgdSettings, apply_settings, check_num_tasks, drop_prob_of
+from ..settings import MbSGDSettings, apply_settings, check_num_tasks, drop_prob_of
 from ..systems.heterogeneity import drop_mask, local_budgets
 from ..systems.timing import round_time
 from ..wire import array_record, config_record, from_array, record_dict, to_array
@@ -130,7 +130,7 @@ from .packed_mocha import stacked_message
 from .records import RoundRecords
 from .trust import BOUND_SLACK, ReplyBoundary, ReplyContract, all_finite, guarded, norm
 
-__all__ = ["SCHEDULES", "MbSgd", "ReplyError"]
+__all__ = ["SCHEDULES", "MbSGD", "ReplyError"]
 
 RoundCallback = Callable[[dict[str, Any]], None]
 SCHEDULES = ("inv", "inv_sqrt")
@@ -148,7 +148,7 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-class MbSgd(LinearTasks, TaskStrategy):
+class MbSGD(LinearTasks, TaskStrategy):
     """Mini-batch stochastic subgradient descent on MOCHA's primal (the Mb-SGD baseline).
 
     Minimises ``P(W) = sum_t mean_i hinge(y_ti x_ti^T w_t) + (1/2) tr(W K W^T)`` (per-task
@@ -172,7 +172,7 @@ class MbSgd(LinearTasks, TaskStrategy):
         Rounds between Omega-steps ``formulation.omega_step(W)`` (0, the default: K stays
         fixed, the paper's W-update comparison; never after the last round).
     omega_eps, lam2, s2, eta, clusters : optional
-        Formulation options, as for :class:`fmtl_flower.strategies.mocha.Mocha`.
+        Formulation options, as for :class:`fmtl_flower.strategies.mocha.MOCHA`.
     beta : float, optional
         Step-size scale (> 0). Default ``1 / lambda_min(K)`` (Pegasos's rule with
         ``schedule="inv"``), recomputed from the current K after every Omega-step.
@@ -206,7 +206,7 @@ class MbSgd(LinearTasks, TaskStrategy):
         The feature dimension when configured (None: by majority of the nodes).
     on_round : callable, optional
         Called with each completed round record (a dict).
-    settings : MbSgdSettings, optional
+    settings : MbSGDSettings, optional
         The parameters above and the common knobs (``min_tasks``, Flower's) as one checked object
         (:mod:`fmtl_flower.settings`); keyword arguments override it.
 
@@ -224,13 +224,13 @@ class MbSgd(LinearTasks, TaskStrategy):
     #: Settings this strategy derives its own value of (SettingsHome).
     derived_settings = frozenset({"drop_prob"})
 
-    def __init__(self, num_tasks: int | None = None, settings: MbSgdSettings | None = None,
+    def __init__(self, num_tasks: int | None = None, settings: MbSGDSettings | None = None,
                  *, dim: int | None = None, on_round: RoundCallback | None = None,
                  **kwargs: Any) -> None:
-        s = MbSgdSettings.resolve(settings, kwargs)
+        s = MbSGDSettings.resolve(settings, kwargs)
         self.settings = s
         if num_tasks is None:  # built by start, for the tasks online
-            self.build_at_start(partial(MbSgd.__init__, self, settings=s,
+            self.build_at_start(partial(MbSGD.__init__, self, settings=s,
                                         dim=dim, on_round=on_round), s)
             return
         self.num_tasks = check_num_tasks(num_tasks)
@@ -442,7 +442,7 @@ class MbSgd(LinearTasks, TaskStrategy):
     # ------------------------------------------------------------------ checkpoints
     def fingerprint(self) -> dict[str, Any]:
         """Settings a checkpoint must share with this run to be resumed."""
-        return {"strategy": "MbSgd", "num_tasks": self.num_tasks, "lam": self.lam,
+        return {"strategy": "MbSGD", "num_tasks": self.num_tasks, "lam": self.lam,
                 "omega": self.omega, "formulation": self.formulation_options,
                 "beta": self.beta, "schedule": self.schedule, "project": self.project,
                 "seed": self.seed}

@@ -37,7 +37,7 @@ query ``whoami`` (server -> node): empty ``config``. Reply: ConfigRecord ``info`
     ``logistic`` or ``squared``, :mod:`fmtl_flower.core.losses`; the device's coordinate
     steps, ``loss-mean`` and ``dual-mean`` are that loss's, and its dual state is bound to it).
     Seeding round (round 1 of a fresh run started with ``initial_arrays``, see
-    :meth:`Mocha.seed_model`): also arrays ``seed-w`` and ``seed-b``, float64 (d,) each, the
+    :meth:`MOCHA.seed_model`): also arrays ``seed-w`` and ``seed-b``, float64 (d,) each, the
     target model W0[:, t] and dual image (W0 K)[:, t]; ``budget`` = n-train, ``dropped``
     false. The device then runs no solver (``method``, ``gamma``, ``scale`` do not apply) but
     moves its alpha to the seeding point of :mod:`fmtl_flower.clients.dual_seed`, a feasible
@@ -66,7 +66,7 @@ outside the list (now or when they appear later), are excluded with the reason. 
 or labels within {-1, +1} or {0, 1}: today's binary problem, nothing more is sent. Two other
 labels: binary, c_0 -> -1, c_1 -> +1. K > 2: one-vs-rest over K blocks with one Omega; each
 w_t then has (d + 1 with an intercept) * K entries, task t has n_t * K lifted samples
-(:attr:`Mocha.n_train`, the budgets and the ``n-train`` of the replies), and the row-norm
+(:attr:`MOCHA.n_train`, the budgets and the ``n-train`` of the replies), and the row-norm
 bound R_t becomes sqrt(R_t**2 + ``intercept-scaling``**2) with an intercept
 (``fit_intercept``, ``mocha.fit-intercept``: a constant feature the devices append). The
 SDCA kernel, the dual, sigma', the certificate's check, the bounds above and the server's
@@ -196,9 +196,9 @@ from ..core.formulations import (
     options_check_size,
 )
 from ..core.losses import get_loss
-from ..core.mocha import MochaServerState, omega_step_due
+from ..core.mocha import MOCHAServerState, omega_step_due
 from ..core.mocha_factored import (
-    FactoredMochaServerState,
+    FactoredMOCHAServerState,
     choose_server_path,
     make_server_state,
     restore_server_state,
@@ -213,7 +213,7 @@ from ..core.multiclass import (
 from ..core.record_dp import step_curvature
 from ..metrics import round_record
 from ..packing import StackGroup
-from ..settings import MochaSettings, apply_settings, check_num_tasks, drop_prob_of
+from ..settings import MOCHASettings, apply_settings, check_num_tasks, drop_prob_of
 from ..systems.heterogeneity import check_drop_prob, drop_mask, local_budgets
 from ..systems.timing import deadline_budgets, round_time
 from ..wire import (
@@ -255,7 +255,7 @@ REPLY_CONTRACTS = {MessageType.TRAIN: ReplyContract.of(REPLY_METRICS, {"delta-b"
 DUAL_IMAGE_BOUND = "b_t = X_t^T alpha_t / n_t with every |alpha_ti| <= 1"
 
 
-class Mocha(LinearTasks, TaskStrategy):
+class MOCHA(LinearTasks, TaskStrategy):
     """MOCHA: federated multi-task learning with a learned task-relationship matrix.
 
     Each task t (one device, or one node) learns a linear model w_t; the models are tied by the
@@ -363,7 +363,7 @@ class Mocha(LinearTasks, TaskStrategy):
         the discovered nodes report, :class:`~fmtl_flower.strategies.discovery.TaskDirectory`).
     on_round : callable, optional
         Called with each completed round record (a dict), e.g. to print progress.
-    settings : MochaSettings, optional
+    settings : MOCHASettings, optional
         The parameters above and the common knobs (``min_tasks``, Flower's) as one checked object
         (:mod:`fmtl_flower.settings`); keyword arguments override it.
 
@@ -385,13 +385,13 @@ class Mocha(LinearTasks, TaskStrategy):
     #: Settings this strategy derives its own value of (SettingsHome).
     derived_settings = frozenset({"drop_prob"})
 
-    def __init__(self, num_tasks: int | None = None, settings: MochaSettings | None = None,
+    def __init__(self, num_tasks: int | None = None, settings: MOCHASettings | None = None,
                  *, dim: int | None = None, on_round: RoundCallback | None = None,
                  **kwargs: Any) -> None:
-        s = MochaSettings.resolve(settings, kwargs)
+        s = MOCHASettings.resolve(settings, kwargs)
         self.settings = s
         if num_tasks is None:  # built by start, for the tasks online
-            self.build_at_start(partial(Mocha.__init__, self, settings=s,
+            self.build_at_start(partial(MOCHA.__init__, self, settings=s,
                                         dim=dim, on_round=on_round), s)
             return
         m = check_num_tasks(num_tasks)
@@ -418,7 +418,7 @@ class Mocha(LinearTasks, TaskStrategy):
         self.on_round = on_round
         self.round_timeout = 120.0
         self.num_rounds: int | None = None
-        self.state: MochaServerState | FactoredMochaServerState | None = None
+        self.state: MOCHAServerState | FactoredMOCHAServerState | None = None
         self._budgets = np.zeros(self.num_tasks, dtype=np.int64)
         self._w_norm = np.zeros(self.num_tasks)  # |w_t| sent this round
         self._w_dot_b = np.zeros(self.num_tasks)  # w_t . b_t as sent this round
@@ -655,7 +655,7 @@ class Mocha(LinearTasks, TaskStrategy):
         state = self.state
         if state is None or state.formulation.fixed:
             return None
-        if isinstance(state, FactoredMochaServerState):
+        if isinstance(state, FactoredMOCHAServerState):
             return state.coupling_weights()
         return coupling_weights(state.M)
 
@@ -664,7 +664,7 @@ class Mocha(LinearTasks, TaskStrategy):
         non-finite; whether it stood."""
         state = self.state
         assert state is not None
-        dense = isinstance(state, MochaServerState)
+        dense = isinstance(state, MOCHAServerState)
         reason = guarded(state.omega_step, (state, state.formulation),
                          lambda: all_finite(state.W, *((state.M,) if dense else ())))
         if reason is not None:
@@ -709,7 +709,7 @@ class Mocha(LinearTasks, TaskStrategy):
         """Settings a checkpoint must share with this run to be resumed (the loss when it is
         not the hinge: B is the image of duals of one loss; hinge checkpoints written before
         the loss family existed stay resumable; the intercept's scaling when one is fitted)."""
-        out = {"strategy": "Mocha", "num_tasks": self.num_tasks, "lam": self.lam,
+        out = {"strategy": "MOCHA", "num_tasks": self.num_tasks, "lam": self.lam,
                "omega": self.omega, "formulation": self.formulation_options,
                "method": self.method, "seed": self.seed, "server_path": self.server_path}
         if self.loss != "hinge":

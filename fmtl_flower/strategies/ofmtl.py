@@ -88,7 +88,7 @@ from .discovery import (
     read_metrics,
     wait_for_nodes,
 )
-from .mocha import Mocha
+from .mocha import MOCHA
 from .records import KeepsRecords, RoundRecords
 from .repeated_errors import collapse_repeated_errors
 from .trust import ReplyBoundary, ReplyContract, all_finite, check_bound, norm
@@ -429,7 +429,7 @@ class OFMTL(SettingsHome, SizedAtStart, KeepsRecords, Strategy):
         """Train MOCHA from scratch over tasks 0 .. m - 1; take its W and Sigma (on the
         factored path MOCHA's factor of Sigma, V diag(s) V^T + c I, as is)."""
         started = time.perf_counter()
-        mocha = Mocha(m, **self.mocha_options, server_path=self.path,
+        mocha = MOCHA(m, **self.mocha_options, server_path=self.path,
                       task_owners=self.settings.task_owners)
         mocha.directory.outside_level = INFO  # held-back newcomers are expected
         mocha.start(grid=grid, num_rounds=self.mocha_rounds, timeout=self.round_timeout)

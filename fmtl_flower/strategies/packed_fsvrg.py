@@ -6,7 +6,7 @@ The ``"fsvrg"`` stacking protocol of :mod:`fmtl_flower.packing` (wire contract i
 :class:`~fmtl_flower.packing.StackGroup` (the exchange's global vectors once, the task ids and
 per-task values as vectors); :func:`read_stacked_reply` checks a stacked reply's records,
 types and shapes over all rows at once, then gives each row, as the values
-:meth:`Fsvrg._parse_reply` reads from a one-task reply, to the strategy's own per-reply
+:meth:`FSVRG._parse_reply` reads from a one-task reply, to the strategy's own per-reply
 checks: a malformed slot or row fails only its task.
 """
 

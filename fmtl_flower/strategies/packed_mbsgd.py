@@ -2,7 +2,7 @@
 
 The ``"mb-sgd"`` stacking protocol of :mod:`fmtl_flower.packing` (wire contract in
 :mod:`fmtl_flower.clients.packed_mbsgd`). :func:`read_stacked_reply` checks a stacked reply in
-vectorised form and returns the per-task values :meth:`MbSgd._parse_reply` returns for an
+vectorised form and returns the per-task values :meth:`MbSGD._parse_reply` returns for an
 unpacked reply, or why a task's row (or slot) was rejected: a malformed slot fails only its
 task.
 """

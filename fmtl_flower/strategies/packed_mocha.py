@@ -4,7 +4,7 @@ The ``"mocha"`` stacking protocol of :mod:`fmtl_flower.packing` (wire contract i
 :mod:`fmtl_flower.clients.packed_mocha`). :func:`stacked_message` builds the message of one
 :class:`~fmtl_flower.packing.StackGroup` from the strategy's per-task vectors;
 :func:`read_stacked_reply` checks a stacked reply in vectorised form (one test per key over all
-rows) and returns the same per-task values that :meth:`Mocha._parse_reply` returns for an
+rows) and returns the same per-task values that :meth:`MOCHA._parse_reply` returns for an
 unpacked reply, or the reason a task's row (or the slot itself) was rejected: a malformed
 slot fails only its task.
 """
@@ -44,7 +44,7 @@ def read_stacked_reply(reply: Message, group: StackGroup, server_round: int,
                        n_train: np.ndarray, dim: int, with_delta: bool, max_n: int
                        ) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
     """``(accepted, rejected)``: the valid rows of ``group``'s stacked reply as
-    ``{task: values}`` (the values :meth:`Mocha._parse_reply` gives, ``delta-b`` a row of
+    ``{task: values}`` (the values :meth:`MOCHA._parse_reply` gives, ``delta-b`` a row of
     the stacked array) and ``{task: reason}`` for the tasks whose slot failed or whose row
     is invalid (``max_n``: the discovery limit on ``test-n``). A reply whose records are
     malformed rejects every task of the group; a task absent from both (its slot not in the
@@ -181,7 +181,7 @@ def test_count_problems(values: dict[str, np.ndarray], problems: list[str], max_
 def _row_problems(values: dict[str, np.ndarray], tasks: np.ndarray, server_round: int,
                   n_train: np.ndarray, with_delta: bool, max_n: int) -> list[str]:
     """Per row, the reason it is rejected ("" when valid): the checks of
-    :meth:`Mocha._parse_reply`, one vectorised test per check."""
+    :meth:`MOCHA._parse_reply`, one vectorised test per check."""
     k = len(tasks)
     problems = [""] * k
 

@@ -95,7 +95,7 @@ class ClientLevelDP:
     def current_clip(self, records: list[dict[str, Any]], stream: str | None = None) -> float:
         """The clip norm of ``stream``'s next release: ``dp.clip``, or with adaptive
         clipping the newest record's ``dp_clip_next`` (``dp_clip_next_<stream>`` for a
-        named stream, :attr:`FsvrgDP.STREAMS`): the records are the state, so a resumed
+        named stream, :attr:`FSVRGDP.STREAMS`): the records are the state, so a resumed
         run resumes the clip."""
         if not self.settings.adaptive:
             return self.clip
@@ -217,7 +217,7 @@ class ClientLevelDP:
         the interrupted run got, so the caller gives an upper bound (``checkpoint-every``
         rounds); they are composed with the next release, whose record says
         ``dp_releases`` and ``dp_charged_on_resume``. ``num_releases`` is unused here
-        (:class:`FsvrgDP` calibrates with it)."""
+        (:class:`FSVRGDP` calibrates with it)."""
         if releases > 0:
             self._charged += int(releases)
             log(INFO, "client-level DP: %d releases after the checkpoint charged on resume",
@@ -239,7 +239,7 @@ class ClientLevelDP:
         return np.random.default_rng(seed)
 
 
-class FsvrgDP(ClientLevelDP):
+class FSVRGDP(ClientLevelDP):
     """The server half of client-level DP ``central`` for the FSVRG family (fsvrg-naive,
     dane, gd): every release a device's reply takes part in, clipped and noised.
 
@@ -390,7 +390,7 @@ FSVRG_REFUSED = {
 
 
 def _enable_fsvrg_dp(strategy: Any, settings: DPSettings, noise_seed: int | None) -> Any:
-    """:func:`enable_client_dp` for an :class:`~fmtl_flower.strategies.fsvrg.Fsvrg`."""
+    """:func:`enable_client_dp` for an :class:`~fmtl_flower.strategies.fsvrg.FSVRG`."""
     method = strategy.settings.method
     if method in FSVRG_REFUSED:
         raise ConfigError(f"dp.mechanism={settings.mechanism} cannot make {method} private "
@@ -403,7 +403,7 @@ def _enable_fsvrg_dp(strategy: Any, settings: DPSettings, noise_seed: int | None
                           "devices do not clip their own replies; use dp.mechanism=central "
                           "(the server clips each reply: the same guarantee, Flower's "
                           "server-side clipping)")
-    privacy = FsvrgDP(settings, noise_seed=noise_seed)
+    privacy = FSVRGDP(settings, noise_seed=noise_seed)
     num_tasks = getattr(strategy, "num_tasks", None)
     if settings.adaptive and settings.noise_multiplier is not None and num_tasks:
         privacy._adaptive(float(settings.clip), int(num_tasks))  # refuse before the run
@@ -432,9 +432,9 @@ def enable_client_dp(strategy: Any, settings: DPSettings | None = None, *,
         from .record_dp import enable_record_dp  # noqa: PLC0415
 
         return enable_record_dp(strategy, settings)
-    from .fsvrg import Fsvrg  # noqa: PLC0415 (fsvrg imports this module's users)
+    from .fsvrg import FSVRG  # noqa: PLC0415 (fsvrg imports this module's users)
 
-    if isinstance(strategy, Fsvrg):
+    if isinstance(strategy, FSVRG):
         return _enable_fsvrg_dp(strategy, settings, noise_seed)
     method = getattr(getattr(strategy, "settings", None), "method", None)  # built or not
     if settings.weighting != "uniform":

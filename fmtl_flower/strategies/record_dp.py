@@ -162,7 +162,7 @@ class RecordLevelDP:
 
 
 def enable_record_dp(strategy: Any, settings: DPSettings) -> Any:
-    """``strategy`` (MOCHA, CoCoA's or Mb-SDCA's :class:`~fmtl_flower.strategies.mocha.Mocha`)
+    """``strategy`` (MOCHA, CoCoA's or Mb-SDCA's :class:`~fmtl_flower.strategies.mocha.MOCHA`)
     with record-level DP on; returns it.
 
     Raises
@@ -170,9 +170,9 @@ def enable_record_dp(strategy: Any, settings: DPSettings) -> Any:
     ConfigError
         For another strategy or method, or a loss with an unbounded dual domain (squared).
     """
-    from .mocha import Mocha  # noqa: PLC0415 (mocha imports this module's users)
+    from .mocha import MOCHA  # noqa: PLC0415 (mocha imports this module's users)
 
-    if not isinstance(strategy, Mocha):
+    if not isinstance(strategy, MOCHA):
         raise ConfigError(f"dp.mechanism=record covers MOCHA's family (methods "
                           f"{', '.join(RECORD_DP_METHODS)}); got {type(strategy).__name__}")
     method = strategy.settings.method

@@ -23,7 +23,7 @@ from flwr.app import Message
 from fmtl_flower.clients.async_mocha import make_async_mocha_client_app
 from fmtl_flower.core.async_mocha import APPLIED
 from fmtl_flower.engine import GridWrapper, InProcessGrid
-from fmtl_flower.strategies.async_mocha import AsyncMocha
+from fmtl_flower.strategies.async_mocha import AsyncMOCHA
 
 from ..strategies.helpers import ServerKilled, make_problem
 
@@ -70,7 +70,7 @@ def _grid(problem):
     return SlowNodeGrid(inner, slow_node, SLOW_S)
 
 
-class Checked(AsyncMocha):
+class Checked(AsyncMOCHA):
     """Checks W = B M after every reply event; ``kill_at``: the server 'dies' at that event."""
 
     kill_at = 0
@@ -154,10 +154,10 @@ def test_checkpoint_of_the_other_clock_is_refused(tmp_path):
     from fmtl_flower.checkpoint import CheckpointError
 
     problem = make_problem(num_tasks=6, dim=5, samples_per_task=30)
-    strategy = AsyncMocha(**KNOBS)
+    strategy = AsyncMOCHA(**KNOBS)
     strategy.enable_checkpoints(tmp_path)
     strategy.start(_grid(problem), num_rounds=1)
-    virtual = AsyncMocha(**{**KNOBS, "clock": "virtual"})
+    virtual = AsyncMOCHA(**{**KNOBS, "clock": "virtual"})
     virtual.enable_checkpoints(tmp_path)
     with pytest.raises(CheckpointError, match="clock"):
         virtual.start(_grid(problem), num_rounds=2)

@@ -207,19 +207,19 @@ def test_the_server_app_polls_a_deployment_at_the_run_configs_interval(
 
 
 def test_start_wraps_a_deployment_grid_given_by_a_python_user(monkeypatch):
-    """``Mocha(...).start(grid=<Flower's deployment grid>)``: replies pulled at the
+    """``MOCHA(...).start(grid=<Flower's deployment grid>)``: replies pulled at the
     strategy's ``reply_poll_interval``, never through Flower's 3 s loop."""
     from flwr.app import Context
     from flwr.serverapp import ServerApp
 
-    from fmtl_flower.strategies.mocha import Mocha
+    from fmtl_flower.strategies.mocha import MOCHA
 
     logging.getLogger("flwr").setLevel(logging.WARNING)
     monkeypatch.setattr(HttpGrid, "flower_loop_calls", 0)
     seen = []
     monkeypatch.setattr(PollingGrid, "__init__", _recording(PollingGrid.__init__, seen))
     run_config = {"num-tasks": 3, "dim": 4, "samples-per-task": 20}
-    strategy = Mocha(3, reply_poll_interval=0.1)
+    strategy = MOCHA(3, reply_poll_interval=0.1)
     app = ServerApp()
 
     @app.main()

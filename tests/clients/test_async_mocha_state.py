@@ -18,7 +18,7 @@ from fmtl_flower.checkpoint import read_state_file, write_state_file
 from fmtl_flower.clients.async_mocha import make_async_mocha_client_app
 from fmtl_flower.core.async_mocha import APPLIED
 from fmtl_flower.engine import InProcessGrid
-from fmtl_flower.strategies.async_mocha import AsyncMocha
+from fmtl_flower.strategies.async_mocha import AsyncMOCHA
 
 from ..strategies.helpers import ServerKilled, make_problem
 
@@ -45,7 +45,7 @@ def _restarting(app, restart_at):
     return client
 
 
-def _run(problem, rounds, state_dir=None, restart_at=(), ckpt=None, strategy_cls=AsyncMocha,
+def _run(problem, rounds, state_dir=None, restart_at=(), ckpt=None, strategy_cls=AsyncMOCHA,
          grid=None):
     if grid is None:
         app = make_async_mocha_client_app(problem.load, state_dir=state_dir)
@@ -85,7 +85,7 @@ def test_device_restart_keeps_its_alpha_with_a_state_file(problem, tmp_path):
 
 
 def _killed_at(record_count):
-    class Killed(AsyncMocha):
+    class Killed(AsyncMOCHA):
         def _on_event(self, record, m):
             if len(self.run.records) == record_count:
                 raise ServerKilled(record_count)

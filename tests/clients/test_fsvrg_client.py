@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
-from fmtl_flower.clients.fsvrg import COCOA_STATE_ARRAYS, COCOA_STATE_META, FsvrgClient
+from fmtl_flower.clients.fsvrg import COCOA_STATE_ARRAYS, COCOA_STATE_META, FSVRGClient
 from fmtl_flower.core.fsvrg import (
     cocoa_plus_local_sdca,
     dane_epoch_orders,
@@ -45,7 +45,7 @@ def message(kind: str, config: dict, arrays: dict | None = None) -> Message:
 
 
 def test_handlers_match_core(task):
-    client = FsvrgClient(lambda ctx: task.arrays())
+    client = FSVRGClient(lambda ctx: task.arrays())
     ctx = context()
     info = client.whoami(message(f"{MessageType.QUERY}.whoami", {}), ctx).content["info"]
     assert (info["task-id"], info["n-train"], info["dim"]) == (TASK, task.n_train, DIM)
@@ -79,7 +79,7 @@ def test_handlers_match_core(task):
 
 
 def test_bad_instructions_raise(task):
-    client = FsvrgClient(lambda ctx: task.arrays())
+    client = FSVRGClient(lambda ctx: task.arrays())
     ctx = context()
     with pytest.raises(ValueError, match="task"):
         client.stats(message(f"{MessageType.QUERY}.fsvrg_stats", {"task-id": TASK + 1}), ctx)
@@ -105,7 +105,7 @@ def test_bad_instructions_raise(task):
 
 
 def test_dane_handler_matches_core(task):
-    client = FsvrgClient(lambda ctx: task.arrays())
+    client = FSVRGClient(lambda ctx: task.arrays())
     rng = np.random.default_rng(1)
     w, g = rng.normal(size=DIM) * 0.1, rng.normal(size=DIM) * 0.01
     config = {"task-id": TASK, "server-round": 3, "seed": 4, "method": "dane", "lam": 0.01,
@@ -146,7 +146,7 @@ def reply_parts(reply: Message) -> tuple[int, float, np.ndarray]:
 
 
 def test_cocoa_plus_commit_rollback_and_restart(task):
-    client = FsvrgClient(lambda ctx: task.arrays())
+    client = FSVRGClient(lambda ctx: task.arrays())
     ctx = context()
     rng = np.random.default_rng(2)
     w1, w2, w3, w4 = (rng.normal(size=DIM) * 0.1 for _ in range(4))
@@ -188,14 +188,14 @@ def test_cocoa_plus_commit_rollback_and_restart(task):
 
 
 def test_cocoa_plus_empty_state_with_accepted_rounds_restarts(task):
-    client = FsvrgClient(lambda ctx: task.arrays())
+    client = FSVRGClient(lambda ctx: task.arrays())
     ok, dual, d_w = reply_parts(client.train(cocoa_train(5, 3, np.zeros(DIM)), context()))
     assert (ok, dual) == (0, 0.0)
     assert np.array_equal(d_w, sdca(task, np.zeros(task.n_train), np.zeros(DIM), 5)[1])
 
 
 def test_cocoa_plus_local_epochs_concatenate_the_epoch_orders(task):
-    client = FsvrgClient(lambda ctx: task.arrays())
+    client = FSVRGClient(lambda ctx: task.arrays())
     w = np.full(DIM, 0.01)
     _, _, d_w = reply_parts(client.train(cocoa_train(2, 0, w, epochs=3), context()))
     order = np.concatenate(dane_epoch_orders(3, TASK, 2, task.n_train, 3))

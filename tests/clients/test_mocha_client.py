@@ -27,7 +27,7 @@ from fmtl_flower.core.rng import coordinate_order
 from fmtl_flower.core.sdca import sdca_local_update
 from fmtl_flower.data import make_synthetic_tasks
 from fmtl_flower.engine import InProcessGrid, run_inprocess
-from fmtl_flower.strategies.mocha import Mocha
+from fmtl_flower.strategies.mocha import MOCHA
 from fmtl_flower.wire import from_array, to_array
 
 TASK = 2
@@ -646,8 +646,8 @@ def test_client_app_reused_across_inprocess_runs_loads_new_data():
         t = int(context.node_config["partition-id"])
         return Xs[t], ys[t]
 
-    def run(client_app, data_seed: int) -> Mocha:
-        strategy = Mocha(3, lam=0.1, discovery_timeout=1.0)
+    def run(client_app, data_seed: int) -> MOCHA:
+        strategy = MOCHA(3, lam=0.1, discovery_timeout=1.0)
         server_app = ServerApp()
 
         @server_app.main()

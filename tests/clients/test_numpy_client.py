@@ -12,7 +12,7 @@ import pytest
 from flwr.app import Context, Message
 from flwr.client import ClientApp
 
-from fmtl_flower import FedEM, FedEMNumPyClient, LegacyGrid, Mocha, MochaNumPyClient
+from fmtl_flower import MOCHA, FedEM, FedEMNumPyClient, LegacyGrid, MOCHANumPyClient
 from fmtl_flower.clients.fedem import make_fedem_client_app
 from fmtl_flower.clients.mocha import STATE_ARRAYS, default_task_id, make_mocha_client_app
 from fmtl_flower.engine import InProcessGrid
@@ -51,10 +51,10 @@ class Recorder:
 
 
 def mocha_federation(app: Any, client_api: str | None, num_tasks: int = 5,
-                     discovery_timeout: float = 30.0) -> tuple[Mocha, InProcessGrid, Any]:
+                     discovery_timeout: float = 30.0) -> tuple[MOCHA, InProcessGrid, Any]:
     grid = InProcessGrid(app, num_tasks)
     wrapped = grid if client_api is None else LegacyGrid(grid, client_api)
-    strategy = Mocha(num_tasks=num_tasks, lam=0.1, omega_every=2, seed=1, eval_every=1,
+    strategy = MOCHA(num_tasks=num_tasks, lam=0.1, omega_every=2, seed=1, eval_every=1,
                      discovery_timeout=discovery_timeout)
     strategy.start(grid=wrapped, num_rounds=5, timeout=30.0)
     return strategy, grid, wrapped
@@ -66,7 +66,7 @@ def test_mocha_numpyclient_federation_equals_the_native_one(client_api):
 
     def client_fn(context: Context):
         t = default_task_id(context)
-        return MochaNumPyClient(context, problem.Xs[t], problem.ys[t], problem.Xt[t],
+        return MOCHANumPyClient(context, problem.Xs[t], problem.ys[t], problem.Xt[t],
                                 problem.yt[t]).to_client()
 
     native, native_grid, _ = mocha_federation(make_mocha_client_app(problem.load), None)
@@ -128,7 +128,7 @@ def test_mixed_federation_auto_serves_both_kinds():
 
     def client_fn(context: Context):
         t = default_task_id(context)
-        return MochaNumPyClient(context, problem.Xs[t], problem.ys[t], problem.Xt[t],
+        return MOCHANumPyClient(context, problem.Xs[t], problem.ys[t], problem.Xt[t],
                                 problem.yt[t]).to_client()
 
     legacy_app = ClientApp(client_fn=client_fn)
@@ -152,7 +152,7 @@ def test_a_numpyclient_federation_just_works_with_the_plain_grid():
 
     def client_fn(context: Context):
         t = default_task_id(context)
-        return MochaNumPyClient(context, problem.Xs[t], problem.ys[t], problem.Xt[t],
+        return MOCHANumPyClient(context, problem.Xs[t], problem.ys[t], problem.Xt[t],
                                 problem.yt[t]).to_client()
 
     native, _, _ = mocha_federation(make_mocha_client_app(problem.load), None, num_tasks=3)
@@ -204,7 +204,7 @@ def test_get_parameters_returns_the_model_received_last():
 
     def client_fn(context: Context):
         t = default_task_id(context)
-        clients[t] = MochaNumPyClient(context, problem.Xs[t], problem.ys[t])
+        clients[t] = MOCHANumPyClient(context, problem.Xs[t], problem.ys[t])
         return clients[t].to_client()
 
     strategy, _, _ = mocha_federation(ClientApp(client_fn=client_fn), "numpyclient",
@@ -243,7 +243,7 @@ def test_replies_are_tied_to_the_strategys_messages(client_api):
 
     def client_fn(context: Context):
         t = default_task_id(context)
-        return MochaNumPyClient(context, problem.Xs[t], problem.ys[t]).to_client()
+        return MOCHANumPyClient(context, problem.Xs[t], problem.ys[t]).to_client()
 
     grid = InProcessGrid(ClientApp(client_fn=client_fn), 3)
     wrapped = LegacyGrid(grid, client_api)
@@ -278,7 +278,7 @@ def test_the_app_counts_numpyclient_devices_when_num_tasks_is_unset(tmp_path):
 
     def client_fn(context: Context):
         t = default_task_id(context)
-        return MochaNumPyClient(context, problem.Xs[t], problem.ys[t], problem.Xt[t],
+        return MOCHANumPyClient(context, problem.Xs[t], problem.ys[t], problem.Xt[t],
                                 problem.yt[t]).to_client()
 
     out = tmp_path / "r.json"

@@ -12,7 +12,7 @@ import pytest
 from fmtl_flower.core.async_mocha import (
     APPLIED,
     AsyncDevice,
-    AsyncMochaServer,
+    AsyncMOCHAServer,
     Availability,
     EventLoop,
     ReplyBounds,
@@ -23,7 +23,7 @@ from fmtl_flower.core.async_mocha import (
     sync_round_plan,
 )
 from fmtl_flower.core.formulations import make_formulation
-from fmtl_flower.core.mocha import MochaServerState
+from fmtl_flower.core.mocha import MOCHAServerState
 from fmtl_flower.core.rng import TAG_LATENCY
 
 
@@ -153,9 +153,9 @@ def _loop_with_log(tasks, seconds, availability, seed):
     """An EventLoop over directly called devices that logs (task, send time) of every
     request and the requests whose replies it delivered."""
     m = len(tasks)
-    state = MochaServerState.zeros(tasks[0][0].shape[1], make_formulation(
+    state = MOCHAServerState.zeros(tasks[0][0].shape[1], make_formulation(
         "identity", m, lam=0.1))
-    server = AsyncMochaServer(state, np.array([X.shape[0] for X, _ in tasks]), concurrency=m,
+    server = AsyncMOCHAServer(state, np.array([X.shape[0] for X, _ in tasks]), concurrency=m,
                               seed=seed, bounds=ReplyBounds.of_tasks(tasks))
     devices = [AsyncDevice(t, X, y) for t, (X, y) in enumerate(tasks)]
     sent: list[tuple[int, float]] = []
@@ -243,11 +243,11 @@ def test_runs_with_availability_are_reproducible_by_seed(protocol):
 
 
 def test_the_synchronous_sigma_prime_rule_needs_the_safeguard():
-    state = MochaServerState.zeros(4, make_formulation("mean", 3, lam=0.1, lam2=0.1))
+    state = MOCHAServerState.zeros(4, make_formulation("mean", 3, lam=0.1, lam2=0.1))
     with pytest.raises(ValueError, match="sigma-prime-rule"):
-        AsyncMochaServer(state, np.full(3, 5), concurrency=3, sigma_prime_rule="smaller")
+        AsyncMOCHAServer(state, np.full(3, 5), concurrency=3, sigma_prime_rule="smaller")
     with pytest.raises(ValueError, match="needs the safeguard"):
-        AsyncMochaServer(state, np.full(3, 5), concurrency=3, safeguard=False,
+        AsyncMOCHAServer(state, np.full(3, 5), concurrency=3, safeguard=False,
                          sigma_prime_rule="synchronous")
 
 

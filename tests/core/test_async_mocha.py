@@ -17,7 +17,7 @@ from fmtl_flower.core.async_mocha import (
     STALE,
     UNKNOWN,
     AsyncDevice,
-    AsyncMochaServer,
+    AsyncMOCHAServer,
     ReplyBounds,
     async_sigma_prime,
     coupling_max,
@@ -29,7 +29,7 @@ from fmtl_flower.core.async_mocha import (
 from fmtl_flower.core.certificate import REASON_PREFIX
 from fmtl_flower.core.formulations import make_formulation, sigma_prime
 from fmtl_flower.core.hinge import hinge_conjugate_value
-from fmtl_flower.core.mocha import MochaServerState
+from fmtl_flower.core.mocha import MOCHAServerState
 from fmtl_flower.experiments.optimization import optimum
 
 
@@ -82,11 +82,11 @@ def _monotone(duals) -> bool:
 
 
 def _server(tasks, omega="mean", *, lam=0.05, concurrency=None, tau=None, safeguard=True,
-            **options) -> tuple[AsyncMochaServer, list[AsyncDevice]]:
+            **options) -> tuple[AsyncMOCHAServer, list[AsyncDevice]]:
     m, d = len(tasks), tasks[0][0].shape[1]
     formulation = make_formulation(omega, m, lam=lam, **options)
     budgets = np.array([X.shape[0] for X, _ in tasks])
-    server = AsyncMochaServer(MochaServerState.zeros(d, formulation), budgets,
+    server = AsyncMOCHAServer(MOCHAServerState.zeros(d, formulation), budgets,
                               concurrency=concurrency or m, tau=tau, safeguard=safeguard,
                               seed=1)
     return server, [AsyncDevice(t, X, y) for t, (X, y) in enumerate(tasks)]
@@ -118,7 +118,7 @@ def test_omega_step_refuses_work_in_flight():
         server.omega_step()
 
 
-def _lemma9_without_staleness(server: AsyncMochaServer) -> None:
+def _lemma9_without_staleness(server: AsyncMOCHAServer) -> None:
     """An adversary's server: sigma' of the synchronous Lemma 9, blind to the staleness."""
     server.tau = None
     server.sigma_prime = sigma_prime(server.state.M, "global")

@@ -25,7 +25,7 @@ from fmtl_flower.core.decoupling import (
 )
 from fmtl_flower.core.factored import FactoredMatrix
 from fmtl_flower.core.formulations import make_formulation
-from fmtl_flower.core.mocha import MochaServerState
+from fmtl_flower.core.mocha import MOCHAServerState
 
 M_TASKS = 6
 
@@ -56,7 +56,7 @@ def test_decoupled_inverse_is_block_diagonal_and_positive_definite(name):
 def test_the_others_models_are_those_without_the_decoupled_tasks_dual_images():
     """W_H = B_H M_HH: what the coupled tasks would have with the decoupled b_s = 0."""
     rng = np.random.default_rng(1)
-    state = MochaServerState(B=rng.normal(size=(3, M_TASKS)), formulation=formulation("mean"))
+    state = MOCHAServerState(B=rng.normal(size=(3, M_TASKS)), formulation=formulation("mean"))
     mask = np.zeros(M_TASKS, dtype=bool)
     mask[2] = True
     lost = state.B.copy()
@@ -75,7 +75,7 @@ def test_omega_step_learns_nothing_from_a_decoupled_model():
     mask[0] = True
     results = []
     for scale in (1.0, 1e6):
-        state = MochaServerState(B=B.copy(), formulation=formulation("probabilistic"))
+        state = MOCHAServerState(B=B.copy(), formulation=formulation("probabilistic"))
         state.B[:, 0] *= scale
         state.decouple(mask)
         state.omega_step()

@@ -18,11 +18,11 @@ from fmtl_flower.core.factored import (
     sigma_probabilistic_factored,
 )
 from fmtl_flower.core.formulations import SIGMA_MODES, make_formulation, sigma_prime
-from fmtl_flower.core.mocha import MochaServerState
+from fmtl_flower.core.mocha import MOCHAServerState
 from fmtl_flower.core.mocha_factored import (
     FACTORED_MIN_TASKS,
     GRAPHICAL_MAX_TASKS,
-    FactoredMochaServerState,
+    FactoredMOCHAServerState,
     choose_server_path,
     make_server_state,
     restore_server_state,
@@ -297,8 +297,8 @@ def drive(state, rng, rounds=6):
 def test_server_state_matches_dense(name, d, m):
     rng = np.random.default_rng(m)
     opts = options(name, m, rng)
-    fac = FactoredMochaServerState.zeros_for(d, m, name, **opts)
-    den = MochaServerState.zeros_for(d, m, name, **opts)
+    fac = FactoredMOCHAServerState.zeros_for(d, m, name, **opts)
+    den = MOCHAServerState.zeros_for(d, m, name, **opts)
     drive(fac, np.random.default_rng(1))
     drive(den, np.random.default_rng(1))
     np.testing.assert_array_equal(fac.B, den.B)
@@ -320,8 +320,8 @@ def test_a_decoupled_server_state_matches_dense(name, d, m):
     through a checkpoint."""
     rng = np.random.default_rng(m)
     opts = options(name, m, rng)
-    fac = FactoredMochaServerState.zeros_for(d, m, name, **opts)
-    den = MochaServerState.zeros_for(d, m, name, **opts)
+    fac = FactoredMOCHAServerState.zeros_for(d, m, name, **opts)
+    den = MOCHAServerState.zeros_for(d, m, name, **opts)
     drive(fac, np.random.default_rng(1), rounds=3)
     drive(den, np.random.default_rng(1), rounds=3)
     mask = np.isin(np.arange(m), [1, m - 1])
@@ -350,7 +350,7 @@ def test_a_decoupled_server_state_matches_dense(name, d, m):
 
 
 def test_server_state_caches_until_the_omega_step():
-    state = FactoredMochaServerState.zeros_for(3, 30, "probabilistic", lam=0.1)
+    state = FactoredMOCHAServerState.zeros_for(3, 30, "probabilistic", lam=0.1)
     drive(state, np.random.default_rng(2), rounds=2)
     first = state.sigma_prime("per-task")
     first[:] = -1.0  # callers get copies
@@ -366,11 +366,11 @@ def test_server_state_caches_until_the_omega_step():
 def test_state_arrays_round_trip(name):
     rng = np.random.default_rng(7)
     opts = options(name, 40, rng)
-    state = FactoredMochaServerState.zeros_for(4, 40, name, **opts)
+    state = FactoredMOCHAServerState.zeros_for(4, 40, name, **opts)
     drive(state, rng)
     arrays = {k: np.array(v, copy=True) for k, v in state.state_arrays().items()}
     back = restore_server_state(arrays, 40, name, **opts)
-    assert isinstance(back, FactoredMochaServerState)
+    assert isinstance(back, FactoredMOCHAServerState)
     np.testing.assert_array_equal(back.W, state.W)
     np.testing.assert_array_equal(back.M.V, state.M.V)
     np.testing.assert_array_equal(back.sigma_prime("spectral"), state.sigma_prime("spectral"))
@@ -387,10 +387,10 @@ def test_state_arrays_round_trip(name):
 
 
 def test_restore_server_state_reads_the_dense_kind_too():
-    dense = MochaServerState.zeros_for(3, 8, "probabilistic", lam=0.1)
+    dense = MOCHAServerState.zeros_for(3, 8, "probabilistic", lam=0.1)
     drive(dense, np.random.default_rng(3))
     back = restore_server_state(dense.state_arrays(), 8, "probabilistic", lam=0.1)
-    assert isinstance(back, MochaServerState)
+    assert isinstance(back, MOCHAServerState)
     np.testing.assert_array_equal(back.W, dense.W)
 
 
@@ -416,9 +416,9 @@ def test_choose_server_path():
         choose_server_path(10, 10, "nope")
     with pytest.raises(ValueError, match="use 'factored'"):
         choose_server_path(DENSE_MATERIALISE_MAX_TASKS + 1, 10, "identity", "dense")
-    assert isinstance(make_server_state(3, 10, "identity", lam=0.1), MochaServerState)
+    assert isinstance(make_server_state(3, 10, "identity", lam=0.1), MOCHAServerState)
     state = make_server_state(3, big, "probabilistic", lam=0.1)
-    assert isinstance(state, FactoredMochaServerState) and state.W.shape == (3, big)
+    assert isinstance(state, FactoredMOCHAServerState) and state.W.shape == (3, big)
 
 
 def test_large_m_never_forms_an_m_by_m_matrix():

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fmtl_flower.core.formulations import make_formulation, sigma_prime
-from fmtl_flower.core.mocha import MochaServerState
+from fmtl_flower.core.mocha import MOCHAServerState
 from fmtl_flower.core.objective import primal_dual_gap
 from fmtl_flower.core.omega import sigma_identity, sigma_probabilistic
 
@@ -77,7 +77,7 @@ def test_sigma_prime_identity_is_one_and_validates():
 
 def test_server_state_keeps_w_equal_to_b_sigma_over_lambda():
     rng = np.random.default_rng(1)
-    state = MochaServerState.zeros_for(4, 6, "probabilistic", lam=0.5)
+    state = MOCHAServerState.zeros_for(4, 6, "probabilistic", lam=0.5)
     state.add_updates(np.array([0, 3]), rng.normal(size=(4, 2)))
     state.add_updates(np.array([1, 2, 3, 4, 5]), rng.normal(size=(4, 5)))
     np.testing.assert_allclose(state.W, state.B @ (np.eye(6) / 6) / 0.5, atol=1e-14)
@@ -90,7 +90,7 @@ def test_server_state_keeps_w_equal_to_b_sigma_over_lambda():
     np.testing.assert_allclose(state.W, state.B @ sigma / 0.5, atol=1e-13)
     np.testing.assert_allclose(state.m_diag(), np.diag(sigma) / 0.5)
     with pytest.raises(ValueError, match="lam"):
-        MochaServerState.zeros_for(2, 2, lam=0.0)
+        MOCHAServerState.zeros_for(2, 2, lam=0.0)
 
 
 @settings(max_examples=40, deadline=None)
@@ -110,7 +110,7 @@ def test_weak_duality_for_consistent_pairs(d, m, seed):
         B[:, t] = X.T @ alpha / n
     formulation = make_formulation("probabilistic", m, lam=lam)
     formulation.set_omega(sigma_probabilistic(rng.normal(size=(d, m))))
-    state = MochaServerState(B=B, formulation=formulation)
+    state = MOCHAServerState(B=B, formulation=formulation)
     loss = np.array([np.maximum(0, 1 - y * (X @ state.W[:, t])).mean()
                      for t, (X, y) in enumerate(tasks)])
     dual = np.array([y @ a / len(y) for (_, y), a in zip(tasks, alphas, strict=True)])

@@ -13,8 +13,8 @@ datasets = pytest.importorskip("datasets")
 partitioners = pytest.importorskip("flwr_datasets.partitioner")
 
 from fmtl_flower import (  # noqa: E402
+    MOCHA,
     FedEM,
-    Mocha,
     make_fedem_client_app,
     make_mocha_client_app,
     partition_arrays,
@@ -85,7 +85,7 @@ def test_mocha_federation_from_a_dirichlet_partitioner(dirichlet, caplog):
     app = make_mocha_client_app(load)
     grid = InProcessGrid(app, NUM_PARTITIONS)  # node configs hold partition-id only
     assert all("task-id" not in c.node_config for c in grid.contexts.values())
-    strategy = Mocha(num_tasks=NUM_PARTITIONS, lam=0.01, omega_every=5, seed=0)
+    strategy = MOCHA(num_tasks=NUM_PARTITIONS, lam=0.01, omega_every=5, seed=0)
     with caplog.at_level(logging.WARNING, logger="flwr"):
         strategy.start(grid=grid, num_rounds=10, timeout=30.0)
     final = strategy.results()["final"]

@@ -11,7 +11,7 @@ import numpy as np
 from flwr.app import ArrayRecord, Context, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from fmtl_flower.centralized import MochaFit, fit_mocha
+from fmtl_flower.centralized import MOCHAFit, fit_mocha
 from fmtl_flower.clients.mocha import (
     STATE_ARRAYS,
     STATE_META,
@@ -20,7 +20,7 @@ from fmtl_flower.clients.mocha import (
 )
 from fmtl_flower.data import make_synthetic_tasks
 from fmtl_flower.engine import InProcessGrid, run_inprocess
-from fmtl_flower.strategies.mocha import Mocha
+from fmtl_flower.strategies.mocha import MOCHA
 from fmtl_flower.strategies.ofmtl import OFMTL
 from fmtl_flower.wire import from_array, to_array
 
@@ -68,8 +68,8 @@ def make_problem(num_tasks: int = 6, dim: int = 5, samples_per_task: int = 30,
                    [y[c:] for y, c in zip(ys, cut, strict=True)])
 
 
-class TracingMocha(Mocha):
-    """Mocha that keeps B and last-accepted rounds before and after every train round.
+class TracingMOCHA(MOCHA):
+    """MOCHA that keeps B and last-accepted rounds before and after every train round.
 
     ``before_round(server_round, grid)``, when given, runs at the start of every train round
     (before discovery): tests use it to change the grid's nodes mid-run.
@@ -105,7 +105,7 @@ class TracingMocha(Mocha):
 class Run:
     """A finished federation: the strategy, the grid (nodes' contexts) and the ClientApp."""
 
-    strategy: TracingMocha
+    strategy: TracingMOCHA
     grid: InProcessGrid
     problem: Problem
     rounds: list[dict[str, Any]] = field(default_factory=list)
@@ -125,7 +125,7 @@ def run_federation(problem: Problem, num_rounds: int, *,
     app = make_mocha_client_app(problem.load)  # fresh: the app caches data per node
     client = wrap(app) if wrap is not None else app
     min_tasks = strategy_kwargs.pop("min_tasks", None)
-    strategy = TracingMocha(num_tasks or problem.num_tasks,
+    strategy = TracingMOCHA(num_tasks or problem.num_tasks,
                             discovery_timeout=discovery_timeout, **strategy_kwargs)
     if min_tasks is not None:
         strategy.min_tasks = min_tasks
@@ -140,7 +140,7 @@ def run_federation(problem: Problem, num_rounds: int, *,
     return Run(strategy, grid, problem, strategy.results()["rounds"])
 
 
-def run_centralized(problem: Problem, num_rounds: int, **kwargs: Any) -> MochaFit:
+def run_centralized(problem: Problem, num_rounds: int, **kwargs: Any) -> MOCHAFit:
     return fit_mocha(problem.train(), rounds=num_rounds, record_every=1, test=problem.test(),
                      **kwargs)
 

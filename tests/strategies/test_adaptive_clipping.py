@@ -12,7 +12,7 @@ import pytest
 
 from fmtl_flower.core.privacy import AdaptiveClip, adaptive_noise_params, rdp_epsilon
 from fmtl_flower.settings import ConfigError, DPSettings
-from fmtl_flower.strategies.privacy import ClientLevelDP, FsvrgDP, enable_client_dp, from_flower
+from fmtl_flower.strategies.privacy import FSVRGDP, ClientLevelDP, enable_client_dp, from_flower
 
 pytest.importorskip("dp_accounting")
 
@@ -140,7 +140,7 @@ def test_fedem_adaptive_noise_is_z_update_times_the_clip_over_k():
 
 
 def test_each_fsvrg_stream_adapts_its_own_clip():
-    dp = FsvrgDP(DPSettings(mechanism="central", clip=1.0, noise_multiplier=0.0,
+    dp = FSVRGDP(DPSettings(mechanism="central", clip=1.0, noise_multiplier=0.0,
                             adaptive=True, clip_learning_rate=0.2), noise_seed=0)
     n_all = np.array([10, 10])
     dp.gradient_sum([np.full(4, 2.0), np.zeros(4)], [10, 10], n_all, [], 4)  # 2 / 2 fit
@@ -200,17 +200,17 @@ def test_flowers_adaptive_wrappers_convert_to_the_same_mechanism(side):
 def test_flowers_server_side_adaptive_wrapper_converts_for_fsvrg():
     from flwr.serverapp.strategy import DifferentialPrivacyServerSideAdaptiveClipping
 
-    from fmtl_flower.strategies.fsvrg import Fsvrg
+    from fmtl_flower.strategies.fsvrg import FSVRG
 
     wrapper = DifferentialPrivacyServerSideAdaptiveClipping(
-        Fsvrg(20, method="dane"), 0.8, 20, clipped_count_stddev=2.0)
+        FSVRG(20, method="dane"), 0.8, 20, clipped_count_stddev=2.0)
     strategy = from_flower(wrapper)
-    assert isinstance(strategy.privacy, FsvrgDP) and strategy.privacy.settings.adaptive
+    assert isinstance(strategy.privacy, FSVRGDP) and strategy.privacy.settings.adaptive
     with pytest.raises(ConfigError, match="central"):
         from flwr.serverapp.strategy import DifferentialPrivacyClientSideAdaptiveClipping
 
         from_flower(DifferentialPrivacyClientSideAdaptiveClipping(
-            Fsvrg(20, method="dane"), 0.8, 20, clipped_count_stddev=2.0))
+            FSVRG(20, method="dane"), 0.8, 20, clipped_count_stddev=2.0))
 
 
 def test_enable_client_dp_keeps_the_adaptive_client_clip_current():

@@ -1,4 +1,4 @@
-"""AsyncMocha over Flower's Message API, in-process: the records equal the Flower-free core's
+"""AsyncMOCHA over Flower's Message API, in-process: the records equal the Flower-free core's
 for the same seed and virtual clock, and hostile or lost replies are turned away at the trust
 boundary without touching the state."""
 
@@ -11,7 +11,7 @@ from flwr.app import Context, Message
 from fmtl_flower.clients.async_mocha import make_async_mocha_client_app
 from fmtl_flower.core.async_mocha import APPLIED, INVALID, simulate_async_mocha
 from fmtl_flower.engine import InProcessGrid
-from fmtl_flower.strategies.async_mocha import AsyncMocha
+from fmtl_flower.strategies.async_mocha import AsyncMOCHA
 from fmtl_flower.systems.timing import node_times
 from fmtl_flower.wire import from_array, to_array
 
@@ -24,7 +24,7 @@ KNOBS = dict(lam=0.05, omega="mean", formulation_options={"lam2": 0.01}, concurr
 def _run(problem, rounds, client=None, **knobs):
     app = client or make_async_mocha_client_app(problem.load)
     grid = InProcessGrid(app, problem.num_tasks)
-    strategy = AsyncMocha(**{**KNOBS, **knobs})
+    strategy = AsyncMOCHA(**{**KNOBS, **knobs})
     strategy.start(grid, num_rounds=rounds)
     return strategy
 
@@ -114,9 +114,9 @@ def test_fmtl_run_async(strategy, tmp_path):
 def test_async_methods_take_every_loss_and_the_intercept(extra):
     """The settings no longer refuse a loss other than the hinge or an intercept for the
     barrier-free methods (they did before): the strategy gets them."""
-    from fmtl_flower.settings import MochaSettings
+    from fmtl_flower.settings import MOCHASettings
 
-    strategy = AsyncMocha.from_settings(MochaSettings(method="async-mocha", **extra))
+    strategy = AsyncMOCHA.from_settings(MOCHASettings(method="async-mocha", **extra))
     assert strategy.loss == extra.get("loss", "hinge")
     assert strategy.fit_intercept == extra.get("fit_intercept", False)
 
@@ -160,7 +160,7 @@ def test_multiclass_devices_lift_as_the_server_decided():
         return problem.Xs[t], ys[t], problem.Xt[t], tests[t]
 
     app = make_async_mocha_client_app(load, labels="auto")
-    strategy = AsyncMocha(**{**KNOBS, "loss": "logistic", "fit_intercept": True})
+    strategy = AsyncMOCHA(**{**KNOBS, "loss": "logistic", "fit_intercept": True})
     strategy.start(InProcessGrid(app, problem.num_tasks), num_rounds=4)
     server = strategy.run.server
     assert strategy.lifting.classes == (0, 1, 2) and server.state.dim == 3 * 6
@@ -271,9 +271,9 @@ def test_robust_off_takes_the_claimed_row_norms():
 
 # ------------------------------------------------------------------------- checkpoints
 def _killed_at(record_count):
-    """AsyncMocha whose server 'dies' while handling its ``record_count``-th event (after
+    """AsyncMOCHA whose server 'dies' while handling its ``record_count``-th event (after
     the reply was applied, before any checkpoint of that event is written)."""
-    class Killed(AsyncMocha):
+    class Killed(AsyncMOCHA):
         def _on_event(self, record, m):
             if len(self.run.records) == record_count:
                 raise ServerKilled(record_count)
@@ -305,7 +305,7 @@ def test_killed_and_resumed_run_is_bit_identical(tmp_path, kill_at, every, knobs
     settings = {**KNOBS, **knobs}
     with pytest.raises(ServerKilled):
         _start(_killed_at(kill_at)(**settings), grid, rounds, tmp_path, every)
-    resumed = _start(AsyncMocha(**settings), grid, rounds, tmp_path, every)
+    resumed = _start(AsyncMOCHA(**settings), grid, rounds, tmp_path, every)
     m = problem.num_tasks
     applied_at_kill = whole.run.records[kill_at - 1]["applied"]
     assert resumed.resumed_from == (applied_at_kill - 1) // (every * m) * every  # rounds
@@ -326,7 +326,7 @@ def test_resumed_with_devices_that_lost_their_state_stays_consistent(tmp_path):
     with pytest.raises(ServerKilled):
         _start(_killed_at(20)(**KNOBS), InProcessGrid(app, 6), 6, tmp_path)
     fresh = InProcessGrid(make_async_mocha_client_app(problem.load), 6)
-    resumed = _start(AsyncMocha(**KNOBS), fresh, 6, tmp_path)
+    resumed = _start(AsyncMOCHA(**KNOBS), fresh, 6, tmp_path)
     server, whole = resumed.run.server, _run(problem, 6)
     checkpoint = (whole.run.records[19]["applied"] - 1) // 6  # rounds of 6 replies
     assert resumed.resumed_from == checkpoint > 0 and server.counts[APPLIED] == 36
@@ -343,9 +343,9 @@ def test_checkpoint_of_other_settings_is_refused(tmp_path):
 
     problem = make_problem(num_tasks=6, dim=5, samples_per_task=30)
     grid = InProcessGrid(make_async_mocha_client_app(problem.load), 6)
-    _start(AsyncMocha(**KNOBS), grid, 2, tmp_path)
+    _start(AsyncMOCHA(**KNOBS), grid, 2, tmp_path)
     with pytest.raises(CheckpointError, match="tau"):
-        _start(AsyncMocha(**{**KNOBS, "tau": 6}), grid, 3, tmp_path)
+        _start(AsyncMOCHA(**{**KNOBS, "tau": 6}), grid, 3, tmp_path)
 
 
 # ------------------------------------------------------------------------- engines

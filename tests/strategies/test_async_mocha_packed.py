@@ -1,4 +1,4 @@
-"""AsyncMocha on packed nodes (several tasks per Flower node, :mod:`fmtl_flower.packing`).
+"""AsyncMOCHA on packed nodes (several tasks per Flower node, :mod:`fmtl_flower.packing`).
 
 The design: each task on a packed node keeps its own block of duals and its own request in
 flight; :meth:`PackedGrid.push_messages` sends each request as a packed message of one slot.
@@ -18,7 +18,7 @@ from fmtl_flower.clients.async_mocha import make_async_mocha_client_app
 from fmtl_flower.core.async_mocha import APPLIED, INVALID
 from fmtl_flower.engine import InProcessGrid
 from fmtl_flower.packing import PackedGrid, packed_client_app, tasks_of_node
-from fmtl_flower.strategies.async_mocha import AsyncMocha
+from fmtl_flower.strategies.async_mocha import AsyncMOCHA
 from fmtl_flower.wire import from_array, to_array
 
 from .helpers import make_problem
@@ -28,8 +28,8 @@ KNOBS = dict(lam=0.05, omega="probabilistic", formulation_options={}, concurrenc
 TASKS_PER_NODE = 3
 
 
-class CheckedAsyncMocha(AsyncMocha):
-    """AsyncMocha that checks W = B M (W = W(alpha)) after every reply event."""
+class CheckedAsyncMOCHA(AsyncMOCHA):
+    """AsyncMOCHA that checks W = B M (W = W(alpha)) after every reply event."""
 
     worst = 0.0
 
@@ -57,7 +57,7 @@ def _run(problem, rounds, packed: bool, tamper=None):
         grid = PackedGrid(InProcessGrid(app, -(-m // TASKS_PER_NODE)))
     else:
         grid = InProcessGrid(app, m)
-    strategy = CheckedAsyncMocha(**KNOBS)
+    strategy = CheckedAsyncMOCHA(**KNOBS)
     strategy.start(grid, num_rounds=rounds)
     return strategy, grid
 

@@ -1,4 +1,4 @@
-"""AsyncMocha's robust mode against a device that pushes its task's dual image in one fixed
+"""AsyncMOCHA's robust mode against a device that pushes its task's dual image in one fixed
 direction as hard as its bounds allow: the task is decoupled from the others (its updates
 are outliers against the federation's, :class:`~fmtl_flower.core.decoupling.OutlierWatch`),
 logged, and the honest tasks end as accurate as without it. (The old code had no decoupling
@@ -15,11 +15,11 @@ import pytest
 from flwr.app import Context, Message
 
 from fmtl_flower.clients.async_mocha import make_async_mocha_client_app
-from fmtl_flower.core.async_mocha import APPLIED, AsyncMochaServer, simulate_async_mocha
+from fmtl_flower.core.async_mocha import APPLIED, AsyncMOCHAServer, simulate_async_mocha
 from fmtl_flower.core.formulations import make_formulation
-from fmtl_flower.core.mocha import MochaServerState
+from fmtl_flower.core.mocha import MOCHAServerState
 from fmtl_flower.engine import InProcessGrid
-from fmtl_flower.strategies.async_mocha import AsyncMocha
+from fmtl_flower.strategies.async_mocha import AsyncMOCHA
 from fmtl_flower.wire import from_array, to_array
 
 from .helpers import make_problem
@@ -84,7 +84,7 @@ def _run(problem, tamper=None, rounds=30, **knobs):
             tamper(message, reply)
         return reply
 
-    strategy = AsyncMocha(**{**KNOBS, **knobs})
+    strategy = AsyncMOCHA(**{**KNOBS, **knobs})
     strategy.start(InProcessGrid(client, problem.num_tasks), num_rounds=rounds)
     return strategy
 
@@ -199,7 +199,7 @@ def test_decoupling_survives_a_checkpoint():
                                deliver=_core_pusher(tasks, direction), seed=2)
     server = run.server
     arrays, meta = server.state_arrays()
-    fresh = AsyncMochaServer(MochaServerState.zeros(5, make_formulation("mean", 6, lam=0.05,
+    fresh = AsyncMOCHAServer(MOCHAServerState.zeros(5, make_formulation("mean", 6, lam=0.05,
                                                                         lam2=0.01)),
                              server.budgets, concurrency=6, bounds=server.bounds)
     fresh.restore(arrays, meta)

@@ -25,12 +25,12 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 
 from fmtl_flower.clients.fsvrg import make_fsvrg_client_app
 from fmtl_flower.clients.mocha import default_task_id
-from fmtl_flower.clients.packed_fsvrg import PackedFsvrg
+from fmtl_flower.clients.packed_fsvrg import PackedFSVRG
 from fmtl_flower.core.fsvrg import logistic_objective
 from fmtl_flower.core.fsvrg.robust import GRADIENT_PAIRING_FLOOR
 from fmtl_flower.data.sparse_federated import make_sparse_federated
 from fmtl_flower.packing import PackedGrid, packed_client_app, tasks_of_node
-from fmtl_flower.strategies.fsvrg import Fsvrg
+from fmtl_flower.strategies.fsvrg import FSVRG
 from fmtl_flower.wire import from_array, to_array
 
 from .helpers import ServerKilled, killed_in
@@ -71,7 +71,7 @@ def _sent(message: Message, key: str) -> np.ndarray:
     return from_array(message.content["arrays"][key])
 
 
-def _w_local_at_the_ratio_bound(values: dict, message: Message, strategy: Fsvrg) -> None:
+def _w_local_at_the_ratio_bound(values: dict, message: Message, strategy: FSVRG) -> None:
     """``w-local`` at ``max_update_ratio x max(|w_t|, 1)`` from ``w_t``, a fixed direction."""
     if "w-local" in values:
         w = _sent(message, "w")
@@ -79,7 +79,7 @@ def _w_local_at_the_ratio_bound(values: dict, message: Message, strategy: Fsvrg)
         values["w-local"] = w + size * _direction(w.size)
 
 
-def _gradient_x1e3(values: dict, message: Message, strategy: Fsvrg) -> None:
+def _gradient_x1e3(values: dict, message: Message, strategy: FSVRG) -> None:
     """Gradients x1e3 in a fixed direction at the bound, with a matching ``sq-norm-sum``."""
     if "grad-sum" in values:
         values["sq-norm-sum"] *= 1e6
@@ -87,7 +87,7 @@ def _gradient_x1e3(values: dict, message: Message, strategy: Fsvrg) -> None:
         values["grad-sum"] = size * _direction(values["grad-sum"].size)
 
 
-def _gradient_at_the_robust_edge(values: dict, message: Message, strategy: Fsvrg) -> None:
+def _gradient_at_the_robust_edge(values: dict, message: Message, strategy: FSVRG) -> None:
     """Gradients at their bound ``sqrt(n-train sq-norm-sum)`` in a fixed direction, with a
     ``sq-norm-sum`` x3 (inside the federation's fence of mean squared row norms)."""
     if "grad-sum" in values:
@@ -96,7 +96,7 @@ def _gradient_at_the_robust_edge(values: dict, message: Message, strategy: Fsvrg
         values["grad-sum"] = size * _direction(values["grad-sum"].size)
 
 
-def _gradient_on_the_pairing_floor(values: dict, message: Message, strategy: Fsvrg) -> None:
+def _gradient_on_the_pairing_floor(values: dict, message: Message, strategy: FSVRG) -> None:
     """:func:`_gradient_at_the_robust_edge` bent, each round, just enough to meet robust
     mode's pairing check ``w . grad-sum >= -W(1/e) n-train`` (its component along ``w_t``
     raised to the floor; ``loss-sum`` raised to ``w . grad-sum`` if below): the push stays
@@ -118,7 +118,7 @@ def _bent_onto_the_pairing_floor(values: dict, message: Message) -> None:
         values["loss-sum"] = max(values["loss-sum"], 1.001 * float(w @ g))
 
 
-def _gradient_orthogonal_to_w(values: dict, message: Message, strategy: Fsvrg) -> None:
+def _gradient_orthogonal_to_w(values: dict, message: Message, strategy: FSVRG) -> None:
     """:func:`_gradient_at_the_robust_edge` without its component along ``w_t``
     (``w . grad-sum = 0``: inside the pairing check whatever the round)."""
     _gradient_at_the_robust_edge(values, message, strategy)
@@ -134,7 +134,7 @@ def _turned_orthogonal_to_w(values: dict, message: Message) -> None:
             values["grad-sum"] = g * (np.linalg.norm(values["grad-sum"]) / np.linalg.norm(g))
 
 
-def _claims_200_rows(values: dict, message: Message, strategy: Fsvrg) -> None:
+def _claims_200_rows(values: dict, message: Message, strategy: FSVRG) -> None:
     """``n-train`` = 200 (4.8x the median: inside the count fence, cut by max-weight-share to
     160) and the gradient at its bound in a fixed direction."""
     if "n-train" in values:
@@ -145,7 +145,7 @@ def _claims_200_rows(values: dict, message: Message, strategy: Fsvrg) -> None:
 
 
 def _claims_200_rows_on_the_pairing_floor(values: dict, message: Message,
-                                          strategy: Fsvrg) -> None:
+                                          strategy: FSVRG) -> None:
     """:func:`_claims_200_rows` bent each round onto the pairing floor
     (:func:`_bent_onto_the_pairing_floor`): the weight of 160 trusted rows, a per-row
     gradient below the clip radius, one direction every round as far as the checks allow."""
@@ -154,20 +154,20 @@ def _claims_200_rows_on_the_pairing_floor(values: dict, message: Message,
 
 
 def _claims_200_rows_orthogonal_to_w(values: dict, message: Message,
-                                     strategy: Fsvrg) -> None:
+                                     strategy: FSVRG) -> None:
     """:func:`_claims_200_rows` turned orthogonal to ``w_t`` each round
     (:func:`_turned_orthogonal_to_w`; ``w . grad-sum = 0``, inside the pairing check)."""
     _claims_200_rows(values, message, strategy)
     _turned_orthogonal_to_w(values, message)
 
 
-def _gram_negative(values: dict, message: Message, strategy: Fsvrg) -> None:
+def _gram_negative(values: dict, message: Message, strategy: FSVRG) -> None:
     """GD's power iteration answered with ``gram-v = -1e3 v`` (the step becomes 1/lambda)."""
     if "gram-v" in values:
         values["gram-v"] = -1e3 * _sent(message, "v")
 
 
-def _d_w_at_the_bound(values: dict, message: Message, strategy: Fsvrg) -> None:
+def _d_w_at_the_bound(values: dict, message: Message, strategy: FSVRG) -> None:
     """CoCoA+'s ``d-w`` at its largest allowed norm (``sq-norm-sum`` x1e6), a fixed
     direction, with ``state-ok`` = 1."""
     if "d-w" in values:
@@ -180,7 +180,7 @@ def _d_w_at_the_bound(values: dict, message: Message, strategy: Fsvrg) -> None:
         values["state-ok"] = 1
 
 
-def _share_at_the_verifiable_bound(values: dict, message: Message, strategy: Fsvrg) -> None:
+def _share_at_the_verifiable_bound(values: dict, message: Message, strategy: FSVRG) -> None:
     """CoCoA+'s share of ``w`` kept at ``0.999 sqrt(n-train sq-norm-sum) / (lam n)`` (all of
     the device's ``y alpha`` at 1, the bound the server can verify) in a fixed direction, with
     its true ``sq-norm-sum`` and ``state-ok`` = 1."""
@@ -192,7 +192,7 @@ def _share_at_the_verifiable_bound(values: dict, message: Message, strategy: Fsv
         values["state-ok"] = 1
 
 
-def _d_w_at_the_robust_edge(values: dict, message: Message, strategy: Fsvrg) -> None:
+def _d_w_at_the_robust_edge(values: dict, message: Message, strategy: FSVRG) -> None:
     """CoCoA+'s ``d-w`` just inside robust mode's bounds, in a fixed direction: 2.9 x the
     median per-row size of the honest ``d-w`` of the round (an omniscient attacker: the
     tamper sees the others' replies first), ``sq-norm-sum`` x 3 (inside the federation's
@@ -225,7 +225,7 @@ def _note_honest_d_w(message: Message, reply: Message) -> None:
     _HONEST_D_W_PER_ROW.extend((np.linalg.norm(rows, axis=1) / n)[ids != HOSTILE].tolist())
 
 
-def _claims_a_billion_rows(values: dict, message: Message, strategy: Fsvrg) -> None:
+def _claims_a_billion_rows(values: dict, message: Message, strategy: FSVRG) -> None:
     """``n-train`` = 1e9 at discovery and in every reply (lambda = 1/n for everyone), with
     the gradient then at its bound in a fixed direction."""
     if "n-train" in values:
@@ -235,7 +235,7 @@ def _claims_a_billion_rows(values: dict, message: Message, strategy: Fsvrg) -> N
         values["grad-sum"] = size * _direction(values["grad-sum"].size)
 
 
-ATTACKS: dict[str, Callable[[dict, Message, Fsvrg], None]] = {
+ATTACKS: dict[str, Callable[[dict, Message, FSVRG], None]] = {
     "w-local-ratio": _w_local_at_the_ratio_bound,
     "gradient-x1e3": _gradient_x1e3,
     "gradient-robust-edge": _gradient_at_the_robust_edge,
@@ -303,7 +303,7 @@ def _drop_stacked_row(reply: Message, task: int) -> None:
                                            for k, v in arrays.items()})
 
 
-def _hostile_tamper(attack: str | None, strategy: Fsvrg):
+def _hostile_tamper(attack: str | None, strategy: FSVRG):
     """``HostileGrid.tamper``: task HOSTILE's replies edited by ``attack`` (None: its replies
     lost after discovery)."""
     def tamper(message: Message, reply: Message | None) -> list[Message]:
@@ -340,14 +340,14 @@ def _hostile_tamper(attack: str | None, strategy: Fsvrg):
 
 
 def federate(data, method: str, attack: str | None, robust: bool, packed: bool = False,
-             rounds: int = ROUNDS, **kwargs: Any) -> Fsvrg:
+             rounds: int = ROUNDS, **kwargs: Any) -> FSVRG:
     """A run of ``method`` in which task HOSTILE's device mounts ``attack`` (None: its
     replies are lost), on one task per node or ``PER_NODE`` tasks per packed node."""
-    strategy = Fsvrg(TASKS, method=method, robust=robust, discovery_timeout=5.0,
+    strategy = FSVRG(TASKS, method=method, robust=robust, discovery_timeout=5.0,
                      **{**METHODS[method], **kwargs})
     app = make_fsvrg_client_app(lambda ctx: data.task(default_task_id(ctx)).arrays())
     if packed:
-        stacked = PackedFsvrg(app.fsvrg_client)
+        stacked = PackedFSVRG(app.fsvrg_client)
         app = packed_client_app(app, lambda ctx: tasks_of_node(ctx.node_config, PER_NODE,
                                                                TASKS),
                                 {"fsvrg": stacked}, {"query.whoami": stacked.whoami})
@@ -453,7 +453,7 @@ def test_a_resumed_robust_run_equals_the_uninterrupted_one(data, tmp_path):
     round 4 and resumed from round 3's checkpoint must know those values too: before, the
     checkpoint lacked them, the fence of the two replies let the hostile one in, and ``w``
     left the uninterrupted run's."""
-    def start(strategy: Fsvrg, grid: HostileGrid) -> None:
+    def start(strategy: FSVRG, grid: HostileGrid) -> None:
         grid.tamper = _losing_in(4, {8, HOSTILE}, _hostile_tamper("gradient-x1e3", strategy))
         strategy.start(grid=grid, num_rounds=6, timeout=30.0)
 
@@ -462,9 +462,9 @@ def test_a_resumed_robust_run_equals_the_uninterrupted_one(data, tmp_path):
             lambda ctx: data.task(default_task_id(ctx)).arrays()), TASKS)
 
     options = {"method": "fsvrg", "robust": True, "discovery_timeout": 5.0}
-    plain = Fsvrg(TASKS, **options)
+    plain = FSVRG(TASKS, **options)
     start(plain, grid())
-    killed, resumed, devices = killed_in(Fsvrg, 4)(TASKS, **options), Fsvrg(TASKS, **options), \
+    killed, resumed, devices = killed_in(FSVRG, 4)(TASKS, **options), FSVRG(TASKS, **options), \
         grid()
     for strategy in (killed, resumed):
         strategy.enable_checkpoints(tmp_path, every=1)

@@ -34,10 +34,10 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from fmtl_flower import MbSgd, Mocha, make_mbsgd_client_app, make_mocha_client_app
+from fmtl_flower import MOCHA, MbSGD, make_mbsgd_client_app, make_mocha_client_app
 from fmtl_flower.clients.common import default_task_id
-from fmtl_flower.clients.packed_mbsgd import PackedMbSgd
-from fmtl_flower.clients.packed_mocha import PackedMocha
+from fmtl_flower.clients.packed_mbsgd import PackedMbSGD
+from fmtl_flower.clients.packed_mocha import PackedMOCHA
 from fmtl_flower.core.decoupling import (
     IMAGE_FENCE_FACTOR,
     PULL_FENCE_FACTOR,
@@ -350,14 +350,14 @@ def run(problem: Problem, family: str, *, hostile: list[int], claim: float | Non
                         image, fence_aware, claim_n=claim_n)
     options.setdefault("lam", 0.01)
     if family == "mbsgd":
-        strategy = MbSgd(TASKS, discovery_timeout=5.0, robust=robust, **options)
+        strategy = MbSGD(TASKS, discovery_timeout=5.0, robust=robust, **options)
         app = make_mbsgd_client_app(problem.load)
-        handler = PackedMbSgd(app.mbsgd_client)
+        handler = PackedMbSGD(app.mbsgd_client)
     else:
-        strategy = Mocha(TASKS, discovery_timeout=5.0, robust=robust,
+        strategy = MOCHA(TASKS, discovery_timeout=5.0, robust=robust,
                          max_failures=0, method=family, **options)
         app = make_mocha_client_app(problem.load)
-        handler = PackedMocha(app.mocha_client)
+        handler = PackedMOCHA(app.mocha_client)
     attacker.strategy = strategy
     strategy.attacker = attacker
     if per_node == 1:
@@ -676,9 +676,9 @@ def test_decoupling_survives_a_checkpoint(problem, family):
                       **options)
     arrays, meta = strategy.checkpoint_state()
     if family == "mocha":
-        fresh = Mocha(TASKS, lam=0.01, robust=True, max_failures=0, **options)
+        fresh = MOCHA(TASKS, lam=0.01, robust=True, max_failures=0, **options)
     else:
-        fresh = MbSgd(TASKS, lam=0.01, robust=True, **options)
+        fresh = MbSGD(TASKS, lam=0.01, robust=True, **options)
     fresh.restore_state(arrays, meta)
     assert fresh.decoupled.tolist() == strategy.decoupled.tolist()
     if family == "mocha":
@@ -715,10 +715,10 @@ def test_a_resumed_run_decouples_when_the_uninterrupted_one_does(problem, tmp_pa
 
     attacker = Attacker(problem, hostile, None, True, family, **attack)
     if family == "mbsgd":
-        cls, app = MbSgd, make_mbsgd_client_app(problem.load)
+        cls, app = MbSGD, make_mbsgd_client_app(problem.load)
         settings = {"lam": 0.01, **options}
     else:
-        cls, app = Mocha, make_mocha_client_app(problem.load)
+        cls, app = MOCHA, make_mocha_client_app(problem.load)
         settings = {"lam": 0.01, "max_failures": 0, "method": family, **options}
     grid = HostileGrid(app, TASKS)  # the devices keep running
     grid.tamper = tamper_for(attacker)
@@ -806,7 +806,7 @@ def test_an_honest_multiclass_federation_runs_as_without_robust_mode(seed, loss,
         return t.X_train, t.y_train, t.X_test, t.y_test
 
     def one(robust: bool) -> Any:
-        strategy = Mocha(TASKS, lam=1e-3, lam2=1e-5, omega="mean", fit_intercept=True,
+        strategy = MOCHA(TASKS, lam=1e-3, lam2=1e-5, omega="mean", fit_intercept=True,
                          loss=loss, seed=seed, discovery_timeout=5.0, robust=robust)
         grid = HostileGrid(make_mocha_client_app(load, labels="auto"), TASKS)
         strategy.start(grid=grid, num_rounds=12, timeout=60.0)

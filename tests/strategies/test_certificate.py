@@ -23,15 +23,15 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from fmtl_flower import make_mocha_client_app
 from fmtl_flower.clients.fsvrg import make_fsvrg_client_app
 from fmtl_flower.clients.mocha import default_task_id
-from fmtl_flower.clients.packed_fsvrg import PackedFsvrg
-from fmtl_flower.clients.packed_mocha import PackedMocha
+from fmtl_flower.clients.packed_fsvrg import PackedFSVRG
+from fmtl_flower.clients.packed_mocha import PackedMOCHA
 from fmtl_flower.core.certificate import PAIR_SLACK
 from fmtl_flower.data.sparse_federated import make_sparse_federated
 from fmtl_flower.packing import STACK, PackedGrid, packed_client_app, tasks_of_node
 from fmtl_flower.strategies import fsvrg as fsvrg_module
 from fmtl_flower.strategies import mocha as mocha_module
-from fmtl_flower.strategies.fsvrg import Fsvrg
-from fmtl_flower.strategies.mocha import Mocha
+from fmtl_flower.strategies.fsvrg import FSVRG
+from fmtl_flower.strategies.mocha import MOCHA
 from fmtl_flower.wire import from_array, to_array
 
 from .helpers import make_problem
@@ -114,18 +114,18 @@ def losing(message: Message, reply: Message | None) -> list[Message]:
 
 
 # ------------------------------------------------------------------------------ MOCHA runs
-def run_mocha(problem, per_node: int, tamper: Callable[[Mocha], Tamper] | None = None,
-              rounds: int = ROUNDS, wrap=None, **kwargs: Any) -> Mocha:  # noqa: ANN001
+def run_mocha(problem, per_node: int, tamper: Callable[[MOCHA], Tamper] | None = None,
+              rounds: int = ROUNDS, wrap=None, **kwargs: Any) -> MOCHA:  # noqa: ANN001
     """MOCHA over ``problem`` on a HostileGrid whose replies pass ``tamper(strategy)``,
     ``per_node`` tasks per node."""
     options = {**RUN, **kwargs} if "omega" not in kwargs else \
         {"lam": RUN["lam"], "omega_every": 0, "max_failures": 0, **kwargs}
-    strategy = Mocha(TASKS, discovery_timeout=5.0, **options)
+    strategy = MOCHA(TASKS, discovery_timeout=5.0, **options)
     app = make_mocha_client_app(problem.load)
     if wrap is not None:
         app = wrap(app)
     if per_node > 1:
-        handler = PackedMocha(make_mocha_client_app(problem.load).mocha_client)
+        handler = PackedMOCHA(make_mocha_client_app(problem.load).mocha_client)
         app = packed_client_app(app, lambda ctx: tasks_of_node(ctx.node_config, per_node, TASKS),
                                 {handler.protocol: handler}, {"query.whoami": handler.whoami})
     inner = HostileGrid(app, math.ceil(TASKS / per_node))
@@ -136,7 +136,7 @@ def run_mocha(problem, per_node: int, tamper: Callable[[Mocha], Tamper] | None =
     return strategy
 
 
-def mocha_coupling(strategy: Mocha) -> Callable[[Message, dict[str, float]], float]:
+def mocha_coupling(strategy: MOCHA) -> Callable[[Message, dict[str, float]], float]:
     """w_t . b_t of task HOSTILE as the server holds them when it sends ``message`` (what
     its device can compute itself: the w_t it received, its own alpha); 0 after a restart."""
     def coupling(message: Message, values: dict[str, float]) -> float:
@@ -316,12 +316,12 @@ def data():
     return make_sparse_federated(num_tasks=K, dim=300, seed=3)
 
 
-def run_cocoa_plus(data, per_node: int, tamper: Callable[[Fsvrg], Tamper] | None = None,
-                   rounds: int = ROUNDS) -> Fsvrg:  # noqa: ANN001
-    strategy = Fsvrg(K, method="cocoa-plus", lam=0.01, discovery_timeout=5.0)
+def run_cocoa_plus(data, per_node: int, tamper: Callable[[FSVRG], Tamper] | None = None,
+                   rounds: int = ROUNDS) -> FSVRG:  # noqa: ANN001
+    strategy = FSVRG(K, method="cocoa-plus", lam=0.01, discovery_timeout=5.0)
     app = make_fsvrg_client_app(lambda ctx: data.task(default_task_id(ctx)).arrays())
     if per_node > 1:
-        stacked = PackedFsvrg(app.fsvrg_client)
+        stacked = PackedFSVRG(app.fsvrg_client)
         app = packed_client_app(app, lambda ctx: tasks_of_node(ctx.node_config, per_node, K),
                                 {"fsvrg": stacked}, {"query.whoami": stacked.whoami})
     inner = HostileGrid(app, math.ceil(K / per_node))
@@ -332,7 +332,7 @@ def run_cocoa_plus(data, per_node: int, tamper: Callable[[Fsvrg], Tamper] | None
     return strategy
 
 
-def cocoa_coupling(strategy: Fsvrg) -> Callable[[Message, dict[str, float]], float]:
+def cocoa_coupling(strategy: FSVRG) -> Callable[[Message, dict[str, float]], float]:
     """lam n (w . v_k) of task HOSTILE as the server holds them (0 after a restart)."""
     def coupling(message: Message, values: dict[str, float]) -> float:
         assert strategy.ledger is not None and strategy.w is not None
@@ -426,7 +426,7 @@ def test_cocoa_plus_gap_with_a_late_node_is_not_certified(data):
             return []  # task HOSTILE's node answers discovery from round 2 on
         return untouched(message, reply)
 
-    strategy = Fsvrg(K, method="cocoa-plus", lam=0.01, discovery_timeout=0.5, min_tasks=K - 1)
+    strategy = FSVRG(K, method="cocoa-plus", lam=0.01, discovery_timeout=0.5, min_tasks=K - 1)
     app = make_fsvrg_client_app(lambda ctx: data.task(default_task_id(ctx)).arrays())
     grid = HostileGrid(app, K)
     grid.tamper = late

@@ -10,7 +10,7 @@ import time
 import pytest
 from flwr.app import Context, Message
 
-from fmtl_flower import DiscoveryError, FedEM, Mocha
+from fmtl_flower import MOCHA, DiscoveryError, FedEM
 from fmtl_flower.clients.mocha import make_mocha_client_app
 from fmtl_flower.engine import InProcessGrid
 from fmtl_flower.strategies.discovery import describe_tasks
@@ -21,7 +21,7 @@ from .helpers import make_problem
 def test_five_nodes_for_eight_tasks_fail_within_the_timeout_naming_the_missing_ones():
     problem = make_problem(num_tasks=8)
     grid = InProcessGrid(make_mocha_client_app(problem.load), 5)  # tasks 0..4 only
-    strategy = Mocha(num_tasks=8, lam=0.1)  # default discovery_timeout: 120 s
+    strategy = MOCHA(num_tasks=8, lam=0.1)  # default discovery_timeout: 120 s
     started = time.monotonic()
     with pytest.raises(DiscoveryError, match=r"missing task ids: 5, 6, 7") as caught:
         strategy.start(grid=grid, num_rounds=3, timeout=3.0)
@@ -35,7 +35,7 @@ def test_five_nodes_for_eight_tasks_fail_within_the_timeout_naming_the_missing_o
 def test_min_tasks_runs_with_whoever_shows_up_and_says_who_was_absent():
     problem = make_problem(num_tasks=8)
     grid = InProcessGrid(make_mocha_client_app(problem.load), 5)
-    strategy = Mocha(num_tasks=8, lam=0.1)
+    strategy = MOCHA(num_tasks=8, lam=0.1)
     strategy.min_tasks = 5
     strategy.start(grid=grid, num_rounds=2, timeout=2.0)
     final = strategy.results()["final"]
@@ -118,7 +118,7 @@ def test_train_and_evaluate_config_reach_the_device_in_every_message():
                          message.content["config"].get("user-key")))
         return app(message, context)
 
-    strategy = Mocha(num_tasks=4, lam=0.1, discovery_timeout=5.0)
+    strategy = MOCHA(num_tasks=4, lam=0.1, discovery_timeout=5.0)
     strategy.start(grid=InProcessGrid(client, 4), num_rounds=3, timeout=10.0,
                    train_config=ConfigRecord({"user-key": "train"}),
                    evaluate_config=ConfigRecord({"user-key": "eval"}))
@@ -126,7 +126,7 @@ def test_train_and_evaluate_config_reach_the_device_in_every_message():
     assert [v for t, v in seen if t == "evaluate"] and \
         all(v == "eval" for t, v in seen if t == "evaluate")
     assert strategy.results()["final"]["complete"]
-    clash = Mocha(num_tasks=4, lam=0.1, discovery_timeout=5.0)
+    clash = MOCHA(num_tasks=4, lam=0.1, discovery_timeout=5.0)
     with pytest.raises(ValueError, match="'server-round'"):
         clash.start(grid=InProcessGrid(app, 4), num_rounds=1, timeout=10.0,
                     train_config=ConfigRecord({"server-round": 99}))

@@ -11,7 +11,7 @@ import logging
 import numpy as np
 import pytest
 
-from fmtl_flower import DiscoveryError, FedEM, Mocha, make_fedem_client_app
+from fmtl_flower import MOCHA, DiscoveryError, FedEM, make_fedem_client_app
 from fmtl_flower.clients.mocha import make_mocha_client_app
 from fmtl_flower.engine import InProcessGrid
 from fmtl_flower.strategies.discovery import suggested_fix
@@ -32,7 +32,7 @@ def zero_one_loader(problem):
 def test_labels_zero_one_for_mocha_are_one_reason_logged_once_with_the_fix(caplog):
     problem = make_problem(num_tasks=TASKS)
     grid = InProcessGrid(make_mocha_client_app(zero_one_loader(problem)), TASKS)
-    strategy = Mocha(TASKS, lam=0.1, discovery_timeout=30.0)
+    strategy = MOCHA(TASKS, lam=0.1, discovery_timeout=30.0)
     strategy.directory.fail_fast_after = 0.5
     with caplog.at_level(logging.WARNING, logger="flwr"), \
             pytest.raises(DiscoveryError) as caught:
@@ -56,7 +56,7 @@ def test_labels_auto_takes_zero_one_as_minus_one_plus_one():
     results = []
     for app in (make_mocha_client_app(problem.load),
                 make_mocha_client_app(zero_one_loader(problem), labels="auto")):
-        strategy = Mocha(TASKS, lam=0.1, discovery_timeout=10.0)
+        strategy = MOCHA(TASKS, lam=0.1, discovery_timeout=10.0)
         strategy.start(grid=InProcessGrid(app, TASKS), num_rounds=3, timeout=10.0)
         results.append(strategy.results()["rounds"])
     keys = ("primal", "dual", "test_error")
@@ -77,13 +77,13 @@ def test_labels_pm1_refuses_other_label_sets_naming_them():
         return X, np.where(y > 0, 7, 2), Xt, np.where(yt > 0, 7, 2)
 
     grid = InProcessGrid(make_mocha_client_app(load), 2)
-    strategy = Mocha(2, lam=0.1, discovery_timeout=10.0)
+    strategy = MOCHA(2, lam=0.1, discovery_timeout=10.0)
     strategy.directory.fail_fast_after = 0.5
     with pytest.raises(DiscoveryError, match=r"found \d+ label\(s\) with other values"):
         strategy.start(grid=grid, num_rounds=1, timeout=10.0)
     results = []
     for app in (make_mocha_client_app(problem.load), make_mocha_client_app(load, labels="auto")):
-        strategy = Mocha(2, lam=0.1, discovery_timeout=10.0)
+        strategy = MOCHA(2, lam=0.1, discovery_timeout=10.0)
         strategy.start(grid=InProcessGrid(app, 2), num_rounds=3, timeout=10.0)
         results.append([[r[k] for k in ("primal", "dual", "test_error")]
                         for r in strategy.results()["rounds"]])
@@ -94,7 +94,7 @@ def test_fewer_supernodes_than_num_tasks_say_what_to_change():
     problem = make_problem(num_tasks=TASKS)
     grid = InProcessGrid(make_mocha_client_app(problem.load), TASKS - 2)
     with pytest.raises(DiscoveryError) as caught:
-        Mocha(TASKS, lam=0.1).start(grid=grid, num_rounds=1, timeout=1.0)
+        MOCHA(TASKS, lam=0.1).start(grid=grid, num_rounds=1, timeout=1.0)
     assert str(caught.value).endswith(
         "To fix: 4 node(s) hold a task but the run has 6 tasks: set num-tasks (num_tasks=) to "
         "the number of SuperNodes, or set min-tasks (min_tasks=) to run with the tasks found, "

@@ -28,7 +28,7 @@ from fmtl_flower.packing import (
     unpack_content,
 )
 from fmtl_flower.strategies.discovery import DiscoveryError
-from fmtl_flower.strategies.mocha import Mocha
+from fmtl_flower.strategies.mocha import MOCHA
 
 from .helpers import Problem, make_problem
 from .hostile import HostileGrid, Tamper, untouched
@@ -43,8 +43,8 @@ def problem() -> Problem:
 
 
 def run_mocha(grid: Any, *, rounds: int = 4, before_round: Callable[[int], None] | None = None,
-              min_tasks: int | None = None, timeout: float = 30.0, **kwargs: Any) -> Mocha:
-    strategy = Mocha(TASKS, discovery_timeout=timeout, **{**RUN, **kwargs})
+              min_tasks: int | None = None, timeout: float = 30.0, **kwargs: Any) -> MOCHA:
+    strategy = MOCHA(TASKS, discovery_timeout=timeout, **{**RUN, **kwargs})
     if min_tasks is not None:
         strategy.min_tasks = min_tasks
     if before_round is not None:
@@ -132,13 +132,13 @@ def test_a_task_pinned_by_the_operator_goes_to_its_node_and_the_squatter_is_told
 
 def test_task_owners_from_the_run_config():
     from fmtl_flower.config import RunConfig
-    from fmtl_flower.settings import MochaSettings
+    from fmtl_flower.settings import MOCHASettings
 
     cfg = RunConfig.from_mapping({"task-owners": "0:1002, 3:77"})
-    strategy = Mocha(TASKS, MochaSettings.from_run_config(cfg.to_dict()))
+    strategy = MOCHA(TASKS, MOCHASettings.from_run_config(cfg.to_dict()))
     assert strategy.directory.task_owners == {0: 1002, 3: 77}
     with pytest.raises(ValueError, match=r"task_owners: task 4 is not in 0\.\.3"):
-        Mocha(TASKS, task_owners={4: 1})
+        MOCHA(TASKS, task_owners={4: 1})
 
 
 def test_a_restarted_device_takes_over_from_its_old_node_that_is_listed_but_silent(problem,
@@ -256,7 +256,7 @@ def test_a_node_announcing_too_many_slots_is_refused_before_any_allocation(probl
 
     # the honest node of task 3 is missing: the refusal is one of the reasons given
     inner, grid = packed_grid(problem, hostile, configs=[{}] + HONEST_PACKED[:2])
-    strategy = Mocha(TASKS, discovery_timeout=3.0, **RUN)
+    strategy = MOCHA(TASKS, discovery_timeout=3.0, **RUN)
     with pytest.raises(DiscoveryError, match=r"missing task ids: 3; 1 node\(s\) failed whoami "
                        r"or were excluded, 1 distinct reason\(s\): \[node 1001\] bad slots "
                        r"reply: 1048576 slots announced, above the limit of 4096 per node"):
@@ -327,7 +327,7 @@ def test_discovery_fails_fast_when_every_node_answered_with_an_error(problem):
         raise ValueError("num_tasks only apply to generated datasets")
 
     grid = hostile_grid(client, [{"task-id": t} for t in range(TASKS)])
-    strategy = Mocha(TASKS, discovery_timeout=30.0, **RUN)
+    strategy = MOCHA(TASKS, discovery_timeout=30.0, **RUN)
     strategy.directory.fail_fast_after = 1.0
     started = time.monotonic()
     with pytest.raises(DiscoveryError) as caught:
@@ -348,7 +348,7 @@ def test_discovery_still_waits_for_devices_that_have_not_connected(problem):
     waits its whole time (fail fast only when something failed)."""
     grid = hostile_grid(make_mocha_client_app(problem.load),
                         [{"task-id": t} for t in range(TASKS - 1)])
-    strategy = Mocha(TASKS, discovery_timeout=2.0, **RUN)
+    strategy = MOCHA(TASKS, discovery_timeout=2.0, **RUN)
     strategy.directory.fail_fast_after = 0.5
     started = time.monotonic()
     with pytest.raises(DiscoveryError, match=r"missing task ids: 3\. To fix: 3 node\(s\) hold "

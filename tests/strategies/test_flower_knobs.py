@@ -14,10 +14,10 @@ from flwr.app import MetricRecord, RecordDict
 from scipy import sparse
 
 from fmtl_flower import (
+    FSVRG,
+    MOCHA,
     FedEM,
-    Fsvrg,
-    MbSgd,
-    Mocha,
+    MbSGD,
     make_fedem_client_app,
     make_fsvrg_client_app,
     make_mocha_client_app,
@@ -54,8 +54,8 @@ def problem():
     return make_problem(num_tasks=TASKS, dim=4, samples_per_task=24, seed=3)
 
 
-def mocha(**knobs) -> Mocha:
-    strategy = Mocha(TASKS, lam=0.1, omega="identity", discovery_timeout=5.0, seed=1)
+def mocha(**knobs) -> MOCHA:
+    strategy = MOCHA(TASKS, lam=0.1, omega="identity", discovery_timeout=5.0, seed=1)
     for key, value in knobs.items():
         setattr(strategy, key, value)
     return strategy
@@ -92,7 +92,7 @@ def test_knob_values_are_checked(problem):
 
 
 def test_a_strategy_that_does_not_sample_refuses_fraction_train(problem):
-    fsvrg = Fsvrg(TASKS, discovery_timeout=1.0)
+    fsvrg = FSVRG(TASKS, discovery_timeout=1.0)
     fsvrg.fraction_train = 0.5
     with pytest.raises(ValueError, match="fraction_train"):
         fsvrg.start(grid=InProcessGrid(make_mocha_client_app(problem.load), TASKS),
@@ -117,7 +117,7 @@ def test_mocha_fraction_train_samples_the_right_count(problem, fraction, minimum
 
 def test_mocha_sampling_is_deterministic_per_seed_and_keeps_the_gap(problem):
     def run(seed: int):
-        strategy = Mocha(TASKS, lam=0.1, omega="identity", discovery_timeout=5.0, seed=seed)
+        strategy = MOCHA(TASKS, lam=0.1, omega="identity", discovery_timeout=5.0, seed=seed)
         strategy.fraction_train = 0.5
         result = strategy.start(grid=InProcessGrid(make_mocha_client_app(problem.load),
                                                    TASKS), num_rounds=4, timeout=30.0)
@@ -135,7 +135,7 @@ def test_mocha_sampling_is_deterministic_per_seed_and_keeps_the_gap(problem):
 
 
 def test_mbsgd_fraction_train(problem):
-    strategy = MbSgd(TASKS, lam=0.1, discovery_timeout=5.0)
+    strategy = MbSGD(TASKS, lam=0.1, discovery_timeout=5.0)
     strategy.fraction_train = 0.5
     result = strategy.start(grid=InProcessGrid(make_mbsgd_client_app(problem.load), TASKS),
                             num_rounds=2, timeout=30.0)
@@ -213,7 +213,7 @@ def test_fedem_metrics_aggregation_functions_land_in_the_result(problem):
 # ---------------------------------------------------------------- MOCHA's evaluate metrics
 @pytest.mark.parametrize("eval_every", [1, 2])
 def test_mocha_reports_evaluate_metrics_for_every_evaluated_round(problem, eval_every):
-    strategy = Mocha(TASKS, lam=0.1, discovery_timeout=5.0, eval_every=eval_every)
+    strategy = MOCHA(TASKS, lam=0.1, discovery_timeout=5.0, eval_every=eval_every)
     rounds = 4
     result = strategy.start(grid=InProcessGrid(make_mocha_client_app(problem.load), TASKS),
                             num_rounds=rounds, timeout=30.0)
@@ -227,7 +227,7 @@ def test_mocha_reports_evaluate_metrics_for_every_evaluated_round(problem, eval_
 
 
 def test_mbsgd_reports_evaluate_metrics_for_every_round(problem):
-    strategy = MbSgd(TASKS, lam=0.1, discovery_timeout=5.0)
+    strategy = MbSGD(TASKS, lam=0.1, discovery_timeout=5.0)
     result = strategy.start(grid=InProcessGrid(make_mbsgd_client_app(problem.load), TASKS),
                             num_rounds=3, timeout=30.0)
     assert sorted(result.evaluate_metrics_clientapp) == [0, 1, 2, 3]
@@ -276,8 +276,8 @@ def test_fedem_evaluation_sample_is_deterministic_per_seed(problem):
 @pytest.mark.parametrize("knobs", [{"fraction_evaluate": 0.5}, {"min_evaluate_nodes": 2}])
 def test_strategies_that_evaluate_every_device_refuse_the_evaluate_knobs(problem, knobs):
     grid = InProcessGrid(make_mocha_client_app(problem.load), TASKS)
-    strategy = Mocha(TASKS, lam=0.1, discovery_timeout=5.0, **knobs)  # accepted as keywords
-    with pytest.raises(ValueError, match=r"Mocha evaluates every device.*fraction_evaluate "
+    strategy = MOCHA(TASKS, lam=0.1, discovery_timeout=5.0, **knobs)  # accepted as keywords
+    with pytest.raises(ValueError, match=r"MOCHA evaluates every device.*fraction_evaluate "
                                          r"and min_evaluate_nodes are for the strategies"):
         strategy.start(grid=grid, num_rounds=1, timeout=10.0)
 
@@ -323,7 +323,7 @@ def test_evaluate_fn_is_called_before_round_1_as_flower_does(problem, family):
         strategy, app = mocha(), make_mocha_client_app(problem.load)
         initial = {"W": np.zeros((4, TASKS))}
     else:
-        strategy = Fsvrg(TASKS, method="gd", discovery_timeout=5.0)
+        strategy = FSVRG(TASKS, method="gd", discovery_timeout=5.0)
         def load(context):
             X, y, Xt, yt = problem.load(context)
             return sparse.csr_matrix(X), y, sparse.csr_matrix(Xt), yt

@@ -1,4 +1,4 @@
-"""Client-level DP for the FSVRG family (fmtl_flower.strategies.privacy.FsvrgDP): equality
+"""Client-level DP for the FSVRG family (fmtl_flower.strategies.privacy.FSVRGDP): equality
 with the run without DP when nothing is clipped or noised, the noise's calibration, the
 clipping, the account of every release (two a round for fsvrg-naive and DANE, GD's power
 iterations), resume, the refusals and the run config."""
@@ -18,8 +18,8 @@ from fmtl_flower.core.privacy import rdp_epsilon
 from fmtl_flower.data.sparse_federated import SparseFederatedDataset, make_sparse_federated
 from fmtl_flower.engine import run_inprocess
 from fmtl_flower.settings import ConfigError, DPSettings
-from fmtl_flower.strategies.fsvrg import Fsvrg
-from fmtl_flower.strategies.privacy import FsvrgDP, enable_client_dp
+from fmtl_flower.strategies.fsvrg import FSVRG
+from fmtl_flower.strategies.privacy import FSVRGDP, enable_client_dp
 
 pytest.importorskip("dp_accounting")
 
@@ -34,7 +34,7 @@ def data() -> SparseFederatedDataset:
     return make_sparse_federated(num_tasks=K, dim=500, seed=0)
 
 
-def run(data: SparseFederatedDataset, strategy: Fsvrg, rounds: int) -> Fsvrg:
+def run(data: SparseFederatedDataset, strategy: FSVRG, rounds: int) -> FSVRG:
     app = make_fsvrg_client_app(lambda ctx: data.task(default_task_id(ctx)).arrays())
     server = ServerApp()
 
@@ -46,13 +46,13 @@ def run(data: SparseFederatedDataset, strategy: Fsvrg, rounds: int) -> Fsvrg:
     return strategy
 
 
-def fsvrg(method: str, cls: type = Fsvrg, **kwargs: Any) -> Fsvrg:
+def fsvrg(method: str, cls: type = FSVRG, **kwargs: Any) -> FSVRG:
     return cls(K, method=method, discovery_timeout=5.0,
                **{"robust": False, **METHODS[method], **kwargs})
 
 
-def private(method: str, cls: type = Fsvrg, noise_seed: int | None = None,
-            strategy_kwargs: dict | None = None, **dp: Any) -> Fsvrg:
+def private(method: str, cls: type = FSVRG, noise_seed: int | None = None,
+            strategy_kwargs: dict | None = None, **dp: Any) -> FSVRG:
     return enable_client_dp(fsvrg(method, cls, **(strategy_kwargs or {})),
                             noise_seed=noise_seed, **{"mechanism": "central", **dp})
 
@@ -75,7 +75,7 @@ def test_no_noise_and_a_clip_that_never_binds_equals_the_run_without_dp(data, me
 def test_uniform_weighting_averages_the_clipped_mean_gradients():
     """Flower's weighting: each device's clipped mean gradient counts 1/K whatever its
     size; released sum / n = that mean (a silent device adds 0)."""
-    dp = FsvrgDP(DPSettings(mechanism="central", clip=1.0, noise_multiplier=0.0))
+    dp = FSVRGDP(DPSettings(mechanism="central", clip=1.0, noise_multiplier=0.0))
     rng = np.random.default_rng(0)
     n_all = np.array([10, 30, 60, 100])
     grads = [rng.normal(size=7) * 0.01 * m for m in n_all[:3]]  # task 3 silent
@@ -89,7 +89,7 @@ def test_uniform_weighting_averages_the_clipped_mean_gradients():
 
 
 def test_rows_weighting_clips_the_mean_and_keeps_the_size():
-    dp = FsvrgDP(DPSettings(mechanism="central", clip=0.5, noise_multiplier=0.0,
+    dp = FSVRGDP(DPSettings(mechanism="central", clip=0.5, noise_multiplier=0.0,
                             weighting="rows"))
     n_all = np.array([4, 8])
     grads = [np.array([0.0, 4.0]), np.array([0.8, 0.0])]  # means of norm 1 and 0.1
@@ -103,7 +103,7 @@ def test_the_gradients_noise_has_the_calibrated_variance(weighting):
     """Noise on g = released sum / n with variance (z C w_max / n)^2: (z C / K)^2 uniform,
     (z C max_k n_k / n)^2 rows (200 000 coordinates: relative standard error 0.3 %)."""
     z, clip, n_all = 1.3, 0.7, np.array([50, 100, 150, 200, 500])
-    dp = FsvrgDP(DPSettings(mechanism="central", clip=clip, noise_multiplier=z,
+    dp = FSVRGDP(DPSettings(mechanism="central", clip=clip, noise_multiplier=z,
                             weighting=weighting), noise_seed=5)
     dim = 200_000
     grads = [np.zeros(dim) for _ in n_all]
@@ -115,7 +115,7 @@ def test_the_gradients_noise_has_the_calibrated_variance(weighting):
 
 def test_the_local_models_noise_is_z_clip_over_k():
     z, clip, k = 0.8, 2.0, 8
-    dp = FsvrgDP(DPSettings(mechanism="central", clip=clip, noise_multiplier=z), noise_seed=2)
+    dp = FSVRGDP(DPSettings(mechanism="central", clip=clip, noise_multiplier=z), noise_seed=2)
     w = np.ones(200_000)
     models, std = dp.local_models(w, [w + 1e-3] * 6, k, [], 10)  # 2 silent: w itself
     assert len(models) == k and np.array_equal(models[-1], w)
@@ -131,8 +131,8 @@ def test_gd_rounds_noise_in_a_run_has_the_calibrated_variance():
     data = make_sparse_federated(num_tasks=10, dim=20_000, seed=1)
     z, clip, step = 2.0, 0.5, 3.0
 
-    def gd(noise_multiplier: float) -> Fsvrg:
-        strategy = Fsvrg(10, method="gd", robust=False, step=step, discovery_timeout=5.0)
+    def gd(noise_multiplier: float) -> FSVRG:
+        strategy = FSVRG(10, method="gd", robust=False, step=step, discovery_timeout=5.0)
         return run(data, enable_client_dp(strategy, mechanism="central", clip=clip,
                                           noise_multiplier=noise_multiplier, noise_seed=4), 1)
 
@@ -190,7 +190,7 @@ def test_a_resumed_run_continues_the_account_and_charges_the_lost_round(data, tm
     z = 2.5
     settings = {"clip": 0.05, "noise_multiplier": z, "adaptive": True,
                 "clipped_count_stddev": 5.0}
-    first = private("fsvrg-naive", killed_in(Fsvrg, 4), **settings)
+    first = private("fsvrg-naive", killed_in(FSVRG, 4), **settings)
     first.enable_checkpoints(tmp_path)
     with pytest.raises(ServerKilled):
         run(data, first, 5)
@@ -224,7 +224,7 @@ def test_a_checkpoint_resumes_only_with_the_same_dp_settings(data, tmp_path):
     ("fsvrg-naive", "client-clip", "use dp.mechanism=central"),
 ])
 def test_combinations_that_cannot_be_private_are_refused(method, mechanism, match):
-    strategy = Fsvrg(K, method=method, h=0.5)
+    strategy = FSVRG(K, method=method, h=0.5)
     with pytest.raises(ConfigError, match=match):
         enable_client_dp(strategy, mechanism=mechanism, clip=1.0, noise_multiplier=1.0)
 
@@ -232,7 +232,7 @@ def test_combinations_that_cannot_be_private_are_refused(method, mechanism, matc
 def test_an_adaptive_noise_split_that_cannot_exist_is_refused_before_the_run():
     """z = 2 needs a count std above 1 = K / 20 (Flower's default): refused when enabled."""
     with pytest.raises(ConfigError, match="dp.clipped-count-stddev > 1"):
-        enable_client_dp(Fsvrg(K, method="dane"), mechanism="central", clip=1.0,
+        enable_client_dp(FSVRG(K, method="dane"), mechanism="central", clip=1.0,
                          noise_multiplier=2.0, adaptive=True)
 
 

@@ -14,7 +14,7 @@ from fmtl_flower.clients.fsvrg import make_fsvrg_client_app
 from fmtl_flower.clients.mocha import default_task_id
 from fmtl_flower.data.sparse_federated import make_sparse_federated
 from fmtl_flower.engine import run_inprocess
-from fmtl_flower.strategies.fsvrg import Fsvrg
+from fmtl_flower.strategies.fsvrg import FSVRG
 
 from .helpers import ServerKilled, killed_in
 
@@ -29,7 +29,7 @@ def data():
     return make_sparse_federated(num_tasks=8, dim=500, seed=1)
 
 
-def _run(data, strategy: Fsvrg, state_dir=None):
+def _run(data, strategy: FSVRG, state_dir=None):
     app = make_fsvrg_client_app(lambda ctx: data.task(default_task_id(ctx)).arrays(),
                                 state_dir=None if state_dir is None else str(state_dir))
     server_app = ServerApp()
@@ -45,11 +45,11 @@ def test_cocoa_plus_nodes_without_state_files_reset_cleanly(data, tmp_path):
     """A new run without device state files: every CoCoA+ node restarts from alpha = 0 and the
     server removes the tasks' shares of w (gap withheld for that record, >= 0 afterwards)."""
     options = {"method": "cocoa-plus", "seed": 2, "discovery_timeout": 5.0}
-    first = killed_in(Fsvrg, 4)(data.num_tasks, **options)
+    first = killed_in(FSVRG, 4)(data.num_tasks, **options)
     first.enable_checkpoints(tmp_path)
     with pytest.raises(ServerKilled):
         _run(data, first)
-    resumed = Fsvrg(data.num_tasks, **options)
+    resumed = FSVRG(data.num_tasks, **options)
     resumed.enable_checkpoints(tmp_path)
     _run(data, resumed)
     rounds = resumed.results()["rounds"]
@@ -60,13 +60,13 @@ def test_cocoa_plus_nodes_without_state_files_reset_cleanly(data, tmp_path):
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_resume_after_server_kill_is_bit_identical(data, tmp_path, method):
     options = {"method": method, "seed": 2, "discovery_timeout": 5.0, **METHODS[method]}
-    plain = Fsvrg(data.num_tasks, **options)
+    plain = FSVRG(data.num_tasks, **options)
     _run(data, plain)
-    first = killed_in(Fsvrg, 4)(data.num_tasks, **options)
+    first = killed_in(FSVRG, 4)(data.num_tasks, **options)
     first.enable_checkpoints(tmp_path / "ckpt", every=2)  # CoCoA+ nodes go back to round 2
     with pytest.raises(ServerKilled):
         _run(data, first, tmp_path / "devices")
-    resumed = Fsvrg(data.num_tasks, **options)
+    resumed = FSVRG(data.num_tasks, **options)
     resumed.enable_checkpoints(tmp_path / "ckpt", every=2)
     _run(data, resumed, tmp_path / "devices")
     assert resumed.resumed_from == 2
@@ -77,10 +77,10 @@ def test_resume_after_server_kill_is_bit_identical(data, tmp_path, method):
 
 
 def test_checkpoint_of_another_method_is_refused(data, tmp_path):
-    first = Fsvrg(data.num_tasks, method="gd", discovery_timeout=5.0)
+    first = FSVRG(data.num_tasks, method="gd", discovery_timeout=5.0)
     first.enable_checkpoints(tmp_path)
     _run(data, first)
-    other = Fsvrg(data.num_tasks, method="fsvrg", discovery_timeout=5.0)
+    other = FSVRG(data.num_tasks, method="fsvrg", discovery_timeout=5.0)
     other.enable_checkpoints(tmp_path)
     with pytest.raises(CheckpointError, match="method"):
         _run(data, other)

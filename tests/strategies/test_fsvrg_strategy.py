@@ -56,7 +56,7 @@ from fmtl_flower.core.rng import coordinate_order
 from fmtl_flower.data.sparse_federated import SparseFederatedDataset, make_sparse_federated
 from fmtl_flower.engine import FIRST_NODE_ID, InProcessGrid, run_inprocess
 from fmtl_flower.experiments.fsvrg_fig2 import Pooled, run_cocoa_plus
-from fmtl_flower.strategies.fsvrg import Fsvrg
+from fmtl_flower.strategies.fsvrg import FSVRG
 from fmtl_flower.wire import from_array, to_array
 
 from .helpers import ClientCallable
@@ -72,13 +72,13 @@ def data() -> SparseFederatedDataset:
 
 def federate(data: SparseFederatedDataset, num_rounds: int,
              wrap: Callable[[ClientCallable], ClientCallable] | None = None,
-             **kwargs: Any) -> tuple[Fsvrg, InProcessGrid]:
+             **kwargs: Any) -> tuple[FSVRG, InProcessGrid]:
     """``kwargs`` default to ``robust=False``: these tests check the paper's algorithms, and
     on this federation robust mode caps the largest device (1022 of 2147 rows) at
     max-weight-share (tests/strategies/test_byzantine_fsvrg.py covers robust mode)."""
     app = make_fsvrg_client_app(lambda ctx: data.task(default_task_id(ctx)).arrays())
     client = wrap(app) if wrap is not None else app
-    strategy = Fsvrg(data.num_tasks, discovery_timeout=5.0, **{"robust": False, **kwargs})
+    strategy = FSVRG(data.num_tasks, discovery_timeout=5.0, **{"robust": False, **kwargs})
     server_app = ServerApp()
 
     @server_app.main()
@@ -90,7 +90,7 @@ def federate(data: SparseFederatedDataset, num_rounds: int,
 
 def run(data: SparseFederatedDataset, num_rounds: int,
         wrap: Callable[[ClientCallable], ClientCallable] | None = None,
-        **kwargs: Any) -> Fsvrg:
+        **kwargs: Any) -> FSVRG:
     return federate(data, num_rounds, wrap, **kwargs)[0]
 
 
@@ -169,7 +169,7 @@ def per_node_error(data: SparseFederatedDataset, w: np.ndarray) -> float:
     return float(np.mean(rates))
 
 
-def committed_alphas(strategy: Fsvrg, grid: InProcessGrid) -> list[np.ndarray]:
+def committed_alphas(strategy: FSVRG, grid: InProcessGrid) -> list[np.ndarray]:
     """Every node's committed alpha after the run (the final evaluate leaves none pending)."""
     out = []
     for task in range(strategy.num_tasks):
@@ -181,7 +181,7 @@ def committed_alphas(strategy: Fsvrg, grid: InProcessGrid) -> list[np.ndarray]:
     return out
 
 
-def assert_w_is_w_of_alpha(data: SparseFederatedDataset, strategy: Fsvrg,
+def assert_w_is_w_of_alpha(data: SparseFederatedDataset, strategy: FSVRG,
                            grid: InProcessGrid) -> None:
     """Server ``w`` (and each ledger share) == ``X_k^T alpha_k / (lam n)`` of the nodes."""
     n = int(data.n_train.sum())
@@ -262,7 +262,7 @@ def test_default_lam_is_one_over_n(data):
     strategy = run(data, 1, method="fsvrg", h=8.0)
     assert strategy.lam == 1.0 / int(data.n_train.sum())
     assert strategy.h == 8.0
-    assert Fsvrg(3).h == 16.0
+    assert FSVRG(3).h == 16.0
 
 
 # ------------------------------------------------------------------------------ convergence
@@ -482,14 +482,14 @@ def test_dane_rejected_local_model_counts_as_dropped(data, kind, caplog):
 
 def test_parameter_validation():
     with pytest.raises(ValueError):
-        Fsvrg(3, method="sgd")
+        FSVRG(3, method="sgd")
     with pytest.raises(ValueError, match="mu"):
-        Fsvrg(3, method="dane", mu=-0.1)
+        FSVRG(3, method="dane", mu=-0.1)
     with pytest.raises(ValueError, match="local_epochs"):
-        Fsvrg(3, method="cocoa-plus", local_epochs=0)
+        FSVRG(3, method="cocoa-plus", local_epochs=0)
     with pytest.raises(ValueError):
-        Fsvrg(3, method="fsvrg-naive")  # needs h
+        FSVRG(3, method="fsvrg-naive")  # needs h
     with pytest.raises(ValueError):
-        Fsvrg(3, lam=-1.0)
+        FSVRG(3, lam=-1.0)
     with pytest.raises(ValueError):
-        Fsvrg(0)
+        FSVRG(0)

@@ -41,9 +41,9 @@ from fmtl_flower.clients.ofmtl import make_ofmtl_client_app
 from fmtl_flower.data.sparse_federated import make_sparse_federated
 from fmtl_flower.engine import FIRST_NODE_ID
 from fmtl_flower.strategies.fedem import FedEM
-from fmtl_flower.strategies.fsvrg import Fsvrg
-from fmtl_flower.strategies.mbsgd import MbSgd
-from fmtl_flower.strategies.mocha import Mocha
+from fmtl_flower.strategies.fsvrg import FSVRG
+from fmtl_flower.strategies.mbsgd import MbSGD
+from fmtl_flower.strategies.mocha import MOCHA
 from fmtl_flower.strategies.ofmtl import OFMTL
 from fmtl_flower.wire import from_array, to_array
 
@@ -293,28 +293,28 @@ def _start(strategy: Any, rounds: int) -> Callable[[HostileGrid], Any]:
     return run
 
 
-def _mocha_state(s: Mocha) -> dict[str, np.ndarray]:
+def _mocha_state(s: MOCHA) -> dict[str, np.ndarray]:
     return {"W": s.state.W, "B": s.state.B, "last_accepted": s.last_accepted}
 
 
 FAMILIES = {
     "mocha": Family(
-        "mocha", 4, _start(lambda: Mocha(4, lam=0.05, omega="probabilistic", omega_every=2,
+        "mocha", 4, _start(lambda: MOCHA(4, lam=0.05, omega="probabilistic", omega_every=2,
                                          seed=1, discovery_timeout=5.0), 4),
         lambda: make_mocha_client_app(MOCHA_PROBLEM.load), _mocha_state,
         (MessageType.TRAIN,), 4),
     "cocoa": Family(
-        "cocoa", 4, _start(lambda: Mocha(4, lam=0.05, method="cocoa", omega_every=2, seed=1,
+        "cocoa", 4, _start(lambda: MOCHA(4, lam=0.05, method="cocoa", omega_every=2, seed=1,
                                          discovery_timeout=5.0), 3),
         lambda: make_mocha_client_app(MOCHA_PROBLEM.load), _mocha_state,
         (MessageType.TRAIN,), 3),
     "mb-sdca": Family(
-        "mb-sdca", 4, _start(lambda: Mocha(4, lam=0.05, method="mb-sdca", omega_every=2,
+        "mb-sdca", 4, _start(lambda: MOCHA(4, lam=0.05, method="mb-sdca", omega_every=2,
                                            seed=1, discovery_timeout=5.0), 3),
         lambda: make_mocha_client_app(MOCHA_PROBLEM.load), _mocha_state,
         (MessageType.TRAIN,), 3),
     "mb-sgd": Family(
-        "mb-sgd", 4, _start(lambda: MbSgd(4, lam=0.05, omega="probabilistic", omega_every=2,
+        "mb-sgd", 4, _start(lambda: MbSGD(4, lam=0.05, omega="probabilistic", omega_every=2,
                                           seed=1, discovery_timeout=5.0), 4),
         lambda: make_mbsgd_client_app(MOCHA_PROBLEM.load), lambda s: {"W": s.W},
         (MessageType.TRAIN,), 4),
@@ -329,11 +329,11 @@ FAMILIES = {
         lambda: make_fedem_client_app(lambda c: FEDEM_DATA[default_task_id(c)]),
         lambda s: {"components": s.components}, (MessageType.TRAIN,), 3),
     "fsvrg": Family(
-        "fsvrg", 4, _start(lambda: Fsvrg(4, method="fsvrg", seed=1, discovery_timeout=5.0), 3),
+        "fsvrg", 4, _start(lambda: FSVRG(4, method="fsvrg", seed=1, discovery_timeout=5.0), 3),
         lambda: make_fsvrg_client_app(lambda c: FSVRG_DATA.task(default_task_id(c)).arrays()),
         lambda s: {"w": s.w}, (MessageType.TRAIN, f"{MessageType.QUERY}.fsvrg_gradient"), 3),
     "cocoa-plus": Family(
-        "cocoa-plus", 4, _start(lambda: Fsvrg(4, method="cocoa-plus", seed=1,
+        "cocoa-plus", 4, _start(lambda: FSVRG(4, method="cocoa-plus", seed=1,
                                               discovery_timeout=5.0), 3),
         lambda: make_fsvrg_client_app(lambda c: FSVRG_DATA.task(default_task_id(c)).arrays()),
         lambda s: {"w": s.w, **{f"ledger.{k}": v for k, v in s.ledger.to_arrays().items()}},
@@ -603,11 +603,11 @@ def _drop_row(message: Message, reply: Message) -> list[Message]:
 
 
 def _packed_fsvrg_client() -> Any:
-    from fmtl_flower.clients.packed_fsvrg import PackedFsvrg
+    from fmtl_flower.clients.packed_fsvrg import PackedFSVRG
     from fmtl_flower.packing import packed_client_app, tasks_of_node
 
     app = make_fsvrg_client_app(lambda c: PACKED_DATA.task(default_task_id(c)).arrays())
-    stacked = PackedFsvrg(app.fsvrg_client)
+    stacked = PackedFSVRG(app.fsvrg_client)
     return packed_client_app(
         app, lambda ctx: tasks_of_node(ctx.node_config, PER_NODE, PACKED_TASKS),
         {"fsvrg": stacked}, {"query.whoami": stacked.whoami})
@@ -617,7 +617,7 @@ def _packed_start(method: str, rounds: int) -> Callable[[HostileGrid], Any]:
     from fmtl_flower.packing import PackedGrid
 
     def run(grid: HostileGrid) -> Any:
-        strategy = Fsvrg(PACKED_TASKS, method=method, seed=1, discovery_timeout=5.0)
+        strategy = FSVRG(PACKED_TASKS, method=method, seed=1, discovery_timeout=5.0)
         strategy.start(grid=PackedGrid(grid), num_rounds=rounds, timeout=60.0)
         return strategy
     return run

@@ -13,19 +13,19 @@ import pytest
 from flwr.app import Array, ArrayRecord
 
 from fmtl_flower import (
+    FSVRG,
+    MOCHA,
     OFMTL,
     FedEM,
-    Fsvrg,
-    MbSgd,
-    Mocha,
+    MbSGD,
     make_fedem_client_app,
     make_fsvrg_client_app,
     make_mbsgd_client_app,
     make_mocha_client_app,
 )
 from fmtl_flower.clients.mocha import default_task_id
-from fmtl_flower.clients.packed_mbsgd import PackedMbSgd
-from fmtl_flower.clients.packed_mocha import PackedMocha
+from fmtl_flower.clients.packed_mbsgd import PackedMbSGD
+from fmtl_flower.clients.packed_mocha import PackedMOCHA
 from fmtl_flower.data import make_sparse_federated
 from fmtl_flower.engine import InProcessGrid
 from fmtl_flower.packing import PackedGrid, packed_client_app, tasks_of_node
@@ -67,10 +67,10 @@ def run_mocha(problem, rounds: int, initial: ArrayRecord | None = None, *,
               per_node: int = 1, seen: list | None = None, **kwargs):
     options = {"lam": 0.05, "omega": "mean", "lam2": 0.5, "omega_every": 0,
                "discovery_timeout": 5.0, **kwargs}
-    strategy = Mocha(TASKS, **options)
+    strategy = MOCHA(TASKS, **options)
     app = make_mocha_client_app(problem.load)
     grid = (InProcessGrid(app, TASKS) if per_node == 1
-            else packed_grid(app, PackedMocha(app.mocha_client), per_node, seen))
+            else packed_grid(app, PackedMOCHA(app.mocha_client), per_node, seen))
     result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=rounds, timeout=30.0)
     return strategy, result
 
@@ -143,7 +143,7 @@ def test_a_malformed_seed_row_fails_only_its_slot(problem):
     from flwr.app import ConfigRecord, Context, Message, RecordDict
 
     InProcessGrid(make_mocha_client_app(problem.load), 1)  # Flower's TaskIdentity
-    handler = PackedMocha(make_mocha_client_app(problem.load).mocha_client)
+    handler = PackedMOCHA(make_mocha_client_app(problem.load).mocha_client)
     k = 3
     seed_w = np.zeros((k, DIM))
     seed_w[1, 2] = np.inf
@@ -185,7 +185,7 @@ def test_mbsgd_starts_from_w0(problem):
     W0 = np.random.default_rng(1).normal(size=(DIM, TASKS))
 
     def run(initial):
-        strategy = MbSgd(TASKS, lam=0.05, discovery_timeout=5.0)
+        strategy = MbSGD(TASKS, lam=0.05, discovery_timeout=5.0)
         strategy.start(grid=InProcessGrid(make_mbsgd_client_app(problem.load), TASKS),
                        initial_arrays=initial, num_rounds=1, timeout=30.0)
         return strategy
@@ -202,11 +202,11 @@ def test_packed_mbsgd_from_w0_equals_unpacked(problem):
     W0 = np.random.default_rng(4).normal(size=(DIM, TASKS))
 
     def run(initial, per_node):
-        strategy = MbSgd(TASKS, lam=0.05, discovery_timeout=5.0)
+        strategy = MbSGD(TASKS, lam=0.05, discovery_timeout=5.0)
         app = make_mbsgd_client_app(problem.load)
         seen: list = []
         grid = (InProcessGrid(app, TASKS) if per_node == 1
-                else packed_grid(app, PackedMbSgd(app.mbsgd_client), per_node, seen))
+                else packed_grid(app, PackedMbSGD(app.mbsgd_client), per_node, seen))
         result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=3, timeout=30.0)
         assert per_node == 1 or all(stacked for kind, stacked, _ in seen if kind == "train")
         return strategy, result
@@ -227,7 +227,7 @@ def test_fsvrg_starts_from_w0():
     w0 = np.random.default_rng(2).normal(scale=0.1, size=300)
 
     def run(initial, method="fsvrg"):
-        strategy = Fsvrg(3, method=method, discovery_timeout=5.0)
+        strategy = FSVRG(3, method=method, discovery_timeout=5.0)
         strategy.start(grid=InProcessGrid(app, 3), initial_arrays=initial, num_rounds=1,
                        timeout=30.0)
         return strategy
@@ -296,7 +296,7 @@ def test_mbsgd_takes_initial_arrays_as_flower_users_write_them(problem, form):
     W0 = np.random.default_rng(7).normal(size=(DIM, TASKS))
 
     def run(initial):
-        strategy = MbSgd(TASKS, lam=0.05, discovery_timeout=5.0)
+        strategy = MbSGD(TASKS, lam=0.05, discovery_timeout=5.0)
         strategy.start(grid=InProcessGrid(make_mbsgd_client_app(problem.load), TASKS),
                        initial_arrays=initial, num_rounds=1, timeout=30.0)
         return strategy
@@ -313,7 +313,7 @@ def test_fsvrg_takes_initial_arrays_as_flower_users_write_them(form):
     w0 = np.random.default_rng(2).normal(scale=0.1, size=300)
 
     def run(initial):
-        strategy = Fsvrg(3, discovery_timeout=5.0)
+        strategy = FSVRG(3, discovery_timeout=5.0)
         strategy.start(grid=InProcessGrid(app, 3), initial_arrays=initial, num_rounds=1,
                        timeout=30.0)
         return strategy

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from flwr.app import Message, MetricRecord, RecordDict
 
-from fmtl_flower import MbSgd, Mocha, make_mbsgd_client_app, make_mocha_client_app
-from fmtl_flower.clients.packed_mbsgd import PackedMbSgd
-from fmtl_flower.clients.packed_mocha import PackedMocha
+from fmtl_flower import MOCHA, MbSGD, make_mbsgd_client_app, make_mocha_client_app
+from fmtl_flower.clients.packed_mbsgd import PackedMbSGD
+from fmtl_flower.clients.packed_mocha import PackedMOCHA
 from fmtl_flower.engine import InProcessGrid
 from fmtl_flower.packing import PackedGrid, packed_client_app, tasks_of_node
 from fmtl_flower.wire import from_array, to_array
@@ -44,14 +44,14 @@ def run(problem, family: str, per_node: int, caplog, hostile: bool = False
     (exchange, reason)."""
     task = HOSTILE if hostile else UNBOUNDED
     if family == "mocha":
-        strategy = Mocha(TASKS, lam=0.05, omega="mean", lam2=0.5, omega_every=0,
+        strategy = MOCHA(TASKS, lam=0.05, omega="mean", lam2=0.5, omega_every=0,
                          discovery_timeout=5.0)
         app = make_mocha_client_app(problem.load)
-        handler = PackedMocha(app.mocha_client)
+        handler = PackedMOCHA(app.mocha_client)
     else:
-        strategy = MbSgd(TASKS, lam=0.05, discovery_timeout=5.0)
+        strategy = MbSGD(TASKS, lam=0.05, discovery_timeout=5.0)
         app = make_mbsgd_client_app(problem.load)
-        handler = PackedMbSgd(app.mbsgd_client)
+        handler = PackedMbSGD(app.mbsgd_client)
     if hostile:
         handler = hostile_handler(handler)
     if per_node == 1:
@@ -151,9 +151,9 @@ def test_budget_sizes_survive_a_fence_beyond_int64(n_train):
     # robust mode caps the n-train that budgets are computed from by a log-scale fence of the
     # federation's sizes; evenly split sizes (or two claims of 1e9 among four) put that fence
     # near 1e22, which once overflowed an int64 while the round's messages were built
-    from fmtl_flower import MbSgd, Mocha
+    from fmtl_flower import MOCHA, MbSGD
 
-    for strategy in (Mocha(4), MbSgd(4)):
+    for strategy in (MOCHA(4), MbSGD(4)):
         strategy.directory.n_train[:] = n_train
         sizes = strategy._budget_sizes(np.arange(4))
         assert sizes.tolist() == n_train and sizes.dtype == strategy.directory.n_train.dtype

@@ -35,7 +35,7 @@ from fmtl_flower.core.formulations import make_formulation
 from fmtl_flower.core.mocha import omega_step_due
 from fmtl_flower.core.rng import coordinate_order
 from fmtl_flower.engine import FIRST_NODE_ID, InProcessGrid, run_inprocess
-from fmtl_flower.strategies.mbsgd import MbSgd
+from fmtl_flower.strategies.mbsgd import MbSGD
 from fmtl_flower.systems.heterogeneity import drop_mask, local_budgets
 from fmtl_flower.systems.timing import round_time
 from fmtl_flower.wire import from_array, to_array
@@ -69,7 +69,7 @@ def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
 # ------------------------------------------------------------------------------ running
 @dataclass
 class Run:
-    strategy: MbSgd
+    strategy: MbSGD
     grid: InProcessGrid
 
     @property
@@ -89,7 +89,7 @@ def run_federation(problem: Problem, num_rounds: int, *,
     app = make_mbsgd_client_app(problem.load)
     client = wrap(app) if wrap is not None else app
     min_tasks = strategy_kwargs.pop("min_tasks", None)
-    strategy = MbSgd(problem.num_tasks, discovery_timeout=discovery_timeout, **strategy_kwargs)
+    strategy = MbSGD(problem.num_tasks, discovery_timeout=discovery_timeout, **strategy_kwargs)
     if min_tasks is not None:
         strategy.min_tasks = min_tasks
     server_app = ServerApp()
@@ -210,14 +210,14 @@ def test_federation_is_bit_identical_to_the_reference_loop(problem, case):
 
 
 def test_default_step_scale_and_radius():
-    strategy = MbSgd(4, lam=0.1, omega="mean", lam2=0.02)
+    strategy = MbSGD(4, lam=0.1, omega="mean", lam2=0.02)
     K = make_formulation("mean", 4, lam=0.1, lam2=0.02).regulariser_matrix()
     lam_min = float(np.linalg.eigvalsh(K)[0])
     assert lam_min == pytest.approx(0.02)  # K = lam Omega + lam2 I has eigenvalue lam2 on 1
     assert strategy.step_scale == 1.0 / lam_min  # Pegasos: beta = 1 / lambda_min(K)
     assert strategy.radius == mbsgd_radius(K)
-    assert MbSgd(4, lam=0.1, beta=3.0).step_scale == 3.0
-    assert MbSgd(4, lam=0.1, project=False).radius is None
+    assert MbSGD(4, lam=0.1, beta=3.0).step_scale == 3.0
+    assert MbSGD(4, lam=0.1, project=False).radius is None
 
 
 @pytest.mark.parametrize("kwargs", [
@@ -228,7 +228,7 @@ def test_default_step_scale_and_radius():
 ])
 def test_constructor_rejects_bad_arguments(kwargs):
     with pytest.raises(ValueError):
-        MbSgd(3, **{"lam": 0.1, **kwargs})
+        MbSGD(3, **{"lam": 0.1, **kwargs})
 
 
 # ------------------------------------------------------------------------------ convergence

@@ -55,18 +55,18 @@ def test_federation_matches_fit_mocha(keys):
 
 
 def test_bad_formulation_parameters_are_clear_errors():
-    from fmtl_flower.strategies.mocha import Mocha
+    from fmtl_flower.strategies.mocha import MOCHA
 
     with pytest.raises(ValueError, match="lambda2"):
-        Mocha(4, omega="mean")
+        MOCHA(4, omega="mean")
     with pytest.raises(ValueError, match="lambda2 must be a finite number > 0"):
-        Mocha(4, omega="mean", lam2=0.0)
+        MOCHA(4, omega="mean", lam2=0.0)
     with pytest.raises(ValueError, match="s2"):
-        Mocha(4, omega="graphical", lam2=0.1)
+        MOCHA(4, omega="graphical", lam2=0.1)
     with pytest.raises(ValueError, match="eta|k"):
-        Mocha(4, omega="clustered")
+        MOCHA(4, omega="clustered")
     with pytest.raises(ValueError, match="gamma"):
-        Mocha(4, gamma=1.5)
+        MOCHA(4, gamma=1.5)
 
 
 def test_per_task_drop_probabilities_match_the_bare_loop():
@@ -74,12 +74,12 @@ def test_per_task_drop_probabilities_match_the_bare_loop():
 
     from fmtl_flower.clients.mocha import make_mocha_client_app
     from fmtl_flower.data import make_synthetic_tasks
-    from fmtl_flower.strategies.mocha import Mocha
+    from fmtl_flower.strategies.mocha import MOCHA
 
     logging.getLogger("flwr").setLevel(logging.WARNING)
     Xs, ys = make_synthetic_tasks(num_tasks=5, dim=4, samples_per_task=20, seed=1)
     p = [1.0, 0.3, 0.0, 0.6, 0.0]  # task 0 never does any work
-    strategy = Mocha(5, lam=0.05, omega="identity", omega_every=0, drop_prob=p)
+    strategy = MOCHA(5, lam=0.05, omega="identity", omega_every=0, drop_prob=p)
     app = ServerApp()
 
     @app.main()
@@ -94,7 +94,7 @@ def test_per_task_drop_probabilities_match_the_bare_loop():
     assert not strategy.state.B[:, 0].any()  # the device that never works contributes nothing
     assert all(r["num_dropped"] >= 1 for r in strategy.results()["rounds"][1:])
     with pytest.raises(ValueError, match="drop"):
-        Mocha(5, drop_prob=[0.1, 0.2])
+        MOCHA(5, drop_prob=[0.1, 0.2])
 
 
 def test_lambda2_zero_is_a_value_not_unset(tmp_path, capsys):

@@ -12,8 +12,8 @@ from fmtl_flower.config import RunConfig, settings_from_config
 from fmtl_flower.core.certificate import pair_problems
 from fmtl_flower.core.formulations import make_formulation
 from fmtl_flower.experiments.mocha_losses import lbfgs_optimum, primal_value, run_loss
-from fmtl_flower.settings import ConfigError, MbSgdSettings, MochaSettings, OFMTLSettings
-from fmtl_flower.strategies.mocha import Mocha
+from fmtl_flower.settings import ConfigError, MbSGDSettings, MOCHASettings, OFMTLSettings
+from fmtl_flower.strategies.mocha import MOCHA
 
 from .helpers import make_problem, run_federation, with_metrics
 
@@ -23,7 +23,7 @@ MEAN = {"omega": "mean", "lam": 1e-2, "lam2": 1e-1, "omega_every": 0}
 
 
 def _regulariser_matrix(num_tasks: int, **kwargs) -> np.ndarray:
-    s = MochaSettings(**kwargs)
+    s = MOCHASettings(**kwargs)
     return make_formulation(s.omega, num_tasks, lam=s.lam,
                             **s.formulation_options).regulariser_matrix()
 
@@ -119,20 +119,20 @@ def test_a_dual_mean_outside_the_loss_range_is_rejected_by_the_certificate():
 def test_squared_loss_has_no_unit_dual_bound_but_keeps_the_dropped_one():
     """The squared loss's alpha is unbounded: |delta-b| is not held to R_t min(H, n)/n (an
     honest step may exceed it), but a dropped task must still send 0."""
-    strategy = Mocha(2, loss="squared")
+    strategy = MOCHA(2, loss="squared")
     unit = np.array([0.0, 0.5, np.nan])
     limit = strategy._dual_limit(unit)
     assert limit[0] == 0.0 and np.isinf(limit[1]) and np.isnan(limit[2])
-    np.testing.assert_array_equal(Mocha(2, loss="logistic")._dual_limit(unit[:2]), unit[:2])
+    np.testing.assert_array_equal(MOCHA(2, loss="logistic")._dual_limit(unit[:2]), unit[:2])
 
 
 def test_settings_name_the_valid_losses_and_mbsgd_ofmtl_refuse_others():
-    assert MochaSettings().loss == "hinge"
-    assert Mocha(2, loss="logistic").loss == "logistic"
+    assert MOCHASettings().loss == "hinge"
+    assert MOCHA(2, loss="logistic").loss == "logistic"
     with pytest.raises(ConfigError, match="mocha.loss .*hinge, smoothed-hinge, logistic, "
                                           "squared"):
-        MochaSettings(loss="cubic")
-    for settings_cls, name in ((MbSgdSettings, "Mb-SGD"), (OFMTLSettings, "OFMTL")):
+        MOCHASettings(loss="cubic")
+    for settings_cls, name in ((MbSGDSettings, "Mb-SGD"), (OFMTLSettings, "OFMTL")):
         with pytest.raises(ConfigError, match=f"{name} trains the hinge loss only"):
             settings_cls(loss="logistic")
     for strategy in ("mb-sgd", "ofmtl"):
@@ -186,7 +186,7 @@ def test_stacked_nodes_train_the_loss_bit_for_bit_as_unpacked_ones(loss):
         hinge["final"]["primal"]
 
 
-def _run_strategy(problem, strategy: Mocha, rounds: int) -> None:
+def _run_strategy(problem, strategy: MOCHA, rounds: int) -> None:
     from flwr.serverapp import Grid, ServerApp
 
     from fmtl_flower.clients.mocha import make_mocha_client_app
@@ -208,14 +208,14 @@ def test_a_checkpoint_of_another_loss_is_refused(first, second, tmp_path):
 
     problem = make_problem(num_tasks=3, dim=4, samples_per_task=20, seed=1)
     kwargs = {"omega": "identity", "lam": 0.05, "discovery_timeout": 5.0}
-    one = Mocha(3, loss=first, **kwargs)
+    one = MOCHA(3, loss=first, **kwargs)
     one.enable_checkpoints(tmp_path)
     _run_strategy(problem, one, 2)
-    other = Mocha(3, loss=second, **kwargs)
+    other = MOCHA(3, loss=second, **kwargs)
     other.enable_checkpoints(tmp_path)
     with pytest.raises(CheckpointError, match="loss"):
         _run_strategy(problem, other, 3)
-    same = Mocha(3, loss=first, **kwargs)  # the same loss resumes
+    same = MOCHA(3, loss=first, **kwargs)  # the same loss resumes
     same.enable_checkpoints(tmp_path)
     _run_strategy(problem, same, 3)
     assert len(same.records) == 4

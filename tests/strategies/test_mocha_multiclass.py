@@ -13,12 +13,12 @@ from flwr.serverapp import Grid, ServerApp
 from scipy.optimize import minimize
 
 from fmtl_flower.clients.mocha import default_task_id, make_mocha_client_app
-from fmtl_flower.clients.packed_mocha import PackedMocha
+from fmtl_flower.clients.packed_mocha import PackedMOCHA
 from fmtl_flower.core.multiclass import lift, predict_classes, with_intercept
 from fmtl_flower.engine import InProcessGrid, run_inprocess
 from fmtl_flower.packing import PackedGrid, packed_client_app, tasks_of_node
 from fmtl_flower.strategies.discovery import BeyondLimits, ReplyError, TaskDirectory
-from fmtl_flower.strategies.mocha import Mocha
+from fmtl_flower.strategies.mocha import MOCHA
 
 from .helpers import ServerKilled, killed_in
 
@@ -49,11 +49,11 @@ def loader(tasks: list[tuple[np.ndarray, ...]], transform: Callable | None = Non
 
 
 def run(load: Callable, labels: str, rounds: int = 6, wrap: Callable | None = None,
-        **kwargs: Any) -> Mocha:
+        **kwargs: Any) -> MOCHA:
     app = make_mocha_client_app(load, labels=labels)
     client = app if wrap is None else wrap(app)
     options = {"lam": 0.1, "omega": "probabilistic", "omega_every": 2, **kwargs}
-    strategy = Mocha(TASKS, discovery_timeout=5.0, **options)
+    strategy = MOCHA(TASKS, discovery_timeout=5.0, **options)
     server_app = ServerApp()
 
     @server_app.main()
@@ -252,10 +252,10 @@ def test_packed_nodes_lift_their_slots_as_one_task_nodes_do():
     tasks = string_label_tasks(seed=9)
     single = run(loader(tasks), "auto", fit_intercept=True)
     app = make_mocha_client_app(loader(tasks), labels="auto")
-    handler = PackedMocha(app.mocha_client)
+    handler = PackedMOCHA(app.mocha_client)
     packed = packed_client_app(app, lambda ctx: tasks_of_node(ctx.node_config, 2, TASKS),
                                {handler.protocol: handler}, {"query.whoami": handler.whoami})
-    strategy = Mocha(TASKS, discovery_timeout=5.0, lam=0.1, omega="probabilistic",
+    strategy = MOCHA(TASKS, discovery_timeout=5.0, lam=0.1, omega="probabilistic",
                      omega_every=2, fit_intercept=True)
     strategy.start(grid=PackedGrid(InProcessGrid(packed, 2), query_timeout=5.0), num_rounds=6,
                    timeout=60.0)
@@ -271,7 +271,7 @@ def test_a_resumed_multiclass_run_is_the_uninterrupted_one(tmp_path):
     options = {"lam": 0.1, "omega": "probabilistic", "omega_every": 2, "fit_intercept": True}
     uninterrupted = run(loader(tasks), "auto", **options)
 
-    def start(strategy: Mocha) -> None:
+    def start(strategy: MOCHA) -> None:
         server_app = ServerApp()
 
         @server_app.main()
@@ -281,11 +281,11 @@ def test_a_resumed_multiclass_run_is_the_uninterrupted_one(tmp_path):
         run_inprocess(server_app, make_mocha_client_app(loader(tasks), labels="auto"), TASKS,
                       run_config={"client-state-dir": str(tmp_path / "devices")})
 
-    first = killed_in(Mocha, 4)(TASKS, discovery_timeout=5.0, **options)
+    first = killed_in(MOCHA, 4)(TASKS, discovery_timeout=5.0, **options)
     first.enable_checkpoints(tmp_path / "ckpt")
     with pytest.raises(ServerKilled):
         start(first)
-    second = Mocha(TASKS, discovery_timeout=5.0, **options)
+    second = MOCHA(TASKS, discovery_timeout=5.0, **options)
     second.enable_checkpoints(tmp_path / "ckpt")
     start(second)
     assert second.resumed_from == 3 and second.lifting == uninterrupted.lifting

@@ -21,13 +21,13 @@ from fmtl_flower.core.record_dp import clip_rows, noise_rng, record_contribution
 from fmtl_flower.engine import FIRST_NODE_ID, run_inprocess
 from fmtl_flower.settings import ConfigError, DPSettings
 from fmtl_flower.strategies.fedem import FedEM
-from fmtl_flower.strategies.mocha import Mocha
+from fmtl_flower.strategies.mocha import MOCHA
 from fmtl_flower.strategies.privacy import enable_client_dp
 from fmtl_flower.strategies.record_dp import RecordLevelDP, enable_record_dp
 from fmtl_flower.systems.heterogeneity import drop_mask
 from fmtl_flower.wire import from_array
 
-from .helpers import ServerKilled, TracingMocha, fault_at, killed_in, make_problem
+from .helpers import ServerKilled, TracingMOCHA, fault_at, killed_in, make_problem
 
 SETTINGS = {"lam": 0.05, "omega": "probabilistic", "omega_every": 2, "seed": 3,
             "local_frac": 0.5, "discovery_timeout": 5.0}
@@ -45,7 +45,7 @@ def problem():
     return make_problem(num_tasks=5, dim=4, samples_per_task=40, seed=11)
 
 
-def _run(problem, strategy: Mocha, rounds: int = ROUNDS, wrap=None,
+def _run(problem, strategy: MOCHA, rounds: int = ROUNDS, wrap=None,
          run_config: dict | None = None, noise_seed: int | None = NOISE_SEED) -> Any:
     """One in-process run; every device's noise seeded by ``noise_seed`` (node config)."""
     app = make_mocha_client_app(problem.load)
@@ -61,7 +61,7 @@ def _run(problem, strategy: Mocha, rounds: int = ROUNDS, wrap=None,
                          node_configs=nodes)
 
 
-def _private(strategy: Mocha, **dp: Any) -> Mocha:
+def _private(strategy: MOCHA, **dp: Any) -> MOCHA:
     return enable_record_dp(strategy, DPSettings(mechanism="record", **dp))
 
 
@@ -135,7 +135,7 @@ def test_the_server_adds_exactly_the_calibrated_noise_of_the_accepted_replies(pr
     a non-finite delta-b in rounds 2 and 3 (rejected): their noise is discarded with their
     d_alpha, so the commit protocol keeps B and alpha apart by the accepted noise only."""
     z, clip = 0.7, 0.72  # round 1 (w = 0) has step bounds 0.707 and 0.72-0.73: both sides
-    strategy = _private(TracingMocha(problem.num_tasks, **SETTINGS), clip=clip,
+    strategy = _private(TracingMOCHA(problem.num_tasks, **SETTINGS), clip=clip,
                         noise_multiplier=z)
     sent: dict[tuple[int, int], tuple] = {}  # (task, round) -> (|w|, m_tt, sigma', budget)
 
@@ -188,7 +188,7 @@ def test_every_device_evaluates_its_model_without_its_own_noise(problem, evaluat
     (w_t - m_tt e_t). Task 2's replies of rounds 2 and 3 are rejected (their noise is not
     removed: the server never added it)."""
     clip = 1.0
-    strategy = _private(Mocha(problem.num_tasks, **SETTINGS), clip=clip,
+    strategy = _private(MOCHA(problem.num_tasks, **SETTINGS), clip=clip,
                         noise_multiplier=0.7)
     grid = _run(problem, strategy, wrap=fault_at("nan", FIRST_NODE_ID + 2, {2, 3}))
     expected = _without_own_noise(problem, grid, strategy, clip)
@@ -215,7 +215,7 @@ def test_a_device_restarted_from_its_state_file_keeps_its_noise(problem, evaluat
         return client
 
     clip = 1.0
-    strategy = _private(Mocha(problem.num_tasks, **SETTINGS), clip=clip,
+    strategy = _private(MOCHA(problem.num_tasks, **SETTINGS), clip=clip,
                         noise_multiplier=0.7)
     grid = _run(problem, strategy, wrap=restart,
                 run_config={"client-state-dir": str(tmp_path / "devices")})
@@ -232,7 +232,7 @@ def test_rows_are_clipped_and_whoami_reports_the_clip(problem):
     run config says record-level DP."""
     clip = 0.3
     assert min(np.linalg.norm(X, axis=1).min() for X in problem.Xs) > clip
-    strategy = _private(TracingMocha(problem.num_tasks, **SETTINGS), clip=clip,
+    strategy = _private(TracingMOCHA(problem.num_tasks, **SETTINGS), clip=clip,
                         noise_multiplier=0.0)
     grid = _run(problem, strategy, run_config={"dp.mechanism": "record", "dp.clip": clip})
     np.testing.assert_allclose(strategy.state.B, _true_images(problem, grid, strategy, clip),
@@ -246,9 +246,9 @@ def test_noise_zero_and_a_clip_that_never_binds_is_the_run_without_dp(problem):
     above every row, W and every record's test error are those of the run without DP bit
     for bit (the records only lack the withheld primal, dual and gap)."""
     options = {**SETTINGS, "method": "mb-sdca", "eval_every": 1}
-    plain = TracingMocha(problem.num_tasks, **options)
+    plain = TracingMOCHA(problem.num_tasks, **options)
     _run(problem, plain)
-    private = _private(TracingMocha(problem.num_tasks, **options), clip=1e6,
+    private = _private(TracingMOCHA(problem.num_tasks, **options), clip=1e6,
                        noise_multiplier=0.0)
     _run(problem, private)
     np.testing.assert_array_equal(private.state.W, plain.state.W)
@@ -266,7 +266,7 @@ def test_epsilon_in_every_record_per_device_and_final_is_the_largest(problem):
     others release every round); task 0's own epsilon is that of its releases only."""
     z = 1.3
     drop = [0.5, 0.0, 0.0, 0.0, 0.0]
-    strategy = _private(Mocha(problem.num_tasks, **SETTINGS, drop_prob=drop), clip=1.0,
+    strategy = _private(MOCHA(problem.num_tasks, **SETTINGS, drop_prob=drop), clip=1.0,
                         noise_multiplier=z)
     _run(problem, strategy)
     results = strategy.results()
@@ -282,7 +282,7 @@ def test_epsilon_in_every_record_per_device_and_final_is_the_largest(problem):
 
 
 def test_a_target_epsilon_sets_the_noise_and_is_met(problem):
-    strategy = _private(Mocha(problem.num_tasks, **SETTINGS), clip=1.0, epsilon=4.0)
+    strategy = _private(MOCHA(problem.num_tasks, **SETTINGS), clip=1.0, epsilon=4.0)
     _run(problem, strategy)
     final = strategy.results()["final"]["epsilon"]
     assert 3.99 < final <= 4.0
@@ -293,13 +293,13 @@ def test_a_resumed_run_continues_every_devices_account(problem, tmp_path):
     the devices' epsilons are those of the uninterrupted run (the account resumes)."""
     dp = {"clip": 1.0, "noise_multiplier": 1.1}
     drop = [0.0, 0.5, 0.0, 0.0, 0.0]
-    whole = _private(Mocha(problem.num_tasks, **SETTINGS, drop_prob=drop), **dp)
+    whole = _private(MOCHA(problem.num_tasks, **SETTINGS, drop_prob=drop), **dp)
     _run(problem, whole)
-    first = _private(killed_in(Mocha, 4)(problem.num_tasks, **SETTINGS, drop_prob=drop), **dp)
+    first = _private(killed_in(MOCHA, 4)(problem.num_tasks, **SETTINGS, drop_prob=drop), **dp)
     first.enable_checkpoints(tmp_path)
     with pytest.raises(ServerKilled):
         _run(problem, first)
-    resumed = _private(Mocha(problem.num_tasks, **SETTINGS, drop_prob=drop), **dp)
+    resumed = _private(MOCHA(problem.num_tasks, **SETTINGS, drop_prob=drop), **dp)
     resumed.enable_checkpoints(tmp_path)
     _run(problem, resumed)
     assert resumed.resumed_from == 3
@@ -315,16 +315,16 @@ def test_a_resumed_run_keeps_every_devices_noise(problem, evaluated, tmp_path):
     device's final model without its own noise is the uninterrupted run's."""
     dp = {"clip": 1.0, "noise_multiplier": 0.7}
     run_config = {"client-state-dir": str(tmp_path / "whole")}
-    _run(problem, _private(Mocha(problem.num_tasks, **SETTINGS), **dp),
+    _run(problem, _private(MOCHA(problem.num_tasks, **SETTINGS), **dp),
          run_config=run_config)
     uninterrupted = dict(evaluated)
     evaluated.clear()
     run_config = {"client-state-dir": str(tmp_path / "devices")}
-    first = _private(killed_in(Mocha, 4)(problem.num_tasks, **SETTINGS), **dp)
+    first = _private(killed_in(MOCHA, 4)(problem.num_tasks, **SETTINGS), **dp)
     first.enable_checkpoints(tmp_path / "ckpt")
     with pytest.raises(ServerKilled):
         _run(problem, first, run_config=run_config)
-    resumed = _private(Mocha(problem.num_tasks, **SETTINGS), **dp)
+    resumed = _private(MOCHA(problem.num_tasks, **SETTINGS), **dp)
     resumed.enable_checkpoints(tmp_path / "ckpt")
     grid = _run(problem, resumed, run_config=run_config)
     assert resumed.resumed_from == 3
@@ -336,11 +336,11 @@ def test_a_resumed_run_keeps_every_devices_noise(problem, evaluated, tmp_path):
 
 
 def test_a_checkpoint_without_dp_is_not_resumed_with_it(problem, tmp_path):
-    first = killed_in(Mocha, 3)(problem.num_tasks, **SETTINGS)
+    first = killed_in(MOCHA, 3)(problem.num_tasks, **SETTINGS)
     first.enable_checkpoints(tmp_path)
     with pytest.raises(ServerKilled):
         _run(problem, first)
-    private = _private(Mocha(problem.num_tasks, **SETTINGS), clip=1.0, noise_multiplier=1.0)
+    private = _private(MOCHA(problem.num_tasks, **SETTINGS), clip=1.0, noise_multiplier=1.0)
     private.enable_checkpoints(tmp_path)
     with pytest.raises(Exception, match="(?i)checkpoint|fingerprint|settings"):
         _run(problem, private)
@@ -385,16 +385,16 @@ def test_record_level_dp_is_refused_outside_mochas_separable_methods(problem):
     with pytest.raises(ConfigError, match="MOCHA's family"):
         enable_client_dp(FedEM(num_tasks=4, num_components=2), **record)
     with pytest.raises(ConfigError, match="not 'cocoa'"):
-        enable_client_dp(Mocha(5, method="cocoa"), **record)
+        enable_client_dp(MOCHA(5, method="cocoa"), **record)
     with pytest.raises(ConfigError, match="bounded dual domain"):
-        enable_client_dp(Mocha(5, loss="squared"), **record)
+        enable_client_dp(MOCHA(5, loss="squared"), **record)
     with pytest.raises(ConfigError, match="covers"):
-        enable_client_dp(Mocha(5), mechanism="central", clip=1.0, noise_multiplier=1.0)
+        enable_client_dp(MOCHA(5), mechanism="central", clip=1.0, noise_multiplier=1.0)
     with pytest.raises(ConfigError, match="dp.clip"):
         DPSettings(mechanism="record", noise_multiplier=1.0)
     with pytest.raises(ConfigError, match="exactly one of"):
         DPSettings(mechanism="record", clip=1.0)
-    strategy = enable_client_dp(Mocha(5), **record)
+    strategy = enable_client_dp(MOCHA(5), **record)
     with pytest.raises(ValueError, match="seeding round"):
         strategy.seed_model(ArrayRecord([np.zeros((4, 5))]))
 

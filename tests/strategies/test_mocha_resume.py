@@ -13,7 +13,7 @@ from flwr.serverapp import Grid, ServerApp
 from fmtl_flower.checkpoint import CheckpointError, read_checkpoint
 from fmtl_flower.clients.mocha import STATE_META, make_mocha_client_app
 from fmtl_flower.engine import run_inprocess
-from fmtl_flower.strategies.mocha import Mocha
+from fmtl_flower.strategies.mocha import MOCHA
 
 from .helpers import (
     Run,
@@ -44,7 +44,7 @@ def uninterrupted(problem):
     return run_federation(problem, ROUNDS, **SETTINGS)
 
 
-def _run(problem, strategy: Mocha, device_dir: Path | None, rounds: int = ROUNDS):
+def _run(problem, strategy: MOCHA, device_dir: Path | None, rounds: int = ROUNDS):
     """One Flower run (fresh contexts: empty ``context.state``, as after a server restart)."""
     app = make_mocha_client_app(problem.load)
     server_app = ServerApp()
@@ -59,11 +59,11 @@ def _run(problem, strategy: Mocha, device_dir: Path | None, rounds: int = ROUNDS
 
 def _killed_then_resumed(problem, tmp_path: Path, kill_round: int, every: int):
     ckpt, devices = tmp_path / "ckpt", tmp_path / "devices"
-    first = killed_in(Mocha, kill_round)(problem.num_tasks, **SETTINGS)
+    first = killed_in(MOCHA, kill_round)(problem.num_tasks, **SETTINGS)
     first.enable_checkpoints(ckpt, every=every)
     with pytest.raises(ServerKilled):
         _run(problem, first, devices)
-    second = Mocha(problem.num_tasks, **SETTINGS)
+    second = MOCHA(problem.num_tasks, **SETTINGS)
     second.enable_checkpoints(ckpt, every=every)
     grid = _run(problem, second, devices)
     return second, grid
@@ -86,12 +86,12 @@ def test_resume_after_server_kill_is_bit_identical(problem, uninterrupted, tmp_p
 
 def test_lost_device_state_file_resets_only_that_task(problem, uninterrupted, tmp_path):
     ckpt, devices = tmp_path / "ckpt", tmp_path / "devices"
-    first = killed_in(Mocha, 5)(problem.num_tasks, **SETTINGS)
+    first = killed_in(MOCHA, 5)(problem.num_tasks, **SETTINGS)
     first.enable_checkpoints(ckpt)
     with pytest.raises(ServerKilled):
         _run(problem, first, devices)
     (devices / "mocha-task-2.npz").unlink()  # that device lost its storage
-    second = Mocha(problem.num_tasks, **SETTINGS)
+    second = MOCHA(problem.num_tasks, **SETTINGS)
     second.enable_checkpoints(ckpt)
     grid = _run(problem, second, devices)
     rounds = second.results()["rounds"]
@@ -110,17 +110,17 @@ def test_device_state_newer_than_checkpoint_is_reset_not_mixed(problem, tmp_path
 
 
 def test_checkpoint_from_other_settings_is_refused(problem, tmp_path):
-    first = Mocha(problem.num_tasks, **SETTINGS)
+    first = MOCHA(problem.num_tasks, **SETTINGS)
     first.enable_checkpoints(tmp_path)
     _run(problem, first, None, rounds=2)
-    other = Mocha(problem.num_tasks, **{**SETTINGS, "lam": 0.1})
+    other = MOCHA(problem.num_tasks, **{**SETTINGS, "lam": 0.1})
     other.enable_checkpoints(tmp_path)
     with pytest.raises(CheckpointError, match="lam"):
         _run(problem, other, None, rounds=3)
 
 
 def test_checkpoints_are_atomic_files_without_pickle(problem, tmp_path):
-    strategy = Mocha(problem.num_tasks, **SETTINGS)
+    strategy = MOCHA(problem.num_tasks, **SETTINGS)
     strategy.enable_checkpoints(tmp_path, every=2)
     _run(problem, strategy, None, rounds=5)
     names = sorted(p.name for p in tmp_path.iterdir())
@@ -133,10 +133,10 @@ def test_checkpoints_are_atomic_files_without_pickle(problem, tmp_path):
 
 
 def test_resume_after_the_last_round_sends_nothing(problem, uninterrupted, tmp_path):
-    first = Mocha(problem.num_tasks, **SETTINGS)
+    first = MOCHA(problem.num_tasks, **SETTINGS)
     first.enable_checkpoints(tmp_path / "ckpt")
     _run(problem, first, tmp_path / "dev")
-    again = Mocha(problem.num_tasks, **SETTINGS)
+    again = MOCHA(problem.num_tasks, **SETTINGS)
     again.enable_checkpoints(tmp_path / "ckpt")
     grid = _run(problem, again, tmp_path / "dev")
     assert again.resumed_from == ROUNDS
@@ -207,13 +207,13 @@ def test_factored_server_path_gives_the_dense_numbers(problem, omega):
 
 def test_factored_server_resumes_bit_for_bit(problem, tmp_path):
     options = {**SETTINGS, "server_path": "factored"}
-    plain = Mocha(problem.num_tasks, **options)
+    plain = MOCHA(problem.num_tasks, **options)
     _run(problem, plain, None)
-    first = killed_in(Mocha, 5)(problem.num_tasks, **options)
+    first = killed_in(MOCHA, 5)(problem.num_tasks, **options)
     first.enable_checkpoints(tmp_path / "ckpt", every=2)
     with pytest.raises(ServerKilled):
         _run(problem, first, tmp_path / "dev")
-    resumed = Mocha(problem.num_tasks, **options)
+    resumed = MOCHA(problem.num_tasks, **options)
     resumed.enable_checkpoints(tmp_path / "ckpt", every=2)
     _run(problem, resumed, tmp_path / "dev")
     assert resumed.resumed_from == 4
@@ -222,7 +222,7 @@ def test_factored_server_resumes_bit_for_bit(problem, tmp_path):
 
 def test_mbsgd_resumes_bit_for_bit(problem, tmp_path):
     from fmtl_flower.clients.mbsgd import make_mbsgd_client_app
-    from fmtl_flower.strategies.mbsgd import MbSgd
+    from fmtl_flower.strategies.mbsgd import MbSGD
 
     options = {"lam": 0.05, "omega": "probabilistic", "omega_every": 2, "seed": 3,
                "discovery_timeout": 5.0}
@@ -236,13 +236,13 @@ def test_mbsgd_resumes_bit_for_bit(problem, tmp_path):
 
         run_inprocess(server_app, make_mbsgd_client_app(problem.load), problem.num_tasks)
 
-    plain = MbSgd(problem.num_tasks, **options)
+    plain = MbSGD(problem.num_tasks, **options)
     run(plain)
-    first = killed_in(MbSgd, 5)(problem.num_tasks, **options)
+    first = killed_in(MbSGD, 5)(problem.num_tasks, **options)
     first.enable_checkpoints(tmp_path, every=2)
     with pytest.raises(ServerKilled):
         run(first)
-    resumed = MbSgd(problem.num_tasks, **options)
+    resumed = MbSGD(problem.num_tasks, **options)
     resumed.enable_checkpoints(tmp_path, every=2)
     run(resumed)
     assert resumed.resumed_from == 4

@@ -6,14 +6,14 @@ from flwr.serverapp import Grid, ServerApp
 
 from fmtl_flower.clients.mocha import make_mocha_client_app
 from fmtl_flower.engine import InProcessGrid, run_inprocess
-from fmtl_flower.strategies.mocha import Mocha
+from fmtl_flower.strategies.mocha import MOCHA
 
 from .helpers import make_problem
 
 
 def test_each_train_message_is_made_just_before_its_device_is_called():
     problem = make_problem(num_tasks=40, dim=4)
-    strategy = Mocha(40, lam=1e-3, discovery_timeout=5.0)
+    strategy = MOCHA(40, lam=1e-3, discovery_timeout=5.0)
     client = make_mocha_client_app(problem.load)
     seen: list[tuple[int, int]] = []  # (messages made this round, train calls this round)
     calls = {"round": 0, "count": 0}
@@ -52,7 +52,7 @@ class TwoPassGrid(InProcessGrid):
 
 def test_a_grid_that_iterates_twice_gets_every_message():
     problem = make_problem(num_tasks=8, dim=4)
-    strategy = Mocha(8, lam=1e-3, discovery_timeout=5.0)
+    strategy = MOCHA(8, lam=1e-3, discovery_timeout=5.0)
     grid = TwoPassGrid(make_mocha_client_app(problem.load), 8)
     strategy.start(grid=grid, num_rounds=3, timeout=60.0)
     records = strategy.results()["rounds"]

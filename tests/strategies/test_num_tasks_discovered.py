@@ -10,7 +10,7 @@ import logging
 import pytest
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
-from fmtl_flower import Mocha, discover_num_tasks, make_mocha_client_app
+from fmtl_flower import MOCHA, discover_num_tasks, make_mocha_client_app
 from fmtl_flower.apps.client_app import app as client_app
 from fmtl_flower.apps.server_app import app as server_app
 from fmtl_flower.engine import InProcessGrid, run_inprocess
@@ -37,7 +37,7 @@ def test_discover_num_tasks_counts_the_distinct_task_ids_online():
     problem = make_problem(num_tasks=5)
     grid = InProcessGrid(make_mocha_client_app(problem.load), 5)
     assert discover_num_tasks(grid, min_available_nodes=5, timeout=5.0) == 5
-    strategy = Mocha(discover_num_tasks(grid, 5, timeout=5.0), lam=0.1)
+    strategy = MOCHA(discover_num_tasks(grid, 5, timeout=5.0), lam=0.1)
     strategy.start(grid=grid, num_rounds=1, timeout=10.0)
     assert strategy.results()["final"]["complete"] is True
 

@@ -1,5 +1,5 @@
 """``num_tasks=None`` in every family's constructor (issue 27, item 5): Flower sizes a run
-by its SuperNodes, so ``Mocha(min_available_nodes=4)`` takes the tasks of the nodes online
+by its SuperNodes, so ``MOCHA(min_available_nodes=4)`` takes the tasks of the nodes online
 once four are, counted when ``start`` runs, as the project's ServerApp does when
 ``num-tasks`` is unset (tests/strategies/test_num_tasks_discovered.py). The run is the one
 built with that number; without ``min_available_nodes`` the constructor says what to give."""
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fmtl_flower import OFMTL, FedEM, Fsvrg, MbSgd, Mocha
+from fmtl_flower import FSVRG, MOCHA, OFMTL, FedEM, MbSGD
 from fmtl_flower.clients.fedem import make_fedem_client_app
 from fmtl_flower.clients.fsvrg import make_fsvrg_client_app
 from fmtl_flower.clients.mbsgd import make_mbsgd_client_app
@@ -47,16 +47,16 @@ def fsvrg_app() -> ClientCallable:
 
 #: family -> (strategy class, its keyword arguments, its ClientApp, start's num_rounds)
 FAMILIES: dict[str, tuple[type, dict[str, Any], Callable[[], ClientCallable], int]] = {
-    "mocha": (Mocha, {"lam": 0.1}, lambda: linear_app(make_mocha_client_app), 3),
-    "cocoa": (Mocha, {"lam": 0.1, "method": "cocoa"},
+    "mocha": (MOCHA, {"lam": 0.1}, lambda: linear_app(make_mocha_client_app), 3),
+    "cocoa": (MOCHA, {"lam": 0.1, "method": "cocoa"},
               lambda: linear_app(make_mocha_client_app), 3),
-    "mb-sdca": (Mocha, {"lam": 0.1, "method": "mb-sdca"},
+    "mb-sdca": (MOCHA, {"lam": 0.1, "method": "mb-sdca"},
                 lambda: linear_app(make_mocha_client_app), 3),
-    "mb-sgd": (MbSgd, {"lam": 0.1}, lambda: linear_app(make_mbsgd_client_app), 3),
+    "mb-sgd": (MbSGD, {"lam": 0.1}, lambda: linear_app(make_mbsgd_client_app), 3),
     "fedem": (FedEM, {"lr": 0.5, "batch_size": 16}, fedem_app, 2),
     "fedavg": (FedEM, {"method": "fedavg", "lr": 0.5, "batch_size": 16}, fedem_app, 2),
-    "fsvrg": (Fsvrg, {"robust": False}, fsvrg_app, 2),
-    "cocoa-plus": (Fsvrg, {"method": "cocoa-plus", "robust": False}, fsvrg_app, 2),
+    "fsvrg": (FSVRG, {"robust": False}, fsvrg_app, 2),
+    "cocoa-plus": (FSVRG, {"method": "cocoa-plus", "robust": False}, fsvrg_app, 2),
     "ofmtl": (OFMTL, {"lam": 0.05, "initial_tasks": 2, "mocha_rounds": 5, "inner": 5,
                       "arrival_timeout": 2.0}, lambda: linear_app(make_ofmtl_client_app), 0),
 }
@@ -96,13 +96,13 @@ def test_neither_num_tasks_nor_min_available_nodes_says_what_to_give(family):
 
 def test_settings_are_checked_at_construction_not_at_start():
     with pytest.raises(TypeError, match="lamda"):
-        Mocha(min_available_nodes=3, lamda=0.1)
+        MOCHA(min_available_nodes=3, lamda=0.1)
 
 
 def test_what_is_set_before_start_is_kept_and_unbuilt_state_says_why(tmp_path):
     logging.getLogger("flwr").setLevel(logging.WARNING)
-    strategy = Mocha(min_available_nodes=3, lam=0.1)
-    with pytest.raises(AttributeError, match=r"Mocha\.W exists once start\(\) has built"):
+    strategy = MOCHA(min_available_nodes=3, lam=0.1)
+    with pytest.raises(AttributeError, match=r"MOCHA\.W exists once start\(\) has built"):
         _ = strategy.W
     strategy.enable_checkpoints(tmp_path, every=2)
     strategy.start(grid=InProcessGrid(linear_app(make_mocha_client_app), 3), num_rounds=2,
@@ -114,7 +114,7 @@ def test_what_is_set_before_start_is_kept_and_unbuilt_state_says_why(tmp_path):
 def test_too_few_nodes_online_is_the_discovery_error_and_a_retry_builds_it():
     from fmtl_flower.strategies.discovery import TooFewNodes
 
-    strategy = Mocha(min_available_nodes=4, lam=0.1, discovery_timeout=0.5)
+    strategy = MOCHA(min_available_nodes=4, lam=0.1, discovery_timeout=0.5)
     with pytest.raises(TooFewNodes, match=r"min_available_nodes = 4 required"):
         strategy.start(grid=InProcessGrid(linear_app(make_mocha_client_app), 2), num_rounds=1,
                        timeout=30.0)

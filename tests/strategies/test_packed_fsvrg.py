@@ -17,12 +17,12 @@ from flwr.serverapp import Grid, ServerApp
 from fmtl_flower.apps.common import dataset_for, make_client_app, make_server_app
 from fmtl_flower.clients.fsvrg import make_fsvrg_client_app
 from fmtl_flower.clients.mocha import default_task_id
-from fmtl_flower.clients.packed_fsvrg import STATE, PackedFsvrg
+from fmtl_flower.clients.packed_fsvrg import STATE, PackedFSVRG
 from fmtl_flower.config import RunConfig
 from fmtl_flower.data.sparse_federated import make_sparse_federated
 from fmtl_flower.engine import run_inprocess
 from fmtl_flower.packing import PackedGrid, packed_client_app, tasks_of_node
-from fmtl_flower.strategies.fsvrg import Fsvrg
+from fmtl_flower.strategies.fsvrg import FSVRG
 from fmtl_flower.wire import from_array, to_array
 
 from .helpers import ServerKilled, killed_in
@@ -152,13 +152,13 @@ def data():
     return make_sparse_federated(num_tasks=7, dim=400, seed=3)
 
 
-def _federate(data, strategy: Fsvrg, per_node: int, rounds: int, state_dir=None) -> None:
+def _federate(data, strategy: FSVRG, per_node: int, rounds: int, state_dir=None) -> None:
     """``strategy`` over ``data`` on ceil(m / per_node) nodes (packed and stacked when
     per_node > 1), as the package's apps do it."""
     app = make_fsvrg_client_app(lambda ctx: data.task(default_task_id(ctx)).arrays(),
                                 state_dir=None if state_dir is None else str(state_dir))
     if per_node > 1:
-        stacked = PackedFsvrg(app.fsvrg_client)
+        stacked = PackedFSVRG(app.fsvrg_client)
         app = packed_client_app(
             app, lambda ctx: tasks_of_node(ctx.node_config, per_node, data.num_tasks),
             {"fsvrg": stacked}, {"query.whoami": stacked.whoami})
@@ -178,13 +178,13 @@ def test_a_resumed_packed_server_ends_where_the_unpacked_run_ends(data, tmp_path
     back to their stable copies (checkpoint-round) in the stacked state: bit for bit the
     uninterrupted unpacked run."""
     options = {"method": method, "seed": 2, "discovery_timeout": 5.0}
-    plain = Fsvrg(data.num_tasks, **options)
+    plain = FSVRG(data.num_tasks, **options)
     _federate(data, plain, 1, 6)
-    first = killed_in(Fsvrg, 4)(data.num_tasks, **options)
+    first = killed_in(FSVRG, 4)(data.num_tasks, **options)
     first.enable_checkpoints(tmp_path / "ckpt", every=2)
     with pytest.raises(ServerKilled):
         _federate(data, first, 3, 6, tmp_path / "devices")
-    resumed = Fsvrg(data.num_tasks, **options)
+    resumed = FSVRG(data.num_tasks, **options)
     resumed.enable_checkpoints(tmp_path / "ckpt", every=2)
     _federate(data, resumed, 3, 6, tmp_path / "devices")
     assert resumed.resumed_from == 2

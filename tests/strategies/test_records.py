@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fmtl_flower.checkpoint import read_checkpoint
-from fmtl_flower.strategies.mocha import Mocha
+from fmtl_flower.strategies.mocha import MOCHA
 from fmtl_flower.strategies.records import PENDING_KEY, Pending, RoundRecords, public_record
 
 from .helpers import make_problem
@@ -77,7 +77,7 @@ def test_records_of_checkpoints_written_before_the_module_load():
 
 
 def test_assigning_records_loads_them():
-    strategy = Mocha(3, lam=0.1)
+    strategy = MOCHA(3, lam=0.1)
     strategy.records = [{"round": 0, "gap": 1.0}, {"round": 1, "gap": None, "_reg": 0.5}]
     assert strategy.book.pending == {1: Pending(0.5)}
     assert strategy.records == [{"round": 0, "gap": 1.0}, {"round": 1, "gap": None}]
@@ -89,7 +89,7 @@ def test_mocha_checkpoint_holds_the_pending_record_with_its_regulariser(tmp_path
     from it completes that record with it."""
     problem = make_problem(num_tasks=4, dim=4, samples_per_task=30, seed=11)
     ckpt, devices = tmp_path / "ckpt", tmp_path / "devices"
-    strategy = Mocha(problem.num_tasks, **MOCHA)
+    strategy = MOCHA(problem.num_tasks, **MOCHA)
     strategy.enable_checkpoints(ckpt, every=1)
     killed_after = 2
 
@@ -108,10 +108,10 @@ def test_mocha_checkpoint_holds_the_pending_record_with_its_regulariser(tmp_path
     saved = checkpoint.meta["records"]
     assert [PENDING_KEY in r for r in saved] == [False, False, True]
     assert isinstance(saved[-1][PENDING_KEY], float) and saved[-1][PENDING_KEY] > 0
-    resumed = Mocha(problem.num_tasks, **MOCHA)
+    resumed = MOCHA(problem.num_tasks, **MOCHA)
     resumed.enable_checkpoints(ckpt)
     _run(resumed, _mocha_app(problem, devices), problem.num_tasks, 5)
-    straight = Mocha(problem.num_tasks, **MOCHA)
+    straight = MOCHA(problem.num_tasks, **MOCHA)
     _run(straight, _mocha_app(problem, devices), problem.num_tasks, 5)
     got, want = resumed.results()["rounds"], straight.results()["rounds"]
     assert [r["primal"] for r in got] == pytest.approx([r["primal"] for r in want],

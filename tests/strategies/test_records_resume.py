@@ -18,9 +18,9 @@ from fmtl_flower.clients.mbsgd import make_mbsgd_client_app
 from fmtl_flower.clients.mocha import default_task_id
 from fmtl_flower.data.sparse_federated import make_sparse_federated
 from fmtl_flower.strategies.fedem import FedEM
-from fmtl_flower.strategies.fsvrg import Fsvrg
-from fmtl_flower.strategies.mbsgd import MbSgd
-from fmtl_flower.strategies.mocha import Mocha
+from fmtl_flower.strategies.fsvrg import FSVRG
+from fmtl_flower.strategies.mbsgd import MbSGD
+from fmtl_flower.strategies.mocha import MOCHA
 
 from .helpers import make_problem
 from .test_state_and_envelope import MOCHA, _fsvrg_app, _mocha_app, _run
@@ -65,7 +65,7 @@ def test_fsvrg_family_publishes_the_finished_runs_last_record_once(sparse, tmp_p
     devices = tmp_path / "devices"
     options = {"method": method, "seed": 2, "discovery_timeout": 5.0}
     first_run, resumed_run, resumed = _published(
-        lambda: Fsvrg(sparse.num_tasks, **options), lambda: _fsvrg_app(sparse, devices),
+        lambda: FSVRG(sparse.num_tasks, **options), lambda: _fsvrg_app(sparse, devices),
         sparse.num_tasks, tmp_path / "ckpt", 2, 4)
     _check_published_once(first_run, resumed_run, resumed, 2, list(range(5)))
 
@@ -75,14 +75,14 @@ def test_mocha_family_publishes_the_finished_runs_last_record_once(problem, tmp_
     devices = tmp_path / "devices"
     settings = {**MOCHA, "method": method}
     first_run, resumed_run, resumed = _published(
-        lambda: Mocha(problem.num_tasks, **settings), lambda: _mocha_app(problem, devices),
+        lambda: MOCHA(problem.num_tasks, **settings), lambda: _mocha_app(problem, devices),
         problem.num_tasks, tmp_path / "ckpt", 2, 4)
     _check_published_once(first_run, resumed_run, resumed, 2, list(range(5)))
 
 
 def test_mbsgd_publishes_the_finished_runs_last_record_once(problem, tmp_path):
     first_run, resumed_run, resumed = _published(
-        lambda: MbSgd(problem.num_tasks, lam=0.05, seed=3, discovery_timeout=5.0),
+        lambda: MbSGD(problem.num_tasks, lam=0.05, seed=3, discovery_timeout=5.0),
         lambda: make_mbsgd_client_app(problem.load), problem.num_tasks, tmp_path / "ckpt",
         2, 4)
     _check_published_once(first_run, resumed_run, resumed, 2, list(range(5)))

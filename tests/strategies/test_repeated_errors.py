@@ -10,7 +10,7 @@ import traceback
 from flwr.app import Context, Message
 from flwr.common.logger import log
 
-from fmtl_flower import Mocha, make_mocha_client_app
+from fmtl_flower import MOCHA, make_mocha_client_app
 from fmtl_flower.engine import InProcessGrid
 from fmtl_flower.strategies.repeated_errors import (
     RepeatedErrors,
@@ -110,7 +110,7 @@ def test_a_strategys_run_collapses_the_tracebacks_flower_logs_for_failing_device
             log(logging.ERROR, traceback.format_exc())
             raise
 
-    strategy = Mocha(8, lam=0.1, discovery_timeout=3.0)
+    strategy = MOCHA(8, lam=0.1, discovery_timeout=3.0)
     strategy.min_tasks = 4
     with caplog.at_level(logging.ERROR, logger="flwr"):
         strategy.start(grid=InProcessGrid(client, 8), num_rounds=3, timeout=30.0)

@@ -26,7 +26,7 @@ from flwr.app import (
 from fmtl_flower.clients.mocha import make_mocha_client_app
 from fmtl_flower.engine import FIRST_NODE_ID, InProcessGrid
 from fmtl_flower.strategies.base import NoValidReplies
-from fmtl_flower.strategies.mocha import Mocha
+from fmtl_flower.strategies.mocha import MOCHA
 from fmtl_flower.wire import from_array, to_array
 
 from .helpers import Problem, make_problem
@@ -47,9 +47,9 @@ def problem() -> Problem:
 def run_mocha(problem: Problem, tamper: Tamper = untouched, *, rounds: int = ROUNDS,
               reverse: bool = False, num_nodes: int | None = None,
               node_configs: list[dict[str, Any]] | None = None, client: Any = None,
-              before_round: Any = None, **kwargs: Any) -> Mocha:
+              before_round: Any = None, **kwargs: Any) -> MOCHA:
     app = client or make_mocha_client_app(problem.load)
-    strategy = Mocha(problem.num_tasks, discovery_timeout=5.0, **{**RUN, **kwargs})
+    strategy = MOCHA(problem.num_tasks, discovery_timeout=5.0, **{**RUN, **kwargs})
     grid = HostileGrid(app, num_nodes or problem.num_tasks, node_configs=node_configs)
     grid.tamper, grid.reverse = tamper, reverse
     if before_round is not None:
@@ -84,7 +84,7 @@ def lose(message: Message, reply: Message | None) -> list[Message]:
 
 
 @pytest.fixture(scope="module")
-def lost_run(problem) -> Mocha:
+def lost_run(problem) -> MOCHA:
     return run_mocha(problem, lose)
 
 
@@ -212,8 +212,8 @@ def test_one_node_cannot_fix_dim(problem, caplog, dim):
 
 def test_min_replies_above_the_number_of_tasks_is_a_configuration_error():
     with pytest.raises(ValueError, match="min-replies"):
-        Mocha(4, min_replies=5)
-    Mocha(4, min_replies=4)
+        MOCHA(4, min_replies=5)
+    MOCHA(4, min_replies=4)
 
 
 def test_resets_and_rejoins_are_logged_with_their_reason(problem, caplog):
@@ -289,14 +289,14 @@ def test_a_failing_vectorised_check_rejects_its_replies_not_the_run(problem, cap
     """Issue 17: the one-task replies' bounds run once per round over all of them
     (``check_rows``); anything that check raises rejects that round's replies, inside the
     trust boundary, and the run goes on."""
-    check = Mocha._check_rows
+    check = MOCHA._check_rows
 
     def failing(self, rows, with_delta):  # noqa: ANN001
         if self.records and len(self.records) == BAD_ROUND:
             raise FloatingPointError("boom")
         return check(self, rows, with_delta)
 
-    monkeypatch.setattr(Mocha, "_check_rows", failing)
+    monkeypatch.setattr(MOCHA, "_check_rows", failing)
     with caplog.at_level(logging.WARNING, logger="flwr"):
         strategy = run_mocha(problem)
     assert "rejected: FloatingPointError: boom" in caplog.text

@@ -9,11 +9,11 @@ import logging
 import pytest
 
 from fmtl_flower import (
+    FSVRG,
+    MOCHA,
     OFMTL,
     FedEM,
-    Fsvrg,
-    MbSgd,
-    Mocha,
+    MbSGD,
     make_fedem_client_app,
     make_fsvrg_client_app,
     make_mbsgd_client_app,
@@ -39,13 +39,13 @@ def test_result_carries_per_round_metrics(name):
     if name.startswith(("fsvrg", "cocoa-plus")):
         data = make_sparse_federated(num_tasks=4, dim=500, seed=0)
         app = make_fsvrg_client_app(lambda ctx: data.task(default_task_id(ctx)).arrays())
-        strategy = Fsvrg(4, method=name, discovery_timeout=5.0)
+        strategy = FSVRG(4, method=name, discovery_timeout=5.0)
     else:
         problem = make_problem(num_tasks=4)
         factory, cls, kwargs = {
-            "mocha": (make_mocha_client_app, Mocha, {}),
-            "cocoa": (make_mocha_client_app, Mocha, {"method": "cocoa"}),
-            "mbsgd": (make_mbsgd_client_app, MbSgd, {}),
+            "mocha": (make_mocha_client_app, MOCHA, {}),
+            "cocoa": (make_mocha_client_app, MOCHA, {"method": "cocoa"}),
+            "mbsgd": (make_mbsgd_client_app, MbSGD, {}),
             "fedem": (make_fedem_client_app, FedEM, {}),
         }[name]
         app = factory(problem.load)

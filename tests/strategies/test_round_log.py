@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from fmtl_flower import FedEM, Mocha, make_fedem_client_app, make_mocha_client_app
+from fmtl_flower import MOCHA, FedEM, make_fedem_client_app, make_mocha_client_app
 from fmtl_flower.engine import InProcessGrid
 from fmtl_flower.strategies.base import round_summary
 
@@ -30,11 +30,11 @@ def summary_lines(caplog, name: str) -> dict[int, str]:
 
 def test_mocha_logs_each_rounds_test_error_and_gap(caplog):
     problem = make_problem(num_tasks=TASKS)
-    strategy = Mocha(TASKS, lam=0.1, discovery_timeout=5.0)
+    strategy = MOCHA(TASKS, lam=0.1, discovery_timeout=5.0)
     with caplog.at_level(logging.INFO, logger="flwr"):
         strategy.start(grid=InProcessGrid(make_mocha_client_app(problem.load), TASKS),
                        num_rounds=3, timeout=10.0)
-    lines = summary_lines(caplog, "Mocha")
+    lines = summary_lines(caplog, "MOCHA")
     assert sorted(lines) == [0, 1, 2, 3]
     for record in strategy.results()["rounds"][1:]:
         line = lines[record["round"]]

@@ -6,7 +6,7 @@ from flwr.app import Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from fmtl_flower import LegacyGrid, Mocha, MochaSettings
+from fmtl_flower import MOCHA, LegacyGrid, MOCHASettings
 
 app = ServerApp()
 
@@ -15,7 +15,7 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     config = context.run_config
     # the [tool.flwr.app.config.mocha] table (mocha.lambda, mocha.omega-every), checked
-    strategy = Mocha(int(config["num-tasks"]), MochaSettings.from_run_config(config))
+    strategy = MOCHA(int(config["num-tasks"]), MOCHASettings.from_run_config(config))
     strategy.start(grid=LegacyGrid(grid, client_api="numpyclient"),
                    num_rounds=int(config["num-server-rounds"]),
                    timeout=float(config["round-timeout"]))

@@ -7,7 +7,7 @@ from flwr.app import Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from fmtl_flower import Mocha, MochaSettings
+from fmtl_flower import MOCHA, MOCHASettings
 
 app = ServerApp()
 
@@ -17,8 +17,8 @@ def main(grid: Grid, context: Context) -> None:
     config = context.run_config
     # the [tool.flwr.app.config.mocha] table (mocha.lambda, mocha.omega-every,
     # mocha.fit-intercept), checked
-    settings = MochaSettings.from_run_config(config, omega="probabilistic")
-    strategy = Mocha(int(config["num-tasks"]), settings)
+    settings = MOCHASettings.from_run_config(config, omega="probabilistic")
+    strategy = MOCHA(int(config["num-tasks"]), settings)
     strategy.start(grid=grid, num_rounds=int(config["num-server-rounds"]),
                    timeout=float(config["round-timeout"]))
     final = strategy.results()["final"]
