@@ -22,8 +22,10 @@ This module imports no Flower and no numerics: devices load it with the run conf
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
+import functools
 import math
 import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -41,6 +43,7 @@ __all__ = [
     "MOCHASettings",
     "OFMTLSettings",
     "RunKeys",
+    "SettingsHome",
     "StrategySettings",
     "apply_settings",
     "as_float",
@@ -1278,10 +1281,71 @@ def check_num_tasks(num_tasks: Any, minimum: int = 1) -> int:
     return int(num_tasks)
 
 
+@functools.cache
+def _field_names(settings_class: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(settings_class))
+
+
+@functools.cache
+def _home_elsewhere(cls: type, name: str) -> bool:
+    """Whether ``cls`` has a data descriptor (a property) ``name``: a value kept elsewhere
+    (``min_tasks`` and ``task_owners`` live in the strategy's task directory)."""
+    attribute = next((vars(k)[name] for k in cls.__mro__ if name in vars(k)), None)
+    return hasattr(attribute, "__set__")
+
+
+class SettingsHome:
+    """Mixin: a strategy's ``settings`` are the one home of its settings values.
+
+    ``strategy.lam`` reads ``strategy.settings.lam``; ``strategy.lam = 0.2`` replaces
+    ``strategy.settings`` with a copy holding 0.2 (not checked there: as before, ``start``
+    and the round logic check what they use), so the two never disagree. Exceptions:
+
+    * a field the strategy derives its own value of, named in :attr:`derived_settings`
+      (FSVRG's ``lam`` = 1/n when unset, FedEM's ``model`` object, MOCHA's per-task
+      ``drop_prob``): the derived value is an attribute of the strategy, the setting keeps
+      what was configured;
+    * a field the class has a property for (``min_tasks``, ``task_owners``): the property's
+      home (the task directory) holds it; :func:`apply_settings` sets it once.
+    """
+
+    #: Settings fields whose value the strategy derives and keeps as its own attribute.
+    derived_settings: ClassVar[frozenset[str]] = frozenset()
+
+    def _is_setting(self, name: str) -> bool:
+        settings = self.__dict__.get("settings")
+        return (settings is not None and name in _field_names(type(settings))
+                and name not in self.derived_settings
+                and not _home_elsewhere(type(self), name))
+
+    def __getattr__(self, name: str) -> Any:
+        """Only called for an attribute not found: a setting is read from ``settings``."""
+        if self._is_setting(name):
+            return getattr(self.__dict__["settings"], name)
+        fallback = getattr(super(), "__getattr__", None)
+        if fallback is not None:
+            return fallback(name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self._is_setting(name):
+            settings = copy.copy(self.__dict__["settings"])
+            object.__setattr__(settings, name, value)  # a copy: shared settings stay as they are
+            name, value = "settings", settings
+        super().__setattr__(name, value)
+
+
 def apply_settings(strategy: Any, settings: StrategySettings) -> None:
-    """Set every field of ``settings`` as an attribute of ``strategy`` (what its round logic
-    reads), ``min_tasks`` only when given (a strategy's property checks it against its
-    task count)."""
+    """Make ``settings`` the strategy's settings: a :class:`SettingsHome` strategy reads its
+    values from them (only the fields it keeps elsewhere, ``min_tasks`` when given and
+    ``task_owners``, are set through their properties); any other object gets every field
+    as an attribute."""
+    home = isinstance(strategy, SettingsHome)
+    if home:
+        strategy.settings = settings
     for name, value in settings.as_kwargs().items():
-        if name != "min_tasks" or value is not None:
+        if name == "min_tasks" and value is None:
+            continue  # a strategy's property checks it against its task count
+        if not home or _home_elsewhere(type(strategy), name) \
+                or name in strategy.derived_settings:  # its starting value
             setattr(strategy, name, value)

@@ -29,8 +29,9 @@ its devices' state is reset.
 
 Flower's strategy knobs
 -----------------------
-:class:`TaskStrategy` has Flower's usual knobs as attributes (class-level defaults that a
-constructor or settings object may override; read when ``start`` runs):
+:class:`TaskStrategy` has Flower's usual knobs as attributes (settings, read from the
+strategy's ``settings`` and updated there when assigned:
+:class:`~fmtl_flower.settings.SettingsHome`; read when ``start`` runs):
 
 ``min_available_nodes`` (int, default 0)
     Before the first round's discovery, wait until the grid has at least this many nodes,
@@ -84,8 +85,10 @@ from ..checkpoint import check_fingerprint, read_checkpoint, write_checkpoint
 from ..core.rng import evaluate_sample_rng, train_sample_rng
 from ..legacy import detect_legacy
 from ..polling import poll_replies
+from ..settings import SettingsHome
 from ..wire import metric_record, to_array
 from .discovery import TaskDirectory, discover_num_tasks, suggested_fix, wait_for_nodes
+from .records import KeepsRecords, public_record
 from .repeated_errors import collapse_repeated_errors
 
 #: The config entry of every round's messages naming the run (module docstring).
@@ -174,16 +177,16 @@ class SizedAtStart:
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
-class TaskStrategy(SizedAtStart, Strategy):
+class TaskStrategy(SettingsHome, SizedAtStart, KeepsRecords, Strategy):
     """Base of the strategies that keep one model per task (MOCHA and its baselines).
 
-    Subclasses set ``directory`` (a :class:`TaskDirectory`), ``records`` (one dict per state
-    k = 0 .. R; a record still waiting for its devices' numbers holds the key ``_reg``) and
+    Subclasses set ``directory`` (a :class:`TaskDirectory`), ``book`` (a
+    :class:`~fmtl_flower.strategies.records.RoundRecords`: one record per state k = 0 .. R,
+    ``records``, and which are still waiting for their devices' numbers) and
     ``ever_replied`` (bool per task) in their constructor.
     """
 
     directory: TaskDirectory
-    records: list[dict[str, Any]]
     ever_replied: np.ndarray
     num_rounds: int | None = None
     round_timeout: float = 120.0
@@ -198,16 +201,16 @@ class TaskStrategy(SizedAtStart, Strategy):
     #: The run's identity as its messages send it (``run-token``; "" until ``start``).
     sent_identity: str = ""
     last_checkpoint_round: int = 0  # round of the newest checkpoint written or resumed from
-    # Flower's knobs (module docstring): class-level defaults, overridden per instance.
-    min_available_nodes: int = 0
-    fraction_train: float = 1.0
-    min_train_nodes: int = 0
-    fraction_evaluate: float = 1.0
-    min_evaluate_nodes: int = 0
-    train_metrics_aggr_fn: MetricsAggrFn | None = None
-    evaluate_metrics_aggr_fn: MetricsAggrFn | None = None
+    # Flower's knobs (module docstring): settings, read from ``settings`` (SettingsHome).
+    min_available_nodes: int
+    fraction_train: float
+    min_train_nodes: int
+    fraction_evaluate: float
+    min_evaluate_nodes: int
+    train_metrics_aggr_fn: MetricsAggrFn | None
+    evaluate_metrics_aggr_fn: MetricsAggrFn | None
     #: Seconds between pulls of a deployment's replies (``reply-poll-interval``).
-    reply_poll_interval: float = 0.5
+    reply_poll_interval: float
     #: The reply metric that counts a device's examples (Flower's ``weighted_by_key``).
     weighted_by_key: str = "n-train"
     #: Whether the strategy samples devices per round (honours ``fraction_train`` and
@@ -574,14 +577,11 @@ class TaskStrategy(SizedAtStart, Strategy):
     def n_train(self) -> np.ndarray:
         return self.directory.n_train
 
-    @staticmethod
-    def public_record(record: dict[str, Any]) -> dict[str, Any]:
-        """A record without internal fields."""
-        return {k: v for k, v in record.items() if not k.startswith("_")}
+    public_record = staticmethod(public_record)
 
     def results(self) -> dict[str, Any]:
         """``{"rounds": [...], "final": {...}}`` of the results contract (completed records)."""
-        rounds = [self.public_record(r) for r in self.records if "_reg" not in r]
+        rounds = self.book.published()
         final = dict(rounds[-1]) if rounds else {}
         final["tasks_never_replied"] = sorted(int(t) for t in np.flatnonzero(~self.ever_replied))
         final["complete"] = bool(rounds) and not final.get("tasks_missing")

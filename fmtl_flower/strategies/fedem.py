@@ -168,6 +168,7 @@ from .discovery import (
 )
 from .packed_fedem import PROTOCOL as STACKING_PROTOCOL
 from .packed_fedem import read_stacked_reply, stacked_message
+from .records import RoundRecords
 from .trust import ReplyBoundary, ReplyContract, all_finite, check_bound, norm
 
 __all__ = ["METHODS", "FedEM", "ReplyError"]
@@ -363,6 +364,9 @@ class FedEM(TaskStrategy):
         (:mod:`fmtl_flower.settings`); keyword arguments override it.
     """
 
+    #: Settings this strategy derives its own value of (SettingsHome).
+    derived_settings = frozenset({"method", "model", "num_classes", "num_components"})
+
     #: Client-level DP (:func:`fmtl_flower.strategies.privacy.enable_client_dp`), or None.
     privacy: Any = None
 
@@ -411,7 +415,7 @@ class FedEM(TaskStrategy):
         #: CFL: the training clients (task ids) of each cluster, whose model is components[c].
         self.clusters: list[np.ndarray] = [np.flatnonzero(~self.unseen)]
         self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
-        self.records: list[dict[str, Any]] = []
+        self.book = RoundRecords()  # one record per round (strategies/records.py)
         self.components: np.ndarray | None = None
         self.replies = ReplyBoundary(self.name, reply_contracts(), lambda: dict(
             zip(("M", "P"), self.components.shape, strict=True)))
@@ -520,10 +524,10 @@ class FedEM(TaskStrategy):
             num_sampled=len(self._sampled), num_replies=len(accepted),
             num_dropped=len(self._sampled) - len(accepted), lr=self._lr(server_round),
             client_estep_s=timing["e-step-s"], client_train_s=timing["train-s"],
-            aggregate_s=aggregate_s, _reg=None,
+            aggregate_s=aggregate_s,
             **({} if self.privacy is None else self.privacy.record_fields(self.records)),
             **({"num_clusters": len(self.clusters)} if self.method == "cfl" else {}))
-        self.records.append(record)
+        self.book.open(record)  # completed by the evaluate phase
         metrics = MetricRecord({"num-replies": len(accepted),
                                 "num-dropped": record["num_dropped"]})
         return ArrayRecord({"components": to_array(self.components)}), metrics
@@ -543,7 +547,7 @@ class FedEM(TaskStrategy):
                            replies: Iterable[Message]) -> MetricRecord | None:
         """Complete the round's record (accuracies of training and held-out clients)."""
         record = self.records[-1]
-        record.pop("_reg", None)
+        self.book.complete(len(self.records) - 1)
         if self._evaluation_due(server_round):
             accepted = self._read_replies(server_round, replies, train=False)
             for key, mask in (("", ~self.unseen), ("unseen_", self.unseen)):
@@ -566,8 +570,7 @@ class FedEM(TaskStrategy):
             record["tasks_missing"] = sorted(set(range(self.num_tasks)) - set(accepted)
                                              - getattr(self, "_not_evaluated", set()))
         record["wall_time_s"] = time.perf_counter() - self._round_start
-        if self.on_round is not None:
-            self.on_round(self.public_record(record))
+        self.book.publish(record, self.on_round)
         return MetricRecord({k: float(v) for k, v in record.items()
                              if isinstance(v, int | float) and not isinstance(v, bool)})
 
@@ -604,7 +607,7 @@ class FedEM(TaskStrategy):
         """The components, the tasks' sizes and the records (client sampling and the
         learning rate derive from the seed and the round; pi stays on the devices)."""
         assert self.components is not None
-        meta: dict[str, Any] = {"records": self.records, "dim": self.directory.dim,
+        meta: dict[str, Any] = {"records": self.book.to_meta(), "dim": self.directory.dim,
                                 "num_classes": self.num_classes}
         if self.method == "cfl":
             meta["clusters"] = [[int(t) for t in c] for c in self.clusters]
@@ -643,7 +646,7 @@ class FedEM(TaskStrategy):
                              f"{components.shape}")
         self.model, self.components, self.clusters = model, components.copy(), clusters
         self.directory.dim = dim
-        self.records = [dict(r) for r in meta["records"]]
+        self.book.load(meta["records"])
         if self.privacy is not None:  # what the interrupted run released after it
             self.privacy.charge_after_checkpoint(self.checkpoint_every)
 

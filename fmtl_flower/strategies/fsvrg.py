@@ -266,6 +266,7 @@ from .packed_fsvrg import MESSAGE_TYPES as _MESSAGE_TYPES
 from .packed_fsvrg import PROTOCOL as STACKING_PROTOCOL
 from .packed_fsvrg import TEST_KEYS as _TEST_KEYS
 from .packed_fsvrg import read_stacked_reply, reply_keys, stacked_message
+from .records import RoundRecords
 from .trust import ReplyBoundary, ReplyContract, all_finite, check_bound, norm
 
 __all__ = ["METHODS", "DualLedger", "FSVRG", "ReplyError"]
@@ -445,6 +446,9 @@ class FSVRG(TaskStrategy):
         Client-level DP (:func:`fmtl_flower.strategies.privacy.enable_client_dp`), or None.
     """
 
+    #: Settings this strategy derives its own value of (SettingsHome).
+    derived_settings = frozenset({"h", "lam", "step"})
+
     privacy: Any = None
 
     def __init__(self, num_tasks: int | None = None, settings: FSVRGSettings | None = None,
@@ -466,7 +470,7 @@ class FSVRG(TaskStrategy):
         self.step_arg = s.step
         self.on_round = on_round
         self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
-        self.records: list[dict[str, Any]] = []
+        self.book = RoundRecords()  # one record per state (strategies/records.py)
         self.w: np.ndarray | None = None
         self.stats: FeatureStats | None = None
         self.ledger: DualLedger | None = None
@@ -1190,19 +1194,18 @@ class FSVRG(TaskStrategy):
     # ------------------------------------------------------------------ records
     def _new_record(self, k: int) -> dict[str, Any]:
         assert len(self.records) == k
-        record: dict[str, Any] = round_record(k, exchanges=self.exchanges, objective=None,
-                                              _open=True)
+        record: dict[str, Any] = round_record(k, exchanges=self.exchanges, objective=None)
         if self.method == "cocoa-plus":
             record.update(dual=None, gap=None, num_resets=None)
         if self.privacy is not None:  # the releases since the previous record, epsilon
             record.update(self.privacy.record_fields(self.records))
-        self.records.append(record)
-        return record
+        return self.book.open(record)
 
     def _complete_record(self, k: int, accepted: dict[int, dict[str, Any]]) -> dict[str, Any]:
         assert self.w is not None and self.lam is not None
         record = self.records[k]
-        record.pop("_open", None)
+        if self.book.complete(k) is None:  # completed already (strategies/records.py)
+            return record
         missing = sorted(set(range(self.num_tasks)) - set(accepted))
         record["tasks_missing"] = missing
         if accepted:
@@ -1233,8 +1236,7 @@ class FSVRG(TaskStrategy):
             last = self.replies.last
             record["certificate_rejections"] = 0 if last is None else \
                 certificate_rejections(last.failed)
-        if self.on_round is not None:
-            self.on_round(self.public_record(record))
+        self.book.publish(record, self.on_round)
         return record
 
     # ------------------------------------------------------------------ checkpoints
@@ -1267,7 +1269,7 @@ class FSVRG(TaskStrategy):
         assert self.w is not None
         arrays: dict[str, np.ndarray] = {"w": self.w, "n_train": self.n_train,
                                          "mean_sq_norm": self.mean_sq_norm}
-        meta: dict[str, Any] = {"records": self.records, "exchanges": self.exchanges,
+        meta: dict[str, Any] = {"records": self.book.to_meta(), "exchanges": self.exchanges,
                                 "n_total": self.n_total, "lam": self.lam, "step": self.step,
                                 "gd_estimate": self.gd_estimate,
                                 "gd_replies": self._gd_replies}
@@ -1292,7 +1294,7 @@ class FSVRG(TaskStrategy):
         self.w = w.copy()
         self._checkpoint_n_train = np.asarray(arrays["n_train"], dtype=np.int64).copy()
         self.directory.dim = int(w.shape[0])
-        self.records = [dict(r) for r in meta["records"]]
+        self.book.load(meta["records"])
         self.exchanges = int(meta["exchanges"])
         self.n_total = meta["n_total"]
         self.lam, self.step = meta["lam"], meta["step"]
@@ -1313,7 +1315,7 @@ class FSVRG(TaskStrategy):
 
     def results(self) -> dict[str, Any]:
         """``{"rounds": [...], "final": {...}}`` over the completed records."""
-        rounds = [self.public_record(r) for r in self.records if "_open" not in r]
+        rounds = self.book.published()
         final = dict(rounds[-1]) if rounds else {}
         final["tasks_never_replied"] = sorted(int(t) for t in np.flatnonzero(~self.ever_replied))
         final["complete"] = bool(rounds) and not final.get("tasks_missing")

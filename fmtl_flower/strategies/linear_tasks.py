@@ -37,6 +37,7 @@ from ..core.losses import get_loss
 from ..core.robust import log_upper_fence
 from ..metrics import error_summary
 from .discovery import ReplyError
+from .records import RoundRecords
 from .trust import BOUND_SLACK, ReplyBoundary
 
 __all__ = ["LinearTasks"]
@@ -58,8 +59,8 @@ class LinearTasks:
     with one linear model w_t per task.
 
     The class using it has the :class:`~fmtl_flower.strategies.base.TaskStrategy` attributes
-    (``num_tasks``, ``num_rounds``, ``records``, ``directory``, ``on_round``,
-    ``public_record``), a :class:`~fmtl_flower.strategies.trust.ReplyBoundary` ``replies``,
+    (``num_tasks``, ``num_rounds``, ``records`` and their ``book``, ``directory``,
+    ``on_round``), a :class:`~fmtl_flower.strategies.trust.ReplyBoundary` ``replies``,
     and ``max_row_norm``, and implements
     :meth:`_final_instructions` and :meth:`_final_replies`.
     """
@@ -68,13 +69,13 @@ class LinearTasks:
     robust: bool
     num_rounds: int | None
     records: list[dict[str, Any]]
+    book: RoundRecords
     max_row_norm: float | None
     #: True when the devices withhold ``loss-mean`` / ``dual-mean`` (MOCHA's record-level DP):
     #: the records then have no primal, dual or gap.
     withholds_objective: bool = False
     directory: Any
     on_round: Any
-    public_record: Any
     replies: ReplyBoundary
 
     # ------------------------------------------------------------------ hooks
@@ -191,15 +192,17 @@ class LinearTasks:
         says which did not; ``gap_certified`` (a gap, so every task's pair passed the
         certificate's check) and ``certificate_rejections`` (the replies that failed it);
         the test errors when evaluated. Passes it to ``on_round``.
-        A record completed already (without ``_reg``: the last record of a finished run that
-        was resumed with more rounds, completed by its final metrics round) stays as it is."""
+        A record completed already (the last record of a finished run that was resumed with
+        more rounds, completed by its final metrics round) stays as it is
+        (:mod:`~fmtl_flower.strategies.records`)."""
         record = self.records[k]
-        if "_reg" not in record:
+        pending = self.book.complete(k)
+        if pending is None:
             return record
         consistent = self._consistent_tasks(accepted)
         missing = sorted(set(range(self.num_tasks)) - set(consistent))
         record["tasks_missing"] = missing
-        reg = record.pop("_reg")
+        reg = pending.regulariser
         if not missing and not self.withholds_objective:
             loss = np.array([accepted[t]["loss-mean"] for t in range(self.num_tasks)])
             record["primal"] = float(loss.sum()) + reg
@@ -214,6 +217,5 @@ class LinearTasks:
             errors = np.array([accepted[t]["test-errors"] for t in evaluated])
             counts = np.array([accepted[t]["test-n"] for t in evaluated])
             record.update(error_summary(errors, counts))
-        if self.on_round is not None:
-            self.on_round(self.public_record(record))
+        self.book.publish(record, self.on_round)
         return record

@@ -128,6 +128,7 @@ from .linear_tasks import LinearTasks
 from .packed_mbsgd import PROTOCOL as STACKING_PROTOCOL
 from .packed_mbsgd import read_stacked_reply as read_stacked_mbsgd
 from .packed_mocha import stacked_message
+from .records import RoundRecords
 from .round_state import SentRound, SentRounds, drop_unsent, frozen_array
 from .trust import (
     BOUND_SLACK,
@@ -229,6 +230,9 @@ class MbSGD(LinearTasks, TaskStrategy):
         :meth:`results`.
     """
 
+    #: Settings this strategy derives its own value of (SettingsHome).
+    derived_settings = frozenset({"drop_prob"})
+
     def __init__(self, num_tasks: int | None = None, settings: MbSGDSettings | None = None,
                  *, dim: int | None = None, on_round: RoundCallback | None = None,
                  **kwargs: Any) -> None:
@@ -251,7 +255,7 @@ class MbSGD(LinearTasks, TaskStrategy):
         self.num_rounds: int | None = None
         self.W: np.ndarray | None = None
         self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
-        self.records: list[dict[str, Any]] = []
+        self.book = RoundRecords()  # one record per state (strategies/records.py)
         self.replies = ReplyBoundary(_NAME, REPLY_CONTRACTS, lambda: {"d": self.dim})
         self.sent_rounds = SentRounds(_NAME)  # each exchange's SentRound, until read
         self._round_start = 0.0
@@ -463,7 +467,7 @@ class MbSGD(LinearTasks, TaskStrategy):
                                    for k, v in formulation_arrays(self.formulation).items()}}
         if self.robust:
             arrays.update(self.watch.state_arrays())
-        return arrays, {"records": self.records}
+        return arrays, {"records": self.book.to_meta()}
 
     def restore_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
         """Load :meth:`checkpoint_state`'s output."""
@@ -477,7 +481,7 @@ class MbSGD(LinearTasks, TaskStrategy):
         self._refresh_matrices()
         self.W = W.copy()
         self.directory.dim = W.shape[0]
-        self.records = [dict(r) for r in meta["records"]]
+        self.book.load(meta["records"])
 
     # ------------------------------------------------------------------ messages
     def _instructions(self, server_round: int, message_type: str, evaluate: bool,
@@ -614,6 +618,5 @@ class MbSGD(LinearTasks, TaskStrategy):
             k, primal=None, dual=None, gap=None, num_dropped=None, samples=None,
             step_size=None, omega_step=None, estimated_time_s=None,
             objective_omega=self.formulation.omega_objective(self.W.shape[0]),
-            objective=None, _reg=self.regulariser(self.W))
-        self.records.append(record)
-        return record
+            objective=None)
+        return self.book.open(record, regulariser=self.regulariser(self.W))

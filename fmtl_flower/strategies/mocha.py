@@ -238,6 +238,7 @@ from .faults import TaskHealth
 from .linear_tasks import LinearTasks
 from .packed_mocha import PROTOCOL as STACKING_PROTOCOL
 from .packed_mocha import read_stacked_reply, stacked_message
+from .records import RoundRecords
 from .round_state import SentRound, SentRounds, drop_unsent, frozen_array
 from .trust import (
     BOUND_SLACK,
@@ -390,6 +391,9 @@ class MOCHA(LinearTasks, TaskStrategy):
     seeding step: the run is bit for bit the unpacked one.
     """
 
+    #: Settings this strategy derives its own value of (SettingsHome).
+    derived_settings = frozenset({"drop_prob"})
+
     def __init__(self, num_tasks: int | None = None, settings: MOCHASettings | None = None,
                  *, dim: int | None = None, on_round: RoundCallback | None = None,
                  **kwargs: Any) -> None:
@@ -428,7 +432,7 @@ class MOCHA(LinearTasks, TaskStrategy):
         self._constants: tuple[Any, ...] | None = None  # (state, formulation, mode, values)
         self.last_accepted = np.zeros(self.num_tasks, dtype=np.int64)
         self.ever_replied = np.zeros(self.num_tasks, dtype=bool)
-        self.records: list[dict[str, Any]] = []
+        self.book = RoundRecords()  # one record per state (strategies/records.py)
         self.replies = ReplyBoundary("MOCHA", REPLY_CONTRACTS,
                                      lambda: {"d": self.model_dim})
         self.sent_rounds = SentRounds("MOCHA")  # each exchange's SentRound, until read
@@ -758,7 +762,7 @@ class MOCHA(LinearTasks, TaskStrategy):
             arrays.update(self.watch.state_arrays())
         if self.privacy is not None:
             arrays.update(self.privacy.state_arrays())
-        meta: dict[str, Any] = {"records": self.records, "health": health_meta}
+        meta: dict[str, Any] = {"records": self.book.to_meta(), "health": health_meta}
         if self.lifting.classes is not None:
             meta["classes"] = wire_list(self.lifting.classes)
         return arrays, meta
@@ -787,7 +791,7 @@ class MOCHA(LinearTasks, TaskStrategy):
         if self.decoupled.any():
             self.state.decoupled = self.decoupled.copy()  # M stored is M'
         self._checkpoint_n_train = arrays["n_train"].astype(np.int64)
-        self.records = [dict(r) for r in meta["records"]]
+        self.book.load(meta["records"])
 
     def results(self) -> dict[str, Any]:
         """The results contract, plus ``health``: which task missed which rounds, on which
@@ -1157,11 +1161,10 @@ class MOCHA(LinearTasks, TaskStrategy):
         record: dict[str, Any] = round_record(
             k, primal=None, dual=None, gap=None, num_dropped=None,
             objective_omega=self.state.formulation.omega_objective(self.state.dim),
-            objective=None, _reg=self.state.regulariser())
+            objective=None)
         if self.privacy is not None:
             record.update(self.privacy.record_fields())
-        self.records.append(record)
-        return record
+        return self.book.open(record, regulariser=self.state.regulariser())
 
     def _consistent_tasks(self, accepted: dict[int, dict[str, Any]]) -> list[int]:
         """The tasks whose device kept its state (``state-ok``): a restarted one's numbers

@@ -83,7 +83,7 @@ from ..core.factored import FactoredMatrix, _factor_arrays, _factor_from_arrays
 from ..core.mocha_factored import choose_server_path
 from ..core.ofmtl_factored import server_ops
 from ..metrics import error_summary, round_record
-from ..settings import OFMTLSettings, apply_settings, check_num_tasks
+from ..settings import OFMTLSettings, SettingsHome, apply_settings, check_num_tasks
 from ..wire import from_array, to_array
 from .base import SizedAtStart, check_evaluate_knobs, check_run_length
 from .discovery import (
@@ -96,6 +96,7 @@ from .discovery import (
 )
 from .mocha import MOCHA
 from .record_dp import enable_record_dp
+from .records import KeepsRecords, RoundRecords
 from .repeated_errors import collapse_repeated_errors
 from .trust import ReplyBoundary, ReplyContract, all_finite, check_bound, norm
 
@@ -116,7 +117,7 @@ class NewcomerFailed(RuntimeError):
     """The newcomer did not complete the protocol (no reply, error, or a bad reply)."""
 
 
-class OFMTL(SizedAtStart, Strategy):
+class OFMTL(SettingsHome, SizedAtStart, KeepsRecords, Strategy):
     """MOCHA over the initial tasks, then O(1)-communication newcomers (module docstring).
 
     Of Flower's knobs, ``min_available_nodes`` (wait for that many nodes before discovery)
@@ -186,7 +187,7 @@ class OFMTL(SizedAtStart, Strategy):
         self.replies = ReplyBoundary(_NAME, REPLY_CONTRACTS, lambda: {"d": self.W.shape[0]})
         self.W: np.ndarray | None = None
         self.Sigma: np.ndarray | FactoredMatrix | None = None
-        self.records: list[dict[str, Any]] = []
+        self.book = RoundRecords()  # one record per event, complete when made (records.py)
         self.retrainings = 0
         self.tasks_at_training = 0
         self.newcomer_floats: list[int] = []
@@ -222,7 +223,7 @@ class OFMTL(SizedAtStart, Strategy):
 
     def _write_checkpoint(self) -> None:
         assert self.W is not None and self.Sigma is not None
-        meta = {"fingerprint": self.fingerprint(), "records": self.records,
+        meta = {"fingerprint": self.fingerprint(), "records": self.book.to_meta(),
                 "ever_replied": sorted(self._ever_replied),
                 "retrainings": self.retrainings, "tasks_at_training": self.tasks_at_training,
                 "newcomer_floats": self.newcomer_floats, "floats_total": self.floats_total}
@@ -275,7 +276,7 @@ class OFMTL(SizedAtStart, Strategy):
         self.W, self.Sigma = W.astype(np.float64), Sigma
         self.directory.fix_dim(self.W.shape[0])
         meta = checkpoint.meta
-        self.records = [dict(r) for r in meta["records"]]
+        self.book.load(meta["records"])
         self.retrainings, self.tasks_at_training = meta["retrainings"], meta["tasks_at_training"]
         self.newcomer_floats = [int(f) for f in meta["newcomer_floats"]]
         self.floats_total = int(meta["floats_total"])
@@ -339,14 +340,14 @@ class OFMTL(SizedAtStart, Strategy):
     #: or None.
     privacy: Any = None
 
-    # Flower's knobs (class-level defaults; see :meth:`_check_knobs`)
-    min_available_nodes: int = 0
-    fraction_train: float = 1.0
-    min_train_nodes: int = 0
-    fraction_evaluate: float = 1.0
-    min_evaluate_nodes: int = 0
-    train_metrics_aggr_fn: Callable[..., MetricRecord] | None = None
-    evaluate_metrics_aggr_fn: Callable[..., MetricRecord] | None = None
+    # Flower's knobs (settings, read from ``settings``: SettingsHome; see :meth:`_check_knobs`)
+    min_available_nodes: int
+    fraction_train: float
+    min_train_nodes: int
+    fraction_evaluate: float
+    min_evaluate_nodes: int
+    train_metrics_aggr_fn: Callable[..., MetricRecord] | None
+    evaluate_metrics_aggr_fn: Callable[..., MetricRecord] | None
 
     @property
     def m(self) -> int:
@@ -594,13 +595,12 @@ class OFMTL(SizedAtStart, Strategy):
             tasks = sorted(errors)
             record.update(error_summary(np.array([errors[t] for t in tasks]),
                                         np.array([counts[t] for t in tasks])))
-        self.records.append(record)
+        self.book.add(record)
         log(INFO, "%s: %s -> %d tasks, test error %s, %d floats", _NAME, event, self.m,
             record.get("test_error"), floats)
         if self.checkpoint_dir is not None:
             self._write_checkpoint()
-        if self.on_record is not None:
-            self.on_record(dict(record))
+        self.book.publish(record, self.on_record)
 
     def _evaluate(self, grid: Grid) -> tuple[dict[int, int], dict[int, int]]:
         assert self.W is not None
@@ -647,7 +647,7 @@ class OFMTL(SizedAtStart, Strategy):
                                 "noise_multiplier": self.privacy.noise_multiplier,
                                 "clip": self.privacy.clip,
                                 "epsilon_per_task": self.privacy.epsilons()}
-        return {"rounds": [dict(r) for r in self.records], "final": final}
+        return {"rounds": self.book.published(), "final": final}
 
     # ------------------------------------------------------------------ Strategy's abstract API
     # The run is driven by start(); the per-round hooks of the base class are not used.
