@@ -1110,6 +1110,11 @@ class DPSettings(StrategySettings):
         noise z C / K; the gradient is then that of the devices' average loss) or ``rows``
         (the method's own n_k / n; noise z C max_k n_k / n; without noise and clipping the
         run is the one without DP, bit for bit). FedEM's family is always uniform.
+    omega_debias : bool
+        ``record`` only: MOCHA's ``probabilistic`` Omega-step learns from W^T W minus the
+        known expected Gram matrix of the noise in W (projected to PSD;
+        :func:`fmtl_flower.core.record_dp.debiased_gram`) instead of W^T W
+        (``dp.omega-debias``).
     """
 
     NAMESPACE: ClassVar[str] = "dp"
@@ -1139,6 +1144,7 @@ class DPSettings(StrategySettings):
         attr="dp_clipped_count_stddev")
     weighting: str = setting("uniform", choice("uniform", "rows"), "dp.weighting",
                              attr="dp_weighting")
+    omega_debias: bool = setting(False, boolean, "dp.omega-debias", attr="dp_omega_debias")
 
     @property
     def enabled(self) -> bool:
@@ -1149,6 +1155,10 @@ class DPSettings(StrategySettings):
         knobs = [k for k in ("noise_multiplier", "epsilon", "clip") if getattr(self, k) is not None]
         knobs += ["adaptive"] if self.adaptive else []
         knobs += ["weighting"] if self.weighting != "uniform" else []
+        knobs += ["omega_debias"] if self.omega_debias else []
+        if self.omega_debias and self.mechanism not in ("none", "record"):
+            raise ConfigError(f"{self.label('omega_debias')} is record-level DP's "
+                              f"(dp.mechanism=record), not {self.mechanism}'s")
         if self.clipped_count_stddev is not None and not self.adaptive:
             raise ConfigError(f"{self.label('clipped_count_stddev')} set without "
                               f"{self.label('adaptive')}=true")
