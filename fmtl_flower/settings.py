@@ -1131,6 +1131,11 @@ class DPSettings(StrategySettings):
         as Poisson-subsampled Gaussian releases (amplification by sampling; add/remove-one
         device). Not for ``record`` or the FSVRG family
         (:mod:`fmtl_flower.strategies.privacy`).
+    omega_debias : bool
+        ``record`` only: MOCHA's ``probabilistic`` Omega-step learns from W^T W minus the
+        known expected Gram matrix of the noise in W (projected to PSD;
+        :func:`fmtl_flower.core.record_dp.debiased_gram`) instead of W^T W
+        (``dp.omega-debias``).
     """
 
     NAMESPACE: ClassVar[str] = "dp"
@@ -1162,6 +1167,7 @@ class DPSettings(StrategySettings):
                              attr="dp_weighting")
     sampling: str = setting("fixed", choice(*DP_SAMPLING), "dp.sampling",
                             attr="dp_sampling")
+    omega_debias: bool = setting(False, boolean, "dp.omega-debias", attr="dp_omega_debias")
 
     @property
     def enabled(self) -> bool:
@@ -1173,6 +1179,10 @@ class DPSettings(StrategySettings):
         knobs += ["adaptive"] if self.adaptive else []
         knobs += ["weighting"] if self.weighting != "uniform" else []
         knobs += ["sampling"] if self.sampling != "fixed" else []
+        knobs += ["omega_debias"] if self.omega_debias else []
+        if self.omega_debias and self.mechanism not in ("none", "record"):
+            raise ConfigError(f"{self.label('omega_debias')} is record-level DP's "
+                              f"(dp.mechanism=record), not {self.mechanism}'s")
         if self.clipped_count_stddev is not None and not self.adaptive:
             raise ConfigError(f"{self.label('clipped_count_stddev')} set without "
                               f"{self.label('adaptive')}=true")

@@ -49,15 +49,23 @@ def sigma_probabilistic(W: np.ndarray, eps_rel: float = DEFAULT_OMEGA_EPS) -> np
     ndarray of shape (m, m)
         Symmetric positive definite Sigma with unit trace. ``I / m`` when W = 0.
     """
+    return sigma_from_gram(W.T @ W, eps_rel)
+
+
+def sigma_from_gram(gram: np.ndarray, eps_rel: float = DEFAULT_OMEGA_EPS) -> np.ndarray:
+    """Eq. (14)'s Sigma = (G + eps I)^(1/2) / trace for a Gram matrix ``G`` (m, m) given
+    directly: :func:`sigma_probabilistic` is ``sigma_from_gram(W.T @ W)``; record-level DP
+    passes the Gram matrix with the releases' known noise discounted
+    (:func:`fmtl_flower.core.record_dp.debiased_gram`). Negative eigenvalues are clipped at
+    0, ``I / m`` when G has no positive one."""
     if eps_rel <= 0:
         raise ValueError(f"eps_rel must be > 0, got {eps_rel}")
-    m = W.shape[1]
-    gram = W.T @ W
+    m = gram.shape[1]
     evals, evecs = np.linalg.eigh(gram)
     evals = np.clip(evals, 0.0, None)
     top = float(evals[-1]) if m else 0.0
     if not np.isfinite(top):
-        raise FloatingPointError("W^T W has non-finite eigenvalues")
+        raise FloatingPointError("the Gram matrix has non-finite eigenvalues")
     if top <= 0.0:
         return sigma_identity(m)
     roots = np.sqrt(evals + eps_rel * top)

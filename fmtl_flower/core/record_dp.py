@@ -243,3 +243,36 @@ class RecordAccountant:
     def epsilon(self) -> float:
         """The largest epsilon over the devices (0 before any release)."""
         return self.epsilon_of(int(self.counts.max())) if len(self.counts) else 0.0
+
+
+def release_noise_gram(M: np.ndarray, noise_var: np.ndarray, dim: int) -> np.ndarray:
+    """The expected Gram matrix of the noise in W = B M: E[(E M)^T (E M)] = M^T D M with
+    D = diag(dim * noise_var), where column t of E (the accepted noise in b_t) has ``dim``
+    independent coordinates of variance ``noise_var[t]`` (the sum of the variances of the
+    releases accepted since b_t was last reset: public, the server computes every std).
+
+    Parameters
+    ----------
+    M : ndarray of shape (m, m)
+        The current W = B M map.
+    noise_var : ndarray of shape (m,)
+        Per-coordinate noise variance accumulated in each b_t (>= 0).
+    dim : int
+        d, the number of coordinates of b_t.
+    """
+    noise_var = np.asarray(noise_var, dtype=np.float64)
+    if noise_var.shape != (M.shape[0],) or (noise_var < 0).any():
+        raise ValueError(f"noise_var must be ({M.shape[0]},) >= 0, got {noise_var.shape}")
+    return M.T @ ((dim * noise_var)[:, None] * M)
+
+
+def debiased_gram(W: np.ndarray, noise_gram: np.ndarray) -> np.ndarray:
+    """W^T W minus the noise's expected Gram matrix (:func:`release_noise_gram`), projected
+    back to the positive semidefinite cone (negative eigenvalues set to 0): an estimate of
+    the noise-free models' Gram matrix that the Omega-step can learn the task relationships
+    from, instead of the noise's (which is diagonal-heavy and pulls Omega toward independent
+    tasks with the noisiest ones least regularised). Symmetric PSD (m, m)."""
+    gram = W.T @ W - noise_gram
+    evals, evecs = np.linalg.eigh(0.5 * (gram + gram.T))
+    out = (evecs * np.clip(evals, 0.0, None)) @ evecs.T
+    return 0.5 * (out + out.T)

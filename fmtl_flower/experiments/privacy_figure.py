@@ -27,6 +27,8 @@ and without DP, and local-only training (which releases nothing) at two lambdas,
 (``--mocha-table DIR`` prints it from the files alone). About 1 s a run.
 ``--mocha-select DIR`` runs the selection that chose the mean formulation's lambdas and the
 local lambda (:func:`mocha_selection_commands`: epsilon 8, seeds 10-12).
+``--mocha-oracle DIR`` runs an upper bound that is not private (:func:`mocha_oracle`): the
+learned formulation at epsilon 8 with the Omega of the run without noise imposed.
 """
 
 from __future__ import annotations
@@ -99,10 +101,16 @@ MOCHA_DRAWS = 3
 #: data for ``synthetic``, other splits for ``small``), never on the reported seeds.
 MOCHA_FORMULATIONS = {
     "synthetic": {"learned": ("mocha.omega-every=2",),
+                  "learned-debiased": ("mocha.omega-every=2",),
                   "mean": ("mocha.omega=mean", "mocha.lambda=0.01", "mocha.lambda2=30")},
     "small": {"learned": ("mocha.omega-every=2",),
+              "learned-debiased": ("mocha.omega-every=2",),
               "mean": ("mocha.omega=mean", "mocha.lambda=1", "mocha.lambda2=0.1")},
 }
+#: Settings a formulation adds to its private runs only: ``learned-debiased`` is ``learned``
+#: with the Omega-step discounting the releases' known noise (``dp.omega-debias``); its run
+#: without DP is ``learned``'s.
+MOCHA_PRIVATE_EXTRA = {"learned-debiased": ("dp.omega-debias=true",)}
 #: Local-only training at the default lambda (0.1) and at the lambda chosen on the same
 #: selection seeds (``local-lam0.01``): the line to beat, tuned as fairly as MOCHA.
 MOCHA_LOCAL_LAMBDAS = {"synthetic": (None, 0.01), "small": (None, 0.01)}
@@ -147,11 +155,13 @@ def mocha_commands(directory: Path) -> list[list[str]]:
                 for eps in MOCHA_EPSILONS:
                     for draw in range(MOCHA_DRAWS if math.isfinite(eps) else 1):
                         runs.append(["run", "mocha", *common, *_sets(values),
-                                     *_private(dataset, eps), "--out", str(
+                                     *_private(dataset, eps),
+                                     *_sets(MOCHA_PRIVATE_EXTRA.get(form, ())), "--out", str(
                                          directory / f"{dataset}-mocha-{form}-eps{eps:g}-seed"
                                          f"{seed}-draw{draw}.json")])
-                runs.append(["run", "mocha", *common, *_sets(values), "--out",
-                             str(directory / f"{dataset}-mocha-{form}-nodp-seed{seed}.json")])
+                if form not in MOCHA_PRIVATE_EXTRA:
+                    runs.append(["run", "mocha", *common, *_sets(values), "--out", str(
+                        directory / f"{dataset}-mocha-{form}-nodp-seed{seed}.json")])
     return runs
 
 
@@ -219,6 +229,49 @@ def run_mocha(directory: Path, commands=mocha_commands) -> None:
     print(mocha_table(directory))
 
 
+def mocha_oracle(directory: Path, epsilon: float = 8.0) -> None:
+    """An upper bound, not a DP method: how far any Omega-step could take ``learned`` at
+    ``epsilon``. For each dataset and seed of the table, the run without noise (epsilon inf:
+    clipped rows, the separable step) is made first and the Sigma its last Omega-step
+    learned is kept; the private runs (:data:`MOCHA_DRAWS` draws) then take that Sigma at
+    every Omega-step instead of learning one from their noisy W (the Sigma is computed from
+    the devices' data without noise: it is not private). Writes
+    ``<dataset>-oracle-learned-eps<epsilon>-seed<S>-draw<K>.json`` and the clean runs'
+    ``<dataset>-oracle-clean-epsinf-seed<S>.json`` into ``directory``; prints their table.
+    """
+    from ..cli import main as fmtl
+    from ..core.formulations import ProbabilisticFormulation
+
+    learn = ProbabilisticFormulation.omega_step
+    learned: dict[str, object] = {}
+
+    def keep(self, W):  # noqa: ANN001, ANN202 - the patched method's signature
+        learn(self, W)
+        learned["sigma"] = self.omega
+
+    def impose(self, W):  # noqa: ANN001, ANN202, ARG001
+        self.set_omega(learned["sigma"])
+
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        for dataset in MOCHA_CLIP:
+            for seed in MOCHA_SEEDS:
+                common = ["run", "mocha", "--dataset", dataset, "--rounds", str(MOCHA_ROUNDS),
+                          "--seed", str(seed), "--quiet",
+                          *_sets(MOCHA_FORMULATIONS[dataset]["learned"])]
+                ProbabilisticFormulation.omega_step = keep
+                fmtl([*common, *_private(dataset, math.inf), "--out", str(
+                    directory / f"{dataset}-oracle-clean-epsinf-seed{seed}.json")])
+                ProbabilisticFormulation.omega_step = impose
+                for draw in range(MOCHA_DRAWS):
+                    fmtl([*common, *_private(dataset, epsilon), "--out", str(
+                        directory / f"{dataset}-oracle-learned-eps{epsilon:g}-seed{seed}"
+                        f"-draw{draw}.json")])
+    finally:
+        ProbabilisticFormulation.omega_step = learn
+    print(mocha_table(directory))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="docs/guides/figures")
@@ -229,7 +282,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mocha-table", help="print the MOCHA table of this directory")
     parser.add_argument("--mocha-select", help="run the MOCHA selection runs (seeds 10-12, "
                         "epsilon 8) into this directory and print their table")
+    parser.add_argument("--mocha-oracle", help="run the oracle-Omega bound (not private: "
+                        "the Sigma of the run without noise imposed on the epsilon-8 runs) "
+                        "into this directory and print its table")
     args = parser.parse_args(argv)
+    if args.mocha_oracle:
+        mocha_oracle(Path(args.mocha_oracle))
+        return
     if args.mocha:
         run_mocha(Path(args.mocha))
         return

@@ -211,7 +211,7 @@ from ..core.multiclass import (
     natural_binary,
     wire_list,
 )
-from ..core.record_dp import step_curvature
+from ..core.record_dp import noise_norm_allowance, step_curvature
 from ..metrics import round_record
 from ..packing import StackGroup
 from ..settings import MOCHASettings, apply_settings, check_num_tasks, drop_prob_of
@@ -587,6 +587,9 @@ class MOCHA(LinearTasks, TaskStrategy):
                 self.state.recompute_models()
                 tasks = resets = tasks[:0]
             self.last_accepted[tasks] = server_round
+        if self.privacy is not None:  # the noise now in B, for the Omega-step to discount
+            self.privacy.note_accepted(self.num_tasks, tasks, resets,
+                                       self._release_std(sent, tasks))
         if self.robust and len(tasks):
             self._decouple_outliers(sent, tasks, accepted)
         omega_step = omega_step_due(server_round, self.omega_every, self.num_rounds)
@@ -633,19 +636,30 @@ class MOCHA(LinearTasks, TaskStrategy):
         without DP."""
         if self.privacy is None:
             return np.zeros(len(tasks))
-        scale = self.gamma * (sent.scale if self.method == "mb-sdca" else 1.0)
-        n = self.n_train[tasks]
-        steps = None
         if releases is None:
-            count = np.minimum(sent.budgets[tasks], n)
-            curvature = np.array([step_curvature(self.method, m, s, int(b)) for m, s, b in
-                                  zip(sent.m_diag[tasks].tolist(),
-                                      sent.sigma_prime[tasks].tolist(),
-                                      count.tolist(), strict=True)])
-            steps = (self.loss_fn.name, curvature, sent.w_norm[tasks])
-        return self.privacy.allowance(n, self.state.dim, self.loss_fn.dual_radius, scale,
-                                      self.lifting.blocks, 1 if releases is None else releases,
-                                      steps)
+            return noise_norm_allowance(self._release_std(sent, tasks), self.state.dim)
+        return self.privacy.allowance(self.n_train[tasks], self.state.dim,
+                                      self.loss_fn.dual_radius, self._dp_scale(sent),
+                                      self.lifting.blocks, releases)
+
+    def _dp_scale(self, sent: SentRound) -> float:
+        return self.gamma * (sent.scale if self.method == "mb-sdca" else 1.0)
+
+    def _release_std(self, sent: SentRound, tasks: np.ndarray) -> np.ndarray:
+        """Record-level DP: the noise std (per coordinate) of ``tasks``' release in the
+        round ``sent``: the step-bounded one the devices drew, at the w_t, m_tt and sigma'
+        sent."""
+        if len(tasks) == 0:
+            return np.zeros(0)
+        n = self.n_train[tasks]
+        count = np.minimum(sent.budgets[tasks], n)
+        curvature = np.array([step_curvature(self.method, m, s, int(b)) for m, s, b in
+                              zip(sent.m_diag[tasks].tolist(),
+                                  sent.sigma_prime[tasks].tolist(),
+                                  count.tolist(), strict=True)])
+        steps = (self.loss_fn.name, curvature, sent.w_norm[tasks])
+        return self.privacy.noise_std(n, self.loss_fn.dual_radius, self._dp_scale(sent),
+                                      self.lifting.blocks, steps)
 
     def _decouple_outliers(self, sent: SentRound, tasks: np.ndarray,
                            accepted: dict[int, dict[str, Any]]) -> None:
@@ -691,7 +705,9 @@ class MOCHA(LinearTasks, TaskStrategy):
         state = self.state
         assert state is not None
         dense = isinstance(state, MOCHAServerState)
-        reason = guarded(state.omega_step, (state, state.formulation),
+        step = state.omega_step if self.privacy is None else \
+            (lambda: self.privacy.omega_step(state))
+        reason = guarded(step, (state, state.formulation),
                          lambda: all_finite(state.W, *((state.M,) if dense else ())))
         if reason is not None:
             log(WARNING, "MOCHA round %d: the Omega-step failed (%s); undone, Omega kept",

@@ -38,11 +38,16 @@ from typing import Any
 import numpy as np
 from flwr.common.logger import log
 
+from ..core.decoupling import coupled_models
+from ..core.formulations import ProbabilisticFormulation
+from ..core.omega import sigma_from_gram
 from ..core.privacy import noise_multiplier_for_epsilon
 from ..core.record_dp import (
     RecordAccountant,
+    debiased_gram,
     noise_norm_allowance,
     record_contribution,
+    release_noise_gram,
     release_sensitivity,
 )
 from ..settings import ConfigError, DPSettings
@@ -73,6 +78,8 @@ class RecordLevelDP:
         self.noise_multiplier: float | None = settings.noise_multiplier
         self.accountant: RecordAccountant | None = None
         self._counts: np.ndarray | None = None  # restored from a checkpoint, until resolved
+        #: Per-coordinate noise variance accumulated in each b_t (:meth:`note_accepted`).
+        self.noise_var: np.ndarray | None = None
 
     def resolve(self, num_rounds: int, num_tasks: int) -> RecordAccountant:
         """The accountant, built at the first call: the noise multiplier as given, or the
@@ -130,6 +137,37 @@ class RecordLevelDP:
             out.append(z * release_sensitivity(self.clip, k, dual_radius, scale, c) * blocks)
         return np.array(out)
 
+    def note_accepted(self, num_tasks: int, tasks: np.ndarray, resets: np.ndarray,
+                      std: np.ndarray) -> None:
+        """Track the noise in B: b_t of the ``resets`` restarted at 0 (its noise gone), then
+        every accepted task's b_t took one release of noise std ``std`` (per coordinate)."""
+        if self.noise_var is None or len(self.noise_var) != num_tasks:
+            self.noise_var = np.zeros(num_tasks)
+        self.noise_var[np.asarray(resets, dtype=np.int64)] = 0.0
+        self.noise_var[np.asarray(tasks, dtype=np.int64)] += np.square(std)
+
+    def omega_step(self, state: Any) -> None:
+        """The Omega-step of a server state. With ``dp.omega-debias`` and the
+        ``probabilistic`` formulation on a dense state: learned from W^T W with the releases'
+        known noise discounted (:func:`~fmtl_flower.core.record_dp.debiased_gram`: the
+        noise in b_t is e_t, of per-coordinate variance :attr:`noise_var` [t], so W = B M
+        holds E M); the formulation's own step otherwise (the factored state keeps no M).
+        Off by default: measured on ``synthetic`` and ``small`` it does not help
+        (``docs/results.md``)."""
+        form = state.formulation
+        M = getattr(state, "M", None)
+        if not (self.settings.omega_debias and isinstance(form, ProbabilisticFormulation)) \
+                or M is None or self.noise_var is None:
+            state.omega_step()
+            return
+        W = coupled_models(state.W, state.decoupled)
+        keep = np.ones(W.shape[1]) if state.decoupled is None else \
+            (~np.asarray(state.decoupled, dtype=bool)).astype(np.float64)
+        noise = release_noise_gram(M, self.noise_var, W.shape[0]) * np.outer(keep, keep)
+        form.set_omega(sigma_from_gram(debiased_gram(W, noise), form.eps_rel))
+        state._take_inverse()  # noqa: SLF001 - the state's own step does the same two
+        state.recompute_models()
+
     def allowance(self, n: np.ndarray, dim: int, dual_radius: float, scale: float,
                   blocks: int = 1, releases: Any = 1, steps: Step | None = None
                   ) -> np.ndarray:
@@ -140,12 +178,16 @@ class RecordLevelDP:
     def fingerprint(self) -> list[Any]:
         """The settings a checkpoint must share to be resumed by this run."""
         s = self.settings
-        return [s.mechanism, s.clip, s.noise_multiplier, s.epsilon, s.delta]
+        return [s.mechanism, s.clip, s.noise_multiplier, s.epsilon, s.delta] + (
+            ["omega-debias"] if s.omega_debias else [])  # off: as before the key
 
     def state_arrays(self) -> dict[str, np.ndarray]:
         """The release counts, for a checkpoint."""
         counts = self._counts if self.accountant is None else self.accountant.counts
-        return {} if counts is None else {"dp.releases": np.asarray(counts, dtype=np.int64)}
+        out = {} if counts is None else {"dp.releases": np.asarray(counts, dtype=np.int64)}
+        if self.noise_var is not None:
+            out["dp.noise-var"] = self.noise_var.copy()
+        return out
 
     def restore(self, arrays: dict[str, np.ndarray], num_tasks: int) -> None:
         """The release counts of a checkpoint (:meth:`state_arrays`)."""
@@ -157,6 +199,12 @@ class RecordLevelDP:
             raise ValueError(f"checkpoint 'dp.releases' must be (num_tasks,) >= 0, got "
                              f"{counts.shape}")
         self._counts = counts.astype(np.int64)
+        noise_var = arrays.get("dp.noise-var")
+        if noise_var is not None:
+            if noise_var.shape != (num_tasks,) or not (noise_var >= 0).all():
+                raise ValueError(f"checkpoint 'dp.noise-var' must be (num_tasks,) >= 0, got "
+                                 f"{noise_var.shape}")
+            self.noise_var = noise_var.astype(np.float64)
         if self.accountant is not None:
             self.accountant.counts = self._counts.copy()
 

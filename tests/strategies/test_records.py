@@ -10,7 +10,7 @@ from fmtl_flower.strategies.mocha import MOCHA
 from fmtl_flower.strategies.records import PENDING_KEY, Pending, RoundRecords, public_record
 
 from .helpers import make_problem
-from .test_state_and_envelope import MOCHA, _mocha_app, _run
+from .test_state_and_envelope import MOCHA_KWARGS, _mocha_app, _run
 
 
 def _book(*regularisers):
@@ -64,7 +64,7 @@ def test_checkpoint_meta_marks_pending_records_and_loads_back():
 
 
 def test_records_of_checkpoints_written_before_the_module_load():
-    """MOCHA's and Mb-SGD's pending records held ``_reg`` (a float), FSVRG's ``_open``."""
+    """MOCHA_KWARGS's and Mb-SGD's pending records held ``_reg`` (a float), FSVRG's ``_open``."""
     mocha, fsvrg = RoundRecords(), RoundRecords()
     mocha.load([{"round": 0, "primal": 1.5, "objective": 2.0},
                 {"round": 1, "primal": None, "objective_omega": 0.1, "_reg": 0.75}])
@@ -84,12 +84,12 @@ def test_assigning_records_loads_them():
 
 
 def test_mocha_checkpoint_holds_the_pending_record_with_its_regulariser(tmp_path):
-    """A MOCHA checkpoint is written after round k's evaluation, while record k waits for
+    """A MOCHA_KWARGS checkpoint is written after round k's evaluation, while record k waits for
     round k + 1's replies: it holds ``_reg`` = R(W, Omega) of state k, and a run resumed
     from it completes that record with it."""
     problem = make_problem(num_tasks=4, dim=4, samples_per_task=30, seed=11)
     ckpt, devices = tmp_path / "ckpt", tmp_path / "devices"
-    strategy = MOCHA(problem.num_tasks, **MOCHA)
+    strategy = MOCHA(problem.num_tasks, **MOCHA_KWARGS)
     strategy.enable_checkpoints(ckpt, every=1)
     killed_after = 2
 
@@ -108,10 +108,10 @@ def test_mocha_checkpoint_holds_the_pending_record_with_its_regulariser(tmp_path
     saved = checkpoint.meta["records"]
     assert [PENDING_KEY in r for r in saved] == [False, False, True]
     assert isinstance(saved[-1][PENDING_KEY], float) and saved[-1][PENDING_KEY] > 0
-    resumed = MOCHA(problem.num_tasks, **MOCHA)
+    resumed = MOCHA(problem.num_tasks, **MOCHA_KWARGS)
     resumed.enable_checkpoints(ckpt)
     _run(resumed, _mocha_app(problem, devices), problem.num_tasks, 5)
-    straight = MOCHA(problem.num_tasks, **MOCHA)
+    straight = MOCHA(problem.num_tasks, **MOCHA_KWARGS)
     _run(straight, _mocha_app(problem, devices), problem.num_tasks, 5)
     got, want = resumed.results()["rounds"], straight.results()["rounds"]
     assert [r["primal"] for r in got] == pytest.approx([r["primal"] for r in want],

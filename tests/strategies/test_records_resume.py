@@ -4,7 +4,7 @@ record of the finished run stays as its final metrics round completed it.
 
 Before the record lifecycle had one home, FSVRG's family (FSVRG, GD, CoCoA+) completed the
 finished run's last record a second time in the resumed run's first round and passed it to
-``on_round`` again; MOCHA's family kept it (and crashed on it before that, KeyError '_reg').
+``on_round`` again; MOCHA_KWARGS's family kept it (and crashed on it before that, KeyError '_reg').
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from fmtl_flower.strategies.mbsgd import MbSGD
 from fmtl_flower.strategies.mocha import MOCHA
 
 from .helpers import make_problem
-from .test_state_and_envelope import MOCHA, _fsvrg_app, _mocha_app, _run
+from .test_state_and_envelope import MOCHA_KWARGS, _fsvrg_app, _mocha_app, _run
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def test_fsvrg_family_publishes_the_finished_runs_last_record_once(sparse, tmp_p
 @pytest.mark.parametrize("method", ["mocha", "mb-sdca"])
 def test_mocha_family_publishes_the_finished_runs_last_record_once(problem, tmp_path, method):
     devices = tmp_path / "devices"
-    settings = {**MOCHA, "method": method}
+    settings = {**MOCHA_KWARGS, "method": method}
     first_run, resumed_run, resumed = _published(
         lambda: MOCHA(problem.num_tasks, **settings), lambda: _mocha_app(problem, devices),
         problem.num_tasks, tmp_path / "ckpt", 2, 4)
