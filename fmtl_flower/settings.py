@@ -1042,6 +1042,9 @@ DP_CLIENT_LEVEL_METHODS = ("fedem", "fedavg", "fedprox", "fedavg-ft", "pfedme")
 #: statistics, the gradients, local models and GD's Gram products; ``client-clip``:
 #: cocoa-plus's d-w; :class:`fmtl_flower.strategies.privacy.FSVRGDP`).
 DP_FSVRG_METHODS = ("fsvrg", "fsvrg-naive", "dane", "gd", "cocoa-plus")
+#: The default L2 clip of fsvrg's one setup release of each device's feature statistics
+#: (``dp.stats-clip``; :meth:`fmtl_flower.strategies.privacy.FSVRGDP.feature_stats`).
+DP_STATS_CLIP = 20.0
 #: ``dp.sampling`` values: the strategy's fixed-size sample, no amplification claimed
 #: (``fixed``), or Poisson sampling with amplification (``poisson``; FedEM's family).
 DP_SAMPLING = ("fixed", "poisson")
@@ -1131,6 +1134,10 @@ class DPSettings(StrategySettings):
         as Poisson-subsampled Gaussian releases (amplification by sampling; add/remove-one
         device). Not for ``record`` or the FSVRG family
         (:mod:`fmtl_flower.strategies.privacy`).
+    stats_clip : float
+        ``fsvrg`` only: the L2 norm each device's feature statistics ``[p_k; r_k phi_k]`` are
+        clipped to in the one setup release (default 20, about the square root of the
+        number of features a device of ``sparse-federated`` has; ``dp.stats-clip``).
     omega_debias : bool
         ``record`` only: MOCHA's ``probabilistic`` Omega-step learns from W^T W minus the
         known expected Gram matrix of the noise in W (projected to PSD;
@@ -1168,6 +1175,8 @@ class DPSettings(StrategySettings):
     sampling: str = setting("fixed", choice(*DP_SAMPLING), "dp.sampling",
                             attr="dp_sampling")
     omega_debias: bool = setting(False, boolean, "dp.omega-debias", attr="dp_omega_debias")
+    stats_clip: float = setting(DP_STATS_CLIP, number(lo=0.0, lo_open=True), "dp.stats-clip",
+                                attr="dp_stats_clip")
 
     @property
     def enabled(self) -> bool:
@@ -1180,6 +1189,7 @@ class DPSettings(StrategySettings):
         knobs += ["weighting"] if self.weighting != "uniform" else []
         knobs += ["sampling"] if self.sampling != "fixed" else []
         knobs += ["omega_debias"] if self.omega_debias else []
+        knobs += ["stats_clip"] if self.stats_clip != DP_STATS_CLIP else []
         if self.omega_debias and self.mechanism not in ("none", "record"):
             raise ConfigError(f"{self.label('omega_debias')} is record-level DP's "
                               f"(dp.mechanism=record), not {self.mechanism}'s")

@@ -109,14 +109,19 @@ from ..core.privacy import (
     geometric_clip_update,
     noise_multiplier_for_epsilon,
 )
-from ..settings import DP_CLIENT_LEVEL_METHODS, DP_FSVRG_METHODS, ConfigError, DPSettings
+from ..settings import (
+    DP_CLIENT_LEVEL_METHODS,
+    DP_FSVRG_METHODS,
+    DP_STATS_CLIP,
+    ConfigError,
+    DPSettings,
+)
 
-#: The default clip of fsvrg's ``stats`` release (:meth:`FSVRGDP.feature_stats`): the L2
-#: norm of a device's ``[p_k; r_k phi_k]``, about the square root of the number of features
-#: it has (``sparse-federated``, seed 0, K = 1000: median 17, 90th percentile 28; looked at
-#: once, on seed 0, before any run with noise). ``enable_client_dp(..., stats_clip=)``
-#: overrides it (no run-config key yet).
-STATS_CLIP = 20.0
+#: The default clip of fsvrg's ``stats`` release (:meth:`FSVRGDP.feature_stats`,
+#: ``dp.stats-clip``): the L2 norm of a device's ``[p_k; r_k phi_k]``, about the square root
+#: of the number of features it has (``sparse-federated``, seed 0, K = 1000: median 17,
+#: 90th percentile 28; looked at once, on seed 0, before any run with noise).
+STATS_CLIP = DP_STATS_CLIP
 
 
 class ClientLevelDP:
@@ -451,13 +456,9 @@ class FSVRGDP(ClientLevelDP):
 
     STREAMS = ("gradient", "model", "gram", "stats", "d_w")
 
-    def __init__(self, settings: DPSettings, *, noise_seed: int | None = None,
-                 stats_clip: float = STATS_CLIP) -> None:
+    def __init__(self, settings: DPSettings, *, noise_seed: int | None = None) -> None:
         super().__init__(settings, noise_seed=noise_seed)
-        if not (isinstance(stats_clip, int | float) and math.isfinite(stats_clip)
-                and stats_clip > 0):
-            raise ConfigError(f"stats_clip must be a finite number > 0, got {stats_clip!r}")
-        self.stats_clip = float(stats_clip)
+        self.stats_clip = float(settings.stats_clip)  # checked by DPSettings
 
     def gradient_sum(self, grad_sums: list[np.ndarray], n: list[int], n_all: np.ndarray,
                      records: list[dict[str, Any]], num_releases: int,
@@ -649,8 +650,7 @@ FSVRG_WRONG_MECHANISM = {
 }
 
 
-def _enable_fsvrg_dp(strategy: Any, settings: DPSettings, noise_seed: int | None,
-                     stats_clip: float) -> Any:
+def _enable_fsvrg_dp(strategy: Any, settings: DPSettings, noise_seed: int | None) -> Any:
     """:func:`enable_client_dp` for an :class:`~fmtl_flower.strategies.fsvrg.FSVRG`."""
     method = strategy.settings.method
     if method not in DP_FSVRG_METHODS:
@@ -663,7 +663,7 @@ def _enable_fsvrg_dp(strategy: Any, settings: DPSettings, noise_seed: int | None
     if method == "cocoa-plus" and settings.weighting != "uniform":
         raise ConfigError("dp.weighting=rows for cocoa-plus: CoCoA+ adds the devices' d-w "
                           "(their 1/(lambda n) is in d-w already); leave dp.weighting uniform")
-    privacy = FSVRGDP(settings, noise_seed=noise_seed, stats_clip=stats_clip)
+    privacy = FSVRGDP(settings, noise_seed=noise_seed)
     privacy._records = lambda: getattr(strategy, "records", [])
     num_tasks = getattr(strategy, "num_tasks", None)
     if settings.adaptive and settings.noise_multiplier is not None and num_tasks:
@@ -673,14 +673,14 @@ def _enable_fsvrg_dp(strategy: Any, settings: DPSettings, noise_seed: int | None
 
 
 def enable_client_dp(strategy: Any, settings: DPSettings | None = None, *,
-                     noise_seed: int | None = None, stats_clip: float = STATS_CLIP,
-                     **kwargs: Any) -> Any:
+                     noise_seed: int | None = None, **kwargs: Any) -> Any:
     """``strategy`` (a FedEM-family or FSVRG-family strategy) with client-level DP on;
     returns it.
 
     ``settings`` (or ``DPSettings`` keywords: ``mechanism="central", clip=1.0,
     noise_multiplier=1.1``); mechanism ``none`` leaves the strategy as it is.
-    ``stats_clip``: fsvrg's setup release's clip (:meth:`FSVRGDP.feature_stats`).
+    (``stats_clip``, ``dp.stats-clip``: fsvrg's setup release's clip,
+    :meth:`FSVRGDP.feature_stats`.)
 
     Raises
     ------
@@ -704,7 +704,7 @@ def enable_client_dp(strategy: Any, settings: DPSettings | None = None, *,
                           "family's releases are accounted without sampling: use "
                           "dp.sampling=fixed")
     if isinstance(strategy, FSVRG):
-        return _enable_fsvrg_dp(strategy, settings, noise_seed, stats_clip)
+        return _enable_fsvrg_dp(strategy, settings, noise_seed)
     method = getattr(getattr(strategy, "settings", None), "method", None)  # built or not
     if settings.weighting != "uniform":
         raise ConfigError(f"dp.weighting={settings.weighting} is the FSVRG family's; FedEM's "

@@ -27,7 +27,7 @@ from fmtl_flower.core.fsvrg import (
 )
 from fmtl_flower.data.sparse_federated import SparseFederatedDataset, make_sparse_federated
 from fmtl_flower.engine import InProcessGrid, run_inprocess
-from fmtl_flower.settings import DPSettings
+from fmtl_flower.settings import ConfigError, DPSettings
 from fmtl_flower.strategies.fsvrg import FSVRG
 from fmtl_flower.strategies.privacy import FSVRGDP, enable_client_dp
 from fmtl_flower.wire import from_array, to_array
@@ -114,7 +114,7 @@ def test_the_statistics_noise_has_the_calibrated_variance(weighting):
     z, stats_clip = 0.002, 500.0  # the clip does not bind (250 < 500)
     counts, n, n_all = stats_problem()
     dp = FSVRGDP(DPSettings(mechanism="central", clip=1.0, noise_multiplier=z,
-                            weighting=weighting), noise_seed=7, stats_clip=stats_clip)
+                            weighting=weighting, stats_clip=stats_clip), noise_seed=7)
     stats = dp.feature_stats(counts, n, n_all, [], 10)
     assert np.var(stats.omega - 20.0) == pytest.approx((z * stats_clip) ** 2, rel=0.03)
     phi_std = z * stats_clip / 40 if weighting == "uniform" else z * stats_clip * 2 / 80
@@ -131,8 +131,8 @@ def test_the_statistics_clip_binds_and_does_not():
     dim = 4
     counts = [np.array([3, 0, 0, 0]), np.array([1, 2, 2, 2])]  # norms sqrt(1 + 0.5625) and
     n = [4, 2]                                                  # sqrt(4 + 0.25 + 3)
-    dp = FSVRGDP(DPSettings(mechanism="central", clip=1.0, noise_multiplier=0.0),
-                 stats_clip=2.0)
+    dp = FSVRGDP(DPSettings(mechanism="central", clip=1.0, noise_multiplier=0.0,
+                            stats_clip=2.0))
     stats = dp.feature_stats(counts, n, np.array(n), [], 10)
     s = 2.0 / np.sqrt(4 + 0.25 + 3 * 1.0)  # device 1: phi_1 = [0.5, 1, 1, 1]
     np.testing.assert_allclose(stats.omega, [1 + s, s, s, s], rtol=1e-14)
@@ -146,8 +146,8 @@ def test_noisy_statistics_are_clamped_to_valid_ranges():
     """Post-processing: phi in [0, 1], omega in [max(1, z C_s), K], so A = K / omega is at
     most K / max(1, z C_s)."""
     counts, n, n_all = stats_problem(dim=20_000)
-    dp = FSVRGDP(DPSettings(mechanism="central", clip=1.0, noise_multiplier=0.05),
-                 noise_seed=3, stats_clip=500.0)  # noise std 25 on omega = 20
+    dp = FSVRGDP(DPSettings(mechanism="central", clip=1.0, noise_multiplier=0.05,
+                            stats_clip=500.0), noise_seed=3)  # noise std 25 on omega = 20
     stats = dp.feature_stats(counts, n, n_all, [], 10)
     assert stats.omega.min() == 25.0 and stats.omega.max() == 40.0
     assert stats.phi.min() == 0.0 and stats.phi.max() <= 1.0
@@ -393,6 +393,27 @@ def test_the_run_config_reaches_fsvrg_and_cocoa_plus_packed_or_not(method, mecha
     assert finals[0]["dp_releases"] == releases
     for key in ("objective", "test_error", "dp_clipped"):
         assert finals[1][key] == finals[0][key]
+
+
+def test_dp_stats_clip_is_a_run_config_key_read_by_the_statistics_release():
+    """``dp.stats-clip`` (one home: DPSettings) reaches fsvrg's statistics release from the
+    run config; set without a mechanism it is refused like every dp.* knob."""
+    from fmtl_flower.config import RunConfig
+
+    values = {"strategy": "fsvrg", "dataset": "sparse-federated", "num-tasks": 10,
+              "dp.mechanism": "central", "dp.clip": 1.0, "dp.noise-multiplier": 1.0,
+              "dp.stats-clip": 7.5}
+    settings = DPSettings.from_run_config(RunConfig.from_mapping(values).to_dict(
+        every_family=True))
+    assert settings.stats_clip == 7.5
+    assert enable_client_dp(fsvrg("fsvrg"), settings).privacy.stats_clip == 7.5
+    assert FSVRGDP(DPSettings(mechanism="central", clip=1.0, noise_multiplier=1.0)
+                   ).stats_clip == 20.0
+    with pytest.raises(ConfigError, match="stats-clip"):
+        DPSettings.from_run_config({"dp.stats-clip": 7.5})
+    with pytest.raises(ConfigError, match="stats-clip"):
+        DPSettings.from_run_config({"dp.mechanism": "central", "dp.clip": 1.0,
+                                    "dp.noise-multiplier": 1.0, "dp.stats-clip": 0.0})
 
 
 def test_cocoa_plus_adaptive_clip_is_the_one_sent_and_moves_up_when_all_devices_clip(data):
