@@ -291,31 +291,16 @@ def strategy_from_config(cfg: RunConfig, num_tasks: int,
     every event's)."""
     settings = settings_from_config(cfg, num_tasks, num_classes)
     cls = strategy_class(cfg)
-    if cfg.strategy in ASYNC_MOCHA:  # no rounds: checkpoints every N x m applied replies
-        strategy = cls.from_settings(settings, on_round=on_round, num_tasks=num_tasks)
-        if cfg.checkpoint_dir:
-            strategy.enable_checkpoints(cfg.checkpoint_dir, every=cfg.checkpoint_every)
-        return strategy
-    if cfg.strategy == "ofmtl":
-        strategy = cls(num_tasks, settings, on_record=on_round)
-    else:
-        strategy = cls(num_tasks, settings, on_round=on_round)
-    if cfg.dp_mechanism != "none":  # dp.*: client-level DP (strategies/privacy.py)
+    for_run = getattr(cls, "for_run", None)  # the package's strategies; a family's own
+    strategy = (for_run(num_tasks, settings, on_round) if for_run is not None  # may not
+                else cls(num_tasks, settings, on_round=on_round))
+    if cfg.dp_mechanism != "none":  # dp.*: strategies/privacy.py routes it to the family's
         from ..settings import DPSettings
         from ..strategies.privacy import enable_client_dp
 
-        dp = DPSettings.from_run_config(cfg.to_dict(every_family=True))
-        if cfg.strategy == "ofmtl":  # record-level DP only (strategies/ofmtl_privacy.py)
-            from ..strategies.ofmtl_privacy import enable_ofmtl_record_dp
-
-            enable_ofmtl_record_dp(strategy, dp)
-        else:
-            enable_client_dp(strategy, dp)
-    if cfg.checkpoint_dir:
-        if cfg.strategy == "ofmtl":  # after every event
-            strategy.enable_checkpoints(cfg.checkpoint_dir)
-        else:
-            strategy.enable_checkpoints(cfg.checkpoint_dir, every=cfg.checkpoint_every)
+        enable_client_dp(strategy, DPSettings.from_run_config(cfg.to_dict(every_family=True)))
+    if cfg.checkpoint_dir:  # every N rounds (OFMTL: after every event; async: N x m replies)
+        strategy.enable_checkpoints(cfg.checkpoint_dir, every=cfg.checkpoint_every)
     return strategy
 
 

@@ -302,6 +302,13 @@ class AsyncMOCHA(Strategy):
         self._decoupled_logged = 0
 
     @classmethod
+    def for_run(cls, num_tasks: int, settings: MOCHASettings,
+                on_round: Callable[[dict[str, Any]], None] | None = None) -> AsyncMOCHA:
+        """The strategy of a run (as every family's: ``TaskStrategy.for_run``):
+        :meth:`from_settings`."""
+        return cls.from_settings(settings, on_round=on_round, num_tasks=num_tasks)
+
+    @classmethod
     def from_settings(cls, settings: MOCHASettings,
                       on_round: Callable[[dict[str, Any]], None] | None = None,
                       num_tasks: int | None = None) -> AsyncMOCHA:

@@ -220,6 +220,14 @@ class TaskStrategy(SettingsHome, SizedAtStart, KeepsRecords, Strategy):
     #: and ``min_evaluate_nodes``); the others refuse values other than the defaults.
     samples_evaluation: bool = False
 
+    @classmethod
+    def for_run(cls, num_tasks: int, settings: Any,
+                on_round: Callable[[dict[str, Any]], None] | None = None) -> TaskStrategy:
+        """The strategy of a run (``fmtl run`` / ``flwr run``: the apps build every family's
+        strategy this way) over ``num_tasks`` tasks with ``settings``; ``on_round`` gets
+        every record."""
+        return cls(num_tasks, settings, on_round=on_round)
+
     @property
     def display_name(self) -> str:
         """The method's name in log lines (FedEM's family: the method's, e.g. FedAvg)."""

@@ -198,6 +198,13 @@ class OFMTL(SettingsHome, SizedAtStart, KeepsRecords, Strategy):
         self._resume = True
         self.resumed_from: int | None = None  # records of the checkpoint resumed from
 
+    @classmethod
+    def for_run(cls, num_tasks: int, settings: OFMTLSettings,
+                on_round: RecordCallback | None = None) -> OFMTL:
+        """The strategy of a run (as every family's: ``TaskStrategy.for_run``); ``on_round``
+        gets every event's record."""
+        return cls(num_tasks, settings, on_record=on_round)
+
     # ------------------------------------------------------------------ checkpoints
     def enable_checkpoints(self, directory: str | Path, every: int = 1,
                            resume: bool = True) -> None:

@@ -693,6 +693,12 @@ def enable_client_dp(strategy: Any, settings: DPSettings | None = None, *,
     settings = DPSettings.resolve(settings, kwargs)
     if not settings.enabled:
         return strategy
+    from .ofmtl import OFMTL  # noqa: PLC0415 (ofmtl imports this module's users)
+
+    if isinstance(strategy, OFMTL):  # record-level only: its devices are MOCHA's
+        from .ofmtl_privacy import enable_ofmtl_record_dp  # noqa: PLC0415
+
+        return enable_ofmtl_record_dp(strategy, settings)
     if settings.mechanism == "record":  # MOCHA's family, on the device
         from .record_dp import enable_record_dp  # noqa: PLC0415
 
