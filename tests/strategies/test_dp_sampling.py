@@ -15,7 +15,6 @@ from scipy.special import gammaln
 from fmtl_flower.config import RunConfig
 from fmtl_flower.core.privacy import gaussian_event, rdp_epsilon
 from fmtl_flower.settings import ConfigError, DPSettings
-from fmtl_flower.strategies.fedem import FedEM
 from fmtl_flower.strategies.privacy import ClientLevelDP, enable_client_dp
 from tests.strategies.test_privacy import NUM_TASKS, equal_size_problem, fedem, run
 
@@ -228,32 +227,7 @@ def test_the_log_says_which_accounting_is_used(caplog):
 
 
 # ------------------------------------------------------------------ resume
-@pytest.mark.parametrize("every", [1, 2])
-def test_a_resumed_poisson_run_continues_the_amplified_account(problem, tmp_path, every):
-    """Killed in round 4 and resumed: the resumed releases compose, at q, on the
-    checkpoint's (read from its records' dp_sampling_rate) and on the releases charged
-    for the rounds after it."""
-    from tests.strategies.helpers import ServerKilled, killed_in
-
-    z, q = 1.2, 0.5
-    settings = {"mechanism": "central", "clip": 0.5, "noise_multiplier": z,
-                "sampling": "poisson"}
-    first = enable_client_dp(fedem(killed_in(FedEM, 4), fraction=q), **settings)
-    first.enable_checkpoints(tmp_path, every=every)
-    with pytest.raises(ServerKilled):
-        run(problem, first, 5)
-    resumed = enable_client_dp(fedem(fraction=q), **settings)
-    resumed.enable_checkpoints(tmp_path, every=every)
-    run(problem, resumed, 5)
-    checkpoint = 3 if every == 1 else 2
-    assert resumed.resumed_from == checkpoint
-    releases = [*range(1, checkpoint + 1), *range(checkpoint + 1 + every, 6 + every)]
-    rounds = resumed.results()["rounds"]
-    assert [r["epsilon"] for r in rounds] == pytest.approx(
-        [rdp_epsilon([(z, q, k)], DELTA) for k in releases], rel=1e-12)
-    assert rounds[checkpoint]["dp_charged_on_resume"] == every
-
-
+# (a resumed poisson run: test_privacy.py::test_a_resumed_run_continues_the_account)
 def test_a_fixed_checkpoint_does_not_resume_as_poisson(problem, tmp_path):
     from fmtl_flower.checkpoint import CheckpointError
 

@@ -126,6 +126,22 @@ def _without_own_noise(problem, grid, strategy, clip: float) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ the release and B
+
+def capturing_sent(sent: dict[tuple[int, int], tuple]):
+    """A ClientApp wrapper factory that records, per (task, round) of each train message,
+    what the device's noise scale is computed from: (|w_t|, m_tt, sigma', budget)."""
+    def capture(app):
+        def client(msg, context):
+            config = msg.content["config"]
+            if msg.metadata.message_type == "train":
+                w = from_array(msg.content["arrays"]["w"])
+                sent[(int(config["task-id"]), int(config["server-round"]))] = (
+                    float(np.linalg.norm(w)), float(config["m-tt"]),
+                    float(config["sigma-prime"]), int(config["budget"]))
+            return app(msg, context)
+        return client
+    return capture
+
 def test_the_server_adds_exactly_the_calibrated_noise_of_the_accepted_replies(problem):
     """With a seeded noise stream: B - X^T alpha / n (clipped rows, the devices' committed
     alpha) is, for every task, the sum over the rounds the server accepted its reply of the
@@ -138,18 +154,7 @@ def test_the_server_adds_exactly_the_calibrated_noise_of_the_accepted_replies(pr
     strategy = _private(TracingMOCHA(problem.num_tasks, **SETTINGS), clip=clip,
                         noise_multiplier=z)
     sent: dict[tuple[int, int], tuple] = {}  # (task, round) -> (|w|, m_tt, sigma', budget)
-
-    def capture(app):
-        def client(msg, context):
-            config = msg.content["config"]
-            if msg.metadata.message_type == "train":
-                w = from_array(msg.content["arrays"]["w"])
-                sent[(int(config["task-id"]), int(config["server-round"]))] = (
-                    float(np.linalg.norm(w)), float(config["m-tt"]),
-                    float(config["sigma-prime"]), int(config["budget"]))
-            return app(msg, context)
-        return client
-
+    capture = capturing_sent(sent)
     grid = _run(problem, strategy,
                 wrap=lambda app: capture(fault_at("nan", FIRST_NODE_ID + 2, {2, 3})(app)))
     accepted = {t: [r for r in range(1, ROUNDS + 1)

@@ -12,10 +12,9 @@ import pytest
 from fmtl_flower.core.record_dp import record_contribution
 from fmtl_flower.engine import FIRST_NODE_ID
 from fmtl_flower.settings import ConfigError, DPSettings
-from fmtl_flower.wire import from_array
 
 from .helpers import TracingMOCHA, fault_at, make_problem
-from .test_mocha_record_dp import ROUNDS, SETTINGS, _private, _run
+from .test_mocha_record_dp import ROUNDS, SETTINGS, _private, _run, capturing_sent
 
 
 @pytest.fixture(autouse=True)
@@ -37,18 +36,7 @@ def test_the_noise_variance_in_b_is_the_accepted_releases_variances(problem):
     strategy = _private(TracingMOCHA(problem.num_tasks, **SETTINGS), clip=clip,
                         noise_multiplier=z)
     sent: dict[tuple[int, int], tuple] = {}
-
-    def capture(app):
-        def client(msg, context):
-            config = msg.content["config"]
-            if msg.metadata.message_type == "train":
-                w = from_array(msg.content["arrays"]["w"])
-                sent[(int(config["task-id"]), int(config["server-round"]))] = (
-                    float(np.linalg.norm(w)), float(config["m-tt"]),
-                    float(config["sigma-prime"]), int(config["budget"]))
-            return app(msg, context)
-        return client
-
+    capture = capturing_sent(sent)
     _run(problem, strategy, wrap=lambda app: capture(fault_at("nan", FIRST_NODE_ID + 2, {2, 3})(
         app)))
     for t in range(problem.num_tasks):

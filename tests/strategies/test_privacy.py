@@ -284,20 +284,25 @@ def test_methods_with_per_cluster_averages_are_refused(method):
 
 
 @pytest.mark.parametrize("every", [1, 2])
-def test_a_resumed_run_continues_the_account(problem, tmp_path, every):
+@pytest.mark.parametrize(("sampling", "q"), [("fixed", 1.0), ("poisson", 0.5)])
+def test_a_resumed_run_continues_the_account(problem, tmp_path, every, sampling, q):
     """Killed in round 4, after the checkpoint of round 3 (every=1) or 2 (every=2), and
     resumed: the resumed rounds compose on the checkpoint's releases and on the
     ``checkpoint-every`` releases the interrupted run may have made after it (its rounds'
     noisy aggregates went out in evaluate and train messages; the server cannot tell how
-    many, so it charges the most: before, they were not counted at all)."""
+    many, so it charges the most: before, they were not counted at all). With
+    ``dp.sampling=poisson`` they compose at q, the checkpoint's read from its records'
+    ``dp_sampling_rate``."""
     from tests.strategies.helpers import ServerKilled, killed_in
 
-    z, settings = 1.2, {"mechanism": "central", "clip": 0.5, "noise_multiplier": 1.2}
-    first = enable_client_dp(fedem(killed_in(FedEM, 4)), **settings)
+    z = 1.2
+    settings = {"mechanism": "central", "clip": 0.5, "noise_multiplier": z,
+                "sampling": sampling}
+    first = enable_client_dp(fedem(killed_in(FedEM, 4), fraction=q), **settings)
     first.enable_checkpoints(tmp_path, every=every)
     with pytest.raises(ServerKilled):
         run(problem, first, 5)
-    resumed = enable_client_dp(fedem(), **settings)
+    resumed = enable_client_dp(fedem(fraction=q), **settings)
     resumed.enable_checkpoints(tmp_path, every=every)
     run(problem, resumed, 5)
     checkpoint = 3 if every == 1 else 2
@@ -305,7 +310,7 @@ def test_a_resumed_run_continues_the_account(problem, tmp_path, every):
     releases = [*range(1, checkpoint + 1), *range(checkpoint + 1 + every, 6 + every)]
     rounds = resumed.results()["rounds"]
     assert [r["epsilon"] for r in rounds] == pytest.approx(
-        [rdp_epsilon([(z, 1.0, k)], 1e-5) for k in releases], rel=1e-12)
+        [rdp_epsilon([(z, q, k)], 1e-5) for k in releases], rel=1e-12)
     assert rounds[checkpoint]["dp_charged_on_resume"] == every
 
 
