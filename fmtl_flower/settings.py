@@ -1082,7 +1082,7 @@ class DPSettings(StrategySettings):
         family ``central`` (fsvrg, fsvrg-naive, dane, gd: every release of a round, fsvrg's
         feature statistics once) and ``client-clip`` (cocoa-plus: the devices scale their
         dual step) (:class:`fmtl_flower.strategies.privacy.FSVRGDP`). ``record``:
-        record-level DP on the device for MOCHA's family (methods mocha, mb-sdca): each
+        record-level DP on the device for MOCHA's family (methods mocha, cocoa, mb-sdca): each
         device clips its rows to norm ``clip`` and adds Gaussian noise of std
         z * 2 ``clip`` / n_t to its delta-b (:mod:`fmtl_flower.strategies.record_dp`),
         and for OFMTL (the same in its MOCHA trainings, output perturbation of a

@@ -58,6 +58,7 @@ from ..core.losses import LOSSES, Loss, get_loss
 from ..core.multiclass import Lifting, label_values
 from ..core.privacy import check_noise_multiplier
 from ..core.record_dp import (
+    SEPARABLE_STEP_METHODS,
     check_clip,
     clip_rows,
     noise_rng,
@@ -369,14 +370,14 @@ class MOCHAClient:
         steps done), scaled."""
         order = coordinate_order(seed, task.task_id, server_round, task.n)
         loss = loss_of(config)
-        if record_dp_of(config) is not None and method == "mocha":  # the separable step
-            steps = min(budget, task.n)
+        if record_dp_of(config) is not None and method in SEPARABLE_STEP_METHODS:
+            steps = min(budget, task.n)  # the separable step; CoCoA: no theta stop
             d_alpha, d_b = mbsdca_local_update(
                 task.X, task.y, alpha, w, m_tt=separable_m_tt(m_tt, sigma_p, steps),
                 budget=steps, order=order, sqnorm=task.sqnorm, loss=loss)
         elif record_dp_of(config) is not None and method != "mb-sdca":
-            raise ValueError(f"record-level DP covers methods mocha and mb-sdca, not "
-                             f"{method!r}")
+            raise ValueError(f"record-level DP covers methods mocha, cocoa and mb-sdca, "
+                             f"not {method!r}")
         elif method == "mocha":
             d_alpha, d_b = sdca_local_update(
                 task.X, task.y, alpha, w, budget=budget, m_tt=m_tt, sigma_prime=sigma_p,

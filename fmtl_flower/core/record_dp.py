@@ -143,10 +143,17 @@ def separable_m_tt(m_tt: float, sigma_prime: float, steps: int) -> float:
     return float(m_tt) * float(sigma_prime) * max(int(steps), 1)
 
 
+#: The methods whose sequential local solver record-level DP replaces by the separable step
+#: over a data-independent budget (CoCoA's stop at a relative accuracy theta would make the
+#: number of steps, hence the release, depend on every record).
+SEPARABLE_STEP_METHODS = ("mocha", "cocoa")
+
+
 def step_curvature(method: str, m_tt: float, sigma_prime: float, steps: int) -> float:
-    """The curvature q_i n / |x_i|^2 of a record's step under record-level DP: MOCHA's
-    separable step sigma' m_tt steps (:func:`separable_m_tt`), Mb-SDCA's m_tt."""
-    return separable_m_tt(m_tt, sigma_prime, steps) if method == "mocha" else float(m_tt)
+    """The curvature q_i n / |x_i|^2 of a record's step under record-level DP: MOCHA's and
+    CoCoA's separable step sigma' m_tt steps (:func:`separable_m_tt`), Mb-SDCA's m_tt."""
+    return (separable_m_tt(m_tt, sigma_prime, steps) if method in SEPARABLE_STEP_METHODS
+            else float(m_tt))
 
 
 def noise_rng(noise_seed: int | None, task_id: int, server_round: int

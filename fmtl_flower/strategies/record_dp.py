@@ -52,9 +52,11 @@ from ..core.record_dp import (
 )
 from ..settings import ConfigError, DPSettings
 
-#: The methods whose device step is separable under record-level DP (CoCoA's local solver
-#: runs sequential SDCA to a relative accuracy: one record moves every coordinate).
-RECORD_DP_METHODS = ("mocha", "mb-sdca")
+#: The methods record-level DP covers: Mb-SDCA's step is separable already; MOCHA's and
+#: CoCoA's devices take the separable step over their budget instead of their sequential
+#: SDCA (CoCoA: instead of SDCA to a relative accuracy theta, whose data-dependent number
+#: of steps would leak; under DP ``theta`` is not used).
+RECORD_DP_METHODS = ("mocha", "cocoa", "mb-sdca")
 #: A round's steps as the server knows them: (loss name, each task's step curvature, |w_t|).
 Step = tuple[str, np.ndarray, np.ndarray]
 
