@@ -146,12 +146,12 @@ def capturing_sent(sent: dict[tuple[int, int], tuple]):
 def test_the_server_adds_exactly_the_calibrated_noise_of_the_accepted_replies(problem, method):
     """MOCHA, and CoCoA (whose devices take the separable step over their budget under
     record-level DP, not SDCA to the accuracy theta). With a seeded noise stream:
-    B - X^T alpha / n (clipped rows, the devices' committed alpha) is, for every task, the sum over the rounds the server accepted its reply of the
-    noise N(0, (z 2 c / n_t)^2 I) the device drew for that round (c: one record's
-    step-bounded contribution at the w_t, m_tt, sigma' and budget it was sent). Task 2's
-    node replies with
-    a non-finite delta-b in rounds 2 and 3 (rejected): their noise is discarded with their
-    d_alpha, so the commit protocol keeps B and alpha apart by the accepted noise only."""
+    B - X^T alpha / n (clipped rows, the devices' committed alpha) is, for every task, the
+    sum over the rounds the server accepted its reply of the noise N(0, (z 2 c / n_t)^2 I)
+    the device drew for that round (c: one record's step-bounded contribution at the w_t,
+    m_tt, sigma' and budget it was sent). Task 2's node replies with a non-finite delta-b
+    in rounds 2 and 3 (rejected): their noise is discarded with their d_alpha, so the
+    commit protocol keeps B and alpha apart by the accepted noise only."""
     z, clip = 0.7, 0.72  # round 1 (w = 0) has step bounds 0.707 and 0.72-0.73: both sides
     strategy = _private(TracingMOCHA(problem.num_tasks, **SETTINGS, method=method),
                         clip=clip, noise_multiplier=z)
