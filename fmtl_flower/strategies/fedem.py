@@ -80,9 +80,12 @@ client receives its cluster's model, a held-out one every cluster's model). Repl
 Every reply is validated (presence, types, shapes, finiteness, weights in {0, n-train},
 matching task and round, the largest absolute parameter below ``max_abs_param``); a reply
 that fails is logged with its reason and counts as a dropped client; the components are
-untouched by it. A reply holding anything the contract does not name (another record, metric
-or array, or arrays above the bytes of ``components``' and ``weights``' shapes) is rejected
-before it is decoded (:func:`reply_contracts`).
+untouched by it. A reply is read against the state its exchange was sent with (its
+:class:`~fmtl_flower.strategies.round_state.FedEMSentRound`: the components and the tasks
+sent, whatever was configured since); a reply to no awaited exchange (late, foreign, or
+read already) is logged and dropped. A reply holding anything the contract does not name
+(another record, metric or array, or arrays above the bytes of ``components``' and
+``weights``' shapes) is rejected before it is decoded (:func:`reply_contracts`).
 
 Bounds: each returned component theta_m must stay within ``max_update_ratio`` times
 max(|theta_m|_2, 1) of the component theta_m it was sent (Euclidean norms over the
@@ -565,30 +568,37 @@ class FedEM(TaskStrategy):
         record = self.records[-1]
         self.book.complete(len(self.records) - 1)
         if sent is not None:
-            accepted = self._read_replies(sent, replies)
-            for key, mask in (("", ~self.unseen), ("unseen_", self.unseen)):
-                tasks = [t for t in accepted if mask[t]]
-                if not tasks:
-                    continue
-                correct = np.array([accepted[t]["test-correct"] for t in tasks])
-                counts = np.array([accepted[t]["test-n"] for t in tasks])
-                if self.robust:
-                    correct, counts = _capped_test_counts(correct, counts)
-                summary = error_summary(counts - correct, counts)
-                if key:
-                    record["unseen_accuracy_mean"] = summary["accuracy_mean"]
-                    record["unseen_accuracy_bottom_decile"] = summary["accuracy_bottom_decile"]
-                else:
-                    record.update(summary)
-                    n = self._average_weights(tasks)
-                    loss = np.array([accepted[t]["train-loss"] for t in tasks])
-                    record["train_loss_eval"] = float(loss @ n / n.sum())
-            record["tasks_missing"] = sorted(set(range(self.num_tasks)) - set(accepted)
-                                             - sent.skipped)
+            self._record_evaluation(record, sent, self._read_replies(sent, replies))
         record["wall_time_s"] = time.perf_counter() - self._round_start
         self.book.publish(record, self.on_round)
         return MetricRecord({k: float(v) for k, v in record.items()
                              if isinstance(v, int | float) and not isinstance(v, bool)})
+
+    def _record_evaluation(self, record: dict[str, Any], sent: FedEMSentRound,
+                           accepted: dict[int, dict[str, Any]]) -> None:
+        """The accepted evaluate replies of the exchange ``sent`` into the round's
+        ``record``: the accuracies of the training and held-out clients, the training
+        clients' loss, and the tasks missing (neither replied nor left out by Flower's
+        ``fraction_evaluate``)."""
+        for key, mask in (("", ~self.unseen), ("unseen_", self.unseen)):
+            tasks = [t for t in accepted if mask[t]]
+            if not tasks:
+                continue
+            correct = np.array([accepted[t]["test-correct"] for t in tasks])
+            counts = np.array([accepted[t]["test-n"] for t in tasks])
+            if self.robust:
+                correct, counts = _capped_test_counts(correct, counts)
+            summary = error_summary(counts - correct, counts)
+            if key:
+                record["unseen_accuracy_mean"] = summary["accuracy_mean"]
+                record["unseen_accuracy_bottom_decile"] = summary["accuracy_bottom_decile"]
+            else:
+                record.update(summary)
+                n = self._average_weights(tasks)
+                loss = np.array([accepted[t]["train-loss"] for t in tasks])
+                record["train_loss_eval"] = float(loss @ n / n.sum())
+        record["tasks_missing"] = sorted(set(range(self.num_tasks)) - set(accepted)
+                                         - sent.skipped)
 
     # ------------------------------------------------------------------ checkpoints
     def fingerprint(self) -> dict[str, Any]:
