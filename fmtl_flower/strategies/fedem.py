@@ -80,9 +80,12 @@ client receives its cluster's model, a held-out one every cluster's model). Repl
 Every reply is validated (presence, types, shapes, finiteness, weights in {0, n-train},
 matching task and round, the largest absolute parameter below ``max_abs_param``); a reply
 that fails is logged with its reason and counts as a dropped client; the components are
-untouched by it. A reply holding anything the contract does not name (another record, metric
-or array, or arrays above the bytes of ``components``' and ``weights``' shapes) is rejected
-before it is decoded (:func:`reply_contracts`).
+untouched by it. A reply is read against the state its exchange was sent with (its
+:class:`~fmtl_flower.strategies.round_state.FedEMSentRound`: the components and the tasks
+sent, whatever was configured since); a reply to no awaited exchange (late, foreign, or
+read already) is logged and dropped. A reply holding anything the contract does not name
+(another record, metric or array, or arrays above the bytes of ``components``' and
+``weights``' shapes) is rejected before it is decoded (:func:`reply_contracts`).
 
 Bounds: each returned component theta_m must stay within ``max_update_ratio`` times
 max(|theta_m|_2, 1) of the component theta_m it was sent (Euclidean norms over the
@@ -128,6 +131,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from logging import INFO, WARNING
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -169,6 +173,7 @@ from .discovery import (
 from .packed_fedem import PROTOCOL as STACKING_PROTOCOL
 from .packed_fedem import read_stacked_reply, stacked_message
 from .records import RoundRecords
+from .round_state import FedEMSentRound, SentRounds, drop_unsent, frozen_array
 from .trust import ReplyBoundary, ReplyContract, all_finite, check_bound, norm
 
 __all__ = ["METHODS", "FedEM", "ReplyError"]
@@ -419,6 +424,8 @@ class FedEM(TaskStrategy):
         self.components: np.ndarray | None = None
         self.replies = ReplyBoundary(self.name, reply_contracts(), lambda: dict(
             zip(("M", "P"), self.components.shape, strict=True)))
+        #: Each exchange's FedEMSentRound until its replies are read (strategies/round_state).
+        self.sent_rounds = SentRounds(self.name)
         self._round_start = 0.0
         if initial_components is not None:
             self._set_initial(list(initial_components), "initial_components")
@@ -458,17 +465,16 @@ class FedEM(TaskStrategy):
         known = np.array(sorted(t for t in self.task_to_node if not self.unseen[t]), dtype=int)
         fraction = self._train_fraction()
         if self._poisson_sampled():  # client-level DP's secret Poisson sample (privacy.py)
-            self._sampled = self.privacy.sample(known, fraction, int((~self.unseen).sum()),
-                                                self.min_train_nodes)
-            return self._messages(server_round, MessageType.TRAIN, self._sampled, grid)
-        rng = round_rng(self.seed, server_round, TAG_SAMPLE)
-        if max(1, int(np.floor(fraction * known.size))) >= self.min_train_nodes:
-            sampled = sample_clients(known, fraction, rng)
-        else:  # min_train_nodes raises the count (capped at the eligible clients)
-            sampled = np.sort(rng.choice(known, size=min(self.min_train_nodes, known.size),
-                                         replace=False))
-        self._sampled = [int(t) for t in sampled]
-        return self._messages(server_round, MessageType.TRAIN, self._sampled, grid)
+            sampled = self.privacy.sample(known, fraction, int((~self.unseen).sum()),
+                                          self.min_train_nodes)
+        else:
+            rng = round_rng(self.seed, server_round, TAG_SAMPLE)
+            if max(1, int(np.floor(fraction * known.size))) >= self.min_train_nodes:
+                sampled = sample_clients(known, fraction, rng)
+            else:  # min_train_nodes raises the count (capped at the eligible clients)
+                sampled = np.sort(rng.choice(known, size=min(self.min_train_nodes, known.size),
+                                             replace=False))
+        return self._send(server_round, MessageType.TRAIN, [int(t) for t in sampled], grid)
 
     def _poisson_sampled(self) -> bool:
         """Whether client-level DP samples the devices (``dp.sampling=poisson``): each
@@ -495,17 +501,22 @@ class FedEM(TaskStrategy):
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord]:
-        """Validate replies and aggregate each component."""
+        """Validate the replies against the round's sent state and aggregate each component
+        (replies to no awaited round: logged and dropped)."""
         assert self.components is not None
+        sent = self.sent_rounds.take(MessageType.TRAIN, server_round)
+        if sent is None:
+            drop_unsent(self.replies, MessageType.TRAIN, server_round, replies)
+            return None, MetricRecord({"num-replies": 0, "num-dropped": 0})
         # keyed by task in task order: sums must not depend on the order replies arrive in
-        accepted = self._read_replies(server_round, replies, train=True)
+        accepted = self._read_replies(sent, replies)
         started = time.perf_counter()
         if self.method != "local" and (accepted or self._poisson_sampled()):
             clusters = self.clusters
             if self.method == "cfl":
                 components, clusters = self._cfl_aggregate(accepted)
             else:
-                components = self._aggregate_components(accepted)
+                components = self._aggregate_components(accepted, len(sent.tasks))
             if all_finite(components):
                 self.components, self.clusters = components, clusters
             else:  # the bounds make this unreachable: belt and braces
@@ -521,8 +532,8 @@ class FedEM(TaskStrategy):
             server_round, primal=None, dual=None, gap=None,
             train_loss=float(loss @ n / n.sum()) if n.size else None,
             unseen_accuracy_mean=None, unseen_accuracy_bottom_decile=None,
-            num_sampled=len(self._sampled), num_replies=len(accepted),
-            num_dropped=len(self._sampled) - len(accepted), lr=self._lr(server_round),
+            num_sampled=len(sent.tasks), num_replies=len(accepted),
+            num_dropped=len(sent.tasks) - len(accepted), lr=self._lr(server_round),
             client_estep_s=timing["e-step-s"], client_train_s=timing["train-s"],
             aggregate_s=aggregate_s,
             **({} if self.privacy is None else self.privacy.record_fields(self.records)),
@@ -540,39 +551,54 @@ class FedEM(TaskStrategy):
             return []
         known = sorted(self.task_to_node)
         chosen = self.sample_evaluate_tasks(known, server_round, self.seed)
-        self._not_evaluated = set(known) - set(chosen)
-        return self._messages(server_round, MessageType.EVALUATE, chosen, grid)
+        return self._send(server_round, MessageType.EVALUATE, chosen, grid,
+                          skipped=set(known) - set(chosen))
 
     def aggregate_evaluate(self, server_round: int,
                            replies: Iterable[Message]) -> MetricRecord | None:
-        """Complete the round's record (accuracies of training and held-out clients)."""
+        """Complete the round's record (accuracies of training and held-out clients, read
+        against the round's sent state; replies to no awaited round: logged and dropped, the
+        records untouched)."""
+        sent = None
+        if self._evaluation_due(server_round):
+            sent = self.sent_rounds.take(MessageType.EVALUATE, server_round)
+            if sent is None:
+                drop_unsent(self.replies, MessageType.EVALUATE, server_round, replies)
+                return None
         record = self.records[-1]
         self.book.complete(len(self.records) - 1)
-        if self._evaluation_due(server_round):
-            accepted = self._read_replies(server_round, replies, train=False)
-            for key, mask in (("", ~self.unseen), ("unseen_", self.unseen)):
-                tasks = [t for t in accepted if mask[t]]
-                if not tasks:
-                    continue
-                correct = np.array([accepted[t]["test-correct"] for t in tasks])
-                counts = np.array([accepted[t]["test-n"] for t in tasks])
-                if self.robust:
-                    correct, counts = _capped_test_counts(correct, counts)
-                summary = error_summary(counts - correct, counts)
-                if key:
-                    record["unseen_accuracy_mean"] = summary["accuracy_mean"]
-                    record["unseen_accuracy_bottom_decile"] = summary["accuracy_bottom_decile"]
-                else:
-                    record.update(summary)
-                    n = self._average_weights(tasks)
-                    loss = np.array([accepted[t]["train-loss"] for t in tasks])
-                    record["train_loss_eval"] = float(loss @ n / n.sum())
-            record["tasks_missing"] = sorted(set(range(self.num_tasks)) - set(accepted)
-                                             - getattr(self, "_not_evaluated", set()))
+        if sent is not None:
+            self._record_evaluation(record, sent, self._read_replies(sent, replies))
         record["wall_time_s"] = time.perf_counter() - self._round_start
         self.book.publish(record, self.on_round)
         return MetricRecord({k: float(v) for k, v in record.items()
                              if isinstance(v, int | float) and not isinstance(v, bool)})
+
+    def _record_evaluation(self, record: dict[str, Any], sent: FedEMSentRound,
+                           accepted: dict[int, dict[str, Any]]) -> None:
+        """The accepted evaluate replies of the exchange ``sent`` into the round's
+        ``record``: the accuracies of the training and held-out clients, the training
+        clients' loss, and the tasks missing (neither replied nor left out by Flower's
+        ``fraction_evaluate``)."""
+        for key, mask in (("", ~self.unseen), ("unseen_", self.unseen)):
+            tasks = [t for t in accepted if mask[t]]
+            if not tasks:
+                continue
+            correct = np.array([accepted[t]["test-correct"] for t in tasks])
+            counts = np.array([accepted[t]["test-n"] for t in tasks])
+            if self.robust:
+                correct, counts = _capped_test_counts(correct, counts)
+            summary = error_summary(counts - correct, counts)
+            if key:
+                record["unseen_accuracy_mean"] = summary["accuracy_mean"]
+                record["unseen_accuracy_bottom_decile"] = summary["accuracy_bottom_decile"]
+            else:
+                record.update(summary)
+                n = self._average_weights(tasks)
+                loss = np.array([accepted[t]["train-loss"] for t in tasks])
+                record["train_loss_eval"] = float(loss @ n / n.sum())
+        record["tasks_missing"] = sorted(set(range(self.num_tasks)) - set(accepted)
+                                         - sent.skipped)
 
     # ------------------------------------------------------------------ checkpoints
     def fingerprint(self) -> dict[str, Any]:
@@ -824,16 +850,18 @@ class FedEM(TaskStrategy):
         n = self.trusted_n_train()[np.asarray(tasks, dtype=int)]
         return cap_shares(n, self.max_weight_share) if n.size else n
 
-    def _aggregate_components(self, accepted: dict[int, dict[str, Any]]) -> np.ndarray:
+    def _aggregate_components(self, accepted: dict[int, dict[str, Any]],
+                              num_sampled: int) -> np.ndarray:
         """The components after the round's accepted replies (every method but CFL and
         local): n-weighted averages of the updates (``aggregation``'s rule), made robust in
-        robust mode; pFedMe's server step ``beta`` applied."""
+        robust mode; pFedMe's server step ``beta`` applied. ``num_sampled``: the tasks the
+        round was sent to (client-level DP's divisor)."""
         assert self.components is not None
         total = None
         if self.privacy is not None:  # client-level DP: clipped noisy mean (strategies/privacy)
             components = self.privacy.aggregate(
                 self.components, [r["components"] for r in accepted.values()],
-                len(self._sampled), self.records, self.num_rounds or 1)
+                num_sampled, self.records, self.num_rounds or 1)
         elif self.robust:
             n = self.trusted_n_train()
             updates = [(r["components"], np.where(r["weights"] > 0, n[t], 0.0))
@@ -856,16 +884,6 @@ class FedEM(TaskStrategy):
             components = self.components + self.pfedme_beta * (components - self.components)
         return components
 
-    def _sent(self, task: int) -> np.ndarray:
-        """The components a task receives: CFL's training clients their cluster's model
-        (1, P), everyone else every component."""
-        assert self.components is not None
-        if self.method == "cfl" and not self.unseen[task]:
-            c = int(self.cluster_of()[task])
-            if c >= 0:
-                return self.components[c:c + 1]
-        return self.components
-
     # ------------------------------------------------------------------ helpers
     def _evaluation_due(self, server_round: int) -> bool:
         return server_round % self.eval_every == 0 or server_round == self.num_rounds
@@ -874,22 +892,8 @@ class FedEM(TaskStrategy):
         return learning_rate(self.sgd.lr, server_round, self.num_rounds or server_round,
                              self.lr_schedule)
 
-    def _messages(self, server_round: int, message_type: str, tasks: list[int],
-                  grid: Grid | None = None) -> list[Message]:
-        """One message per task; one stacked message per packed node that speaks FedEM's
-        stacking protocol (:mod:`~fmtl_flower.strategies.packed_fedem`; numpy models)."""
-        assert self.components is not None
-        encoded: dict[int, Any] = {}  # the components each task is sent, encoded once
-        owner = self.cluster_of() if self.method == "cfl" else None
-
-        def sent(task: int) -> tuple[int, Any]:
-            """(key, encoding) of the components sent to ``task``: every component (key -1)
-            or, CFL's training clients, their cluster's model (key: the cluster)."""
-            key = -1 if owner is None or self.unseen[task] else int(owner[task])
-            if key not in encoded:
-                encoded[key] = to_array(self._sent(task))
-            return key, encoded[key]
-
+    def _shared_config(self, server_round: int, message_type: str) -> dict[str, Any]:
+        """The config every message of the exchange shares (the wire contract's)."""
         base = {"server-round": server_round, "seed": self.seed, "method": self.method,
                 "model": self.model_name, "num-classes": self.num_classes,
                 "hidden": self.hidden, "batch-size": self.sgd.batch_size,
@@ -904,45 +908,79 @@ class FedEM(TaskStrategy):
             base["layout"] = layout_signature(self.layout)
         if self.privacy is not None and message_type == MessageType.TRAIN:
             base.update(self.privacy.wire_config())  # client-clip: dp-clip
-        self.replies.begin()
+        return base
+
+    def _send(self, server_round: int, message_type: str, tasks: list[int],
+              grid: Grid | None = None, skipped: Iterable[int] = ()) -> list[Message]:
+        """The exchange's :class:`~fmtl_flower.strategies.round_state.FedEMSentRound`, kept
+        in :attr:`sent_rounds` until its replies are read against it, and its messages."""
+        assert self.components is not None
+        sent = self.sent_rounds.add(FedEMSentRound(
+            server_round, message_type,
+            MappingProxyType(self._shared_config(server_round, message_type)),
+            components=frozen_array(self.components),
+            cluster_of=frozen_array(self.cluster_of()) if self.method == "cfl" else None,
+            tasks=tuple(int(t) for t in tasks), skipped=frozenset(skipped),
+            exchange=self.replies.begin()))
+        return self._messages(sent, grid)
+
+    def _messages(self, sent: FedEMSentRound, grid: Grid | None = None) -> list[Message]:
+        """The messages of the exchange ``sent``, made from it: one per task; one stacked
+        message per packed node that speaks FedEM's stacking protocol
+        (:mod:`~fmtl_flower.strategies.packed_fedem`; numpy models)."""
+        encoded: dict[int, Any] = {}  # the components each task is sent, encoded once
+
+        def components(task: int) -> tuple[int, Any]:
+            """(key, encoding) of the components sent to ``task``: every component (key -1)
+            or, CFL's training clients, their cluster's model (key: the cluster)."""
+            key = sent.components_key(task)
+            if key not in encoded:
+                encoded[key] = to_array(sent.components_of(task))
+            return key, encoded[key]
+
         out = []
+        tasks = list(sent.tasks)
         stacked_groups = getattr(grid, "stacked_groups", None)
         if callable(stacked_groups) and self.layout is None:
             groups, rest = stacked_groups(STACKING_PROTOCOL, {t: self.task_to_node[t]
                                                              for t in tasks})
-            out = [self.replies.track_stack(group, stacked_message(
-                group, message_type, server_round, base, [sent(t) for t in group.tasks],
-                self.unseen)) for group in groups]
+            out = [sent.exchange.track_stack(group, stacked_message(
+                group, sent.message_type, sent.server_round, sent.config,
+                [components(t) for t in group.tasks], self.unseen)) for group in groups]
             tasks = [t for t in tasks if t in rest]
         for task in tasks:
             node = self.task_to_node[task]
-            config = ConfigRecord({**base, "task-id": int(task),
+            config = ConfigRecord({**sent.config, "task-id": int(task),
                                    "unseen": bool(self.unseen[task])})
-            content = RecordDict({"arrays": ArrayRecord({"components": sent(task)[1]}),
+            content = RecordDict({"arrays": ArrayRecord({"components": components(task)[1]}),
                                   "config": config})
-            out.append(self.replies.track(int(task), node, Message(
-                content, dst_node_id=node, message_type=message_type,
-                group_id=str(server_round))))
+            out.append(sent.exchange.track(int(task), node, Message(
+                content, dst_node_id=node, message_type=sent.message_type,
+                group_id=str(sent.server_round))))
         return out
 
-    def _read_replies(self, server_round: int, replies: Iterable[Message],
-                      train: bool) -> dict[int, dict[str, Any]]:
-        """Validated replies keyed by task, in task order; invalid ones logged and left out
+    def _read_replies(self, sent: FedEMSentRound, replies: Iterable[Message]
+                      ) -> dict[int, dict[str, Any]]:
+        """Validated replies to the exchange ``sent``, keyed by task, in task order, checked
+        against what it sent; invalid ones logged and left out
         (:class:`~fmtl_flower.strategies.trust.ReplyBoundary`)."""
         def on_accept(task: int) -> None:
             self.ever_replied[task] = True
 
         return self.replies.read(
-            f"round {server_round}", replies,
-            lambda reply, task: self._parse_reply(reply, task, server_round, train),
+            f"round {sent.server_round}", replies,
+            lambda reply, task: self._parse_reply(reply, task, sent),
             on_accept,
-            lambda reply, group: self._parse_stack(reply, group, server_round, train)).accepted
+            lambda reply, group: self._parse_stack(reply, group, sent),
+            exchange=sent.exchange).accepted
 
-    def _parse_reply(self, reply: Message, task: int, server_round: int,
-                     train: bool) -> dict[str, Any]:
+    def _parse_reply(self, reply: Message, task: int, sent: FedEMSentRound
+                     ) -> dict[str, Any]:
+        """One reply's keys, types, shapes and values against the exchange ``sent``."""
+        train = sent.message_type == MessageType.TRAIN
         ints, numbers, optional = self._reply_keys(train)
         out = read_metrics(reply, ints=ints, numbers=numbers, optional_numbers=optional)
-        self._check_metrics(out, task, server_round, train)
+        self._check_metrics(out, task, sent)
         if not train:
             return out
         arrays = arrays_of(reply)
@@ -951,18 +989,18 @@ class FedEM(TaskStrategy):
         if "responsibility" in arrays:
             out["responsibility"] = from_array(arrays["responsibility"])
         return self._check_arrays(out, from_array(arrays["components"]),
-                                  from_array(arrays["weights"]))
+                                  from_array(arrays["weights"]), sent)
 
-    def _parse_stack(self, reply: Message, group: StackGroup, server_round: int,
-                     train: bool) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
+    def _parse_stack(self, reply: Message, group: StackGroup, sent: FedEMSentRound
+                     ) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
         """The rows of a stacked reply (:mod:`~fmtl_flower.strategies.packed_fedem`), each
         checked as :meth:`_parse_reply` checks one reply, and the rejected tasks."""
-        assert self.components is not None
+        train = sent.message_type == MessageType.TRAIN
 
         def check(row: dict[str, Any], task: int) -> None:
-            self._check_metrics(row, task, server_round, train)
+            self._check_metrics(row, task, sent)
             if train:
-                self._check_arrays(row, row["components"], row["weights"])
+                self._check_arrays(row, row["components"], row["weights"], sent)
 
         return read_stacked_reply(reply, group, self._reply_keys(train),
                                   ("components", "weights", "responsibility") if train else (),
@@ -976,9 +1014,10 @@ class FedEM(TaskStrategy):
             ints += ("test-correct", "test-n", "em-iterations")
         return ints, ("train-loss",), ("e-step-s", "train-s") if train else ()
 
-    def _check_metrics(self, out: dict[str, Any], task: int, server_round: int,
-                       train: bool) -> None:
-        check_task_and_round(out, task, server_round)
+    def _check_metrics(self, out: dict[str, Any], task: int, sent: FedEMSentRound) -> None:
+        """A reply's metrics against the exchange ``sent`` (its task, round and type)."""
+        train = sent.message_type == MessageType.TRAIN
+        check_task_and_round(out, task, sent.server_round)
         if out["n-train"] != self.n_train[task]:
             raise ReplyError(f"n-train {out['n-train']} differs from {self.n_train[task]}")
         if not 0 <= out["train-loss"] <= MAX_LOSS:
@@ -995,10 +1034,11 @@ class FedEM(TaskStrategy):
                 raise ReplyError(f"metric {key!r} must be in [0, the round timeout "
                                  f"{self.round_timeout:g} s]")
 
-    def _check_arrays(self, out: dict[str, Any], theta: np.ndarray, weights: np.ndarray
-                      ) -> dict[str, Any]:
-        assert self.components is not None
-        sent = self._sent(int(out["task-id"]))
+    def _check_arrays(self, out: dict[str, Any], theta: np.ndarray, weights: np.ndarray,
+                      exchange: FedEMSentRound) -> dict[str, Any]:
+        """A train reply's components and weights against those the exchange sent its task
+        (shapes, finiteness, the update bound, the trained components)."""
+        sent = exchange.components_of(int(out["task-id"]))
         M, P = sent.shape
         if theta.dtype != np.float64 or theta.shape != (M, P):
             raise ReplyError(f"'components' must be float64 of shape ({M}, {P}), got "

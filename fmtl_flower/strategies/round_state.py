@@ -188,3 +188,64 @@ def drop_unsent(boundary: ReplyBoundary, message_type: str, server_round: int,
         server_round, message_type)
     boundary.read(f"round {server_round}", replies, lambda reply, task: {},
                   exchange=Exchange())
+
+
+# ------------------------------------------------------------------ FedEM's family
+# FedEM and its baselines (fedavg, fedprox, fedavg-ft, IFCA, CFL, pFedMe, local; packed or
+# not) send every task the same kind of message: the components, or CFL's cluster model.
+
+__all__ += ["FedEMSentRound"]
+
+
+@dataclass(frozen=True)
+class FedEMSentRound:
+    """What one exchange of FedEM's family sent, which its replies are checked against
+    (``configure_train`` / ``configure_evaluate`` of
+    :class:`~fmtl_flower.strategies.fedem.FedEM` build it; the messages are made from it).
+
+    Attributes
+    ----------
+    server_round : int
+        The round the messages name (``server-round``; every reply must echo it).
+    message_type : str
+        ``"train"`` or ``"evaluate"``.
+    config : mapping
+        The config every message shares (the one-task messages add ``task-id`` and
+        ``unseen``), built once.
+    components : ndarray, (M, P)
+        The server's components as sent (read-only): the reference of the update bound.
+    cluster_of : ndarray of int, (num_tasks,), or None
+        CFL: each task's cluster as sent (-1: a held-out task, sent every cluster's model);
+        None for the other methods (every task is sent every component).
+    tasks : tuple of int
+        The tasks sent a message, sorted: the round's sample (``train``; with
+        ``dp.sampling=poisson`` the secret Poisson sample) or the evaluated tasks.
+    skipped : frozenset of int
+        ``evaluate``: the known tasks Flower's ``fraction_evaluate`` left out (not missing).
+    exchange : Exchange
+        The trust boundary's registry of the messages sent (fills as they are made).
+    """
+
+    server_round: int
+    message_type: str
+    config: Mapping[str, Any]
+    components: np.ndarray
+    cluster_of: np.ndarray | None
+    tasks: tuple[int, ...]
+    skipped: frozenset[int] = frozenset()
+    exchange: Exchange = field(default_factory=Exchange, compare=False)
+
+    def components_of(self, task: int) -> np.ndarray:
+        """The components ``task`` was sent: CFL's training clients their cluster's model
+        (1, P), everyone else every component (M, P)."""
+        if self.cluster_of is not None and self.cluster_of[task] >= 0:
+            c = int(self.cluster_of[task])
+            return self.components[c:c + 1]
+        return self.components
+
+    def components_key(self, task: int) -> int:
+        """Which rows :meth:`components_of` gives ``task``: its cluster, or -1 (every
+        component); tasks with one key are sent one encoding."""
+        if self.cluster_of is None:
+            return -1
+        return int(self.cluster_of[task])
