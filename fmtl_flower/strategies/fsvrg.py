@@ -101,6 +101,12 @@ array as a (K, d) matrix (contract in :mod:`fmtl_flower.clients.packed_fsvrg`). 
 checked as a one-task reply and the sums run in task order, so the run equals the unpacked
 one bit for bit; a bad row or slot fails only its task.
 
+Each exchange's sent state is fixed, before its messages are made from it, as one frozen
+:class:`~fmtl_flower.strategies.round_state.SentFSVRGExchange` (the messages and their ids,
+the w_t, |w_t|, CoCoA+'s ``last-accepted-round`` and w_t . v_k, the power iteration's v, the
+``dp-clip``); its replies are read against it, whatever was configured since, and a round's
+replies read a second time are logged and dropped.
+
 Every reply is validated (records and keys, int metrics as ints, finite numbers, arrays of
 dtype float64 (integers for ``counts``) and shape (d,), finite, matching task, round and
 n-train; nothing the contract does not name, and arrays within the bytes of their shapes,
@@ -163,9 +169,10 @@ setup's counts go into one private release (:meth:`~.privacy.FSVRGDP.feature_sta
 ``stats`` (``n_j``, ``omega``: floats), ``phi`` and ``A`` are post-processing of it; each
 round's gradient and mean update ``sum_k weight_k clip(w_k - w_t)`` are released, and
 ``w_{t+1} = w_t + A (released mean update)``. ``cocoa-plus`` (``client-clip``): the devices
-scale their steps (``dp-clip``), the server clips each ``d-w`` again (a no-op for an honest
-device), keeps the clipped one in the ledger and adds the noisy sum to ``w``. So ``w`` is
-``w(alpha)`` plus the noise of every release so far, and the ledger's ``sum_k v_k`` is
+scale their steps (``dp-clip``), the server clips each ``d-w`` again to the ``dp-clip`` its
+round was sent with (a no-op for an honest device), keeps the clipped one in the ledger and
+adds the noisy sum to ``w``. So ``w`` is ``w(alpha)`` plus the noise of every release so
+far, and the ledger's ``sum_k v_k`` is
 ``w(alpha)`` itself: a record's ``dual`` is ``D(alpha)`` with ``w(alpha)`` from the ledger,
 and ``gap = objective - dual = P(w) - D(alpha) >= P(w) - P*`` bounds the suboptimality of
 the released (noisy) ``w`` (weak duality holds for any pair); ``gap_certified`` keeps its
@@ -699,9 +706,11 @@ class FSVRG(TaskStrategy):
         for task in resets:
             w = w - self.ledger.share(task)
         d_ws = {t: accepted[t]["d-w"] for t in tasks}
-        if self.privacy is not None:  # client-level DP: clipped again, the sum noised
+        if self.privacy is not None:  # client-level DP: clipped again (to the dp-clip
+            # the devices were sent), the sum noised
             clipped, d_w_sum = self.privacy.dual_step_sum(
-                list(d_ws.values()), self.num_tasks, self.records, self._dp_releases())
+                list(d_ws.values()), self.num_tasks, self.records, self._dp_releases(),
+                clip=sent.dp_clip)
             d_ws = dict(zip(tasks, clipped, strict=True))
         else:
             d_w_sum = np.zeros(self.ledger.dim)
@@ -1193,8 +1202,9 @@ class FSVRG(TaskStrategy):
     def _check_step(self, out: dict[str, Any], sent: SentFSVRGExchange) -> None:
         """A train reply's step against the w_t ``sent``: ``|w-local - w_t|`` (CoCoA+:
         ``|d-w|``) within ``max_update_ratio`` times ``max(|w_t|, 1)``; CoCoA+'s ``|d-w|``
-        also within ``sqrt(n-train sq-norm-sum) / (lam n)`` and, under client-level DP
-        ``client-clip``, within the ``dp-clip`` sent (the device scales its step to it)."""
+        also within ``sqrt(n-train sq-norm-sum) / (lam n)``. (Under client-level DP a
+        ``d-w`` above the ``dp-clip`` sent is clipped to it, not rejected:
+        :meth:`_aggregate_cocoa_plus`.)"""
         w_t = sent.w
         assert w_t is not None
         limit = self.max_update_ratio * max(sent.w_norm, 1.0)
@@ -1208,9 +1218,6 @@ class FSVRG(TaskStrategy):
         check_bound("|d-w|", size, limit, why, self.max_update_ratio)
         check_bound("|d-w|", size, out["data-norm"] / (self.lam * self.n_total),
                     "sqrt(n-train sq-norm-sum) / (lambda n) for y alpha in [0, 1]")
-        if sent.dp_clip is not None:
-            check_bound("|d-w|", size, sent.dp_clip, "the dp-clip sent with round %d",
-                        sent.server_round)
 
     def _check_pair(self, out: dict[str, Any], task: int, sent: SentFSVRGExchange) -> None:
         """The certificate's check of a CoCoA+ reply's (``loss-sum``, ``dual-sum``) at the
