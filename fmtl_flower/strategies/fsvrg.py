@@ -101,6 +101,12 @@ array as a (K, d) matrix (contract in :mod:`fmtl_flower.clients.packed_fsvrg`). 
 checked as a one-task reply and the sums run in task order, so the run equals the unpacked
 one bit for bit; a bad row or slot fails only its task.
 
+Each exchange's sent state is fixed, before its messages are made from it, as one frozen
+:class:`~fmtl_flower.strategies.round_state.FSVRGSentExchange` (the messages and their ids,
+the w_t, |w_t|, CoCoA+'s ``last-accepted-round`` and w_t . v_k, the power iteration's v, the
+``dp-clip``); its replies are read against it, whatever was configured since, and a round's
+replies read a second time are logged and dropped.
+
 Every reply is validated (records and keys, int metrics as ints, finite numbers, arrays of
 dtype float64 (integers for ``counts``) and shape (d,), finite, matching task, round and
 n-train; nothing the contract does not name, and arrays within the bytes of their shapes,
@@ -163,9 +169,10 @@ setup's counts go into one private release (:meth:`~.privacy.FSVRGDP.feature_sta
 ``stats`` (``n_j``, ``omega``: floats), ``phi`` and ``A`` are post-processing of it; each
 round's gradient and mean update ``sum_k weight_k clip(w_k - w_t)`` are released, and
 ``w_{t+1} = w_t + A (released mean update)``. ``cocoa-plus`` (``client-clip``): the devices
-scale their steps (``dp-clip``), the server clips each ``d-w`` again (a no-op for an honest
-device), keeps the clipped one in the ledger and adds the noisy sum to ``w``. So ``w`` is
-``w(alpha)`` plus the noise of every release so far, and the ledger's ``sum_k v_k`` is
+scale their steps (``dp-clip``), the server clips each ``d-w`` again to the ``dp-clip`` its
+round was sent with (a no-op for an honest device), keeps the clipped one in the ledger and
+adds the noisy sum to ``w``. So ``w`` is ``w(alpha)`` plus the noise of every release so
+far, and the ledger's ``sum_k v_k`` is
 ``w(alpha)`` itself: a record's ``dual`` is ``D(alpha)`` with ``w(alpha)`` from the ledger,
 and ``gap = objective - dual = P(w) - D(alpha) >= P(w) - P*`` bounds the suboptimality of
 the released (noisy) ``w`` (weak duality holds for any pair); ``gap_certified`` keeps its
@@ -211,6 +218,7 @@ import time
 from collections.abc import Callable, Iterable
 from functools import partial
 from logging import INFO, WARNING
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -267,6 +275,7 @@ from .packed_fsvrg import PROTOCOL as STACKING_PROTOCOL
 from .packed_fsvrg import TEST_KEYS as _TEST_KEYS
 from .packed_fsvrg import read_stacked_reply, reply_keys, stacked_message
 from .records import RoundRecords
+from .round_state import FSVRGSentExchange, SentRounds, drop_unsent, frozen_array
 from .trust import ReplyBoundary, ReplyContract, all_finite, check_bound, norm
 
 __all__ = ["METHODS", "DualLedger", "FSVRG", "ReplyError"]
@@ -479,12 +488,11 @@ class FSVRG(TaskStrategy):
         self.step: float | None = self.step_arg
         self.gd_estimate: dict[str, Any] | None = None  # GD's L from power iteration
         self.exchanges = 0
-        self._g: np.ndarray | None = None
-        self._gd_replies = 0
-        self._gram_v: np.ndarray | None = None  # the power iteration's v being answered
+        self._gd_replies = 0  # GD: the accepted gradient replies of the round's step
         self.replies = ReplyBoundary(_NAME, reply_contracts(s.method), lambda: {"d": self.dim})
+        #: Each train / evaluate exchange's sent state, until its replies are read.
+        self.sent_rounds = SentRounds(_NAME)
         self._round_start = 0.0
-        self._evaluating = False
         self._seed_w: np.ndarray | None = None  # start()'s initial w0, until discovery
         #: The row counts devices are weighted by (robust: :func:`trusted_counts`).
         self.n_weight = np.zeros(self.num_tasks, dtype=np.int64)
@@ -533,16 +541,14 @@ class FSVRG(TaskStrategy):
         if len(self.records) < server_round:
             self._new_record(server_round - 1)
         evaluate = (server_round - 1) % self.eval_every == 0
-        self._evaluating = evaluate
         if self.method == "cocoa-plus":  # one exchange; its replies complete the record
             return self._train_messages(grid, server_round, evaluate)
-        accepted = self._exchange(grid, server_round, f"{MessageType.QUERY}.fsvrg_gradient",
-                                  evaluate, kind="gradient")
+        sent, accepted = self._gradient_exchange(grid, server_round, evaluate)
         self.exchanges += 1
-        completed = self._complete_record(server_round - 1, accepted)
+        completed = self._complete_record(server_round - 1, accepted, sent.w)
         if evaluate and accepted:  # f(w_{r-1}) and its test errors came with exchange 1
             self.report_evaluation(server_round - 1, completed, accepted)
-        self._g = None
+        self._gd_replies = 0
         if not accepted:
             log(WARNING, "%s round %d: no gradient reply; the model is kept", _NAME,
                 server_round)
@@ -550,34 +556,42 @@ class FSVRG(TaskStrategy):
         n_rep = int(sum(self.n_weight[t] for t in accepted)) if self.privacy is None \
             else int(self.n_weight.sum())  # DP: a fixed denominator (privacy.FSVRGDP)
         grad_sum = self._gradient_sum(accepted)
-        assert self.lam is not None and self.w is not None
-        self._g = global_gradient(self.w, grad_sum, n_rep, self.lam)
+        assert self.lam is not None and sent.w is not None
+        g = global_gradient(sent.w, grad_sum, n_rep, self.lam)
         if self.method == "gd":
             assert self.step is not None
-            w = gd_step(self.w, self._g, self.step)
-            self._gd_replies = len(accepted)
+            w = gd_step(sent.w, g, self.step)
             if all_finite(w):
                 self.w = w
+                self._gd_replies = len(accepted)
             else:  # the bounds make this unreachable: belt and braces
                 self._reject_round(server_round, accepted)
-                self._gd_replies = 0
             return []
-        return self._train_messages(grid, server_round)
+        return self._train_messages(grid, server_round, g=g)
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord]:
         """Aggregate the local models (or CoCoA+'s ``d_w``) and open the next record."""
         assert self.w is not None
+        if len(self.records) > server_round:  # this round was aggregated already
+            drop_unsent(self.replies, MessageType.TRAIN, server_round, replies)
+            return None, MetricRecord({"num-replies": 0, "exchanges": self.exchanges})
         num_resets = None
-        if self.method == "cocoa-plus":
-            num_replies, num_resets = self._aggregate_cocoa_plus(server_round, replies)
-        elif self.method == "gd" or self._g is None:
-            num_replies = self._gd_replies if (self.method == "gd" and self._g is not None) \
-                else 0
+        sent = None if self.method == "gd" else \
+            self.sent_rounds.take(MessageType.TRAIN, server_round)
+        if self.method == "gd":  # its step was taken in configure_train
+            num_replies = self._gd_replies
+        elif sent is None:  # no train messages were sent (no gradient reply)
+            replies = list(replies)
+            if replies:
+                drop_unsent(self.replies, MessageType.TRAIN, server_round, replies)
+            num_replies = 0
+        elif self.method == "cocoa-plus":
+            num_replies, num_resets = self._aggregate_cocoa_plus(sent, replies)
         else:
             self.exchanges += 1
-            accepted = self._read_replies(server_round, replies, kind="train")
-            w = self._aggregate_models(accepted)
+            accepted = self._read_replies(sent, replies)
+            w = self._aggregate_models(accepted, sent)
             if not all_finite(w):  # the bounds make this unreachable: belt and braces
                 self._reject_round(server_round, accepted)
                 w, accepted = self.w, {}
@@ -596,15 +610,21 @@ class FSVRG(TaskStrategy):
         """Nothing, except after the last round: f(w_R) and the test error."""
         if self.num_rounds is None or server_round != self.num_rounds or self.w is None:
             return []
-        return self._loss_messages(grid, server_round, MessageType.EVALUATE, True)
+        sent, messages = self._loss_exchange(grid, "evaluate", server_round, True)
+        self.sent_rounds.add(sent)
+        return messages
 
     def aggregate_evaluate(self, server_round: int,
                            replies: Iterable[Message]) -> MetricRecord | None:
         """Complete the final record."""
         if self.num_rounds is None or server_round != self.num_rounds or self.w is None:
             return None
-        accepted = self._read_replies(server_round, replies, kind="evaluate")
-        record = self._complete_record(server_round, accepted)
+        sent = self.sent_rounds.take(MessageType.EVALUATE, server_round)
+        if sent is None:  # never sent, or read already
+            drop_unsent(self.replies, MessageType.EVALUATE, server_round, replies)
+            return None
+        accepted = self._read_replies(sent, replies)
+        record = self._complete_record(server_round, accepted, sent.w)
         return MetricRecord({k: float(v) for k, v in record.items()
                              if isinstance(v, int | float) and not isinstance(v, bool)})
 
@@ -637,43 +657,48 @@ class FSVRG(TaskStrategy):
                              "from initial_arrays. Use a primal method or start from w = 0")
         self._seed_w = initial_model(initial_arrays, "w", None, _NAME, self.directory.dim)
 
-    def _aggregate_models(self, accepted: dict[int, dict[str, Any]]) -> np.ndarray:
-        """The next ``w`` from the accepted local models (``fsvrg`` / naive / ``dane``)."""
-        assert self.w is not None
+    def _aggregate_models(self, accepted: dict[int, dict[str, Any]],
+                          sent: FSVRGSentExchange) -> np.ndarray:
+        """The next ``w`` from the accepted local models (``fsvrg`` / naive / ``dane``),
+        around the w_t ``sent`` (the models' starting point)."""
+        w_t = sent.w
+        assert w_t is not None
         tasks = sorted(accepted)
         models = [accepted[t]["w-local"] for t in tasks]
         if self.privacy is not None and self.method == "fsvrg":  # DP: A x a noisy mean
             assert self.stats is not None
-            return self.w + self.stats.a * self.privacy.mean_update(
-                self.w, models, [int(self.n_weight[t]) for t in tasks], self.n_weight,
+            return w_t + self.stats.a * self.privacy.mean_update(
+                w_t, models, [int(self.n_weight[t]) for t in tasks], self.n_weight,
                 self.records, self._dp_releases())
         if self.privacy is not None:  # client-level DP: clipped, over K, noised
-            models, std = self.privacy.local_models(self.w, models, self.num_tasks,
+            models, std = self.privacy.local_models(w_t, models, self.num_tasks,
                                                     self.records, self._dp_releases())
             w = dane_aggregate(models) if self.method == "dane" else \
-                naive_fsvrg_aggregate(self.w, models)
+                naive_fsvrg_aggregate(w_t, models)
             return self.privacy.noisy(w, std)
         if self.robust and models:
-            models = list(self._clipped(np.array(models), self.w, tasks, "w-local - w"))
+            models = list(self._clipped(np.array(models), w_t, tasks, "w-local - w"))
         if self.method == "fsvrg":
             assert self.stats is not None
-            return fsvrg_aggregate(self.w, models, [int(self.n_weight[t]) for t in tasks],
+            return fsvrg_aggregate(w_t, models, [int(self.n_weight[t]) for t in tasks],
                                    self.stats.a, n=self.stats.n)
         if self.method == "dane":
-            return dane_aggregate(models) if models else self.w
-        return naive_fsvrg_aggregate(self.w, models)
+            return dane_aggregate(models) if models else w_t.copy()
+        return naive_fsvrg_aggregate(w_t, models)
 
-    def _aggregate_cocoa_plus(self, server_round: int,
+    def _aggregate_cocoa_plus(self, sent: FSVRGSentExchange,
                               replies: Iterable[Message]) -> tuple[int, int]:
-        """Complete record r - 1, drop the shares of restarted nodes, add the ``d_w_k``.
+        """Complete record r - 1, drop the shares of restarted nodes, add the ``d_w_k`` (the
+        replies to the train exchange ``sent`` of round r).
 
         Returns the numbers of accepted replies and of resets.
         """
         assert self.w is not None and self.ledger is not None
+        server_round = sent.server_round
         self.exchanges += 1
-        accepted = self._read_replies(server_round, replies, kind="train")
-        completed = self._complete_record(server_round - 1, accepted)  # the w_t sent
-        if self._evaluating and accepted:
+        accepted = self._read_replies(sent, replies)
+        completed = self._complete_record(server_round - 1, accepted, sent.w)  # the w_t sent
+        if sent.evaluate and accepted:
             self.report_evaluation(server_round - 1, completed, accepted)
         tasks = sorted(accepted)
         resets = [t for t in tasks if not accepted[t]["state-ok"]]
@@ -681,9 +706,11 @@ class FSVRG(TaskStrategy):
         for task in resets:
             w = w - self.ledger.share(task)
         d_ws = {t: accepted[t]["d-w"] for t in tasks}
-        if self.privacy is not None:  # client-level DP: clipped again, the sum noised
+        if self.privacy is not None:  # client-level DP: clipped again (to the dp-clip
+            # the devices were sent), the sum noised
             clipped, d_w_sum = self.privacy.dual_step_sum(
-                list(d_ws.values()), self.num_tasks, self.records, self._dp_releases())
+                list(d_ws.values()), self.num_tasks, self.records, self._dp_releases(),
+                clip=sent.dp_clip)
             d_ws = dict(zip(tasks, clipped, strict=True))
         else:
             d_w_sum = np.zeros(self.ledger.dim)
@@ -712,9 +739,9 @@ class FSVRG(TaskStrategy):
     def _setup(self, grid: Grid) -> None:
         """Query every node's feature counts once and build the statistics."""
         assert self.dim is not None
-        messages = self._messages(grid, f"{MessageType.QUERY}.fsvrg_stats", {}, {})
+        sent, messages = self._send(grid, "stats", 0, {}, {})
         replies = grid.send_and_receive(messages, timeout=self.round_timeout)
-        accepted = self._read_replies(0, replies, kind="stats")
+        accepted = self._read_replies(sent, replies)
         self.exchanges += 1
         if self.privacy is not None and accepted:  # client-level DP: one noisy release
             tasks = sorted(accepted)
@@ -740,10 +767,9 @@ class FSVRG(TaskStrategy):
         assert self.dim is not None and self.lam is not None and self.n_total is not None
         v, estimate, iterations = gram_power_start(self.seed, self.dim), 0.0, 0
         while iterations < GD_POWER_MAX_ITER:
-            messages = self._messages(grid, f"{MessageType.QUERY}.fsvrg_gram", {}, {"v": v})
+            sent, messages = self._send(grid, "gram", 0, {}, {"v": v})
             replies = grid.send_and_receive(messages, timeout=self.round_timeout)
-            self._gram_v = v
-            accepted = self._read_replies(0, replies, kind="gram")
+            accepted = self._read_replies(sent, replies)
             self.exchanges += 1
             iterations += 1
             if not accepted:
@@ -785,75 +811,33 @@ class FSVRG(TaskStrategy):
             return rounds
         return 2 * rounds + (1 if self.method == "fsvrg" else 0)
 
-    def _exchange(self, grid: Grid, server_round: int, message_type: str, evaluate: bool,
-                  kind: str) -> dict[int, dict[str, Any]]:
-        messages = self._loss_messages(grid, server_round, message_type, evaluate)
-        return self._read_replies(server_round,
-                                  grid.send_and_receive(messages, timeout=self.round_timeout),
-                                  kind=kind)
+    def _gradient_exchange(self, grid: Grid, server_round: int, evaluate: bool
+                           ) -> tuple[FSVRGSentExchange, dict[int, dict[str, Any]]]:
+        """Exchange 1 of round r: the gradient at w_t, sent and read against what was
+        sent."""
+        sent, messages = self._loss_exchange(grid, "gradient", server_round, evaluate)
+        replies = grid.send_and_receive(messages, timeout=self.round_timeout)
+        return sent, self._read_replies(sent, replies)
 
-    def _loss_messages(self, grid: Grid, server_round: int, message_type: str,
-                       evaluate: bool) -> list[Message]:
+    def _loss_exchange(self, grid: Grid, kind: str, server_round: int, evaluate: bool
+                       ) -> tuple[FSVRGSentExchange, list[Message]]:
+        """The ``gradient`` or ``evaluate`` exchange at the current ``w``."""
         assert self.w is not None
         config: dict[str, Any] = {"server-round": server_round, "eval": bool(evaluate)}
         if self.ledger is not None:  # CoCoA+'s evaluate: commit or roll back first
             config["method"] = self.method
-        return self._messages(grid, message_type, config, {"w": self.w},
-                              protocol=self.ledger is not None)
+        return self._send(grid, kind, server_round, config, {"w": self.w}, evaluate)
 
-    def _messages(self, grid: Grid, message_type: str, config: dict[str, Any],
-                  arrays: dict[str, np.ndarray], protocol: bool = False) -> list[Message]:
-        """One exchange's messages (a new exchange of :attr:`replies`): one stacked message
-        per packed node that speaks the stacking protocol ``"fsvrg"``
-        (:mod:`~fmtl_flower.strategies.packed_fsvrg`: ``config`` and ``arrays`` once, the
-        task ids and last-accepted rounds as vectors), one message per task otherwise
-        (``config`` plus the task's ``task-id`` and, with ``protocol``, CoCoA+'s
-        commit-protocol keys)."""
-        self.replies.begin()
-        encoded = {key: to_array(value) for key, value in arrays.items()}
-        targets = dict(self.task_to_node)
-        messages = []
-        stacked_groups = getattr(grid, "stacked_groups", None)
-        if callable(stacked_groups):
-            groups, targets = stacked_groups(STACKING_PROTOCOL, targets)
-            shared, per_task = dict(config), {}
-            if protocol:
-                assert self.ledger is not None
-                per_task["last-accepted-round"] = self.ledger.last_accepted
-                shared[RUN_TOKEN_KEY] = self.sent_identity
-                if self.checkpoint_dir is not None:
-                    shared["checkpoint-round"] = int(self.last_checkpoint_round)
-            for group in groups:
-                messages.append(self.replies.track_stack(group, stacked_message(
-                    group, message_type, shared, encoded, per_task)))
-        for task, node in sorted(targets.items()):
-            task_config = {"task-id": task, **config}
-            if protocol:
-                task_config.update(self._protocol_config(task))
-            records: dict[str, Any] = {"config": ConfigRecord(task_config)}
-            if encoded:
-                records["arrays"] = ArrayRecord(encoded)
-            messages.append(self.replies.track(task, node, Message(
-                RecordDict(records), dst_node_id=node, message_type=message_type)))
-        return messages
-
-    def _protocol_config(self, task: int) -> dict[str, int | str]:
-        """CoCoA+'s commit-protocol keys: ``last-accepted-round``, ``run-token`` and, with
-        checkpoints, ``checkpoint-round`` (see :mod:`fmtl_flower.clients.dual_state`)."""
-        assert self.ledger is not None
-        out: dict[str, int | str] = {"last-accepted-round": int(self.ledger.last_accepted[task]),
-                                     RUN_TOKEN_KEY: self.sent_identity}
-        if self.checkpoint_dir is not None:
-            out["checkpoint-round"] = int(self.last_checkpoint_round)
-        return out
-
-    def _train_messages(self, grid: Grid, server_round: int,
-                        evaluate: bool = False) -> list[Message]:
+    def _train_messages(self, grid: Grid, server_round: int, evaluate: bool = False,
+                        g: np.ndarray | None = None) -> list[Message]:
+        """The round's ``train`` messages (``g``: the gradient of exchange 1, all methods
+        but CoCoA+); their sent state is kept in :attr:`sent_rounds` until
+        :meth:`aggregate_train` reads the replies."""
         assert self.w is not None and self.lam is not None
         arrays = {"w": self.w}
         if self.method != "cocoa-plus":
-            assert self._g is not None
-            arrays["g"] = self._g
+            assert g is not None
+            arrays["g"] = g
         if self.method == "fsvrg":
             assert self.stats is not None
             arrays["phi"] = self.stats.phi
@@ -861,8 +845,75 @@ class FSVRG(TaskStrategy):
                   "lam": self.lam, **self._solver_config(evaluate)}
         if self.privacy is not None:  # client-level DP client-clip (cocoa-plus): dp-clip
             common.update(self.privacy.wire_config())
-        return self._messages(grid, MessageType.TRAIN, common, arrays,
-                              protocol=self.ledger is not None)
+        sent, messages = self._send(grid, "train", server_round, common, arrays, evaluate)
+        self.sent_rounds.add(sent)
+        return messages
+
+    def _send(self, grid: Grid, kind: str, server_round: int, config: dict[str, Any],
+              arrays: dict[str, np.ndarray], evaluate: bool = False
+              ) -> tuple[FSVRGSentExchange, list[Message]]:
+        """One exchange's sent state (:meth:`_sent_exchange`) and its messages, made from it
+        alone: one stacked message per packed node that speaks the stacking protocol
+        ``"fsvrg"`` (:mod:`~fmtl_flower.strategies.packed_fsvrg`: the config and arrays once,
+        the task ids and last-accepted rounds as vectors), one message per task otherwise
+        (the config plus the task's ``task-id`` and CoCoA+'s commit-protocol keys)."""
+        targets = dict(self.task_to_node)
+        groups: list[StackGroup] = []
+        stacked_groups = getattr(grid, "stacked_groups", None)
+        if callable(stacked_groups):
+            groups, targets = stacked_groups(STACKING_PROTOCOL, targets)
+        sent = self._sent_exchange(kind, server_round, config, arrays, evaluate,
+                                   targets, tuple(groups))
+        return sent, self._messages(sent)
+
+    def _sent_exchange(self, kind: str, server_round: int, config: dict[str, Any],
+                       arrays: dict[str, np.ndarray], evaluate: bool = False,
+                       chosen: dict[int, int] | None = None,
+                       stacks: tuple[StackGroup, ...] = ()) -> FSVRGSentExchange:
+        """What an exchange sends, fixed before a message is made (a new exchange of the
+        trust boundary): read-only copies of ``arrays``, |w_t| and, for CoCoA+'s train and
+        evaluate, the commit-protocol keys and each task's w_t . v_k."""
+        frozen = MappingProxyType({k: frozen_array(v) for k, v in arrays.items()})
+        w = frozen.get("w")
+        protocol, last_accepted, coupling = {}, None, None
+        if self.ledger is not None and kind in ("train", "evaluate"):
+            protocol = {RUN_TOKEN_KEY: self.sent_identity}
+            if self.checkpoint_dir is not None:
+                protocol["checkpoint-round"] = int(self.last_checkpoint_round)
+            last_accepted = frozen_array(self.ledger.last_accepted, np.int64)
+            assert w is not None
+            coupling = frozen_array([self.ledger.dot(t, w) for t in range(self.num_tasks)],
+                                    np.float64)
+        return FSVRGSentExchange(
+            server_round, kind, _MESSAGE_TYPES[kind], bool(evaluate),
+            MappingProxyType(dict(config)), frozen,
+            w_norm=0.0 if w is None else float(norm(w)), protocol=MappingProxyType(protocol),
+            last_accepted=last_accepted, coupling=coupling,
+            chosen=MappingProxyType(dict(chosen or {})), stacks=stacks,
+            exchange=self.replies.begin())
+
+    def _messages(self, sent: FSVRGSentExchange) -> list[Message]:
+        """The messages of the exchange ``sent`` (:meth:`_send`), each registered in its
+        :class:`~fmtl_flower.strategies.trust.Exchange`."""
+        encoded = {key: to_array(value) for key, value in sent.arrays.items()}
+        messages = []
+        per_task = {} if sent.last_accepted is None else \
+            {"last-accepted-round": sent.last_accepted}
+        shared = {**sent.config, **sent.protocol}
+        for group in sent.stacks:
+            messages.append(sent.exchange.track_stack(group, stacked_message(
+                group, sent.message_type, shared, encoded, per_task)))
+        for task, node in sorted(sent.chosen.items()):
+            task_config = {"task-id": task, **sent.config}
+            if sent.last_accepted is not None:  # CoCoA+'s commit protocol
+                task_config["last-accepted-round"] = int(sent.last_accepted[task])
+                task_config.update(sent.protocol)
+            records: dict[str, Any] = {"config": ConfigRecord(task_config)}
+            if encoded:
+                records["arrays"] = ArrayRecord(encoded)
+            messages.append(sent.exchange.track(task, node, Message(
+                RecordDict(records), dst_node_id=node, message_type=sent.message_type)))
+        return messages
 
     def _solver_config(self, evaluate: bool) -> dict[str, Any]:
         """The method's keys of a ``train`` config (see the wire contract)."""
@@ -877,21 +928,25 @@ class FSVRG(TaskStrategy):
         return {"h": self.h}
 
     # ------------------------------------------------------------------ replies
-    def _read_replies(self, server_round: int, replies: Iterable[Message],
-                      kind: str) -> dict[int, dict[str, Any]]:
-        """Validated replies keyed by task, in task order; invalid ones are logged and left
-        out (:class:`~fmtl_flower.strategies.trust.ReplyBoundary`)."""
+    def _read_replies(self, sent: FSVRGSentExchange, replies: Iterable[Message]
+                      ) -> dict[int, dict[str, Any]]:
+        """Validated replies to the exchange ``sent``, keyed by task, in task order, checked
+        against what it sent; invalid ones are logged and left out
+        (:class:`~fmtl_flower.strategies.trust.ReplyBoundary`)."""
         def on_accept(task: int) -> None:
             self.ever_replied[task] = True
 
-        where = "setup" if kind in ("stats", "gram") else f"round {server_round} ({kind})"
+        kind = sent.kind
+        where = "setup" if kind in ("stats", "gram") else \
+            f"round {sent.server_round} ({kind})"
         accepted = self.replies.read(
             where, replies,
-            lambda reply, task: self._parse_reply(reply, task, server_round, kind),
+            lambda reply, task: self._parse_reply(reply, task, sent),
             None,
-            lambda reply, group: self._parse_stack(reply, group, server_round, kind)).accepted
+            lambda reply, group: self._parse_stack(reply, group, sent),
+            exchange=sent.exchange).accepted
         if self.robust and self.privacy is None:  # DP: no device's fate hangs on another's
-            accepted = self._federation_checks(where, accepted, kind)
+            accepted = self._federation_checks(where, accepted, sent)
         for task in accepted:
             on_accept(task)
         return accepted
@@ -915,15 +970,15 @@ class FSVRG(TaskStrategy):
         self.n_weight = weight
 
     def _federation_checks(self, where: str, accepted: dict[int, dict[str, Any]],
-                           kind: str) -> dict[int, dict[str, Any]]:
-        """Robust mode: the accepted replies checked against what the federation makes
-        plausible (:mod:`fmtl_flower.core.fsvrg.robust`); a reply that fails is logged and
-        rejected like one that failed its own checks."""
-        if kind == "gram":
-            problems = self._gram_problems(accepted)
+                           sent: FSVRGSentExchange) -> dict[int, dict[str, Any]]:
+        """Robust mode: the accepted replies to the exchange ``sent`` checked against what
+        the federation makes plausible (:mod:`fmtl_flower.core.fsvrg.robust`); a reply that
+        fails is logged and rejected like one that failed its own checks."""
+        if sent.kind == "gram":
+            problems = self._gram_problems(accepted, sent.arrays["v"])
         elif "sq-norm-sum" in next(iter(accepted.values()), {}):
-            problems = self._sq_norm_problems(accepted, kind)
-            if kind == "train":  # CoCoA+'s d-w
+            problems = self._sq_norm_problems(accepted, sent)
+            if sent.kind == "train":  # CoCoA+'s d-w
                 problems.update(self._d_w_outliers(
                     {t: r for t, r in accepted.items() if t not in problems}))
             for task, reply in accepted.items():  # the fence remembers accepted replies only
@@ -941,12 +996,11 @@ class FSVRG(TaskStrategy):
                 last.failed[task] = reason
         return {t: r for t, r in accepted.items() if t not in problems}
 
-    def _gram_problems(self, accepted: dict[int, dict[str, Any]]) -> dict[int, str]:
-        """GD's Gram replies that cannot be ``X_k^T X_k v`` for a plausible ``X_k``: ``v .
-        u_k < 0``, or a Rayleigh quotient above the federation's fence per row times the
-        task's trusted ``n_k``."""
-        v = self._gram_v
-        assert v is not None
+    def _gram_problems(self, accepted: dict[int, dict[str, Any]],
+                       v: np.ndarray) -> dict[int, str]:
+        """GD's Gram replies that cannot be ``X_k^T X_k v`` (``v`` as sent) for a plausible
+        ``X_k``: ``v . u_k < 0``, or a Rayleigh quotient above the federation's fence per row
+        times the task's trusted ``n_k``."""
         quotients = {}
         for task, reply in accepted.items():
             u = reply["gram-v"]
@@ -962,7 +1016,7 @@ class FSVRG(TaskStrategy):
         return problems
 
     def _sq_norm_problems(self, accepted: dict[int, dict[str, Any]],
-                          kind: str) -> dict[int, str]:
+                          sent: FSVRGSentExchange) -> dict[int, str]:
         """Cap each reply's ``sq-norm-sum`` at the federation's fence of mean squared row
         norms (this round's and the tasks' earlier ones, :attr:`mean_sq_norm`) times its
         trusted ``n_k``, and check the bounds that depend on it again (``data-norm`` becomes
@@ -978,7 +1032,7 @@ class FSVRG(TaskStrategy):
             reply["sq-norm-sum"] = min(reply["sq-norm-sum"], fence * n)
             reply["data-norm"] = math.sqrt(n * reply["sq-norm-sum"])
             try:
-                self._check_data_bounds(reply, task, kind)
+                self._check_data_bounds(reply, task, sent)
             except ReplyError as err:
                 problems[task] = f"{err} (sq-norm-sum capped by the federation's fence)"
         return problems
@@ -1003,19 +1057,19 @@ class FSVRG(TaskStrategy):
                    f"sqrt(n-train sq-norm-sum) / (lambda n) (more than {SHARE_BOUND_FLOOR:g})"
                 for i, t in enumerate(tasks) if outlier[i]}
 
-    def _check_data_bounds(self, reply: dict[str, Any], task: int, kind: str) -> None:
-        """The bounds that follow from ``data-norm`` (module docstring); CoCoA+'s share of
-        ``w`` after the reply is one ``|X_k^T alpha_k| / (lam n)`` too."""
-        w_norm = 0.0 if self.w is None else float(norm(self.w))
+    def _check_data_bounds(self, reply: dict[str, Any], task: int,
+                           sent: FSVRGSentExchange) -> None:
+        """The bounds that follow from ``data-norm`` (module docstring), at the w_t ``sent``;
+        CoCoA+'s share of ``w`` after the reply is one ``|X_k^T alpha_k| / (lam n)`` too."""
         n = int(self.n_weight[task])
         check_bound("loss-sum", reply["loss-sum"] * n / reply["n-train"],
-                    n * _LN2 + w_norm * reply["data-norm"],
+                    n * _LN2 + sent.w_norm * reply["data-norm"],
                     "n-train log 2 + |w| sqrt(n-train sq-norm-sum)")
         if "grad-sum" in reply:
             check_bound("|grad-sum|", norm(reply["grad-sum"]) * n / reply["n-train"],
                         reply["data-norm"], "sqrt(n-train sq-norm-sum) >= sum_i |x_i|")
-            if self.w is not None:
-                why = gradient_pairing_problem(self.w, reply["grad-sum"], reply["loss-sum"],
+            if sent.w is not None:
+                why = gradient_pairing_problem(sent.w, reply["grad-sum"], reply["loss-sum"],
                                                reply["n-train"])
                 if why is not None:
                     raise ReplyError(why)
@@ -1091,43 +1145,45 @@ class FSVRG(TaskStrategy):
             raise ReplyError(f"{key!r} has non-finite values")
         return v
 
-    def _parse_reply(self, reply: Message, task: int, server_round: int,
-                     kind: str) -> dict[str, Any]:
+    def _parse_reply(self, reply: Message, task: int,
+                     sent: FSVRGSentExchange) -> dict[str, Any]:
         """A one-task reply's values, typed (its keys: :func:`~.packed_fsvrg.reply_keys`, as
-        for a stacked reply's rows), then :meth:`_check_values`."""
-        ints, floats, matrix = reply_keys(_MESSAGE_TYPES[kind], self._cocoa(kind), False)
+        for a stacked reply's rows), then :meth:`_check_values` against the exchange
+        ``sent``."""
+        ints, floats, matrix = reply_keys(sent.message_type, self._cocoa(sent.kind), False)
         out = read_metrics(reply, ints=tuple(ints), numbers=tuple(floats),
                            optional_ints=_TEST_KEYS if floats else ())
         if matrix is not None:
             out[matrix] = self._array(reply, matrix, integer=matrix == "counts")
-        return self._check_values(out, task, server_round, kind)
+        return self._check_values(out, task, sent)
 
     def _cocoa(self, kind: str) -> bool:
         """Whether a ``kind`` exchange is CoCoA+'s (its replies carry the dual)."""
         return self.method == "cocoa-plus" and kind in ("train", "evaluate")
 
-    def _parse_stack(self, reply: Message, group: StackGroup, server_round: int,
-                     kind: str) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
+    def _parse_stack(self, reply: Message, group: StackGroup, sent: FSVRGSentExchange
+                     ) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
         """The rows of a stacked reply (:mod:`~fmtl_flower.strategies.packed_fsvrg`) as
         :meth:`_parse_reply` gives one reply's values (the same checks, each row's in turn;
         types and shapes over all rows at once), and the rejected tasks with their
         reasons."""
         assert self.dim is not None
         return read_stacked_reply(
-            reply, group, _MESSAGE_TYPES[kind], self._cocoa(kind), self.dim,
-            lambda row, task: self._check_values(row, task, server_round, kind))
+            reply, group, sent.message_type, self._cocoa(sent.kind), self.dim,
+            lambda row, task: self._check_values(row, task, sent))
 
-    def _check_values(self, out: dict[str, Any], task: int, server_round: int,
-                      kind: str) -> dict[str, Any]:
-        """A reply's typed values checked (task, round, n-train, the bounds of the module
-        docstring); ReplyError names the first failing check. The arrays are float64 (d,)
-        and finite (``counts``: integer) already."""
+    def _check_values(self, out: dict[str, Any], task: int,
+                      sent: FSVRGSentExchange) -> dict[str, Any]:
+        """A reply's typed values checked against the exchange ``sent`` (task, round,
+        n-train, the bounds of the module docstring); ReplyError names the first failing
+        check. The arrays are float64 (d,) and finite (``counts``: integer) already."""
+        kind = sent.kind
         if kind in ("stats", "gram"):
             if out["task-id"] != task:
                 raise ReplyError(f"reply for task {out['task-id']}, expected {task}")
         else:
-            self._check_round_metrics(out, kind)
-            check_task_and_round(out, task, server_round)
+            self._check_round_metrics(out, sent)
+            check_task_and_round(out, task, sent.server_round)
         if out["n-train"] != self.n_train[task]:
             raise ReplyError(f"n-train {out['n-train']} differs from {self.n_train[task]}")
         if kind == "stats":
@@ -1138,41 +1194,52 @@ class FSVRG(TaskStrategy):
             check_bound("|grad-sum|", norm(out["grad-sum"]), out["data-norm"],
                         "sqrt(n-train sq-norm-sum) >= sum_i |x_i|")
         elif kind == "train":
-            key = "d-w" if self.method == "cocoa-plus" else "w-local"
-            assert self.w is not None
-            limit = self.max_update_ratio * max(float(norm(self.w)), 1.0)
-            why = "max_update_ratio %g x max(|w|, 1)"
-            if key == "w-local":
-                check_bound("|w-local - w|", norm(out[key] - self.w), limit, why,
-                            self.max_update_ratio)
-            else:
-                assert self.lam is not None and self.n_total is not None
-                check_bound("|d-w|", norm(out[key]), limit, why, self.max_update_ratio)
-                check_bound("|d-w|", norm(out[key]), out["data-norm"] / (self.lam * self.n_total),
-                            "sqrt(n-train sq-norm-sum) / (lambda n) for y alpha in [0, 1]")
-        if self.method == "cocoa-plus" and kind in ("train", "evaluate"):
-            self._check_pair(out, task)
+            self._check_step(out, sent)
+        if self._cocoa(kind):
+            self._check_pair(out, task, sent)
         return out
 
-    def _check_pair(self, out: dict[str, Any], task: int) -> None:
-        """The certificate's check of a CoCoA+ reply's (``loss-sum``, ``dual-sum``) at the
-        w sent and the task's share v_k of it (:func:`~fmtl_flower.core.certificate.
-        logistic_pair_problem`: the dual box, and Fenchel-Young's
-        loss-sum - dual-sum + lam n (w . v_k) >= 0; a node that restarted from alpha = 0 has
-        v_k = 0 on its side); ReplyError if it fails. Always on: an honest pair passes it."""
-        assert self.ledger is not None and self.w is not None
+    def _check_step(self, out: dict[str, Any], sent: FSVRGSentExchange) -> None:
+        """A train reply's step against the w_t ``sent``: ``|w-local - w_t|`` (CoCoA+:
+        ``|d-w|``) within ``max_update_ratio`` times ``max(|w_t|, 1)``; CoCoA+'s ``|d-w|``
+        also within ``sqrt(n-train sq-norm-sum) / (lam n)``. (Under client-level DP a
+        ``d-w`` above the ``dp-clip`` sent is clipped to it, not rejected:
+        :meth:`_aggregate_cocoa_plus`.)"""
+        w_t = sent.w
+        assert w_t is not None
+        limit = self.max_update_ratio * max(sent.w_norm, 1.0)
+        why = "max_update_ratio %g x max(|w|, 1)"
+        if self.method != "cocoa-plus":
+            check_bound("|w-local - w|", norm(out["w-local"] - w_t), limit, why,
+                        self.max_update_ratio)
+            return
         assert self.lam is not None and self.n_total is not None
-        coupling = self.lam * self.n_total * self.ledger.dot(task, self.w) \
+        size = norm(out["d-w"])
+        check_bound("|d-w|", size, limit, why, self.max_update_ratio)
+        check_bound("|d-w|", size, out["data-norm"] / (self.lam * self.n_total),
+                    "sqrt(n-train sq-norm-sum) / (lambda n) for y alpha in [0, 1]")
+
+    def _check_pair(self, out: dict[str, Any], task: int, sent: FSVRGSentExchange) -> None:
+        """The certificate's check of a CoCoA+ reply's (``loss-sum``, ``dual-sum``) at the
+        w_t ``sent`` and the task's share v_k of it then (:func:`~fmtl_flower.core.
+        certificate.logistic_pair_problem`: the dual box, and Fenchel-Young's
+        loss-sum - dual-sum + lam n (w_t . v_k) >= 0; a node that restarted from alpha = 0
+        has v_k = 0 on its side); ReplyError if it fails. Always on: an honest pair passes
+        it."""
+        assert sent.coupling is not None
+        assert self.lam is not None and self.n_total is not None
+        coupling = self.lam * self.n_total * float(sent.coupling[task]) \
             if out["state-ok"] == 1 else 0.0
         reason = logistic_pair_problem(out["loss-sum"], out["dual-sum"], out["n-train"],
                                        coupling)
         if reason is not None:
             raise ReplyError(reason)
 
-    def _check_round_metrics(self, out: dict[str, Any], kind: str) -> None:
-        """The checks of a round reply's metrics (adds ``data-norm``)."""
-        dual = self._cocoa(kind)
-        if kind == "train" and not dual:
+    def _check_round_metrics(self, out: dict[str, Any], sent: FSVRGSentExchange) -> None:
+        """The checks of a round reply's metrics against the |w_t| ``sent`` (adds
+        ``data-norm``)."""
+        dual = self._cocoa(sent.kind)
+        if sent.kind == "train" and not dual:
             return
         if out["loss-sum"] < 0 or out["sq-norm-sum"] < 0:
             raise ReplyError("loss-sum and sq-norm-sum must be >= 0")
@@ -1180,8 +1247,7 @@ class FSVRG(TaskStrategy):
         check_bound("sq-norm-sum", out["sq-norm-sum"], n * self.directory.max_row_norm ** 2,
                     "n-train x the max-row-norm limit squared")
         out["data-norm"] = math.sqrt(n * out["sq-norm-sum"])
-        w_norm = 0.0 if self.w is None else float(norm(self.w))
-        check_bound("loss-sum", out["loss-sum"], n * _LN2 + w_norm * out["data-norm"],
+        check_bound("loss-sum", out["loss-sum"], n * _LN2 + sent.w_norm * out["data-norm"],
                     "n-train log 2 + |w| sqrt(n-train sq-norm-sum)")
         if "test-n" in out and out["test-n"] > self.directory.max_n:
             raise ReplyError(f"test-n {out['test-n']} above the limit {self.directory.max_n}")
@@ -1201,8 +1267,11 @@ class FSVRG(TaskStrategy):
             record.update(self.privacy.record_fields(self.records))
         return self.book.open(record)
 
-    def _complete_record(self, k: int, accepted: dict[int, dict[str, Any]]) -> dict[str, Any]:
-        assert self.w is not None and self.lam is not None
+    def _complete_record(self, k: int, accepted: dict[int, dict[str, Any]],
+                         w: np.ndarray | None) -> dict[str, Any]:
+        """Complete record ``k`` (state ``w_k``, the ``w`` sent with the exchange whose
+        ``accepted`` replies give its numbers) and publish it; as it was if complete."""
+        assert w is not None and self.lam is not None
         record = self.records[k]
         if self.book.complete(k) is None:  # completed already (strategies/records.py)
             return record
@@ -1212,7 +1281,7 @@ class FSVRG(TaskStrategy):
             n_rep = int(sum(self.n_weight[t] for t in accepted))
             loss = float(sum(self._scaled(t, accepted[t], "loss-sum") for t in sorted(accepted)))
             if not missing:
-                record["objective"] = global_objective(self.w, loss, n_rep, self.lam)
+                record["objective"] = global_objective(w, loss, n_rep, self.lam)
             evaluated = sorted(t for t in accepted if "test-n" in accepted[t])
             if evaluated and not missing:
                 record.update(error_summary(
@@ -1225,7 +1294,7 @@ class FSVRG(TaskStrategy):
             # DP: w is w(alpha) plus the noise released so far; D needs w(alpha), the
             # sum of the devices' shares
             assert self.ledger is not None
-            w_alpha = self.w if self.privacy is None else self.ledger.total()
+            w_alpha = w if self.privacy is None else self.ledger.total()
             record["dual"] = dual_objective(w_alpha, dual, self.n_total, self.lam)
             record["gap"] = record["objective"] - record["dual"]
         if self.method == "cocoa-plus":  # the exchange whose replies complete this record

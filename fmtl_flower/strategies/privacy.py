@@ -547,16 +547,18 @@ class FSVRGDP(ClientLevelDP):
                             omega=np.clip(omega, floor, float(k)))
 
     def dual_step_sum(self, d_ws: list[np.ndarray], num_sampled: int,
-                      records: list[dict[str, Any]], num_releases: int
-                      ) -> tuple[list[np.ndarray], np.ndarray]:
+                      records: list[dict[str, Any]], num_releases: int,
+                      clip: float | None = None) -> tuple[list[np.ndarray], np.ndarray]:
         """cocoa-plus's ``d_w`` release: each ``d_w_k`` clipped to C (the devices clipped
         them already: a no-op for an honest one, up to rounding) and their noisy sum
         (N(0, (z C)^2) per coordinate; CoCoA+ adds them, so one device moves the sum by at
-        most C). Returns the clipped ``d_w_k`` (the server's ledger of each device's share
-        of ``w(alpha)``) and the released sum."""
+        most C). C is ``clip``, the ``dp-clip`` the round's messages were sent with (None:
+        the stream's current clip; adaptive clipping moves on from it). Returns the clipped
+        ``d_w_k`` (the server's ledger of each device's share of ``w(alpha)``) and the
+        released sum."""
         norms = [float(np.linalg.norm(d)) for d in d_ws]
         scales, std = self._one_release("d_w", norms, max(int(num_sampled), 1), 1.0, records,
-                                        num_releases)
+                                        num_releases, clip=clip, adaptive=True)
         clipped = [d if scale == 1.0 else d * scale for d, scale in zip(d_ws, scales,
                                                                           strict=True)]
         total = np.zeros(clipped[0].shape if clipped else 0)
@@ -570,17 +572,19 @@ class FSVRGDP(ClientLevelDP):
 
     def _one_release(self, stream: str, norms: list[float], num_sampled: int,
                      weight_max: float, records: list[dict[str, Any]], num_releases: int,
-                     clip: float | None = None) -> tuple[list[float], float]:
+                     clip: float | None = None, adaptive: bool = False
+                     ) -> tuple[list[float], float]:
         """One release of ``stream``: each update's scale ``min(1, C / norm)``, the noise
         std ``z_update C weight_max`` (``weight_max``: the largest weight of one device's
         update in the released sum), the clip moved with adaptive clipping, and the
         release added to the round's pending record fields. A given ``clip`` is fixed
-        (no adaptive clipping: the ``stats`` release happens once)."""
+        (no adaptive clipping: the ``stats`` release happens once) unless ``adaptive``
+        (a clip the devices were sent, which adaptive clipping moves on from)."""
         z = self.resolve_noise(num_releases)
-        fixed = clip is not None
+        fixed = clip is not None and not adaptive
         if clip is None:
             clip = self.current_clip([*records, self._pending], stream)
-        adaptive, z_update = self._adaptive(clip, num_sampled) \
+        adaptive_clip, z_update = self._adaptive(clip, num_sampled) \
             if self.settings.adaptive and not fixed else (None, z)
         scales = [1.0 if norm <= clip else clip / norm for norm in norms]
         std = z_update * clip * weight_max
@@ -590,11 +594,11 @@ class FSVRGDP(ClientLevelDP):
         p["dp_clipped"] = p.get("dp_clipped", 0) + self._count_clipped(norms, clip)
         p[f"dp_clip_{stream}"] = clip
         p[f"dp_noise_std_{stream}"] = std
-        if adaptive is not None:
-            p[f"dp_unclipped_fraction_{stream}"] = adaptive.update(
-                adaptive.fits(norms, self.settings.mechanism == "client-clip"), num_sampled,
-                self._rng())
-            p[f"dp_clip_next_{stream}"] = adaptive.clip
+        if adaptive_clip is not None:
+            p[f"dp_unclipped_fraction_{stream}"] = adaptive_clip.update(
+                adaptive_clip.fits(norms, self.settings.mechanism == "client-clip"),
+                num_sampled, self._rng())
+            p[f"dp_clip_next_{stream}"] = adaptive_clip.clip
         log(INFO, "client-level DP (%s): %d/%d clipped to %g, noise std %.4g", stream,
             sum(norm > clip for norm in norms), len(norms), clip, std)
         return scales, std

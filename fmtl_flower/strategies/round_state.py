@@ -249,3 +249,80 @@ class FedEMSentRound:
         if self.cluster_of is None:
             return -1
         return int(self.cluster_of[task])
+
+
+# ------------------------------------------------------------------------------------------
+# The FSVRG family (fsvrg, fsvrg-naive, gd, dane, cocoa-plus; strategies/fsvrg.py)
+
+__all__ += ["FSVRGSentExchange"]
+
+
+@dataclass(frozen=True)
+class FSVRGSentExchange:
+    """What one exchange of the FSVRG family sent: its replies are checked against it.
+
+    One global model and several exchanges a round (the setup's ``stats`` and ``gram``
+    queries, the ``gradient`` query, the ``train`` and final ``evaluate`` messages, module
+    docstring of :mod:`fmtl_flower.strategies.fsvrg`). Each is made from one of these and
+    nothing else; the exchanges read inside ``configure_train`` (setup, gradient) are read
+    against theirs at once, the ``train`` and ``evaluate`` ones are kept in the strategy's
+    :class:`SentRounds` (keyed by message type and round, like :class:`SentRound`) until
+    ``aggregate_train`` / ``aggregate_evaluate`` takes them back.
+
+    Attributes
+    ----------
+    server_round : int
+        The round the messages name (0: the setup's exchanges, which name none).
+    kind : str
+        ``"stats"``, ``"gram"``, ``"gradient"``, ``"train"`` or ``"evaluate"``.
+    message_type : str
+        The messages' type.
+    evaluate : bool
+        Whether the devices were asked for their test errors.
+    config : mapping
+        The config every message shares (without ``task-id`` and the commit-protocol keys).
+    arrays : mapping of str to ndarray
+        The global vectors sent (read-only): ``w`` (w_t), ``g`` (grad f(w_t)), ``phi``,
+        ``v`` (the power iteration's vector).
+    w_norm : float
+        |w_t| as sent (0 without ``w``): the input of the loss bound.
+    protocol : mapping
+        CoCoA+'s commit-protocol keys every message shares (``run-token``, with checkpoints
+        ``checkpoint-round``); empty for the other exchanges.
+    last_accepted : ndarray of int, (m,), or None
+        CoCoA+'s ``last-accepted-round`` L_k as sent.
+    coupling : ndarray, (m,), or None
+        CoCoA+: w_t . v_k as sent (v_k the task's share of w in the ledger then), the input
+        of the certificate's check of a reply's (loss, dual) pair.
+    chosen : mapping of int to int
+        task -> node of the one-task messages.
+    stacks : tuple of StackGroup
+        The stacked messages' groups (packed nodes).
+    exchange : Exchange
+        The trust boundary's registry of the messages sent (fills as they are made).
+    """
+
+    server_round: int
+    kind: str
+    message_type: str
+    evaluate: bool
+    config: Mapping[str, Any]
+    arrays: Mapping[str, np.ndarray]
+    w_norm: float = 0.0
+    protocol: Mapping[str, Any] = field(default_factory=dict)
+    last_accepted: np.ndarray | None = None
+    coupling: np.ndarray | None = None
+    chosen: Mapping[int, int] = field(default_factory=dict)
+    stacks: tuple[StackGroup, ...] = ()
+    exchange: Exchange = field(default_factory=Exchange, compare=False)
+
+    @property
+    def w(self) -> np.ndarray | None:
+        """w_t as sent (None: the setup's exchanges)."""
+        return self.arrays.get("w")
+
+    @property
+    def dp_clip(self) -> float | None:
+        """``dp-clip`` as sent (CoCoA+ under client-level DP ``client-clip``), or None."""
+        clip = self.config.get("dp-clip")
+        return None if clip is None else float(clip)

@@ -31,6 +31,7 @@ from fmtl_flower.core.fsvrg.robust import GRADIENT_PAIRING_FLOOR
 from fmtl_flower.data.sparse_federated import make_sparse_federated
 from fmtl_flower.packing import PackedGrid, packed_client_app, tasks_of_node
 from fmtl_flower.strategies.fsvrg import FSVRG
+from fmtl_flower.strategies.round_state import FSVRGSentExchange
 from fmtl_flower.wire import from_array, to_array
 
 from .helpers import ServerKilled, killed_in
@@ -482,6 +483,13 @@ def test_a_resumed_robust_run_equals_the_uninterrupted_one(data, tmp_path):
     assert numbers(got) == numbers(want)
 
 
+def _next_train(strategy: FSVRG) -> FSVRGSentExchange:
+    """The sent state of a train exchange at the finished run's ``w`` (the replies built by
+    hand below answer it)."""
+    assert strategy.w is not None
+    return strategy._sent_exchange("train", len(strategy.records), {}, {"w": strategy.w})
+
+
 def test_a_reply_the_d_w_fence_rejects_leaves_the_sq_norm_fence_unmoved(data, caplog):
     """CoCoA+: a reply with ``sq-norm-sum`` x3 (inside the fence of mean squared row norms)
     whose ``d-w`` is 90 times the others' per row is rejected by the fence on the tasks'
@@ -498,7 +506,7 @@ def test_a_reply_the_d_w_fence_rejects_leaves_the_sq_norm_fence_unmoved(data, ca
         replies[task] = {"n-train": n, "sq-norm-sum": sq, "loss-sum": 0.5 * n * math.log(2),
                          "d-w": (0.9 if task == HOSTILE else 0.01) * limit * u, "state-ok": 0}
     with caplog.at_level(logging.WARNING, logger="flwr"):
-        accepted = strategy._federation_checks("test", replies, "train")
+        accepted = strategy._federation_checks("test", replies, _next_train(strategy))
     assert sorted(accepted) == [t for t in range(TASKS) if t != HOSTILE]
     rejected = [m for m in caplog.messages if "rejected" in m]
     assert len(rejected) == 1 and f"task {HOSTILE} " in rejected[0], rejected
@@ -527,7 +535,7 @@ def test_an_honest_share_far_above_the_others_per_row_but_small_for_its_rows_is_
         size = {0: 0.03 * limit, HOSTILE: 0.9 * limit}.get(task, 1e-3 * per_row * n)
         replies[task] = {"n-train": n, "sq-norm-sum": sq, "loss-sum": 0.5 * n * math.log(2),
                          "d-w": size * u, "state-ok": 0}
-    accepted = strategy._federation_checks("test", replies, "train")
+    accepted = strategy._federation_checks("test", replies, _next_train(strategy))
     assert sorted(accepted) == [t for t in range(TASKS) if t != HOSTILE]
 
 
