@@ -754,9 +754,9 @@ class InFlight:
         """Remove and return the messages in flight for longer than ``timeout_s``."""
         late = [s for s in [*self._by_message.values(), *self._unsent]
                 if now - s.sent_at > timeout_s]
-        for sent in late:
-            self._by_message.pop(sent.message_id, None)  # type: ignore[arg-type]
-        self._unsent = [s for s in self._unsent if s not in late]
+        self._by_message = {mid: s for mid, s in self._by_message.items()
+                            if now - s.sent_at <= timeout_s}
+        self._unsent = [s for s in self._unsent if now - s.sent_at <= timeout_s]
         return late
 
 
