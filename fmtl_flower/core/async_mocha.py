@@ -738,6 +738,11 @@ class AsyncMOCHAServer:
             self._watch_step(request.task, float(np.linalg.norm(reply.d_b)))
         return outcome
 
+    def count_stray(self) -> None:
+        """Count a reply that answers no request in flight and could not even be tied to a
+        task (a transport's message-level drop: late, duplicate or foreign) as ``unknown``."""
+        self.counts[UNKNOWN] += 1
+
     def _well_formed(self, reply: Reply) -> bool:
         d_b = np.asarray(reply.d_b)
         scalars = (reply.delta_dual, reply.loss_mean, reply.dual_mean)
@@ -1238,6 +1243,8 @@ class EventLoop:
                 outcome = server.reject(payload.task, payload.request_id)
             else:
                 outcome = server.receive(payload)
+            if outcome is not None and outcome.status == UNKNOWN:
+                log_unknown(outcome)
             if outcome is None or outcome.status == UNKNOWN:
                 continue
             self.issued.pop(outcome.request_id, None)
@@ -1293,6 +1300,14 @@ class EventLoop:
             self._queue(request, sent)
         self.clock.seq = max(self.clock.seq, end)
         self._reissue = []
+
+
+def log_unknown(outcome: Outcome) -> None:
+    """Log a reply that answers no request in flight (late after its request expired, a
+    duplicate, or foreign): dropped, counted ``unknown``, the state unchanged."""
+    LOGGER.warning("async MOCHA: reply of task %d to request %d answers no request in flight "
+                   "(late after its expiry, a duplicate, or foreign); dropped", outcome.task,
+                   outcome.request_id)
 
 
 def _offline_at(schedule: AvailabilitySchedule | None, task: int, time_s: float) -> float:

@@ -58,6 +58,25 @@ above is on. A configured ``max_row_norm`` overrides the devices' reports. A tas
 updates are outliers is decoupled from the others (:mod:`fmtl_flower.core.async_mocha`,
 "Decoupling"), logged, and listed in ``final``'s ``tasks_decoupled``.
 
+Per-message state
+-----------------
+Each ``train`` message's state is made once, when the message is
+(:meth:`AsyncMOCHA.send`): a :class:`SentRequest` holding the
+:class:`~fmtl_flower.core.async_mocha.Request` it carries (task, request id, the w_t, m_tt,
+sigma' and budget it was sent with, its staleness base ``version``), the message, its
+message id and its own :class:`~fmtl_flower.strategies.trust.Exchange`. Its reply is read
+against that state alone (:meth:`AsyncMOCHA.read_train_reply`: the boundary ties the reply to
+the message by id, the parse checks its task and request id against the Request), and the
+server checks its numbers against the same Request, which it keeps in flight per task (the
+bounds and the certificate use the w the request was sent with, not the task's current
+W column; b_t needs no copy: only the task's own replies change it and at most one is in
+flight). What the safeguard computes (the ascent and curvature of applying the reply now)
+is, by design, at the server's current W and M. On the wall clock the messages in flight are
+an :class:`InFlight` keyed by message id; a reply that answers none of them (late after its
+message expired, a second copy, or foreign) is logged and counted ``unknown`` and changes
+nothing. On the virtual clock each message is pulled as it is sent; a reply the clock
+delivers after its request expired is logged and counted ``unknown`` by the event loop.
+
 Checkpoints
 -----------
 :meth:`AsyncMOCHA.enable_checkpoints` writes the state after every ``every x m`` applied
@@ -147,6 +166,7 @@ from ..core.async_mocha import (
     advance_omega,
     event_record,
     latency_factor,
+    log_unknown,
 )
 from ..core.certificate import PAIR_SLACK
 from ..core.formulations import make_formulation
@@ -170,7 +190,7 @@ from .discovery import (
     read_metrics,
     wait_for_nodes,
 )
-from .trust import BOUND_SLACK, ReplyBoundary, ReplyContract
+from .trust import BOUND_SLACK, Exchange, ReplyBoundary, ReplyContract
 
 if TYPE_CHECKING:
     from ..settings import MOCHASettings
@@ -596,15 +616,24 @@ class AsyncMOCHA(Strategy):
         return message(record_dict({"arrays": array_record({"w": request.w}),
                                     "config": config}), node, "train")
 
-    def read_train_reply(self, request: Request, node: int, msg: Message,
-                         replies: list[Message]) -> Reply | Rejected | None:
-        """What the trust boundary makes of the replies to ``msg`` (sent to ``node`` for
-        ``request``): the :class:`Reply`, a :class:`Rejected` (theta = 1, logged), or None
-        (no reply for it: lost)."""
-        self.replies.begin()
-        self.replies.track(request.task, node, msg)
+    def send(self, request: Request, node: int, grid: Grid) -> SentRequest:
+        """Make ``request``'s ``train`` message to ``node``, push it, and return its
+        :class:`SentRequest`: the one state its reply is read against."""
+        msg = self.train_message(request, node)
+        exchange = Exchange()
+        exchange.track(request.task, node, msg)
+        ids = list(grid.push_messages([msg]))
+        return SentRequest(request, msg, exchange, ids[0] if ids else None, time.monotonic())
+
+    def read_train_reply(self, sent: SentRequest, replies: list[Message]
+                         ) -> Reply | Rejected | None:
+        """What the trust boundary makes of the replies to ``sent``'s message, read against
+        ``sent`` alone (its exchange, its request): the :class:`Reply`, a :class:`Rejected`
+        (theta = 1, logged), or None (no reply for it: lost)."""
+        request = sent.request
         got = self.replies.read(f"request {request.request_id}", replies,
-                                lambda reply, _task: {"reply": self.parse_train(reply, request)})
+                                lambda reply, _task: {"reply": self.parse_train(reply, request)},
+                                exchange=sent.exchange)
         if request.task in got.accepted:
             return got.accepted[request.task]["reply"]
         if request.task in got.failed:
@@ -646,10 +675,10 @@ class _GridTransport:
         self.strategy, self.grid, self.nodes = strategy, grid, nodes
 
     def __call__(self, request: Request) -> list[Reply | Rejected]:
-        s, node = self.strategy, self.nodes[request.task]
-        msg = s.train_message(request, node)
-        ids = list(self.grid.push_messages([msg]))
-        delivery = s.read_train_reply(request, node, msg, self._pull(ids))
+        s = self.strategy
+        sent = s.send(request, self.nodes[request.task], self.grid)
+        ids = [] if sent.message_id is None else [sent.message_id]
+        delivery = s.read_train_reply(sent, self._pull(ids))
         return [] if delivery is None else [delivery]
 
     def _pull(self, ids: list[str]) -> list[Message]:
@@ -662,15 +691,73 @@ class _GridTransport:
         return []
 
 
-@dataclass
-class _Sent:
-    """A request pushed in real time: its message, the id the grid gave it (None: the grid
-    could not send it) and when it left (``time.monotonic()``)."""
+@dataclass(frozen=True, eq=False)
+class SentRequest:
+    """One ``train`` message's state, made once, when the message is
+    (:meth:`AsyncMOCHA.send`): its reply is matched to it by message id and checked against
+    it alone (module docstring, "Per-message state").
+
+    Attributes
+    ----------
+    request : Request
+        What was sent: the task, the request id, w_t, m_tt, sigma', the budget, the
+        staleness base (``version``), the confirm and keep ids.
+    message : Message
+        The ``train`` message.
+    exchange : Exchange
+        The trust boundary's record of the message (:meth:`ReplyBoundary.read
+        <fmtl_flower.strategies.trust.ReplyBoundary.read>` reads the reply against it).
+    message_id : str or None
+        The id the grid gave the message (None: the grid could not send it).
+    sent_at : float
+        When it left (``time.monotonic()``).
+    """
 
     request: Request
     message: Message
+    exchange: Exchange
     message_id: str | None
     sent_at: float
+
+
+class InFlight:
+    """The ``train`` messages in flight in real time: each one's :class:`SentRequest`, keyed
+    by its message id (a message the grid could not send is kept only until it expires)."""
+
+    def __init__(self) -> None:
+        self._by_message: dict[str, SentRequest] = {}
+        self._unsent: list[SentRequest] = []
+
+    def __len__(self) -> int:
+        return len(self._by_message) + len(self._unsent)
+
+    def add(self, sent: SentRequest) -> None:
+        """Keep ``sent`` until its reply is read or it expires."""
+        if sent.message_id is None:
+            self._unsent.append(sent)
+        else:
+            self._by_message[sent.message_id] = sent
+
+    def message_ids(self) -> list[str]:
+        """The ids of the messages whose replies are awaited, in the order they were sent."""
+        return list(self._by_message)
+
+    def get(self, message_id: Any) -> SentRequest | None:
+        """The state of the message ``message_id`` answers (None: no message in flight)."""
+        return self._by_message.get(message_id) if isinstance(message_id, str) else None
+
+    def remove(self, sent: SentRequest) -> None:
+        """Forget ``sent`` (its reply was read)."""
+        self._by_message.pop(sent.message_id, None)
+
+    def expire(self, now: float, timeout_s: float) -> list[SentRequest]:
+        """Remove and return the messages in flight for longer than ``timeout_s``."""
+        late = [s for s in [*self._by_message.values(), *self._unsent]
+                if now - s.sent_at > timeout_s]
+        self._by_message = {mid: s for mid, s in self._by_message.items()
+                            if now - s.sent_at <= timeout_s}
+        self._unsent = [s for s in self._unsent if now - s.sent_at <= timeout_s]
+        return late
 
 
 class WallClockLoop:
@@ -696,7 +783,7 @@ class WallClockLoop:
         self.omega_due = omega_every * m if omega_every > 0 else 0
         self.draining = False
         self.timeout_s, self.poll_s = float(timeout_s), float(poll_s)
-        self.flight: dict[int, _Sent] = {}  # request id -> what was pushed
+        self.flight = InFlight()  # the messages pushed and not yet answered or expired
         self.offset = 0.0  # the clock's reading when this process's part of the run began
         self.started = time.monotonic()
 
@@ -706,11 +793,7 @@ class WallClockLoop:
 
     def push(self, request: Request) -> None:
         """Push ``request``'s ``train`` message now."""
-        node = self.nodes[request.task]
-        msg = self.strategy.train_message(request, node)
-        ids = list(self.grid.push_messages([msg]))
-        self.flight[request.request_id] = _Sent(request, msg, ids[0] if ids else None,
-                                                time.monotonic())
+        self.flight.add(self.strategy.send(request, self.nodes[request.task], self.grid))
 
     def fill(self) -> None:
         """Send work to idle tasks while the server may issue (not while draining)."""
@@ -743,47 +826,53 @@ class WallClockLoop:
         self.run_.virtual_time_s = self.now()
         return self.run_
 
-    def _arrivals(self) -> list[tuple[_Sent, Reply | Rejected | None]]:
-        """The replies that arrived, each read through the trust boundary (None: a reply the
-        boundary ignored, e.g. from another node: its request stays in flight)."""
-        by_id = {s.message_id: s for s in self.flight.values() if s.message_id is not None}
-        if not by_id:
+    def _arrivals(self) -> list[tuple[SentRequest, Reply | Rejected]]:
+        """The replies that arrived, each read through the trust boundary against the state
+        of the message it answers (a reply the boundary ignored, e.g. from another node,
+        leaves its message in flight; a reply that answers no message in flight is a
+        logged drop, :meth:`_drop_stray`)."""
+        ids = self.flight.message_ids()
+        if not ids:
             return []
         out = []
-        for reply in self.grid.pull_messages(list(by_id)):
-            sent = by_id.get(reply.metadata.reply_to_message_id)
-            if sent is None or sent.request.request_id not in self.flight:
+        for reply in self.grid.pull_messages(ids):
+            sent = self.flight.get(_answers(reply))
+            if sent is None:
+                self._drop_stray(reply)
                 continue
-            request = sent.request
-            delivery = self.strategy.read_train_reply(request, self.nodes[request.task],
-                                                      sent.message, [reply])
+            delivery = self.strategy.read_train_reply(sent, [reply])
             if delivery is not None:
-                del self.flight[request.request_id]
-            out.append((sent, delivery))
+                self.flight.remove(sent)
+                out.append((sent, delivery))
         return out
 
-    def _expiries(self) -> list[tuple[_Sent, None]]:
-        """The requests in flight for longer than the timeout (removed from the flight)."""
-        now = time.monotonic()
-        late = [s for s in self.flight.values() if now - s.sent_at > self.timeout_s]
-        for sent in late:
-            del self.flight[sent.request.request_id]
-        return [(sent, None) for sent in late]
+    def _drop_stray(self, reply: Message) -> None:
+        """A reply that answers no message in flight (late after its message expired, a
+        second reply to a message, or a reply to a message this run never sent): logged,
+        counted ``unknown``, otherwise ignored."""
+        log(WARNING, "%s: a reply to message %r answers no train message in flight (late "
+            "after its expiry, a duplicate, or foreign); dropped", NAME, _answers(reply))
+        self.server.count_stray()
 
-    def _handle(self, sent: _Sent, delivery: Reply | Rejected | None, replies: int,
+    def _expiries(self) -> list[tuple[SentRequest, None]]:
+        """The messages in flight for longer than the timeout (removed from the flight)."""
+        return [(sent, None) for sent in self.flight.expire(time.monotonic(), self.timeout_s)]
+
+    def _handle(self, sent: SentRequest, delivery: Reply | Rejected | None, replies: int,
                 on_event: Callable[[Run, dict[str, Any]], None] | None,
                 after_event: Callable[[WallClockLoop, dict[str, Any]], None] | None) -> None:
-        """Apply one arrival or expiry, record it, Omega-step when due, send new work."""
+        """Apply one arrival or expiry (``delivery`` None), record it, Omega-step when due,
+        send new work."""
         server, request = self.server, sent.request
         if isinstance(delivery, Reply):
             outcome = server.receive(delivery)
         elif isinstance(delivery, Rejected):
             outcome = server.reject(delivery.task, delivery.request_id)
-        elif sent.request.request_id in self.flight:
-            return  # a reply the boundary ignored: the request is still in flight
         else:
             outcome = (Outcome("expired", request.task, request.request_id)
                        if server.expire(request.task, request.request_id) else None)
+        if outcome is not None and outcome.status == UNKNOWN:
+            log_unknown(outcome)
         if outcome is None or outcome.status == UNKNOWN:
             return
         self.idle.append(outcome.task)
@@ -812,6 +901,14 @@ class WallClockLoop:
         self.idle = deque(int(t) for t in meta["idle"])
         self.draining = bool(meta["draining"])
         self.offset = float(meta["now"])
+
+
+def _answers(reply: Any) -> Any:
+    """The id of the message ``reply`` answers (None for a malformed reply object)."""
+    try:
+        return reply.metadata.reply_to_message_id
+    except Exception:  # noqa: BLE001 - a malformed reply answers nothing
+        return None
 
 
 def _parse_whoami(reply: Message, _slot: int, max_classes: int) -> dict[str, Any]:
