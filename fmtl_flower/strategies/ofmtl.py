@@ -98,6 +98,7 @@ from .mocha import MOCHA
 from .record_dp import enable_record_dp
 from .records import KeepsRecords, RoundRecords
 from .repeated_errors import collapse_repeated_errors
+from .round_state import OFMTLSentExchange
 from .trust import ReplyBoundary, ReplyContract, all_finite, check_bound, norm
 
 __all__ = ["OFMTL"]
@@ -532,26 +533,30 @@ class OFMTL(SettingsHome, SizedAtStart, KeepsRecords, Strategy):
                                "seed": self.seed, "omega": float(omega), "lambda": self.lam,
                                "local-frac": self.newcomer_frac,
                                **({} if self.privacy is None else self.privacy.wire_config())})
-        msg = Message(RecordDict({"arrays": ArrayRecord({"c": to_array(c)}), "config": config}),
-                      dst_node_id=node, message_type=NEWCOMER, group_id=f"ofmtl-{task}")
-        self.replies.begin()
-        self.replies.track(task, node, msg)
+        sent = OFMTLSentExchange.newcomer(NEWCOMER, config, task, node, c,
+                                          exchange=self.replies.begin())
+        msg = sent.exchange.track(task, node, Message(
+            RecordDict({"arrays": ArrayRecord({"c": to_array(sent.c)}),
+                        "config": ConfigRecord(dict(sent.config))}),
+            dst_node_id=node, message_type=NEWCOMER, group_id=f"ofmtl-{task}"))
         if self.privacy is not None:  # a release, counted when sent
             self.privacy.count_newcomer(task)
             self._save_account()
-        out = self.replies.read(f"newcomer {task} step {step}",
+        out = self.replies.read(sent.where,
                                 grid.send_and_receive([msg], timeout=self.round_timeout),
-                                lambda reply, t: {"w-gap": self._read_newcomer(
-                                    reply, t, step, omega, c)})
+                                lambda reply, t: {"w-gap": self._read_newcomer(reply, t, sent)},
+                                exchange=sent.exchange)
         if task in out.accepted:
             return out.accepted[task]["w-gap"]
         if task in out.failed:
             raise NewcomerFailed(f"step {step}: {out.failed[task]}")
         raise NewcomerFailed(f"no reply to step {step} within {self.round_timeout:.0f} s")
 
-    def _read_newcomer(self, reply: Message, task: int, step: int, omega: float,
-                       c: np.ndarray) -> tuple[np.ndarray, float]:
-        assert self.W is not None
+    def _read_newcomer(self, reply: Message, task: int, sent: OFMTLSentExchange
+                       ) -> tuple[np.ndarray, float]:
+        """The newcomer's (w, gap), checked against the step ``sent`` (its step, omega, c)."""
+        step, omega, c = sent.step, sent.omega, sent.c
+        assert c is not None
         metrics = read_metrics(reply, ints=("task-id", "step", "state-ok"), numbers=("gap",))
         check_task_and_round(metrics, task, step, round_key="step")
         arrays = arrays_of(reply)
@@ -561,7 +566,7 @@ class OFMTL(SettingsHome, SizedAtStart, KeepsRecords, Strategy):
         if step > 0 and metrics["state-ok"] != 1:
             raise ReplyError("the device lost its dual state mid-protocol")
         w = from_array(arrays["w"])
-        d = self.W.shape[0]
+        d = sent.d
         if w.dtype != np.float64 or w.shape != (d,) or not np.all(np.isfinite(w)):
             raise ReplyError(f"'w' must be finite float64 of shape ({d},), got {w.dtype} "
                              f"{w.shape}")
@@ -612,31 +617,32 @@ class OFMTL(SettingsHome, SizedAtStart, KeepsRecords, Strategy):
     def _evaluate(self, grid: Grid) -> tuple[dict[int, int], dict[int, int]]:
         assert self.W is not None
         self.directory.discover(grid, query_timeout=max(self.round_timeout, 10.0))
+        chosen = {task: node for task in range(self.m)
+                  if (node := self.directory.task_to_node.get(task)) is not None}
+        sent = OFMTLSentExchange.evaluation(EVALUATE, len(self.records), chosen,
+                                            self.W.shape[0], exchange=self.replies.begin())
         messages = []
-        self.replies.begin()
-        for task in range(self.m):
-            node = self.directory.task_to_node.get(task)
-            if node is None:
-                continue
-            config = ConfigRecord({"task-id": task, "server-round": len(self.records)})
+        for task, node in sent.chosen.items():
+            config = ConfigRecord({"task-id": task, **sent.config})
             content = RecordDict({"arrays": ArrayRecord({"w": to_array(self.W[:, task])}),
                                   "config": config})
-            messages.append(self.replies.track(task, node, Message(
+            messages.append(sent.exchange.track(task, node, Message(
                 content, dst_node_id=node, message_type=EVALUATE,
-                group_id=f"ofmtl-eval-{len(self.records)}")))
+                group_id=f"ofmtl-eval-{sent.server_round}")))
         accepted = self.replies.read(
-            f"evaluation {len(self.records)}",
-            grid.send_and_receive(messages, timeout=self.round_timeout),
-            self._read_evaluation).accepted
+            sent.where, grid.send_and_receive(messages, timeout=self.round_timeout),
+            partial(self._read_evaluation, sent=sent), exchange=sent.exchange).accepted
         errors = {t: r["test-errors"] for t, r in accepted.items()}
         counts = {t: r["test-n"] for t, r in accepted.items()}
         return errors, counts
 
     @staticmethod
-    def _read_evaluation(reply: Message, task: int) -> dict[str, Any]:
-        out = read_metrics(reply, ints=("task-id", "test-errors", "test-n"))
-        if out["task-id"] != task:
-            raise ReplyError(f"reply for task {out['task-id']}, expected task {task}")
+    def _read_evaluation(reply: Message, task: int, sent: OFMTLSentExchange
+                         ) -> dict[str, Any]:
+        """A device's test errors, checked against the evaluation ``sent`` (its task and
+        ``server-round``, echoed as ``round``)."""
+        out = read_metrics(reply, ints=("task-id", "round", "test-errors", "test-n"))
+        check_task_and_round(out, task, sent.server_round)
         if not 0 <= out["test-errors"] <= out["test-n"]:
             raise ReplyError("test-errors outside 0..test-n")
         return out

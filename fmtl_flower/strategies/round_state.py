@@ -326,3 +326,93 @@ class FSVRGSentExchange:
         """``dp-clip`` as sent (CoCoA+ under client-level DP ``client-clip``), or None."""
         clip = self.config.get("dp-clip")
         return None if clip is None else float(clip)
+
+
+# ------------------------------------------------------------------------------------------
+# OFMTL's own exchanges (strategies/ofmtl.py): a newcomer's round trips and the evaluations
+# after each event (its MOCHA (re)trainings use MOCHA's SentRound).
+
+__all__ += ["OFMTLSentExchange"]
+
+
+@dataclass(frozen=True)
+class OFMTLSentExchange:
+    """What one of OFMTL's own exchanges sent: its replies are checked against it.
+
+    Made once, when the exchange's messages are made (:meth:`newcomer` for one step of a
+    newcomer's protocol, :meth:`evaluation` for the evaluation after an event); the messages
+    are made from it, the trust boundary reads the replies against its :attr:`exchange`
+    (a reply to a message of another exchange, e.g. a late reply to an earlier step, is
+    logged and dropped) and the reply check reads the values here, never the strategy's
+    attributes.
+
+    Attributes
+    ----------
+    kind : str
+        ``"newcomer"`` or ``"evaluate"``.
+    message_type : str
+        The messages' type.
+    config : mapping
+        The config the messages share (a copy); an evaluation's messages add
+        ``task-id``.
+    chosen : mapping of int to int
+        task -> node of the messages (one task for a newcomer's step).
+    d : int
+        The models' dimension: a newcomer's ``w`` must have shape (d,).
+    step : int
+        The newcomer's protocol step (``step``; every reply must echo it); -1: an evaluation.
+    server_round : int
+        The evaluation's ``server-round`` (every reply must echo it as ``round``); -1: a
+        newcomer's step.
+    omega : float
+        The newcomer's omega = Omega[m, m] as sent (nan: an evaluation).
+    c : ndarray, (d,), or None
+        The newcomer's c = sum_t Omega[t, m] w_t as sent (read-only; None: an evaluation).
+    exchange : Exchange
+        The trust boundary's registry of the messages sent (fills as they are made).
+    """
+
+    kind: str
+    message_type: str
+    config: Mapping[str, Any]
+    chosen: Mapping[int, int]
+    d: int
+    step: int = -1
+    server_round: int = -1
+    omega: float = float("nan")
+    c: np.ndarray | None = None
+    exchange: Exchange = field(default_factory=Exchange, compare=False)
+
+    @classmethod
+    def newcomer(cls, message_type: str, config: Mapping[str, Any], task: int, node: int,
+                 c: np.ndarray, exchange: Exchange | None = None) -> OFMTLSentExchange:
+        """One step of the newcomer ``task``'s protocol (on ``node``): ``config`` holds its
+        ``step`` and ``omega``, ``c`` is the array sent."""
+        frozen_c = frozen_array(c)
+        return cls("newcomer", message_type, dict(config), {task: node},
+                   int(frozen_c.shape[0]), step=int(config["step"]),
+                   omega=float(config["omega"]), c=frozen_c,
+                   exchange=Exchange() if exchange is None else exchange)
+
+    @classmethod
+    def evaluation(cls, message_type: str, server_round: int, chosen: Mapping[int, int],
+                   d: int, exchange: Exchange | None = None) -> OFMTLSentExchange:
+        """The evaluation ``server_round`` of the tasks ``chosen`` (task -> node)."""
+        return cls("evaluate", message_type,
+                   {"server-round": int(server_round)},
+                   dict(chosen), int(d), server_round=int(server_round),
+                   exchange=Exchange() if exchange is None else exchange)
+
+    @property
+    def task(self) -> int:
+        """The newcomer's task (a newcomer's step has one message)."""
+        if len(self.chosen) != 1:
+            raise ValueError(f"a {self.kind} exchange sent {len(self.chosen)} tasks, not one")
+        return next(iter(self.chosen))
+
+    @property
+    def where(self) -> str:
+        """The exchange, for the log (``"newcomer 3 step 1"``, ``"evaluation 2"``)."""
+        if self.kind == "newcomer":
+            return f"newcomer {self.task} step {self.step}"
+        return f"evaluation {self.server_round}"
