@@ -49,7 +49,13 @@ the attempt (W, Sigma unchanged).
 
 ``evaluate.ofmtl`` (server -> every present device, after each event, for the metrics only):
 arrays ``w`` float64 (d,): the device's column of W; config ``task-id``, ``server-round``.
-Reply: metrics ``task-id``, ``round``, ``test-errors``, ``test-n`` (ints).
+Reply: metrics ``task-id``, ``round`` (the ``server-round`` sent), ``test-errors``, ``test-n``
+(ints).
+
+Sent state: each newcomer step and each evaluation is made from one frozen
+:class:`~fmtl_flower.strategies.round_state.OFMTLSentExchange` (step, omega, c, d, task ->
+node, the trust boundary's exchange), and its replies are checked against it alone; a reply
+to a message of another exchange (late, or a second copy) is logged and dropped.
 
 Record-level DP (``dp.mechanism=record``, :mod:`fmtl_flower.strategies.ofmtl_privacy`): every
 newcomer's ``train.ofmtl`` (and MOCHA's train messages) also carries ``dp-clip`` and
