@@ -4,9 +4,11 @@ subproblem train it, in process, for a loss defined as one class (the toy square
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
-from flwr.app import Context, Message
+from flwr.app import ArrayRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from fmtl_flower.clients.mocha import default_task_id
@@ -17,9 +19,11 @@ from fmtl_flower.engine import run_inprocess
 from fmtl_flower.settings import ConfigError, DPSettings, OFMTLSettings
 from fmtl_flower.strategies.ofmtl import OFMTL
 from fmtl_flower.strategies.ofmtl_privacy import enable_ofmtl_record_dp
+from fmtl_flower.wire import from_array, to_array
 
 from ..core.test_toy_loss import toy  # noqa: F401 - a fixture
 from .helpers import make_problem
+from .hostile import run_on_hostile_grid, untouched
 
 LAM, SEED = 0.05, 4
 
@@ -92,3 +96,32 @@ def test_settings_take_every_loss_and_record_dp_refuses_a_non_hinge_one():
     with pytest.raises(ConfigError, match="record-level DP is for the hinge loss only"):
         enable_ofmtl_record_dp(OFMTL(4, loss="logistic"), dp)
     assert enable_ofmtl_record_dp(OFMTL(4), dp).privacy is not None
+
+
+@pytest.mark.parametrize("loss", ["logistic", "hinge"])
+def test_a_newcomers_reply_beyond_its_losss_bound_is_a_logged_drop(problem, loss, caplog):
+    """Under a loss with a bounded dual (|y alpha| <= 1) a newcomer's w scaled 1e6 breaks
+    |lam omega w + lam c| <= max-row-norm: the attempt fails at the trust boundary, W and
+    Sigma stay finite, the next attempt (honest) admits the task."""
+    tampered = []
+
+    def tamper(message: Message, reply: Message | None) -> list[Message]:
+        if reply is None or message.metadata.message_type != "train.ofmtl" \
+                or "arrays" not in reply.content or tampered:
+            return untouched(message, reply)
+        tampered.append(True)
+        w = from_array(reply.content["arrays"]["w"]) * 1e6
+        content = RecordDict({"arrays": ArrayRecord({"w": to_array(w)}),
+                              "metrics": reply.content["metrics"]})
+        return [Message(content, reply_to=message)]
+
+    strategy = OFMTL(3, initial_tasks=2, lam=LAM, mocha_rounds=6, outer=3, inner=3,
+                     retrain_ratio=float("inf"), max_attempts=2, discovery_timeout=5.0,
+                     arrival_timeout=2.0, loss=loss)
+    with caplog.at_level(logging.INFO):
+        run_on_hostile_grid(lambda grid: strategy.start(grid=grid, timeout=60.0),
+                            make_ofmtl_client_app(problem.load), 3, tamper)
+    assert tampered
+    assert strategy.m == 3 and np.all(np.isfinite(strategy.W))
+    assert any("lambda omega w" in r.getMessage() and f"the {loss} loss's dual radius 1"
+               in r.getMessage() for r in caplog.records)
