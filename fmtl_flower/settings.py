@@ -822,8 +822,10 @@ class OFMTLSettings(CommonSettings):
         ``round-timeout``).
     max_attempts : int
         Tries of a newcomer before it is given up (Python only).
-    loss : {"hinge"}
-        OFMTL trains the hinge loss only (``mocha.loss``; any other value is an error).
+    loss : {"hinge", "smoothed-hinge", "logistic", "squared"} or a registered loss's name
+        The loss of the MOCHA trainings and of every newcomer's subproblem (``mocha.loss``;
+        :mod:`fmtl_flower.core.ofmtl`: the subproblem is strongly convex for any loss).
+        Record-level DP is for the hinge only (:mod:`fmtl_flower.core.ofmtl_privacy`).
     """
 
     NAMESPACE: ClassVar[str] = "ofmtl"
@@ -845,7 +847,7 @@ class OFMTLSettings(CommonSettings):
     max_attempts: int = setting(3, integer(1))
     round_timeout: float = setting(120.0, _POSITIVE, "round-timeout")
     server_path: str = setting("auto", choice(*SERVER_PATHS), "mocha.server-path")
-    loss: str = setting("hinge", hinge_only("OFMTL"), "mocha.loss")
+    loss: str = setting("hinge", loss_name, "mocha.loss")
 
 
 @dataclass(frozen=True)
