@@ -41,8 +41,9 @@ arrays ``w`` float64 (d,), finite; metrics ``task-id``, ``step``, ``n-train``,
 ``gap`` (float >= 0, the subproblem's duality gap). Bound: ``w = (b - lambda c) / (lambda
 omega)`` with ``b = X^T alpha / n`` and ``|b| <= R`` (the newcomer's ``max-row-norm`` from
 ``whoami``; a newcomer without one is rejected) for a feasible alpha, so
-``|lambda omega w + lambda c|_2 <= R``, and ``gap <= 1 + R |w| + (lambda omega / 2) |w|^2 +
-lambda |c| |w|`` (the subproblem's primal at w). For another loss (``mocha.loss``, which the
+``|lambda omega w + lambda c|_2 <= R``, and ``gap <= 1 + R |w| + lambda omega |w|^2 +
+lambda |c| |w|`` (the loss's bound plus w^T b: the gap is mean l - mean D + w^T b). For
+another loss (``mocha.loss``, which the
 MOCHA trainings and the newcomer's subproblem both take): ``R`` times the loss's dual radius
 (no bound on w for the squared loss, whose dual is unbounded), and ``1 + R |w|`` is the loss's
 ``value_bound(R |w|)`` less the least value of its dual term (0, or -inf: no gap bound).
@@ -590,12 +591,16 @@ class OFMTL(SettingsHome, SizedAtStart, KeepsRecords, Strategy):
             check_bound("|lambda omega w + lambda c|", norm(lam_omega * w + self.lam * c),
                         bound * radius + rounding, "max-row-norm %g times the %s loss's dual "
                         "radius %g >= |X^T alpha / n|", bound, self.loss, radius)
-        # the primal at w, less the least the dual's data term can be (0 for the hinge, the
-        # smoothed hinge and the logistic loss; -inf, no bound, for the squared loss)
-        primal = (float(self.loss_fn.value_bound(bound * w_norm))
-                  + 0.5 * lam_omega * w_norm ** 2 + self.lam * c_norm * w_norm)
-        check_bound("gap", gap, primal - float(self.loss_fn.dual_range[0]),
-                    "the subproblem's primal at w, which bounds the gap")
+        # gap = mean l - mean D(y alpha) + w^T b with b = lam omega w + lam c at w = w(alpha)
+        # (core.ofmtl.newcomer_duality_gap): at most the loss's value bound at R |w|, plus
+        # lam omega |w|^2 + lam |c| |w|, less the least the dual's data term can be (0 for
+        # the hinge, the smoothed hinge and the logistic loss; -inf, no bound, for the
+        # squared loss). (This bound had (lam omega / 2) |w|^2, the primal's: too tight by
+        # (lam omega / 2) |w|^2 whenever D_new(alpha) < 0, which could refuse an honest gap.)
+        ceiling = (float(self.loss_fn.value_bound(bound * w_norm))
+                   + lam_omega * w_norm ** 2 + self.lam * c_norm * w_norm)
+        check_bound("gap", gap, ceiling - float(self.loss_fn.dual_range[0]),
+                    "the loss's bound plus w^T b, which bounds the gap")
         return np.array(w), (math.nan if self.privacy is not None else float(gap))
 
     # ------------------------------------------------------------------ records
