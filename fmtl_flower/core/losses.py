@@ -80,7 +80,8 @@ import numpy as np
 from .hinge import hinge_conjugate_value, hinge_loss, mean_hinge_loss
 from .jit import kernel
 
-__all__ = ["HINGE", "LOGISTIC", "LOSSES", "LOSS_BY_CODE", "NEWTON_STEPS", "SMOOTHED_HINGE",
+__all__ = ["HINGE", "LOGISTIC", "LOGISTIC_ITERATION_FLOPS", "LOGISTIC_NEWTON_ITERATIONS",
+           "LOGISTIC_STEP_FLOPS", "LOSSES", "LOSS_BY_CODE", "NEWTON_STEPS", "SMOOTHED_HINGE",
            "SQUARED", "Loss", "compiled_loss_call", "coordinate_step", "dual_peak",
            "dual_value", "get_loss", "has_kernels", "loss_value", "numpy_step_cost_of",
            "register_loss", "unregister_loss"]
@@ -101,6 +102,23 @@ _FIRST_PYTHON_CODE = 100
 NEWTON_STEPS = 200
 
 _LOG2 = math.log(2.0)
+
+#: Mean safeguarded Newton iterations of a logistic coordinate step (loop passes of
+#: ``_logistic_step``): 14.6, the mean over every step of four 20-round MOCHA runs on the
+#: synthetic tasks of ``tests/strategies/helpers.make_problem`` (5 tasks x d = 10 x 60
+#: samples, seed 1; 8 x 20 x 100, seed 2; each with Omega ``mean`` and ``learned``: 12.7,
+#: 14.1, 14.7 and 16.8; median 5 to 9, the 99th percentile 51 to 54, the bisection's tail),
+#: measured 2026-11-27 by replaying the recorded (a_old, z, q) of each step.
+LOGISTIC_NEWTON_ITERATIONS = 14.6
+#: FLOPs of one Newton iteration of ``_logistic_step``, counting a scalar op 1 and ``exp``
+#: 20 (its range reduction and polynomial; a convention, not a measurement): the bracket's
+#: convergence test 5, the sigmoid 3 + 20, g 5 and its two sign tests 2, the Newton step 5,
+#: the bracket test of the next point 3, the step-size test 5.
+LOGISTIC_ITERATION_FLOPS = 48
+#: :attr:`Loss.step_flops` of ``logistic``: the hinge's 8 (the margin and the update's
+#: bookkeeping, as every step), the bracket's set-up 9 and the final sigmoid 23, and the
+#: mean Newton iterations (about 740, 90 times the hinge's 8).
+LOGISTIC_STEP_FLOPS = round(8 + 9 + 23 + LOGISTIC_NEWTON_ITERATIONS * LOGISTIC_ITERATION_FLOPS)
 
 
 # ---------------------------------------------------------------------------- scalar kernels
@@ -269,12 +287,22 @@ class Loss:
         :mod:`fmtl_flower.core.jit`; measured with ``FMTL_KERNELS=numpy``, n = 2000, d = 20,
         2026-11-27: hinge 0.98, smoothed hinge 1.46, logistic 10.1, squared 1.73 us/step).
         A registered loss runs numpy in every mode, so its value changes nothing.
+    step_flops : float
+        The scalar FLOPs of one SDCA coordinate step, beyond its two d-vector loops (the dot
+        product and the axpy): the ``b`` of the time model's per-step ``a d + b``
+        (:mod:`fmtl_flower.systems.timing`, eq. (30) of the MOCHA paper). 8 for the hinge (its
+        clipped closed-form step and the update's bookkeeping), also for ``smoothed-hinge`` and
+        ``squared``, whose closed-form steps take a division and a few scalar ops as the
+        hinge's does; ``logistic``'s counts its safeguarded Newton solve,
+        :data:`LOGISTIC_STEP_FLOPS`.
+        A registered loss that leaves it at 8 is timed as the hinge.
     """
 
     name = ""
     code = -1
     peak: float
     numpy_step_cost = 1.0
+    step_flops: float = 8
     dual_domain = (0.0, 1.0)
     dual_range = (0.0, 1.0)
     smoothness = math.inf
@@ -403,6 +431,7 @@ class _SmoothedHinge(_Compiled):
 
 class _Logistic(_Compiled):
     name, code = "logistic", LOGISTIC
+    step_flops = LOGISTIC_STEP_FLOPS
     dual_range = (0.0, _LOG2)
     smoothness = 0.25
     numpy_step_cost = 10.0

@@ -30,6 +30,7 @@ from fmtl_flower.core.losses import (
 from fmtl_flower.core.sdca import sdca_local_update
 from fmtl_flower.core.svm import fit_linear_svm
 from fmtl_flower.settings import MOCHASettings
+from fmtl_flower.systems.timing import local_flops
 
 from ..strategies.helpers import make_problem, run_federation
 
@@ -257,3 +258,13 @@ def test_the_registration_check_accepts_every_built_in_loss(name):
     """The check is not stricter than the losses it models: the four built-in losses pass
     it (their codes aside, nothing distinguishes them from a registered one)."""
     _check_fenchel_young(LOSSES[name])
+
+
+def test_the_time_model_charges_a_registered_losss_step_flops(toy, monkeypatch):
+    """The time model asks the loss for its step's FLOPs: the toy left at the default is
+    timed as the hinge; one that declares 20 is charged 12 FLOPs more a step."""
+    steps = np.array([0, 10, 1000])
+    hinge = local_flops(steps, 7, "mocha")
+    np.testing.assert_array_equal(local_flops(steps, 7, "mocha", loss=toy.name), hinge)
+    monkeypatch.setattr(toy, "step_flops", 20)
+    np.testing.assert_array_equal(local_flops(steps, 7, "mocha", loss=toy), hinge + 12 * steps)
