@@ -296,6 +296,12 @@ class Loss:
         hinge's does; ``logistic``'s counts its safeguarded Newton solve,
         :data:`LOGISTIC_STEP_FLOPS`.
         A registered loss that leaves it at 8 is timed as the hinge.
+    dual_slope : float
+        sup |D'(a)| over the dual domain: 1 for the hinge (D(a) = a) and the smoothed hinge
+        (D'(a) = 1 - a on [0, 1]); inf when D' is unbounded there (the logistic loss's
+        entropy, the squared loss's and the default). Record-level DP's step bound uses a
+        finite one (:func:`fmtl_flower.core.record_dp.record_contribution`); with inf a
+        record gets the looser box bound C r.
     """
 
     name = ""
@@ -303,6 +309,7 @@ class Loss:
     peak: float
     numpy_step_cost = 1.0
     step_flops: float = 8
+    dual_slope = math.inf
     dual_domain = (0.0, 1.0)
     dual_range = (0.0, 1.0)
     smoothness = math.inf
@@ -394,6 +401,7 @@ class _Compiled(Loss):
 
 class _Hinge(_Compiled):
     name, code = "hinge", HINGE
+    dual_slope = 1.0
 
     def value(self, margins):
         return hinge_loss(margins)
@@ -414,6 +422,7 @@ class _Hinge(_Compiled):
 class _SmoothedHinge(_Compiled):
     name, code = "smoothed-hinge", SMOOTHED_HINGE
     dual_range = (0.0, 0.5)
+    dual_slope = 1.0
     smoothness = 1.0
     numpy_step_cost = 1.5
 

@@ -27,6 +27,7 @@ from fmtl_flower.core.losses import (
     register_loss,
     unregister_loss,
 )
+from fmtl_flower.core.record_dp import record_contribution
 from fmtl_flower.core.sdca import sdca_local_update
 from fmtl_flower.core.svm import fit_linear_svm
 from fmtl_flower.settings import MOCHASettings
@@ -268,3 +269,14 @@ def test_the_time_model_charges_a_registered_losss_step_flops(toy, monkeypatch):
     np.testing.assert_array_equal(local_flops(steps, 7, "mocha", loss=toy.name), hinge)
     monkeypatch.setattr(toy, "step_flops", 20)
     np.testing.assert_array_equal(local_flops(steps, 7, "mocha", loss=toy), hinge + 12 * steps)
+
+
+def test_record_dp_bounds_a_registered_losss_step_by_its_dual_slope(toy, monkeypatch):
+    """Record-level DP's step bound reads the loss's ``dual_slope``: the toy's D'(a) = 1 - a
+    is unbounded on [0, inf), so by default the box C r; a loss declaring a finite slope
+    gets the step bound of that slope (here the hinge's, at the same radius)."""
+    args = (2.0, 10, 1.0, 1000.0, 0.3)
+    assert toy.dual_slope == math.inf
+    assert record_contribution(*args, toy.name) == 2.0
+    monkeypatch.setattr(toy, "dual_slope", 1.0)
+    assert record_contribution(*args, toy) == record_contribution(*args, "hinge") < 2.0
