@@ -302,6 +302,12 @@ class Loss:
         entropy, the squared loss's and the default). Record-level DP's step bound uses a
         finite one (:func:`fmtl_flower.core.record_dp.record_contribution`); with inf a
         record gets the looser box bound C r.
+    gradient_flops : float
+        The scalar FLOPs of one sampled point of Mb-SGD (the margin and l'(z)'s coefficient,
+        beyond the two d-vector loops): the time model's ``b`` for ``mb-sgd``. 3 for the
+        hinge (the table's: the margin and a comparison), 5 for the smoothed hinge (a clip),
+        2 for the squared loss and 25 for the logistic loss (a sigmoid, ``exp`` counted 20
+        as in :data:`LOGISTIC_ITERATION_FLOPS`), counted from :meth:`derivative`.
     """
 
     name = ""
@@ -310,6 +316,7 @@ class Loss:
     numpy_step_cost = 1.0
     step_flops: float = 8
     dual_slope = math.inf
+    gradient_flops: float = 3
     dual_domain = (0.0, 1.0)
     dual_range = (0.0, 1.0)
     smoothness = math.inf
@@ -362,6 +369,19 @@ class Loss:
         Required."""
         raise NotImplementedError
 
+    def derivative(self, margins: np.ndarray) -> np.ndarray:
+        """l'(z) elementwise (a subgradient where l has a kink): Mb-SGD's step, whose
+        sampled point contributes l'(z) y x to the gradient. Required for Mb-SGD only."""
+        raise NotImplementedError(f"{type(self).__name__} defines no derivative (Mb-SGD "
+                                  "needs one)")
+
+    def derivative_bound(self, margin_bound: np.ndarray) -> np.ndarray:
+        """sup |l'(z)| over |z| <= ``margin_bound``: for a convex l, l' is nondecreasing, so
+        the larger of |l'(-B)| and |l'(B)| (the server's bound on a Mb-SGD reply's
+        |grad| / (count R_t))."""
+        bound = np.asarray(margin_bound, dtype=np.float64)
+        return np.maximum(np.abs(self.derivative(-bound)), np.abs(self.derivative(bound)))
+
     # -- scalar pieces (the kernels' numpy implementations) ---------------------------------
     def loss_at(self, z: float) -> float:
         """l(z) at one margin (plain Python float)."""
@@ -412,6 +432,9 @@ class _Hinge(_Compiled):
     def mean_value(self, X, y, w):
         return mean_hinge_loss(X, y, w)  # bit for bit the hinge-only code's numbers
 
+    def derivative(self, margins):  # -1 below the kink, 0 at and above it (Mb-SGD's rule)
+        return np.where(np.asarray(margins, dtype=np.float64) < 1.0, -1.0, 0.0)
+
     def dual_mean(self, alpha, y):
         return hinge_conjugate_value(alpha, y)
 
@@ -423,6 +446,7 @@ class _SmoothedHinge(_Compiled):
     name, code = "smoothed-hinge", SMOOTHED_HINGE
     dual_range = (0.0, 0.5)
     dual_slope = 1.0
+    gradient_flops = 5
     smoothness = 1.0
     numpy_step_cost = 1.5
 
@@ -437,10 +461,14 @@ class _SmoothedHinge(_Compiled):
     def value_bound(self, margin_bound):
         return 0.5 + margin_bound  # l(z) <= 1/2 + |z|
 
+    def derivative(self, margins):
+        return -np.clip(1.0 - np.asarray(margins, dtype=np.float64), 0.0, 1.0)
+
 
 class _Logistic(_Compiled):
     name, code = "logistic", LOGISTIC
     step_flops = LOGISTIC_STEP_FLOPS
+    gradient_flops = 25
     dual_range = (0.0, _LOG2)
     smoothness = 0.25
     numpy_step_cost = 10.0
@@ -459,6 +487,11 @@ class _Logistic(_Compiled):
     def value_bound(self, margin_bound):
         return _LOG2 + margin_bound  # log(1 + e^-z) <= log 2 + |z|
 
+    def derivative(self, margins):  # -1 / (1 + e^z) = -sigmoid(-z), without overflow
+        z = np.asarray(margins, dtype=np.float64)
+        e = np.exp(-np.abs(z))
+        return np.where(z >= 0.0, -e / (1.0 + e), -1.0 / (1.0 + e))
+
 
 class _Squared(_Compiled):
     name, code = "squared", SQUARED
@@ -466,6 +499,7 @@ class _Squared(_Compiled):
     dual_range = (-math.inf, 0.5)
     smoothness = 1.0
     numpy_step_cost = 1.8
+    gradient_flops = 2
 
     def value(self, margins):
         z = np.asarray(margins, dtype=np.float64)
@@ -477,6 +511,9 @@ class _Squared(_Compiled):
 
     def value_bound(self, margin_bound):
         return 0.5 * (1.0 + margin_bound) ** 2
+
+    def derivative(self, margins):
+        return np.asarray(margins, dtype=np.float64) - 1.0
 
 
 #: Every loss by its run-config name; ``hinge`` is the default.

@@ -32,7 +32,8 @@ The table's 8 is the hinge's coordinate step. MOCHA, CoCoA and Mb-SDCA take the 
 :attr:`~fmtl_flower.core.losses.Loss.step_flops` replaces it: 8 for the hinge, the smoothed
 hinge and the squared loss (closed-form steps), about 740 for the logistic loss (its
 safeguarded Newton solve, ~15 iterations on average), what a registered loss declares.
-Mb-SGD's step is the hinge's subgradient: it takes the hinge only.
+Mb-SGD's 3 (the margin and the hinge's comparison) is likewise the loss's
+:attr:`~fmtl_flower.core.losses.Loss.gradient_flops` (25 for the logistic loss's sigmoid).
 
 All four move the same vectors: the device receives w_t and sends one d-vector (d_b or g),
 so by default ``floats_down = floats_up = d`` (payload only: the few scalars of the wire
@@ -165,16 +166,13 @@ def _method(method: str) -> tuple[int, int, int]:
 def per_step_flops(method: str, loss: str | Loss = "hinge") -> tuple[float, float, float]:
     """(a, b, c) of ``method`` (per-step FLOPs a d + b, per-round c d) for the run's ``loss``
     (a name or a registered :class:`~fmtl_flower.core.losses.Loss`): FLOP_COUNTS's, with b
-    the loss's ``step_flops`` for a coordinate method (the hinge's 8: FLOP_COUNTS's own).
-    ValueError for an unknown method or loss, and for Mb-SGD with a loss but the hinge."""
-    a, b, c = _method(method)
+    the loss's ``step_flops`` for a coordinate method and its ``gradient_flops`` for Mb-SGD
+    (the hinge's 8 and 3: FLOP_COUNTS's own). ValueError for an unknown method or loss."""
+    a, _, c = _method(method)
     resolved = get_loss(loss)
     if method in COORDINATE_METHODS:
         return a, resolved.step_flops, c
-    if resolved.name != "hinge":
-        raise ValueError(f"the time model of {method!r} counts the hinge's step only, "
-                         f"got loss {resolved.name!r}")
-    return a, b, c
+    return a, resolved.gradient_flops, c
 
 
 def _dim(dim: int) -> int:

@@ -83,8 +83,16 @@ def test_the_logistic_step_costs_its_newton_solve_and_a_deadline_cuts_it_more():
     assert logistic[0] == np.floor(flops_within_deadline(2) / (4 * DIM + b))
 
 
-def test_mb_sgd_is_timed_for_the_hinge_only_and_unknown_losses_are_refused():
-    with pytest.raises(ValueError, match="hinge's step only"):
-        local_flops(STEPS, DIM, "mb-sgd", loss="logistic")
+@pytest.mark.parametrize("name", ["smoothed-hinge", "logistic", "squared"])
+def test_a_sampled_point_of_mb_sgd_costs_its_losss_gradient_flops(name):
+    b = LOSSES[name].gradient_flops
+    assert per_step_flops("mb-sgd", name) == (4, b, 0)
+    np.testing.assert_array_equal(local_flops(STEPS, DIM, "mb-sgd", loss=name),
+                                  STEPS * float(4 * DIM + b))
+    assert {n: loss.gradient_flops for n, loss in LOSSES.items()} == {
+        "hinge": 3, "smoothed-hinge": 5, "logistic": 25, "squared": 2}
+
+
+def test_unknown_losses_are_refused():
     with pytest.raises(ValueError, match="loss must be one of"):
         node_times(STEPS, DIM, "mocha", "lte", loss="no-such-loss")
