@@ -65,13 +65,13 @@ replies rejected).
 Robust mode (``robust``, default on; ``robust=False``: as before) uses MOCHA's caps
 (:mod:`fmtl_flower.strategies.mocha`): R~_t, the federation-capped row norm, in every bound
 above, and the fenced ``n-train`` for the mini-batch sizes. A task whose mean subgradient
-|grad| / count uses half its bound or more while the others' use 10 times less, or whose
-model's largest margin |w_t| R_t exceeds 5 times the others' median, or whose w_t R_t lies
-farther from the federation's consensus than the others' distances make plausible
-(:func:`~fmtl_flower.core.decoupling.consensus_fence`), three rounds running (on the scale
-min(R~_t, median R~)), is decoupled for the rest of the run: K becomes
-K' = M'^-1, block diagonal (:func:`~fmtl_flower.core.decoupling.block_diagonal_regulariser`:
-no cross term pulls the others), and the projection treats each block on its own ball
+|grad| / count uses half its bound (R sup |l'|, on that scale) or more while the others' use
+10 times less, or whose model's largest margin |w_t| R_t exceeds 5 times the others' median,
+or whose w_t R_t lies farther from the federation's consensus than the others' distances
+make plausible (:func:`~fmtl_flower.core.decoupling.consensus_fence`), three rounds running
+(on the scale min(R~_t, median R~)), is decoupled for the rest of the run: K becomes K' =
+M'^-1, block diagonal (:func:`~fmtl_flower.core.decoupling.block_diagonal_regulariser`: no
+cross term pulls the others), and the projection treats each block on its own ball
 (:func:`~fmtl_flower.core.decoupling.project_blocks`), so a decoupled column can no longer
 shrink the others through the shared Frobenius projection; the Omega-step sees its model as
 0. Every task's loss counts with weight 1 in P whatever its ``n-train`` (no device carries
@@ -399,7 +399,9 @@ class MbSGD(LinearTasks, TaskStrategy):
         (:meth:`_refresh_matrices`), each newly decoupled task logged once."""
         assert self.W is not None
         scale = federation_scale(self._row_norms(np.arange(self.num_tasks)))
-        new = self.watch.update(norm(G, axis=0), counts * scale, norm(self.W, axis=0),
+        w_norm = norm(self.W, axis=0)  # the models the gradients were taken at
+        slope = get_loss(self.loss).derivative_bound(scale * w_norm)  # 1 for the hinge
+        new = self.watch.update(norm(G, axis=0), counts * scale * slope, w_norm,
                                 1.0 / scale, counts > 0, images=self.W)
         if not new.any():
             return

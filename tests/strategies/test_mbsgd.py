@@ -31,6 +31,7 @@ from fmtl_flower.core.baselines import (
     mbsgd_server_step,
     mbsgd_step_size,
 )
+from fmtl_flower.core.decoupling import OutlierWatch
 from fmtl_flower.core.formulations import make_formulation
 from fmtl_flower.core.losses import LOSSES
 from fmtl_flower.core.mocha import omega_step_due
@@ -239,6 +240,34 @@ def test_a_loss_other_than_the_hinge_trains_as_the_reference_loop_with_its_deriv
     assert run.final["complete"]
     hinge = run_federation(problem, rounds, **{**kwargs, "loss": "hinge"})
     assert not np.array_equal(hinge.strategy.W, run.strategy.W)
+
+
+@pytest.mark.parametrize("loss", ["hinge", "squared"])
+def test_the_outlier_watch_measures_a_gradient_against_its_losss_bound(problem, loss,
+                                                                        monkeypatch):
+    """Robust mode's watch gets each task's |grad| bound count R sup |l'| at |z| <= R |w_t|
+    (R the federation's scale): count R for the hinge, as before; more for the squared loss,
+    whose honest gradients exceed count R (else every task would look like an outlier)."""
+    calls = []
+    run_kwargs = {"seed": 7, "omega": "mean", "lam": 0.1, "lam2": 0.05, "loss": loss}
+    original = OutlierWatch.update
+
+    def spy(self, step, step_bound, image, *args, **kwargs):
+        calls.append((step.copy(), np.array(step_bound, dtype=float), image.copy(), args[0]))
+        return original(self, step, step_bound, image, *args, **kwargs)
+
+    monkeypatch.setattr(OutlierWatch, "update", spy)
+    run_federation(problem, 4, **run_kwargs)
+    assert len(calls) == 4
+    n = np.array([len(y) for _, y in problem.train()])  # local_frac 1: count = n-train
+    for _, step_bound, w_norm, inv_scale in calls:
+        scale = 1.0 / inv_scale
+        slope = LOSSES[loss].derivative_bound(scale * w_norm)
+        np.testing.assert_array_equal(step_bound, n * scale * slope)
+        if loss == "hinge":
+            assert np.all(slope == 1.0)
+    if loss == "squared":  # the hinge's bound count R would be exceeded
+        assert max(float(np.max(step * inv / n)) for step, _, _, inv in calls) > 1.0
 
 
 @pytest.mark.parametrize("loss", ["hinge", "smoothed-hinge", "logistic", "squared"])
