@@ -280,3 +280,13 @@ def test_record_dp_bounds_a_registered_losss_step_by_its_dual_slope(toy, monkeyp
     assert record_contribution(*args, toy.name) == 2.0
     monkeypatch.setattr(toy, "dual_slope", 1.0)
     assert record_contribution(*args, toy) == record_contribution(*args, "hinge") < 2.0
+
+
+def test_mb_sgd_refuses_a_registered_loss_without_a_derivative(toy):
+    """Mb-SGD's step needs l'(z): the toy defines none, so ``mocha.loss`` naming it for
+    Mb-SGD is a ConfigError (MOCHA takes it)."""
+    from fmtl_flower.settings import ConfigError, MbSGDSettings
+
+    assert MOCHASettings(loss=toy.name).loss == toy.name
+    with pytest.raises(ConfigError, match="defines no derivative"):
+        MbSGDSettings(loss=toy.name)
