@@ -140,7 +140,8 @@ class _Systems:
         budgets = local_budgets(self.n, local_frac=s.local_frac, sys_het=s.sys_het,
                                 base=s.sys_het_base, seed=s.seed, server_round=r)
         budgets = deadline_budgets(budgets, s.clock_cycle, self.dim, s.method, s.network,
-                                   model=s.time_model, n=self.n if s.method == "cocoa" else None)
+                                   model=s.time_model, n=self.n if s.method == "cocoa" else None,
+                                   loss=s.loss)
         dropped = drop_mask(self.n.size, drop_prob_of(s.drop_prob), seed=s.seed, server_round=r)
         scale = 1.0
         if s.method == "mb-sdca":

@@ -219,20 +219,6 @@ def task_owners_text(key: str, value: Any) -> str:
     return ",".join(f"{task}:{node}" for task, node in task_owner_pairs(key, value))
 
 
-def hinge_only(family: str) -> Check:
-    """``hinge``, the one loss ``family`` trains; any other value is a ConfigError saying so
-    (rather than a run that silently trains the hinge)."""
-    def check(key: str, value: Any) -> str:
-        out = str(value).strip()
-        if out != "hinge":
-            raise ConfigError(f"{key}: {family} trains the hinge loss only; got {value!r} "
-                              "(the other losses, smoothed-hinge, logistic and squared, are "
-                              "MOCHA's, CoCoA's and Mb-SDCA's)")
-        return out
-
-    return check
-
-
 def zero_is_none(value: Any) -> Any:
     """Run-config value -> setting: 0 (or "") means unset (None)."""
     if value is None or (isinstance(value, str) and not value.strip()):
@@ -458,6 +444,19 @@ _NONNEG = number(lo=0.0)
 _UNIT_OPEN = number(lo=0.0, hi=1.0, lo_open=True, hi_open=True)
 
 
+def loss_with_derivative(key: str, value: Any) -> str:
+    """:func:`loss_name`, for a loss that defines ``derivative`` (Mb-SGD's step: the four
+    built-in losses do; a registered one without it is a ConfigError)."""
+    out = loss_name(key, value)
+    if out not in LOSS_NAMES:
+        from .core.losses import LOSSES, Loss  # a registered loss: the registry is its home
+
+        if type(LOSSES[out]).derivative is Loss.derivative:
+            raise ConfigError(f"{key}: the loss {out!r} defines no derivative, which "
+                              "Mb-SGD's (sub)gradient step needs (core.losses.Loss)")
+    return out
+
+
 @dataclass(frozen=True)
 class _PrimalDualSettings(CommonSettings):
     """MOCHA's formulation and systems settings, shared by MOCHA, CoCoA, Mb-SDCA and Mb-SGD.
@@ -675,8 +674,9 @@ class MbSGDSettings(_PrimalDualSettings):
         Project W onto the ball that holds the optimum (Python only).
     local_frac : float
         The mini-batch as a fraction of n_t, in (0, 1] (distinct samples).
-    loss : {"hinge"}
-        Mb-SGD trains the hinge loss only (``mocha.loss``; any other value is an error).
+    loss : {"hinge", "smoothed-hinge", "logistic", "squared"} or a registered loss's name
+        The loss l (``mocha.loss``, as MOCHA's); a registered loss must define
+        ``derivative``, Mb-SGD's step (:func:`loss_with_derivative`).
     """
 
     omega: str = setting("identity", choice(*FORMULATION_NAMES), "mocha.omega")
@@ -688,7 +688,7 @@ class MbSGDSettings(_PrimalDualSettings):
                                  attr="mbsgd_beta")
     schedule: str = setting("inv", choice("inv", "inv_sqrt"))
     project: bool = setting(True, boolean)
-    loss: str = setting("hinge", hinge_only("Mb-SGD"), "mocha.loss")
+    loss: str = setting("hinge", loss_with_derivative, "mocha.loss")
 
 
 @dataclass(frozen=True)
@@ -822,8 +822,10 @@ class OFMTLSettings(CommonSettings):
         ``round-timeout``).
     max_attempts : int
         Tries of a newcomer before it is given up (Python only).
-    loss : {"hinge"}
-        OFMTL trains the hinge loss only (``mocha.loss``; any other value is an error).
+    loss : {"hinge", "smoothed-hinge", "logistic", "squared"} or a registered loss's name
+        The loss of the MOCHA trainings and of every newcomer's subproblem (``mocha.loss``;
+        :mod:`fmtl_flower.core.ofmtl`: the subproblem is strongly convex for any loss).
+        Record-level DP is for the hinge only (:mod:`fmtl_flower.core.ofmtl_privacy`).
     """
 
     NAMESPACE: ClassVar[str] = "ofmtl"
@@ -845,7 +847,7 @@ class OFMTLSettings(CommonSettings):
     max_attempts: int = setting(3, integer(1))
     round_timeout: float = setting(120.0, _POSITIVE, "round-timeout")
     server_path: str = setting("auto", choice(*SERVER_PATHS), "mocha.server-path")
-    loss: str = setting("hinge", hinge_only("OFMTL"), "mocha.loss")
+    loss: str = setting("hinge", loss_name, "mocha.loss")
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 
 The wire contract (keys, shapes, dtypes) is documented in :mod:`fmtl_flower.strategies.mbsgd`.
 Mb-SGD is a primal method: the device keeps no state between rounds (nothing in
-``context.state``). In every round it receives its model w_t, reports the mean hinge loss at
-w_t and sends the *sum* of the hinge subgradients at w_t over a mini-batch of ``budget``
+``context.state``). In every round it receives its model w_t, reports the mean loss at w_t
+(the hinge's, or the loss the config's ``loss`` names) and sends the *sum* of the loss's
+(sub)gradients at w_t over a mini-batch of ``budget``
 distinct samples, visited in the order ``coordinate_order(seed, task_id, server_round, n)``
 (:func:`fmtl_flower.core.baselines.mbsgd_local_gradient`); the server divides by the count
 and adds the regulariser's gradient.
@@ -25,7 +26,6 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from ..core.baselines import mbsgd_local_gradient
-from ..core.hinge import mean_hinge_loss
 from ..core.rng import coordinate_order
 from ..wire import array_record, metric_record, record_dict
 from .common import (
@@ -38,7 +38,7 @@ from .common import (
     eval_metrics,
     read_instruction,
 )
-from .mocha import MOCHAClient
+from .mocha import MOCHAClient, loss_of
 
 __all__ = ["MbSGDClient", "default_task_id", "make_mbsgd_client_app"]
 
@@ -87,7 +87,8 @@ class MbSGDClient:
             grad, count = np.zeros(task.dim), 0
         else:
             order = coordinate_order(seed, task.task_id, server_round, task.n)
-            grad, count = mbsgd_local_gradient(task.X, task.y, w, budget=budget, order=order)
+            grad, count = mbsgd_local_gradient(task.X, task.y, w, budget=budget, order=order,
+                                               loss=loss_of(config))
         metrics["round"] = server_round
         metrics["count"] = int(count)
         reply = record_dict({"arrays": array_record({"grad": grad}),
@@ -113,7 +114,7 @@ class MbSGDClient:
         out: dict[str, int | float] = {
             "task-id": task.task_id,
             "n-train": task.n,
-            "loss-mean": mean_hinge_loss(task.X, task.y, w),
+            "loss-mean": loss_of(config).mean_value(task.X, task.y, w),
         }
         out.update(eval_metrics(task, w, config))
         return out

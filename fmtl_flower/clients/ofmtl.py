@@ -6,7 +6,13 @@ A device that joins a running federation solves its own single-task subproblem
 variables alpha stay in ``context.state`` (ArrayRecord ``ofmtl.arrays``: ``alpha``;
 ConfigRecord ``ofmtl.meta``: ``task-id``, ``step``), so that the protocol's steps continue
 the same dual solution. A device whose state does not hold step s - 1 when step s arrives
-(lost, or from another run) restarts from alpha = 0 and says so (``state-ok`` 0).
+(lost, or from another run, or of another loss) restarts from alpha = 0 and says so
+(``state-ok`` 0).
+
+The loss: ``train.ofmtl`` carries the run's ``loss`` as MOCHA's messages do (absent: the
+hinge; :func:`fmtl_flower.clients.mocha.loss_of`); the newcomer's subproblem, its dual
+variables' domain and its ``gap`` are that loss's. Record-level DP is for the hinge only
+(its sensitivity argument, :mod:`fmtl_flower.core.ofmtl_privacy`).
 
 Record-level DP (a message with ``dp-clip``; :mod:`fmtl_flower.core.ofmtl_privacy`). The
 newcomer clips its rows to ``dp-clip``, solves its subproblem as without DP and on to a gap
@@ -27,11 +33,12 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from ..core.hinge import classification_errors
+from ..core.losses import LOSSES, Loss
 from ..core.ofmtl import newcomer_duality_gap, newcomer_fit
 from ..core.ofmtl_privacy import newcomer_noise_rng, private_newcomer_fit
 from ..wire import from_array, to_array
 from .common import DataLoader, LocalTask, TaskIdFn, config_value
-from .mocha import MOCHAClient, noise_seed_of, record_dp_of
+from .mocha import MOCHAClient, loss_of, noise_seed_of, record_dp_of
 
 STATE_ARRAYS = "ofmtl.arrays"
 STATE_META = "ofmtl.meta"
@@ -54,17 +61,23 @@ class OFMTLClient(MOCHAClient):
         if step < 0 or inner < 0:
             raise ValueError("step and inner-rounds must be >= 0")
         c = self._vector(msg, "c", task.dim)
+        loss = loss_of(config)
         if record_dp_of(config) is not None:
+            if loss.name != "hinge":
+                raise ValueError(f"record-level DP is for the hinge loss only, got {loss.name!r}")
             return self._private_newcomer(msg, context, self.dp_task(task, config), config,
                                           c, omega, lam)
-        alpha, state_ok = self._stored_alpha(context, task, step)
+        alpha, state_ok = self._stored_alpha(context, task, step, loss)
         fit = newcomer_fit(task.X, task.y, omega=omega, c=c, lam=lam, rounds=inner,
                            local_frac=config_value(config, "local-frac", float),
                            seed=config_value(config, "seed", int), task_id=task.task_id,
-                           alpha=alpha, first_round=step * inner + 1, track_gap=False)
-        gap = newcomer_duality_gap(task.X, task.y, fit.alpha, omega=omega, c=c, lam=lam)
+                           alpha=alpha, first_round=step * inner + 1, track_gap=False,
+                           loss=loss)
+        gap = newcomer_duality_gap(task.X, task.y, fit.alpha, omega=omega, c=c, lam=lam,
+                                   loss=loss)
         context.state[STATE_ARRAYS] = ArrayRecord({"alpha": to_array(fit.alpha)})
-        context.state[STATE_META] = ConfigRecord({"task-id": task.task_id, "step": step})
+        context.state[STATE_META] = ConfigRecord({"task-id": task.task_id, "step": step,
+                                                  **_loss_meta(loss)})
         metrics = MetricRecord({"task-id": task.task_id, "step": step, "n-train": task.n,
                                 "state-ok": int(state_ok), "gap": float(gap)})
         return Message(RecordDict({"arrays": ArrayRecord({"w": to_array(fit.w)}),
@@ -152,26 +165,33 @@ class OFMTLClient(MOCHAClient):
         return v
 
     @staticmethod
-    def _stored_alpha(context: Context, task: LocalTask, step: int
-                      ) -> tuple[np.ndarray | None, bool]:
-        """The alpha of step - 1 (None at step 0); (None, False) when the state lags."""
+    def _stored_alpha(context: Context, task: LocalTask, step: int,
+                      loss: Loss = LOSSES["hinge"]) -> tuple[np.ndarray | None, bool]:
+        """The alpha of step - 1 under ``loss`` (None at step 0); (None, False) when the state
+        lags or holds another loss's duals."""
         if step == 0:
             return None, True
         if STATE_META not in context.state or STATE_ARRAYS not in context.state:
             return None, False
         meta = context.state[STATE_META]
-        if meta.get("task-id") != task.task_id or meta.get("step") != step - 1:
+        if meta.get("task-id") != task.task_id or meta.get("step") != step - 1 \
+                or meta.get("loss", "hinge") != loss.name:
             return None, False
         try:
             alpha = np.array(from_array(context.state[STATE_ARRAYS]["alpha"]), dtype=np.float64)
         except (KeyError, TypeError, ValueError):
             return None, False
         y = task.y
-        ya = y * alpha
-        if alpha.shape != (task.n,) or not np.all(np.isfinite(alpha)) or np.any(ya < -1e-12) \
-                or np.any(ya > 1 + 1e-12):
+        if alpha.shape != (task.n,) or not np.all(np.isfinite(alpha)) \
+                or not loss.feasible(alpha, y, 1e-12):
             return None, False
-        return np.clip(ya, 0.0, 1.0) * y, True
+        return np.clip(y * alpha, *loss.dual_domain) * y, True
+
+
+def _loss_meta(loss: Loss) -> dict[str, str]:
+    """The state's record of the loss its duals belong to (nothing for the hinge: the state
+    written before OFMTL had losses stays usable)."""
+    return {} if loss.name == "hinge" else {"loss": loss.name}
 
 
 def make_ofmtl_client_app(load_data: DataLoader, task_id: TaskIdFn | None = None) -> ClientApp:

@@ -30,6 +30,7 @@ from ..core.rng import coordinate_order
 from ..packing import SlotFailed, each_slot, read_stacked_instruction, stacked_is_train
 from .common import config_value, stacked_reply_arrays
 from .mbsgd import MbSGDClient
+from .mocha import loss_of
 from .packed_mocha import PackedMOCHA
 
 PROTOCOL = "mb-sgd"
@@ -83,7 +84,7 @@ class PackedMbSGD:
             else:
                 order = coordinate_order(seed, task.task_id, server_round, task.n)
                 grad, count = mbsgd_local_gradient(task.X, task.y, w, budget=budget,
-                                                   order=order)
+                                                   order=order, loss=loss_of(config))
             metrics["count"] = int(count)
             return metrics, grad
 

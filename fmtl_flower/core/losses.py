@@ -80,7 +80,8 @@ import numpy as np
 from .hinge import hinge_conjugate_value, hinge_loss, mean_hinge_loss
 from .jit import kernel
 
-__all__ = ["HINGE", "LOGISTIC", "LOSSES", "LOSS_BY_CODE", "NEWTON_STEPS", "SMOOTHED_HINGE",
+__all__ = ["HINGE", "LOGISTIC", "LOGISTIC_ITERATION_FLOPS", "LOGISTIC_NEWTON_ITERATIONS",
+           "LOGISTIC_STEP_FLOPS", "LOSSES", "LOSS_BY_CODE", "NEWTON_STEPS", "SMOOTHED_HINGE",
            "SQUARED", "Loss", "compiled_loss_call", "coordinate_step", "dual_peak",
            "dual_value", "get_loss", "has_kernels", "loss_value", "numpy_step_cost_of",
            "register_loss", "unregister_loss"]
@@ -101,6 +102,23 @@ _FIRST_PYTHON_CODE = 100
 NEWTON_STEPS = 200
 
 _LOG2 = math.log(2.0)
+
+#: Mean safeguarded Newton iterations of a logistic coordinate step (loop passes of
+#: ``_logistic_step``): 14.6, the mean over every step of four 20-round MOCHA runs on the
+#: synthetic tasks of ``tests/strategies/helpers.make_problem`` (5 tasks x d = 10 x 60
+#: samples, seed 1; 8 x 20 x 100, seed 2; each with Omega ``mean`` and ``learned``: 12.7,
+#: 14.1, 14.7 and 16.8; median 5 to 9, the 99th percentile 51 to 54, the bisection's tail),
+#: measured 2026-11-27 by replaying the recorded (a_old, z, q) of each step.
+LOGISTIC_NEWTON_ITERATIONS = 14.6
+#: FLOPs of one Newton iteration of ``_logistic_step``, counting a scalar op 1 and ``exp``
+#: 20 (its range reduction and polynomial; a convention, not a measurement): the bracket's
+#: convergence test 5, the sigmoid 3 + 20, g 5 and its two sign tests 2, the Newton step 5,
+#: the bracket test of the next point 3, the step-size test 5.
+LOGISTIC_ITERATION_FLOPS = 48
+#: :attr:`Loss.step_flops` of ``logistic``: the hinge's 8 (the margin and the update's
+#: bookkeeping, as every step), the bracket's set-up 9 and the final sigmoid 23, and the
+#: mean Newton iterations (about 740, 90 times the hinge's 8).
+LOGISTIC_STEP_FLOPS = round(8 + 9 + 23 + LOGISTIC_NEWTON_ITERATIONS * LOGISTIC_ITERATION_FLOPS)
 
 
 # ---------------------------------------------------------------------------- scalar kernels
@@ -269,12 +287,36 @@ class Loss:
         :mod:`fmtl_flower.core.jit`; measured with ``FMTL_KERNELS=numpy``, n = 2000, d = 20,
         2026-11-27: hinge 0.98, smoothed hinge 1.46, logistic 10.1, squared 1.73 us/step).
         A registered loss runs numpy in every mode, so its value changes nothing.
+    step_flops : float
+        The scalar FLOPs of one SDCA coordinate step, beyond its two d-vector loops (the dot
+        product and the axpy): the ``b`` of the time model's per-step ``a d + b``
+        (:mod:`fmtl_flower.systems.timing`, eq. (30) of the MOCHA paper). 8 for the hinge (its
+        clipped closed-form step and the update's bookkeeping), also for ``smoothed-hinge`` and
+        ``squared``, whose closed-form steps take a division and a few scalar ops as the
+        hinge's does; ``logistic``'s counts its safeguarded Newton solve,
+        :data:`LOGISTIC_STEP_FLOPS`.
+        A registered loss that leaves it at 8 is timed as the hinge.
+    dual_slope : float
+        sup |D'(a)| over the dual domain: 1 for the hinge (D(a) = a) and the smoothed hinge
+        (D'(a) = 1 - a on [0, 1]); inf when D' is unbounded there (the logistic loss's
+        entropy, the squared loss's and the default). Record-level DP's step bound uses a
+        finite one (:func:`fmtl_flower.core.record_dp.record_contribution`); with inf a
+        record gets the looser box bound C r.
+    gradient_flops : float
+        The scalar FLOPs of one sampled point of Mb-SGD (the margin and l'(z)'s coefficient,
+        beyond the two d-vector loops): the time model's ``b`` for ``mb-sgd``. 3 for the
+        hinge (the table's: the margin and a comparison), 5 for the smoothed hinge (a clip),
+        2 for the squared loss and 25 for the logistic loss (a sigmoid, ``exp`` counted 20
+        as in :data:`LOGISTIC_ITERATION_FLOPS`), counted from :meth:`derivative`.
     """
 
     name = ""
     code = -1
     peak: float
     numpy_step_cost = 1.0
+    step_flops: float = 8
+    dual_slope = math.inf
+    gradient_flops: float = 3
     dual_domain = (0.0, 1.0)
     dual_range = (0.0, 1.0)
     smoothness = math.inf
@@ -327,6 +369,19 @@ class Loss:
         Required."""
         raise NotImplementedError
 
+    def derivative(self, margins: np.ndarray) -> np.ndarray:
+        """l'(z) elementwise (a subgradient where l has a kink): Mb-SGD's step, whose
+        sampled point contributes l'(z) y x to the gradient. Required for Mb-SGD only."""
+        raise NotImplementedError(f"{type(self).__name__} defines no derivative (Mb-SGD "
+                                  "needs one)")
+
+    def derivative_bound(self, margin_bound: np.ndarray) -> np.ndarray:
+        """sup |l'(z)| over |z| <= ``margin_bound``: for a convex l, l' is nondecreasing, so
+        the larger of |l'(-B)| and |l'(B)| (the server's bound on a Mb-SGD reply's
+        |grad| / (count R_t))."""
+        bound = np.asarray(margin_bound, dtype=np.float64)
+        return np.maximum(np.abs(self.derivative(-bound)), np.abs(self.derivative(bound)))
+
     # -- scalar pieces (the kernels' numpy implementations) ---------------------------------
     def loss_at(self, z: float) -> float:
         """l(z) at one margin (plain Python float)."""
@@ -366,6 +421,7 @@ class _Compiled(Loss):
 
 class _Hinge(_Compiled):
     name, code = "hinge", HINGE
+    dual_slope = 1.0
 
     def value(self, margins):
         return hinge_loss(margins)
@@ -375,6 +431,9 @@ class _Hinge(_Compiled):
 
     def mean_value(self, X, y, w):
         return mean_hinge_loss(X, y, w)  # bit for bit the hinge-only code's numbers
+
+    def derivative(self, margins):  # -1 below the kink, 0 at and above it (Mb-SGD's rule)
+        return np.where(np.asarray(margins, dtype=np.float64) < 1.0, -1.0, 0.0)
 
     def dual_mean(self, alpha, y):
         return hinge_conjugate_value(alpha, y)
@@ -386,6 +445,8 @@ class _Hinge(_Compiled):
 class _SmoothedHinge(_Compiled):
     name, code = "smoothed-hinge", SMOOTHED_HINGE
     dual_range = (0.0, 0.5)
+    dual_slope = 1.0
+    gradient_flops = 5
     smoothness = 1.0
     numpy_step_cost = 1.5
 
@@ -400,9 +461,14 @@ class _SmoothedHinge(_Compiled):
     def value_bound(self, margin_bound):
         return 0.5 + margin_bound  # l(z) <= 1/2 + |z|
 
+    def derivative(self, margins):
+        return -np.clip(1.0 - np.asarray(margins, dtype=np.float64), 0.0, 1.0)
+
 
 class _Logistic(_Compiled):
     name, code = "logistic", LOGISTIC
+    step_flops = LOGISTIC_STEP_FLOPS
+    gradient_flops = 25
     dual_range = (0.0, _LOG2)
     smoothness = 0.25
     numpy_step_cost = 10.0
@@ -421,6 +487,11 @@ class _Logistic(_Compiled):
     def value_bound(self, margin_bound):
         return _LOG2 + margin_bound  # log(1 + e^-z) <= log 2 + |z|
 
+    def derivative(self, margins):  # -1 / (1 + e^z) = -sigmoid(-z), without overflow
+        z = np.asarray(margins, dtype=np.float64)
+        e = np.exp(-np.abs(z))
+        return np.where(z >= 0.0, -e / (1.0 + e), -1.0 / (1.0 + e))
+
 
 class _Squared(_Compiled):
     name, code = "squared", SQUARED
@@ -428,6 +499,7 @@ class _Squared(_Compiled):
     dual_range = (-math.inf, 0.5)
     smoothness = 1.0
     numpy_step_cost = 1.8
+    gradient_flops = 2
 
     def value(self, margins):
         z = np.asarray(margins, dtype=np.float64)
@@ -439,6 +511,9 @@ class _Squared(_Compiled):
 
     def value_bound(self, margin_bound):
         return 0.5 * (1.0 + margin_bound) ** 2
+
+    def derivative(self, margins):
+        return np.asarray(margins, dtype=np.float64) - 1.0
 
 
 #: Every loss by its run-config name; ``hinge`` is the default.

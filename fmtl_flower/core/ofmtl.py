@@ -23,6 +23,15 @@ other columns fixed -- is exactly
 c = W_old K[:m, m] / lam; e.g. ``probabilistic`` with finite s2 (K = lam (Omega + I/s2))
 gives omega = Omega_mm + 1/s2 and the same c.
 
+Losses. The hinge above is the default; every function below takes ``loss`` (a name or
+:class:`~fmtl_flower.core.losses.Loss`, the run's ``mocha.loss``) and then reads
+l(y_i x_i^T w) for the hinge term and D(a) = -l*(-a) (a = y_i alpha_i in the loss's dual
+domain) for y_i alpha_i below. The subproblem is well-defined for **every** registered loss:
+P_new is (lam omega)-strongly convex whatever the convex l, so its minimiser is unique, and
+the derivation below only uses the conjugate of r, never a bound on alpha. The built-in
+losses keep their compiled SDCA branch; a registered loss of Python code runs the kernel's
+numpy implementation (:mod:`fmtl_flower.core.losses`). Written for the hinge:
+
 Dual. With dual variables alpha (one per sample, 0 <= y_i alpha_i <= 1 as in MOCHA),
 b = X^T alpha / n and r(w) = (lam/2) omega |w|^2 + lam c^T w, whose conjugate is
 r*(b) = |b - lam c|^2 / (2 lam omega),
@@ -32,7 +41,8 @@ r*(b) = |b - lam c|^2 / (2 lam omega),
 
 (the paper's eq. (3) and the reference code's closed-form refresh). At w = w(alpha) the two
 quadratic terms coincide: D_new = (1/n) sum y alpha - (lam/2) omega |w|^2, and the duality
-gap P_new(w(alpha)) - D_new(alpha) = (1/n) sum hinge_i - (1/n) sum y_i alpha_i + w^T b >= 0.
+gap P_new(w(alpha)) - D_new(alpha) = (1/n) sum hinge_i - (1/n) sum y_i alpha_i + w^T b >= 0
+(for another loss: (1/n) sum l_i - (1/n) sum D(y_i alpha_i) + w^T b, >= 0 by Fenchel-Young).
 
 SDCA. One exact coordinate step on sample i (a = y_i alpha_i, w = w(alpha)) is
 
@@ -40,13 +50,16 @@ SDCA. One exact coordinate step on sample i (a = y_i alpha_i, w = w(alpha)) is
     w    += (alpha_new - alpha_old) x_i / (lam omega n),
 
 which is MOCHA's local step (``core/sdca.py``) with m_tt sigma' = 1 / (lam omega): the
-compiled ``_sdca_kernel`` is reused as is. No sigma' is involved, since only one task moves:
+compiled ``_sdca_kernel`` is reused as is, with the loss's code (another loss takes its
+coordinate step, :func:`fmtl_flower.core.losses.coordinate_step`, with q = |x_i|^2 /
+(lam omega n)). No sigma' is involved, since only one task moves:
 these are exact SDCA steps of the single-task problem. Because (**) is affine in b, the
 kernel's running model is w(alpha) throughout; :func:`newcomer_model` recomputes it exactly.
 
 Zero-norm rows (x_i = 0) do not move w; the exact coordinate maximiser of D_new there is
-a = 1 (the dual gains (1 - a)/n). The kernel skips such rows, so :func:`newcomer_sdca` sets
-y_i alpha_i = 1 for those it visits; the duality gap therefore still goes to 0.
+a = 1 (the dual gains (1 - a)/n; argmax D for another loss). The kernel moves such rows
+to it (the kernels' zero-row rule), so :func:`newcomer_sdca` sets y_i alpha_i = 1 for those
+it visits; the duality gap therefore still goes to 0.
 
 Extension. A new task extends Sigma (m x m, symmetric PSD, trace 1) to
 blockdiag(m/(m+1) Sigma, 1/(m+1)): trace 1 is kept and the newcomer starts uncorrelated, so
@@ -73,8 +86,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .hinge import hinge_loss
-from .losses import HINGE
+from .losses import Loss, get_loss
 from .ofmtl_server import (
     _positive,
     extend_sigma,
@@ -129,10 +141,18 @@ def _vector(v: np.ndarray, size: int, arg: str) -> np.ndarray:
     return v
 
 
-def _dual_feasible(alpha: np.ndarray, y: np.ndarray, tol: float = 1e-12) -> None:
-    a = y * alpha
-    if np.any(a < -tol) or np.any(a > 1.0 + tol):
-        raise ValueError("alpha must satisfy 0 <= y_i * alpha_i <= 1")
+def _dual_feasible(alpha: np.ndarray, y: np.ndarray, loss: Loss, tol: float = 1e-12) -> None:
+    if not loss.feasible(alpha, y, tol):
+        lo, hi = loss.dual_domain
+        raise ValueError(f"alpha must satisfy {lo:g} <= y_i * alpha_i <= {hi:g} (the dual "
+                         f"domain of the {loss.name} loss)")
+
+
+def _clip_to_domain(alpha: np.ndarray, y: np.ndarray, loss: Loss) -> np.ndarray:
+    """``alpha`` with every y_i alpha_i clipped exactly into the loss's dual domain (a
+    coordinate step's alpha_old + (alpha_new - alpha_old) can miss a bound by one ulp)."""
+    lo, hi = loss.dual_domain
+    return y * np.clip(y * alpha, lo, hi)
 
 
 # ----------------------------------------------------------------------------- newcomer
@@ -172,7 +192,7 @@ def newcomer_model(X: np.ndarray, alpha: np.ndarray, *, omega: float, c: np.ndar
 
 def newcomer_sdca(X: np.ndarray, y: np.ndarray, alpha: np.ndarray, w: np.ndarray, *,
                   omega: float, lam: float, budget: int, order: np.ndarray,
-                  sqnorm: np.ndarray | None = None) -> np.ndarray:
+                  sqnorm: np.ndarray | None = None, loss: str | Loss = "hinge") -> np.ndarray:
     """Run ``budget`` exact SDCA coordinate steps on the newcomer's dual D_new.
 
     Parameters
@@ -197,20 +217,24 @@ def newcomer_sdca(X: np.ndarray, y: np.ndarray, alpha: np.ndarray, w: np.ndarray
         A permutation of 0..n-1 (e.g. :func:`fmtl_flower.core.rng.coordinate_order`).
     sqnorm : ndarray of shape (n,), optional
         Precomputed squared row norms of X.
+    loss : str or Loss, default "hinge"
+        The loss l of P_new (:func:`fmtl_flower.core.losses.get_loss`; module docstring).
 
     Returns
     -------
     ndarray of shape (n,)
-        The updated dual variables; 0 <= y_i alpha_i <= 1 holds exactly. Zero-norm rows that
-        are visited get y_i alpha_i = 1 (their exact coordinate maximiser).
+        The updated dual variables; y_i alpha_i lies in the loss's dual domain exactly
+        ([0, 1] for the hinge). Zero-norm rows that are visited get y_i alpha_i = argmax D
+        (their exact coordinate maximiser: 1 for the hinge).
     """
     X, y = _data(X, y)
     n, d = X.shape
+    loss = get_loss(loss)
     omega = _positive(omega, "omega")
     lam = _positive(lam, "lam")
     alpha = _vector(alpha, n, "alpha")
     w = _vector(w, d, "w")
-    _dual_feasible(alpha, y)
+    _dual_feasible(alpha, y, loss)
     if budget < 0:
         raise ValueError(f"budget must be >= 0, got {budget}")
     order = np.ascontiguousarray(order, dtype=np.int64)
@@ -225,55 +249,59 @@ def newcomer_sdca(X: np.ndarray, y: np.ndarray, alpha: np.ndarray, w: np.ndarray
     # MOCHA's kernel with m_tt sigma' = 1 / (lam omega), run directly on alpha (its d_alpha
     # accumulator) from a zero base, with v = w(alpha) kept up to date by the kernel.
     _sdca_kernel(X, y, np.zeros(n), sqnorm, w, order, int(budget), 1.0 / (lam * omega),
-                 new_alpha, v, HINGE)  # visited zero-norm rows: y_i alpha_i = 1 (the kernel's rule)
-    # alpha_old + (alpha_new - alpha_old) can miss a box bound by one ulp: clip it exactly.
-    return y * np.clip(y * new_alpha, 0.0, 1.0)
+                 new_alpha, v, loss.code)  # visited zero-norm rows: the kernel's zero-row rule
+    return _clip_to_domain(new_alpha, y, loss)
 
 
 def newcomer_primal(X: np.ndarray, y: np.ndarray, w: np.ndarray, *, omega: float,
-                    c: np.ndarray, lam: float) -> float:
-    """P_new(w) = mean hinge + (lam/2) omega |w|^2 + lam c^T w (0 hinge term when n = 0)."""
+                    c: np.ndarray, lam: float, loss: str | Loss = "hinge") -> float:
+    """P_new(w) = mean l(y_i x_i^T w) + (lam/2) omega |w|^2 + lam c^T w (0 loss term when
+    n = 0), l the ``loss`` (the hinge by default)."""
     X, y = _data(X, y)
     d = X.shape[1]
+    loss = get_loss(loss)
     omega, lam = _positive(omega, "omega"), _positive(lam, "lam")
     w, c = _vector(w, d, "w"), _vector(c, d, "c")
-    loss = float(hinge_loss(y * (X @ w)).mean()) if X.shape[0] else 0.0
-    return loss + 0.5 * lam * omega * float(w @ w) + lam * float(c @ w)
+    data = loss.mean_value(X, y, w)
+    return data + 0.5 * lam * omega * float(w @ w) + lam * float(c @ w)
 
 
 def newcomer_dual(X: np.ndarray, y: np.ndarray, alpha: np.ndarray, *, omega: float,
-                  c: np.ndarray, lam: float) -> float:
-    """D_new(alpha) = (1/n) sum y_i alpha_i - |X^T alpha / n - lam c|^2 / (2 lam omega).
+                  c: np.ndarray, lam: float, loss: str | Loss = "hinge") -> float:
+    """D_new(alpha) = (1/n) sum D(y_i alpha_i) - |X^T alpha / n - lam c|^2 / (2 lam omega),
+    D = -l*(-.) the ``loss``'s dual term (D(a) = a for the hinge).
 
-    Raises ``ValueError`` if alpha is outside the dual box (where D_new is -inf).
+    Raises ``ValueError`` if alpha is outside the loss's dual domain (where D_new is -inf).
     """
     X, y = _data(X, y)
     n = X.shape[0]
+    loss = get_loss(loss)
     alpha = _vector(alpha, n, "alpha")
-    _dual_feasible(alpha, y)
+    _dual_feasible(alpha, y, loss)
     w = newcomer_model(X, alpha, omega=omega, c=c, lam=lam)
-    data = float(y @ alpha) / n if n else 0.0
-    return data - 0.5 * float(lam) * float(omega) * float(w @ w)
+    return loss.dual_mean(alpha, y) - 0.5 * float(lam) * float(omega) * float(w @ w)
 
 
 def newcomer_duality_gap(X: np.ndarray, y: np.ndarray, alpha: np.ndarray, *, omega: float,
-                         c: np.ndarray, lam: float) -> float:
+                         c: np.ndarray, lam: float, loss: str | Loss = "hinge") -> float:
     """P_new(w(alpha)) - D_new(alpha) >= 0 for the consistent pair (w(alpha), alpha).
 
-    Computed as mean hinge - mean(y alpha) + w^T b (b = X^T alpha / n), which equals the
-    difference of :func:`newcomer_primal` and :func:`newcomer_dual` without their
-    cancelling quadratic terms.
+    Computed as mean l(y_i x_i^T w) - mean D(y_i alpha_i) + w^T b (b = X^T alpha / n), which
+    equals the difference of :func:`newcomer_primal` and :func:`newcomer_dual` without their
+    cancelling quadratic terms (r(w) + r*(b) = w^T b at w = w(alpha)); each sample's
+    l(z_i) - D(a_i) + a_i z_i >= 0 (Fenchel-Young), so the gap is a certificate for any
+    registered ``loss``.
     """
     X, y = _data(X, y)
     n = X.shape[0]
+    loss = get_loss(loss)
     alpha = _vector(alpha, n, "alpha")
-    _dual_feasible(alpha, y)
+    _dual_feasible(alpha, y, loss)
     w = newcomer_model(X, alpha, omega=omega, c=c, lam=lam)
     if n == 0:
         return 0.0
     b = X.T @ alpha / n
-    loss = float(hinge_loss(y * (X @ w)).mean())
-    return loss - float(y @ alpha) / n + float(w @ b)
+    return loss.mean_value(X, y, w) - loss.dual_mean(alpha, y) + float(w @ b)
 
 
 @dataclass
@@ -301,7 +329,7 @@ class NewcomerFit:
 def newcomer_fit(X: np.ndarray, y: np.ndarray, *, omega: float, c: np.ndarray, lam: float,
                  rounds: int, local_frac: float, seed: int, task_id: int,
                  alpha: np.ndarray | None = None, first_round: int = 1,
-                 track_gap: bool = True) -> NewcomerFit:
+                 track_gap: bool = True, loss: str | Loss = "hinge") -> NewcomerFit:
     """Solve the newcomer's subproblem by rounds of SDCA, each followed by the refresh (**).
 
     Round r (r = first_round, ..., first_round + rounds - 1) runs
@@ -326,6 +354,8 @@ def newcomer_fit(X: np.ndarray, y: np.ndarray, *, omega: float, c: np.ndarray, l
         Round number of the first round (keys its coordinate order).
     track_gap : bool
         Record the duality gap and the dual value after every round (O(n d) each).
+    loss : str or Loss, default "hinge"
+        The loss l of P_new (the run's ``mocha.loss``).
 
     Returns
     -------
@@ -333,12 +363,13 @@ def newcomer_fit(X: np.ndarray, y: np.ndarray, *, omega: float, c: np.ndarray, l
     """
     X, y = _data(X, y)
     n, d = X.shape
+    loss = get_loss(loss)
     if rounds < 0:
         raise ValueError(f"rounds must be >= 0, got {rounds}")
     if not local_frac > 0:
         raise ValueError(f"local_frac must be > 0, got {local_frac}")
     alpha = np.zeros(n) if alpha is None else _vector(alpha, n, "alpha").copy()
-    _dual_feasible(alpha, y)
+    _dual_feasible(alpha, y, loss)
     kw = {"omega": omega, "c": c, "lam": lam}
     w = newcomer_model(X, alpha, **kw)
     sqnorm = np.einsum("ij,ij->i", X, X)
@@ -347,14 +378,14 @@ def newcomer_fit(X: np.ndarray, y: np.ndarray, *, omega: float, c: np.ndarray, l
 
     def record() -> None:
         if track_gap:
-            gaps.append(newcomer_duality_gap(X, y, alpha, **kw))
-            duals.append(newcomer_dual(X, y, alpha, **kw))
+            gaps.append(newcomer_duality_gap(X, y, alpha, **kw, loss=loss))
+            duals.append(newcomer_dual(X, y, alpha, **kw, loss=loss))
 
     record()
     for r in range(first_round, first_round + rounds):
         order = coordinate_order(seed, task_id, r, n)
         alpha = newcomer_sdca(X, y, alpha, w, omega=omega, lam=lam, budget=budget,
-                              order=order, sqnorm=sqnorm)
+                              order=order, sqnorm=sqnorm, loss=loss)
         w = newcomer_model(X, alpha, **kw)
         record()
     return NewcomerFit(alpha=alpha, w=w, gaps=np.array(gaps), duals=np.array(duals))
@@ -428,7 +459,8 @@ class NewTaskResult:
 
 def _newcomer_rounds(X: np.ndarray, y: np.ndarray, sqnorm: np.ndarray, alpha: np.ndarray, *,
                      omega: float, c: np.ndarray, lam: float, rounds: int, budget: int,
-                     seed: int, task_id: int, first_round: int) -> tuple[np.ndarray, np.ndarray]:
+                     seed: int, task_id: int, first_round: int, loss: Loss
+                     ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`newcomer_fit` (``track_gap=False``) for validated inputs, bit for bit.
 
     The same coordinate orders, kernel calls (with their zero-row rule), clipping and model
@@ -447,8 +479,8 @@ def _newcomer_rounds(X: np.ndarray, y: np.ndarray, sqnorm: np.ndarray, alpha: np
         new_alpha = alpha.copy()
         if budget > 0:
             _sdca_kernel(X, y, zeros, sqnorm, w, order, budget, scale, new_alpha, w.copy(),
-                         HINGE)
-            new_alpha = y * np.clip(y * new_alpha, 0.0, 1.0)
+                         loss.code)
+            new_alpha = _clip_to_domain(new_alpha, y, loss)
         alpha = new_alpha
         w = (X.T @ alpha / n - lam * c) / (lam * omega)
     return alpha, w
@@ -458,7 +490,7 @@ def add_task(W_old: np.ndarray, Sigma_old: np.ndarray | FactoredMatrix, X: np.nd
              y: np.ndarray, *,
              lam: float, outer: int = 10, inner: int = 100, local_frac: float = 0.5,
              omega_eps: float = DEFAULT_OMEGA_EPS, seed: int = 0,
-             task_id: int = 0) -> NewTaskResult:
+             task_id: int = 0, loss: str | Loss = "hinge") -> NewTaskResult:
     """One newcomer joins m trained tasks: OFMTL's protocol, centrally and without Flower.
 
     1. Sigma = :func:`extend_sigma` (Sigma_old), Omega = Sigma^-1, alpha = 0, w = 0.
@@ -506,6 +538,8 @@ def add_task(W_old: np.ndarray, Sigma_old: np.ndarray | FactoredMatrix, X: np.nd
     seed, task_id : int
         Keys of the coordinate orders; ``task_id`` is the newcomer's task index (m when
         tasks are numbered by arrival).
+    loss : str or Loss, default "hinge"
+        The loss of the newcomer's subproblem (and of ``primals``).
 
     Returns
     -------
@@ -537,6 +571,7 @@ def add_task(W_old: np.ndarray, Sigma_old: np.ndarray | FactoredMatrix, X: np.nd
     if shape != (m, m):
         raise ValueError(f"Sigma_old must have shape ({m}, {m}), got {shape}")
     lam = _positive(lam, "lam")
+    loss = get_loss(loss)
     for name, value, low in (("outer", outer, 1), ("inner", inner, 0)):
         if isinstance(value, bool) or int(value) != value or value < low:
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
@@ -557,12 +592,11 @@ def add_task(W_old: np.ndarray, Sigma_old: np.ndarray | FactoredMatrix, X: np.nd
         omega, c = ops.newcomer_server_quantities(W_old, omega_mat)
         alpha, w = _newcomer_rounds(X, y, sqnorm, alpha, omega=omega, c=c, lam=lam,
                                     rounds=inner, budget=budget, seed=seed, task_id=task_id,
-                                    first_round=k * inner + 1)
+                                    first_round=k * inner + 1, loss=loss)
         W[:, m] = w
         ws[k] = w
-        gaps[k] = newcomer_duality_gap(X, y, alpha, omega=omega, c=c, lam=lam)
-        loss = float(hinge_loss(y * (X @ w)).mean())
-        primals[k] = loss + 0.5 * lam * ops.quad_trace(W, omega_mat)
+        gaps[k] = newcomer_duality_gap(X, y, alpha, omega=omega, c=c, lam=lam, loss=loss)
+        primals[k] = loss.mean_value(X, y, w) + 0.5 * lam * ops.quad_trace(W, omega_mat)
         if k < outer - 1:
             sigma, omega_mat = ops.omega_step(W, omega_eps)
     return NewTaskResult(W=W, Sigma=sigma, Omega=omega_mat, alpha=alpha, gaps=gaps,

@@ -17,7 +17,9 @@ What an OFMTL device releases, phase by phase:
 
        P_new(w) = (1/n) sum_i hinge(y_i x_i . w) + (lam omega / 2) |w|^2 + lam c . w
 
-   is (lam omega)-strongly convex and its loss C-Lipschitz in w (|x_i| <= C), so its
+   is (lam omega)-strongly convex and its loss C-Lipschitz in w (|x_i| <= C; the hinge is
+   1-Lipschitz in the margin, which is why OFMTL's record-level DP takes the hinge only,
+   :func:`fmtl_flower.strategies.ofmtl_privacy.enable_ofmtl_record_dp`), so its
    minimiser w* moves by at most 2 C / (n lam omega) when one record is replaced (the
    output-perturbation bound of Chaudhuri et al. 2011: the two objectives differ by a
    (2 C / n)-Lipschitz function; the linear term lam c . w is the same for both). The

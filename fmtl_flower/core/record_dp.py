@@ -63,6 +63,7 @@ from typing import Any
 
 import numpy as np
 
+from .losses import Loss, get_loss
 from .privacy import check_delta, check_noise_multiplier, rdp_epsilon
 from .rng import TAG_RECORD_DP
 
@@ -91,19 +92,16 @@ def clip_rows(X: np.ndarray, clip: float) -> np.ndarray:
     return out
 
 
-#: sup |D'(a)| over the dual domain of the losses whose step bound
-#: :func:`record_contribution` uses (hinge: D(a) = a; smoothed hinge: D(a) = a - a^2 / 2).
-DUAL_SLOPE = {"hinge": 1.0, "smoothed-hinge": 1.0}
-
-
 def record_contribution(clip: float, n: int, dual_radius: float = 1.0,
                         curvature: float | None = None, w_norm: float = 0.0,
-                        loss: str = "hinge") -> float:
+                        loss: str | Loss = "hinge") -> float:
     """The largest |x_i d_alpha_i| one record can put into a separable step's sum.
 
-    Always at most C r (|x_i| <= C, |d_alpha_i| <= r). For a loss of :data:`DUAL_SLOPE`
-    whose step's curvature is known (q_i = ``curvature`` |x_i|^2 / n, the same for every
-    record: sigma' m_tt b for MOCHA's separable step, m_tt for Mb-SDCA's), also: the exact
+    Always at most C r (|x_i| <= C, |d_alpha_i| <= r). For a loss (a registered name or
+    :class:`~fmtl_flower.core.losses.Loss`) of finite ``dual_slope`` s = sup |D'| (the
+    hinges'; :class:`~fmtl_flower.core.losses.Loss`) whose step's curvature is known
+    (q_i = ``curvature`` |x_i|^2 / n, the same for every record: sigma' m_tt b for MOCHA's
+    separable step, m_tt for Mb-SDCA's), also: the exact
     1-D maximiser of D(a + t) - m t - q t^2 / 2 over the domain has |t| <= (|D'| + |m|) / q
     (concavity at the maximiser), with |m| = |x_i . w| <= |x_i| |w| for the public w. So
     |x_i d_alpha_i| <= min(r |x|, A (s + |x| |w|) / |x|), A = n / curvature, s = sup |D'|,
@@ -111,8 +109,8 @@ def record_contribution(clip: float, n: int, dual_radius: float = 1.0,
     r x^2 = A (s + |w| x)."""
     clip = check_clip(clip)
     box = clip * float(dual_radius)
-    slope = DUAL_SLOPE.get(loss)
-    if curvature is None or slope is None or not curvature > 0:
+    slope = get_loss(loss).dual_slope
+    if curvature is None or not math.isfinite(slope) or not curvature > 0:
         return box
     a = int(n) / float(curvature)
     r, w = float(dual_radius), float(w_norm)

@@ -395,7 +395,8 @@ class AsyncMOCHA(Strategy):
         budgets = np.maximum(np.floor(self.local_frac * self._budget_sizes(n)), 1
                              ).astype(np.int64)
         self.budgets, self.n = budgets, n
-        seconds = node_times(budgets, self.dim, "mocha", self.network, model=self.time_model)
+        seconds = node_times(budgets, self.dim, "mocha", self.network, model=self.time_model,
+                             loss=self.loss)
         formulation = make_formulation(self.omega, m, lam=self.lam, **self.formulation_options)
         server = AsyncMOCHAServer(MOCHAServerState.zeros(self.dim, formulation), budgets,
                                   concurrency=m if self.concurrency is None else self.concurrency,

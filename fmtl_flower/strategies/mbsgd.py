@@ -2,17 +2,19 @@
 
 The objective is MOCHA's W-step (:mod:`fmtl_flower.core.baselines`)
 
-    P(W) = sum_t L_t(w_t) + (1/2) tr(W K W^T),   L_t(w) = (1/n_t) sum_i max(0, 1 - y_ti x_ti^T w),
+    P(W) = sum_t L_t(w_t) + (1/2) tr(W K W^T),   L_t(w) = (1/n_t) sum_i l(y_ti x_ti^T w),
 
-with K the regulariser matrix of the chosen formulation (:mod:`fmtl_flower.core.formulations`).
-Round h: every task's node sums the hinge subgradients at its w_t over a mini-batch of
+with K the regulariser matrix of the chosen formulation (:mod:`fmtl_flower.core.formulations`)
+and l the loss (``loss``: the hinge max(0, 1 - z) by default, or any loss of
+:mod:`fmtl_flower.core.losses` with a ``derivative``, sent to the devices as config ``loss``).
+Round h: every task's node sums the loss's (sub)gradients at its w_t over a mini-batch of
 ``budget`` distinct samples; the server takes the projected stochastic subgradient step
 (:func:`fmtl_flower.core.baselines.mbsgd_server_step`)
 
     W <- Proj( W - step_h * ([g_1 / c_1, ..., g_m / c_m] + W K) ),  step_h = mbsgd_step_size(h),
 
 c_t the task's sample count (0 for a task that dropped or did not reply: no loss term), Proj
-onto the Frobenius ball of radius ``mbsgd_radius(K)``, which contains W*. Unlike the
+onto the Frobenius ball of radius ``mbsgd_radius(K, max D)``, which contains W*. Unlike the
 reference, the regulariser's gradient W K is included and every task's loss gradient is its
 own mean. It is a primal method: devices keep no state, and no dual or duality gap exists.
 
@@ -32,11 +34,12 @@ query ``whoami`` (server -> node): empty ``config``. Reply (MOCHA's,
     (mini-batch size: the samples ``order[:budget]``, order =
     ``coordinate_order(seed, task-id, server-round, n-train)``), ``seed`` int, ``dropped``
     bool (simulated drop-out: do no work, count 0), ``eval`` bool (also report the test
-    errors of w_t).
-    Reply: arrays ``grad`` float64 (d,), the summed hinge subgradient
-    ``sum_{i in batch} -y_i x_i [y_i x_i^T w_t < 1]`` (all zeros when count is 0); metrics
+    errors of w_t), ``loss`` str (only when the run's loss is not the hinge).
+    Reply: arrays ``grad`` float64 (d,), the summed (sub)gradient
+    ``sum_{i in batch} l'(z_i) y_i x_i``, z_i = y_i x_i^T w_t (the hinge's:
+    ``sum -y_i x_i [z_i < 1]``; all zeros when count is 0); metrics
     ``task-id`` int, ``round`` int (= server-round), ``n-train`` int, ``count`` int (samples
-    used: 0 if dropped, else ``budget``), ``loss-mean`` float >= 0 (mean hinge loss at the w_t
+    used: 0 if dropped, else ``budget``), ``loss-mean`` float >= 0 (mean loss at the w_t
     received, over all n-train samples), and with ``eval`` ``test-errors``, ``test-n`` (ints,
     0 <= test-errors <= test-n).
 
@@ -50,23 +53,25 @@ Every reply is validated (record and key presence, int metrics typed as ints, fi
 that fails counts as a dropped node with a logged reason and leaves W untouched by its term.
 A reply holding anything the contract does not name (another record, metric or array, or
 arrays above the bytes of ``grad``'s shape) is rejected before it is decoded
-(:data:`REPLY_CONTRACTS`). Bounds: each hinge subgradient is ``-y_i x_i`` or 0, so
-``|grad|_2 <= count R_t`` with R_t the task's ``max-row-norm`` from ``whoami`` (or the run's
-``max_row_norm``, which overrides it; every reply of a task with neither is rejected, the
-final ``evaluate`` round's too); ``loss-mean <= 1 + R_t |w_t|``; ``test-n`` at most the
+(:data:`REPLY_CONTRACTS`). Bounds: each term is l'(z_i) y_i x_i with |z_i| <= R_t |w_t|, so
+``|grad|_2 <= count R_t s_t``, s_t = sup |l'| there (the loss's ``derivative_bound``: 1
+for the hinge, whose subgradient is ``-y_i x_i`` or 0), with R_t the task's
+``max-row-norm`` from ``whoami`` (or the run's ``max_row_norm``, which overrides it; every
+reply of a task with neither is rejected, the final ``evaluate`` round's too);
+``loss-mean <= 1 + R_t |w_t|`` (the loss's ``value_bound``); ``test-n`` at most the
 discovery limit ``max_n``. A step that leaves W non-finite is not taken (W kept, the round's
 replies rejected).
 
 Robust mode (``robust``, default on; ``robust=False``: as before) uses MOCHA's caps
 (:mod:`fmtl_flower.strategies.mocha`): R~_t, the federation-capped row norm, in every bound
 above, and the fenced ``n-train`` for the mini-batch sizes. A task whose mean subgradient
-|grad| / count uses half its bound or more while the others' use 10 times less, or whose
-model's largest margin |w_t| R_t exceeds 5 times the others' median, or whose w_t R_t lies
-farther from the federation's consensus than the others' distances make plausible
-(:func:`~fmtl_flower.core.decoupling.consensus_fence`), three rounds running (on the scale
-min(R~_t, median R~)), is decoupled for the rest of the run: K becomes
-K' = M'^-1, block diagonal (:func:`~fmtl_flower.core.decoupling.block_diagonal_regulariser`:
-no cross term pulls the others), and the projection treats each block on its own ball
+|grad| / count uses half its bound (R sup |l'|, on that scale) or more while the others' use
+10 times less, or whose model's largest margin |w_t| R_t exceeds 5 times the others' median,
+or whose w_t R_t lies farther from the federation's consensus than the others' distances
+make plausible (:func:`~fmtl_flower.core.decoupling.consensus_fence`), three rounds running
+(on the scale min(R~_t, median R~)), is decoupled for the rest of the run: K becomes K' =
+M'^-1, block diagonal (:func:`~fmtl_flower.core.decoupling.block_diagonal_regulariser`: no
+cross term pulls the others), and the projection treats each block on its own ball
 (:func:`~fmtl_flower.core.decoupling.project_blocks`), so a decoupled column can no longer
 shrink the others through the shared Frobenius projection; the Omega-step sees its model as
 0. Every task's loss counts with weight 1 in P whatever its ``n-train`` (no device carries
@@ -88,6 +93,7 @@ evaluated state; unsampled tasks are sent ``dropped = true``).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable
 from functools import partial
@@ -109,6 +115,7 @@ from ..core.decoupling import (
     project_blocks,
 )
 from ..core.formulations import Formulation, make_formulation
+from ..core.losses import get_loss
 from ..core.mocha import formulation_arrays, omega_step_due, set_formulation_arrays
 from ..metrics import round_record
 from ..packing import StackGroup
@@ -160,9 +167,10 @@ def _is_int(value: Any) -> bool:
 class MbSGD(LinearTasks, TaskStrategy):
     """Mini-batch stochastic subgradient descent on MOCHA's primal (the Mb-SGD baseline).
 
-    Minimises ``P(W) = sum_t mean_i hinge(y_ti x_ti^T w_t) + (1/2) tr(W K W^T)`` (per-task
-    mean losses, summed over tasks, as MOCHA) for the regulariser matrix K of a formulation of
-    the MOCHA paper's appendix B. Each round, every node sends the summed hinge subgradient of
+    Minimises ``P(W) = sum_t mean_i l(y_ti x_ti^T w_t) + (1/2) tr(W K W^T)`` (per-task
+    mean losses, summed over tasks, as MOCHA; l the hinge by default, ``loss``) for the
+    regulariser matrix K of a formulation of the MOCHA paper's appendix B. Each round, every
+    node sends the summed (sub)gradient of
     a mini-batch at its w_t; the server takes a projected step with the regulariser's gradient
     ``W K`` included (:func:`fmtl_flower.core.baselines.mbsgd_server_step`).
 
@@ -278,7 +286,9 @@ class MbSGD(LinearTasks, TaskStrategy):
         if not lam_min > 0:
             raise ValueError(f"K must be positive definite, smallest eigenvalue {lam_min}")
         self.step_scale = self.beta if self.beta is not None else 1.0 / lam_min
-        self.radius = mbsgd_radius(self.K) if self.project else None
+        dual_max = get_loss(self.loss).dual_range[1]  # 1 for the hinge
+        self.radius = (mbsgd_radius(self.K, dual_max)
+                       if self.project and math.isfinite(dual_max) else None)
 
     def regulariser(self, W: np.ndarray) -> float:
         """(1/2) tr(W K W^T) for the current K."""
@@ -389,7 +399,9 @@ class MbSGD(LinearTasks, TaskStrategy):
         (:meth:`_refresh_matrices`), each newly decoupled task logged once."""
         assert self.W is not None
         scale = federation_scale(self._row_norms(np.arange(self.num_tasks)))
-        new = self.watch.update(norm(G, axis=0), counts * scale, norm(self.W, axis=0),
+        w_norm = norm(self.W, axis=0)  # the models the gradients were taken at
+        slope = get_loss(self.loss).derivative_bound(scale * w_norm)  # 1 for the hinge
+        new = self.watch.update(norm(G, axis=0), counts * scale * slope, w_norm,
                                 1.0 / scale, counts > 0, images=self.W)
         if not new.any():
             return
@@ -411,7 +423,7 @@ class MbSGD(LinearTasks, TaskStrategy):
         counts = [accepted[t]["count"] for t in sorted(accepted)]
         counts += [0] * (arrived - len(accepted))
         t_round = round_time(np.array(counts, dtype=np.int64), self.dim, "mb-sgd", self.network,
-                             model=self.time_model)
+                             model=self.time_model, loss=self.loss)
         if arrived < len(sent.exchange.sent):
             t_round = self.round_timeout
         return float(t_round)
@@ -457,7 +469,7 @@ class MbSGD(LinearTasks, TaskStrategy):
         return {"strategy": "MbSGD", "num_tasks": self.num_tasks, "lam": self.lam,
                 "omega": self.omega, "formulation": self.formulation_options,
                 "beta": self.beta, "schedule": self.schedule, "project": self.project,
-                "seed": self.seed}
+                "seed": self.seed, **({"loss": self.loss} if self.loss != "hinge" else {})}
 
     def checkpoint_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """W, the formulation's Omega, the records and (robust mode) the decoupling watch's
@@ -501,7 +513,8 @@ class MbSGD(LinearTasks, TaskStrategy):
             groups, targets = stacked_groups(STACKING_PROTOCOL, targets)
         sent = self.sent_rounds.add(SentRound(
             server_round, message_type, bool(evaluate),
-            MappingProxyType({"seed": self.seed, "eval": bool(evaluate)}),
+            MappingProxyType({"seed": self.seed, "eval": bool(evaluate),
+                              **({"loss": self.loss} if self.loss != "hinge" else {})}),
             models=frozen_array(self.W.T), w_norm=frozen_array(norm(self.W, axis=0)),
             budgets=None if budgets is None else frozen_array(budgets, np.int64),
             dropped=frozen_array(np.zeros(self.num_tasks, dtype=bool) if dropped is None
@@ -603,11 +616,12 @@ class MbSGD(LinearTasks, TaskStrategy):
         if sent.with_work:
             size = np.array([norm(rows[t]["grad"]) for t in tasks.tolist()])
             count = np.array([rows[t]["count"] for t in tasks.tolist()], dtype=np.int64)
-            limit = count * bound
+            slope = get_loss(self.loss).derivative_bound(bound * sent.w_norm[tasks])
+            limit = count * bound * slope  # |l'(z)| <= slope at |z| <= R_t |w_t|
             for i in np.flatnonzero(~(size <= limit * BOUND_SLACK)).tolist():
                 rejected.setdefault(int(tasks[i]), (
                     f"|grad| = {size[i]:.6g} above its bound {limit[i]:.6g} (count {count[i]} "
-                    f"x max-row-norm {bound[i]:g})"))
+                    f"x max-row-norm {bound[i]:g} x sup |l'| {slope[i]:g})"))
         return rejected
 
     # ------------------------------------------------------------------ records

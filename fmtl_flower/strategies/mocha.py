@@ -527,7 +527,7 @@ class MOCHA(LinearTasks, TaskStrategy):
         budgets[known] = deadline_budgets(budgets[known], self.clock_cycle, self.state.dim,
                                           self.method, self.network, model=self.time_model,
                                           n=self.n_train[known] if self.method == "cocoa"
-                                          else None)
+                                          else None, loss=self.loss_fn)
         dropped = drop_mask(self.num_tasks, self.drop_prob, seed=self.seed,
                             server_round=server_round)
         sampled = self.sample_train_tasks(chosen, server_round, self.seed)
@@ -725,12 +725,14 @@ class MOCHA(LinearTasks, TaskStrategy):
         n = self.n_train[list(accepted)] if self.method == "cocoa" else None
         # the same steps (and settings) as the last round's give the same time: computed once
         key = (steps.tobytes(), None if n is None else n.tobytes(), self.state.dim,
-               self.method, id(self.network), self.time_model, self.clock_cycle)
+               self.method, id(self.network), self.time_model, self.clock_cycle,
+               self.loss_fn.name)
         if self._round_time is not None and self._round_time[0] == key:
             t_round = self._round_time[1]
         else:
             t_round = round_time(steps, self.state.dim, self.method, self.network,
-                                 clock_cycle=self.clock_cycle, model=self.time_model, n=n)
+                                 clock_cycle=self.clock_cycle, model=self.time_model, n=n,
+                                 loss=self.loss_fn)
             self._round_time = (key, t_round)
         if len(accepted) < len(sent.exchange.sent):
             t_round = self.clock_cycle if self.clock_cycle is not None else self.round_timeout

@@ -35,17 +35,22 @@ Wire contract (besides MOCHA's, :mod:`fmtl_flower.strategies.mocha`)
 --------------------------------------------------------------------
 ``train.ofmtl`` (server -> newcomer): arrays ``c`` float64 (d,); config ``task-id``,
 ``step`` (0 .. outer - 1), ``inner-rounds``, ``seed`` (ints), ``omega``, ``lambda``,
-``local-frac`` (floats). Reply: arrays ``w`` float64 (d,), finite; metrics ``task-id``,
-``step``, ``n-train``, ``state-ok`` (ints; state-ok 0: the device restarted from alpha = 0),
+``local-frac`` (floats), and the run's ``loss`` (str) when it is not the hinge. Reply:
+arrays ``w`` float64 (d,), finite; metrics ``task-id``, ``step``, ``n-train``,
+``state-ok`` (ints; state-ok 0: the device restarted from alpha = 0),
 ``gap`` (float >= 0, the subproblem's duality gap). Bound: ``w = (b - lambda c) / (lambda
 omega)`` with ``b = X^T alpha / n`` and ``|b| <= R`` (the newcomer's ``max-row-norm`` from
 ``whoami``; a newcomer without one is rejected) for a feasible alpha, so
-``|lambda omega w + lambda c|_2 <= R``, and ``gap <= 1 + R |w| + (lambda omega / 2) |w|^2 +
-lambda |c| |w|`` (the subproblem's primal at w). The records' ``newcomer_gap`` is that reported
-``gap``: bounded, but not certified (the server holds neither the subproblem's loss nor its
-dual value to check it against, :mod:`fmtl_flower.core.certificate`). The newcomer's
-protocol works on a copy of W and Sigma; a step that raises or leaves them non-finite fails
-the attempt (W, Sigma unchanged).
+``|lambda omega w + lambda c|_2 <= R``, and ``gap <= 1 + R |w| + lambda omega |w|^2 +
+lambda |c| |w|`` (the loss's bound plus w^T b: the gap is mean l - mean D + w^T b). For
+another loss (``mocha.loss``, which the
+MOCHA trainings and the newcomer's subproblem both take): ``R`` times the loss's dual radius
+(no bound on w for the squared loss, whose dual is unbounded), and ``1 + R |w|`` is the loss's
+``value_bound(R |w|)`` less the least value of its dual term (0, or -inf: no gap bound).
+The records' ``newcomer_gap`` is that reported ``gap``: bounded, but not certified (the
+server holds neither the subproblem's loss nor its dual value to check it against,
+:mod:`fmtl_flower.core.certificate`). The newcomer's protocol works on a copy of W and
+Sigma; a step that raises or leaves them non-finite fails the attempt (W, Sigma unchanged).
 
 ``evaluate.ofmtl`` (server -> every present device, after each event, for the metrics only):
 arrays ``w`` float64 (d,): the device's column of W; config ``task-id``, ``server-round``.
@@ -86,6 +91,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from ..checkpoint import CheckpointError, check_fingerprint, read_checkpoint, write_checkpoint
 from ..core.factored import FactoredMatrix, _factor_arrays, _factor_from_arrays
+from ..core.losses import get_loss
 from ..core.mocha_factored import choose_server_path
 from ..core.ofmtl_factored import server_ops
 from ..metrics import error_summary, round_record
@@ -187,7 +193,9 @@ class OFMTL(SettingsHome, SizedAtStart, KeepsRecords, Strategy):
         self.mocha_options = {"lam": s.lam, "omega": "probabilistic",
                               "omega_every": s.omega_every, "omega_eps": s.omega_eps,
                               "local_frac": s.local_frac, "seed": s.seed,
-                              "discovery_timeout": s.discovery_timeout}
+                              "discovery_timeout": s.discovery_timeout,
+                              **({} if s.loss == "hinge" else {"loss": s.loss})}
+        self.loss_fn = get_loss(s.loss)
         self.on_record = on_record
         self.directory = TaskDirectory(self.num_tasks, _NAME)
         self.directory.task_owners = dict(s.task_owners)
@@ -538,6 +546,7 @@ class OFMTL(SettingsHome, SizedAtStart, KeepsRecords, Strategy):
         config = ConfigRecord({"task-id": task, "step": step, "inner-rounds": self.inner,
                                "seed": self.seed, "omega": float(omega), "lambda": self.lam,
                                "local-frac": self.newcomer_frac,
+                               **({} if self.loss == "hinge" else {"loss": self.loss}),
                                **({} if self.privacy is None else self.privacy.wire_config())})
         sent = OFMTLSentExchange.newcomer(NEWCOMER, config, task, node, c,
                                           exchange=self.replies.begin())
@@ -587,11 +596,22 @@ class OFMTL(SettingsHome, SizedAtStart, KeepsRecords, Strategy):
         w_norm, c_norm = float(norm(w)), float(norm(c))
         if not math.isfinite(w_norm):
             raise ReplyError("|w| overflows")
-        rounding = 1e-9 * (lam_omega * w_norm + self.lam * c_norm)
-        check_bound("|lambda omega w + lambda c|", norm(lam_omega * w + self.lam * c),
-                    bound + rounding, "max-row-norm %g >= |X^T alpha / n|", bound)
-        primal = 1.0 + bound * w_norm + 0.5 * lam_omega * w_norm ** 2 + self.lam * c_norm * w_norm
-        check_bound("gap", gap, primal, "the subproblem's primal at w, which bounds the gap")
+        radius = self.loss_fn.dual_radius  # |y_i alpha_i| <= radius: 1, or inf (unbounded)
+        if math.isfinite(radius):
+            rounding = 1e-9 * (lam_omega * w_norm + self.lam * c_norm)
+            check_bound("|lambda omega w + lambda c|", norm(lam_omega * w + self.lam * c),
+                        bound * radius + rounding, "max-row-norm %g times the %s loss's dual "
+                        "radius %g >= |X^T alpha / n|", bound, self.loss, radius)
+        # gap = mean l - mean D(y alpha) + w^T b with b = lam omega w + lam c at w = w(alpha)
+        # (core.ofmtl.newcomer_duality_gap): at most the loss's value bound at R |w|, plus
+        # lam omega |w|^2 + lam |c| |w|, less the least the dual's data term can be (0 for
+        # the hinge, the smoothed hinge and the logistic loss; -inf, no bound, for the
+        # squared loss). (This bound had (lam omega / 2) |w|^2, the primal's: too tight by
+        # (lam omega / 2) |w|^2 whenever D_new(alpha) < 0, which could refuse an honest gap.)
+        ceiling = (float(self.loss_fn.value_bound(bound * w_norm))
+                   + lam_omega * w_norm ** 2 + self.lam * c_norm * w_norm)
+        check_bound("gap", gap, ceiling - float(self.loss_fn.dual_range[0]),
+                    "the loss's bound plus w^T b, which bounds the gap")
         return np.array(w), (math.nan if self.privacy is not None else float(gap))
 
     # ------------------------------------------------------------------ records

@@ -100,7 +100,10 @@ def enable_ofmtl_record_dp(strategy: Any, settings: DPSettings) -> Any:
     Raises
     ------
     ConfigError
-        For another strategy, or settings other than ``dp.mechanism=record``.
+        For another strategy, settings other than ``dp.mechanism=record``, or a run whose
+        loss is not the hinge (the sensitivity of :mod:`fmtl_flower.core.ofmtl_privacy`
+        rests on the hinge being 1-Lipschitz in the margin; :class:`~fmtl_flower.core.losses.
+        Loss` states no Lipschitz constant to take instead).
     """
     from .ofmtl import OFMTL  # noqa: PLC0415 (ofmtl imports this module)
 
@@ -110,6 +113,10 @@ def enable_ofmtl_record_dp(strategy: Any, settings: DPSettings) -> Any:
     if not isinstance(settings, DPSettings) or settings.mechanism != "record":
         raise ConfigError(f"OFMTL supports dp.mechanism=record only (record-level DP on the "
                           f"device), got {getattr(settings, 'mechanism', settings)!r}")
+    if strategy.settings.loss != "hinge":
+        raise ConfigError(f"OFMTL's record-level DP is for the hinge loss only (its sensitivity "
+                          f"2 C / (lam omega n) uses the hinge's Lipschitz constant 1); got "
+                          f"mocha.loss={strategy.settings.loss!r}")
     if settings.epsilon is not None and math.isinf(settings.epsilon):
         log(INFO, "OFMTL record-level DP: dp.epsilon=inf, no noise (rows still clipped)")
     strategy.privacy = OfmtlRecordDP(settings)

@@ -27,6 +27,14 @@ mb-sdca    4d + 8     d            dot x_i.w (2d), scalars (8), axpy d_b += delt
 mb-sgd     4d + 3     0            dot x_i.w (2d), compare (3), axpy g -= y_i x_i (2d)
 =========  =========  ===========  ==============================================================
 
+The table's 8 is the hinge's coordinate step. MOCHA, CoCoA and Mb-SDCA take the run's loss
+(``loss``, default ``hinge``: :mod:`fmtl_flower.core.losses`), whose
+:attr:`~fmtl_flower.core.losses.Loss.step_flops` replaces it: 8 for the hinge, the smoothed
+hinge and the squared loss (closed-form steps), about 740 for the logistic loss (its
+safeguarded Newton solve, ~15 iterations on average), what a registered loss declares.
+Mb-SGD's 3 (the margin and the hinge's comparison) is likewise the loss's
+:attr:`~fmtl_flower.core.losses.Loss.gradient_flops` (25 for the logistic loss's sigmoid).
+
 All four move the same vectors: the device receives w_t and sends one d-vector (d_b or g),
 so by default ``floats_down = floats_up = d`` (payload only: the few scalars of the wire
 contract and the framing of Flower's messages are not modelled; the latency term dominates
@@ -75,10 +83,13 @@ from typing import Any
 
 import numpy as np
 
+from ..core.losses import Loss, get_loss
+
 DEFAULT_CLOCK_RATE = 1.0e9
 BYTES_PER_FLOAT = 8
 
-# method -> (a, b, c): per-step FLOPs a*d + b, per-round FLOPs c*d
+# method -> (a, b, c): per-step FLOPs a*d + b, per-round FLOPs c*d; b is the hinge's step
+# (a coordinate step's b is the run's loss's Loss.step_flops, :func:`per_step_flops`)
 FLOP_COUNTS: dict[str, tuple[int, int, int]] = {
     "mocha": (4, 8, 2),
     "cocoa": (4, 8, 2),
@@ -86,6 +97,8 @@ FLOP_COUNTS: dict[str, tuple[int, int, int]] = {
     "mb-sgd": (4, 3, 0),
 }
 METHODS = tuple(FLOP_COUNTS)
+#: The methods whose local step is an SDCA coordinate step of the run's loss.
+COORDINATE_METHODS = ("mocha", "cocoa", "mb-sdca")
 # per sample of one CoCoA local-gap check: (2d + 6)
 _CHECK = (2, 6)
 
@@ -150,6 +163,18 @@ def _method(method: str) -> tuple[int, int, int]:
         raise ValueError(f"method must be one of {list(METHODS)}, got {method!r}") from None
 
 
+def per_step_flops(method: str, loss: str | Loss = "hinge") -> tuple[float, float, float]:
+    """(a, b, c) of ``method`` (per-step FLOPs a d + b, per-round c d) for the run's ``loss``
+    (a name or a registered :class:`~fmtl_flower.core.losses.Loss`): FLOP_COUNTS's, with b
+    the loss's ``step_flops`` for a coordinate method and its ``gradient_flops`` for Mb-SGD
+    (the hinge's 8 and 3: FLOP_COUNTS's own). ValueError for an unknown method or loss."""
+    a, _, c = _method(method)
+    resolved = get_loss(loss)
+    if method in COORDINATE_METHODS:
+        return a, resolved.step_flops, c
+    return a, resolved.gradient_flops, c
+
+
 def _dim(dim: int) -> int:
     if isinstance(dim, bool) or int(dim) != dim or dim < 1:
         raise ValueError(f"dim must be an integer >= 1, got {dim}")
@@ -173,8 +198,8 @@ def _cocoa_args(method, num, n, check_every):
     return n, ce
 
 
-def local_flops(steps: np.ndarray, dim: int, method: str, *, n=None,
-                check_every=None) -> np.ndarray:
+def local_flops(steps: np.ndarray, dim: int, method: str, *, loss: str | Loss = "hinge",
+                n=None, check_every=None) -> np.ndarray:
     """FLOPs of each node's local work in one round (see the module's table).
 
     Parameters
@@ -184,11 +209,14 @@ def local_flops(steps: np.ndarray, dim: int, method: str, *, n=None,
     dim : int
         Feature dimension d.
     method : {"mocha", "cocoa", "mb-sdca", "mb-sgd"}
+    loss : str or Loss
+        The run's loss, whose coordinate step costs :func:`per_step_flops`'s b (default
+        ``hinge``, the table's).
     n, check_every : array_like or int, optional
         CoCoA only (required ``n``): samples per node and steps between gap checks
         (default n), to charge ``1 + ceil(steps / check_every)`` passes of ``n (2d + 6)``.
     """
-    a, b, c = _method(method)
+    a, b, c = per_step_flops(method, loss)
     d = _dim(dim)
     steps = np.atleast_1d(np.asarray(steps, dtype=np.float64))
     if steps.ndim != 1 or np.any(steps < 0) or not np.all(np.isfinite(steps)):
@@ -230,6 +258,7 @@ def node_times(
     network: NetworkLike | Sequence[NetworkLike],
     *,
     clock_rate: float | np.ndarray = DEFAULT_CLOCK_RATE,
+    loss: str | Loss = "hinge",
     n=None,
     check_every=None,
     floats_down: float | None = None,
@@ -250,6 +279,8 @@ def node_times(
         One link for every node, or one per node.
     clock_rate : float or array_like of shape (k,)
         FLOP/s of each device (> 0).
+    loss : str or Loss
+        The run's loss (its coordinate step's cost, :func:`local_flops`); ``hinge`` default.
     n, check_every
         CoCoA's gap-check accounting, see :func:`local_flops`.
     floats_down, floats_up : float, optional
@@ -259,7 +290,7 @@ def node_times(
     model : {"physical", "reference"}
         Which table network names refer to (module docstring).
     """
-    flops = local_flops(steps, dim, method, n=n, check_every=check_every)
+    flops = local_flops(steps, dim, method, loss=loss, n=n, check_every=check_every)
     k = flops.shape[0]
     rate = _per_node(clock_rate, k, "clock_rate")
     return flops / rate + _comm(network, k, int(dim), floats_down, floats_up, model,
@@ -346,7 +377,8 @@ def steps_within_deadline(
     budgets : array_like of shape (k,), optional
         Work each node would do without a deadline; the result never exceeds it.
     **options
-        :func:`node_times`'s keyword arguments (``clock_rate``, ``n``, ``check_every``,
+        :func:`node_times`'s keyword arguments (``clock_rate``, ``loss``, ``n``,
+        ``check_every``,
         ``floats_down``, ``floats_up``, ``bytes_per_float``, ``model``), same defaults.
 
     Returns
@@ -356,7 +388,7 @@ def steps_within_deadline(
     _check_deadline(clock_cycle)
     o = _node_options("steps_within_deadline", options)
     clock_rate, n = o["clock_rate"], o["n"]
-    a, b, c = _method(method)
+    a, b, c = per_step_flops(method, o["loss"])
     d = _dim(dim)
     k = num_nodes
     for cand in (budgets, clock_rate, n):
@@ -389,13 +421,15 @@ def steps_within_deadline(
 
 def deadline_budgets(budgets: np.ndarray, clock_cycle: float | None, dim: int, method: str,
                      network: NetworkLike, *, model: str = "physical",
-                     n: np.ndarray | None = None) -> np.ndarray:
+                     n: np.ndarray | None = None,
+                     loss: str | Loss = "hinge") -> np.ndarray:
     """``budgets`` capped by what each node can do within ``clock_cycle`` (None: unchanged).
 
-    ``n`` (the nodes' sample counts) is needed for CoCoA, whose gap checks cost a pass each.
+    ``n`` (the nodes' sample counts) is needed for CoCoA, whose gap checks cost a pass each;
+    ``loss`` is the run's (its step's cost, :func:`per_step_flops`).
     """
     budgets = np.asarray(budgets, dtype=np.int64)
     if clock_cycle is None or len(budgets) == 0:
         return budgets
     return steps_within_deadline(clock_cycle, dim, method, network, budgets=budgets, model=model,
-                                 n=n)
+                                 n=n, loss=loss)

@@ -212,3 +212,26 @@ def test_the_model_without_own_noise_is_the_column_of_the_true_image_and_the_oth
     assert own_noise_free(w, M[0, 0], np.zeros(0)) is w
     with pytest.raises(ValueError, match="m-tt"):
         own_noise_free(w, float("nan"), E[:, 0])
+
+
+def test_the_step_bound_asks_the_loss_for_its_dual_slope():
+    """The slope is the loss's ``dual_slope`` (the hinges' 1, as before; inf for the
+    others), a name or a registered Loss alike; an unknown name is an error, not a box."""
+    from fmtl_flower.core.losses import LOSSES
+
+    assert {name: loss.dual_slope for name, loss in LOSSES.items()} == {
+        "hinge": 1.0, "smoothed-hinge": 1.0, "logistic": np.inf, "squared": np.inf}
+    for name, loss in LOSSES.items():
+        a = np.linspace(*np.clip(loss.dual_domain, -5.0, 5.0), 2001)[1:-1]
+        slope = np.abs(np.diff(loss.dual(a)) / np.diff(a))
+        if np.isfinite(loss.dual_slope):  # a true sup of |D'| over the domain
+            assert slope.max() <= loss.dual_slope * (1 + 1e-9)
+            assert slope.max() >= 0.99 * loss.dual_slope
+        else:
+            assert slope.max() > 4.0  # unbounded (as far as the grid reaches)
+        args = (2.0, 10, 1.0, 1000.0, 0.3)
+        assert record_contribution(*args, loss) == record_contribution(*args, name)
+    hinge = record_contribution(2.0, 10, 1.0, 1000.0, 0.3, "hinge")
+    assert hinge < 2.0 and record_contribution(2.0, 10, 1.0, 1000.0, 0.3, "squared") == 2.0
+    with pytest.raises(ValueError, match="loss must be one of"):
+        record_contribution(2.0, 10, 1.0, 1000.0, 0.3, "no-such-loss")

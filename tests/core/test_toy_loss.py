@@ -27,9 +27,11 @@ from fmtl_flower.core.losses import (
     register_loss,
     unregister_loss,
 )
+from fmtl_flower.core.record_dp import record_contribution
 from fmtl_flower.core.sdca import sdca_local_update
 from fmtl_flower.core.svm import fit_linear_svm
 from fmtl_flower.settings import MOCHASettings
+from fmtl_flower.systems.timing import local_flops
 
 from ..strategies.helpers import make_problem, run_federation
 
@@ -257,3 +259,34 @@ def test_the_registration_check_accepts_every_built_in_loss(name):
     """The check is not stricter than the losses it models: the four built-in losses pass
     it (their codes aside, nothing distinguishes them from a registered one)."""
     _check_fenchel_young(LOSSES[name])
+
+
+def test_the_time_model_charges_a_registered_losss_step_flops(toy, monkeypatch):
+    """The time model asks the loss for its step's FLOPs: the toy left at the default is
+    timed as the hinge; one that declares 20 is charged 12 FLOPs more a step."""
+    steps = np.array([0, 10, 1000])
+    hinge = local_flops(steps, 7, "mocha")
+    np.testing.assert_array_equal(local_flops(steps, 7, "mocha", loss=toy.name), hinge)
+    monkeypatch.setattr(toy, "step_flops", 20)
+    np.testing.assert_array_equal(local_flops(steps, 7, "mocha", loss=toy), hinge + 12 * steps)
+
+
+def test_record_dp_bounds_a_registered_losss_step_by_its_dual_slope(toy, monkeypatch):
+    """Record-level DP's step bound reads the loss's ``dual_slope``: the toy's D'(a) = 1 - a
+    is unbounded on [0, inf), so by default the box C r; a loss declaring a finite slope
+    gets the step bound of that slope (here the hinge's, at the same radius)."""
+    args = (2.0, 10, 1.0, 1000.0, 0.3)
+    assert toy.dual_slope == math.inf
+    assert record_contribution(*args, toy.name) == 2.0
+    monkeypatch.setattr(toy, "dual_slope", 1.0)
+    assert record_contribution(*args, toy) == record_contribution(*args, "hinge") < 2.0
+
+
+def test_mb_sgd_refuses_a_registered_loss_without_a_derivative(toy):
+    """Mb-SGD's step needs l'(z): the toy defines none, so ``mocha.loss`` naming it for
+    Mb-SGD is a ConfigError (MOCHA takes it)."""
+    from fmtl_flower.settings import ConfigError, MbSGDSettings
+
+    assert MOCHASettings(loss=toy.name).loss == toy.name
+    with pytest.raises(ConfigError, match="defines no derivative"):
+        MbSGDSettings(loss=toy.name)

@@ -136,7 +136,7 @@ def test_every_loss_and_the_intercept_over_flower_equal_the_core(loss, intercept
     k = KNOBS
     n = np.array([len(y) for y in problem.ys])
     core = simulate_async_mocha(
-        tasks, node_times(n, problem.dim + intercept, "mocha", "lte"), lam=k["lam"],
+        tasks, node_times(n, problem.dim + intercept, "mocha", "lte", loss=loss), lam=k["lam"],
         omega=k["omega"], formulation_options=k["formulation_options"], replies=36,
         concurrency=k["concurrency"], tau=k["tau"], latency_sigma=k["latency_sigma"],
         seed=k["seed"], loss=loss)

@@ -31,7 +31,9 @@ from fmtl_flower.core.baselines import (
     mbsgd_server_step,
     mbsgd_step_size,
 )
+from fmtl_flower.core.decoupling import OutlierWatch
 from fmtl_flower.core.formulations import make_formulation
+from fmtl_flower.core.losses import LOSSES
 from fmtl_flower.core.mocha import omega_step_due
 from fmtl_flower.core.rng import coordinate_order
 from fmtl_flower.engine import FIRST_NODE_ID, InProcessGrid, run_inprocess
@@ -119,7 +121,7 @@ def reference_run(problem: Problem, num_rounds: int, *, lam: float, omega: str =
                   omega_every: int = 0, beta: float | None = None, schedule: str = "inv",
                   project: bool = True, local_frac: float = 1.0, sys_het: str = "none",
                   sys_het_base: str = "n_min", drop_prob: float = 0.0, seed: int = 0,
-                  lost: frozenset[tuple[int, int]] = frozenset(),
+                  lost: frozenset[tuple[int, int]] = frozenset(), loss: str = "hinge",
                   **formulation_options: Any) -> Reference:
     """Mb-SGD by direct calls of the core functions; ``lost`` = {(round, task)} not applied."""
     tasks = problem.train()
@@ -132,7 +134,8 @@ def reference_run(problem: Problem, num_rounds: int, *, lam: float, omega: str =
     def constants() -> tuple[np.ndarray, float, float | None]:
         K = formulation.regulariser_matrix()
         scale = beta if beta is not None else 1.0 / float(np.linalg.eigvalsh(K)[0])
-        return K, scale, (mbsgd_radius(K) if project else None)
+        dual_max = LOSSES[loss].dual_range[1]
+        return K, scale, (mbsgd_radius(K, dual_max) if project else None)
 
     K, scale, radius = constants()
     W = np.zeros((d, m))
@@ -147,7 +150,7 @@ def reference_run(problem: Problem, num_rounds: int, *, lam: float, omega: str =
                 continue
             G[:, t], counts[t] = mbsgd_local_gradient(
                 X, y, W[:, t], budget=int(budgets[t]),
-                order=coordinate_order(seed, t, r, int(n[t])))
+                order=coordinate_order(seed, t, r, int(n[t])), loss=loss)
         step = mbsgd_step_size(r, beta=scale, schedule=schedule)
         W = mbsgd_server_step(W, G, K, counts=counts, step=step, radius=radius)
         if omega_step_due(r, omega_every, num_rounds):
@@ -207,6 +210,87 @@ def test_federation_is_bit_identical_to_the_reference_loop(problem, case):
     final = run.final
     assert final["complete"] and final["tasks_never_replied"] == []
     assert final["round"] == rounds
+
+
+@pytest.mark.parametrize("loss", ["smoothed-hinge", "logistic", "squared"])
+def test_a_loss_other_than_the_hinge_trains_as_the_reference_loop_with_its_derivative(
+        problem, loss):
+    """``mocha.loss`` for Mb-SGD: the devices step with the loss's derivative (sent in the
+    config), the server bounds |grad| by the loss's sup |l'| (the squared loss's exceeds
+    the hinge's count R: no honest reply is rejected), projects on the ball of its max D and
+    times the loss's gradient FLOPs; W is the reference loop's bit for bit and the primal is
+    the loss's."""
+    kwargs: dict[str, Any] = {"seed": 7, "omega": "mean", "lam": 0.1, "lam2": 0.05,
+                              "local_frac": 0.5, "loss": loss}
+    rounds = 6
+    run = run_federation(problem, rounds, **kwargs)
+    ref = reference_run(problem, rounds, **kwargs)
+    assert np.array_equal(run.strategy.W, ref.Ws[-1])
+    assert run.strategy.radius == mbsgd_radius(run.strategy.K, LOSSES[loss].dual_range[1])
+    own = LOSSES[loss]
+    for k, record in enumerate(run.rounds):
+        W = ref.Ws[k]
+        primal = sum(own.mean_value(X, y, W[:, t]) for t, (X, y) in enumerate(problem.train()))
+        primal += 0.5 * float(np.einsum("ij,ij->", W @ ref.Ks[k], W))
+        assert record["primal"] == pytest.approx(primal, rel=1e-12)
+        if k:
+            assert record["num_dropped"] == 0
+            assert record["estimated_time_s"] == round_time(ref.counts[k - 1], problem.dim,
+                                                            "mb-sgd", "lte", loss=loss)
+    assert run.final["complete"]
+    hinge = run_federation(problem, rounds, **{**kwargs, "loss": "hinge"})
+    assert not np.array_equal(hinge.strategy.W, run.strategy.W)
+
+
+@pytest.mark.parametrize("loss", ["hinge", "squared"])
+def test_the_outlier_watch_measures_a_gradient_against_its_losss_bound(problem, loss,
+                                                                        monkeypatch):
+    """Robust mode's watch gets each task's |grad| bound count R sup |l'| at |z| <= R |w_t|
+    (R the federation's scale): count R for the hinge, as before; more for the squared loss,
+    whose honest gradients exceed count R (else every task would look like an outlier)."""
+    calls = []
+    run_kwargs = {"seed": 7, "omega": "mean", "lam": 0.1, "lam2": 0.05, "loss": loss}
+    original = OutlierWatch.update
+
+    def spy(self, step, step_bound, image, *args, **kwargs):
+        calls.append((step.copy(), np.array(step_bound, dtype=float), image.copy(), args[0]))
+        return original(self, step, step_bound, image, *args, **kwargs)
+
+    monkeypatch.setattr(OutlierWatch, "update", spy)
+    run_federation(problem, 4, **run_kwargs)
+    assert len(calls) == 4
+    n = np.array([len(y) for _, y in problem.train()])  # local_frac 1: count = n-train
+    for _, step_bound, w_norm, inv_scale in calls:
+        scale = 1.0 / inv_scale
+        slope = LOSSES[loss].derivative_bound(scale * w_norm)
+        np.testing.assert_array_equal(step_bound, n * scale * slope)
+        if loss == "hinge":
+            assert np.all(slope == 1.0)
+    if loss == "squared":  # the hinge's bound count R would be exceeded
+        assert max(float(np.max(step * inv / n)) for step, _, _, inv in calls) > 1.0
+
+
+@pytest.mark.parametrize("loss", ["hinge", "smoothed-hinge", "logistic", "squared"])
+def test_the_minibatch_gradient_is_the_losss_derivative(loss):
+    """mbsgd_local_gradient's sum is the gradient of sum_S l(y x^T w) (central differences
+    away from kinks); the hinge's compiled kernel and the generic formula agree."""
+    rng = np.random.default_rng(3)
+    X, y = rng.normal(size=(40, 4)), rng.choice([-1.0, 1.0], size=40)
+    w = rng.normal(size=4)
+    order = rng.permutation(40)
+    g, count = mbsgd_local_gradient(X, y, w, budget=25, order=order, loss=loss)
+    idx = order[:25]
+    l = LOSSES[loss]
+
+    def total(v):
+        return float(l.value(y[idx] * (X[idx] @ v)).sum())
+
+    h = 1e-6
+    numeric = np.array([(total(w + h * e) - total(w - h * e)) / (2 * h) for e in np.eye(4)])
+    assert count == 25
+    np.testing.assert_allclose(g, numeric, rtol=1e-6, atol=1e-6)
+    generic = (y[idx] * l.derivative(y[idx] * (X[idx] @ w))) @ X[idx]
+    np.testing.assert_allclose(g, generic, rtol=1e-12, atol=1e-12)
 
 
 def test_default_step_scale_and_radius():

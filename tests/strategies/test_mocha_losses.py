@@ -126,19 +126,18 @@ def test_squared_loss_has_no_unit_dual_bound_but_keeps_the_dropped_one():
     np.testing.assert_array_equal(MOCHA(2, loss="logistic")._dual_limit(unit[:2]), unit[:2])
 
 
-def test_settings_name_the_valid_losses_and_mbsgd_ofmtl_refuse_others():
+def test_settings_name_the_valid_losses_and_every_family_takes_them():
     assert MOCHASettings().loss == "hinge"
     assert MOCHA(2, loss="logistic").loss == "logistic"
+    assert OFMTLSettings(loss="logistic").loss == "logistic"  # tests/*/test_ofmtl_losses.py
     with pytest.raises(ConfigError, match="mocha.loss .*hinge, smoothed-hinge, logistic, "
                                           "squared"):
         MOCHASettings(loss="cubic")
-    for settings_cls, name in ((MbSGDSettings, "Mb-SGD"), (OFMTLSettings, "OFMTL")):
-        with pytest.raises(ConfigError, match=f"{name} trains the hinge loss only"):
-            settings_cls(loss="logistic")
-    for strategy in ("mb-sgd", "ofmtl"):
-        cfg = RunConfig.from_mapping({"strategy": strategy, "mocha.loss": "squared"})
-        with pytest.raises(ConfigError, match="hinge loss only"):
-            settings_from_config(cfg, 4)
+    assert MbSGDSettings(loss="logistic").loss == "logistic"  # Mb-SGD takes every loss
+    cfg = RunConfig.from_mapping({"strategy": "mb-sgd", "mocha.loss": "squared"})
+    assert settings_from_config(cfg, 4).loss == "squared"
+    with pytest.raises(ConfigError, match="mocha.loss .*hinge, smoothed-hinge"):
+        MbSGDSettings(loss="cubic")
     cfg = RunConfig.from_mapping({"strategy": "cocoa", "mocha.loss": "smoothed-hinge"})
     assert settings_from_config(cfg, 4).loss == "smoothed-hinge"
 

@@ -60,3 +60,25 @@ def test_estimated_time_follows_each_rounds_steps():
                            data.dim, "mocha", "lte") for k in range(1, 7)]
     assert per_round == expected
     assert len(set(per_round)) > 1
+
+
+def test_the_time_model_charges_the_runs_loss_and_its_deadline_cuts_by_it():
+    """A logistic run is timed with the logistic step's FLOPs (its Newton solve: more than
+    the hinge's), not the hinge's; a deadline the hinge's full budgets fit into cuts the
+    logistic run's work, as the bare loop (which takes the loss) cuts it."""
+    cfg, box = run(**{"mocha.network": "wifi", "mocha.loss": "logistic"})
+    data = dataset_for(cfg)
+    per_round = [r["estimated_time_s"] for r in box["rounds"][1:]]
+    logistic = node_times(data.n_train, data.dim, "mocha", "wifi", loss="logistic").max()
+    hinge = node_times(data.n_train, data.dim, "mocha", "wifi").max()
+    assert per_round == pytest.approx([logistic] * 4, rel=1e-12)
+    assert logistic > hinge
+    deadline = 0.5 * (hinge + logistic)
+    cfg, capped = run(**{"mocha.network": "wifi", "mocha.loss": "logistic",
+                         "mocha.clock-cycle": deadline})
+    assert all(r["estimated_time_s"] <= deadline for r in capped["rounds"][1:])
+    fit = fit_mocha([(t.X_train, t.y_train) for t in data.tasks], lam=0.1, rounds=4,
+                    omega_every=2, network="wifi", clock_cycle=deadline, record_every=1,
+                    loss="logistic")
+    assert capped["final"]["primal"] == fit.history[-1]["primal"]
+    assert capped["final"]["primal"] != box["final"]["primal"]  # work was cut

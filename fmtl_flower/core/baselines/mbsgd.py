@@ -1,6 +1,6 @@
-"""Mb-SGD: sums of hinge subgradients at the stale w_t on the devices, a projected stochastic
-subgradient step on P (the regulariser's gradient W K included) on the server (see
-:mod:`fmtl_flower.core.baselines`)."""
+"""Mb-SGD: sums of the loss's (sub)gradients at the stale w_t on the devices (the hinge's by
+default), a projected stochastic subgradient step on P (the regulariser's gradient W K
+included) on the server (see :mod:`fmtl_flower.core.baselines`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from ..jit import kernel, vector_work
+from ..losses import Loss, get_loss
 from ..sdca import FASTMATH
 from ._common import _check_positive, _check_steps, _validate
 
@@ -38,13 +39,16 @@ def _mbsgd_kernel(X, y, w, order, budget, g):  # pragma: no cover
 
 def mbsgd_local_gradient(
     X: np.ndarray, y: np.ndarray, w: np.ndarray, *, budget: int, order: np.ndarray,
+    loss: str | Loss = "hinge",
 ) -> tuple[np.ndarray, int]:
-    """Sum of hinge subgradients over a mini-batch, at the stale model w_t.
+    """Sum of the loss's (sub)gradients over a mini-batch, at the stale model w_t.
 
-    ``g = sum_{i in S} -y_i x_i [y_i x_i^T w < 1]`` over ``S = order[:budget]`` (distinct
-    samples), a subgradient of ``sum_{i in S} max(0, 1 - y_i x_i^T w)`` (the subgradient 0 is
-    taken at the kink ``y_i x_i^T w = 1``). Note the sign: this is the subgradient itself, the
-    reference accumulates its negative.
+    ``g = sum_{i in S} l'(z_i) y_i x_i``, z_i = y_i x_i^T w, over ``S = order[:budget]``
+    (distinct samples), a subgradient of ``sum_{i in S} l(z_i)``, l' the loss's
+    :meth:`~fmtl_flower.core.losses.Loss.derivative`. For the hinge (the default) that is
+    ``sum_{i in S} -y_i x_i [z_i < 1]`` (the subgradient 0 is taken at the kink z = 1), run
+    by its own kernel (compiled when large, as before); any other loss by numpy. Note the
+    sign: this is the subgradient itself, the reference accumulates its negative.
 
     Parameters
     ----------
@@ -52,6 +56,8 @@ def mbsgd_local_gradient(
         As for :func:`cocoa_local_update`.
     budget : int
         Mini-batch size ``0 <= budget <= n``.
+    loss : str or Loss
+        A registered loss with a ``derivative`` (:mod:`fmtl_flower.core.losses`).
 
     Returns
     -------
@@ -64,9 +70,14 @@ def mbsgd_local_gradient(
     X, y, w, order, _ = _validate(X, y, w, order)
     n, d = X.shape
     budget = _check_steps("budget", budget, n)
+    loss = get_loss(loss)
     g = np.zeros(d)
-    if budget:
+    if budget and loss.name == "hinge":
         _mbsgd_kernel(X, y, w, order, budget, g)
+    elif budget:
+        idx = order[:budget]
+        yi = y[idx]
+        g += (yi * loss.derivative(yi * (X[idx] @ w))) @ X[idx]
     return g, budget
 
 
@@ -89,15 +100,18 @@ def mbsgd_step_size(server_round: int, *, beta: float, schedule: str = "inv") ->
     raise ValueError(f"schedule must be 'inv' or 'inv_sqrt', got {schedule!r}")
 
 
-def mbsgd_radius(K: np.ndarray) -> float:
-    """Radius ``sqrt(m / lambda_min(K))`` of a Frobenius ball that contains the optimum W*.
+def mbsgd_radius(K: np.ndarray, dual_max: float = 1.0) -> float:
+    """Radius ``sqrt(m dual_max / lambda_min(K))`` of a Frobenius ball that contains the
+    optimum W*, ``dual_max`` the largest value of the loss's dual term D (its
+    ``dual_range[1]``: 1 for the hinge, the default).
 
     Derivation: at the optimum, W* K = B* (stationarity) and strong duality P* = D* give
     ``sum_t L_t + R/2 = sum_t A_t - R/2`` with ``R = tr(W* K W*^T)``, so
-    ``R = sum_t A_t - sum_t L_t <= sum_t A_t <= m`` (``A_t = (1/n_t) sum_i y_i alpha_i`` is a
-    mean of numbers in [0, 1]). As ``R >= lambda_min(K) |W*|_F^2``,
-    ``|W*|_F <= sqrt(m / lambda_min(K))``. (For m = 1, K = lambda: Pegasos's 1/sqrt(lambda).
-    The cruder ``P* <= P(0) = m`` gives only ``sqrt(2m / lambda_min)``.)
+    ``R = sum_t A_t - sum_t L_t <= sum_t A_t <= m dual_max`` for a loss l >= 0
+    (``A_t = (1/n_t) sum_i D(y_i alpha_i)``, for the hinge the mean of y_i alpha_i in [0, 1]).
+    As ``R >= lambda_min(K) |W*|_F^2``, ``|W*|_F <= sqrt(m dual_max / lambda_min(K))``. (For
+    m = 1, K = lambda and the hinge: Pegasos's 1/sqrt(lambda). The cruder
+    ``P* <= P(0) = m`` gives only ``sqrt(2m / lambda_min)``.)
     """
     K = np.asarray(K, dtype=np.float64)
     if K.ndim != 2 or K.shape[0] != K.shape[1] or K.shape[0] == 0:
@@ -105,7 +119,9 @@ def mbsgd_radius(K: np.ndarray) -> float:
     lam_min = float(np.linalg.eigvalsh(0.5 * (K + K.T))[0])
     if not lam_min > 0.0:
         raise ValueError(f"K must be positive definite, smallest eigenvalue {lam_min}")
-    return math.sqrt(K.shape[0] / lam_min)
+    if not dual_max > 0.0:
+        raise ValueError(f"dual_max must be > 0 (inf: no finite ball), got {dual_max}")
+    return math.sqrt(K.shape[0] * dual_max / lam_min)
 
 
 def mbsgd_server_step(
