@@ -18,21 +18,20 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from flwr.app import Message
 
 from fmtl_flower.clients.async_mocha import make_async_mocha_client_app
 from fmtl_flower.core.async_mocha import APPLIED
-from fmtl_flower.engine import GridWrapper, InProcessGrid
+from fmtl_flower.engine import InProcessGrid
 from fmtl_flower.strategies.async_mocha import AsyncMOCHA
 
-from ..strategies.helpers import ServerKilled, make_problem
+from ..strategies.helpers import PassThroughGrid, ServerKilled, make_problem
 
 KNOBS = dict(lam=0.05, omega="probabilistic", formulation_options={}, concurrency=4, tau=6,
              omega_every=2, seed=3, clock="wall")
 SLOW_TASK, SLOW_S = 1, 0.15
 
 
-class SlowNodeGrid(GridWrapper):
+class SlowNodeGrid(PassThroughGrid):
     """The in-process grid, with the replies of ``slow_node``'s messages held back until
     ``delay_s`` real seconds after they were pushed (as a slow device would send them)."""
 
@@ -40,15 +39,6 @@ class SlowNodeGrid(GridWrapper):
         super().__init__(grid)
         self.slow_node, self.delay_s = slow_node, delay_s
         self.release: dict[str, float] = {}
-
-    def create_message(self, *args, **kwargs) -> Message:  # noqa: D102
-        return self.inner.create_message(*args, **kwargs)
-
-    def get_node_ids(self):  # noqa: D102
-        return self.inner.get_node_ids()
-
-    def send_and_receive(self, messages, *, timeout=None):  # noqa: D102
-        return self.inner.send_and_receive(messages, timeout=timeout)
 
     def push_messages(self, messages):  # noqa: D102
         messages = list(messages)

@@ -19,7 +19,7 @@ from fmtl_flower.clients.mocha import (
     make_mocha_client_app,
 )
 from fmtl_flower.data import make_synthetic_tasks
-from fmtl_flower.engine import InProcessGrid, run_inprocess
+from fmtl_flower.engine import GridWrapper, InProcessGrid, run_inprocess
 from fmtl_flower.strategies.mocha import MOCHA
 from fmtl_flower.strategies.ofmtl import OFMTL
 from fmtl_flower.wire import from_array, to_array
@@ -54,6 +54,27 @@ class Problem:
         """The ClientApp's ``load_data``: the data of the node's task id."""
         t = default_task_id(context)
         return self.Xs[t], self.ys[t], self.Xt[t], self.yt[t]
+
+
+class PassThroughGrid(GridWrapper):
+    """A grid in front of ``inner`` that forwards every call to it: a test's grid overrides
+    only what it changes (when replies come back, which ones, how many times)."""
+
+    def create_message(self, *args: Any, **kwargs: Any) -> Message:  # noqa: D102
+        return self.inner.create_message(*args, **kwargs)
+
+    def get_node_ids(self) -> Iterable[int]:  # noqa: D102
+        return self.inner.get_node_ids()
+
+    def send_and_receive(self, messages: Iterable[Message], *,  # noqa: D102
+                         timeout: float | None = None) -> Iterable[Message]:
+        return self.inner.send_and_receive(messages, timeout=timeout)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
+        return self.inner.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:  # noqa: D102
+        return self.inner.pull_messages(message_ids)
 
 
 def make_problem(num_tasks: int = 6, dim: int = 5, samples_per_task: int = 30,

@@ -19,18 +19,18 @@ from flwr.app import Message
 
 from fmtl_flower.clients.async_mocha import make_async_mocha_client_app
 from fmtl_flower.core.async_mocha import APPLIED, INVALID, AsyncMOCHAServer
-from fmtl_flower.engine import GridWrapper, InProcessGrid
+from fmtl_flower.engine import InProcessGrid
 from fmtl_flower.strategies.async_mocha import AsyncMOCHA
 from fmtl_flower.systems.timing import node_times
 
-from .helpers import make_problem
+from .helpers import PassThroughGrid, make_problem
 
 WALL = dict(lam=0.05, omega="mean", formulation_options={"lam2": 0.01}, concurrency=4, tau=6,
             seed=3, clock="wall")
 STRAY = "answers no train message in flight"
 
 
-class ReplayGrid(GridWrapper):
+class ReplayGrid(PassThroughGrid):
     """The in-process grid, whose pulls also return every reply of the previous pull that
     returned any (a second copy of each: a SuperLink delivering twice), and, with
     ``hold_node``, hold that node's replies back while the server awaits them and return
@@ -45,15 +45,6 @@ class ReplayGrid(GridWrapper):
         self.held: dict[str, Message] = {}  # message id -> its reply, held back
         self.held_ids: set[str] = set()
         self.strays = 0  # replies returned that answer no message awaited
-
-    def create_message(self, *args, **kwargs) -> Message:  # noqa: D102
-        return self.inner.create_message(*args, **kwargs)
-
-    def get_node_ids(self):  # noqa: D102
-        return self.inner.get_node_ids()
-
-    def send_and_receive(self, messages, *, timeout=None):  # noqa: D102
-        return self.inner.send_and_receive(messages, timeout=timeout)
 
     def push_messages(self, messages):  # noqa: D102
         messages = list(messages)

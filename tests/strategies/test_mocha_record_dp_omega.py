@@ -1,10 +1,9 @@
 """MOCHA under record-level DP: the server's account of the noise in B (the per-coordinate
 variance accumulated in every b_t) and the Omega-step that discounts it
 (``dp.omega-debias``)."""
+# ruff: noqa: F811 (the tests take the fixtures imported from test_mocha_record_dp)
 
 from __future__ import annotations
-
-import logging
 
 import numpy as np
 import pytest
@@ -13,18 +12,16 @@ from fmtl_flower.core.record_dp import record_contribution
 from fmtl_flower.engine import FIRST_NODE_ID
 from fmtl_flower.settings import ConfigError, DPSettings
 
-from .helpers import TracingMOCHA, fault_at, make_problem
-from .test_mocha_record_dp import ROUNDS, SETTINGS, _private, _run, capturing_sent
-
-
-@pytest.fixture(autouse=True)
-def _quiet_flower():
-    logging.getLogger("flwr").setLevel(logging.WARNING)
-
-
-@pytest.fixture(scope="module")
-def problem():
-    return make_problem(num_tasks=5, dim=4, samples_per_task=40, seed=11)
+from .helpers import TracingMOCHA, fault_at
+from .test_mocha_record_dp import (  # noqa: F401 (the fixtures problem, _quiet_flower)
+    ROUNDS,
+    SETTINGS,
+    _private,
+    _quiet_flower,
+    _run,
+    capturing_sent,
+    problem,
+)
 
 
 def test_the_noise_variance_in_b_is_the_accepted_releases_variances(problem):
