@@ -106,9 +106,10 @@ _LOG2 = math.log(2.0)
 #: Mean safeguarded Newton iterations of a logistic coordinate step (loop passes of
 #: ``_logistic_step``): 14.6, the mean over every step of four 20-round MOCHA runs on the
 #: synthetic tasks of ``tests/strategies/helpers.make_problem`` (5 tasks x d = 10 x 60
-#: samples, seed 1; 8 x 20 x 100, seed 2; each with Omega ``mean`` and ``learned``: 12.7,
+#: samples, seed 1; 8 x 20 x 100, seed 2; each with Omega ``mean`` and the default: 12.7,
 #: 14.1, 14.7 and 16.8; median 5 to 9, the 99th percentile 51 to 54, the bisection's tail),
-#: measured 2026-11-27 by replaying the recorded (a_old, z, q) of each step.
+#: measured 2026-11-27 by replaying the recorded (a_old, z, q) of each step
+#: (``python benchmarks/logistic_newton_passes.py`` prints them).
 LOGISTIC_NEWTON_ITERATIONS = 14.6
 #: FLOPs of one Newton iteration of ``_logistic_step``, counting a scalar op 1 and ``exp``
 #: 20 (its range reduction and polynomial; a convention, not a measurement): the bracket's
