@@ -291,8 +291,9 @@ def strategy_from_config(cfg: RunConfig, num_tasks: int,
     every event's)."""
     settings = settings_from_config(cfg, num_tasks, num_classes)
     cls = strategy_class(cfg)
-    for_run = getattr(cls, "for_run", None)  # the package's strategies; a family's own
-    strategy = (for_run(num_tasks, settings, on_round) if for_run is not None  # may not
+    # every strategy of the package has for_run; a registered family's own class may not
+    for_run = getattr(cls, "for_run", None)
+    strategy = (for_run(num_tasks, settings, on_round) if for_run is not None
                 else cls(num_tasks, settings, on_round=on_round))
     if cfg.dp_mechanism != "none":  # dp.*: strategies/privacy.py routes it to the family's
         from ..settings import DPSettings
